@@ -1,0 +1,5 @@
+import sys
+
+from jetpipe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Accuracy and latency measurement of bundles, with reports and plots."""

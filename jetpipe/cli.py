@@ -1,0 +1,168 @@
+"""`jetpipe convert | inspect | doctor`.
+
+User mistakes (JetpipeError) print one line and exit 2; Ctrl-C exits 130 with
+nothing half-written; --debug shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from jetpipe.errors import JetpipeError
+
+
+def _add_convert(sub) -> None:
+    from jetpipe.convert.pipeline import ENGINE_MODES, PRECISIONS
+    from jetpipe.convert.stats import METHODS
+    from jetpipe.spec import CHANNEL_ORDERS, PRESETS, RESIZE_MODES
+
+    p = sub.add_parser("convert", help="ONNX -> FP16/INT8 -> TensorRT engine bundle",
+                       description="Convert an ONNX model (or a built-in model name, e.g. ppocr-det) "
+                                   "into a bundle folder.")
+    p.add_argument("model", help="path of an .onnx file, or a built-in model: ppocr-det")
+    p.add_argument("-o", "--output", required=True, type=Path, help="bundle folder to write")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    g = p.add_argument_group("calibration")
+    g.add_argument("--calib", help="image folder, video file, .npy of N,C,H,W float32 inputs, "
+                                   "or 'synthetic' (rendered text images)")
+    g.add_argument("--calib-size", type=int, default=64, help="images to use (default 64)")
+    g.add_argument("--calib-method", default="percentile", choices=METHODS,
+                   help="INT8 range method (default percentile)")
+    g.add_argument("--calib-batch", type=int, default=2, help="images per calibration run (memory)")
+    g.add_argument("--calib-cache", type=Path, help="reuse calibration from a bundle or calibration.json")
+    g.add_argument("--exclude", nargs="+", default=[], metavar="NODE",
+                   help="nodes to keep in higher precision")
+    g.add_argument("--no-auto-exclude", action="store_true",
+                   help="INT8: do not keep measured sensitive layers in float")
+    s = p.add_argument_group("input and preprocessing")
+    s.add_argument("--max-batch", type=int, default=8)
+    s.add_argument("--input-size", metavar="HxW", help="for models with dynamic height/width")
+    s.add_argument("--preset", choices=sorted(PRESETS), help="named preprocessing preset")
+    s.add_argument("--scale", type=float, help="pixel scale before mean/std (default 1/255)")
+    s.add_argument("--mean", help="R,G,B mean, after scaling")
+    s.add_argument("--std", help="R,G,B std, after scaling")
+    s.add_argument("--channel-order", choices=CHANNEL_ORDERS)
+    s.add_argument("--resize", choices=RESIZE_MODES)
+    s.add_argument("--pad-value", type=float, help="letterbox pad, in pixel units")
+    e = p.add_argument_group("engine")
+    e.add_argument("--engine", default="auto", choices=ENGINE_MODES,
+                   help="auto: build where TensorRT is installed; require: fail without it")
+    e.add_argument("--workspace", type=int, metavar="MiB", help="builder workspace limit")
+    e.add_argument("--timing-cache", type=Path, help="timing cache file (read and updated)")
+    e.add_argument("--sparsity", action="store_true", help="let TensorRT use 2:4 sparse weights")
+    e.add_argument("--dla", type=int, metavar="CORE", help="build for DLA core N (TensorRT 10.x)")
+    p.add_argument("--force", action="store_true", help="replace an existing bundle")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(run=_run_convert)
+
+
+def _convert_options(args):
+    from jetpipe.convert import ConvertOptions
+    from jetpipe.models import resolve
+    from jetpipe.spec import parse_size, parse_triple, preset
+
+    model_path, builtin = resolve(args.model)
+    spec = preset(args.preset or (builtin.preset if builtin else "none"))
+    spec = spec.replace(scale=args.scale, channel_order=args.channel_order, resize=args.resize,
+                        pad_value=args.pad_value,
+                        mean=parse_triple(args.mean, "mean") if args.mean else None,
+                        std=parse_triple(args.std, "std") if args.std else None)
+    size = parse_size(args.input_size) if args.input_size else (builtin.input_size if builtin else None)
+    return ConvertOptions(
+        model=model_path, output=args.output, precision=args.precision, calib=args.calib,
+        calib_size=args.calib_size, calib_method=args.calib_method, calib_batch=max(1, args.calib_batch),
+        calib_cache=args.calib_cache, max_batch=args.max_batch, input_size=size, spec=spec,
+        exclude=tuple(args.exclude), auto_exclude=not args.no_auto_exclude, engine=args.engine,
+        workspace_mb=args.workspace, timing_cache=args.timing_cache, sparsity=args.sparsity,
+        dla_core=args.dla, force=args.force, task=builtin.task if builtin else None,
+        progress=not args.quiet)
+
+
+def _run_convert(args) -> int:
+    from jetpipe.convert import convert
+    from jetpipe.report import print_summary
+
+    manifest = convert(_convert_options(args))
+    print_summary(args.output, manifest)
+    return 0
+
+
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="print a bundle's manifest and verify its hashes")
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--json", action="store_true", help="print the raw manifest")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args) -> int:
+    import json
+
+    from jetpipe import bundle
+    from jetpipe.report import print_summary
+
+    manifest = bundle.read_manifest(args.bundle)
+    problems = bundle.verify(args.bundle)
+    if args.json:
+        print(json.dumps(manifest, indent=2))
+    else:
+        print_summary(args.bundle, manifest)
+    if problems:
+        for problem in problems:
+            print(f"FAILED {problem}", file=sys.stderr)
+        print(f"error: bundle {args.bundle} is damaged: rebuild it with `jetpipe convert`", file=sys.stderr)
+        return 1
+    print(f"hashes: {len(manifest.get('files', {}))} files verified")
+    return 0
+
+
+def _add_doctor(sub) -> None:
+    p = sub.add_parser("doctor", help="report what this machine can run")
+    p.add_argument("--trt", action="store_true",
+                   help="also build a tiny TensorRT engine and compare it with ONNX Runtime")
+    p.set_defaults(run=_run_doctor)
+
+
+def _run_doctor(args) -> int:
+    from jetpipe.doctor import run_doctor
+
+    return run_doctor(trt_selftest=args.trt)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jetpipe import __version__
+
+    parser = argparse.ArgumentParser(prog="jetpipe", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"jetpipe {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_convert(sub)
+    _add_inspect(sub)
+    _add_doctor(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
+                        format="%(levelname)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("jetpipe").setLevel(logging.DEBUG if args.debug else logging.INFO)
+    logging.getLogger("onnxslim").setLevel(logging.WARNING)
+    try:
+        return args.run(args)
+    except JetpipeError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("interrupted: nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Calibration data: image folders, video files, .npy input tensors, rendered text.
+
+Every source yields float32 NCHW batches one at a time (bounded memory) and has
+a fingerprint that changes when the data, its selection or its preprocessing
+does, so stored calibration results are only reused for the same data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from jetpipe.errors import CalibrationError
+from jetpipe.preprocess import preprocess_bgr
+from jetpipe.spec import PreprocessSpec
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+VIDEO_SUFFIXES = {".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg"}
+SYNTHETIC = "synthetic"
+
+
+class CalibrationSource:
+    """Base: subclasses yield BGR frames or ready tensors; this batches and counts."""
+
+    skipped = 0  # unreadable items, counted and reported
+
+    def __init__(self, size_hw: tuple[int, int], spec: PreprocessSpec, limit: int):
+        self.size_hw, self.spec, self.limit = size_hw, spec, limit
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def frames(self) -> Iterator[np.ndarray]:
+        raise NotImplementedError
+
+    def identity(self) -> str:
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256(self.identity().encode())
+        h.update(repr((self.size_hw, self.spec.to_dict(), self.limit)).encode())
+        return h.hexdigest()
+
+    def batches(self, batch_size: int) -> Iterator[np.ndarray]:
+        buffer = np.empty((batch_size, 3, *self.size_hw), np.float32)
+        filled = 0
+        for frame in self.frames():
+            preprocess_bgr(frame, self.size_hw, self.spec, out=buffer[filled])
+            filled += 1
+            if filled == batch_size:
+                yield buffer
+                filled = 0
+        if filled:
+            yield buffer[:filled]
+
+
+class ImageFolder(CalibrationSource):
+    def __init__(self, folder: Path, size_hw, spec, limit):
+        super().__init__(size_hw, spec, limit)
+        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise CalibrationError(
+                f"calibration folder {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}); "
+                "point --calib at a folder of images, a video or a .npy file"
+            )
+        self.folder, self.files = folder, files[:limit]
+
+    def __len__(self):
+        return len(self.files)
+
+    def frames(self):
+        self.skipped = 0
+        for path in self.files:
+            image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            if image is None:
+                self.skipped += 1
+                log.warning("skipping unreadable calibration image %s", path)
+                continue
+            yield image
+        if self.skipped == len(self.files):
+            raise CalibrationError(
+                f"none of the {len(self.files)} images in {self.folder} could be read: "
+                "are they valid image files?"
+            )
+
+    def identity(self):
+        h = hashlib.sha256()
+        for path in self.files:
+            h.update(str(path.relative_to(self.folder)).encode())
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+        return "images:" + h.hexdigest()
+
+
+class VideoFile(CalibrationSource):
+    """Up to `limit` frames spread evenly over the video."""
+
+    def __init__(self, path: Path, size_hw, spec, limit):
+        super().__init__(size_hw, spec, limit)
+        capture = cv2.VideoCapture(str(path))
+        count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) if capture.isOpened() else 0
+        capture.release()
+        if count <= 0:
+            raise CalibrationError(f"cannot read video {path}: is it a video OpenCV can decode?")
+        self.path, self.count = path, count
+        self.picks = set(np.linspace(0, count - 1, min(limit, count)).astype(int).tolist())
+
+    def __len__(self):
+        return len(self.picks)
+
+    def frames(self):
+        capture = cv2.VideoCapture(str(self.path))
+        try:
+            for index in range(max(self.picks) + 1):
+                ok, frame = capture.read()
+                if not ok:
+                    self.skipped += len([p for p in self.picks if p >= index])
+                    break
+                if index in self.picks:
+                    yield frame
+        finally:
+            capture.release()
+
+    def identity(self):
+        return "video:" + _file_sha256(self.path)
+
+
+class NpyTensors(CalibrationSource):
+    """Ready network inputs (N,C,H,W float32), memory-mapped and used as they are."""
+
+    def __init__(self, path: Path, input_shape: tuple, size_hw, spec, limit):
+        super().__init__(size_hw, spec, limit)
+        try:
+            self.array = np.load(path, mmap_mode="r")
+        except Exception as exc:
+            raise CalibrationError(f"cannot read {path} as a .npy array: {exc}") from exc
+        expected = (input_shape[1], *size_hw)
+        if self.array.dtype != np.float32 or self.array.ndim != 4 or self.array.shape[1:] != expected:
+            raise CalibrationError(
+                f"{path} holds {self.array.dtype} {list(self.array.shape)}; the model needs "
+                f"float32 [N, {', '.join(map(str, expected))}]"
+            )
+        if len(self.array) == 0:
+            raise CalibrationError(f"{path} holds no samples")
+        self.path = path
+
+    def __len__(self):
+        return min(len(self.array), self.limit)
+
+    def batches(self, batch_size):
+        for start in range(0, len(self), batch_size):
+            yield np.ascontiguousarray(self.array[start:min(start + batch_size, len(self))])
+
+    def identity(self):
+        return "npy:" + _file_sha256(self.path)
+
+
+class SyntheticText(CalibrationSource):
+    """Rendered-text images made on the fly: the embedded default data."""
+
+    seed = 10_000  # tests and accuracy checks use seeds below this: no overlap
+
+    def __len__(self):
+        return self.limit
+
+    def frames(self):
+        from jetpipe.synth import render_text_image
+
+        for i in range(self.limit):
+            yield render_text_image(self.seed + i, self.size_hw).bgr
+
+    def identity(self):
+        return f"synthetic-text:{self.seed}"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def open_source(spec_text: str, input_shape: tuple, size_hw, spec: PreprocessSpec,
+                limit: int) -> CalibrationSource:
+    """--calib PATH -> a source; 'synthetic' selects rendered text images."""
+    if limit <= 0:
+        raise CalibrationError(f"--calib-size {limit} must be at least 1")
+    if spec_text == SYNTHETIC:
+        return SyntheticText(size_hw, spec, limit)
+    path = Path(spec_text)
+    if not path.exists():
+        raise CalibrationError(f"calibration data {path} not found: pass a folder, video or .npy file")
+    if path.is_dir():
+        return ImageFolder(path, size_hw, spec, limit)
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        return NpyTensors(path, input_shape, size_hw, spec, limit)
+    if suffix in VIDEO_SUFFIXES:
+        return VideoFile(path, size_hw, spec, limit)
+    raise CalibrationError(
+        f"--calib {path}: unsupported file type {suffix!r}; use an image folder, "
+        f"a video ({', '.join(sorted(VIDEO_SUFFIXES))}), a .npy file, or 'synthetic'"
+    )

@@ -1,0 +1,178 @@
+"""INT8 explicit quantization: symmetric Q/DQ placed the way TensorRT fuses them.
+
+- Inputs of Conv / ConvTranspose / Gemm / MatMul get Q/DQ: activations per
+  tensor, weights per output channel with an explicit `axis`, stored as INT8
+  initializers behind a DequantizeLinear. Zero points are 0; biases stay float.
+- A residual Add whose one input comes from a Conv gets Q/DQ on its other
+  (skip) input, so TensorRT can fuse Conv+Add with an INT8 residual.
+- The policy per op type is a registry (op -> weight axis), like ONNX Runtime's
+  quantization/registry.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from jetpipe.convert.graph import clone
+
+
+def _conv_axis(node):
+    return 0  # KCRS
+
+
+def _conv_transpose_axis(node):
+    return 1  # C_in x (K/group) x R x S
+
+
+def _gemm_axis(node):
+    trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+    return 0 if trans_b else 1
+
+
+def _matmul_axis(node):
+    return 1  # K x N
+
+
+# op type -> (activation input index, weight input index, weight axis rule)
+QUANTIZED_OPS = {
+    "Conv": (0, 1, _conv_axis),
+    "ConvTranspose": (0, 1, _conv_transpose_axis),
+    "Gemm": (0, 1, _gemm_axis),
+    "MatMul": (0, 1, _matmul_axis),
+}
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """What to quantize: activation tensors (per tensor) and weights (per channel)."""
+
+    activations: tuple[str, ...]
+    weights: tuple[tuple[str, int], ...]   # (initializer, axis)
+    nodes: tuple[str, ...]                 # quantized compute nodes
+    uses: tuple[tuple[str, int], ...]      # (node, input index) that read the DQ output
+
+
+def plan(model: onnx.ModelProto, exclude: set[str]) -> QuantPlan:
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    activations: list[str] = []
+    weights: dict[str, int] = {}
+    nodes: list[str] = []
+    uses: list[tuple[str, int]] = []
+
+    def add_activation(node, index):
+        name = node.input[index]
+        if name in inits:
+            return
+        if name not in activations:
+            activations.append(name)
+        uses.append((node.name, index))
+
+    for node in graph.node:
+        rule = QUANTIZED_OPS.get(node.op_type)
+        if rule is None or node.name in exclude:
+            continue
+        act, wt, axis_of = rule
+        if len(node.input) <= wt or node.input[wt] not in inits:
+            if node.op_type == "MatMul" and all(i not in inits for i in node.input[:2]):
+                continue  # activation x activation MatMul (attention): left in float
+            continue
+        if inits[node.input[wt]].data_type != TensorProto.FLOAT:
+            continue
+        add_activation(node, act)
+        weights[node.input[wt]] = axis_of(node)
+        nodes.append(node.name)
+
+    quantized = set(nodes)
+    for node in graph.node:  # residual Adds: quantize the skip branch
+        if node.op_type != "Add" or node.name in exclude or len(node.input) != 2:
+            continue
+        from_conv = [producers.get(i) is not None and producers[i].name in quantized
+                     and producers[i].op_type == "Conv" for i in node.input]
+        if from_conv.count(True) >= 1 and not all(i in inits for i in node.input):
+            skip = 1 if from_conv[0] else 0
+            if node.input[skip] in producers:
+                add_activation(node, skip)
+    return QuantPlan(tuple(activations), tuple(weights.items()), tuple(nodes), tuple(uses))
+
+
+def quantize(model: onnx.ModelProto, qplan: QuantPlan, ranges: dict[str, float]) -> onnx.ModelProto:
+    """Insert Q/DQ for the plan; `ranges` maps activation -> |x| clip value."""
+    out = clone(model)
+    graph = out.graph
+    new_nodes: list[onnx.NodeProto] = []
+    rewired: dict[str, str] = {}
+    for name in qplan.activations:
+        amax = ranges.get(name)
+        if not amax or not np.isfinite(amax):
+            continue  # never observed non-zero: leave in float
+        scale = np.float32(amax / 127.0)
+        rewired[name] = _add_qdq(graph, new_nodes, name, np.array(scale, np.float32), axis=None)
+    for name, axis in qplan.weights:
+        _quantize_weight(graph, name, axis)
+    uses = set(qplan.uses)
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in rewired and (node.name, i) in uses:
+                node.input[i] = rewired[name]
+    _insert_sorted(graph, new_nodes)
+    del graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(out)
+
+
+def _add_qdq(graph, new_nodes, name: str, scale: np.ndarray, axis: int | None) -> str:
+    base = name.replace(":", "_")
+    scale_name, zero_name = f"{base}__scale", f"{base}__zero"
+    graph.initializer.append(numpy_helper.from_array(scale, scale_name))
+    graph.initializer.append(numpy_helper.from_array(np.zeros(scale.shape, np.int8), zero_name))
+    kwargs = {} if axis is None else {"axis": axis}
+    q, dq = f"{base}__q", f"{base}__dq"
+    new_nodes.append(helper.make_node("QuantizeLinear", [name, scale_name, zero_name], [q],
+                                      name=q, **kwargs))
+    new_nodes.append(helper.make_node("DequantizeLinear", [q, scale_name, zero_name], [dq],
+                                      name=dq, **kwargs))
+    return dq
+
+
+def _quantize_weight(graph, name: str, axis: int) -> None:
+    """Replace a float weight by INT8 values + per-channel DequantizeLinear (same output name)."""
+    index = next(i for i, t in enumerate(graph.initializer) if t.name == name)
+    w = numpy_helper.to_array(graph.initializer[index]).astype(np.float32)
+    reduce_axes = tuple(a for a in range(w.ndim) if a != axis)
+    amax = np.abs(w).max(axis=reduce_axes) if reduce_axes else np.abs(w)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    del graph.initializer[index]
+    graph.initializer.extend([
+        numpy_helper.from_array(q, f"{name}__int8"),
+        numpy_helper.from_array(scale, f"{name}__wscale"),
+        numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{name}__wzero"),
+    ])
+    graph.node.insert(0, helper.make_node(
+        "DequantizeLinear", [f"{name}__int8", f"{name}__wscale", f"{name}__wzero"], [name],
+        name=f"{name}__dq", axis=axis))
+
+
+def _insert_sorted(graph, new_nodes) -> None:
+    """Add nodes and restore topological order (Q/DQ after their input's producer)."""
+    nodes = [clone(n) for n in graph.node] + new_nodes
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    ordered, pending = [], nodes
+    while pending:
+        ready = [n for n in pending if all(i in available for i in n.input)]
+        if not ready:
+            raise RuntimeError("graph has a cycle after Q/DQ insertion")
+        ready_ids = {id(n) for n in ready}
+        for n in ready:
+            ordered.append(n)
+            available.update(n.output)
+        pending = [n for n in pending if id(n) not in ready_ids]
+    del graph.node[:]
+    graph.node.extend(ordered)

@@ -1,0 +1,347 @@
+"""`jetpipe convert`: ONNX -> cleaned -> FP16 / INT8 -> (engine) -> bundle.
+
+A chain of small steps over a ModelProto; the bundle is staged in a temp folder
+and renamed into place only when everything succeeded.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import platform
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from jetpipe import bundle as bundles
+from jetpipe.convert import calib_cache, fp16, graph, int8, sensitivity, stats
+from jetpipe.convert.calib_cache import CalibrationResult
+from jetpipe.convert.calib_data import CalibrationSource, open_source
+from jetpipe.convert.ort import cpu_session
+from jetpipe.convert.trt_ops import check_tensorrt_ops
+from jetpipe.errors import CalibrationError, EngineError, ModelError
+from jetpipe.spec import PreprocessSpec
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "fp16", "int8")
+ENGINE_MODES = ("auto", "never", "require")
+FP16_TOLERANCE = 1e-2  # relative output MAE above which more nodes stay float32
+
+
+@dataclass
+class ConvertOptions:
+    model: Path
+    output: Path
+    precision: str = "fp32"
+    calib: str | None = None
+    calib_size: int = 64
+    calib_method: str = "percentile"
+    calib_batch: int = 2
+    calib_cache: Path | None = None
+    max_batch: int = 8
+    input_size: tuple[int, int] | None = None
+    spec: PreprocessSpec = field(default_factory=PreprocessSpec)
+    exclude: tuple[str, ...] = ()
+    auto_exclude: bool = True
+    fp16_data_max: float = 16384.0  # a quarter of the fp16 range: headroom for unseen data
+    engine: str = "auto"
+    workspace_mb: int | None = None
+    timing_cache: Path | None = None
+    sparsity: bool = False
+    dla_core: int | None = None
+    force: bool = False
+    task: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class Prepared:
+    model: onnx.ModelProto
+    input: graph.InputInfo
+    size_hw: tuple[int, int]
+    batch_made_dynamic: bool
+    source_sha256: str
+
+
+def convert(opts: ConvertOptions) -> dict:
+    """Run the whole conversion; returns the manifest written into the bundle."""
+    _validate(opts)
+    bundles.check_destination(opts.output, opts.force)
+    prepared = prepare(opts)
+    _check_node_names(prepared.model, opts.exclude)
+    if opts.engine != "never":
+        check_tensorrt_ops(prepared.model)
+    source = _calibration_source(opts, prepared)
+    first_batch = next(source.batches(opts.calib_batch)) if source is not None else None
+    batch_proof = _prove_batch(prepared, first_batch)
+    calibration = _calibrate(opts, prepared, source)
+    model, excluded, check = _apply_precision(opts, prepared, calibration, first_batch)
+    with bundles.staging(opts.output, opts.force) as tmp:
+        onnx.save(model, str(tmp / bundles.MODEL_FILE))
+        if calibration is not None:
+            calib_cache.save(calibration, tmp)
+        engine = _build_engine(opts, prepared, tmp)
+        manifest = _manifest(opts, prepared, model, excluded, calibration, check, engine, batch_proof)
+        bundles.finish_manifest(tmp, manifest)
+    return manifest
+
+
+def _validate(opts: ConvertOptions) -> None:
+    from jetpipe.errors import JetpipeError
+
+    if opts.precision not in PRECISIONS:
+        raise JetpipeError(f"--precision {opts.precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if opts.engine not in ENGINE_MODES:
+        raise JetpipeError(f"--engine {opts.engine!r}: choose one of {', '.join(ENGINE_MODES)}")
+    if opts.calib_method not in stats.METHODS:
+        raise JetpipeError(f"--calib-method {opts.calib_method!r}: choose one of {', '.join(stats.METHODS)}")
+    if opts.max_batch < 1:
+        raise JetpipeError(f"--max-batch {opts.max_batch} must be at least 1")
+    if opts.precision == "int8" and opts.calib is None and opts.calib_cache is None:
+        raise CalibrationError("--precision int8 needs calibration data: pass --calib FOLDER|VIDEO|FILE.npy "
+                               "(or --calib synthetic for rendered text images)")
+    if opts.engine == "require":
+        from jetpipe.runtime.trt_builder import import_tensorrt
+
+        if import_tensorrt() is None:
+            raise EngineError("--engine require but TensorRT is not installed: install it (JetPack on "
+                              "Jetson, NVIDIA's index on desktops) or use --engine auto|never")
+
+
+def prepare(opts: ConvertOptions) -> Prepared:
+    """Load, check, upgrade opset, fix input size and batch axis, clean up."""
+    model = graph.load(opts.model)
+    source_sha = bundles.sha256_file(opts.model)
+    if opts.precision == "int8":
+        model = graph.upgrade_opset(model)
+    model = graph.fix_input_size(model, opts.input_size)
+    dynamic = graph.make_batch_dynamic(model) if opts.max_batch > 1 else False
+    model = graph.simplify(model)
+    info = graph.image_input(model)
+    if info.dims[1] != 3:
+        raise ModelError(f"input {info.name!r} has {info.dims[1]} channels; jetpipe feeds 3-channel images")
+    size_hw = (int(info.dims[2]), int(info.dims[3]))
+    _check_runs(model, info, size_hw)
+    return Prepared(model, info, size_hw, dynamic, source_sha)
+
+
+def _check_runs(model: onnx.ModelProto, info: graph.InputInfo, size_hw) -> None:
+    """One ONNX Runtime run at the input size: catches sizes the graph cannot take."""
+    try:
+        session = cpu_session(model)
+        session.run(None, {info.name: np.zeros((1, 3, *size_hw), np.float32)})
+    except Exception as exc:
+        raise ModelError(
+            f"the model does not run at input size {size_hw[0]}x{size_hw[1]} "
+            f"({str(exc).splitlines()[0][:160]}); pick an --input-size the network accepts "
+            "(detectors usually need multiples of 32)"
+        ) from exc
+
+
+def _calibration_source(opts, prepared: Prepared) -> CalibrationSource | None:
+    if opts.calib is None:
+        return None
+    return open_source(opts.calib, tuple(prepared.input.dims), prepared.size_hw, opts.spec, opts.calib_size)
+
+
+def _prove_batch(prepared: Prepared, first_batch) -> dict | None:
+    if not prepared.batch_made_dynamic:
+        return None
+    sample = first_batch if first_batch is not None else \
+        np.random.default_rng(0).standard_normal((1, 3, *prepared.size_hw)).astype(np.float32)
+    worst = graph.prove_dynamic_batch(prepared.model, sample)
+    return {"made_dynamic": True, "max_relative_difference": worst}
+
+
+def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None) -> CalibrationResult | None:
+    if opts.precision == "fp32" or source is None and opts.calib_cache is None:
+        return None
+    wanted = {"model_sha256": prepared.source_sha256, "method": opts.calib_method,
+              "data_fingerprint": source.fingerprint() if source is not None else None}
+    cached = _cached_calibration(opts, wanted)
+    if cached is not None:
+        return cached
+    if source is None:
+        raise CalibrationError("--calib-cache was given without --calib: pass the calibration data too")
+    hist = set()
+    if opts.precision == "int8":
+        hist = set(int8.plan(prepared.model, set(opts.exclude)).activations)
+    progress = _progress(opts, len(source), "calibrating")
+    try:
+        collected = stats.collect(prepared.model, source.batches(opts.calib_batch), prepared.input.name,
+                                  hist, all_absmax=opts.precision == "fp16", progress=progress)
+    finally:
+        progress.close()
+    if collected.samples == 0:
+        raise CalibrationError(f"no calibration sample could be read from {opts.calib}")
+    return CalibrationResult(
+        **wanted, samples=collected.samples, skipped=source.skipped,
+        ranges=collected.ranges(opts.calib_method, hist), absmax=collected.absmax())
+
+
+def _cached_calibration(opts, wanted: dict) -> CalibrationResult | None:
+    """An explicit --calib-cache must match; a replaced bundle's is reused when it matches."""
+    if opts.calib_cache is not None:
+        cached = calib_cache.load(opts.calib_cache)
+        if wanted["data_fingerprint"] is None:
+            wanted = {**wanted, "data_fingerprint": cached.data_fingerprint}
+        why = calib_cache.mismatch(cached, wanted)
+        if why:
+            raise CalibrationError(f"calibration cache {opts.calib_cache} does not match this run: {why}. "
+                                   "Drop --calib-cache to recalibrate")
+        log.info("reusing calibration from %s", opts.calib_cache)
+        return cached
+    previous = opts.output / bundles.CALIBRATION_FILE
+    if opts.force and previous.is_file():
+        try:
+            cached = calib_cache.load(previous)
+        except CalibrationError:
+            return None
+        if calib_cache.mismatch(cached, wanted) is None:
+            log.info("reusing calibration from the bundle being replaced (same model, method and data)")
+            return cached
+        log.info("recalibrating: %s", calib_cache.mismatch(cached, wanted))
+    return None
+
+
+def _apply_precision(opts, prepared: Prepared, calibration, first_batch):
+    """The processed model, the nodes kept in float32 (name -> reason), and an accuracy check."""
+    model = prepared.model
+    manual = {n: "--exclude" for n in opts.exclude}
+    if opts.precision == "fp32":
+        return model, manual, None
+    if opts.precision == "fp16":
+        absmax = calibration.absmax if calibration is not None else {}
+        if calibration is None:
+            log.warning("fp16 without --calib: no activation ranges; only weights are checked")
+        return _to_fp16(opts, model, absmax, manual, first_batch, prepared.input.name)
+    return _to_int8(opts, prepared, calibration, manual, first_batch)
+
+
+def _to_fp16(opts, model, absmax, manual, samples, input_name):
+    data_max = opts.fp16_data_max
+    while True:
+        keep = {**fp16.range_rules(model, absmax, data_max), **manual}
+        half = fp16.convert(model, set(keep))
+        check = _accuracy_check(model, half, samples, input_name)
+        if check is None or check["relative_mae"] <= FP16_TOLERANCE or data_max <= 256 or not absmax:
+            return half, keep, check
+        data_max /= 4  # measured error too high: keep more of the largest-valued nodes in fp32
+        log.info("fp16 output error %.2e: keeping nodes with |x| > %g in fp32",
+                 check["relative_mae"], data_max)
+
+
+def _to_int8(opts, prepared: Prepared, calibration: CalibrationResult, manual, samples):
+    model, name = prepared.model, prepared.input.name
+    excluded = dict(manual)
+    if opts.auto_exclude and samples is not None:
+        if calibration.auto_excluded is None:
+            full = int8.plan(model, set(excluded))
+            progress = _progress(opts, len(full.nodes), "sensitivity")
+            try:
+                errors = sensitivity.rank_int8_nodes(model, full, calibration.ranges, samples, name, progress)
+            finally:
+                progress.close()
+            calibration.auto_excluded = sensitivity.pick_sensitive(errors)
+        excluded.update(calibration.auto_excluded)
+    qplan = int8.plan(model, set(excluded))
+    missing = [a for a in qplan.activations if a not in calibration.ranges]
+    if missing:
+        raise CalibrationError(f"the calibration results have no range for {missing[0]}: "
+                               "drop --calib-cache to recalibrate")
+    quantized = int8.quantize(model, qplan, calibration.ranges)
+    graph.check(quantized, "the INT8 model")
+    return quantized, excluded, _accuracy_check(model, quantized, samples, name)
+
+
+def _check_node_names(model, names) -> None:
+    known = {n.name for n in model.graph.node}
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ModelError(f"--exclude {name!r}: no node of that name in the cleaned-up model{hint}")
+
+
+def _accuracy_check(reference, processed, samples, input_name) -> dict | None:
+    """Output error of the processed model against FP32 on a calibration batch."""
+    if samples is None:
+        return None
+    ref = cpu_session(reference).run(None, {input_name: samples})
+    out = cpu_session(processed).run(None, {input_name: samples})
+    return {"samples": int(len(samples)), "relative_mae": sensitivity.output_error(ref, out),
+            "max_abs_error": max(float(np.abs(r - o).max()) for r, o in zip(ref, out))}
+
+
+def _build_engine(opts, prepared: Prepared, folder: Path) -> dict:
+    from jetpipe.runtime import trt_builder
+
+    if opts.engine == "never":
+        return {"built": False, "reason": "--engine never"}
+    if trt_builder.import_tensorrt() is None:
+        log.warning("TensorRT is not installed: bundle written without an engine")
+        return {"built": False, "reason": "TensorRT not installed on the converting machine"}
+    build = trt_builder.BuildOptions(
+        input_name=prepared.input.name, input_chw=(3, *prepared.size_hw), max_batch=opts.max_batch,
+        workspace_bytes=opts.workspace_mb * (1 << 20) if opts.workspace_mb else None,
+        timing_cache=opts.timing_cache, sparse_weights=opts.sparsity, dla_core=opts.dla_core)
+    facts = trt_builder.build_engine(folder / bundles.MODEL_FILE, folder / bundles.ENGINE_FILE, build)
+    return {"built": True, "file": bundles.ENGINE_FILE, **facts}
+
+
+def _io(model: onnx.ModelProto) -> dict:
+    inits = {t.name for t in model.graph.initializer}
+
+    def describe(v):
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+        return {"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
+                "shape": dims}
+
+    return {"inputs": [describe(v) for v in model.graph.input if v.name not in inits],
+            "outputs": [describe(v) for v in model.graph.output]}
+
+
+def _versions() -> dict:
+    import onnxruntime
+    import onnxslim
+
+    from jetpipe import __version__
+    from jetpipe.runtime.trt_builder import import_tensorrt
+
+    trt = import_tensorrt()
+    return {"jetpipe": __version__, "python": platform.python_version(), "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "onnxslim": onnxslim.__version__,
+            "numpy": np.__version__, "tensorrt": trt.__version__ if trt else None}
+
+
+def _manifest(opts, prepared, model, excluded, calibration, check, engine, batch_proof) -> dict:
+    return {
+        "format": bundles.FORMAT_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": {"path": str(opts.model), "sha256": prepared.source_sha256},
+        "model": bundles.MODEL_FILE,
+        "task": opts.task,
+        "precision": opts.precision,
+        "excluded_nodes": excluded,
+        "io": _io(model),
+        "batch": {"min": 1, "max": opts.max_batch, **(batch_proof or {})},
+        "input_size": list(prepared.size_hw),
+        "preprocess": opts.spec.to_dict(),
+        "calibration": calibration.summary() if calibration is not None else None,
+        "accuracy_check": check,
+        "engine": engine,
+        "versions": _versions(),
+    }
+
+
+def _progress(opts, total: int, what: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=what, unit="img" if what == "calibrating" else "node",
+                disable=not opts.progress, file=sys.stderr, leave=False)

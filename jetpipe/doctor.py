@@ -1,0 +1,73 @@
+"""`jetpipe doctor`: what this machine can run, without creating a CUDA context."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+
+
+def _line(label: str, value: str) -> None:
+    print(f"{label:<13}{value}")
+
+
+def _onnxruntime() -> str:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return "not installed (pip install onnxruntime)"
+    return f"{ort.__version__}, providers: {', '.join(ort.get_available_providers())}"
+
+
+def _gpu() -> tuple[str, str]:
+    """(PyCUDA line, GPU line); driver queries only, no context."""
+    try:
+        import pycuda
+        import pycuda.driver as cuda
+    except ImportError:
+        return "not installed (pip install 'jetpipe[gpu]')", "unknown without PyCUDA"
+    try:
+        cuda.init()
+        if cuda.Device.count() == 0:
+            return pycuda.VERSION_TEXT, "none found"
+        dev = cuda.Device(0)
+        major, minor = dev.compute_capability()
+        integrated = bool(dev.get_attribute(cuda.device_attribute.INTEGRATED))
+        kind = "integrated (Jetson-style, zero-copy frames)" if integrated else "discrete (staged copies)"
+        memory = dev.total_memory() >> 20
+        return pycuda.VERSION_TEXT, f"{dev.name()}, sm {major}.{minor}, {memory} MiB, {kind}"
+    except Exception as exc:  # driver missing or too old
+        return pycuda.VERSION_TEXT, f"CUDA driver error: {exc}"
+
+
+def _nvcc() -> str:
+    path = shutil.which("nvcc")
+    if path is None:
+        return "not found (needed to compile the preprocessing kernels; install the CUDA toolkit)"
+    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    return f"{path} ({out[-1] if out else 'unknown version'})"
+
+
+def run_doctor(trt_selftest: bool = False) -> int:
+    from jetpipe import __version__
+    from jetpipe.runtime.trt_builder import import_tensorrt
+
+    _line("jetpipe", __version__)
+    _line("python", f"{platform.python_version()} ({sys.executable})")
+    _line("platform", f"{platform.system()} {platform.machine()}")
+    _line("onnxruntime", _onnxruntime())
+    pycuda_line, gpu_line = _gpu()
+    _line("pycuda", pycuda_line)
+    _line("gpu", gpu_line)
+    trt = import_tensorrt()
+    _line("tensorrt", trt.__version__ if trt else "not installed (bundles are written without engines)")
+    _line("nvcc", _nvcc())
+    if not trt_selftest:
+        return 0
+    if trt is None:
+        print("error: --trt needs TensorRT installed", file=sys.stderr)
+        return 2
+    from jetpipe.runtime.trt_selftest import run_selftest
+
+    return run_selftest()

@@ -1,0 +1,26 @@
+"""One exception root for the package.
+
+`JetpipeError` messages are written for the user: they name the object, the bad
+value and the fix. The CLI prints them on one line and exits non-zero; anything
+else is a bug and keeps its traceback.
+"""
+
+
+class JetpipeError(Exception):
+    """A problem the user can fix (bad input, missing dependency, mismatch)."""
+
+
+class ModelError(JetpipeError):
+    """The ONNX model cannot be loaded, checked or transformed."""
+
+
+class CalibrationError(JetpipeError):
+    """Calibration data is missing, unreadable or does not match."""
+
+
+class BundleError(JetpipeError):
+    """A bundle is missing, incomplete or fails verification."""
+
+
+class EngineError(JetpipeError):
+    """TensorRT is missing, or building / loading an engine failed."""

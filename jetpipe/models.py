@@ -1,0 +1,44 @@
+"""Built-in models shipped by registry packages (no downloads at run time)."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from jetpipe.errors import ModelError
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    package: str
+    relative_path: str
+    preset: str
+    input_size: tuple[int, int]
+    task: str
+
+    def path(self) -> Path:
+        spec = importlib.util.find_spec(self.package)  # locate without importing (it pulls cv2 etc.)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelError(f"the built-in model needs the package {self.package!r}: "
+                             f"pip install 'jetpipe[models]'")
+        path = Path(next(iter(spec.submodule_search_locations))) / self.relative_path
+        if not path.is_file():
+            raise ModelError(f"{path} is missing from {self.package}: reinstall it")
+        return path
+
+
+BUILTIN = {
+    "ppocr-det": BuiltinModel("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx",
+                              preset="ppocr-det", input_size=(640, 640), task="text-detection"),
+}
+DEFAULT_MODEL = "ppocr-det"
+
+
+def resolve(name_or_path: str) -> tuple[Path, BuiltinModel | None]:
+    """A file path, or the name of a built-in model."""
+    path = Path(name_or_path)
+    if path.exists() or name_or_path not in BUILTIN:
+        return path, None
+    builtin = BUILTIN[name_or_path]
+    return builtin.path(), builtin

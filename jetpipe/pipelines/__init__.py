@@ -1,0 +1,1 @@
+"""Application layer: sources -> batcher -> runtime -> postprocess -> sinks, and the daemon."""

@@ -1,0 +1,58 @@
+"""CPU reference preprocessing (OpenCV + numpy).
+
+Used for calibration data and the CPU runtime, and the reference the fused GPU
+kernels are tested against, so the geometry here is the definition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from jetpipe.spec import PreprocessSpec
+
+
+@dataclass(frozen=True)
+class Letterbox:
+    """Maps network-input pixels back to source pixels: src = (net - pad) / scale."""
+
+    scale_x: float
+    scale_y: float
+    pad_x: int
+    pad_y: int
+
+    def to_source(self, xy: np.ndarray) -> np.ndarray:
+        """Network-input (x, y) coordinates, last axis of size 2 -> source coordinates."""
+        pad = np.array([self.pad_x, self.pad_y], dtype=np.float64)
+        scale = np.array([self.scale_x, self.scale_y], dtype=np.float64)
+        return (np.asarray(xy, dtype=np.float64) - pad) / scale
+
+
+def fit(src_hw: tuple[int, int], dst_hw: tuple[int, int], mode: str) -> tuple[tuple[int, int], Letterbox]:
+    """Resized (h, w) of the content and its placement inside dst for a resize mode."""
+    (sh, sw), (dh, dw) = src_hw, dst_hw
+    if mode == "stretch":
+        return (dh, dw), Letterbox(dw / sw, dh / sh, 0, 0)
+    r = min(dh / sh, dw / sw)
+    nh, nw = max(1, round(sh * r)), max(1, round(sw * r))
+    return (nh, nw), Letterbox(nw / sw, nh / sh, (dw - nw) // 2, (dh - nh) // 2)
+
+
+def preprocess_bgr(image: np.ndarray, size_hw: tuple[int, int], spec: PreprocessSpec,
+                   out: np.ndarray | None = None) -> tuple[np.ndarray, Letterbox]:
+    """One HxWx3 uint8 BGR image -> 3xHxW float32 network input (written into `out` if given)."""
+    (nh, nw), box = fit(image.shape[:2], size_hw, spec.resize)
+    resized = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
+    if spec.channel_order == "rgb":
+        resized = resized[:, :, ::-1]
+    canvas = np.full((size_hw[0], size_hw[1], 3), spec.pad_value, dtype=np.float32)
+    canvas[box.pad_y:box.pad_y + nh, box.pad_x:box.pad_x + nw] = resized
+    mean = np.asarray(spec.mean, np.float32)
+    inv_std = 1.0 / np.asarray(spec.std, np.float32)
+    normalized = (canvas * np.float32(spec.scale) - mean) * inv_std
+    if out is None:
+        out = np.empty((3, size_hw[0], size_hw[1]), np.float32)
+    out[...] = normalized.transpose(2, 0, 1)
+    return out, box

@@ -1,0 +1,49 @@
+"""Human-readable bundle summaries for `convert` and `inspect`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _tensor(t: dict) -> str:
+    return f"{t['name']} {t['dtype']} [{', '.join(str(d) for d in t['shape'])}]"
+
+
+def summary_lines(path: Path, m: dict) -> list[str]:
+    size = sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file()) if Path(path).is_dir() else 0
+    lines = [f"bundle    {path} ({size / 1e6:.1f} MB)",
+             f"source    {m['source']['path']} (sha256 {m['source']['sha256'][:12]})",
+             f"precision {m['precision']}" + (f", task {m['task']}" if m.get("task") else "")]
+    lines += [f"input     {_tensor(t)}" for t in m["io"]["inputs"]]
+    lines += [f"output    {_tensor(t)}" for t in m["io"]["outputs"]]
+    batch = m["batch"]
+    proof = " (made dynamic, batch-N == N x batch-1 checked)" if batch.get("made_dynamic") else ""
+    lines.append(f"batch     1..{batch['max']}{proof}")
+    pre = m["preprocess"]
+    lines.append(f"preproc   {pre['channel_order']} {pre['resize']} scale {pre['scale']:.5g} "
+                 f"mean {pre['mean']} std {pre['std']} pad {pre['pad_value']:g}")
+    excluded = m.get("excluded_nodes") or {}
+    if excluded:
+        shown = ", ".join(list(excluded)[:4]) + (" ..." if len(excluded) > 4 else "")
+        lines.append(f"float     {len(excluded)} node(s) kept in higher precision: {shown}")
+    calib = m.get("calibration")
+    if calib:
+        what = (f"{calib['method']} INT8 ranges for {calib['int8_ranges']} tensors" if calib["int8_ranges"]
+                else f"activation ranges of {calib['observed_tensors']} tensors")
+        skipped = f", {calib['skipped']} unreadable skipped" if calib["skipped"] else ""
+        lines.append(f"calib     {calib['samples']} samples{skipped}: {what}")
+    check = m.get("accuracy_check")
+    if check:
+        lines.append(f"vs fp32   relative MAE {check['relative_mae']:.2e}, max abs error "
+                     f"{check['max_abs_error']:.3g} on {check['samples']} calibration samples")
+    engine = m["engine"]
+    if engine.get("built"):
+        lines.append(f"engine    {engine['file']} (TensorRT {engine['tensorrt']}, "
+                     f"sm {engine.get('compute_capability')})")
+    else:
+        lines.append(f"engine    none: {engine['reason']}")
+    return lines
+
+
+def print_summary(path: Path, manifest: dict) -> None:
+    print("\n".join(summary_lines(path, manifest)))

@@ -1,0 +1,99 @@
+"""Preprocessing spec: how a camera frame becomes the network's input tensor.
+
+Stored in every bundle's manifest, so the runtime, the calibration scripts and
+`convert --calib` preprocess identically: x = (pixel * scale - mean) / std.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from jetpipe.errors import JetpipeError
+
+CHANNEL_ORDERS = ("rgb", "bgr")
+RESIZE_MODES = ("letterbox", "stretch")
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """Per-channel normalisation, colour order and resize policy of a network input."""
+
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    channel_order: str = "rgb"
+    resize: str = "letterbox"
+    pad_value: float = 114.0  # in pixel units, before scaling (YOLO's grey)
+
+    def __post_init__(self):
+        if self.channel_order not in CHANNEL_ORDERS:
+            raise JetpipeError(
+                f"channel order {self.channel_order!r} is not one of {', '.join(CHANNEL_ORDERS)}"
+            )
+        if self.resize not in RESIZE_MODES:
+            raise JetpipeError(f"resize {self.resize!r} is not one of {', '.join(RESIZE_MODES)}")
+        if len(self.mean) != 3 or len(self.std) != 3:
+            raise JetpipeError("mean and std need three values each, e.g. --mean 0.485,0.456,0.406")
+        if any(s == 0 for s in self.std):
+            raise JetpipeError(f"std {self.std} contains 0: every channel needs a non-zero std")
+        if self.scale <= 0:
+            raise JetpipeError(f"scale {self.scale} must be positive (default 1/255)")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["mean"], d["std"] = list(self.mean), list(self.std)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PreprocessSpec:
+        d = dict(d)
+        d["mean"], d["std"] = tuple(d["mean"]), tuple(d["std"])
+        return cls(**d)
+
+    def replace(self, **changes) -> PreprocessSpec:
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+_IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+
+# Named presets; explicit --scale/--mean/... flags override single fields.
+PRESETS: dict[str, PreprocessSpec] = {
+    "none": PreprocessSpec(),
+    "imagenet": PreprocessSpec(**_IMAGENET, resize="stretch"),
+    "yolo": PreprocessSpec(pad_value=114.0),
+    # PaddleOCR feeds OpenCV's BGR image through ImageNet's RGB-ordered statistics.
+    "ppocr-det": PreprocessSpec(**_IMAGENET, channel_order="bgr", pad_value=0.0),
+}
+
+
+def preset(name: str) -> PreprocessSpec:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise JetpipeError(
+            f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}"
+        ) from None
+
+
+def parse_triple(text: str, what: str) -> tuple[float, float, float]:
+    """'0.485,0.456,0.406' -> (0.485, 0.456, 0.406), with an error naming the flag."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3:
+        raise JetpipeError(f"--{what} {text!r} must be three comma-separated numbers, e.g. 0.5,0.5,0.5")
+    return values  # type: ignore[return-value]
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'640x480' -> (640, 480) as (height, width)."""
+    parts = text.lower().split("x")
+    try:
+        h, w = (int(p) for p in parts)
+    except ValueError:
+        raise JetpipeError(f"--input-size {text!r} must look like HxW, e.g. 640x640") from None
+    if h <= 0 or w <= 0:
+        raise JetpipeError(f"--input-size {text!r}: height and width must be positive")
+    return h, w

@@ -1,0 +1,89 @@
+"""Rendered-text images: the project's own real data, made offline.
+
+Words in Pillow's built-in scalable font over textured backgrounds, with the
+word boxes returned, so detection can be checked against known positions. Used
+as the default calibration set, by the synthetic camera and by the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "shi", "ber", "don", "gen", "pla",
+              "qu", "str", "ix", "on", "em", "ar", "ul", "zy")
+
+
+@dataclass
+class TextImage:
+    bgr: np.ndarray                     # H x W x 3 uint8
+    boxes: list[tuple[int, int, int, int]] = field(default_factory=list)  # x0, y0, x1, y1
+    words: list[str] = field(default_factory=list)
+
+
+def _word(rng: np.random.Generator) -> str:
+    word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.integers(1, 4)))
+    if rng.random() < 0.3:
+        word = word.upper()
+    if rng.random() < 0.2:
+        word += str(rng.integers(0, 1000))
+    return word
+
+
+def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """A smooth two-colour gradient with sensor-like noise."""
+    c0, c1 = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
+    t = np.linspace(0.0, 1.0, w if rng.random() < 0.5 else h, dtype=np.float32)
+    ramp = c0[None, :] * (1 - t[:, None]) + c1[None, :] * t[:, None]
+    img = np.broadcast_to(ramp[None] if ramp.shape[0] == w else ramp[:, None], (h, w, 3)).copy()
+    img += rng.normal(0, rng.uniform(1, 8), img.shape).astype(np.float32)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def _contrasting(rng: np.random.Generator, bg: np.ndarray) -> tuple[int, int, int]:
+    luma = float(bg.mean())
+    base = rng.integers(0, 70, 3) if luma > 128 else rng.integers(185, 256, 3)
+    return tuple(int(v) for v in base)
+
+
+def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_words: int = 12) -> TextImage:
+    """Render one image: words that never overlap, each with its box in pixel units."""
+    rng = np.random.default_rng(seed)
+    h, w = size_hw
+    canvas = Image.fromarray(_background(rng, h, w))
+    draw = ImageDraw.Draw(canvas)
+    result = TextImage(bgr=np.empty(0))
+    taken = np.zeros((h, w), bool)
+    for _ in range(int(rng.integers(max(1, max_words // 3), max_words + 1))):
+        word = _word(rng)
+        font = ImageFont.load_default(size=int(rng.integers(max(12, h // 40), max(20, h // 9))))
+        x0, y0, x1, y1 = draw.textbbox((0, 0), word, font=font)
+        tw, th = x1 - x0, y1 - y0
+        if tw >= w - 8 or th >= h - 8:
+            continue
+        x, y = int(rng.integers(4, w - tw - 4)), int(rng.integers(4, h - th - 4))
+        box = (x, y, x + tw, y + th)
+        if taken[max(0, y - 6):y + th + 6, max(0, x - 6):x + tw + 6].any():
+            continue
+        region = np.asarray(canvas)[y:y + th, x:x + tw]
+        draw.text((x - x0, y - y0), word, font=font, fill=_contrasting(rng, region))
+        taken[y:y + th, x:x + tw] = True
+        result.boxes.append(box)
+        result.words.append(word)
+    result.bgr = np.ascontiguousarray(np.asarray(canvas)[:, :, ::-1])
+    return result
+
+
+def write_text_images(folder, count: int, seed: int = 0, size_hw: tuple[int, int] = (480, 640)):
+    """Write `count` PNG images to `folder` (a calibration set on disk)."""
+    from pathlib import Path
+
+    import cv2
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        cv2.imwrite(str(folder / f"text_{seed + i:05d}.png"), render_text_image(seed + i, size_hw).bgr)
+    return folder

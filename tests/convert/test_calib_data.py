@@ -1,0 +1,50 @@
+import cv2
+import numpy as np
+import pytest
+
+from jetpipe.convert.calib_data import ImageFolder, SyntheticText, VideoFile, open_source
+from jetpipe.errors import CalibrationError
+from jetpipe.spec import PreprocessSpec
+from jetpipe.synth import render_text_image, write_text_images
+
+
+def _video(path, frames=12, size=(48, 64)):
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10, (size[1], size[0]))
+    assert writer.isOpened()
+    for i in range(frames):
+        writer.write(render_text_image(i, size).bgr)
+    writer.release()
+    return path
+
+
+def test_video_frames_spread_evenly(tmp_path):
+    source = open_source(str(_video(tmp_path / "clip.avi")), (1, 3, 32, 32), (32, 32), PreprocessSpec(), 4)
+    assert isinstance(source, VideoFile) and len(source) == 4
+    batches = list(source.batches(3))
+    assert [len(b) for b in batches] == [3, 1]
+    assert batches[0].shape[1:] == (3, 32, 32) and batches[0].dtype == np.float32
+
+
+def test_fingerprint_follows_content_selection_and_preprocessing(tmp_path):
+    folder = write_text_images(tmp_path / "imgs", 3, size_hw=(32, 32))
+    spec = PreprocessSpec()
+    base = ImageFolder(folder, (16, 16), spec, 3).fingerprint()
+    assert ImageFolder(folder, (16, 16), spec, 3).fingerprint() == base
+    assert ImageFolder(folder, (16, 16), spec, 2).fingerprint() != base
+    assert ImageFolder(folder, (16, 16), spec.replace(channel_order="bgr"), 3).fingerprint() != base
+    first = sorted(folder.iterdir())[0]
+    cv2.imwrite(str(first), render_text_image(99, (32, 32)).bgr)
+    assert ImageFolder(folder, (16, 16), spec, 3).fingerprint() != base
+
+
+def test_synthetic_source_and_bad_inputs(tmp_path):
+    source = open_source("synthetic", (1, 3, 32, 32), (32, 32), PreprocessSpec(), 3)
+    assert isinstance(source, SyntheticText) and sum(len(b) for b in source.batches(2)) == 3
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CalibrationError, match="holds no images"):
+        open_source(str(tmp_path / "empty"), (1, 3, 8, 8), (8, 8), PreprocessSpec(), 3)
+    with pytest.raises(CalibrationError, match="--calib-size 0 must be at least 1"):
+        open_source("synthetic", (1, 3, 8, 8), (8, 8), PreprocessSpec(), 0)
+    (tmp_path / "broken.mp4").write_bytes(b"nope")
+    with pytest.raises(CalibrationError, match="cannot read video"):
+        open_source(str(tmp_path / "broken.mp4"), (1, 3, 8, 8), (8, 8), PreprocessSpec(), 3)

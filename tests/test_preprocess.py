@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+
+from jetpipe.errors import JetpipeError
+from jetpipe.preprocess import fit, preprocess_bgr
+from jetpipe.spec import PRESETS, PreprocessSpec, parse_size, parse_triple
+
+
+def test_letterbox_geometry_maps_back_to_source():
+    (nh, nw), box = fit((1080, 1920), (640, 640), "letterbox")
+    assert (nh, nw) == (360, 640) and (box.pad_x, box.pad_y) == (0, 140)
+    corners = np.array([[0, 140], [640, 500]], float)
+    np.testing.assert_allclose(box.to_source(corners), [[0, 0], [1920, 1080]])
+
+
+def test_preprocess_matches_formula_on_a_real_rendered_image():
+    from jetpipe.synth import render_text_image
+
+    image = render_text_image(3, (64, 64)).bgr
+    spec = PRESETS["ppocr-det"]
+    x, box = preprocess_bgr(image, (64, 64), spec)
+    assert box == fit((64, 64), (64, 64), "letterbox")[1]
+    expected = (image.astype(np.float32) / 255.0 - np.array(spec.mean)) / np.array(spec.std)
+    np.testing.assert_allclose(x, expected.transpose(2, 0, 1), atol=1e-5)  # bgr: channel 0 = blue
+
+
+def test_rgb_order_and_pad_value():
+    image = np.zeros((10, 20, 3), np.uint8)
+    image[..., 0] = 200  # blue
+    spec = PreprocessSpec(scale=1.0, pad_value=7.0)
+    x, box = preprocess_bgr(image, (20, 20), spec)
+    assert box.pad_y == 5
+    assert x[2, 10, 10] == 200 and x[0, 10, 10] == 0  # rgb: blue lands in channel 2
+    assert x[0, 0, 0] == 7 and x[2, 19, 19] == 7
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(channel_order="gbr"), "channel order 'gbr'"),
+    (dict(resize="crop"), "resize 'crop'"),
+    (dict(std=(1.0, 0.0, 1.0)), "contains 0"),
+])
+def test_bad_spec_values_are_named(bad, match):
+    with pytest.raises(JetpipeError, match=match):
+        PreprocessSpec(**bad)
+
+
+def test_parsers():
+    assert parse_size("480x640") == (480, 640)
+    assert parse_triple("1,2,3", "mean") == (1.0, 2.0, 3.0)
+    with pytest.raises(JetpipeError, match="must look like HxW"):
+        parse_size("640")
+    with pytest.raises(JetpipeError, match="--mean '1,2' must be three"):
+        parse_triple("1,2", "mean")
