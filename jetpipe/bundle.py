@@ -33,18 +33,21 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Atomic JSON write: temp file in the same folder, then os.replace."""
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same folder and os.replace: never a half file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_json(path: Path, data: dict) -> None:
+    atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 def check_destination(out: Path, force: bool) -> None:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jetpipe.bundle import CALIBRATION_FILE
+from jetpipe.bundle import CALIBRATION_FILE, write_json
 from jetpipe.errors import CalibrationError
 
 
@@ -55,4 +55,4 @@ def mismatch(cached: CalibrationResult, wanted: dict) -> str | None:
 
 
 def save(result: CalibrationResult, folder: Path) -> None:
-    (folder / CALIBRATION_FILE).write_text(json.dumps(asdict(result), indent=1) + "\n")
+    write_json(folder / CALIBRATION_FILE, asdict(result))

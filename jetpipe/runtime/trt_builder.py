@@ -10,11 +10,10 @@ this project's machines, which have no TensorRT.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from jetpipe.bundle import atomic_write
 from jetpipe.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -86,9 +85,9 @@ def build_engine(onnx_path: Path, out_path: Path, opts: BuildOptions) -> dict:
     if plan is None:
         detail = "; ".join(logger.messages[-5:]) or "no message from TensorRT"
         raise EngineError(f"TensorRT engine build failed: {detail}")
-    _atomic_write(out_path, bytes(plan))
+    atomic_write(out_path, bytes(plan))
     if opts.timing_cache is not None:
-        _atomic_write(opts.timing_cache, bytes(config.get_timing_cache().serialize()))
+        atomic_write(opts.timing_cache, bytes(config.get_timing_cache().serialize()))
     return {"tensorrt": trt.__version__, "compute_capability": _compute_capability(),
             "max_batch": opts.max_batch, "timing_cache_reused": cache,
             "sparse_weights": opts.sparse_weights, "dla_core": opts.dla_core}
@@ -138,15 +137,3 @@ def _compute_capability() -> str | None:
         return f"{major}.{minor}"
     except Exception:  # no PyCUDA or no GPU: recorded as unknown
         return None
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
