@@ -40,19 +40,50 @@ def fit(src_hw: tuple[int, int], dst_hw: tuple[int, int], mode: str) -> tuple[tu
     return (nh, nw), Letterbox(nw / sw, nh / sh, (dw - nw) // 2, (dh - nh) // 2)
 
 
+def affine(spec: PreprocessSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Per output channel (mul, add) with normalized = pixel * mul + add, in the network's order."""
+    mul = np.float32(spec.scale) / np.asarray(spec.std, np.float32)
+    add = -np.asarray(spec.mean, np.float32) / np.asarray(spec.std, np.float32)
+    return mul.astype(np.float32), add.astype(np.float32)
+
+
+def _normalize_into(content: np.ndarray, box: Letterbox, size_hw, spec: PreprocessSpec,
+                    out: np.ndarray | None) -> np.ndarray:
+    """content: resized h x w x 3 in the network's channel order -> normalized CHW canvas."""
+    nh, nw = content.shape[:2]
+    canvas = np.full((size_hw[0], size_hw[1], 3), spec.pad_value, dtype=np.float32)
+    canvas[box.pad_y:box.pad_y + nh, box.pad_x:box.pad_x + nw] = content
+    mul, add = affine(spec)
+    if out is None:
+        out = np.empty((3, size_hw[0], size_hw[1]), np.float32)
+    out[...] = (canvas * mul + add).transpose(2, 0, 1)
+    return out
+
+
 def preprocess_bgr(image: np.ndarray, size_hw: tuple[int, int], spec: PreprocessSpec,
                    out: np.ndarray | None = None) -> tuple[np.ndarray, Letterbox]:
-    """One HxWx3 uint8 BGR image -> 3xHxW float32 network input (written into `out` if given)."""
+    """One HxWx3 uint8 BGR image -> 3xHxW float32 network input (written into `out` if given).
+
+    Resizes in uint8 (OpenCV's fast path); preprocess_frame resizes in float.
+    The two differ by less than one 8-bit step."""
     (nh, nw), box = fit(image.shape[:2], size_hw, spec.resize)
     resized = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
     if spec.channel_order == "rgb":
         resized = resized[:, :, ::-1]
-    canvas = np.full((size_hw[0], size_hw[1], 3), spec.pad_value, dtype=np.float32)
-    canvas[box.pad_y:box.pad_y + nh, box.pad_x:box.pad_x + nw] = resized
-    mean = np.asarray(spec.mean, np.float32)
-    inv_std = 1.0 / np.asarray(spec.std, np.float32)
-    normalized = (canvas * np.float32(spec.scale) - mean) * inv_std
-    if out is None:
-        out = np.empty((3, size_hw[0], size_hw[1]), np.float32)
-    out[...] = normalized.transpose(2, 0, 1)
-    return out, box
+    return _normalize_into(resized, box, size_hw, spec, out), box
+
+
+def preprocess_frame(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec: PreprocessSpec,
+                     matrix=None, out: np.ndarray | None = None) -> tuple[np.ndarray, Letterbox]:
+    """Any camera frame (see jetpipe.frames) -> network input: the GPU kernel's reference.
+
+    Colour conversion in float at full resolution, then float bilinear resize."""
+    from jetpipe.frames import frame_size, to_rgb_float
+
+    height, width = frame_size(frame, fmt)
+    rgb = to_rgb_float(frame, fmt, height, width, matrix)
+    (nh, nw), box = fit((height, width), size_hw, spec.resize)
+    resized = cv2.resize(rgb, (nw, nh), interpolation=cv2.INTER_LINEAR)
+    if spec.channel_order == "bgr":
+        resized = resized[:, :, ::-1]
+    return _normalize_into(resized, box, size_hw, spec, out), box

@@ -1,0 +1,81 @@
+"""What every runtime takes and returns (no CUDA here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jetpipe.errors import JetpipeError
+from jetpipe.frames import ColourMatrix, check_frame, frame_size
+from jetpipe.preprocess import Letterbox
+
+
+@dataclass
+class Frame:
+    """A camera frame in host memory: a tightly packed uint8 array (layouts in jetpipe.frames)."""
+
+    data: np.ndarray
+    format: str = "bgr"
+    standard: str = "bt601"
+    range: str = "limited"
+
+    def size(self) -> tuple[int, int]:
+        height, width = frame_size(self.data, self.format)
+        check_frame(self.data, self.format, height, width)
+        return height, width
+
+    def matrix(self) -> ColourMatrix:
+        return ColourMatrix.of(self.standard, self.range)
+
+
+@dataclass
+class Ticket:
+    """A submitted batch; pass it to collect()."""
+
+    set_index: int
+    batch: int
+    letterboxes: list[Letterbox]
+    frame_indices: list[int]          # input index of each output row
+    rejected: list[tuple[int, str]]   # (input index, reason) of frames left out
+
+
+@dataclass
+class BatchResult:
+    """Outputs of one batch.
+
+    `outputs` are views into the runtime's reused host buffers (pinned on the
+    GPU): they stay valid until that buffer set is submitted again, i.e. for
+    one more submit() with two sets in flight. Copy what you keep.
+    """
+
+    outputs: dict[str, np.ndarray]
+    letterboxes: list[Letterbox]
+    frame_indices: list[int]
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+
+
+def as_frame(item) -> Frame:
+    return item if isinstance(item, Frame) else Frame(np.asarray(item), "bgr")
+
+
+def validate(frames, max_batch: int, capacity: int | None = None):
+    """Split a batch into usable frames and rejected ones (with reasons); never raises per frame."""
+    if len(frames) == 0:
+        raise JetpipeError("empty batch: pass at least one frame")
+    if len(frames) > max_batch:
+        raise JetpipeError(f"batch of {len(frames)} frames exceeds the runtime's max batch {max_batch}: "
+                           "split it or open the runtime with a larger max_batch")
+    usable, rejected = [], []
+    for index, item in enumerate(frames):
+        try:
+            frame = as_frame(item)
+            height, width = frame.size()
+            matrix = frame.matrix()
+            if capacity is not None and frame.data.nbytes > capacity:
+                raise JetpipeError(f"frame of {frame.data.nbytes} bytes exceeds the ring slot of {capacity} "
+                                   "bytes: open the runtime with a larger max_frame_hw")
+            usable.append((index, frame, height, width, matrix))
+        except JetpipeError as exc:
+            rejected.append((index, str(exc)))
+    return usable, rejected

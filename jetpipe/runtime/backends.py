@@ -1,0 +1,139 @@
+"""Inference backends behind one interface.
+
+A backend runs the bundle's model on a batch whose input already sits in a
+buffer the runtime owns, writing outputs into buffers the runtime owns:
+  - OrtCpuBackend:  ONNX Runtime CPU EP, I/O bound to numpy arrays.
+  - OrtCudaBackend: ONNX Runtime CUDA EP, I/O bound to our PyCUDA device
+    buffers (IOBinding with raw pointers), on our stream.
+  - TensorRTBackend (trt_backend.py): execute_async_v3 on our stream.
+Every binding is made at construction for each batch size and buffer set.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from jetpipe.errors import JetpipeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: np.dtype
+    sample_shape: tuple[int, ...]  # without the batch axis
+
+    def nbytes(self, batch: int) -> int:
+        return int(np.prod((batch, *self.sample_shape))) * np.dtype(self.dtype).itemsize
+
+
+def ort_tensor_specs(session, input_sample_shape) -> tuple[TensorSpec, list[TensorSpec]]:
+    """Input and output specs from one batch-1 run (per-sample shapes must be static)."""
+    inp = session.get_inputs()[0]
+    dummy = np.zeros((1, *input_sample_shape), np.float32)
+    outputs = session.run(None, {inp.name: dummy})
+    specs = []
+    for meta, value in zip(session.get_outputs(), outputs):
+        if value.ndim == 0 or value.shape[0] != 1:
+            raise JetpipeError(f"output {meta.name} has shape {list(value.shape)} for one image: "
+                               "jetpipe's runtime needs outputs batched on axis 0")
+        specs.append(TensorSpec(meta.name, value.dtype, tuple(value.shape[1:])))
+    return TensorSpec(inp.name, np.dtype(np.float32), tuple(input_sample_shape)), specs
+
+
+def _session_options(ort):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return options
+
+
+class OrtCpuBackend:
+    """ONNX Runtime on the CPU, reading and writing preallocated numpy buffers."""
+
+    name = "onnxruntime-cpu"
+
+    def __init__(self, model_path: str, input_sample_shape, max_batch: int):
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(model_path, _session_options(ort),
+                                            providers=["CPUExecutionProvider"])
+        self.input, self.outputs = ort_tensor_specs(self.session, input_sample_shape)
+        self.input_buffer = np.zeros((max_batch, *self.input.sample_shape), np.float32)
+        self.output_buffers = {o.name: np.zeros((max_batch, *o.sample_shape), o.dtype) for o in self.outputs}
+        self.bindings = [self._bind(b) for b in range(1, max_batch + 1)]
+
+    def _bind(self, batch: int):
+        binding = self.session.io_binding()
+        view = self.input_buffer[:batch]
+        binding.bind_input(self.input.name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
+        for spec in self.outputs:
+            out = self.output_buffers[spec.name][:batch]
+            binding.bind_output(spec.name, "cpu", 0, spec.dtype, list(out.shape), out.ctypes.data)
+        return binding
+
+    def run(self, batch: int) -> None:
+        self.session.run_with_iobinding(self.bindings[batch - 1])
+
+    def close(self) -> None:
+        self.bindings.clear()
+        self.session = None
+
+
+class OrtCudaBackend:
+    """ONNX Runtime CUDA EP with I/O bound to device buffers, running on our stream.
+
+    `buffer_sets` is a list of (input address, {output name: address}); one
+    IOBinding per (set, batch size) is made here, none in the frame loop.
+    """
+
+    name = "onnxruntime-cuda"
+
+    def __init__(self, model_path: str, input_sample_shape, max_batch: int, stream, device_id: int = 0,
+                 cuda_graph: bool = False):
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise JetpipeError("onnxruntime has no CUDA execution provider: pip install onnxruntime-gpu")
+        cpu = ort.InferenceSession(model_path, _session_options(ort), providers=["CPUExecutionProvider"])
+        self.input, self.outputs = ort_tensor_specs(cpu, input_sample_shape)
+        del cpu
+        # FP32 means FP32: TF32 convolutions would move results by ~1e-3
+        cuda_options = {"device_id": str(device_id), "user_compute_stream": str(int(stream.handle)),
+                        "use_tf32": "0"}
+        if cuda_graph:
+            cuda_options["enable_cuda_graph"] = "1"
+        self.session = ort.InferenceSession(model_path, _session_options(ort),
+                                            providers=[("CUDAExecutionProvider", cuda_options)])
+        if self.session.get_providers()[0] != "CUDAExecutionProvider":
+            raise JetpipeError("onnxruntime did not enable the CUDA execution provider "
+                               f"(providers: {self.session.get_providers()})")
+        self.device_id, self.max_batch, self.cuda_graph = device_id, max_batch, cuda_graph
+        self.bindings: dict[tuple[int, int], object] = {}
+        self.run_options: dict[tuple[int, int], object] = {}
+        self._ort = ort
+
+    def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None:
+        for batch in range(1, self.max_batch + 1):
+            binding = self.session.io_binding()
+            binding.bind_input(self.input.name, "cuda", self.device_id, np.float32,
+                               [batch, *self.input.sample_shape], input_address)
+            for spec in self.outputs:
+                binding.bind_output(spec.name, "cuda", self.device_id, spec.dtype,
+                                    [batch, *spec.sample_shape], output_addresses[spec.name])
+            options = self._ort.RunOptions()
+            if self.cuda_graph:  # one captured graph per (buffer set, batch size): fixed addresses
+                options.add_run_config_entry("gpu_graph_id", str(set_index * self.max_batch + batch))
+            self.bindings[(set_index, batch)] = binding
+            self.run_options[(set_index, batch)] = options
+
+    def run(self, set_index: int, batch: int, stream=None) -> None:
+        key = (set_index, batch)
+        self.session.run_with_iobinding(self.bindings[key], self.run_options[key])
+
+    def close(self) -> None:
+        self.bindings.clear()
+        self.session = None

@@ -1,0 +1,133 @@
+"""The CUDA context, streams and allocations: the only owner of CUDA resources.
+
+One context per process: the device's *primary* context, which TensorRT and
+ONNX Runtime (CUDA runtime API) use too. Every thread that issues CUDA work
+pushes it (`with device.active():`); nothing is created at import.
+Every allocation goes through `alloc` / `pinned`, which count them, so tests
+can show the frame loop allocates nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import numpy as np
+
+from jetpipe.errors import JetpipeError
+
+log = logging.getLogger(__name__)
+
+MEMORY_MODES = ("auto", "mapped", "staged", "device")
+
+
+class GpuUnavailable(JetpipeError):
+    """No PyCUDA or no usable GPU: the caller may fall back to the CPU runtime."""
+
+
+def import_pycuda():
+    try:
+        import pycuda.driver as cuda
+    except ImportError:
+        raise GpuUnavailable("PyCUDA is not installed: pip install 'jetpipe[gpu]' "
+                             "(needs the CUDA toolkit); using the CPU runtime needs nothing") from None
+    return cuda
+
+
+class CudaDevice:
+    """A GPU, its primary context and jetpipe's allocation accounting."""
+
+    def __init__(self, ordinal: int = 0):
+        cuda = import_pycuda()
+        try:
+            cuda.init()
+            count = cuda.Device.count()
+        except cuda.Error as exc:
+            raise GpuUnavailable(f"CUDA driver unavailable: {exc}") from exc
+        if ordinal >= count:
+            raise GpuUnavailable(f"GPU {ordinal} requested, {count} found")
+        self.cuda, self.ordinal = cuda, ordinal
+        self.device = cuda.Device(ordinal)
+        self.name = self.device.name()
+        major, minor = self.device.compute_capability()
+        self.compute_capability = f"{major}.{minor}"
+        attr = cuda.device_attribute
+        self.integrated = bool(self.device.get_attribute(attr.INTEGRATED))
+        self.can_map_host_memory = bool(self.device.get_attribute(attr.CAN_MAP_HOST_MEMORY))
+        self.context = self.device.retain_primary_context()
+        self.allocations = 0
+        self._owned: list = []
+
+    @contextlib.contextmanager
+    def active(self):
+        """Make the primary context current on this thread for the block."""
+        self.context.push()
+        try:
+            yield self
+        finally:
+            self.cuda.Context.pop()
+
+    def memory_mode(self, requested: str = "auto") -> str:
+        """Integrated GPU (Jetson): mapped zero-copy frames; discrete: pinned staging + async copy."""
+        if requested not in MEMORY_MODES:
+            raise JetpipeError(f"memory mode {requested!r}: choose one of {', '.join(MEMORY_MODES)}")
+        if requested == "auto":
+            return "mapped" if self.integrated else "staged"
+        if requested == "mapped" and not self.can_map_host_memory:
+            raise JetpipeError(f"{self.name} cannot map host memory: use memory 'staged'")
+        return requested
+
+    def alloc(self, nbytes: int):
+        """Device memory (call inside `active()`); freed by close()."""
+        allocation = self.cuda.mem_alloc(max(1, int(nbytes)))
+        self.allocations += 1
+        self._owned.append(allocation)
+        return allocation
+
+    def pinned(self, shape, dtype, mapped: bool = False) -> np.ndarray:
+        """Page-locked host memory; `mapped` makes it readable by kernels (zero copy)."""
+        flags = self.cuda.host_alloc_flags.DEVICEMAP if mapped else 0
+        array = self.cuda.pagelocked_empty(shape, dtype, mem_flags=flags)
+        self.allocations += 1
+        self._owned.append(array)
+        return array
+
+    @staticmethod
+    def device_pointer(mapped_array: np.ndarray) -> int:
+        return int(mapped_array.base.get_device_pointer())
+
+    def stream(self):
+        self.allocations += 1
+        stream = self.cuda.Stream()
+        self._owned.append(stream)
+        return stream
+
+    def event(self):
+        self.allocations += 1
+        event = self.cuda.Event()
+        self._owned.append(event)
+        return event
+
+    def free_memory(self) -> int:
+        free, _total = self.cuda.mem_get_info()
+        return int(free)
+
+    def close(self) -> None:
+        """Free everything this object allocated, then release the primary context."""
+        if self.context is None:
+            return
+        with self.active():
+            for item in reversed(self._owned):
+                if hasattr(item, "free"):
+                    item.free()
+                elif hasattr(item, "base") and hasattr(item.base, "free"):
+                    item.base.free()
+            self._owned.clear()
+        self.context.detach()
+        self.context = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

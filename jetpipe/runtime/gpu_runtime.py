@@ -1,0 +1,214 @@
+"""GpuRuntime: frames -> fused kernel -> engine -> pinned outputs, all on our streams.
+
+Two buffer sets alternate so batch k+1's frame copy (copy stream) overlaps batch
+k's compute (compute stream). Frame memory by strategy:
+  mapped  frames in pinned mapped host memory, read by the kernel directly (Jetson)
+  staged  pinned host ring -> async copy on the copy stream -> device frames (discrete GPU)
+  device  device frames filled by a copy on the compute stream (no overlap; producers on the GPU)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from jetpipe.errors import JetpipeError
+from jetpipe.runtime.api import BatchResult, Ticket, validate
+from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable
+from jetpipe.runtime.runtime import _Base
+
+log = logging.getLogger(__name__)
+
+BUFFER_SETS = 2
+
+
+def pick_gpu_backend(bundle_dir, requested: str) -> str:
+    """tensorrt where the bundle has an engine and TensorRT imports, else onnxruntime-cuda."""
+    from jetpipe import bundle as bundles
+    from jetpipe.runtime.cuda import import_pycuda
+    from jetpipe.runtime.trt_builder import import_tensorrt
+
+    import_pycuda()  # GpuUnavailable with the install hint when PyCUDA is missing
+    manifest = bundles.read_manifest(bundle_dir)
+    has_engine = bool((manifest.get("engine") or {}).get("built"))
+    if requested in ("auto", "tensorrt") and has_engine and import_tensorrt() is not None:
+        return "tensorrt"
+    if requested == "tensorrt":
+        raise JetpipeError("backend tensorrt needs TensorRT installed and a bundle with an engine "
+                           f"(this bundle: {'has one' if has_engine else 'none'})")
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise GpuUnavailable("onnxruntime is not installed") from None
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise GpuUnavailable("onnxruntime has no CUDA execution provider (pip install onnxruntime-gpu)")
+    return "onnxruntime-cuda"
+
+
+@dataclass
+class _BufferSet:
+    host_frames: np.ndarray              # pinned [max_batch, capacity] uint8 (mapped in 'mapped' mode)
+    frame_addresses: list[int]           # what the kernel reads for each slot
+    device_frames: object | None         # allocation of max_batch * capacity bytes (staged/device)
+    input: object                        # device NCHW input of the engine
+    outputs: dict                        # name -> device allocation
+    host_outputs: dict                   # name -> pinned array [max_batch, ...]
+    preprocessor: object
+    copied: object                       # event: frames on the device
+    done: object                         # event: outputs in host memory
+    in_flight: bool = False
+    ticket: Ticket | None = field(default=None)
+
+
+class GpuRuntime(_Base):
+    """See the module docstring. `max_frame_hw` sizes the frame ring (bytes of a BGR frame that size)."""
+
+    def __init__(self, bundle_dir, max_batch: int | None = None, backend: str = "onnxruntime-cuda",
+                 memory: str = "auto", max_frame_hw: tuple[int, int] = (1080, 1920), device: int = 0,
+                 cuda_graph: bool = False):
+        super().__init__(bundle_dir, max_batch)
+        from jetpipe.runtime.kernels import compile_module
+
+        self.device = CudaDevice(device)
+        try:
+            with self.device.active():
+                self.memory = self.device.memory_mode(memory)
+                self.capacity = max_frame_hw[0] * max_frame_hw[1] * 3
+                self.compute_stream, self.copy_stream = self.device.stream(), self.device.stream()
+                self.module = compile_module()
+                self.backend = self._make_backend(backend, cuda_graph)
+                self.backend_name = self.backend.name
+                self.sets = [self._make_set(i) for i in range(BUFFER_SETS)]
+                self.next_set = 0
+        except BaseException:
+            self.device.close()
+            raise
+        log.info("GPU runtime on %s (sm %s, %s): backend %s, frames %s", self.device.name,
+                 self.device.compute_capability, "integrated" if self.device.integrated else "discrete",
+                 self.backend_name, self.memory)
+
+    def _make_backend(self, backend: str, cuda_graph: bool):
+        sample = (3, *self.size_hw)
+        if backend == "tensorrt":
+            from jetpipe.runtime.trt_backend import TensorRTBackend, check_engine_compatibility
+            from jetpipe.runtime.trt_builder import import_tensorrt
+
+            check_engine_compatibility(self.manifest, import_tensorrt().__version__,
+                                       self.device.compute_capability, str(self.bundle_dir))
+            plan = (Path(self.bundle_dir) / self.manifest["engine"]["file"]).read_bytes()
+            trt = TensorRTBackend(plan, self.max_batch, use_cuda_graphs=True)
+            trt.outputs_resolved = trt.resolve_outputs()
+            return trt
+        from jetpipe.runtime.backends import OrtCudaBackend
+
+        return OrtCudaBackend(self.model_path, sample, self.max_batch, self.compute_stream,
+                              device_id=self.device.ordinal, cuda_graph=cuda_graph)
+
+    def _output_specs(self):
+        return getattr(self.backend, "outputs_resolved", None) or self.backend.outputs
+
+    def _make_set(self, index: int) -> _BufferSet:
+        from jetpipe.runtime.kernels import GpuPreprocessor
+
+        d, b = self.device, self.max_batch
+        mapped = self.memory == "mapped"
+        host_frames = d.pinned((b, self.capacity), np.uint8, mapped=mapped)
+        device_frames = None
+        if mapped:
+            base = d.device_pointer(host_frames)
+            addresses = [base + i * self.capacity for i in range(b)]
+        else:
+            device_frames = d.alloc(b * self.capacity)
+            addresses = [int(device_frames) + i * self.capacity for i in range(b)]
+        input_dtype = np.dtype(getattr(self.backend.input, "dtype", np.float32))
+        input_buffer = d.alloc(b * 3 * self.size_hw[0] * self.size_hw[1] * input_dtype.itemsize)
+        specs = self._output_specs()
+        outputs = {s.name: d.alloc(s.nbytes(b)) for s in specs}
+        host_outputs = {s.name: d.pinned((b, *s.sample_shape), s.dtype) for s in specs}
+        self.backend.bind(index, int(input_buffer), {n: int(a) for n, a in outputs.items()})
+        pre = GpuPreprocessor(d, self.module, b, self.size_hw, self.spec, out_dtype=input_dtype)
+        return _BufferSet(host_frames, addresses, device_frames, input_buffer, outputs, host_outputs, pre,
+                          d.event(), d.event())
+
+    def submit(self, frames) -> Ticket:
+        """Queue one batch; returns at once with TensorRT, after inference with ONNX Runtime."""
+        buffers = self.sets[self.next_set]
+        if buffers.in_flight:
+            raise JetpipeError(f"{BUFFER_SETS} batches are in flight: collect() one before submitting more")
+        usable, rejected = validate(frames, self.max_batch, self.capacity)
+        self.rejected_frames += len(rejected)
+        boxes = []
+        with self.device.active():
+            for row, (_, frame, height, width, matrix) in enumerate(usable):
+                nbytes = frame.data.nbytes
+                slot = buffers.host_frames[row, :nbytes]
+                np.copyto(slot, frame.data.reshape(-1))
+                boxes.append(buffers.preprocessor.set_frame(row, frame.format, height, width,
+                                                            buffers.frame_addresses[row], matrix))
+                self._stage(buffers, row, slot)
+            if self.memory == "staged" and usable:
+                buffers.copied.record(self.copy_stream)
+                self.compute_stream.wait_for_event(buffers.copied)
+            ticket = Ticket(self.next_set, len(usable), boxes, [u[0] for u in usable], rejected)
+            if usable:
+                self._enqueue(buffers, ticket)
+            buffers.done.record(self.compute_stream)
+        buffers.in_flight, buffers.ticket = True, ticket
+        self.next_set = (self.next_set + 1) % BUFFER_SETS
+        return ticket
+
+    def _stage(self, buffers: _BufferSet, row: int, slot: np.ndarray) -> None:
+        if self.memory == "staged":
+            self.device.cuda.memcpy_htod_async(buffers.frame_addresses[row], slot, self.copy_stream)
+        elif self.memory == "device":
+            self.device.cuda.memcpy_htod_async(buffers.frame_addresses[row], slot, self.compute_stream)
+
+    def _enqueue(self, buffers: _BufferSet, ticket: Ticket) -> None:
+        stream, batch = self.compute_stream, ticket.batch
+        buffers.preprocessor.launch(batch, int(buffers.input), stream)
+        self.backend.run(ticket.set_index, batch, stream)
+        for name, host in buffers.host_outputs.items():
+            self.device.cuda.memcpy_dtoh_async(host[:batch], buffers.outputs[name], stream)
+
+    def collect(self, ticket: Ticket) -> BatchResult:
+        buffers = self.sets[ticket.set_index]
+        if not buffers.in_flight or buffers.ticket is not ticket:
+            raise JetpipeError("this batch was already collected (or never submitted here)")
+        with self.device.active():
+            buffers.done.synchronize()
+        buffers.in_flight = False
+        outputs = {name: host[:ticket.batch] for name, host in buffers.host_outputs.items()}
+        return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected)
+
+    def preprocess_only(self, frames) -> np.ndarray:
+        """The kernel's output for a batch, copied to a new host array (tests and benchmarks)."""
+        buffers = self.sets[self.next_set]
+        usable, _ = validate(frames, self.max_batch, self.capacity)
+        out = np.empty((len(usable), 3, *self.size_hw), np.dtype(getattr(self.backend.input, "dtype",
+                                                                          np.float32)))
+        with self.device.active():
+            for row, (_, frame, height, width, matrix) in enumerate(usable):
+                slot = buffers.host_frames[row, :frame.data.nbytes]
+                np.copyto(slot, frame.data.reshape(-1))
+                buffers.preprocessor.set_frame(row, frame.format, height, width,
+                                               buffers.frame_addresses[row], matrix)
+                self._stage(buffers, row, slot)
+            if self.memory == "staged":
+                buffers.copied.record(self.copy_stream)
+                self.compute_stream.wait_for_event(buffers.copied)
+            buffers.preprocessor.launch(len(usable), int(buffers.input), self.compute_stream)
+            self.compute_stream.synchronize()
+            self.device.cuda.memcpy_dtoh(out, buffers.input)
+        return out
+
+    def close(self) -> None:
+        if getattr(self, "device", None) is None:
+            return
+        with self.device.active():
+            self.compute_stream.synchronize()
+            self.backend.close()
+        self.device.close()
+        self.device = None

@@ -1,0 +1,107 @@
+"""The fused preprocessing kernel: compiled once through PyCUDA, cached on disk.
+
+`GpuPreprocessor` owns the per-frame parameter buffers of one in-flight batch
+and launches one kernel for the whole batch, writing straight into the
+engine's input buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from jetpipe.errors import JetpipeError
+from jetpipe.frames import FORMAT_CODES, ColourMatrix, frame_shape
+from jetpipe.preprocess import Letterbox, affine, fit
+from jetpipe.spec import PreprocessSpec
+
+SOURCE = Path(__file__).with_name("preprocess.cu")
+BLOCK = (32, 8, 1)
+
+# Mirrors struct FrameParams in preprocess.cu (80 bytes, 8-byte aligned).
+PARAMS = np.dtype([
+    ("src", np.uint64), ("width", np.int32), ("height", np.int32), ("pitch", np.int32),
+    ("format", np.int32), ("scale_x", np.float32), ("scale_y", np.float32), ("pad_x", np.int32),
+    ("pad_y", np.int32), ("content_w", np.int32), ("content_h", np.int32), ("ky", np.float32),
+    ("y0", np.float32), ("kc", np.float32), ("rv", np.float32), ("gu", np.float32),
+    ("gv", np.float32), ("bu", np.float32), ("reserved", np.float32)], align=True)
+assert PARAMS.itemsize == 80
+
+
+class KernelError(JetpipeError):
+    """The preprocessing kernels cannot be compiled or loaded."""
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    path = root / "jetpipe" / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def compile_module():
+    """The compiled module (PyCUDA keys its disk cache on source, options, nvcc and GPU arch)."""
+    if shutil.which("nvcc") is None:
+        raise KernelError("nvcc not found: the preprocessing kernels are compiled with the CUDA toolkit's "
+                          "nvcc; add it to PATH (JetPack: /usr/local/cuda/bin) or install the CUDA toolkit")
+    from pycuda.compiler import SourceModule
+    from pycuda.driver import CompileError
+
+    try:
+        return SourceModule(SOURCE.read_text(), no_extern_c=True, options=["-O3"],
+                            cache_dir=str(cache_dir()))
+    except CompileError as exc:
+        raise KernelError(f"compiling {SOURCE.name} failed: {str(exc).strip()[:400]}") from exc
+
+
+def frame_params(record, fmt: str, height: int, width: int, pitch: int, address: int,
+                 size_hw: tuple[int, int], resize: str, matrix: ColourMatrix) -> Letterbox:
+    """Fill one FrameParams record; returns the letterbox placement for postprocessing."""
+    (nh, nw), box = fit((height, width), size_hw, resize)
+    record["src"], record["width"], record["height"] = address, width, height
+    record["pitch"], record["format"] = pitch, FORMAT_CODES[fmt]
+    record["scale_x"], record["scale_y"] = width / nw, height / nh
+    record["pad_x"], record["pad_y"], record["content_w"], record["content_h"] = box.pad_x, box.pad_y, nw, nh
+    for key in ("ky", "y0", "kc", "rv", "gu", "gv", "bu"):
+        record[key] = getattr(matrix, key)
+    return box
+
+
+def pitch_of(fmt: str, width: int) -> int:
+    """Bytes per row of the luma / packed plane of a tightly packed frame."""
+    shape = frame_shape(fmt, 2, width)
+    return shape[1] * (shape[2] if len(shape) == 3 else 1)
+
+
+class GpuPreprocessor:
+    """Launches the fused kernel for up to max_batch frames into an NCHW buffer."""
+
+    def __init__(self, device, module, max_batch: int, size_hw: tuple[int, int], spec: PreprocessSpec,
+                 out_dtype=np.float32):
+        self.size_hw, self.spec, self.max_batch = size_hw, spec, max_batch
+        name = "preprocess_f16" if np.dtype(out_dtype) == np.float16 else "preprocess_f32"
+        self.function = module.get_function(name)
+        self.function.prepare("PPiiifffffffi")
+        self.host_params = device.pinned((max_batch,), PARAMS)
+        self.device_params = device.alloc(PARAMS.itemsize * max_batch)
+        mul, add = affine(spec)
+        self.constants = (np.float32(spec.pad_value), *(np.float32(v) for v in (*mul, *add)),
+                          np.int32(spec.channel_order == "bgr"))
+        self._cuda = device.cuda
+
+    def set_frame(self, index: int, fmt: str, height: int, width: int, address: int,
+                  matrix: ColourMatrix, pitch: int | None = None) -> Letterbox:
+        return frame_params(self.host_params[index], fmt, height, width,
+                            pitch if pitch is not None else pitch_of(fmt, width), address,
+                            self.size_hw, self.spec.resize, matrix)
+
+    def launch(self, batch: int, out_address: int, stream) -> None:
+        """Upload this batch's parameters and run the kernel, both on `stream`."""
+        self._cuda.memcpy_htod_async(self.device_params, self.host_params[:batch], stream)
+        h, w = self.size_hw
+        grid = ((w + BLOCK[0] - 1) // BLOCK[0], (h + BLOCK[1] - 1) // BLOCK[1], batch)
+        self.function.prepared_async_call(grid, BLOCK, stream, self.device_params, out_address,
+                                          np.int32(w), np.int32(h), np.int32(batch), *self.constants)

@@ -1,0 +1,109 @@
+"""Runtimes: a bundle + max batch -> infer(frames) / submit(frames) + collect(ticket).
+
+CpuRuntime (OpenCV/numpy preprocessing + ONNX Runtime CPU) is the fallback and
+the reference; GpuRuntime (fused kernel + ONNX Runtime CUDA or TensorRT) does
+the same on the GPU. Everything is allocated in the constructor.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from jetpipe import bundle as bundles
+from jetpipe.errors import BundleError, JetpipeError
+from jetpipe.preprocess import preprocess_frame
+from jetpipe.runtime.api import BatchResult, Ticket, validate
+from jetpipe.spec import PreprocessSpec
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
+
+
+class _Base:
+    backend_name = "?"
+
+    def __init__(self, bundle_dir, max_batch: int | None):
+        self.bundle_dir = Path(bundle_dir)
+        self.manifest = bundles.read_manifest(self.bundle_dir)
+        problems = bundles.verify(self.bundle_dir)
+        if problems:
+            raise BundleError(f"bundle {bundle_dir} fails verification ({problems[0]}): rebuild it")
+        limit = self.manifest["batch"]["max"]
+        self.max_batch = max_batch or limit
+        if not 1 <= self.max_batch <= limit:
+            raise JetpipeError(f"max_batch {self.max_batch} is outside the bundle's batch range 1..{limit}")
+        self.spec = PreprocessSpec.from_dict(self.manifest["preprocess"])
+        self.size_hw = tuple(self.manifest["input_size"])
+        self.model_path = str(self.bundle_dir / bundles.MODEL_FILE)
+        self.rejected_frames = 0
+
+    def infer(self, frames) -> BatchResult:
+        return self.collect(self.submit(frames))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class CpuRuntime(_Base):
+    """OpenCV preprocessing + ONNX Runtime CPU into preallocated buffers."""
+
+    backend_name = "onnxruntime-cpu"
+
+    def __init__(self, bundle_dir, max_batch: int | None = None):
+        super().__init__(bundle_dir, max_batch)
+        from jetpipe.runtime.backends import OrtCpuBackend
+
+        self.backend = OrtCpuBackend(self.model_path, (3, *self.size_hw), self.max_batch)
+
+    def submit(self, frames) -> Ticket:
+        usable, rejected = validate(frames, self.max_batch)
+        self.rejected_frames += len(rejected)
+        boxes = []
+        for row, (_, frame, _, _, matrix) in enumerate(usable):
+            _, box = preprocess_frame(frame.data, frame.format, self.size_hw, self.spec, matrix,
+                                      out=self.backend.input_buffer[row])
+            boxes.append(box)
+        if usable:
+            self.backend.run(len(usable))
+        return Ticket(0, len(usable), boxes, [u[0] for u in usable], rejected)
+
+    def collect(self, ticket: Ticket) -> BatchResult:
+        outputs = {name: buf[:ticket.batch] for name, buf in self.backend.output_buffers.items()}
+        return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected)
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+
+def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto", memory: str = "auto",
+                 **gpu_options):
+    """The best runtime this machine offers for the bundle (or the one asked for); logs the choice."""
+    if backend not in BACKENDS:
+        raise JetpipeError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "onnxruntime-cpu":
+        return _chosen(CpuRuntime(bundle_dir, max_batch), "requested")
+    from jetpipe.runtime.cuda import GpuUnavailable
+
+    try:
+        from jetpipe.runtime.gpu_runtime import GpuRuntime, pick_gpu_backend
+
+        gpu_backend = pick_gpu_backend(bundle_dir, backend)
+        return _chosen(GpuRuntime(bundle_dir, max_batch, backend=gpu_backend, memory=memory, **gpu_options),
+                       "requested" if backend != "auto" else "auto")
+    except GpuUnavailable as exc:
+        if backend != "auto":
+            raise
+        log.info("GPU runtime unavailable (%s): using the CPU", exc)
+        return _chosen(CpuRuntime(bundle_dir, max_batch), f"auto, {exc}")
+
+
+def _chosen(runtime, why: str):
+    log.info("runtime backend: %s (%s)", runtime.backend_name, why)
+    return runtime

@@ -1,0 +1,127 @@
+"""TensorRT backend (10.3 and 11.x): written from NVIDIA's documentation.
+
+It cannot run on this project's machines (no TensorRT there): the checks it
+does before deserializing (hashes, TensorRT version, compute capability) are
+tested through `check_engine_compatibility`, which needs no TensorRT.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from jetpipe.errors import EngineError
+from jetpipe.runtime.backends import TensorSpec
+
+log = logging.getLogger(__name__)
+
+
+def check_engine_compatibility(manifest: dict, trt_version: str, compute_capability: str,
+                               bundle_path: str) -> None:
+    """Refuse a plan built for another TensorRT or GPU before it can crash deserialization."""
+    engine = manifest.get("engine") or {}
+    if not engine.get("built"):
+        reason = engine.get("reason", "none built")
+        raise EngineError(f"bundle {bundle_path} has no TensorRT engine ({reason}): "
+                          f"rebuild it on this device with `jetpipe convert {manifest['source']['path']} "
+                          f"-o {bundle_path} --force --engine require`, or use backend onnxruntime")
+    built_trt, built_cc = engine.get("tensorrt"), engine.get("compute_capability")
+    if built_trt != trt_version or (built_cc and built_cc != compute_capability):
+        raise EngineError(
+            f"engine built with TensorRT {built_trt} for sm {built_cc} cannot load on TensorRT "
+            f"{trt_version} / sm {compute_capability}: rebuild it with `jetpipe convert "
+            f"{manifest['source']['path']} -o {bundle_path} --force --engine require` on this device")
+
+
+class TensorRTBackend:
+    """Deserialized engine + one execution context, run with execute_async_v3 on our stream."""
+
+    name = "tensorrt"
+
+    def __init__(self, plan: bytes, max_batch: int, use_cuda_graphs: bool = True):
+        import tensorrt as trt
+
+        from jetpipe.runtime.trt_builder import make_logger
+
+        self.trt = trt
+        self.logger = make_logger(trt)
+        self.runtime = trt.Runtime(self.logger)
+        self.engine = self.runtime.deserialize_cuda_engine(plan)
+        if self.engine is None:
+            detail = "; ".join(self.logger.messages[-3:]) or "no message"
+            raise EngineError(f"TensorRT could not deserialize the engine: {detail}")
+        self.context = self.engine.create_execution_context()
+        self.max_batch, self.use_cuda_graphs = max_batch, use_cuda_graphs
+        self.input, self.outputs = self._tensor_specs()
+        self.addresses: dict[int, tuple[int, dict[str, int]]] = {}
+        self.graphs: dict[tuple[int, int], object] = {}
+
+    def _tensor_specs(self):
+        trt, engine = self.trt, self.engine
+        inputs, outputs = [], []
+        for i in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(i)
+            dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
+            shape = tuple(engine.get_tensor_shape(name))
+            if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+                shape = tuple(engine.get_tensor_profile_shape(name, 0)[2])  # max of profile 0
+                inputs.append(TensorSpec(name, dtype, shape[1:]))
+            else:
+                outputs.append((name, dtype, shape))
+        if len(inputs) != 1:
+            raise EngineError(f"engine has {len(inputs)} inputs; jetpipe feeds one image input")
+        return inputs[0], outputs
+
+    def resolve_outputs(self) -> list[TensorSpec]:
+        """Output per-sample shapes once the input shape is set (-1 axes resolved)."""
+        self.context.set_input_shape(self.input.name, (1, *self.input.sample_shape))
+        specs = []
+        for name, dtype, _ in self.outputs:
+            shape = tuple(self.context.get_tensor_shape(name))
+            specs.append(TensorSpec(name, dtype, shape[1:]))
+        self.output_specs = specs
+        return specs
+
+    def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None:
+        self.addresses[set_index] = (input_address, output_addresses)
+
+    def _set(self, set_index: int, batch: int) -> None:
+        input_address, output_addresses = self.addresses[set_index]
+        ok = self.context.set_input_shape(self.input.name, (batch, *self.input.sample_shape))
+        ok &= self.context.set_tensor_address(self.input.name, input_address)
+        for name, address in output_addresses.items():
+            ok &= self.context.set_tensor_address(name, address)
+        if not ok:
+            raise EngineError(f"TensorRT rejected the shapes or addresses for batch {batch}")
+
+    def run(self, set_index: int, batch: int, stream) -> None:
+        key = (set_index, batch)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.launch(stream)
+            return
+        self._set(set_index, batch)
+        if not self.context.execute_async_v3(stream.handle):
+            raise EngineError("TensorRT execute_async_v3 failed")
+        if self.use_cuda_graphs:
+            self._capture(key, stream)
+
+    def _capture(self, key, stream) -> None:
+        """After the first (warm-up) run of a shape, capture it; replays need no set-up."""
+        from jetpipe.runtime.cuda_graph import CudaGraph
+
+        stream.synchronize()
+        try:
+            with CudaGraph.capture(stream) as graph:
+                self.context.execute_async_v3(stream.handle)
+            self.graphs[key] = graph
+        except Exception as exc:  # e.g. data-dependent shapes: run without graphs
+            log.warning("TensorRT CUDA graph capture failed (%s): running without graphs", exc)
+            self.use_cuda_graphs = False
+
+    def close(self) -> None:
+        for graph in self.graphs.values():
+            graph.close()
+        self.graphs.clear()
+        self.context = self.engine = self.runtime = None

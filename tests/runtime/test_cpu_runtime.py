@@ -1,0 +1,108 @@
+"""The CPU runtime: the fallback and the reference, run in CI."""
+
+import numpy as np
+import pytest
+
+from jetpipe.cli import main
+from jetpipe.errors import JetpipeError
+from jetpipe.frames import FORMATS, ColourMatrix, from_bgr, to_rgb_float
+from jetpipe.preprocess import preprocess_frame
+from jetpipe.runtime.api import Frame
+from jetpipe.runtime.runtime import CpuRuntime, open_runtime
+from jetpipe.spec import PRESETS
+from jetpipe.synth import render_text_image
+from tests.helpers import residual_cnn, save
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rt")
+    model = save(residual_cnn(batch=1), folder / "tiny.onnx")
+    out = folder / "bundle"
+    assert main(["convert", model, "-o", str(out), "--max-batch", "4", "--quiet"]) == 0
+    return out
+
+
+def test_infer_matches_direct_onnxruntime(tiny_bundle):
+    from jetpipe.convert.ort import cpu_session
+
+    images = [render_text_image(i, (48, 64)).bgr for i in range(3)]
+    with open_runtime(tiny_bundle, backend="onnxruntime-cpu") as rt:
+        assert rt.backend_name == "onnxruntime-cpu"
+        result = rt.infer([Frame(img, "bgr") for img in images])
+        got = result.outputs["y"].copy()
+    inputs = np.stack([preprocess_frame(img, "bgr", (16, 16), rt.spec)[0] for img in images])
+    expected = cpu_session(str(tiny_bundle / "model.onnx")).run(None, {"x": inputs})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert result.frame_indices == [0, 1, 2] and len(result.letterboxes) == 3
+
+
+def test_bad_frames_are_rejected_and_counted_not_fatal(tiny_bundle):
+    good = Frame(render_text_image(0, (48, 64)).bgr, "bgr")
+    odd = Frame(np.zeros((7, 10), np.uint8), "nv12")      # odd height: not NV12
+    wrong_dtype = Frame(np.zeros((4, 4, 3), np.float32), "bgr")
+    with CpuRuntime(tiny_bundle) as rt:
+        result = rt.infer([good, odd, wrong_dtype, good])
+        assert result.frame_indices == [0, 3] and result.outputs["y"].shape[0] == 2
+        assert [i for i, _ in result.rejected] == [1, 2] and rt.rejected_frames == 2
+        with pytest.raises(JetpipeError, match="exceeds the runtime's max batch 4"):
+            rt.infer([good] * 5)
+
+
+def test_every_format_decodes_close_to_the_source_image():
+    bgr = render_text_image(4, (96, 128)).bgr
+    spec = PRESETS["imagenet"]
+    reference = preprocess_frame(bgr, "bgr", (64, 64), spec)[0]
+    for fmt in FORMATS:
+        for standard, value_range in (("bt601", "limited"), ("bt709", "full")):
+            matrix = ColourMatrix.of(standard, value_range)
+            x, _ = preprocess_frame(from_bgr(bgr, fmt, matrix), fmt, (64, 64), spec, matrix)
+            # chroma subsampling loses detail: compare means, not pixels
+            assert np.abs(x - reference).mean() < 0.1, (fmt, standard, value_range)
+
+
+def test_bt601_limited_matches_opencv():
+    import cv2
+
+    bgr = render_text_image(2, (48, 64)).bgr
+    nv12 = from_bgr(bgr, "nv12")
+    ours = to_rgb_float(nv12, "nv12", 48, 64)
+    opencv = cv2.cvtColor(nv12, cv2.COLOR_YUV2RGB_NV12).astype(np.float32)
+    assert np.abs(ours - opencv).max() <= 1.0  # OpenCV rounds to uint8
+
+
+def test_bundle_tampering_is_refused(tiny_bundle, tmp_path):
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    with open(copy / "model.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(JetpipeError, match="fails verification"):
+        CpuRuntime(copy)
+
+
+def test_auto_falls_back_to_cpu_without_gpu(tiny_bundle, caplog):
+    import importlib.util
+    import logging
+
+    caplog.set_level(logging.INFO, logger="jetpipe")
+    with open_runtime(tiny_bundle) as rt:
+        if importlib.util.find_spec("pycuda") is None:
+            assert rt.backend_name == "onnxruntime-cpu"
+            assert "PyCUDA is not installed: pip install 'jetpipe[gpu]'" in caplog.text
+
+
+def test_engine_mismatch_is_refused_before_deserializing():
+    from jetpipe.errors import EngineError
+    from jetpipe.runtime.trt_backend import check_engine_compatibility
+
+    manifest = {"source": {"path": "det.onnx"},
+                "engine": {"built": True, "tensorrt": "10.3.0", "compute_capability": "8.7"}}
+    check_engine_compatibility(manifest, "10.3.0", "8.7", "b")
+    with pytest.raises(EngineError, match=r"TensorRT 10.3.0 for sm 8.7 cannot load on TensorRT 11.4.0 / "
+                                          r"sm 9.0: rebuild it with `jetpipe convert det.onnx -o b --force"):
+        check_engine_compatibility(manifest, "11.4.0", "9.0", "b")
+    with pytest.raises(EngineError, match="has no TensorRT engine"):
+        check_engine_compatibility({"source": {"path": "m"}, "engine": {"built": False, "reason": "x"}},
+                                   "10.3.0", "8.7", "b")

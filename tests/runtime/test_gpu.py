@@ -1,0 +1,228 @@
+"""GPU runtime tests (marker gpu): run on an H100/H200 with PyCUDA and onnxruntime-gpu.
+
+Skipped with the reason where no GPU (or PyCUDA) exists; the CPU reference they
+compare against is tested in test_cpu_runtime.py everywhere.
+"""
+
+import os
+import resource
+
+import numpy as np
+import pytest
+
+from jetpipe.frames import FORMATS, ColourMatrix, frame_size, from_bgr
+from jetpipe.preprocess import affine, preprocess_frame
+from jetpipe.runtime.api import Frame
+from jetpipe.spec import PRESETS, PreprocessSpec
+from jetpipe.synth import render_text_image
+
+pytestmark = pytest.mark.gpu
+
+SIZES = [(1080, 1920), (480, 640), (720, 1280), (240, 320)]  # mixed sizes in one batch
+
+
+def _needs_cuda_ep():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+
+
+@pytest.fixture(scope="module")
+def device():
+    from jetpipe.runtime.cuda import CudaDevice
+
+    dev = CudaDevice()
+    yield dev
+    dev.close()
+
+
+@pytest.fixture(scope="module")
+def module(device):
+    from jetpipe.runtime.kernels import compile_module
+
+    with device.active():
+        return compile_module()
+
+
+def _images():
+    return [render_text_image(10 + i, hw).bgr for i, hw in enumerate(SIZES)]
+
+
+def _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype):
+    """Frames -> device memory -> one kernel launch -> host array."""
+    from jetpipe.runtime.kernels import GpuPreprocessor
+
+    with device.active():
+        pre = GpuPreprocessor(device, module, len(frames), size_hw, spec, out_dtype)
+        stream = device.stream()
+        buffers = [device.alloc(f.nbytes) for f in frames]
+        for i, (frame, buf) in enumerate(zip(frames, buffers)):
+            device.cuda.memcpy_htod(buf, frame)
+            h, w = frame_size(frame, fmt)
+            pre.set_frame(i, fmt, h, w, int(buf), matrix)
+        out = device.alloc(len(frames) * 3 * size_hw[0] * size_hw[1] * np.dtype(out_dtype).itemsize)
+        pre.launch(len(frames), int(out), stream)
+        stream.synchronize()
+        host = np.empty((len(frames), 3, *size_hw), out_dtype)
+        device.cuda.memcpy_dtoh(host, out)
+    return host
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("standard", ["bt601", "bt709"])
+@pytest.mark.parametrize("value_range", ["limited", "full"])
+@pytest.mark.parametrize("out_dtype", [np.float32, np.float16])
+def test_kernel_matches_cpu_reference(device, module, fmt, standard, value_range, out_dtype):
+    matrix = ColourMatrix.of(standard, value_range)
+    spec = PRESETS["ppocr-det"] if fmt in ("nv12", "yuyv") else PreprocessSpec(
+        mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3), resize="letterbox", pad_value=114)
+    frames = [from_bgr(img, fmt, matrix) for img in _images()]
+    size_hw = (640, 640)
+    gpu = _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype).astype(np.float32)
+    cpu = np.stack([preprocess_frame(f, fmt, size_hw, spec, matrix)[0] for f in frames])
+    one_step = float(np.max(affine(spec)[0]))  # one 8-bit level after normalization
+    diff = np.abs(gpu - cpu)
+    assert np.isfinite(gpu).all()
+    assert diff.max() <= one_step, (fmt, standard, value_range, diff.max(), one_step)
+
+
+def test_stretch_resize_and_rgb_order(device, module):
+    spec = PreprocessSpec(resize="stretch", channel_order="rgb")
+    frames = [from_bgr(img, "nv12") for img in _images()]
+    gpu = _run_kernel(device, module, frames, "nv12", ColourMatrix.of(), spec, (320, 480), np.float32)
+    cpu = np.stack([preprocess_frame(f, "nv12", (320, 480), spec)[0] for f in frames])
+    assert np.abs(gpu - cpu).max() <= 1 / 255
+
+
+def test_cuda_graph_replays_the_kernel(device, module):
+    from jetpipe.runtime.cuda_graph import CudaGraph
+    from jetpipe.runtime.kernels import GpuPreprocessor
+
+    spec = PRESETS["imagenet"]
+    img = from_bgr(_images()[1], "nv12")
+    with device.active():
+        pre = GpuPreprocessor(device, module, 1, (224, 224), spec)
+        stream = device.stream()
+        src = device.alloc(img.nbytes)
+        device.cuda.memcpy_htod(src, img)
+        pre.set_frame(0, "nv12", 480, 640, int(src), ColourMatrix.of())
+        out = device.alloc(3 * 224 * 224 * 4)
+        with CudaGraph.capture(stream) as graph:
+            pre.launch(1, int(out), stream)
+        device.cuda.memset_d8(out, 0, 3 * 224 * 224 * 4)
+        graph.launch(stream)
+        stream.synchronize()
+        host = np.empty((1, 3, 224, 224), np.float32)
+        device.cuda.memcpy_dtoh(host, out)
+        graph.close()
+    expected = preprocess_frame(img, "nv12", (224, 224), spec)[0]
+    assert np.abs(host[0] - expected).max() <= float(np.max(affine(spec)[0]))
+
+
+@pytest.fixture(scope="module")
+def det_bundle(tmp_path_factory, det_model_path):
+    from jetpipe.convert import ConvertOptions, convert
+    from jetpipe.spec import preset
+
+    out = tmp_path_factory.mktemp("gpu") / "det"
+    convert(ConvertOptions(model=det_model_path, output=out, input_size=(640, 640), max_batch=8,
+                           spec=preset("ppocr-det"), engine="never", progress=False))
+    return out
+
+
+def _frames(count=4, fmt="nv12"):
+    return [Frame(from_bgr(render_text_image(i, SIZES[i % len(SIZES)]).bgr, fmt), fmt) for i in range(count)]
+
+
+@pytest.mark.parametrize("memory", ["mapped", "staged", "device"])
+def test_memory_modes_give_identical_results(det_bundle, memory):
+    _needs_cuda_ep()
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    frames = _frames()
+    with GpuRuntime(det_bundle, max_batch=4, memory="staged") as ref_rt:
+        reference = ref_rt.preprocess_only(frames)
+        ref_out = ref_rt.infer(frames).outputs["sigmoid_0.tmp_0"].copy()
+    with GpuRuntime(det_bundle, max_batch=4, memory=memory) as rt:
+        assert rt.memory == memory
+        np.testing.assert_array_equal(rt.preprocess_only(frames), reference)
+        np.testing.assert_array_equal(rt.infer(frames).outputs["sigmoid_0.tmp_0"], ref_out)
+
+
+def test_det_cuda_ep_matches_cpu_path(det_bundle):
+    _needs_cuda_ep()
+    from jetpipe.calibration.metrics import per_sample_f1
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+    from jetpipe.runtime.runtime import CpuRuntime
+
+    frames = _frames(8)
+    with GpuRuntime(det_bundle, max_batch=8) as gpu_rt, CpuRuntime(det_bundle, max_batch=8) as cpu_rt:
+        assert gpu_rt.backend_name == "onnxruntime-cuda"
+        gpu = gpu_rt.infer(frames).outputs["sigmoid_0.tmp_0"].copy()
+        cpu = cpu_rt.infer(frames).outputs["sigmoid_0.tmp_0"].copy()
+    assert np.abs(gpu - cpu).max() < 2e-3
+    assert per_sample_f1(cpu, gpu).min() > 0.999
+
+
+def test_async_submit_collect_matches_infer(det_bundle):
+    _needs_cuda_ep()
+    from jetpipe.errors import JetpipeError
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    a, b = _frames(4), _frames(4, "yuyv")
+    with GpuRuntime(det_bundle, max_batch=4) as rt:
+        expect_a = rt.infer(a).outputs["sigmoid_0.tmp_0"].copy()
+        expect_b = rt.infer(b).outputs["sigmoid_0.tmp_0"].copy()
+        ta, tb = rt.submit(a), rt.submit(b)
+        with pytest.raises(JetpipeError, match="2 batches are in flight"):
+            rt.submit(a)
+        np.testing.assert_array_equal(rt.collect(ta).outputs["sigmoid_0.tmp_0"], expect_a)
+        np.testing.assert_array_equal(rt.collect(tb).outputs["sigmoid_0.tmp_0"], expect_b)
+
+
+def test_ort_cuda_graph_option_matches(det_bundle):
+    _needs_cuda_ep()
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    frames = _frames(4)
+    with GpuRuntime(det_bundle, max_batch=4) as rt:
+        expected = rt.infer(frames).outputs["sigmoid_0.tmp_0"].copy()
+    with GpuRuntime(det_bundle, max_batch=4, cuda_graph=True) as rt:
+        for _ in range(3):  # capture, then replays
+            got = rt.infer(frames).outputs["sigmoid_0.tmp_0"]
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def _rss_bytes():
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+@pytest.mark.parametrize("memory", ["staged", "mapped"])
+def test_steady_state_allocates_nothing(det_bundle, memory):
+    """P4: 1,000 batches after warm-up: no new allocation, same free GPU memory, RSS drift < 1 %."""
+    _needs_cuda_ep()
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    frames = _frames(4)
+    with GpuRuntime(det_bundle, max_batch=4, memory=memory) as rt:
+        for _ in range(50):
+            rt.collect(rt.submit(frames))
+        allocations, rss = rt.device.allocations, _rss_bytes()
+        with rt.device.active():
+            free = rt.device.free_memory()
+        pending = []
+        for _ in range(1000):
+            pending.append(rt.submit(frames))
+            if len(pending) == 2:
+                rt.collect(pending.pop(0))
+        rt.collect(pending.pop(0))
+        with rt.device.active():
+            free_after = rt.device.free_memory()
+        drift = (_rss_bytes() - rss) / rss
+        print(f"P4 {memory}: allocations {allocations} -> {rt.device.allocations}, free GPU memory "
+              f"{free} -> {free_after}, RSS {rss / 1e6:.1f} MB drift {drift * 100:.3f} %")
+        assert rt.device.allocations == allocations
+        assert free_after == free
+        assert abs(drift) < 0.01
