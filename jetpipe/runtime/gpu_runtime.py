@@ -23,6 +23,10 @@ from jetpipe.runtime.runtime import _Base
 log = logging.getLogger(__name__)
 
 BUFFER_SETS = 2
+# profiling events: frame upload (copy stream), kernel, inference, output download (compute stream)
+STAGE_MARKS = ("h2d_start", "h2d_end", "pre_start", "pre_end", "infer_end", "d2h_end")
+STAGES = {"h2d": ("h2d_start", "h2d_end"), "preprocess": ("pre_start", "pre_end"),
+          "infer": ("pre_end", "infer_end"), "d2h": ("infer_end", "d2h_end")}
 
 
 def pick_gpu_backend(bundle_dir, requested: str) -> str:
@@ -59,6 +63,7 @@ class _BufferSet:
     preprocessor: object
     copied: object                       # event: frames on the device
     done: object                         # event: outputs in host memory
+    marks: dict | None = None            # stage events when profiling
     in_flight: bool = False
     ticket: Ticket | None = field(default=None)
 
@@ -68,10 +73,11 @@ class GpuRuntime(_Base):
 
     def __init__(self, bundle_dir, max_batch: int | None = None, backend: str = "onnxruntime-cuda",
                  memory: str = "auto", max_frame_hw: tuple[int, int] = (1080, 1920), device: int = 0,
-                 cuda_graph: bool = False):
+                 cuda_graph: bool = False, profile: bool = False):
         super().__init__(bundle_dir, max_batch)
         from jetpipe.runtime.kernels import compile_module
 
+        self.profile = profile
         self.device = CudaDevice(device)
         try:
             with self.device.active():
@@ -130,8 +136,9 @@ class GpuRuntime(_Base):
         host_outputs = {s.name: d.pinned((b, *s.sample_shape), s.dtype) for s in specs}
         self.backend.bind(index, int(input_buffer), {n: int(a) for n, a in outputs.items()})
         pre = GpuPreprocessor(d, self.module, b, self.size_hw, self.spec, out_dtype=input_dtype)
+        marks = {name: d.event() for name in STAGE_MARKS} if self.profile else None
         return _BufferSet(host_frames, addresses, device_frames, input_buffer, outputs, host_outputs, pre,
-                          d.event(), d.event())
+                          d.event(), d.event(), marks)
 
     def submit(self, frames) -> Ticket:
         """Queue one batch; returns at once with TensorRT, after inference with ONNX Runtime."""
@@ -142,6 +149,7 @@ class GpuRuntime(_Base):
         self.rejected_frames += len(rejected)
         boxes = []
         with self.device.active():
+            self._mark(buffers, "h2d_start", self._upload_stream())
             for row, (_, frame, height, width, matrix) in enumerate(usable):
                 nbytes = frame.data.nbytes
                 slot = buffers.host_frames[row, :nbytes]
@@ -149,6 +157,7 @@ class GpuRuntime(_Base):
                 boxes.append(buffers.preprocessor.set_frame(row, frame.format, height, width,
                                                             buffers.frame_addresses[row], matrix))
                 self._stage(buffers, row, slot)
+            self._mark(buffers, "h2d_end", self._upload_stream())
             if self.memory == "staged" and usable:
                 buffers.copied.record(self.copy_stream)
                 self.compute_stream.wait_for_event(buffers.copied)
@@ -166,12 +175,32 @@ class GpuRuntime(_Base):
         elif self.memory == "device":
             self.device.cuda.memcpy_htod_async(buffers.frame_addresses[row], slot, self.compute_stream)
 
+    def _upload_stream(self):
+        return self.copy_stream if self.memory == "staged" else self.compute_stream
+
+    @staticmethod
+    def _mark(buffers: _BufferSet, name: str, stream) -> None:
+        if buffers.marks is not None:
+            buffers.marks[name].record(stream)
+
     def _enqueue(self, buffers: _BufferSet, ticket: Ticket) -> None:
         stream, batch = self.compute_stream, ticket.batch
+        self._mark(buffers, "pre_start", stream)
         buffers.preprocessor.launch(batch, int(buffers.input), stream)
+        self._mark(buffers, "pre_end", stream)
         self.backend.run(ticket.set_index, batch, stream)
+        self._mark(buffers, "infer_end", stream)
         for name, host in buffers.host_outputs.items():
             self.device.cuda.memcpy_dtoh_async(host[:batch], buffers.outputs[name], stream)
+        self._mark(buffers, "d2h_end", stream)
+
+    def stage_times(self, ticket: Ticket) -> dict[str, float]:
+        """GPU milliseconds per stage of a collected batch (open the runtime with profile=True)."""
+        marks = self.sets[ticket.set_index].marks
+        if marks is None:
+            raise JetpipeError("stage times need a runtime opened with profile=True")
+        with self.device.active():
+            return {stage: marks[end].time_since(marks[start]) for stage, (start, end) in STAGES.items()}
 
     def collect(self, ticket: Ticket) -> BatchResult:
         buffers = self.sets[ticket.set_index]

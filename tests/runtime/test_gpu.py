@@ -226,3 +226,15 @@ def test_steady_state_allocates_nothing(det_bundle, memory):
         assert rt.device.allocations == allocations
         assert free_after == free
         assert abs(drift) < 0.01
+
+
+def test_stage_times_with_profiling(det_bundle):
+    _needs_cuda_ep()
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    with GpuRuntime(det_bundle, max_batch=4, profile=True) as rt:
+        ticket = rt.submit(_frames(4))
+        rt.collect(ticket)
+        times = rt.stage_times(ticket)
+    assert set(times) == {"h2d", "preprocess", "infer", "d2h"}
+    assert all(t > 0 for t in times.values()), times
