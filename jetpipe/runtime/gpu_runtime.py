@@ -87,6 +87,7 @@ class GpuRuntime(_Base):
                 self.module = compile_module()
                 self.backend = self._make_backend(backend, cuda_graph)
                 self.backend_name = self.backend.name
+                self.check_io(self.backend.input.name, [o.name for o in self._output_specs()])
                 self.sets = [self._make_set(i) for i in range(BUFFER_SETS)]
                 self.next_set = 0
         except BaseException:

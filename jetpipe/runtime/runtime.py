@@ -39,6 +39,15 @@ class _Base:
         self.model_path = str(self.bundle_dir / bundles.MODEL_FILE)
         self.rejected_frames = 0
 
+    def check_io(self, input_name: str, output_names) -> None:
+        """The manifest's tensors must be the model's: a stale or edited bundle is refused."""
+        io = self.manifest["io"]
+        want_in, want_out = io["inputs"][0]["name"], [o["name"] for o in io["outputs"]]
+        if want_in != input_name or sorted(want_out) != sorted(output_names):
+            raise BundleError(f"bundle {self.bundle_dir}: the manifest names input {want_in!r} and outputs "
+                              f"{want_out}, the model has {input_name!r} and {list(output_names)}: "
+                              "rebuild the bundle with `jetpipe convert`")
+
     def infer(self, frames) -> BatchResult:
         return self.collect(self.submit(frames))
 
@@ -59,6 +68,7 @@ class CpuRuntime(_Base):
         from jetpipe.runtime.backends import OrtCpuBackend
 
         self.backend = OrtCpuBackend(self.model_path, (3, *self.size_hw), self.max_batch)
+        self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
 
     def submit(self, frames) -> Ticket:
         usable, rejected = validate(frames, self.max_batch)

@@ -106,3 +106,38 @@ def test_engine_mismatch_is_refused_before_deserializing():
     with pytest.raises(EngineError, match="has no TensorRT engine"):
         check_engine_compatibility({"source": {"path": "m"}, "engine": {"built": False, "reason": "x"}},
                                    "10.3.0", "8.7", "b")
+
+
+def test_manifest_naming_other_tensors_is_refused(tiny_bundle, tmp_path):
+    import json
+    import shutil
+
+    from jetpipe import bundle
+
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["io"]["outputs"][0]["name"] = "scores"
+    bundle.write_json(copy / "manifest.json", manifest)
+    with pytest.raises(JetpipeError, match="the manifest names input 'x' and outputs \\['scores'\\]"):
+        CpuRuntime(copy)
+
+
+def test_missing_nvcc_names_the_fix(monkeypatch):
+    from jetpipe.runtime import kernels
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(kernels.KernelError, match="nvcc not found.*add it to PATH"):
+        kernels.compile_module()
+
+
+def test_kernel_params_layout_matches_the_cuda_struct():
+    """FrameParams in preprocess.cu: 8-byte src, then 18 four-byte fields = 80 bytes."""
+    import re
+
+    from jetpipe.runtime.kernels import PARAMS, SOURCE
+
+    struct = re.search(r"struct FrameParams \{(.*?)\};", SOURCE.read_text(), re.S).group(1)
+    fields = re.findall(r"(\w+)(?:,|;)", re.sub(r"//.*", "", struct))
+    assert fields == list(PARAMS.names)
+    assert PARAMS.itemsize == 80
