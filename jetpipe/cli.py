@@ -1,4 +1,4 @@
-"""`jetpipe convert | inspect | doctor`.
+"""`jetpipe convert | inspect | doctor | serve | demo`.
 
 User mistakes (JetpipeError) print one line and exit 2; Ctrl-C exits 130 with
 nothing half-written; --debug shows tracebacks.
@@ -131,6 +131,53 @@ def _run_doctor(args) -> int:
     return run_doctor(trt_selftest=args.trt)
 
 
+def _add_serve(sub) -> None:
+    from jetpipe.runtime.cuda import MEMORY_MODES
+    from jetpipe.runtime.runtime import BACKENDS
+
+    p = sub.add_parser("serve", help="run the video-stream daemon",
+                       description="Sources -> batched GPU inference -> postprocessing -> sinks. "
+                                   "A CONFIG.toml, or flags (which also override the file).")
+    p.add_argument("config", nargs="?", help="TOML config (see examples/jetpipe.toml)")
+    p.add_argument("--bundle", help="bundle folder written by `jetpipe convert`")
+    p.add_argument("--source", action="append", metavar="SPEC",
+                   help="synthetic[:WxH@FPS:FORMAT], a video file or image folder, /dev/videoN, rtsp://..., "
+                        "gst:PIPELINE (repeatable)")
+    p.add_argument("--loop", action="store_true", help="loop file sources")
+    p.add_argument("--sink", action="append", metavar="SPEC", help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC")
+    p.add_argument("--max-batch", type=int)
+    p.add_argument("--frames", type=int, help="stop each source after N frames")
+    p.add_argument("--duration", type=float, help="stop after S seconds")
+    p.add_argument("--backend", choices=BACKENDS)
+    p.add_argument("--memory", choices=MEMORY_MODES)
+    p.add_argument("--task", help="text-detection | classification | detection-yolo | raw")
+    p.add_argument("--metrics", metavar="HOST:PORT", help="Prometheus /metrics and /healthz ('' disables)")
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args) -> int:
+    from jetpipe.pipelines.serve import serve
+
+    return serve(args)
+
+
+def _add_demo(sub) -> None:
+    from jetpipe.runtime.runtime import BACKENDS
+
+    p = sub.add_parser("demo", help="convert the built-in model and serve two synthetic cameras")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds (default 10)")
+    p.add_argument("--bundle-dir", default="bundles/demo-ppocr-det", help="where the converted model goes")
+    p.add_argument("--sink", action="append", metavar="SPEC", help="also write results here")
+    p.add_argument("--backend", choices=BACKENDS)
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args) -> int:
+    from jetpipe.pipelines.serve import demo
+
+    return demo(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jetpipe import __version__
 
@@ -141,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(sub)
     _add_inspect(sub)
     _add_doctor(sub)
+    _add_serve(sub)
+    _add_demo(sub)
     return parser
 
 

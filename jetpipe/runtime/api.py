@@ -19,6 +19,8 @@ class Frame:
     format: str = "bgr"
     standard: str = "bt601"
     range: str = "limited"
+    address: int | None = None  # device-readable address when data lives in a mapped ring slot
+    pinned: bool = False        # data is page-locked (a ring slot): uploaded without a host copy
 
     def size(self) -> tuple[int, int]:
         height, width = frame_size(self.data, self.format)

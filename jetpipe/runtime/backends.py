@@ -52,31 +52,36 @@ def _session_options(ort):
 
 
 class OrtCpuBackend:
-    """ONNX Runtime on the CPU, reading and writing preallocated numpy buffers."""
+    """ONNX Runtime on the CPU, reading and writing preallocated numpy buffers.
+
+    `sets` buffer sets, as on the GPU, so a collected batch's outputs stay
+    valid while the next batch runs."""
 
     name = "onnxruntime-cpu"
 
-    def __init__(self, model_path: str, input_sample_shape, max_batch: int):
+    def __init__(self, model_path: str, input_sample_shape, max_batch: int, sets: int = 2):
         import onnxruntime as ort
 
         self.session = ort.InferenceSession(model_path, _session_options(ort),
                                             providers=["CPUExecutionProvider"])
         self.input, self.outputs = ort_tensor_specs(self.session, input_sample_shape)
-        self.input_buffer = np.zeros((max_batch, *self.input.sample_shape), np.float32)
-        self.output_buffers = {o.name: np.zeros((max_batch, *o.sample_shape), o.dtype) for o in self.outputs}
-        self.bindings = [self._bind(b) for b in range(1, max_batch + 1)]
+        self.input_buffers = [np.zeros((max_batch, *self.input.sample_shape), np.float32)
+                              for _ in range(sets)]
+        self.output_buffers = [{o.name: np.zeros((max_batch, *o.sample_shape), o.dtype)
+                                for o in self.outputs} for _ in range(sets)]
+        self.bindings = {(k, b): self._bind(k, b) for k in range(sets) for b in range(1, max_batch + 1)}
 
-    def _bind(self, batch: int):
+    def _bind(self, set_index: int, batch: int):
         binding = self.session.io_binding()
-        view = self.input_buffer[:batch]
+        view = self.input_buffers[set_index][:batch]
         binding.bind_input(self.input.name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
         for spec in self.outputs:
-            out = self.output_buffers[spec.name][:batch]
+            out = self.output_buffers[set_index][spec.name][:batch]
             binding.bind_output(spec.name, "cpu", 0, spec.dtype, list(out.shape), out.ctypes.data)
         return binding
 
-    def run(self, batch: int) -> None:
-        self.session.run_with_iobinding(self.bindings[batch - 1])
+    def run(self, set_index: int, batch: int) -> None:
+        self.session.run_with_iobinding(self.bindings[(set_index, batch)])
 
     def close(self) -> None:
         self.bindings.clear()

@@ -152,12 +152,9 @@ class GpuRuntime(_Base):
         with self.device.active():
             self._mark(buffers, "h2d_start", self._upload_stream())
             for row, (_, frame, height, width, matrix) in enumerate(usable):
-                nbytes = frame.data.nbytes
-                slot = buffers.host_frames[row, :nbytes]
-                np.copyto(slot, frame.data.reshape(-1))
-                boxes.append(buffers.preprocessor.set_frame(row, frame.format, height, width,
-                                                            buffers.frame_addresses[row], matrix))
-                self._stage(buffers, row, slot)
+                address = self._place(buffers, row, frame)
+                box = buffers.preprocessor.set_frame(row, frame.format, height, width, address, matrix)
+                boxes.append(box)
             self._mark(buffers, "h2d_end", self._upload_stream())
             if self.memory == "staged" and usable:
                 buffers.copied.record(self.copy_stream)
@@ -169,6 +166,32 @@ class GpuRuntime(_Base):
         buffers.in_flight, buffers.ticket = True, ticket
         self.next_set = (self.next_set + 1) % BUFFER_SETS
         return ticket
+
+    def _place(self, buffers: _BufferSet, row: int, frame) -> int:
+        """Where the kernel reads this frame: in place from a mapped ring slot, or uploaded.
+
+        Ring frames (pinned) are uploaded straight from their slot; other arrays are
+        first copied into this buffer set's pinned ring."""
+        if self.memory == "mapped" and frame.address is not None:
+            return frame.address
+        if frame.pinned and self.memory != "mapped":
+            source = frame.data.reshape(-1)
+        else:
+            source = buffers.host_frames[row, :frame.data.nbytes]
+            np.copyto(source, frame.data.reshape(-1))
+        self._stage(buffers, row, source)
+        return buffers.frame_addresses[row]
+
+    def frame_ring(self, count: int, max_hw: tuple[int, int]):
+        """Pinned slots (mapped in 'mapped' mode: the kernel reads them with no copy)."""
+        from jetpipe.runtime.ring import FrameRing
+
+        mapped = self.memory == "mapped"
+        with self.device.active():
+            arrays = [self.device.pinned((max_hw[0] * max_hw[1] * 3,), np.uint8, mapped=mapped)
+                      for _ in range(count)]
+        addresses = [self.device.device_pointer(a) if mapped else None for a in arrays]
+        return FrameRing(arrays, addresses, pinned=True)
 
     def _stage(self, buffers: _BufferSet, row: int, slot: np.ndarray) -> None:
         if self.memory == "staged":
@@ -221,11 +244,8 @@ class GpuRuntime(_Base):
                                                                           np.float32)))
         with self.device.active():
             for row, (_, frame, height, width, matrix) in enumerate(usable):
-                slot = buffers.host_frames[row, :frame.data.nbytes]
-                np.copyto(slot, frame.data.reshape(-1))
-                buffers.preprocessor.set_frame(row, frame.format, height, width,
-                                               buffers.frame_addresses[row], matrix)
-                self._stage(buffers, row, slot)
+                address = self._place(buffers, row, frame)
+                buffers.preprocessor.set_frame(row, frame.format, height, width, address, matrix)
             if self.memory == "staged":
                 buffers.copied.record(self.copy_stream)
                 self.compute_stream.wait_for_event(buffers.copied)

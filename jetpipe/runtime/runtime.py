@@ -51,6 +51,12 @@ class _Base:
     def infer(self, frames) -> BatchResult:
         return self.collect(self.submit(frames))
 
+    def frame_ring(self, count: int, max_hw: tuple[int, int]):
+        """Slots for `count` frames up to max_hw (BGR-sized), allocated now: for one source."""
+        from jetpipe.runtime.ring import host_ring
+
+        return host_ring(count, max_hw[0] * max_hw[1] * 3)
+
     def __enter__(self):
         return self
 
@@ -68,22 +74,34 @@ class CpuRuntime(_Base):
         from jetpipe.runtime.backends import OrtCpuBackend
 
         self.backend = OrtCpuBackend(self.model_path, (3, *self.size_hw), self.max_batch)
+        self.in_flight, self.next_set = [False, False], 0
         self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
 
     def submit(self, frames) -> Ticket:
+        """Preprocess and run now (the CPU has nothing to overlap); results wait in this set's buffers."""
+        set_index = self.next_set
+        if self.in_flight[set_index]:
+            raise JetpipeError("2 batches are in flight: collect() one before submitting more")
         usable, rejected = validate(frames, self.max_batch)
         self.rejected_frames += len(rejected)
         boxes = []
+        inputs = self.backend.input_buffers[set_index]
         for row, (_, frame, _, _, matrix) in enumerate(usable):
             _, box = preprocess_frame(frame.data, frame.format, self.size_hw, self.spec, matrix,
-                                      out=self.backend.input_buffer[row])
+                                      out=inputs[row])
             boxes.append(box)
         if usable:
-            self.backend.run(len(usable))
-        return Ticket(0, len(usable), boxes, [u[0] for u in usable], rejected)
+            self.backend.run(set_index, len(usable))
+        self.in_flight[set_index] = True
+        self.next_set = 1 - set_index
+        return Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected)
 
     def collect(self, ticket: Ticket) -> BatchResult:
-        outputs = {name: buf[:ticket.batch] for name, buf in self.backend.output_buffers.items()}
+        if not self.in_flight[ticket.set_index]:
+            raise JetpipeError("this batch was already collected (or never submitted here)")
+        self.in_flight[ticket.set_index] = False
+        buffers = self.backend.output_buffers[ticket.set_index]
+        outputs = {name: buf[:ticket.batch] for name, buf in buffers.items()}
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected)
 
     def close(self) -> None:

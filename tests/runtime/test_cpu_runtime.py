@@ -141,3 +141,15 @@ def test_kernel_params_layout_matches_the_cuda_struct():
     fields = re.findall(r"(\w+)(?:,|;)", re.sub(r"//.*", "", struct))
     assert fields == list(PARAMS.names)
     assert PARAMS.itemsize == 80
+
+
+def test_two_batches_in_flight_keep_their_own_outputs(tiny_bundle):
+    a = [Frame(render_text_image(i, (48, 64)).bgr) for i in range(2)]
+    b = [Frame(render_text_image(10 + i, (48, 64)).bgr) for i in range(3)]
+    with CpuRuntime(tiny_bundle) as rt:
+        expect_a, expect_b = rt.infer(a).outputs["y"].copy(), rt.infer(b).outputs["y"].copy()
+        ta, tb = rt.submit(a), rt.submit(b)
+        with pytest.raises(JetpipeError, match="2 batches are in flight"):
+            rt.submit(a)
+        np.testing.assert_array_equal(rt.collect(ta).outputs["y"], expect_a)
+        np.testing.assert_array_equal(rt.collect(tb).outputs["y"], expect_b)

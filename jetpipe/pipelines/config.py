@@ -1,0 +1,128 @@
+"""`jetpipe serve` configuration: a TOML file or flags, validated at start.
+
+Errors name the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jetpipe.errors import JetpipeError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (JetPack 6)
+    import tomli as tomllib
+
+
+class ConfigError(JetpipeError):
+    """The configuration is malformed."""
+
+
+@dataclass
+class SourceConfig:
+    uri: str
+    loop: bool = False
+
+
+@dataclass
+class PipelineConfig:
+    bundle: Path
+    sources: list[SourceConfig]
+    sinks: list[str] = field(default_factory=list)
+    max_batch: int | None = None       # default: the bundle's
+    batch_timeout_ms: float = 10.0
+    queue_depth: int = 4               # frames per stream waiting to be batched
+    backend: str = "auto"
+    memory: str = "auto"
+    task: str | None = None            # default: the bundle's
+    frames: int = 0                    # stop each source after N frames (0: no limit)
+    duration: float = 0.0              # stop after S seconds (0: until SIGTERM)
+    metrics_listen: str = "127.0.0.1:9108"   # "" disables /metrics and /healthz
+    max_frame_hw: tuple[int, int] = (1080, 1920)
+    reconnect_max_s: float = 10.0
+    log_every_s: float = 5.0
+
+
+_PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float), "queue_depth": int,
+                  "backend": str, "memory": str, "task": str, "frames": int, "duration": (int, float),
+                  "max_frame_hw": list, "reconnect_max_s": (int, float), "log_every_s": (int, float)}
+_TABLES = {"pipeline", "source", "sink", "metrics"}
+
+
+def _check_keys(where: str, table: dict, allowed) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+def load(path: str | Path) -> PipelineConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config {path} not found")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    _check_keys(str(path), data, _TABLES)
+    pipeline = data.get("pipeline", {})
+    _check_keys(f"{path} [pipeline]", pipeline, _PIPELINE_KEYS)
+    for key, kind in _PIPELINE_KEYS.items():
+        if key in pipeline and (not isinstance(pipeline[key], kind) or isinstance(pipeline[key], bool)):
+            raise ConfigError(f"{path} [pipeline] {key} = {pipeline[key]!r}: expected {_kind_name(kind)}")
+    if "bundle" not in pipeline:
+        raise ConfigError(f"{path}: [pipeline] bundle is required (a folder written by `jetpipe convert`)")
+    sources = []
+    for i, src in enumerate(data.get("source", [])):
+        _check_keys(f"{path} [[source]] #{i + 1}", src, {"uri", "loop"})
+        if "uri" not in src:
+            raise ConfigError(f"{path} [[source]] #{i + 1}: uri is required")
+        sources.append(SourceConfig(str(src["uri"]), bool(src.get("loop", False))))
+    sinks = []
+    for i, sink in enumerate(data.get("sink", [])):
+        _check_keys(f"{path} [[sink]] #{i + 1}", sink, {"uri"})
+        sinks.append(str(sink["uri"]))
+    metrics = data.get("metrics", {})
+    _check_keys(f"{path} [metrics]", metrics, {"listen"})
+    options = {k: v for k, v in pipeline.items() if k != "bundle"}
+    if "max_frame_hw" in options:
+        options["max_frame_hw"] = tuple(options["max_frame_hw"])
+    config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, **options)
+    if "listen" in metrics:
+        config.metrics_listen = str(metrics["listen"])
+    return validate(config, str(path))
+
+
+def _kind_name(kind) -> str:
+    names = {str: "a string", int: "an integer", list: "a list", (int, float): "a number"}
+    return names.get(kind, str(kind))
+
+
+def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
+    from jetpipe.runtime.cuda import MEMORY_MODES
+    from jetpipe.runtime.runtime import BACKENDS
+
+    if not config.sources:
+        raise ConfigError(f"{where}: no source: add a [[source]] uri (or --source), e.g. synthetic")
+    checks = [
+        (config.max_batch is None or config.max_batch >= 1, "max_batch", "a positive integer"),
+        (config.batch_timeout_ms >= 0, "batch_timeout_ms", "a number >= 0"),
+        (config.queue_depth >= 1, "queue_depth", "an integer >= 1"),
+        (config.backend in BACKENDS, "backend", " | ".join(BACKENDS)),
+        (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
+        (config.frames >= 0, "frames", "an integer >= 0"),
+        (config.duration >= 0, "duration", "a number >= 0 (seconds)"),
+        (len(config.max_frame_hw) == 2 and all(v > 0 for v in config.max_frame_hw), "max_frame_hw",
+         "[height, width]"),
+    ]
+    for ok, key, allowed in checks:
+        if not ok:
+            raise ConfigError(f"{where}: {key} = {getattr(config, key)!r}: allowed {allowed}")
+    if config.task is not None:
+        from jetpipe.pipelines.postprocess import POSTPROCESSORS
+
+        if config.task not in POSTPROCESSORS:
+            raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(POSTPROCESSORS)}")
+    return config

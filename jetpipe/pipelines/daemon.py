@@ -1,0 +1,268 @@
+"""The video-stream daemon: sources -> batcher -> runtime -> postprocess -> sinks.
+
+Threads: one per source (capture into its ring), one GPU stage (submit/collect,
+two batches in flight, postprocess before the buffer set is reused), one sink
+writer. Queues are bounded: when the GPU falls behind, frames are dropped at
+the batcher (counted), never accumulated. stop() (SIGTERM/SIGINT) stops the
+sources, drains queued and in-flight batches, flushes and closes the sinks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+
+from jetpipe.pipelines.batcher import Batcher, Packet
+from jetpipe.pipelines.config import PipelineConfig
+from jetpipe.pipelines.metrics import Metrics, MetricsServer
+from jetpipe.pipelines.postprocess import make_postprocessor
+from jetpipe.pipelines.sinks import open_sink
+from jetpipe.pipelines.sources import EndOfStream, open_source
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    def __init__(self, config: PipelineConfig, on_result=None):
+        from jetpipe.runtime.runtime import open_runtime
+
+        self.config = config
+        self.stop_event = threading.Event()
+        self.on_result = on_result  # optional callback(record), e.g. for the demo's console output
+        self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
+                                    max_frame_hw=config.max_frame_hw)
+        self.closers = [self.runtime.close]
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        config, runtime = self.config, self.runtime
+        task = config.task or runtime.manifest.get("task")
+        self.postprocess = make_postprocessor(task, runtime.size_hw)
+        self.task = task or "raw"
+        self.sources = [open_source(s.uri, s.loop, seed=i) for i, s in enumerate(config.sources)]
+        slots = config.queue_depth + 2 * runtime.max_batch + 2  # queued + two batches in flight + writing
+        self.rings = [runtime.frame_ring(slots, self._frame_hw(src)) for src in self.sources]
+        self.sinks = [open_sink(uri) for uri in config.sinks]
+        self.closers += [sink.close for sink in self.sinks]
+        streams = len(self.sources)
+        self.batcher = Batcher(streams, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth)
+        self.metrics = Metrics(streams)
+        self.sink_failures = [0] * len(self.sinks)
+        self.records: queue.Queue = queue.Queue(maxsize=256)
+        self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self._gpu_free
+        self.server = None
+        if config.metrics_listen:
+            self.server = MetricsServer(config.metrics_listen, self._render_metrics, self._health)
+            self.closers.append(self.server.close)
+            log.info("metrics on http://%s/metrics", self.server.address)
+
+    def _frame_hw(self, source) -> tuple[int, int]:
+        info = getattr(source, "info", None)
+        return (info.height, info.width) if info is not None else self.config.max_frame_hw
+
+    def _gpu_free(self):
+        device = getattr(self.runtime, "device", None)
+        if device is None:
+            return None
+        with device.active():
+            return device.free_memory()
+
+    def _render_metrics(self) -> str:
+        return self.metrics.prometheus(self.batcher.dropped, self.batcher.depths())
+
+    def _health(self) -> tuple[bool, str]:
+        if self.stop_event.is_set():
+            return False, "stopping"
+        stale = time.monotonic() - self.metrics.heartbeat
+        return (True, "ok") if stale < 10 else (False, f"GPU stage silent for {stale:.0f} s")
+
+    # --- threads -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run(self) -> dict:
+        """Run until stopped (signal, duration, frame limit, or every finite source ended)."""
+        started = time.monotonic()
+        workers = [threading.Thread(target=self._capture, args=(i,), name=f"source-{i}", daemon=True)
+                   for i in range(len(self.sources))]
+        gpu = threading.Thread(target=self._gpu_stage, name="gpu", daemon=True)
+        writer = threading.Thread(target=self._write_sinks, name="sinks", daemon=True)
+        for t in (*workers, gpu, writer):
+            t.start()
+        last_log = time.monotonic()
+        while any(w.is_alive() for w in workers):
+            if self.config.duration and time.monotonic() - started >= self.config.duration:
+                self.stop()
+            if time.monotonic() - last_log >= self.config.log_every_s:
+                log.info(self.status_line())
+                last_log = time.monotonic()
+            time.sleep(0.05)
+        self.batcher.close()  # sources are done: drain what is queued
+        gpu.join()
+        self.records.put(None)
+        writer.join()
+        summary = self.summary(time.monotonic() - started)
+        self.close()
+        return summary
+
+    def _capture(self, stream: int) -> None:
+        source, ring, config = self.sources[stream], self.rings[stream], self.config
+        backoff, frame_no, info = 0.5, 0, None
+        while not self.stop_event.is_set() and not (config.frames and frame_no >= config.frames):
+            slot = None
+            try:
+                if info is None:
+                    info = source.open()
+                    backoff = 0.5
+                slot = self._free_slot(stream)
+                if slot is None:
+                    continue
+                view = ring.view(slot, info.format, info.height, info.width)
+                source.read_into(view)
+                t_capture = time.time()
+                frame = ring.frame(slot, info.format, info.height, info.width)
+                self.batcher.put(Packet(stream, frame_no, t_capture, frame, _releaser(ring, slot)))
+                self.metrics.count("captured", stream)
+                frame_no += 1
+            except EndOfStream:
+                if slot is not None:
+                    ring.release(slot)
+                log.info("source %d (%s) ended", stream, source.describe())
+                return
+            except Exception as exc:  # disconnect, decode error, device gone: back off and reconnect
+                if slot is not None:
+                    ring.release(slot)
+                self.metrics.count("failed", stream)
+                self.metrics.count("reconnects", stream)
+                log.warning("source %d (%s): %s; reconnecting in %.1f s", stream, source.describe(), exc,
+                            backoff)
+                source.close()
+                info = None
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, config.reconnect_max_s)
+        source.close()
+
+    def _free_slot(self, stream: int):
+        ring = self.rings[stream]
+        slot = ring.acquire()
+        if slot is None and self.batcher.drop_oldest(stream):
+            slot = ring.acquire()
+        if slot is None:  # every slot is in flight on the GPU: wait briefly
+            time.sleep(0.001)
+        return slot
+
+    def _gpu_stage(self) -> None:
+        in_flight: deque = deque()
+        while True:
+            self.metrics.beat()
+            packets = self.batcher.next_batch()
+            if packets is None:
+                break
+            if not packets:
+                continue
+            t_batch = time.monotonic()
+            try:
+                ticket = self.runtime.submit([p.frame for p in packets])
+                in_flight.append((ticket, packets, t_batch))
+            except Exception as exc:
+                self._fail(packets, exc)
+            if len(in_flight) >= 2:
+                self._finish(*in_flight.popleft())
+        while in_flight:
+            self._finish(*in_flight.popleft())
+
+    def _fail(self, packets, exc) -> None:
+        log.error("batch of %d frames failed: %s", len(packets), exc)
+        for p in packets:
+            p.release()
+            self.metrics.count("failed", p.stream)
+
+    def _finish(self, ticket, packets: list[Packet], t_batch: float) -> None:
+        try:
+            result = self.runtime.collect(ticket)
+            t_gpu = time.monotonic()
+            used = [packets[i] for i in result.frame_indices]
+            sizes = [_frame_hw(p.frame) for p in used]
+            results = self.postprocess(result.outputs, result.letterboxes, sizes) if used else []
+        except Exception as exc:
+            self._fail(packets, exc)
+            return
+        finally:
+            self.metrics.batches += 1
+        for index, reason in result.rejected:
+            log.warning("frame %d of stream %d rejected: %s", packets[index].frame_no, packets[index].stream,
+                        reason)
+            self.metrics.count("failed", packets[index].stream)
+        t_post = time.monotonic()
+        for packet, res in zip(used, results):
+            latency = {"queue": (t_batch - packet.t_monotonic) * 1e3, "gpu": (t_gpu - t_batch) * 1e3,
+                       "post": (t_post - t_gpu) * 1e3, "total": (t_post - packet.t_monotonic) * 1e3}
+            self.metrics.record_result(packet.stream, latency)
+            record = {"stream": packet.stream, "frame": packet.frame_no,
+                      "t_capture": round(packet.t_capture, 6), "t_result": round(time.time(), 6),
+                      "latency_ms": {k: round(v, 3) for k, v in latency.items()},
+                      "task": self.task, "results": res}
+            self.records.put(record)
+        for packet in packets:
+            packet.release()
+
+    def _write_sinks(self) -> None:
+        while True:
+            record = self.records.get()
+            if record is None:
+                return
+            if self.on_result is not None:
+                self.on_result(record)
+            for i, sink in enumerate(self.sinks):
+                try:
+                    sink.write(record)
+                except Exception as exc:  # one sink failing must not stop the others
+                    self.sink_failures[i] += 1
+                    failures = self.sink_failures[i]
+                    if failures in (1, 10, 100) or failures % 1000 == 0:  # log, but not every frame
+                        log.error("sink %s failed %d time(s): %s", sink.describe(), failures, exc)
+
+    # --- reporting -------------------------------------------------------------------------------
+    def status_line(self) -> str:
+        m = self.metrics
+        fps = " ".join(f"{m.fps(i):.1f}" for i in range(len(self.sources)))
+        p = m.percentiles("total")
+        lat = f"p50 {p[0.5]:.0f} ms p99 {p[0.99]:.0f} ms" if p else "no results yet"
+        return (f"fps per stream [{fps}], processed {sum(m.processed)}, "
+                f"dropped {sum(self.batcher.dropped)}, failed {sum(m.failed)}, latency {lat}")
+
+    def summary(self, seconds: float) -> dict:
+        m = self.metrics
+        return {"seconds": round(seconds, 2), "backend": self.runtime.backend_name,
+                "captured": list(m.captured), "processed": list(m.processed),
+                "dropped": list(self.batcher.dropped), "failed": list(m.failed),
+                "reconnects": list(m.reconnects), "batches": m.batches,
+                "throughput_fps": round(sum(m.processed) / max(seconds, 1e-9), 2),
+                "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
+                               for s in ("queue", "gpu", "post", "total")},
+                "sink_failures": list(self.sink_failures)}
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                close()
+            except Exception as exc:
+                log.warning("while closing: %s", exc)
+        self.closers = []
+
+
+def _releaser(ring, slot):
+    return lambda: ring.release(slot)
+
+
+def _frame_hw(frame) -> tuple[int, int]:
+    from jetpipe.frames import frame_size
+
+    return frame_size(frame.data, frame.format)

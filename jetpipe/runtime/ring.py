@@ -1,0 +1,51 @@
+"""Frame rings: preallocated slots that sources write into and the runtime reads in place.
+
+A slot is free, being written by its source, queued, or in a batch on the GPU;
+it returns to the free list when the batch that used it is collected (or the
+frame is dropped). Nothing is allocated per frame.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from jetpipe.frames import frame_shape
+from jetpipe.runtime.api import Frame
+
+
+class FrameRing:
+    def __init__(self, buffers: list[np.ndarray], addresses: list[int | None], pinned: bool):
+        self.buffers, self.addresses, self.pinned = buffers, addresses, pinned
+        self._free = list(range(len(buffers)))
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.buffers)
+
+    def acquire(self) -> int | None:
+        with self._lock:
+            return self._free.pop() if self._free else None
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            self._free.append(slot)
+
+    def free_slots(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def view(self, slot: int, fmt: str, height: int, width: int) -> np.ndarray:
+        """The slot's bytes as a frame array of this format (no copy)."""
+        shape = frame_shape(fmt, height, width)
+        return self.buffers[slot][:int(np.prod(shape))].reshape(shape)
+
+    def frame(self, slot: int, fmt: str, height: int, width: int, standard="bt601", value_range="limited"):
+        return Frame(self.view(slot, fmt, height, width), fmt, standard, value_range,
+                     address=self.addresses[slot], pinned=self.pinned)
+
+
+def host_ring(count: int, slot_bytes: int) -> FrameRing:
+    """Plain numpy slots (the CPU runtime)."""
+    return FrameRing([np.empty(slot_bytes, np.uint8) for _ in range(count)], [None] * count, pinned=False)

@@ -1,0 +1,218 @@
+"""The daemon end to end on real components (PP-OCRv4 det, OpenCV, ONNX Runtime, mosquitto)."""
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.daemon import Pipeline
+from jetpipe.pipelines.sources import SourceError, SyntheticCamera
+
+
+def _config(bundle, sources, **kw):
+    kw.setdefault("metrics_listen", "")
+    return validate(PipelineConfig(bundle=bundle, sources=[SourceConfig(s) for s in sources], **kw))
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_frame_is_accounted_for(det_bundle, tmp_path):
+    out = tmp_path / "results.jsonl"
+    config = _config(det_bundle, ["synthetic:640x480@0:nv12", "synthetic:320x240@0:bgr"],
+                     sinks=[f"jsonl:{out}"], frames=12, queue_depth=2)
+    summary = Pipeline(config).run()
+    for s in range(2):
+        assert summary["captured"][s] == 12
+        assert summary["processed"][s] + summary["dropped"][s] + summary["failed"][s] == 12
+    records = _lines(out)
+    assert len(records) == sum(summary["processed"])
+    assert {r["stream"] for r in records} == {0, 1}
+    assert all(set(r["latency_ms"]) == {"queue", "gpu", "post", "total"} for r in records)
+
+
+def _iou(a, b):
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def test_rendered_text_is_found_at_its_source_position(det_bundle, tmp_path):
+    """1280x720 frames are letterboxed into 640x640: boxes must come back in source pixels."""
+    out = tmp_path / "results.jsonl"
+    uri = "synthetic:1280x720@0:nv12"
+    config = _config(det_bundle, [uri], sinks=[f"jsonl:{out}"], frames=6, max_batch=2, queue_depth=8)
+    Pipeline(config).run()
+    camera = SyntheticCamera.from_uri(uri, seed=0)
+    recalls, centre_errors = [], []
+    for record in _lines(out):
+        truth = camera.visible_boxes(record["frame"])
+        found = np.array(record["results"]["boxes"]).reshape(-1, 4)
+        for t in truth:
+            ious = [_iou(t, f) for f in found]
+            best = found[int(np.argmax(ious))] if len(found) else None
+            recalls.append(max(ious, default=0.0) >= 0.5)
+            if best is not None and max(ious) >= 0.5:
+                centre_errors.append(np.abs((best[:2] + best[2:]) / 2 - (t[:2] + t[2:]) / 2).max())
+    # DB boxes include a margin around the ink (PaddleOCR's unclip 1.5) and truth is the tight ink box,
+    # so IoU stays near 0.5-0.7; the centres show the mapping through the letterbox is exact.
+    assert len(recalls) >= 30 and np.mean(recalls) >= 0.75, np.mean(recalls)
+    assert np.median(centre_errors) <= 2.0 and np.max(centre_errors) <= 6.0, centre_errors
+
+
+class FlakySynthetic(SyntheticCamera):
+    """A real synthetic camera whose reads 5 and 6 fail, as a USB camera that drops out."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.reads = 0
+
+    def read_into(self, slot):
+        self.reads += 1
+        if self.reads in (5, 6):
+            raise SourceError("device disconnected")
+        super().read_into(slot)
+
+
+def test_failing_source_reconnects_and_others_keep_going(det_bundle):
+    config = _config(det_bundle, ["synthetic:320x240@0:nv12", "synthetic:320x240@0:nv12"], frames=10,
+                     reconnect_max_s=0.05)
+    pipeline = Pipeline(config)
+    pipeline.sources[0] = FlakySynthetic(320, 240, 0, "nv12")
+    summary = pipeline.run()
+    assert summary["reconnects"] == [2, 0] and summary["failed"][0] == 2
+    assert summary["captured"] == [10, 10]
+    assert summary["processed"][1] + summary["dropped"][1] == 10
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_and_health_endpoints(det_bundle):
+    port = _free_port()
+    config = _config(det_bundle, ["synthetic:320x240@20:nv12"], duration=3.0,
+                     metrics_listen=f"127.0.0.1:{port}")
+    pipeline = Pipeline(config)
+    scraped = {}
+
+    def scrape():
+        time.sleep(2.0)
+        scraped["metrics"] = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        scraped["health"] = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz").read().decode()
+
+    import threading
+
+    t = threading.Thread(target=scrape)
+    t.start()
+    pipeline.run()
+    t.join()
+    assert 'jetpipe_frames_captured_total{stream="0"}' in scraped["metrics"]
+    assert 'jetpipe_latency_ms{stage="total",quantile="0.99"}' in scraped["metrics"]
+    assert "jetpipe_queue_depth" in scraped["metrics"] and scraped["health"].strip() == "ok"
+
+
+def _serve(args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_sigterm_drains_flushes_and_exits_zero(det_bundle, tmp_path):
+    out = tmp_path / "results.jsonl"
+    proc = _serve(["--bundle", str(det_bundle), "--source", "synthetic:320x240@15:nv12",
+                   "--sink", f"jsonl:{out}", "--metrics", ""])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not out.exists() or not out.read_text()):
+        time.sleep(0.2)
+    assert out.read_text(), "no result before the deadline"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    summary = json.loads(err.strip().splitlines()[-1])["summary"]
+    assert len(_lines(out)) == sum(summary["processed"])
+    assert summary["captured"][0] == summary["processed"][0] + summary["dropped"][0] + summary["failed"][0]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[pipeline]\nbundel = 'x'\n", "unknown key 'bundel'; allowed: "),
+    ("[pipeline]\nbundle = 'b'\nmax_batch = 'eight'\n[[source]]\nuri='synthetic'\n",
+     "max_batch = 'eight': expected an integer"),
+    ("[pipeline]\nbundle = 'b'\nbackend = 'cuda'\n[[source]]\nuri='synthetic'\n",
+     "backend = 'cuda': allowed auto | tensorrt"),
+    ("[pipeline]\nbundle = 'b'\n", "no source: add a \\[\\[source\\]\\]"),
+    ("[pipeline\n", "is not valid TOML"),
+])
+def test_malformed_config_is_rejected_clearly(tmp_path, text, message):
+    import re
+
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    proc = _serve([str(path)])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in err
+    assert re.search(message, err), err
+
+
+def test_sample_config_parses():
+    from pathlib import Path
+
+    from jetpipe.pipelines.config import load
+
+    config = load(Path(__file__).parents[2] / "examples" / "jetpipe.toml")
+    assert config.sources and config.sinks and config.metrics_listen.startswith("127.0.0.1:")
+
+
+@pytest.fixture
+def mosquitto():
+    import os
+
+    binary = shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto",) if os.path.exists(p)), None)
+    if binary is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    pytest.importorskip("paho.mqtt.client", reason="paho-mqtt is not installed (pip install 'jetpipe[mqtt]')")
+    port = _free_port()
+    proc = subprocess.Popen([binary, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield port
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_mqtt_round_trip_through_a_real_broker(det_bundle, mosquitto):
+    import paho.mqtt.client as mqtt
+
+    received = []
+    subscriber = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    subscriber.on_message = lambda client, userdata, msg: received.append(json.loads(msg.payload))
+    subscriber.connect("127.0.0.1", mosquitto)
+    subscriber.subscribe("jetpipe/test", qos=0)
+    subscriber.loop_start()
+    time.sleep(0.5)
+    config = _config(det_bundle, ["synthetic:320x240@0:nv12"], frames=6, queue_depth=8,
+                     sinks=[f"mqtt://127.0.0.1:{mosquitto}/jetpipe/test"])
+    summary = Pipeline(config).run()
+    deadline = time.monotonic() + 10
+    while len(received) < sum(summary["processed"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    subscriber.loop_stop()
+    assert len(received) == sum(summary["processed"]) > 0
+    assert {r["task"] for r in received} == {"text-detection"}

@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+
+from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.postprocess import Classification, TextDetection, YoloDetection, make_postprocessor
+from jetpipe.preprocess import fit
+
+
+def _box_640(src_hw=(720, 1280)):
+    return fit(src_hw, (640, 640), "letterbox")[1]
+
+
+def _yolo_v5(boxes_xywh, scores, classes, num_classes=3, n=50):
+    out = np.zeros((n, 5 + num_classes), np.float32)
+    for i, (xywh, s, c) in enumerate(zip(boxes_xywh, scores, classes)):
+        out[i, :4], out[i, 4], out[i, 5 + c] = xywh, 1.0, s
+    return out
+
+
+def test_yolov5_and_yolov8_layouts_decode_nms_and_map_back():
+    box = _box_640()  # 1280x720 source: scale 0.5, pad_y 140
+    objects = [(320, 320, 100, 50), (322, 321, 100, 50), (100, 200, 40, 40), (320, 320, 100, 50)]
+    scores, classes = [0.9, 0.8, 0.7, 0.6], [0, 0, 1, 2]  # #1 overlaps #0 (same class): suppressed
+    v5 = _yolo_v5(objects, scores, classes)[None]
+    v8 = np.concatenate([v5[:, :, :4], v5[:, :, 5:] * v5[:, :, 4:5]], axis=2).transpose(0, 2, 1)
+    for out in (v5, v8):
+        result = YoloDetection()({"out": out}, [box], [(720, 1280)])[0]
+        assert sorted(result["classes"]) == [0, 1, 2]   # class-aware: #3 survives despite overlapping #0
+        i = result["classes"].index(0)
+        np.testing.assert_allclose(result["boxes"][i], [540, 310, 740, 410], atol=0.2)  # (x-50, y-25)*2 ...
+        assert result["scores"][i] == pytest.approx(0.9)
+
+
+def test_yolox_grid_decoding():
+    det = YoloDetection(layout="yolox", input_hw=(64, 64), strides=(8, 16, 32))
+    n = 8 * 8 + 4 * 4 + 2 * 2
+    out = np.zeros((n, 6), np.float32)
+    out[9, :] = [0.5, 0.5, np.log(2.0), np.log(1.0), 1.0, 0.95]  # cell (x=1, y=1) of stride 8
+    xyxy, score, cls = det.decode(out)
+    np.testing.assert_allclose(xyxy[9], [12 - 8, 12 - 4, 12 + 8, 12 + 4])
+    assert score[9] == pytest.approx(0.95)
+
+
+def test_text_detection_boxes_in_source_pixels():
+    prob = np.zeros((1, 1, 640, 640), np.float32)
+    prob[0, 0, 200:220, 100:300] = 0.9     # one text region
+    prob[0, 0, 400:402, 400:402] = 0.9     # too small: dropped
+    box = _box_640()
+    result = TextDetection()({"p": prob}, [box], [(720, 1280)])[0]
+    assert len(result["boxes"]) == 1 and result["scores"][0] == pytest.approx(0.9, abs=1e-4)
+    x0, y0, x1, y1 = result["boxes"][0]
+    d = 200 * 20 * 1.5 / (2 * 220)  # unclip distance in network pixels
+    np.testing.assert_allclose([x0, y0, x1, y1], [(100 - d) * 2, (200 - d - 140) * 2, (300 + d) * 2,
+                                                  (220 + d - 140) * 2], atol=0.2)
+
+
+def test_classification_top_k_from_logits_and_probabilities():
+    logits = np.array([[0.1, 3.0, 1.0, -2.0]], np.float32)
+    result = Classification(top_k=2)({"y": logits}, [None], [(1, 1)])[0]
+    assert result["classes"] == [1, 2]
+    probs = np.exp(logits) / np.exp(logits).sum()
+    again = Classification(top_k=2)({"y": probs}, [None], [(1, 1)])[0]
+    np.testing.assert_allclose(again["scores"], result["scores"], atol=1e-5)
+
+
+def test_unknown_task():
+    with pytest.raises(JetpipeError, match="task 'segmentation'"):
+        make_postprocessor("segmentation")
