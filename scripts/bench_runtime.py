@@ -43,6 +43,19 @@ def wall_median(fn, iterations: int) -> float:
 
 def bare_backend(model_path: str, sample_shape, batch: int, iterations: int) -> float:
     """The backend alone: ORT CUDA EP, I/O bound to device buffers, called in a loop."""
+    import pycuda.driver as cuda
+
+    cuda.init()
+    context = cuda.Device(0).retain_primary_context()
+    context.push()
+    try:
+        return _bare_backend(model_path, sample_shape, batch, iterations)
+    finally:
+        cuda.Context.pop()
+        context.detach()
+
+
+def _bare_backend(model_path: str, sample_shape, batch: int, iterations: int) -> float:
     import onnxruntime as ort
     import pycuda.driver as cuda
 
@@ -82,7 +95,7 @@ def runtime_numbers(bundle: Path, batch: int, iterations: int, memory: str, cuda
     return {"wall_ms": wall, **{f"{k}_ms": v for k, v in medians.items()}}
 
 
-def make_bundles(workdir: Path) -> dict[str, Path]:
+def make_bundles(workdir: Path, resnet: bool = True) -> dict[str, Path]:
     from jetpipe.convert import ConvertOptions, convert
     from jetpipe.models import BUILTIN
     from jetpipe.spec import preset
@@ -91,12 +104,12 @@ def make_bundles(workdir: Path) -> dict[str, Path]:
     det = BUILTIN["ppocr-det"]
     bundles["PP-OCRv4 det 640x640"] = workdir / "det"
     convert(ConvertOptions(model=det.path(), output=workdir / "det", input_size=det.input_size, max_batch=8,
-                           spec=preset("ppocr-det"), engine="never", progress=False))
-    resnet = export_resnet50(workdir)
-    if resnet is not None:
+                           spec=preset("ppocr-det"), engine="never", progress=False, task=det.task))
+    onnx_path = export_resnet50(workdir) if resnet else None
+    if onnx_path is not None:
         bundles["ResNet-50 224x224"] = workdir / "resnet"
-        convert(ConvertOptions(model=resnet, output=workdir / "resnet", max_batch=8, spec=preset("imagenet"),
-                               engine="never", progress=False))
+        convert(ConvertOptions(model=onnx_path, output=workdir / "resnet", max_batch=8, spec=preset("imagenet"),
+                               engine="never", progress=False, task="classification"))
     return bundles
 
 

@@ -1,8 +1,9 @@
 """The video-stream daemon: sources -> batcher -> runtime -> postprocess -> sinks.
 
 Threads: one per source (capture into its ring), one GPU stage (submit/collect,
-two batches in flight, postprocess before the buffer set is reused), one sink
-writer. Queues are bounded: when the GPU falls behind, frames are dropped at
+two batches in flight), one postprocess stage (reads a collected batch's outputs
+in place while later batches run: the runtime holds that buffer set until it is
+released), one sink writer. Queues are bounded: when the GPU falls behind, frames are dropped at
 the batcher (counted), never accumulated. stop() (SIGTERM/SIGINT) stops the
 sources, drains queued and in-flight batches, flushes and closes the sinks.
 """
@@ -10,10 +11,12 @@ sources, drains queued and in-flight batches, flushes and closes the sinks.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import PipelineConfig
@@ -24,6 +27,8 @@ from jetpipe.pipelines.sources import EndOfStream, open_source
 
 log = logging.getLogger(__name__)
 
+BUFFER_SETS = 4
+
 
 class Pipeline:
     def __init__(self, config: PipelineConfig, on_result=None):
@@ -32,8 +37,9 @@ class Pipeline:
         self.config = config
         self.stop_event = threading.Event()
         self.on_result = on_result  # optional callback(record), e.g. for the demo's console output
+        # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
-                                    max_frame_hw=config.max_frame_hw)
+                                    max_frame_hw=config.max_frame_hw, buffer_sets=BUFFER_SETS)
         self.closers = [self.runtime.close]
         try:
             self._build()
@@ -56,6 +62,10 @@ class Pipeline:
         self.metrics = Metrics(streams)
         self.sink_failures = [0] * len(self.sinks)
         self.records: queue.Queue = queue.Queue(maxsize=256)
+        self.collected: queue.Queue = queue.Queue()  # bounded by the buffer-set semaphore
+        self.free_sets = threading.Semaphore(BUFFER_SETS)
+        self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
+        self.closers.append(self.pool.shutdown)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self._gpu_free
         self.server = None
         if config.metrics_listen:
@@ -93,8 +103,9 @@ class Pipeline:
         workers = [threading.Thread(target=self._capture, args=(i,), name=f"source-{i}", daemon=True)
                    for i in range(len(self.sources))]
         gpu = threading.Thread(target=self._gpu_stage, name="gpu", daemon=True)
+        post = threading.Thread(target=self._post_stage, name="post", daemon=True)
         writer = threading.Thread(target=self._write_sinks, name="sinks", daemon=True)
-        for t in (*workers, gpu, writer):
+        for t in (*workers, gpu, post, writer):
             t.start()
         last_log = time.monotonic()
         while any(w.is_alive() for w in workers):
@@ -106,6 +117,8 @@ class Pipeline:
             time.sleep(0.05)
         self.batcher.close()  # sources are done: drain what is queued
         gpu.join()
+        self.collected.put(None)
+        post.join()
         self.records.put(None)
         writer.join()
         summary = self.summary(time.monotonic() - started)
@@ -167,16 +180,28 @@ class Pipeline:
                 break
             if not packets:
                 continue
+            self.free_sets.acquire()  # a buffer set the postprocess stage has released
             t_batch = time.monotonic()
             try:
                 ticket = self.runtime.submit([p.frame for p in packets])
                 in_flight.append((ticket, packets, t_batch))
             except Exception as exc:
+                self.free_sets.release()
                 self._fail(packets, exc)
             if len(in_flight) >= 2:
-                self._finish(*in_flight.popleft())
+                self._collect(*in_flight.popleft())
         while in_flight:
-            self._finish(*in_flight.popleft())
+            self._collect(*in_flight.popleft())
+
+    def _collect(self, ticket, packets: list[Packet], t_batch: float) -> None:
+        try:
+            result = self.runtime.collect(ticket, hold=True)
+        except Exception as exc:
+            self.free_sets.release()
+            self._fail(packets, exc)
+            return
+        self.metrics.batches += 1
+        self.collected.put((ticket, result, packets, t_batch, time.monotonic()))
 
     def _fail(self, packets, exc) -> None:
         log.error("batch of %d frames failed: %s", len(packets), exc)
@@ -184,18 +209,24 @@ class Pipeline:
             p.release()
             self.metrics.count("failed", p.stream)
 
-    def _finish(self, ticket, packets: list[Packet], t_batch: float) -> None:
-        try:
-            result = self.runtime.collect(ticket)
-            t_gpu = time.monotonic()
-            used = [packets[i] for i in result.frame_indices]
-            sizes = [_frame_hw(p.frame) for p in used]
-            results = self.postprocess(result.outputs, result.letterboxes, sizes) if used else []
-        except Exception as exc:
-            self._fail(packets, exc)
-            return
-        finally:
-            self.metrics.batches += 1
+    def _post_stage(self) -> None:
+        while True:
+            item = self.collected.get()
+            if item is None:
+                return
+            ticket, result, packets, t_batch, t_gpu = item
+            try:
+                self._postprocess(result, packets, t_batch, t_gpu)
+            except Exception as exc:
+                self._fail(packets, exc)
+            finally:
+                self.runtime.release(ticket)
+                self.free_sets.release()
+
+    def _postprocess(self, result, packets: list[Packet], t_batch: float, t_gpu: float) -> None:
+        used = [packets[i] for i in result.frame_indices]
+        sizes = [_frame_hw(p.frame) for p in used]
+        results = self.postprocess(result.outputs, result.letterboxes, sizes, pool=self.pool) if used else []
         for index, reason in result.rejected:
             log.warning("frame %d of stream %d rejected: %s", packets[index].frame_no, packets[index].stream,
                         reason)

@@ -30,32 +30,36 @@ class TextDetection:
     unclip_ratio: float = 1.5  # PaddleOCR's default; smaller gives boxes closer to the ink
     min_area: int = 9
 
-    def __call__(self, outputs: dict, letterboxes, sizes) -> list[dict]:
+    def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        prob = next(iter(outputs.values()))
+        jobs = list(zip(prob[:, 0], letterboxes, sizes))
+        if pool is None or len(jobs) < 2:
+            return [self.one(*job) for job in jobs]
+        return list(pool.map(lambda job: self.one(*job), jobs))  # OpenCV releases the GIL
+
+    def one(self, p: np.ndarray, box, hw) -> dict:
         import cv2
 
-        prob = next(iter(outputs.values()))
-        results = []
-        for p, box, (h, w) in zip(prob[:, 0], letterboxes, sizes):
-            mask = (p > self.threshold).astype(np.uint8)
-            count, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-            area = stats[1:, cv2.CC_STAT_AREA].astype(np.float64)
-            score = np.bincount(labels.ravel(), weights=p.ravel(), minlength=count)[1:] / np.maximum(area, 1)
-            keep = (area >= self.min_area) & (score >= self.box_threshold)
-            x, y = stats[1:, 0][keep], stats[1:, 1][keep]
-            bw, bh = stats[1:, 2][keep], stats[1:, 3][keep]
-            # DB's unclip: grow by area * ratio / perimeter (the shrunk text kernel -> the word)
-            d = (bw * bh * self.unclip_ratio) / (2.0 * (bw + bh))
-            xyxy = np.stack([x - d, y - d, x + bw + d, y + bh + d], axis=1).astype(np.float64)
-            results.append({"boxes": np.round(_to_source(xyxy, box, h, w), 1).tolist(),
-                            "scores": np.round(score[keep], 4).tolist()})
-        return results
+        mask = (p > self.threshold).view(np.uint8)
+        count, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+        on = np.flatnonzero(mask)  # text pixels only (a few %): scoring is cheap
+        area = stats[1:, cv2.CC_STAT_AREA].astype(np.float64)
+        score = np.bincount(labels.ravel()[on], weights=p.ravel()[on], minlength=count)[1:] / np.maximum(area, 1)
+        keep = (area >= self.min_area) & (score >= self.box_threshold)
+        x, y = stats[1:, 0][keep], stats[1:, 1][keep]
+        bw, bh = stats[1:, 2][keep], stats[1:, 3][keep]
+        # DB's unclip: grow by area * ratio / perimeter (the shrunk text kernel -> the word)
+        d = (bw * bh * self.unclip_ratio) / (2.0 * (bw + bh))
+        xyxy = np.stack([x - d, y - d, x + bw + d, y + bh + d], axis=1).astype(np.float64)
+        return {"boxes": np.round(_to_source(xyxy, box, *hw), 1).tolist(),
+                "scores": np.round(score[keep], 4).tolist()}
 
 
 @dataclass
 class Classification:
     top_k: int = 5
 
-    def __call__(self, outputs: dict, letterboxes, sizes) -> list[dict]:
+    def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         logits = next(iter(outputs.values())).reshape(len(letterboxes), -1).astype(np.float64)
         sums = logits.sum(axis=1, keepdims=True)
         is_prob = (logits.min() >= 0) and np.allclose(sums, 1.0, atol=1e-3)
@@ -116,7 +120,7 @@ class YoloDetection:
                                f"give {len(grid)}")
         return grid, stride
 
-    def __call__(self, outputs: dict, letterboxes, sizes) -> list[dict]:
+    def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         import cv2
 
         out = next(iter(outputs.values()))
@@ -139,7 +143,7 @@ class YoloDetection:
 class Raw:
     """Output tensors' shapes and a few statistics (the tensors stay on the device side)."""
 
-    def __call__(self, outputs: dict, letterboxes, sizes) -> list[dict]:
+    def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         return [{name: {"shape": list(arr.shape[1:]), "mean": float(arr[i].mean()),
                         "max": float(arr[i].max())} for name, arr in outputs.items()}
                 for i in range(len(letterboxes))]

@@ -10,7 +10,7 @@ k's compute (compute stream). Frame memory by strategy:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,6 @@ from jetpipe.runtime.runtime import _Base
 
 log = logging.getLogger(__name__)
 
-BUFFER_SETS = 2
 # profiling events: frame upload (copy stream), kernel, inference, output download (compute stream)
 STAGE_MARKS = ("h2d_start", "h2d_end", "pre_start", "pre_end", "infer_end", "d2h_end")
 STAGES = {"h2d": ("h2d_start", "h2d_end"), "preprocess": ("pre_start", "pre_end"),
@@ -64,8 +63,6 @@ class _BufferSet:
     copied: object                       # event: frames on the device
     done: object                         # event: outputs in host memory
     marks: dict | None = None            # stage events when profiling
-    in_flight: bool = False
-    ticket: Ticket | None = field(default=None)
 
 
 class GpuRuntime(_Base):
@@ -73,11 +70,12 @@ class GpuRuntime(_Base):
 
     def __init__(self, bundle_dir, max_batch: int | None = None, backend: str = "onnxruntime-cuda",
                  memory: str = "auto", max_frame_hw: tuple[int, int] = (1080, 1920), device: int = 0,
-                 cuda_graph: bool = False, profile: bool = False):
+                 cuda_graph: bool = False, profile: bool = False, buffer_sets: int = 2):
         super().__init__(bundle_dir, max_batch)
         from jetpipe.runtime.kernels import compile_module
 
         self.profile = profile
+        self._init_sets(buffer_sets)
         self.device = CudaDevice(device)
         try:
             with self.device.active():
@@ -88,8 +86,8 @@ class GpuRuntime(_Base):
                 self.backend = self._make_backend(backend, cuda_graph)
                 self.backend_name = self.backend.name
                 self.check_io(self.backend.input.name, [o.name for o in self._output_specs()])
-                self.sets = [self._make_set(i) for i in range(BUFFER_SETS)]
-                self.next_set = 0
+                self.sets = [self._make_set(i) for i in range(self.buffer_sets)]
+                self._warm_up()
         except BaseException:
             self.device.close()
             raise
@@ -141,12 +139,27 @@ class GpuRuntime(_Base):
         return _BufferSet(host_frames, addresses, device_frames, input_buffer, outputs, host_outputs, pre,
                           d.event(), d.event(), marks)
 
+    def _warm_up(self) -> None:
+        """Run every batch size on every buffer set once: the backend's per-shape work (cuDNN
+        algorithm search, memory for the shape, TensorRT/ORT CUDA-graph capture) happens now,
+        not in the frame loop."""
+        for buffers_index in range(self.buffer_sets):
+            for batch in range(1, self.max_batch + 1):
+                self.backend.run(buffers_index, batch, self.compute_stream)
+        self.compute_stream.synchronize()
+
     def submit(self, frames) -> Ticket:
         """Queue one batch; returns at once with TensorRT, after inference with ONNX Runtime."""
-        buffers = self.sets[self.next_set]
-        if buffers.in_flight:
-            raise JetpipeError(f"{BUFFER_SETS} batches are in flight: collect() one before submitting more")
         usable, rejected = validate(frames, self.max_batch, self.capacity)
+        set_index = self._claim_set()
+        try:
+            return self._submitted(self._submit(set_index, usable, rejected))
+        except BaseException:
+            self._unclaim(set_index)
+            raise
+
+    def _submit(self, set_index: int, usable, rejected) -> Ticket:
+        buffers = self.sets[set_index]
         self.rejected_frames += len(rejected)
         boxes = []
         with self.device.active():
@@ -159,12 +172,10 @@ class GpuRuntime(_Base):
             if self.memory == "staged" and usable:
                 buffers.copied.record(self.copy_stream)
                 self.compute_stream.wait_for_event(buffers.copied)
-            ticket = Ticket(self.next_set, len(usable), boxes, [u[0] for u in usable], rejected)
+            ticket = Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected)
             if usable:
                 self._enqueue(buffers, ticket)
             buffers.done.record(self.compute_stream)
-        buffers.in_flight, buffers.ticket = True, ticket
-        self.next_set = (self.next_set + 1) % BUFFER_SETS
         return ticket
 
     def _place(self, buffers: _BufferSet, row: int, frame) -> int:
@@ -226,20 +237,26 @@ class GpuRuntime(_Base):
         with self.device.active():
             return {stage: marks[end].time_since(marks[start]) for stage, (start, end) in STAGES.items()}
 
-    def collect(self, ticket: Ticket) -> BatchResult:
+    def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
+        """Wait for the batch; hold=True keeps its buffers (and these views) until release(ticket)."""
+        self._check_collect(ticket)
         buffers = self.sets[ticket.set_index]
-        if not buffers.in_flight or buffers.ticket is not ticket:
-            raise JetpipeError("this batch was already collected (or never submitted here)")
         with self.device.active():
             buffers.done.synchronize()
-        buffers.in_flight = False
+        self._collected(ticket, hold)
         outputs = {name: host[:ticket.batch] for name, host in buffers.host_outputs.items()}
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected)
 
     def preprocess_only(self, frames) -> np.ndarray:
         """The kernel's output for a batch, copied to a new host array (tests and benchmarks)."""
-        buffers = self.sets[self.next_set]
         usable, _ = validate(frames, self.max_batch, self.capacity)
+        set_index = self._claim_set()
+        try:
+            return self._preprocess_only(self.sets[set_index], usable)
+        finally:
+            self._unclaim(set_index)
+
+    def _preprocess_only(self, buffers: _BufferSet, usable) -> np.ndarray:
         out = np.empty((len(usable), 3, *self.size_hw), np.dtype(getattr(self.backend.input, "dtype",
                                                                           np.float32)))
         with self.device.active():

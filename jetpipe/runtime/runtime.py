@@ -8,6 +8,7 @@ the same on the GPU. Everything is allocated in the constructor.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from jetpipe import bundle as bundles
@@ -22,7 +23,57 @@ BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
 
 
 class _Base:
+    """Bundle loading and the buffer-set lifecycle shared by the CPU and GPU runtimes.
+
+    Each buffer set holds one batch: free -> in flight (submit) -> collected.
+    collect(ticket, hold=True) keeps the set (and the output views) reserved
+    until release(ticket), so another thread can postprocess while the next
+    batches run; collect() without hold frees it at once."""
+
     backend_name = "?"
+
+    def _init_sets(self, count: int) -> None:
+        if count < 2:
+            raise JetpipeError(f"buffer_sets {count}: at least 2 are needed")
+        self.buffer_sets = count
+        self._states = ["free"] * count
+        self._tickets = [None] * count
+        self._next = 0
+        self._sets_lock = threading.Lock()
+
+    def _claim_set(self) -> int:
+        with self._sets_lock:
+            for step in range(self.buffer_sets):
+                index = (self._next + step) % self.buffer_sets
+                if self._states[index] == "free":
+                    self._states[index] = "in_flight"
+                    self._next = (index + 1) % self.buffer_sets
+                    return index
+        raise JetpipeError(f"all {self.buffer_sets} buffer sets are busy: collect() (and release() held "
+                           "batches) before submitting more")
+
+    def _unclaim(self, index: int) -> None:
+        with self._sets_lock:
+            self._states[index] = "free"
+
+    def _submitted(self, ticket: Ticket) -> Ticket:
+        self._tickets[ticket.set_index] = ticket
+        return ticket
+
+    def _check_collect(self, ticket: Ticket) -> None:
+        with self._sets_lock:
+            if self._states[ticket.set_index] != "in_flight" or self._tickets[ticket.set_index] is not ticket:
+                raise JetpipeError("this batch was already collected (or never submitted here)")
+
+    def _collected(self, ticket: Ticket, hold: bool) -> None:
+        with self._sets_lock:
+            self._states[ticket.set_index] = "held" if hold else "free"
+
+    def release(self, ticket: Ticket) -> None:
+        """Free a set collected with hold=True; its output views may be overwritten from now on."""
+        with self._sets_lock:
+            if self._states[ticket.set_index] == "held" and self._tickets[ticket.set_index] is ticket:
+                self._states[ticket.set_index] = "free"
 
     def __init__(self, bundle_dir, max_batch: int | None):
         self.bundle_dir = Path(bundle_dir)
@@ -69,37 +120,36 @@ class CpuRuntime(_Base):
 
     backend_name = "onnxruntime-cpu"
 
-    def __init__(self, bundle_dir, max_batch: int | None = None):
+    def __init__(self, bundle_dir, max_batch: int | None = None, buffer_sets: int = 2):
         super().__init__(bundle_dir, max_batch)
         from jetpipe.runtime.backends import OrtCpuBackend
 
-        self.backend = OrtCpuBackend(self.model_path, (3, *self.size_hw), self.max_batch)
-        self.in_flight, self.next_set = [False, False], 0
+        self._init_sets(buffer_sets)
+        self.backend = OrtCpuBackend(self.model_path, (3, *self.size_hw), self.max_batch, sets=buffer_sets)
         self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
 
     def submit(self, frames) -> Ticket:
         """Preprocess and run now (the CPU has nothing to overlap); results wait in this set's buffers."""
-        set_index = self.next_set
-        if self.in_flight[set_index]:
-            raise JetpipeError("2 batches are in flight: collect() one before submitting more")
         usable, rejected = validate(frames, self.max_batch)
-        self.rejected_frames += len(rejected)
-        boxes = []
-        inputs = self.backend.input_buffers[set_index]
-        for row, (_, frame, _, _, matrix) in enumerate(usable):
-            _, box = preprocess_frame(frame.data, frame.format, self.size_hw, self.spec, matrix,
-                                      out=inputs[row])
-            boxes.append(box)
-        if usable:
-            self.backend.run(set_index, len(usable))
-        self.in_flight[set_index] = True
-        self.next_set = 1 - set_index
-        return Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected)
+        set_index = self._claim_set()
+        try:
+            self.rejected_frames += len(rejected)
+            boxes = []
+            inputs = self.backend.input_buffers[set_index]
+            for row, (_, frame, _, _, matrix) in enumerate(usable):
+                _, box = preprocess_frame(frame.data, frame.format, self.size_hw, self.spec, matrix,
+                                          out=inputs[row])
+                boxes.append(box)
+            if usable:
+                self.backend.run(set_index, len(usable))
+        except BaseException:
+            self._unclaim(set_index)
+            raise
+        return self._submitted(Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected))
 
-    def collect(self, ticket: Ticket) -> BatchResult:
-        if not self.in_flight[ticket.set_index]:
-            raise JetpipeError("this batch was already collected (or never submitted here)")
-        self.in_flight[ticket.set_index] = False
+    def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
+        self._check_collect(ticket)
+        self._collected(ticket, hold)
         buffers = self.backend.output_buffers[ticket.set_index]
         outputs = {name: buf[:ticket.batch] for name, buf in buffers.items()}
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected)
@@ -115,8 +165,9 @@ def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto"
     """The best runtime this machine offers for the bundle (or the one asked for); logs the choice."""
     if backend not in BACKENDS:
         raise JetpipeError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    cpu_options = {k: v for k, v in gpu_options.items() if k == "buffer_sets"}
     if backend == "onnxruntime-cpu":
-        return _chosen(CpuRuntime(bundle_dir, max_batch), "requested")
+        return _chosen(CpuRuntime(bundle_dir, max_batch, **cpu_options), "requested")
     from jetpipe.runtime.cuda import GpuUnavailable
 
     try:
@@ -129,7 +180,7 @@ def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto"
         if backend != "auto":
             raise
         log.info("GPU runtime unavailable (%s): using the CPU", exc)
-        return _chosen(CpuRuntime(bundle_dir, max_batch), f"auto, {exc}")
+        return _chosen(CpuRuntime(bundle_dir, max_batch, **cpu_options), f"auto, {exc}")
 
 
 def _chosen(runtime, why: str):

@@ -149,7 +149,24 @@ def test_two_batches_in_flight_keep_their_own_outputs(tiny_bundle):
     with CpuRuntime(tiny_bundle) as rt:
         expect_a, expect_b = rt.infer(a).outputs["y"].copy(), rt.infer(b).outputs["y"].copy()
         ta, tb = rt.submit(a), rt.submit(b)
-        with pytest.raises(JetpipeError, match="2 batches are in flight"):
+        with pytest.raises(JetpipeError, match="all 2 buffer sets are busy"):
             rt.submit(a)
         np.testing.assert_array_equal(rt.collect(ta).outputs["y"], expect_a)
         np.testing.assert_array_equal(rt.collect(tb).outputs["y"], expect_b)
+
+
+def test_held_batches_keep_their_buffers_until_released(tiny_bundle):
+    frames = [Frame(render_text_image(i, (48, 64)).bgr) for i in range(2)]
+    other = [Frame(render_text_image(20 + i, (48, 64)).bgr) for i in range(2)]
+    with CpuRuntime(tiny_bundle, buffer_sets=2) as rt:
+        expected = rt.infer(frames).outputs["y"].copy()
+        held_ticket = rt.submit(frames)
+        held = rt.collect(held_ticket, hold=True)
+        rt.infer(other)        # runs in the other set
+        rt.infer(other)        # and again: never in the held one
+        np.testing.assert_array_equal(held.outputs["y"], expected)
+        rt.collect(rt.submit(other), hold=True)
+        with pytest.raises(JetpipeError, match="all 2 buffer sets are busy"):
+            rt.submit(frames)
+        rt.release(held_ticket)
+        rt.infer(frames)       # a set is free again

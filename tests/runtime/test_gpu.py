@@ -175,7 +175,7 @@ def test_async_submit_collect_matches_infer(det_bundle):
         expect_a = rt.infer(a).outputs["sigmoid_0.tmp_0"].copy()
         expect_b = rt.infer(b).outputs["sigmoid_0.tmp_0"].copy()
         ta, tb = rt.submit(a), rt.submit(b)
-        with pytest.raises(JetpipeError, match="2 batches are in flight"):
+        with pytest.raises(JetpipeError, match="all 2 buffer sets are busy"):
             rt.submit(a)
         np.testing.assert_array_equal(rt.collect(ta).outputs["sigmoid_0.tmp_0"], expect_a)
         np.testing.assert_array_equal(rt.collect(tb).outputs["sigmoid_0.tmp_0"], expect_b)

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""P3 (pipeline throughput and latency) and the P4 soak, on the GPU.
+
+  python scripts/bench_pipeline.py p3 [--streams 8] [--seconds 20] [--json out.json]
+  python scripts/bench_pipeline.py soak [--streams 8] [--seconds 570] [--json out.json]
+
+P3, per model (PP-OCRv4 det; ResNet-50 with random weights where torch exists),
+one run: jetpipe serving N synthetic 1920x1080 NV12 streams at 30 fps (real
+time: latency and drops), the same streams offered faster than the GPU can go
+(sustained throughput), the engine alone at the same batch (ONNX Runtime CUDA EP
+on device buffers), and the naive pipeline users write (OpenCV on the CPU + one
+session.run per frame with numpy I/O).
+Soak: N streams of PP-OCRv4 det for S seconds; free GPU memory and RSS every 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+root = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(root), str(root / "scripts")]
+
+from bench_runtime import bare_backend, make_bundles  # noqa: E402
+
+from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate  # noqa: E402
+from jetpipe.pipelines.daemon import Pipeline  # noqa: E402
+
+BATCH = 8
+
+
+def serve(bundle: Path, streams: int, fps: float, seconds: float, sample=None) -> dict:
+    sources = [SourceConfig(f"synthetic:1920x1080@{fps:g}:nv12") for _ in range(streams)]
+    config = validate(PipelineConfig(bundle=bundle, sources=sources, duration=seconds, max_batch=BATCH,
+                                     backend="onnxruntime-cuda", metrics_listen="", log_every_s=1e9,
+                                     batch_timeout_ms=20, queue_depth=4))
+    pipeline = Pipeline(config)
+    sampler = None
+    if sample is not None:
+        sampler = threading.Thread(target=sample, args=(pipeline,), daemon=True)
+        sampler.start()
+    return pipeline.run()
+
+
+def naive_fps(bundle: Path, seconds: float = 5.0) -> float:
+    """OpenCV preprocessing on the CPU + one session.run per frame, numpy in and out."""
+    import cv2
+    import onnxruntime as ort
+
+    from jetpipe import bundle as bundle_io
+    from jetpipe.frames import from_bgr
+    from jetpipe.preprocess import preprocess_bgr
+    from jetpipe.spec import PreprocessSpec
+    from jetpipe.synth import render_text_image
+
+    manifest = bundle_io.read_manifest(bundle)
+    spec, size = PreprocessSpec.from_dict(manifest["preprocess"]), tuple(manifest["input_size"])
+    session = ort.InferenceSession(str(bundle / "model.onnx"),
+                                   providers=[("CUDAExecutionProvider", {"use_tf32": "0"})])
+    name = session.get_inputs()[0].name
+    frames = [from_bgr(render_text_image(i, (1080, 1920)).bgr, "nv12") for i in range(4)]
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        bgr = cv2.cvtColor(frames[count % 4], cv2.COLOR_YUV2BGR_NV12)
+        x, _ = preprocess_bgr(bgr, size, spec)
+        session.run(None, {name: x[None]})
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
+def p3(args) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, bundle in make_bundles(Path(tmp)).items():
+            from jetpipe import bundle as bundle_io
+
+            sample = (3, *bundle_io.read_manifest(bundle)["input_size"])
+            engine_ms = bare_backend(str(bundle / "model.onnx"), sample, BATCH, 200)
+            realtime = serve(bundle, args.streams, 30, args.seconds)
+            saturated = serve(bundle, args.streams, args.saturate_fps, args.seconds)
+            row = {"model": name, "streams": args.streams, "batch": BATCH,
+                   "engine_only_fps": BATCH * 1000 / engine_ms, "naive_fps": naive_fps(bundle),
+                   "realtime": _brief(realtime), "saturated": _brief(saturated)}
+            row["saturated_vs_engine"] = row["saturated"]["fps"] / row["engine_only_fps"]
+            row["saturated_vs_naive"] = row["saturated"]["fps"] / row["naive_fps"]
+            row["batch_period_ms"] = 1000 * BATCH / (30 * args.streams)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    for r in rows:
+        rt, sat = r["realtime"], r["saturated"]
+        print(f"{r['model']}: real time {rt['fps']:.0f} fps (offered {30 * r['streams']}), p50 {rt['p50_ms']:.1f} "
+              f"ms, p99 {rt['p99_ms']:.1f} ms (2 batch periods = {2 * r['batch_period_ms']:.0f} ms), drops "
+              f"{rt['dropped']}; saturated {sat['fps']:.0f} fps = {100 * r['saturated_vs_engine']:.0f} % of "
+              f"engine-only {r['engine_only_fps']:.0f} fps, {r['saturated_vs_naive']:.1f}x naive "
+              f"{r['naive_fps']:.1f} fps")
+    return rows
+
+
+def _brief(summary: dict) -> dict:
+    total = summary["latency_ms"]["total"]
+    return {"fps": summary["throughput_fps"], "p50_ms": total.get("0.5"), "p99_ms": total.get("0.99"),
+            "processed": sum(summary["processed"]), "dropped": sum(summary["dropped"]),
+            "failed": sum(summary["failed"]), "seconds": summary["seconds"]}
+
+
+def soak(args) -> dict:
+    samples = []
+
+    def sample(pipeline):
+        device, start = pipeline.runtime.device, time.monotonic()
+        while not pipeline.stop_event.is_set():
+            with device.active():
+                free = device.free_memory()
+            rss = int(open(f"/proc/{os.getpid()}/statm").read().split()[1]) * resource.getpagesize()
+            samples.append({"t": round(time.monotonic() - start, 1), "gpu_free": free, "rss": rss,
+                            "processed": sum(pipeline.metrics.processed)})
+            pipeline.stop_event.wait(10)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = next(iter(make_bundles(Path(tmp), resnet=False).values()))
+        summary = serve(bundle, args.streams, 30, args.seconds, sample=sample)
+    after = [s for s in samples if s["t"] >= 60]  # after warm-up
+    result = {"streams": args.streams, "seconds": args.seconds, "summary": _brief(summary), "samples": samples,
+              "gpu_free_change_after_warmup": (after[-1]["gpu_free"] - after[0]["gpu_free"]) if after else None,
+              "rss_change_after_warmup": (after[-1]["rss"] - after[0]["rss"]) if after else None,
+              "rss_max_minus_min_after_warmup": (max(s["rss"] for s in after) - min(s["rss"] for s in after))
+              if after else None}
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
+    for s in samples:
+        print(f"t={s['t']:>6} s  free GPU {s['gpu_free'] / 2**20:10.1f} MiB  RSS {s['rss'] / 2**20:8.1f} MiB  "
+              f"processed {s['processed']}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("p3")
+    a.add_argument("--streams", type=int, default=8)
+    a.add_argument("--seconds", type=float, default=20)
+    a.add_argument("--saturate-fps", type=float, default=200, help="per-stream rate beyond the GPU's")
+    b = sub.add_parser("soak")
+    b.add_argument("--streams", type=int, default=8)
+    b.add_argument("--seconds", type=float, default=570)
+    for p in (a, b):
+        p.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    result = p3(args) if args.what == "p3" else soak(args)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The daemon end to end on the GPU (marker gpu): PyCUDA + onnxruntime-gpu, both frame memory modes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jetpipe.pipelines.daemon import Pipeline
+from jetpipe.pipelines.sources import SyntheticCamera
+from tests.pipelines.test_daemon import _config, _iou, _lines
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _cuda_ep():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+
+
+@pytest.mark.parametrize("memory", ["staged", "mapped"])
+def test_gpu_pipeline_accounts_for_every_frame_and_finds_text(det_bundle, tmp_path, memory):
+    out = tmp_path / "r.jsonl"
+    uri = "synthetic:1280x720@0:nv12"
+    config = _config(det_bundle, [uri, "synthetic:640x480@0:yuyv"], sinks=[f"jsonl:{out}"], frames=40,
+                     backend="onnxruntime-cuda", memory=memory, queue_depth=4)
+    pipeline = Pipeline(config)
+    assert pipeline.runtime.backend_name == "onnxruntime-cuda" and pipeline.runtime.memory == memory
+    summary = pipeline.run()
+    for s in range(2):
+        assert summary["processed"][s] + summary["dropped"][s] + summary["failed"][s] == 40
+    records = _lines(out)
+    assert len(records) == sum(summary["processed"])
+    camera = SyntheticCamera.from_uri(uri, seed=0)
+    hits = []
+    for record in (r for r in records if r["stream"] == 0):
+        found = np.array(record["results"]["boxes"]).reshape(-1, 4)
+        hits += [max((_iou(t, f) for f in found), default=0) >= 0.5 for t in camera.visible_boxes(record["frame"])]
+    assert np.mean(hits) >= 0.75
+    print(json.dumps({"memory": memory, **{k: summary[k] for k in ("processed", "dropped", "throughput_fps")}}))
