@@ -1,4 +1,4 @@
-"""`jetpipe convert | inspect | doctor | serve | demo`.
+"""`jetpipe convert | inspect | doctor | serve | demo | calibrate`.
 
 User mistakes (JetpipeError) print one line and exit 2; Ctrl-C exits 130 with
 nothing half-written; --debug shows tracebacks.
@@ -37,6 +37,8 @@ def _add_convert(sub) -> None:
                    help="nodes to keep in higher precision")
     g.add_argument("--no-auto-exclude", action="store_true",
                    help="INT8: do not keep measured sensitive layers in float")
+    g.add_argument("--exclude-from", type=Path, metavar="REPORT",
+                   help="keep the nodes a `jetpipe calibrate accuracy --budget` search chose in float")
     s = p.add_argument_group("input and preprocessing")
     s.add_argument("--max-batch", type=int, default=8)
     s.add_argument("--input-size", metavar="HxW", help="for models with dynamic height/width")
@@ -71,11 +73,17 @@ def _convert_options(args):
                         mean=parse_triple(args.mean, "mean") if args.mean else None,
                         std=parse_triple(args.std, "std") if args.std else None)
     size = parse_size(args.input_size) if args.input_size else (builtin.input_size if builtin else None)
+    exclude, auto_exclude = tuple(args.exclude), not args.no_auto_exclude
+    if args.exclude_from:
+        from jetpipe.calibration.search import excluded_from_report
+
+        # the report lists everything to keep in float, measured sensitive layers included
+        exclude, auto_exclude = exclude + tuple(excluded_from_report(args.exclude_from)), False
     return ConvertOptions(
         model=model_path, output=args.output, precision=args.precision, calib=args.calib,
         calib_size=args.calib_size, calib_method=args.calib_method, calib_batch=max(1, args.calib_batch),
         calib_cache=args.calib_cache, max_batch=args.max_batch, input_size=size, spec=spec,
-        exclude=tuple(args.exclude), auto_exclude=not args.no_auto_exclude, engine=args.engine,
+        exclude=exclude, auto_exclude=auto_exclude, engine=args.engine,
         workspace_mb=args.workspace, timing_cache=args.timing_cache, sparsity=args.sparsity,
         dla_core=args.dla, force=args.force, task=builtin.task if builtin else None,
         progress=not args.quiet)
@@ -178,6 +186,63 @@ def _run_demo(args) -> int:
     return demo(args)
 
 
+def _add_calibrate(sub) -> None:
+    from jetpipe.runtime.cuda import MEMORY_MODES
+    from jetpipe.runtime.runtime import BACKENDS
+
+    p = sub.add_parser("calibrate", help="accuracy and latency reports for a bundle")
+    what = p.add_subparsers(dest="what", required=True)
+    a = what.add_parser("accuracy", help="bundle vs FP32 on real data; per-layer errors; precision search",
+                        description="Compare a bundle with its FP32 reference on identical preprocessed inputs.")
+    a.add_argument("bundle", type=Path)
+    a.add_argument("--data", required=True, help="image folder, video, .npy of N,C,H,W inputs, or 'synthetic'")
+    a.add_argument("--reference", type=Path, help="FP32 model (default: the bundle's source model)")
+    a.add_argument("--task", help="text-detection | classification | detection-yolo | raw (default: the bundle's)")
+    a.add_argument("--samples", type=int, default=32, help="inputs to use (default 32)")
+    a.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider")
+    a.add_argument("--budget", help="e.g. 'f1>=0.99', 'top1_drop<=0.5', 'map>=0.95': verdict + precision search")
+    a.add_argument("--no-search", action="store_true", help="report the verdict only")
+    a.add_argument("--report", type=Path, required=True, help="report folder (replaced)")
+    a.set_defaults(run=_run_accuracy)
+    lat = what.add_parser("latency", help="per-stage latency and throughput against batch size")
+    lat.add_argument("bundle", type=Path)
+    lat.add_argument("--batch", default="1,2,4,8", help="batch sizes, e.g. 1,2,4,8,16")
+    lat.add_argument("--iterations", type=int, default=100)
+    lat.add_argument("--warmup", type=int, default=10)
+    lat.add_argument("--source", default="synthetic:1920x1080:nv12", help="synthetic[:WxH:FORMAT] frames")
+    lat.add_argument("--backend", choices=BACKENDS, default="auto")
+    lat.add_argument("--memory", choices=MEMORY_MODES, default="auto")
+    lat.add_argument("--report", type=Path, required=True, help="report folder (replaced)")
+    lat.set_defaults(run=_run_latency)
+
+
+def _run_accuracy(args) -> int:
+    from jetpipe.calibration.accuracy import AccuracyOptions, run_accuracy
+
+    report = run_accuracy(AccuracyOptions(
+        bundle=args.bundle, data=args.data, report=args.report, reference=args.reference, task=args.task,
+        samples=args.samples, provider=args.provider, budget=args.budget, search=not args.no_search))
+    print((args.report / "report.md").read_text())
+    budget = report.get("budget")
+    search = report.get("precision_search")
+    return 0 if not budget or budget["met"] or (search and search["met"]) else 1
+
+
+def _run_latency(args) -> int:
+    from jetpipe.calibration.latency import LatencyOptions, run_latency
+    from jetpipe.errors import JetpipeError
+
+    try:
+        batches = tuple(int(b) for b in args.batch.split(","))
+    except ValueError:
+        raise JetpipeError(f"--batch {args.batch!r}: comma-separated integers, e.g. 1,2,4,8") from None
+    run_latency(LatencyOptions(bundle=args.bundle, report=args.report, batches=batches,
+                               iterations=args.iterations, warmup=args.warmup, source=args.source,
+                               backend=args.backend, memory=args.memory))
+    print((args.report / "report.md").read_text())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jetpipe import __version__
 
@@ -190,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor(sub)
     _add_serve(sub)
     _add_demo(sub)
+    _add_calibrate(sub)
     return parser
 
 

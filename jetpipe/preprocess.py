@@ -87,3 +87,25 @@ def preprocess_frame(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec
     if spec.channel_order == "bgr":
         resized = resized[:, :, ::-1]
     return _normalize_into(resized, box, size_hw, spec, out), box
+
+
+_OPENCV_DECODE = {"nv12": "COLOR_YUV2BGR_NV12", "i420": "COLOR_YUV2BGR_I420",
+                  "yuyv": "COLOR_YUV2BGR_YUYV", "uyvy": "COLOR_YUV2BGR_UYVY"}
+
+
+def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec: PreprocessSpec,
+                          matrix=None, out: np.ndarray | None = None) -> tuple[np.ndarray, Letterbox]:
+    """The CPU runtime's path: OpenCV's integer decoders where they apply (BT.601 limited range,
+    what OpenCV implements), then the uint8 resize. Within 1.5 8-bit steps of preprocess_frame (both
+    round to uint8), several times faster; other standards and ranges take the exact float path."""
+    from jetpipe.frames import ColourMatrix
+
+    if fmt == "bgr":
+        return preprocess_bgr(frame, size_hw, spec, out)
+    if fmt == "rgb":
+        return preprocess_bgr(frame[:, :, ::-1], size_hw, spec, out)
+    if matrix is None or matrix == ColourMatrix.of("bt601", "limited"):
+        source = frame.reshape(frame.shape[0], -1, 2) if fmt in ("yuyv", "uyvy") else frame
+        bgr = cv2.cvtColor(source, getattr(cv2, _OPENCV_DECODE[fmt]))
+        return preprocess_bgr(bgr, size_hw, spec, out)
+    return preprocess_frame(frame, fmt, size_hw, spec, matrix, out)

@@ -51,3 +51,20 @@ def test_parsers():
         parse_size("640")
     with pytest.raises(JetpipeError, match="--mean '1,2' must be three"):
         parse_triple("1,2", "mean")
+
+
+@pytest.mark.parametrize("fmt", ["nv12", "i420", "yuyv", "uyvy", "bgr", "rgb"])
+def test_fast_cpu_path_stays_within_one_step_of_the_reference(fmt):
+    from jetpipe.frames import from_bgr
+    from jetpipe.preprocess import affine, preprocess_frame, preprocess_frame_fast
+    from jetpipe.synth import render_text_image
+
+    frame = from_bgr(render_text_image(7, (240, 320)).bgr, fmt)
+    spec = PRESETS["ppocr-det"]
+    fast, box_fast = preprocess_frame_fast(frame, fmt, (128, 128), spec)
+    exact, box_exact = preprocess_frame(frame, fmt, (128, 128), spec)
+    assert box_fast == box_exact
+    one_step = float(np.max(affine(spec)[0]))
+    diff = np.abs(fast - exact)
+    assert diff.max() <= 1.5 * one_step  # OpenCV rounds to uint8 twice: decode, then resize
+    assert diff.mean() <= 0.25 * one_step

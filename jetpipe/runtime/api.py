@@ -40,6 +40,7 @@ class Ticket:
     letterboxes: list[Letterbox]
     frame_indices: list[int]          # input index of each output row
     rejected: list[tuple[int, str]]   # (input index, reason) of frames left out
+    timings: dict | None = None       # CPU runtime: wall-clock ms per stage
 
 
 @dataclass

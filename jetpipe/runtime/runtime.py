@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 from jetpipe import bundle as bundles
 from jetpipe.errors import BundleError, JetpipeError
-from jetpipe.preprocess import preprocess_frame
+from jetpipe.preprocess import preprocess_frame_fast
 from jetpipe.runtime.api import BatchResult, Ticket, validate
 from jetpipe.spec import PreprocessSpec
 
@@ -136,16 +137,24 @@ class CpuRuntime(_Base):
             self.rejected_frames += len(rejected)
             boxes = []
             inputs = self.backend.input_buffers[set_index]
+            start = time.perf_counter()
             for row, (_, frame, _, _, matrix) in enumerate(usable):
-                _, box = preprocess_frame(frame.data, frame.format, self.size_hw, self.spec, matrix,
-                                          out=inputs[row])
+                _, box = preprocess_frame_fast(frame.data, frame.format, self.size_hw, self.spec, matrix,
+                                               out=inputs[row])
                 boxes.append(box)
+            preprocessed = time.perf_counter()
             if usable:
                 self.backend.run(set_index, len(usable))
+            done = time.perf_counter()
         except BaseException:
             self._unclaim(set_index)
             raise
-        return self._submitted(Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected))
+        timings = {"preprocess": (preprocessed - start) * 1e3, "infer": (done - preprocessed) * 1e3}
+        return self._submitted(Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected, timings))
+
+    def stage_times(self, ticket: Ticket) -> dict[str, float]:
+        """Wall-clock milliseconds per stage of a submitted batch."""
+        return dict(ticket.timings)
 
     def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
         self._check_collect(ticket)

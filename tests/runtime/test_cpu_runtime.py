@@ -6,7 +6,7 @@ import pytest
 from jetpipe.cli import main
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import FORMATS, ColourMatrix, from_bgr, to_rgb_float
-from jetpipe.preprocess import preprocess_frame
+from jetpipe.preprocess import preprocess_frame, preprocess_frame_fast
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.runtime import CpuRuntime, open_runtime
 from jetpipe.spec import PRESETS
@@ -31,7 +31,7 @@ def test_infer_matches_direct_onnxruntime(tiny_bundle):
         assert rt.backend_name == "onnxruntime-cpu"
         result = rt.infer([Frame(img, "bgr") for img in images])
         got = result.outputs["y"].copy()
-    inputs = np.stack([preprocess_frame(img, "bgr", (16, 16), rt.spec)[0] for img in images])
+    inputs = np.stack([preprocess_frame_fast(img, "bgr", (16, 16), rt.spec)[0] for img in images])
     expected = cpu_session(str(tiny_bundle / "model.onnx")).run(None, {"x": inputs})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     assert result.frame_indices == [0, 1, 2] and len(result.letterboxes) == 3

@@ -1,0 +1,233 @@
+"""`jetpipe calibrate accuracy`: a bundle against its FP32 reference on real data.
+
+The reference is the source model prepared exactly as `convert` prepared it
+(same input size, batch axis, clean-up, opset), so tensor names match across
+the two graphs: per-layer error is localised by name across Q/DQ and Cast
+insertions. With a budget (`f1>=0.99`, `top1_drop<=0.5`, ...), a precision
+search finds a small set of nodes to keep in higher precision that meets it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from jetpipe import bundle as bundles
+from jetpipe.calibration import metrics as m
+from jetpipe.errors import JetpipeError
+from jetpipe.spec import PreprocessSpec
+
+log = logging.getLogger(__name__)
+
+TASKS = ("text-detection", "classification", "detection-yolo", "raw")
+
+
+@dataclass
+class AccuracyOptions:
+    bundle: Path
+    data: str
+    report: Path
+    reference: Path | None = None
+    task: str | None = None
+    samples: int = 32
+    batch: int = 4
+    provider: str = "cpu"          # cpu | cuda
+    budget: str | None = None
+    search: bool = True
+    max_search_nodes: int = 32
+    layers: bool = True
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    """Everything the comparison, the localisation and the search share."""
+
+    manifest: dict
+    reference: onnx.ModelProto       # FP32, prepared like the bundle's base
+    processed_path: str
+    inputs: np.ndarray               # N,C,H,W float32 (identical for both models)
+    input_name: str
+    task: str
+    provider: str
+
+
+def prepare_context(opts: AccuracyOptions) -> Context:
+    from jetpipe.convert.calib_data import open_source
+    from jetpipe.convert.pipeline import ConvertOptions, prepare
+
+    manifest = bundles.read_manifest(opts.bundle)
+    problems = bundles.verify(opts.bundle)
+    if problems:
+        raise JetpipeError(f"bundle {opts.bundle} fails verification ({problems[0]}): rebuild it")
+    task = opts.task or manifest.get("task") or "raw"
+    if task not in TASKS:
+        raise JetpipeError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
+    source = Path(opts.reference or manifest["source"]["path"])
+    if not source.is_file():
+        raise JetpipeError(f"reference model {source} not found: pass --reference MODEL.onnx (the FP32 model)")
+    prepared = prepare(ConvertOptions(model=source, output=opts.report, precision=manifest["precision"],
+                                      input_size=tuple(manifest["input_size"]), max_batch=manifest["batch"]["max"]))
+    _check_same_io(prepared.model, manifest, source)
+    spec = PreprocessSpec.from_dict(manifest["preprocess"])
+    data = open_source(opts.data, tuple(prepared.input.dims), tuple(manifest["input_size"]), spec, opts.samples)
+    inputs = np.concatenate(list(data.batches(opts.batch)))
+    if data.skipped:
+        log.warning("%d unreadable items in %s skipped", data.skipped, opts.data)
+    return Context(manifest, prepared.model, str(Path(opts.bundle) / bundles.MODEL_FILE), inputs,
+                   prepared.input.name, task, opts.provider)
+
+
+def _check_same_io(reference: onnx.ModelProto, manifest: dict, source: Path) -> None:
+    ref_in = [i.name for i in reference.graph.input if i.name not in {t.name for t in reference.graph.initializer}]
+    ref_out = [o.name for o in reference.graph.output]
+    io = manifest["io"]
+    want_in, want_out = [i["name"] for i in io["inputs"]], [o["name"] for o in io["outputs"]]
+    if ref_in != want_in or ref_out != want_out:
+        raise JetpipeError(f"reference {source} and the bundle have different I/O (reference in {ref_in} out "
+                           f"{ref_out}, bundle in {want_in} out {want_out}): pass the model the bundle was made from")
+
+
+def session(model, provider: str):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    providers = ["CPUExecutionProvider"]
+    if provider == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise JetpipeError("--provider cuda needs onnxruntime-gpu (pip install onnxruntime-gpu)")
+        providers = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=providers)
+
+
+def run_outputs(model, ctx: Context, batch: int = 4) -> list[np.ndarray]:
+    sess = session(model, ctx.provider)
+    parts = [sess.run(None, {ctx.input_name: ctx.inputs[i:i + batch]}) for i in range(0, len(ctx.inputs), batch)]
+    return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
+
+
+def task_metrics(task: str, ref: list[np.ndarray], out: list[np.ndarray], input_hw) -> dict:
+    """The task's agreement metrics of `out` against `ref` (first output)."""
+    r, o = ref[0], out[0]
+    if task == "text-detection":
+        f1 = m.per_sample_f1(r, o)
+        return {"f1": float(f1.mean()), "f1_min": float(f1.min()), "mae": m.mean_abs_error(r, o)}
+    if task == "classification":
+        top1 = m.topk_agreement(r, o, 1)
+        return {"top1": top1, "top5": m.topk_agreement(r, o, 5), "top1_drop": (1 - top1) * 100}
+    if task == "detection-yolo":
+        from jetpipe.pipelines.postprocess import YoloDetection
+        from jetpipe.preprocess import Letterbox
+
+        post = YoloDetection(input_hw=tuple(input_hw))
+        boxes = [Letterbox(1.0, 1.0, 0, 0)] * len(r)
+        sizes = [tuple(input_hw)] * len(r)
+        return {"map": m.detection_map(post({"y": r}, boxes, sizes), post({"y": o}, boxes, sizes))}
+    return {"mae": m.mean_abs_error(r, o), "cosine": m.tensor_errors(r, o)["cosine"]}
+
+
+def compare(ctx: Context, candidate=None) -> tuple[dict, dict]:
+    """(per-output errors, task metrics) of the bundle (or a candidate model) against FP32."""
+    ref = run_outputs(ctx.reference, ctx)
+    out = run_outputs(candidate if candidate is not None else ctx.processed_path, ctx)
+    names = [o.name for o in ctx.reference.graph.output]
+    per_output = {n: m.tensor_errors(a, b) for n, a, b in zip(names, ref, out)}
+    tm = task_metrics(ctx.task, ref, out, ctx.manifest["input_size"])
+    tm["cosine"] = min(v["cosine"] for v in per_output.values())
+    tm["snr_db"] = min(v["snr_db"] for v in per_output.values())
+    tm.setdefault("mae", float(np.mean([v["mean_abs"] for v in per_output.values()])))
+    return per_output, tm
+
+
+def run_accuracy(opts: AccuracyOptions) -> dict:
+    """Compare, localise, search (with a budget) and write the report folder."""
+    from jetpipe.calibration import reports
+    from jetpipe.calibration.layers import localise
+    from jetpipe.calibration.search import search
+
+    if opts.budget:
+        m.parse_budget(opts.budget)  # fail before any work
+    if opts.report.exists() and not opts.report.is_dir():
+        raise JetpipeError(f"--report {opts.report} exists and is not a folder")
+    ctx = prepare_context(opts)
+    per_output, tm = compare(ctx)
+    report = {"bundle": str(opts.bundle), "precision": ctx.manifest["precision"], "task": ctx.task,
+              "provider": ctx.provider, "data": opts.data, "samples": int(len(ctx.inputs)),
+              "outputs": per_output, "task_metrics": tm, "layers": [], "budget": None, "precision_search": None}
+    if opts.layers:
+        report["layers"] = localise(ctx.reference, onnx.load(ctx.processed_path), ctx.inputs[:1],
+                                    ctx.input_name, ctx.provider)
+    if opts.budget:
+        metric, op, bound = m.parse_budget(opts.budget)
+        met = m.meets(tm[metric], op, bound)
+        report["budget"] = {"expression": opts.budget, "metric": metric, "value": tm[metric], "met": met}
+        if not met and opts.search and ctx.manifest["precision"] in ("int8", "fp16"):
+            result = search(ctx, opts.bundle, opts.budget, opts.max_search_nodes)
+            report["precision_search"] = {k: getattr(result, k) for k in
+                                          ("met", "value", "added", "excluded_nodes", "trials", "why")}
+    plots = _accuracy_plots(ctx, report)
+    reports.write(opts.report, report, accuracy_markdown(report), plots)
+    return report
+
+
+def _accuracy_plots(ctx: Context, report: dict) -> dict:
+    from jetpipe.calibration import reports
+
+    plots = {}
+    ref = run_outputs(ctx.reference, ctx)
+    out = run_outputs(ctx.processed_path, ctx)
+    diff = np.abs(ref[0].astype(np.float64) - out[0]).ravel()
+    plots["error_histogram.png"] = reports.histogram(diff, f"|{report['precision']} - fp32| of "
+                                                     f"{ctx.reference.graph.output[0].name}", "absolute error")
+    if report["layers"]:
+        layers = report["layers"][:15]
+        plots["layer_errors.png"] = reports.bar_chart([f"{r['node']} ({r['op']})" for r in layers],
+                                                      [r["added_error"] for r in layers],
+                                                      "error added per layer (relative L2)", "added error")
+    search = report.get("precision_search")
+    if search and search["trials"]:
+        trials = sorted(search["trials"], key=lambda t: t["extra_nodes"])
+        metric = report["budget"]["metric"]
+        plots["precision_search.png"] = reports.line_chart(
+            [t["extra_nodes"] for t in trials], {metric: [t[metric] for t in trials]},
+            "precision search", "extra nodes kept in higher precision", metric,
+            hline=(m.parse_budget(report["budget"]["expression"])[2], report["budget"]["expression"]))
+    return plots
+
+
+def accuracy_markdown(report: dict) -> str:
+    tm = report["task_metrics"]
+    lines = [f"# Accuracy: {report['bundle']} ({report['precision']}) vs FP32", "",
+             f"Task {report['task']}, {report['samples']} samples from `{report['data']}`, "
+             f"ONNX Runtime {report['provider']}.", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.6g} |" for k, v in tm.items()]
+    lines += ["", "| output | max abs | mean abs | cosine | SNR dB |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {e['max_abs']:.4g} | {e['mean_abs']:.4g} | {e['cosine']:.6f} | {e['snr_db']:.1f} |"
+              for n, e in report["outputs"].items()]
+    budget = report.get("budget")
+    if budget:
+        verdict = "**met**" if budget["met"] else "**not met**"
+        lines += ["", f"Budget `{budget['expression']}`: {budget['metric']} = {budget['value']:.6g}, {verdict}."]
+    search = report.get("precision_search")
+    if search:
+        if search["met"]:
+            lines += [f"Precision search: keeping {len(search['added'])} more node(s) in higher precision gives "
+                      f"{budget['metric']} = {search['value']:.6g} (**meets** the budget): "
+                      f"{', '.join(search['added'])}.",
+                      "Rebuild with `jetpipe convert SOURCE -o BUNDLE --force --exclude-from THIS_REPORT_DIR`."]
+        else:
+            lines += [f"Precision search: **budget not reachable**: {search['why']}"]
+    if report["layers"]:
+        lines += ["", "Layers adding the most error (relative L2 of their output minus their worst input's):", "",
+                  "| node | op | added | output error |", "|---|---|---|---|"]
+        lines += [f"| {r['node']} | {r['op']} | {r['added_error']:.4g} | {r['output_error']:.4g} |"
+                  for r in report["layers"][:10]]
+    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in ("error_histogram.png", "layer_errors.png"))]
+    return "\n".join(lines) + "\n"

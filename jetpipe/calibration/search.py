@@ -1,0 +1,129 @@
+"""Automatic precision search: the fewest extra nodes in higher precision that meet a budget.
+
+Candidates are ranked by measured sensitivity (INT8: each quantized node alone
+against FP32; FP16: the error each node adds, by per-layer localisation), then
+the top-k are kept in float for k = 1, 2, 4, ... until the budget is met, and
+the smallest such k is found by bisection, re-measuring the task metric on the
+full data each time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from jetpipe.calibration import metrics as m
+from jetpipe.errors import JetpipeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SearchResult:
+    metric: str
+    bound: str
+    met: bool
+    value: float
+    added: list[str] = field(default_factory=list)
+    excluded_nodes: dict[str, str] = field(default_factory=dict)   # everything to keep in float
+    trials: list[dict] = field(default_factory=list)
+    why: str = ""
+
+
+class Rebuilder:
+    """Builds the bundle's precision from its FP32 base with a given set of float nodes."""
+
+    def __init__(self, ctx, bundle_dir):
+        from jetpipe.convert import calib_cache
+
+        self.ctx, self.precision = ctx, ctx.manifest["precision"]
+        if self.precision not in ("int8", "fp16"):
+            raise JetpipeError(f"a {self.precision} bundle has nothing to keep in higher precision")
+        self.base = dict(ctx.manifest.get("excluded_nodes") or {})
+        self.ranges = {}
+        if self.precision == "int8":
+            self.ranges = calib_cache.load(bundle_dir).ranges
+        self.absmax = {}
+
+    def build(self, extra: set[str]):
+        from jetpipe.convert import fp16, int8
+
+        keep = set(self.base) | extra
+        if self.precision == "int8":
+            return int8.quantize(self.ctx.reference, int8.plan(self.ctx.reference, keep), self.ranges)
+        return fp16.convert(self.ctx.reference, keep)
+
+    def ranking(self, progress=None) -> list[str]:
+        from jetpipe.calibration.layers import localise
+        from jetpipe.convert import int8, sensitivity
+
+        sample = self.ctx.inputs[:2]
+        if self.precision == "int8":
+            full = int8.plan(self.ctx.reference, set(self.base))
+            errors = sensitivity.rank_int8_nodes(self.ctx.reference, full, self.ranges, sample,
+                                                 self.ctx.input_name, progress)
+            return sorted(errors, key=errors.get, reverse=True)
+        ranked = localise(self.ctx.reference, self.build(set()), sample, self.ctx.input_name,
+                          self.ctx.provider, top=10_000)
+        return [r["node"] for r in ranked if r["node"] not in self.base and r["added_error"] > 0]
+
+
+def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=None) -> SearchResult:
+    from jetpipe.calibration.accuracy import compare
+
+    metric, op, bound = m.parse_budget(budget)
+    rebuild = Rebuilder(ctx, bundle_dir)
+    candidates = [n for n in rebuild.ranking(progress) if n not in rebuild.base][:max_nodes]
+    result = SearchResult(metric, budget, False, float("nan"))
+    cache: dict[int, float] = {}
+
+    def value_at(k: int) -> float:
+        if k not in cache:
+            _, tm = compare(ctx, rebuild.build(set(candidates[:k])))
+            cache[k] = tm[metric]
+            result.trials.append({"extra_nodes": k, metric: tm[metric], "met": m.meets(tm[metric], op, bound)})
+            log.info("precision search: %d extra node(s) in float -> %s = %.5g", k, metric, tm[metric])
+        return cache[k]
+
+    k, low = 1, 0
+    while k <= len(candidates) and not m.meets(value_at(k), op, bound):
+        low, k = k, k * 2
+    if k > len(candidates):
+        k = len(candidates)
+        if not candidates or not m.meets(value_at(k), op, bound):
+            best_k = max(cache, key=lambda i: cache[i] if op == ">=" else -cache[i]) if cache else 0
+            result.value = cache.get(best_k, float("nan"))
+            result.added = candidates[:best_k]
+            result.why = (f"even with {len(candidates)} more node(s) in higher precision, the best {metric} was "
+                          f"{result.value:.5g} (with {best_k}); the budget {budget} is out of reach of "
+                          "per-node precision: recalibrate with more or better data, or relax it")
+            result.excluded_nodes = {**rebuild.base, **{n: "precision search" for n in result.added}}
+            return result
+    high = k
+    while high - low > 1:  # smallest k that meets the budget
+        mid = (low + high) // 2
+        if m.meets(value_at(mid), op, bound):
+            high = mid
+        else:
+            low = mid
+    result.met, result.value, result.added = True, cache[high], candidates[:high]
+    result.excluded_nodes = {**rebuild.base, **{n: "precision search" for n in result.added}}
+    return result
+
+
+def excluded_from_report(path) -> dict[str, str]:
+    """`jetpipe convert --exclude-from REPORT`: the nodes a precision search chose (all of them)."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    try:
+        report = json.loads(path.read_text())
+        return dict(report["precision_search"]["excluded_nodes"])
+    except FileNotFoundError:
+        raise JetpipeError(f"--exclude-from {path}: no such report (run `jetpipe calibrate accuracy "
+                           "... --budget ...` first)") from None
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise JetpipeError(f"--exclude-from {path}: not an accuracy report with a precision search") from None

@@ -1,0 +1,126 @@
+"""`jetpipe calibrate accuracy | latency` end to end, reports, plots, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jetpipe.cli import main
+from jetpipe.synth import write_text_images
+from tests.helpers import residual_cnn, save
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cal")
+    model = save(residual_cnn(batch=1), folder / "tiny.onnx")
+    images = write_text_images(folder / "imgs", 6, size_hw=(48, 64))
+    bundle = folder / "b16"
+    assert main(["convert", model, "-o", str(bundle), "--precision", "fp16", "--calib", str(images),
+                 "--max-batch", "4", "--quiet"]) == 0
+    return folder, model, images, bundle
+
+
+def _valid_pngs(folder):
+    import matplotlib.image
+
+    report = json.loads((folder / "report.json").read_text())
+    for name in report["plots"]:
+        data = (folder / name).read_bytes()
+        assert data.startswith(PNG)
+        assert matplotlib.image.imread(folder / name).ndim == 3
+    return report
+
+
+def test_accuracy_report_on_a_tiny_fp16_bundle(tiny, capsys):
+    folder, _, images, bundle = tiny
+    out = folder / "acc"
+    assert main(["calibrate", "accuracy", str(bundle), "--data", str(images), "--task", "classification",
+                 "--report", str(out)]) == 0
+    report = _valid_pngs(out)
+    assert report["task_metrics"]["top1"] == 1.0 and report["outputs"]["y"]["cosine"] > 0.999
+    assert {"layer_errors.png", "error_histogram.png"} <= set(report["plots"])
+    assert "# Accuracy:" in (out / "report.md").read_text()
+    assert "| top1 | 1 |" in capsys.readouterr().out
+
+
+def test_latency_report_on_the_cpu(tiny, capsys):
+    folder, _, _, bundle = tiny
+    out = folder / "lat"
+    assert main(["calibrate", "latency", str(bundle), "--batch", "1,2,4", "--iterations", "5", "--warmup", "1",
+                 "--source", "synthetic:320x240:nv12", "--report", str(out)]) == 0
+    report = _valid_pngs(out)
+    assert [r["batch"] for r in report["batches"]] == [1, 2, 4]
+    row = report["batches"][0]
+    assert set(row["stages_ms"]) == {"preprocess", "infer", "postprocess"}
+    assert row["total_ms"]["p50"] <= row["total_ms"]["p99"] and row["throughput_fps"] > 0
+    assert report["device"]["kind"] == "cpu" and report["backend"] == "onnxruntime-cpu"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "segmentation"], "--task 'segmentation': choose one of"),
+    (["--reference", "{other}"], "different I/O"),
+    (["--data", "{bad_npy}"], "needs float32 \\[N, 3, 16, 16\\]"),
+    (["--budget", "f1=0.9"], "write METRIC>=VALUE"),
+])
+def test_bad_input_is_one_clear_line_and_no_report(tiny, tmp_path, capsys, args, message):
+    import re
+
+    folder, _, images, bundle = tiny
+    other = save(residual_cnn(size=8), tmp_path / "other.onnx")
+    other_model = residual_cnn()
+    other_model.graph.output[0].name = "scores"
+    other_model.graph.node[-1].output[0] = "scores"
+    save(other_model, tmp_path / "other.onnx")
+    np.save(tmp_path / "bad.npy", np.zeros((2, 3, 8, 8), np.float32))
+    args = [a.format(other=other, bad_npy=tmp_path / "bad.npy") for a in args]
+    base = ["calibrate", "accuracy", str(bundle), "--report", str(tmp_path / "r")]
+    if "--data" not in args:
+        base += ["--data", str(images)]
+    assert main([*base, *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.search(message, err), err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_precision_search_meets_a_budget_plain_int8_misses(tmp_path, det_model_path, capsys):
+    """PP-OCRv4 det INT8 without sensitive-layer exclusion misses f1>=0.99; the search fixes it,
+    and `convert --exclude-from` rebuilds the bundle with its choice."""
+    bundle, report_dir = tmp_path / "int8", tmp_path / "report"
+    images = write_text_images(tmp_path / "eval", 8, seed=0, size_hw=(480, 640))  # not calibration seeds
+    assert main(["convert", "ppocr-det", "-o", str(bundle), "--precision", "int8", "--calib", "synthetic",
+                 "--calib-size", "16", "--no-auto-exclude", "--quiet"]) == 0
+    code = main(["calibrate", "accuracy", str(bundle), "--data", str(images), "--budget", "f1>=0.99",
+                 "--report", str(report_dir)])
+    report = _valid_pngs(report_dir)
+    assert report["budget"]["met"] is False and report["budget"]["value"] < 0.99
+    search = report["precision_search"]
+    assert search["met"] is True and search["value"] >= 0.99 and code == 0
+    assert 1 <= len(search["added"]) <= 32 and "precision_search.png" in report["plots"]
+    rebuilt = tmp_path / "int8-searched"
+    assert main(["convert", "ppocr-det", "-o", str(rebuilt), "--precision", "int8", "--calib", "synthetic",
+                 "--calib-size", "16", "--exclude-from", str(report_dir), "--quiet"]) == 0
+    manifest = json.loads((rebuilt / "manifest.json").read_text())
+    assert set(manifest["excluded_nodes"]) == set(search["excluded_nodes"])
+    check = tmp_path / "check"
+    assert main(["calibrate", "accuracy", str(rebuilt), "--data", str(images), "--budget", "f1>=0.99",
+                 "--no-search", "--report", str(check)]) == 0
+    assert json.loads((check / "report.json").read_text())["budget"]["met"] is True
+
+
+@pytest.mark.slow
+def test_unreachable_budget_is_a_verdict_not_a_crash(tmp_path, det_model_path, capsys):
+    bundle, report_dir = tmp_path / "int8", tmp_path / "report"
+    images = write_text_images(tmp_path / "eval", 4, seed=0, size_hw=(480, 640))
+    assert main(["convert", "ppocr-det", "-o", str(bundle), "--precision", "int8", "--calib", "synthetic",
+                 "--calib-size", "8", "--quiet"]) == 0
+    code = main(["calibrate", "accuracy", str(bundle), "--data", str(images), "--budget", "mae<=1e-9",
+                 "--report", str(report_dir)])
+    assert code == 1
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["precision_search"]["met"] is False
+    assert "out of reach" in report["precision_search"]["why"]
+    assert "budget not reachable" in (report_dir / "report.md").read_text()
