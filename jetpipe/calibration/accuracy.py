@@ -173,7 +173,7 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
             report["precision_search"] = {k: getattr(result, k) for k in
                                           ("met", "value", "added", "excluded_nodes", "trials", "why")}
     plots = _accuracy_plots(ctx, report)
-    reports.write(opts.report, report, accuracy_markdown(report), plots)
+    reports.write(opts.report, report, accuracy_markdown(report, sorted(plots)), plots)
     return report
 
 
@@ -202,7 +202,7 @@ def _accuracy_plots(ctx: Context, report: dict) -> dict:
     return plots
 
 
-def accuracy_markdown(report: dict) -> str:
+def accuracy_markdown(report: dict, plots=()) -> str:
     tm = report["task_metrics"]
     lines = [f"# Accuracy: {report['bundle']} ({report['precision']}) vs FP32", "",
              f"Task {report['task']}, {report['samples']} samples from `{report['data']}`, "
@@ -225,9 +225,10 @@ def accuracy_markdown(report: dict) -> str:
         else:
             lines += [f"Precision search: **budget not reachable**: {search['why']}"]
     if report["layers"]:
-        lines += ["", "Layers adding the most error (relative L2 of their output minus their worst input's):", "",
-                  "| node | op | added | output error |", "|---|---|---|---|"]
+        lines += ["", "Layers adding the most error themselves (relative L2 error of the layer's part of the "
+                  "processed graph fed the FP32 inputs), and the error accumulated at their output:", "",
+                  "| node | op | added | accumulated |", "|---|---|---|---|"]
         lines += [f"| {r['node']} | {r['op']} | {r['added_error']:.4g} | {r['output_error']:.4g} |"
                   for r in report["layers"][:10]]
-    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in ("error_histogram.png", "layer_errors.png"))]
+    lines += ["", " ".join(f"![{p}]({p})" for p in plots)]
     return "\n".join(lines) + "\n"

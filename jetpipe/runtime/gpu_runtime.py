@@ -143,8 +143,9 @@ class GpuRuntime(_Base):
         """Run every batch size on every buffer set once: the backend's per-shape work (cuDNN
         algorithm search, memory for the shape, TensorRT/ORT CUDA-graph capture) happens now,
         not in the frame loop."""
+        sizes = getattr(self.backend, "warm_batches", lambda: range(1, self.max_batch + 1))()
         for buffers_index in range(self.buffer_sets):
-            for batch in range(1, self.max_batch + 1):
+            for batch in sizes:
                 self.backend.run(buffers_index, batch, self.compute_stream)
         self.compute_stream.synchronize()
 

@@ -170,3 +170,15 @@ def test_held_batches_keep_their_buffers_until_released(tiny_bundle):
             rt.submit(frames)
         rt.release(held_ticket)
         rt.infer(frames)       # a set is free again
+
+
+def test_exact_preprocess_option_uses_the_float_reference(tiny_bundle):
+    from jetpipe.convert.ort import cpu_session
+
+    frames = [Frame(from_bgr(render_text_image(i, (48, 64)).bgr, "nv12"), "nv12") for i in range(2)]
+    with CpuRuntime(tiny_bundle, exact_preprocess=True) as rt:
+        got = rt.infer(frames).outputs["y"].copy()
+        spec = rt.spec
+    inputs = np.stack([preprocess_frame(f.data, "nv12", (16, 16), spec)[0] for f in frames])
+    expected = cpu_session(str(tiny_bundle / "model.onnx")).run(None, {"x": inputs})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -157,7 +157,8 @@ def test_det_cuda_ep_matches_cpu_path(det_bundle):
     from jetpipe.runtime.runtime import CpuRuntime
 
     frames = _frames(8)
-    with GpuRuntime(det_bundle, max_batch=8) as gpu_rt, CpuRuntime(det_bundle, max_batch=8) as cpu_rt:
+    with GpuRuntime(det_bundle, max_batch=8) as gpu_rt, \
+            CpuRuntime(det_bundle, max_batch=8, exact_preprocess=True) as cpu_rt:
         assert gpu_rt.backend_name == "onnxruntime-cuda"
         gpu = gpu_rt.infer(frames).outputs["sigmoid_0.tmp_0"].copy()
         cpu = cpu_rt.infer(frames).outputs["sigmoid_0.tmp_0"].copy()

@@ -1,0 +1,48 @@
+"""Calibration reports on the GPU (marker gpu): PyCUDA + onnxruntime-gpu."""
+
+import json
+
+import pytest
+
+from jetpipe.cli import main
+from jetpipe.synth import write_text_images
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _cuda_ep():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+
+
+@pytest.fixture(scope="module")
+def fp16_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calgpu") / "det16"
+    assert main(["convert", "ppocr-det", "-o", str(out), "--precision", "fp16", "--calib", "synthetic",
+                 "--calib-size", "8", "--quiet"]) == 0
+    return out
+
+
+def test_accuracy_on_the_cuda_provider(fp16_bundle, tmp_path):
+    images = write_text_images(tmp_path / "eval", 8, seed=0, size_hw=(480, 640))
+    report_dir = tmp_path / "acc"
+    assert main(["calibrate", "accuracy", str(fp16_bundle), "--data", str(images), "--provider", "cuda",
+                 "--budget", "f1>=0.99", "--report", str(report_dir)]) == 0
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["provider"] == "cuda" and report["budget"]["met"]
+    assert report["task_metrics"]["mae"] <= 1e-3 and report["layers"]
+
+
+def test_latency_stages_from_cuda_events(fp16_bundle, tmp_path):
+    report_dir = tmp_path / "lat"
+    assert main(["calibrate", "latency", str(fp16_bundle), "--batch", "1,4,8", "--iterations", "30",
+                 "--backend", "onnxruntime-cuda", "--report", str(report_dir)]) == 0
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["device"]["kind"] == "gpu" and report["backend"] == "onnxruntime-cuda"
+    for row in report["batches"]:
+        assert set(row["stages_ms"]) == {"h2d", "preprocess", "infer", "d2h", "postprocess"}
+        assert all(s["p50"] > 0 for s in row["stages_ms"].values())
+    print((report_dir / "report.md").read_text())
