@@ -14,7 +14,7 @@ import logging
 import numpy as np
 import onnx
 
-from jetpipe.convert.graph import clone
+from jetpipe.convert.graph import expose_outputs
 
 log = logging.getLogger(__name__)
 FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
@@ -28,15 +28,6 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
 def _float_tensors(model: onnx.ModelProto) -> set[str]:
     typed = _types(model)
     return {o for n in model.graph.node for o in n.output if typed.get(o) in FLOATS}
-
-
-def _expose(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    probe = clone(model)
-    existing = {o.name for o in probe.graph.output}
-    for name in names:
-        if name not in existing:
-            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    return probe
 
 
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
@@ -53,8 +44,11 @@ def localise(reference: onnx.ModelProto, processed: onnx.ModelProto, inputs: np.
 
     processed = onnx.shape_inference.infer_shapes(processed)
     shared = sorted(_float_tensors(reference) & _float_tensors(processed))
-    ref_values = dict(zip(shared, session(_expose(reference, shared), provider).run(shared, {input_name: inputs})))
-    out_values = dict(zip(shared, session(_expose(processed, shared), provider).run(shared, {input_name: inputs})))
+
+    def values(model):
+        return dict(zip(shared, session(expose_outputs(model, shared), provider).run(shared, {input_name: inputs})))
+
+    ref_values, out_values = values(reference), values(processed)
     ref_values[input_name] = inputs
     processed_types = _types(processed)
     extractor = Extractor(processed)

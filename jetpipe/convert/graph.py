@@ -142,6 +142,16 @@ def clone(message):
     return copy
 
 
+def expose_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    """A copy whose graph outputs include `names` (intermediate tensors, read back by a session)."""
+    probe = clone(model)
+    existing = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in existing:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    return probe
+
+
 def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
     """Fold constants, fuse Conv+BatchNorm, drop dead nodes (onnxslim), then re-check."""
     import onnxslim

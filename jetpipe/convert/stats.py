@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from jetpipe.convert.graph import clone
+from jetpipe.convert.graph import expose_outputs
 
 NUM_BINS = 2048
 METHODS = ("entropy", "percentile", "minmax")
@@ -137,12 +137,7 @@ def collect(model: onnx.ModelProto, batches: Iterable[np.ndarray], input_name: s
     from jetpipe.convert.ort import cpu_session
 
     names = [n for n in float_tensors(model) if all_absmax or n in hist_tensors]
-    probe = clone(model)
-    existing = {o.name for o in probe.graph.output}
-    for name in names:
-        if name not in existing:
-            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    session = cpu_session(probe, optimize=False, arena=False)
+    session = cpu_session(expose_outputs(model, names), optimize=False, arena=False)
     stats = Statistics({n: TensorStats(with_hist=n in hist_tensors) for n in names})
     for name in hist_tensors - set(names):  # graph inputs feeding quantized ops
         stats.tensors[name] = TensorStats()
