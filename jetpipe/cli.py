@@ -54,7 +54,9 @@ def _add_convert(sub) -> None:
                    help="auto: build where TensorRT is installed; require: fail without it")
     e.add_argument("--workspace", type=int, metavar="MiB", help="builder workspace limit")
     e.add_argument("--timing-cache", type=Path, help="timing cache file (read and updated)")
-    e.add_argument("--sparsity", action="store_true", help="let TensorRT use 2:4 sparse weights")
+    e.add_argument("--sparsity", choices=("2:4",),
+                   help="prune eligible Conv/Gemm weights to 2:4 along input channels (TensorRT sparse "
+                        "tensor cores); measure accuracy afterwards")
     e.add_argument("--dla", type=int, metavar="CORE", help="build for DLA core N (TensorRT 10.x)")
     p.add_argument("--force", action="store_true", help="replace an existing bundle")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -36,6 +36,18 @@ def summary_lines(path: Path, m: dict) -> list[str]:
     if check:
         lines.append(f"vs fp32   relative MAE {check['relative_mae']:.2e}, max abs error "
                      f"{check['max_abs_error']:.3g} on {check['samples']} calibration samples")
+    cost = m.get("cost")
+    if cost:
+        src, out = cost["source"], cost["processed"]
+        line = f"weights   {out['params'] / 1e6:.2f} M params, {out['flops'] / 1e9:.2f} GFLOPs per image"
+        if out["nonzero_weights"] != src["nonzero_weights"]:
+            line += f", non-zero weights {src['nonzero_weights']:,} -> {out['nonzero_weights']:,}"
+        lines.append(line)
+    sparsity = m.get("sparsity")
+    if sparsity:
+        pruned = sum(1 for v in sparsity["layers"].values() if v == "2:4")
+        lines.append(f"sparsity  {sparsity['pattern']} on {pruned} of {len(sparsity['layers'])} weight layers "
+                     "(SPARSE_WEIGHTS for TensorRT)")
     engine = m["engine"]
     if engine.get("built"):
         lines.append(f"engine    {engine['file']} (TensorRT {engine['tensorrt']}, "

@@ -76,3 +76,24 @@ def _model(graph, opset: int) -> onnx.ModelProto:
 def save(model: onnx.ModelProto, path) -> str:
     onnx.save(model, str(path))
     return str(path)
+
+
+def wide_cnn(size: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """Conv 3->16, Conv 16->16, depthwise Conv, GAP, Gemm 16->10: layers 2:4 can and cannot take."""
+    rng = np.random.default_rng(seed)
+    inits = [_init("w1", rng.standard_normal((16, 3, 3, 3)) * 0.3),
+             _init("w2", rng.standard_normal((16, 16, 3, 3)) * 0.2),
+             _init("wd", rng.standard_normal((16, 1, 3, 3)) * 0.3), _init("wg", rng.standard_normal((10, 16)) * 0.3)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Conv", ["c2", "wd"], ["c3"], pads=[1, 1, 1, 1], group=16, name="depthwise"),
+        helper.make_node("GlobalAveragePool", ["c3"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wg"], ["y"], transB=1, name="fc"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, size, size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])
+    graph = helper.make_graph(nodes, "wide", [x], [y], inits)
+    return _model(graph, 17)

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from jetpipe import bundle as bundles
-from jetpipe.convert import calib_cache, fp16, graph, int8, sensitivity, stats
+from jetpipe.convert import calib_cache, flops, fp16, graph, int8, sensitivity, stats
 from jetpipe.convert.calib_cache import CalibrationResult
 from jetpipe.convert.calib_data import CalibrationSource, open_source
 from jetpipe.convert.ort import cpu_session
@@ -52,7 +52,7 @@ class ConvertOptions:
     engine: str = "auto"
     workspace_mb: int | None = None
     timing_cache: Path | None = None
-    sparsity: bool = False
+    sparsity: str | None = None      # "2:4": prune eligible weights to TensorRT's sparse pattern
     dla_core: int | None = None
     force: bool = False
     task: str | None = None
@@ -73,6 +73,9 @@ def convert(opts: ConvertOptions) -> dict:
     _validate(opts)
     bundles.check_destination(opts.output, opts.force)
     prepared = prepare(opts)
+    cost = {"source": flops.totals(flops.layer_costs(prepared.model))}
+    sparsity = _apply_sparsity(opts, prepared)
+    cost["processed"] = flops.totals(flops.layer_costs(prepared.model))
     _check_node_names(prepared.model, opts.exclude)
     if opts.engine != "never":
         check_tensorrt_ops(prepared.model)
@@ -87,8 +90,24 @@ def convert(opts: ConvertOptions) -> dict:
             calib_cache.save(calibration, tmp)
         engine = _build_engine(opts, prepared, tmp)
         manifest = _manifest(opts, prepared, model, excluded, calibration, check, engine, batch_proof)
+        manifest["cost"], manifest["sparsity"] = cost, sparsity
         bundles.finish_manifest(tmp, manifest)
     return manifest
+
+
+def _apply_sparsity(opts: ConvertOptions, prepared: Prepared) -> dict | None:
+    """2:4 on the cleaned FP32 graph, before calibration (ranges must see the pruned weights)."""
+    if opts.sparsity is None:
+        return None
+    from jetpipe.convert.sparsity import apply_2_4
+
+    prepared.model, layers = apply_2_4(prepared.model, set(opts.exclude))
+    pruned = [n for n, what in layers.items() if what == "2:4"]
+    if not pruned:
+        raise ModelError("--sparsity 2:4: no layer can take the pattern (it needs Conv/Gemm/MatMul weights with "
+                         ">= 8 input channels and group 1): drop --sparsity")
+    log.info("2:4 sparsity on %d of %d weight layers", len(pruned), len(layers))
+    return {"pattern": opts.sparsity, "layers": layers}
 
 
 def _validate(opts: ConvertOptions) -> None:
@@ -100,6 +119,8 @@ def _validate(opts: ConvertOptions) -> None:
         raise JetpipeError(f"--engine {opts.engine!r}: choose one of {', '.join(ENGINE_MODES)}")
     if opts.calib_method not in stats.METHODS:
         raise JetpipeError(f"--calib-method {opts.calib_method!r}: choose one of {', '.join(stats.METHODS)}")
+    if opts.sparsity not in (None, "2:4"):
+        raise JetpipeError(f"--sparsity {opts.sparsity!r}: only 2:4 is supported")
     if opts.max_batch < 1:
         raise JetpipeError(f"--max-batch {opts.max_batch} must be at least 1")
     if opts.precision == "int8" and opts.calib is None and opts.calib_cache is None:
@@ -161,7 +182,9 @@ def _prove_batch(prepared: Prepared, first_batch) -> dict | None:
 def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None) -> CalibrationResult | None:
     if opts.precision == "fp32" or source is None and opts.calib_cache is None:
         return None
-    wanted = {"model_sha256": prepared.source_sha256, "method": opts.calib_method,
+    # calibration results are only valid for the same weights: sparsity is part of the model's key
+    model_key = prepared.source_sha256 + (f"+sparsity={opts.sparsity}" if opts.sparsity else "")
+    wanted = {"model_sha256": model_key, "method": opts.calib_method,
               "data_fingerprint": source.fingerprint() if source is not None else None}
     cached = _cached_calibration(opts, wanted)
     if cached is not None:
@@ -289,7 +312,7 @@ def _build_engine(opts, prepared: Prepared, folder: Path) -> dict:
     build = trt_builder.BuildOptions(
         input_name=prepared.input.name, input_chw=(3, *prepared.size_hw), max_batch=opts.max_batch,
         workspace_bytes=opts.workspace_mb * (1 << 20) if opts.workspace_mb else None,
-        timing_cache=opts.timing_cache, sparse_weights=opts.sparsity, dla_core=opts.dla_core)
+        timing_cache=opts.timing_cache, sparse_weights=opts.sparsity is not None, dla_core=opts.dla_core)
     facts = trt_builder.build_engine(folder / bundles.MODEL_FILE, folder / bundles.ENGINE_FILE, build)
     return {"built": True, "file": bundles.ENGINE_FILE, **facts}
 
