@@ -49,6 +49,11 @@ def _add_convert(sub) -> None:
     s.add_argument("--channel-order", choices=CHANNEL_ORDERS)
     s.add_argument("--resize", choices=RESIZE_MODES)
     s.add_argument("--pad-value", type=float, help="letterbox pad, in pixel units")
+    r = p.add_argument_group("pruning")
+    r.add_argument("--prune", type=float, metavar="RATIO",
+                   help="remove this share of output channels of every prunable Conv group (0 < RATIO < 1)")
+    r.add_argument("--prune-method", choices=("l1",), default="l1",
+                   help="channel ranking: l1 (weight L1 norm; 'reconstruct' is not implemented yet)")
     e = p.add_argument_group("engine")
     e.add_argument("--engine", default="auto", choices=ENGINE_MODES,
                    help="auto: build where TensorRT is installed; require: fail without it")
@@ -85,7 +90,8 @@ def _convert_options(args):
         model=model_path, output=args.output, precision=args.precision, calib=args.calib,
         calib_size=args.calib_size, calib_method=args.calib_method, calib_batch=max(1, args.calib_batch),
         calib_cache=args.calib_cache, max_batch=args.max_batch, input_size=size, spec=spec,
-        exclude=exclude, auto_exclude=auto_exclude, engine=args.engine,
+        exclude=exclude, auto_exclude=auto_exclude, engine=args.engine, prune=args.prune,
+        prune_method=args.prune_method,
         workspace_mb=args.workspace, timing_cache=args.timing_cache, sparsity=args.sparsity,
         dla_core=args.dla, force=args.force, task=builtin.task if builtin else None,
         progress=not args.quiet)

@@ -43,6 +43,12 @@ def summary_lines(path: Path, m: dict) -> list[str]:
         if out["nonzero_weights"] != src["nonzero_weights"]:
             line += f", non-zero weights {src['nonzero_weights']:,} -> {out['nonzero_weights']:,}"
         lines.append(line)
+    pruning = m.get("pruning")
+    if pruning:
+        lines.append(f"pruning   {pruning['method']} {pruning['ratio']:g}: {len(pruning['pruned'])} channel group(s) "
+                     f"pruned, {len(pruning['skipped'])} left alone; params {cost['source']['params'] / 1e6:.2f} M"
+                     f" -> {cost['processed']['params'] / 1e6:.2f} M, GFLOPs {cost['source']['flops'] / 1e9:.2f}"
+                     f" -> {cost['processed']['flops'] / 1e9:.2f}")
     sparsity = m.get("sparsity")
     if sparsity:
         pruned = sum(1 for v in sparsity["layers"].values() if v == "2:4")

@@ -49,13 +49,15 @@ def localise(reference: onnx.ModelProto, processed: onnx.ModelProto, inputs: np.
         return dict(zip(shared, session(expose_outputs(model, shared), provider).run(shared, {input_name: inputs})))
 
     ref_values, out_values = values(reference), values(processed)
+    # pruned tensors have fewer channels than their FP32 namesakes: only like-shaped ones compare
+    comparable = {n for n in shared if ref_values[n].shape == out_values[n].shape}
     ref_values[input_name] = inputs
     processed_types = _types(processed)
     extractor = Extractor(processed)
     ranked = []
     for node in reference.graph.node:
-        outs = [o for o in node.output if o in shared]
-        ins = [i for i in node.input if i in ref_values]
+        outs = [o for o in node.output if o in comparable]
+        ins = [i for i in node.input if i in comparable or i == input_name]
         if not outs or not ins:
             continue
         try:

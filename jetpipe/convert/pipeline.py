@@ -53,6 +53,8 @@ class ConvertOptions:
     workspace_mb: int | None = None
     timing_cache: Path | None = None
     sparsity: str | None = None      # "2:4": prune eligible weights to TensorRT's sparse pattern
+    prune: float | None = None       # structured channel pruning ratio in (0, 1)
+    prune_method: str = "l1"
     dla_core: int | None = None
     force: bool = False
     task: str | None = None
@@ -74,6 +76,7 @@ def convert(opts: ConvertOptions) -> dict:
     bundles.check_destination(opts.output, opts.force)
     prepared = prepare(opts)
     cost = {"source": flops.totals(flops.layer_costs(prepared.model))}
+    pruning = _apply_pruning(opts, prepared)
     sparsity = _apply_sparsity(opts, prepared)
     cost["processed"] = flops.totals(flops.layer_costs(prepared.model))
     _check_node_names(prepared.model, opts.exclude)
@@ -90,9 +93,28 @@ def convert(opts: ConvertOptions) -> dict:
             calib_cache.save(calibration, tmp)
         engine = _build_engine(opts, prepared, tmp)
         manifest = _manifest(opts, prepared, model, excluded, calibration, check, engine, batch_proof)
-        manifest["cost"], manifest["sparsity"] = cost, sparsity
+        manifest["cost"], manifest["sparsity"], manifest["pruning"] = cost, sparsity, pruning
         bundles.finish_manifest(tmp, manifest)
     return manifest
+
+
+def _apply_pruning(opts: ConvertOptions, prepared: Prepared) -> dict | None:
+    """Structured channel pruning of the cleaned FP32 graph (before precision and calibration)."""
+    if opts.prune is None:
+        return None
+    from jetpipe.convert.prune import prune
+
+    before = flops.totals(flops.layer_costs(prepared.model))
+    prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude))
+    graph.check(prepared.model, "the pruned model")
+    _check_runs(prepared.model, prepared.input, prepared.size_hw)
+    after = flops.totals(flops.layer_costs(prepared.model))
+    log.info("pruned %d channel group(s): params %.2f M -> %.2f M, GFLOPs %.2f -> %.2f", len(report["pruned"]),
+             before["params"] / 1e6, after["params"] / 1e6, before["flops"] / 1e9, after["flops"] / 1e9)
+    for group, why in report["skipped"].items():
+        log.info("not pruned: %s (%s)", group, why)
+    return {"method": opts.prune_method, "ratio": opts.prune, **report,
+            "layers": {r["node"]: r for r in flops.layer_costs(prepared.model)}}
 
 
 def _apply_sparsity(opts: ConvertOptions, prepared: Prepared) -> dict | None:
@@ -183,7 +205,8 @@ def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None) -> Ca
     if opts.precision == "fp32" or source is None and opts.calib_cache is None:
         return None
     # calibration results are only valid for the same weights: sparsity is part of the model's key
-    model_key = prepared.source_sha256 + (f"+sparsity={opts.sparsity}" if opts.sparsity else "")
+    model_key = prepared.source_sha256 + (f"+sparsity={opts.sparsity}" if opts.sparsity else "") + \
+        (f"+prune={opts.prune}:{opts.prune_method}" if opts.prune else "")
     wanted = {"model_sha256": model_key, "method": opts.calib_method,
               "data_fingerprint": source.fingerprint() if source is not None else None}
     cached = _cached_calibration(opts, wanted)

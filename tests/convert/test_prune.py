@@ -1,0 +1,110 @@
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from jetpipe.cli import main
+from jetpipe.convert.graph import simplify
+from jetpipe.convert.ort import cpu_session
+from jetpipe.convert.prune import analyse, prune
+from jetpipe.errors import ModelError
+from tests.helpers import _init, _model, save, upsample_net, wide_cnn
+
+
+def residual_block(zero_channels=(), seed=0) -> onnx.ModelProto:
+    """conv1 -> relu -> conv2 -> Add(skip) -> depthwise -> SE (GAP, conv, relu, conv, sigmoid, Mul)
+    -> conv_out -> graph output. conv1/conv2/SE-expand share one channel group through Add and Mul."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((16, 3, 3, 3)) * 0.3
+    b1 = rng.standard_normal(16) * 0.1
+    w2 = rng.standard_normal((16, 16, 3, 3)) * 0.2
+    b2 = rng.standard_normal(16) * 0.1
+    for c in zero_channels:  # dead channels of the whole group: zero everywhere they are produced
+        w1[c], b1[c], w2[c], b2[c] = 0, 0, 0, 0
+    inits = [_init("w1", w1), _init("b1", b1), _init("w2", w2), _init("b2", b2),
+             _init("wd", rng.standard_normal((16, 1, 3, 3)) * 0.3), _init("bd", np.zeros(16)),
+             _init("ws1", rng.standard_normal((4, 16, 1, 1)) * 0.3),
+             _init("ws2", rng.standard_normal((16, 4, 1, 1)) * 0.3),
+             _init("wo", rng.standard_normal((8, 16, 1, 1)) * 0.3)]
+    if zero_channels:
+        wd = numpy_helper.to_array(inits[4]).copy()
+        wd[list(zero_channels)] = 0
+        inits[4] = _init("wd", wd)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Add", ["c2", "r1"], ["s"], name="residual"),
+        helper.make_node("Conv", ["s", "wd", "bd"], ["d"], pads=[1, 1, 1, 1], group=16, name="depthwise"),
+        helper.make_node("GlobalAveragePool", ["d"], ["g"], name="gap"),
+        helper.make_node("Conv", ["g", "ws1"], ["e1"], name="se_reduce"),
+        helper.make_node("Relu", ["e1"], ["e2"], name="se_relu"),
+        helper.make_node("Conv", ["e2", "ws2"], ["e3"], name="se_expand"),
+        helper.make_node("Sigmoid", ["e3"], ["e4"], name="se_gate"),
+        helper.make_node("Mul", ["d", "e4"], ["m"], name="se_scale"),
+        helper.make_node("Conv", ["m", "wo"], ["y"], name="conv_out"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 16, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 16, 16])
+    return _model(helper.make_graph(nodes, "block", [x], [y], inits), 17)
+
+
+def _run(model, x):
+    return cpu_session(model).run(None, {"x": x})[0]
+
+
+def test_groups_follow_residual_add_se_mul_and_depthwise():
+    spaces = analyse(residual_block())
+    group = next(s for s in spaces.values() if "conv1" in s.producers)
+    assert set(group.producers) == {"conv1", "conv2", "se_expand"} and group.blocked is None
+    assert set(group.depthwise) == {"depthwise"}
+    assert {c for c, _ in group.consumers} == {"conv2", "se_reduce", "conv_out"}
+    out = next(s for s in spaces.values() if "conv_out" in s.producers)
+    assert out.blocked == "graph output y"
+
+
+def test_pruning_dead_channels_is_exact():
+    model = residual_block(zero_channels=(1, 5, 9, 12))
+    x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    pruned, report = prune(model, 0.25)
+    onnx.checker.check_model(pruned)
+    weights = {t.name: numpy_helper.to_array(t) for t in pruned.graph.initializer}
+    assert weights["w1"].shape == (12, 3, 3, 3) and weights["w2"].shape == (12, 12, 3, 3)
+    assert weights["wd"].shape == (12, 1, 3, 3) and weights["ws1"].shape == (4, 12, 1, 1)
+    assert weights["ws2"].shape == (12, 4, 1, 1) and weights["wo"].shape == (8, 12, 1, 1)
+    depthwise = next(n for n in pruned.graph.node if n.name == "depthwise")
+    assert next(a.i for a in depthwise.attribute if a.name == "group") == 12
+    # SE's reduce conv sees the mean of zero channels: exact as long as those are zero, which they are
+    np.testing.assert_allclose(_run(pruned, x), _run(model, x), rtol=1e-5, atol=1e-5)
+    assert report["pruned"]
+
+
+def test_l1_pruning_of_live_channels_changes_outputs_but_runs():
+    model = residual_block()
+    x = np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    pruned, _ = prune(model, 0.5)
+    out = _run(pruned, x)
+    assert out.shape == (1, 8, 16, 16) and np.isfinite(out).all()
+
+
+def test_nothing_prunable_and_bad_ratio():
+    with pytest.raises(ModelError, match="between 0 and 1"):
+        prune(wide_cnn(), 1.0)
+    # conv1's 4 channels are below the minimum, conv2 is the graph output: nothing to prune
+    with pytest.raises(ModelError, match="nothing in this model can be pruned safely .*graph output y"):
+        prune(simplify(upsample_net()), 0.3)
+
+
+def test_convert_prune_reports_params_and_flops(tmp_path, capsys):
+    model = save(residual_block(), tmp_path / "block.onnx")
+    out = tmp_path / "b"
+    assert main(["convert", model, "-o", str(out), "--prune", "0.25", "--quiet"]) == 0
+    assert "pruning   l1 0.25: 1 channel group(s) pruned" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["cost"]["processed"]["flops"] < 0.8 * manifest["cost"]["source"]["flops"]
+    assert manifest["pruning"]["skipped"] == {"se_reduce": "4 channels (< 8)", "conv_out": "graph output y"}
+    assert main(["convert", model, "-o", str(tmp_path / "c"), "--prune", "1.5", "--quiet"]) == 2
+    assert "the ratio must be between 0 and 1" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
