@@ -52,8 +52,9 @@ def _add_convert(sub) -> None:
     r = p.add_argument_group("pruning")
     r.add_argument("--prune", type=float, metavar="RATIO",
                    help="remove this share of output channels of every prunable Conv group (0 < RATIO < 1)")
-    r.add_argument("--prune-method", choices=("l1",), default="l1",
-                   help="channel ranking: l1 (weight L1 norm; 'reconstruct' is not implemented yet)")
+    r.add_argument("--prune-method", choices=("l1", "reconstruct"), default="l1",
+                   help="l1: weight L1 norm; reconstruct: rank on calibration activations, then refit the "
+                        "following layers by least squares (needs --calib)")
     e = p.add_argument_group("engine")
     e.add_argument("--engine", default="auto", choices=ENGINE_MODES,
                    help="auto: build where TensorRT is installed; require: fail without it")

@@ -75,14 +75,14 @@ def convert(opts: ConvertOptions) -> dict:
     _validate(opts)
     bundles.check_destination(opts.output, opts.force)
     prepared = prepare(opts)
+    source = _calibration_source(opts, prepared)
     cost = {"source": flops.totals(flops.layer_costs(prepared.model))}
-    pruning = _apply_pruning(opts, prepared)
+    pruning = _apply_pruning(opts, prepared, source)
     sparsity = _apply_sparsity(opts, prepared)
     cost["processed"] = flops.totals(flops.layer_costs(prepared.model))
     _check_node_names(prepared.model, opts.exclude)
     if opts.engine != "never":
         check_tensorrt_ops(prepared.model)
-    source = _calibration_source(opts, prepared)
     first_batch = next(source.batches(opts.calib_batch)) if source is not None else None
     batch_proof = _prove_batch(prepared, first_batch)
     calibration = _calibrate(opts, prepared, source)
@@ -98,14 +98,21 @@ def convert(opts: ConvertOptions) -> dict:
     return manifest
 
 
-def _apply_pruning(opts: ConvertOptions, prepared: Prepared) -> dict | None:
+RECONSTRUCT_SAMPLES = 8  # calibration images whose activations the least-squares refit uses
+
+
+def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source) -> dict | None:
     """Structured channel pruning of the cleaned FP32 graph (before precision and calibration)."""
     if opts.prune is None:
         return None
     from jetpipe.convert.prune import prune
 
+    samples = None
+    if opts.prune_method == "reconstruct" and source is not None:
+        samples = np.concatenate([b.copy() for b, _ in zip(source.batches(2), range(RECONSTRUCT_SAMPLES // 2))])
     before = flops.totals(flops.layer_costs(prepared.model))
-    prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude))
+    prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude),
+                                   samples=samples, input_name=prepared.input.name)
     graph.check(prepared.model, "the pruned model")
     _check_runs(prepared.model, prepared.input, prepared.size_hw)
     after = flops.totals(flops.layer_costs(prepared.model))

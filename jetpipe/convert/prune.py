@@ -161,20 +161,36 @@ def _importance_l1(space: Space, weights: dict[str, np.ndarray], convs: dict[str
     return score
 
 
+METHODS = ("l1", "reconstruct")
+
+
 def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set[str] = frozenset(),
-          min_channels: int = 8) -> tuple[onnx.ModelProto, dict]:
-    """Remove `ratio` of the channels of every prunable space; returns (model, report)."""
+          min_channels: int = 8, samples: np.ndarray | None = None,
+          input_name: str | None = None) -> tuple[onnx.ModelProto, dict]:
+    """Remove `ratio` of the channels of every prunable space; returns (model, report).
+
+    l1: rank by weight L1 norm. reconstruct: rank by what each channel feeds its consumers on the
+    calibration `samples`, then refit each consumer by least squares so its output is preserved."""
     if not 0 < ratio < 1:
         raise ModelError(f"--prune {ratio}: the ratio must be between 0 and 1 (exclusive), e.g. 0.3")
-    if method != "l1":
-        raise ModelError(f"--prune-method {method!r}: this version implements l1")
+    if method not in METHODS:
+        raise ModelError(f"--prune-method {method!r}: choose one of {', '.join(METHODS)}")
+    if method == "reconstruct" and samples is None:
+        raise ModelError("--prune-method reconstruct needs calibration data: pass --calib")
+    original = model
     model = clone(model)
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     weights = {name: numpy_helper.to_array(t) for name, t in inits.items()}
     convs = {n.name: n for n in g.node if n.op_type == "Conv"}
     report = {"pruned": {}, "skipped": {}}
-    for space in analyse(model).values():
+    spaces = analyse(model)
+    acts = None
+    if method == "reconstruct":
+        inputs = sorted({convs[c].input[0] for s in spaces.values() for c, _ in s.consumers})
+        acts = _activations(original, inputs, samples, input_name)
+    keeps: dict[int, np.ndarray] = {}
+    for key, space in spaces.items():
         label = ",".join(space.producers) or "?"
         if space.blocked or not space.producers:
             report["skipped"][label] = space.blocked or "no producer"
@@ -186,7 +202,10 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
         drop = math.floor(space.channels * ratio)
         if drop == 0:
             continue
-        keep = np.sort(np.argsort(-_importance_l1(space, weights, convs))[: space.channels - drop])
+        importance = (_importance_l1(space, weights, convs) if acts is None
+                      else _importance_activations(space, weights, convs, acts))
+        keep = np.sort(np.argsort(-importance)[: space.channels - drop])
+        keeps[key] = keep
         _slice_space(space, keep, weights, convs)
         report["pruned"][label] = {"channels": space.channels, "kept": int(len(keep))}
     for name, array in weights.items():
@@ -201,7 +220,43 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
     if not report["pruned"]:
         reasons = "; ".join(f"{k}: {v}" for k, v in list(report["skipped"].items())[:3])
         raise ModelError(f"--prune: nothing in this model can be pruned safely ({reasons})")
-    return onnx.shape_inference.infer_shapes(model), report
+    model = onnx.shape_inference.infer_shapes(model)
+    if method == "reconstruct":
+        model = _reconstruct(original, model, spaces, keeps, acts, samples, input_name)
+        report["refit"] = sorted({c for k in keeps for c, _ in spaces[k].consumers})
+    return model, report
+
+
+def _reconstruct(original, model, spaces, keeps, acts, samples, input_name) -> onnx.ModelProto:
+    """Refit every consumer of a pruned space, in graph order, on the pruned model's own inputs."""
+    rng = np.random.default_rng(0)
+    old = {t.name: numpy_helper.to_array(t) for t in original.graph.initializer}
+    keep_in = {c: keeps[k] for k in keeps for c, _ in spaces[k].consumers}
+    keep_out = {p: keeps[k] for k in keeps for p in spaces[k].producers}
+    for node in list(model.graph.node):
+        if node.name not in keep_in:
+            continue
+        x_new = _activations(model, [node.input[0]], samples, input_name)[node.input[0]]
+        w_old = old[node.input[1]]
+        b_old = old[node.input[2]] if len(node.input) > 2 and node.input[2] else None
+        out = keep_out.get(node.name, np.arange(w_old.shape[0]))
+        w_new, b_new = _refit(node, w_old, b_old, acts[node.input[0]], x_new, keep_in[node.name], out, rng)
+        _set_weights(model, node, w_new, b_new)
+    return model
+
+
+def _set_weights(model, node, w, b) -> None:
+    inits = {t.name: t for t in model.graph.initializer}
+    inits[node.input[1]].CopyFrom(numpy_helper.from_array(w, node.input[1]))
+    if len(node.input) > 2 and node.input[2]:
+        inits[node.input[2]].CopyFrom(numpy_helper.from_array(b, node.input[2]))
+    else:
+        name = f"{node.input[1]}__bias"
+        model.graph.initializer.append(numpy_helper.from_array(b, name))
+        if len(node.input) == 2:
+            node.input.append(name)
+        else:
+            node.input[2] = name
 
 
 def _slice_space(space: Space, keep, weights, convs) -> None:
@@ -220,3 +275,60 @@ def _slice_space(space: Space, keep, weights, convs) -> None:
         weights[w] = np.take(weights[w], keep, axis=axis)
     for name, axis in space.constants:
         weights[name] = np.take(weights[name], keep, axis=axis)
+
+
+# --- reconstruct: activation-based ranking and least-squares refit of the consumers ------------------
+
+def _activations(model: onnx.ModelProto, names: list[str], samples: np.ndarray, input_name: str) -> dict:
+    from jetpipe.convert.graph import expose_outputs
+    from jetpipe.convert.ort import cpu_session
+
+    session = cpu_session(expose_outputs(model, names), optimize=False)
+    return dict(zip(names, session.run(names, {input_name: samples})))
+
+
+def _importance_activations(space: Space, weights, convs, acts) -> np.ndarray:
+    """How much each channel feeds the consumers: mean |x_c| x ||W[:, c]||, summed over consumers."""
+    score = np.zeros(space.channels)
+    for name, axis in space.consumers:
+        node = convs[name]
+        x = np.abs(acts[node.input[0]]).mean(axis=(0, 2, 3))
+        w = np.linalg.norm(np.moveaxis(weights[node.input[1]], axis, 0).reshape(space.channels, -1), axis=1)
+        score += x * w / max(float((x * w).mean()), 1e-12)
+    return score
+
+
+def _patches(x: np.ndarray, node, kernel, positions) -> np.ndarray:
+    """im2col at sampled output positions: (P, C*kh*kw) in the weight's (c, ky, kx) order."""
+    kh, kw = kernel
+    strides = _attr(node, "strides", [1, 1])
+    pads = _attr(node, "pads", [0, 0, 0, 0])
+    dil = _attr(node, "dilations", [1, 1])
+    padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    n, oy, ox = positions
+    cols = [padded[n, :, oy * strides[0] + ky * dil[0], ox * strides[1] + kx * dil[1]]
+            for ky in range(kh) for kx in range(kw)]
+    return np.stack(cols, axis=2).reshape(len(n), -1)
+
+
+def _refit(node, w_old, b_old, x_old, x_new, keep_in, keep_out, rng, max_positions=8192):
+    """W', b' minimising ||conv(x_new, W') + b' - conv(x_old, W_old)|| on sampled positions (ridge)."""
+    k, _, kh, kw = w_old.shape
+    strides = _attr(node, "strides", [1, 1])
+    pads = _attr(node, "pads", [0, 0, 0, 0])
+    dil = _attr(node, "dilations", [1, 1])
+    out_h = (x_old.shape[2] + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // strides[0] + 1
+    out_w = (x_old.shape[3] + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // strides[1] + 1
+    total = x_old.shape[0] * out_h * out_w
+    pick = rng.choice(total, size=min(total, max_positions), replace=False)
+    positions = np.unravel_index(pick, (x_old.shape[0], out_h, out_w))
+    target = _patches(x_old, node, (kh, kw), positions) @ w_old.reshape(k, -1).T + (b_old if b_old is not None else 0)
+    target = target[:, keep_out]
+    assert x_new.shape[1] == len(keep_in), (x_new.shape, len(keep_in))
+    a = _patches(x_new, node, (kh, kw), positions)
+    a = np.concatenate([a, np.ones((len(a), 1), a.dtype)], axis=1).astype(np.float64)
+    gram = a.T @ a
+    gram += np.eye(len(gram)) * 1e-4 * np.trace(gram) / len(gram)
+    solution = np.linalg.solve(gram, a.T @ target.astype(np.float64))
+    w_new = solution[:-1].T.reshape(len(keep_out), len(keep_in), kh, kw).astype(np.float32)
+    return w_new, solution[-1].astype(np.float32)
