@@ -128,3 +128,19 @@ def test_reconstruction_lowers_the_error_against_plain_removal():
 def test_reconstruct_without_data_is_refused():
     with pytest.raises(ModelError, match="needs calibration data: pass --calib"):
         prune(residual_block(), 0.25, "reconstruct")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_pruning_composes_with_precision(tmp_path, precision):
+    from jetpipe.synth import write_text_images
+
+    model = save(residual_block(), tmp_path / "block.onnx")
+    images = write_text_images(tmp_path / "imgs", 4, size_hw=(32, 32))
+    out = tmp_path / precision
+    assert main(["convert", model, "-o", str(out), "--prune", "0.25", "--prune-method", "reconstruct",
+                 "--precision", precision, "--calib", str(images), "--quiet"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == precision and manifest["pruning"]["method"] == "reconstruct"
+    assert manifest["calibration"]["model_sha256"].endswith("+prune=0.25:reconstruct")
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    assert np.isfinite(cpu_session(str(out / "model.onnx")).run(None, {"x": x})[0]).all()
