@@ -55,6 +55,13 @@ class Context:
     input_name: str
     task: str
     provider: str
+    _reference_outputs: list | None = None
+
+    def reference_outputs(self) -> list[np.ndarray]:
+        """FP32 outputs on the inputs, computed once (every search trial compares against them)."""
+        if self._reference_outputs is None:
+            self._reference_outputs = run_outputs(self.reference, self)
+        return self._reference_outputs
 
 
 def prepare_context(opts: AccuracyOptions) -> Context:
@@ -133,10 +140,12 @@ def task_metrics(task: str, ref: list[np.ndarray], out: list[np.ndarray], input_
     return {"mae": m.mean_abs_error(r, o), "cosine": m.tensor_errors(r, o)["cosine"]}
 
 
-def compare(ctx: Context, candidate=None) -> tuple[dict, dict]:
-    """(per-output errors, task metrics) of the bundle (or a candidate model) against FP32."""
-    ref = run_outputs(ctx.reference, ctx)
-    out = run_outputs(candidate if candidate is not None else ctx.processed_path, ctx)
+def compare(ctx: Context, candidate=None, outputs: list[np.ndarray] | None = None) -> tuple[dict, dict]:
+    """(per-output errors, task metrics) against FP32 of the bundle, a candidate model, or
+    outputs already computed."""
+    ref = ctx.reference_outputs()
+    out = outputs if outputs is not None else \
+        run_outputs(candidate if candidate is not None else ctx.processed_path, ctx)
     names = [o.name for o in ctx.reference.graph.output]
     per_output = {n: m.tensor_errors(a, b) for n, a, b in zip(names, ref, out)}
     tm = task_metrics(ctx.task, ref, out, ctx.manifest["input_size"])
@@ -157,7 +166,8 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
     if opts.report.exists() and not opts.report.is_dir():
         raise JetpipeError(f"--report {opts.report} exists and is not a folder")
     ctx = prepare_context(opts)
-    per_output, tm = compare(ctx)
+    bundle_outputs = run_outputs(ctx.processed_path, ctx)
+    per_output, tm = compare(ctx, outputs=bundle_outputs)
     report = {"bundle": str(opts.bundle), "precision": ctx.manifest["precision"], "task": ctx.task,
               "provider": ctx.provider, "data": opts.data, "samples": int(len(ctx.inputs)),
               "outputs": per_output, "task_metrics": tm, "layers": [], "budget": None, "precision_search": None}
@@ -172,18 +182,16 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
             result = search(ctx, opts.bundle, opts.budget, opts.max_search_nodes)
             report["precision_search"] = {k: getattr(result, k) for k in
                                           ("met", "value", "added", "excluded_nodes", "trials", "why")}
-    plots = _accuracy_plots(ctx, report)
+    plots = _accuracy_plots(ctx, report, bundle_outputs)
     reports.write(opts.report, report, accuracy_markdown(report, sorted(plots)), plots)
     return report
 
 
-def _accuracy_plots(ctx: Context, report: dict) -> dict:
+def _accuracy_plots(ctx: Context, report: dict, bundle_outputs: list[np.ndarray]) -> dict:
     from jetpipe.calibration import reports
 
     plots = {}
-    ref = run_outputs(ctx.reference, ctx)
-    out = run_outputs(ctx.processed_path, ctx)
-    diff = np.abs(ref[0].astype(np.float64) - out[0]).ravel()
+    diff = np.abs(ctx.reference_outputs()[0].astype(np.float64) - bundle_outputs[0]).ravel()
     plots["error_histogram.png"] = reports.histogram(diff, f"|{report['precision']} - fp32| of "
                                                      f"{ctx.reference.graph.output[0].name}", "absolute error")
     if report["layers"]:
