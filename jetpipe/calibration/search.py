@@ -44,7 +44,6 @@ class Rebuilder:
         self.ranges = {}
         if self.precision == "int8":
             self.ranges = calib_cache.load(bundle_dir).ranges
-        self.absmax = {}
 
     def build(self, extra: set[str]):
         from jetpipe.convert import fp16, int8

@@ -77,7 +77,7 @@ def convert(opts: ConvertOptions) -> dict:
     prepared = prepare(opts)
     source = _calibration_source(opts, prepared)
     cost = {"source": flops.totals(flops.layer_costs(prepared.model))}
-    pruning = _apply_pruning(opts, prepared, source)
+    pruning = _apply_pruning(opts, prepared, source, cost["source"])
     sparsity = _apply_sparsity(opts, prepared)
     cost["processed"] = flops.totals(flops.layer_costs(prepared.model))
     _check_node_names(prepared.model, opts.exclude)
@@ -101,7 +101,7 @@ def convert(opts: ConvertOptions) -> dict:
 RECONSTRUCT_SAMPLES = 8  # calibration images whose activations the least-squares refit uses
 
 
-def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source) -> dict | None:
+def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dict) -> dict | None:
     """Structured channel pruning of the cleaned FP32 graph (before precision and calibration)."""
     if opts.prune is None:
         return None
@@ -110,18 +110,18 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source) -> dict | N
     samples = None
     if opts.prune_method == "reconstruct" and source is not None:
         samples = np.concatenate([b.copy() for b, _ in zip(source.batches(2), range(RECONSTRUCT_SAMPLES // 2))])
-    before = flops.totals(flops.layer_costs(prepared.model))
     prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude),
                                    samples=samples, input_name=prepared.input.name)
     graph.check(prepared.model, "the pruned model")
     _check_runs(prepared.model, prepared.input, prepared.size_hw)
-    after = flops.totals(flops.layer_costs(prepared.model))
+    layers = flops.layer_costs(prepared.model)
+    after = flops.totals(layers)
     log.info("pruned %d channel group(s): params %.2f M -> %.2f M, GFLOPs %.2f -> %.2f", len(report["pruned"]),
              before["params"] / 1e6, after["params"] / 1e6, before["flops"] / 1e9, after["flops"] / 1e9)
     for group, why in report["skipped"].items():
         log.info("not pruned: %s (%s)", group, why)
     return {"method": opts.prune_method, "ratio": opts.prune, **report,
-            "layers": {r["node"]: r for r in flops.layer_costs(prepared.model)}}
+            "layers": {r["node"]: r for r in layers}}
 
 
 def _apply_sparsity(opts: ConvertOptions, prepared: Prepared) -> dict | None:
