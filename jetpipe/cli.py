@@ -51,10 +51,15 @@ def _add_convert(sub) -> None:
     s.add_argument("--pad-value", type=float, help="letterbox pad, in pixel units")
     r = p.add_argument_group("pruning")
     r.add_argument("--prune", type=float, metavar="RATIO",
-                   help="remove this share of output channels of every prunable Conv group (0 < RATIO < 1)")
+                   help="remove this share of the model's FLOPs by removing whole Conv channels (0 < RATIO < 1)")
     r.add_argument("--prune-method", choices=("l1", "reconstruct"), default="l1",
-                   help="l1: weight L1 norm; reconstruct: rank on calibration activations, then refit the "
-                        "following layers by least squares (needs --calib)")
+                   help="l1: weight L1 norm; reconstruct: choose channels on calibration activations, then refit "
+                        "the following layers by least squares (needs --calib)")
+    r.add_argument("--prune-allocation", choices=("uniform", "sensitivity"),
+                   help="channels kept per group: the same share everywhere, or by measured sensitivity "
+                        "(needs --calib; default for reconstruct)")
+    r.add_argument("--prune-align", type=int, default=8, metavar="N",
+                   help="kept channel counts are multiples of N (default 8: tensor-core friendly; 1: any)")
     e = p.add_argument_group("engine")
     e.add_argument("--engine", default="auto", choices=ENGINE_MODES,
                    help="auto: build where TensorRT is installed; require: fail without it")
@@ -92,7 +97,7 @@ def _convert_options(args):
         calib_size=args.calib_size, calib_method=args.calib_method, calib_batch=max(1, args.calib_batch),
         calib_cache=args.calib_cache, max_batch=args.max_batch, input_size=size, spec=spec,
         exclude=exclude, auto_exclude=auto_exclude, engine=args.engine, prune=args.prune,
-        prune_method=args.prune_method,
+        prune_method=args.prune_method, prune_allocation=args.prune_allocation, prune_align=args.prune_align,
         workspace_mb=args.workspace, timing_cache=args.timing_cache, sparsity=args.sparsity,
         dla_core=args.dla, force=args.force, task=builtin.task if builtin else None,
         progress=not args.quiet)

@@ -45,7 +45,8 @@ def summary_lines(path: Path, m: dict) -> list[str]:
         lines.append(line)
     pruning = m.get("pruning")
     if pruning:
-        lines.append(f"pruning   {pruning['method']} {pruning['ratio']:g}: {len(pruning['pruned'])} channel group(s) "
+        lines.append(f"pruning   {pruning['method']} {pruning['ratio']:g} ({pruning.get('allocation', 'uniform')}): "
+                     f"{len(pruning['pruned'])} channel group(s) "
                      f"pruned, {len(pruning['skipped'])} left alone; params {cost['source']['params'] / 1e6:.2f} M"
                      f" -> {cost['processed']['params'] / 1e6:.2f} M, GFLOPs {cost['source']['flops'] / 1e9:.2f}"
                      f" -> {cost['processed']['flops'] / 1e9:.2f}")

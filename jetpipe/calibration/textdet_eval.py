@@ -1,5 +1,8 @@
-"""PP-OCRv4 det accuracy of a bundle against FP32 on rendered-text images.
+"""PP-OCRv4 det accuracy on rendered-text images: agreement with FP32, and the task metric.
 
+Agreement: F1 of the binarized probability map against the FP32 model's.
+Task metric: detection hmean against the rendered words' boxes (a predicted box
+matches one unmatched ground-truth box at IoU >= 0.5, ICDAR-style).
 The evaluation images use seeds below SyntheticText.seed, so they are never
 part of the default calibration set.
 """
@@ -14,6 +17,65 @@ from jetpipe.calibration.metrics import mean_abs_error, per_sample_f1
 from jetpipe.preprocess import preprocess_bgr
 from jetpipe.spec import PreprocessSpec
 from jetpipe.synth import render_text_image
+
+
+def eval_set(count: int, size_hw: tuple[int, int], spec: PreprocessSpec, first_seed: int = 0,
+             source_hw: tuple[int, int] = (480, 640)) -> tuple[np.ndarray, list, list[np.ndarray]]:
+    """Network inputs, their letterboxes and the ground-truth word boxes (source pixels, x0 y0 x1 y1)."""
+    inputs, boxes, truths = [], [], []
+    for i in range(count):
+        image = render_text_image(first_seed + i, source_hw)
+        x, box = preprocess_bgr(image.bgr, size_hw, spec)
+        inputs.append(x)
+        boxes.append(box)
+        truths.append(np.array(image.boxes, np.float64).reshape(-1, 4))
+    return np.stack(inputs), boxes, truths
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU of xyxy boxes: (len(a), len(b))."""
+    lo = np.maximum(a[:, None, :2], b[None, :, :2])
+    hi = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(hi - lo, 0, None), axis=2)
+    area_a, area_b = np.prod(a[:, 2:] - a[:, :2], axis=1), np.prod(b[:, 2:] - b[:, :2], axis=1)
+    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
+
+
+@dataclass
+class Hmean:
+    hmean: float
+    precision: float
+    recall: float
+    predicted: int
+    truths: int
+
+
+def detection_hmean(predicted: list[np.ndarray], truths: list[np.ndarray], threshold: float = 0.5) -> Hmean:
+    """Greedy one-to-one matching by IoU, highest first, over all images."""
+    matched = 0
+    for pred, truth in zip(predicted, truths):
+        if not len(pred) or not len(truth):
+            continue
+        overlap = iou(pred, truth)
+        free_pred, free_truth = np.ones(len(pred), bool), np.ones(len(truth), bool)
+        for i, j in zip(*np.unravel_index(np.argsort(-overlap, axis=None), overlap.shape)):
+            if overlap[i, j] < threshold:
+                break
+            if free_pred[i] and free_truth[j]:
+                free_pred[i] = free_truth[j] = False
+                matched += 1
+    n_pred, n_truth = sum(map(len, predicted)), sum(map(len, truths))
+    p, r = matched / max(n_pred, 1), matched / max(n_truth, 1)
+    return Hmean(2 * p * r / max(p + r, 1e-12), p, r, n_pred, n_truth)
+
+
+def boxes_of(probabilities: np.ndarray, letterboxes, source_hw: tuple[int, int] = (480, 640)) -> list[np.ndarray]:
+    """DB postprocessing (the pipeline's TextDetection) of (N, 1, H, W) maps -> source-pixel boxes."""
+    from jetpipe.pipelines.postprocess import TextDetection
+
+    post = TextDetection()
+    return [np.array(post.one(p, box, source_hw)["boxes"], np.float64).reshape(-1, 4)
+            for p, box in zip(probabilities[:, 0], letterboxes)]
 
 
 def eval_inputs(count: int, size_hw: tuple[int, int], spec: PreprocessSpec, first_seed: int = 0,

@@ -53,8 +53,10 @@ class ConvertOptions:
     workspace_mb: int | None = None
     timing_cache: Path | None = None
     sparsity: str | None = None      # "2:4": prune eligible weights to TensorRT's sparse pattern
-    prune: float | None = None       # structured channel pruning ratio in (0, 1)
+    prune: float | None = None       # structured channel pruning: share of FLOPs to remove, in (0, 1)
     prune_method: str = "l1"
+    prune_allocation: str | None = None  # uniform | sensitivity (default: by method)
+    prune_align: int = 8             # kept channel counts are multiples of this
     dla_core: int | None = None
     force: bool = False
     task: str | None = None
@@ -98,7 +100,7 @@ def convert(opts: ConvertOptions) -> dict:
     return manifest
 
 
-RECONSTRUCT_SAMPLES = 8  # calibration images whose activations the least-squares refit uses
+RECONSTRUCT_SAMPLES = 8  # calibration images for the sensitivity measurement and the least-squares refit
 
 
 def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dict) -> dict | None:
@@ -108,9 +110,10 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
     from jetpipe.convert.prune import prune
 
     samples = None
-    if opts.prune_method == "reconstruct" and source is not None:
+    if source is not None and (opts.prune_method == "reconstruct" or opts.prune_allocation == "sensitivity"):
         samples = np.concatenate([b.copy() for b, _ in zip(source.batches(2), range(RECONSTRUCT_SAMPLES // 2))])
     prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude),
+                                   align=opts.prune_align, allocation=opts.prune_allocation,
                                    samples=samples, input_name=prepared.input.name)
     graph.check(prepared.model, "the pruned model")
     _check_runs(prepared.model, prepared.input, prepared.size_hw)
@@ -213,7 +216,8 @@ def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None) -> Ca
         return None
     # calibration results are only valid for the same weights: sparsity is part of the model's key
     model_key = prepared.source_sha256 + (f"+sparsity={opts.sparsity}" if opts.sparsity else "") + \
-        (f"+prune={opts.prune}:{opts.prune_method}" if opts.prune else "")
+        (f"+prune={opts.prune}:{opts.prune_method}:{opts.prune_allocation or 'default'}:{opts.prune_align}"
+         if opts.prune else "")
     wanted = {"model_sha256": model_key, "method": opts.calib_method,
               "data_fingerprint": source.fingerprint() if source is not None else None}
     cached = _cached_calibration(opts, wanted)

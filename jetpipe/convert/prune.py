@@ -7,19 +7,26 @@ makes both sides one group that must be pruned alike; a depthwise Conv slices
 its weights and passes the space on; a group-1 Conv consumes it (its input
 channels are sliced). A space that reaches anything else (Concat, Reshape,
 Gemm, a graph output...) is left alone, and the report says why.
+
+How many channels each group keeps: prune_alloc (a FLOPs target, uniform or by
+measured sensitivity). Which ones, and the refit: prune_refit.
 """
 
 from __future__ import annotations
 
-import math
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from jetpipe.convert import flops, prune_alloc
+from jetpipe.convert import prune_refit as refit
 from jetpipe.convert.graph import clone
 from jetpipe.errors import ModelError
+
+log = logging.getLogger(__name__)
 
 PASS_THROUGH = {"Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu", "Tanh", "Elu", "Selu",
                 "Softplus", "Identity", "Resize", "Upsample", "MaxPool", "AveragePool", "GlobalAveragePool",
@@ -162,54 +169,137 @@ def _importance_l1(space: Space, weights: dict[str, np.ndarray], convs: dict[str
 
 
 METHODS = ("l1", "reconstruct")
+ALLOCATIONS = ("uniform", "sensitivity")
 
 
 def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set[str] = frozenset(),
-          min_channels: int = 8, samples: np.ndarray | None = None,
-          input_name: str | None = None) -> tuple[onnx.ModelProto, dict]:
-    """Remove `ratio` of the channels of every prunable space; returns (model, report).
+          min_channels: int = 8, samples: np.ndarray | None = None, input_name: str | None = None,
+          align: int = 8, allocation: str | None = None, max_share: float = 0.75) -> tuple[onnx.ModelProto, dict]:
+    """Remove `ratio` of the model's FLOPs by removing whole channels; returns (model, report).
 
     l1: rank by weight L1 norm. reconstruct: rank by what each channel feeds its consumers on the
-    calibration `samples`, then refit each consumer by least squares so its output is preserved."""
+    calibration `samples`, then refit each consumer by least squares so its output is preserved.
+    allocation (how many channels each group keeps): uniform (default for l1) or sensitivity
+    (measured on `samples`, default for reconstruct); see prune_alloc."""
+    allocation = allocation or ("sensitivity" if method == "reconstruct" else "uniform")
+    _check_arguments(ratio, method, allocation, samples, align)
+    spaces = analyse(model)
+    options, skipped = _options(spaces, set(exclude), min_channels, align, max_share)
+    if not options:
+        reasons = "; ".join(f"{k}: {v}" for k, v in list(skipped.items())[:3])
+        raise ModelError(f"--prune: nothing in this model can be pruned safely ({reasons})")
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    convs = {n.name: n for n in model.graph.node if n.op_type == "Conv"}
+    acts = None
+    if method == "reconstruct":
+        names = sorted({convs[c].input[0] for key in options for c, _ in spaces[key].consumers})
+        acts = refit.activations(model, names, samples, input_name)
+    ranking = {key: _ranking(spaces[key], weights, convs, acts, options[key][-1]) for key in options}
+    flop_model = _flop_model(model, spaces, options)
+    errors = None
+    if allocation == "uniform":
+        kept = prune_alloc.uniform(flop_model, options, ratio)
+    else:
+        errors = _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name)
+        kept = prune_alloc.greedy(flop_model, options, errors, ratio)
+    keeps = {key: np.sort(ranking[key][:k]) for key, k in kept.items() if k < spaces[key].channels}
+    pruned = apply(model, spaces, keeps)
+    if method == "reconstruct":
+        pruned = refit.reconstruct(model, pruned, spaces, keeps, acts, samples, input_name)
+    return pruned, _report(spaces, options, kept, skipped, errors, ratio, allocation, align, method, keeps)
+
+
+def _ranking(space, weights, convs, acts, keep_at_least) -> np.ndarray:
+    """Channel indices, most important first."""
+    if acts is None:
+        return np.argsort(-_importance_l1(space, weights, convs), kind="stable")
+    return refit.obs_ranking(space, weights, convs, acts, keep_at_least, np.random.default_rng(0))
+
+
+def _check_arguments(ratio, method, allocation, samples, align) -> None:
     if not 0 < ratio < 1:
-        raise ModelError(f"--prune {ratio}: the ratio must be between 0 and 1 (exclusive), e.g. 0.3")
+        raise ModelError(f"--prune {ratio}: the ratio (share of FLOPs to remove) must be between 0 and 1 "
+                         f"(exclusive), e.g. 0.2")
     if method not in METHODS:
         raise ModelError(f"--prune-method {method!r}: choose one of {', '.join(METHODS)}")
-    if method == "reconstruct" and samples is None:
-        raise ModelError("--prune-method reconstruct needs calibration data: pass --calib")
-    original = model
+    if allocation not in ALLOCATIONS:
+        raise ModelError(f"--prune-allocation {allocation!r}: choose one of {', '.join(ALLOCATIONS)}")
+    if samples is None and (method == "reconstruct" or allocation == "sensitivity"):
+        raise ModelError(f"--prune-method {method} with {allocation} allocation needs calibration data: "
+                         f"pass --calib")
+    if align < 1:
+        raise ModelError(f"--prune-align {align}: must be 1 (any count) or more, e.g. 8")
+
+
+def _label(space: Space) -> str:
+    return ",".join(space.producers) or "?"
+
+
+def _options(spaces, exclude, min_channels, align, max_share) -> tuple[dict, dict]:
+    """Kept-count options of every prunable group, and why the others are left alone."""
+    options, skipped = {}, {}
+    for key, space in spaces.items():
+        if space.blocked or not space.producers:
+            skipped[_label(space)] = space.blocked or "no producer"
+        elif set(space.producers) & exclude:
+            skipped[_label(space)] = "excluded"
+        elif space.channels < min_channels:
+            skipped[_label(space)] = f"{space.channels} channels (< {min_channels})"
+        else:
+            ks = prune_alloc.candidates(space.channels, align, min_channels, max_share)
+            if len(ks) > 1:
+                options[key] = ks
+            else:
+                skipped[_label(space)] = f"{space.channels} channels: no smaller multiple of {align} " \
+                                         f"(>= {min_channels})"
+    return options, skipped
+
+
+def _flop_model(model, spaces, options) -> prune_alloc.FlopModel:
+    out_group, in_group = {}, {}
+    for key in options:
+        for name in [*spaces[key].producers, *spaces[key].depthwise]:
+            out_group[name] = key
+        for name, _ in spaces[key].consumers:
+            in_group[name] = key
+    layers = [(row["flops"], out_group.get(row["node"]), in_group.get(row["node"]))
+              for row in flops.layer_costs(model)]
+    return prune_alloc.FlopModel(layers, {key: spaces[key].channels for key in options})
+
+
+def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name) -> dict:
+    """Output error with one group alone pruned to each probe count (its consumers refit when acts are given)."""
+    reference = refit.outputs(model, samples, input_name)
+    rng = np.random.default_rng(0)
+    errors = {}
+    for key, ks in options.items():
+        space, errors[key] = spaces[key], {}
+        for k in prune_alloc.probe_points(ks):
+            keep = np.sort(ranking[key][:k])
+            candidate = apply(model, spaces, {key: keep})
+            if acts is not None:
+                nodes = {n.name: n for n in candidate.graph.node}
+                keep_out = {p: keep for p in space.producers}
+                for name, _ in space.consumers:
+                    x = acts[nodes[name].input[0]]
+                    refit.refit_node(candidate, nodes[name], weights, x, x[:, keep], keep, keep_out, rng)
+            errors[key][k] = refit.output_error(reference, refit.outputs(candidate, samples, input_name))
+        log.debug("sensitivity %s: %s", _label(space), errors[key])
+    return errors
+
+
+def apply(model: onnx.ModelProto, spaces: dict, keeps: dict) -> onnx.ModelProto:
+    """A copy of `model` with each group in `keeps` cut to those channel indices."""
     model = clone(model)
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     weights = {name: numpy_helper.to_array(t) for name, t in inits.items()}
     convs = {n.name: n for n in g.node if n.op_type == "Conv"}
-    report = {"pruned": {}, "skipped": {}}
-    spaces = analyse(model)
-    acts = None
-    if method == "reconstruct":
-        inputs = sorted({convs[c].input[0] for s in spaces.values() for c, _ in s.consumers})
-        acts = _activations(original, inputs, samples, input_name)
-    keeps: dict[int, np.ndarray] = {}
-    for key, space in spaces.items():
-        label = ",".join(space.producers) or "?"
-        if space.blocked or not space.producers:
-            report["skipped"][label] = space.blocked or "no producer"
-            continue
-        if set(space.producers) & set(exclude) or space.channels < min_channels:
-            report["skipped"][label] = "excluded" if set(space.producers) & set(exclude) else \
-                f"{space.channels} channels (< {min_channels})"
-            continue
-        drop = math.floor(space.channels * ratio)
-        if drop == 0:
-            continue
-        importance = (_importance_l1(space, weights, convs) if acts is None
-                      else _importance_activations(space, weights, convs, acts))
-        keep = np.sort(np.argsort(-importance)[: space.channels - drop])
-        keeps[key] = keep
-        _slice_space(space, keep, weights, convs)
-        report["pruned"][label] = {"channels": space.channels, "kept": int(len(keep))}
-    for name, array in weights.items():
-        inits[name].CopyFrom(numpy_helper.from_array(array, name))
+    changed = set()
+    for key, keep in keeps.items():
+        changed |= _slice_space(spaces[key], keep, weights, convs)
+    for name in changed:
+        inits[name].CopyFrom(numpy_helper.from_array(weights[name], name))
     for node in g.node:  # depthwise group counts follow their channels
         if node.op_type == "Conv" and _attr(node, "group", 1) > 1:
             k = weights[node.input[1]].shape[0]
@@ -217,118 +307,32 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
                 if a.name == "group":
                     a.i = k
     del g.value_info[:]
-    if not report["pruned"]:
-        reasons = "; ".join(f"{k}: {v}" for k, v in list(report["skipped"].items())[:3])
-        raise ModelError(f"--prune: nothing in this model can be pruned safely ({reasons})")
-    model = onnx.shape_inference.infer_shapes(model)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def _report(spaces, options, kept, skipped, errors, ratio, allocation, align, method, keeps) -> dict:
+    report = {"target_flops_share": ratio, "allocation": allocation, "align": align, "pruned": {},
+              "unchanged": {}, "skipped": skipped}
+    for key in options:
+        entry = {"channels": spaces[key].channels, "kept": int(kept[key])}
+        if errors is not None:
+            entry["sensitivity"] = {str(k): round(v, 6) for k, v in errors[key].items()}
+        report["pruned" if key in keeps else "unchanged"][_label(spaces[key])] = entry
     if method == "reconstruct":
-        model = _reconstruct(original, model, spaces, keeps, acts, samples, input_name)
         report["refit"] = sorted({c for k in keeps for c, _ in spaces[k].consumers})
-    return model, report
+    return report
 
 
-def _reconstruct(original, model, spaces, keeps, acts, samples, input_name) -> onnx.ModelProto:
-    """Refit every consumer of a pruned space, in graph order, on the pruned model's own inputs."""
-    rng = np.random.default_rng(0)
-    old = {t.name: numpy_helper.to_array(t) for t in original.graph.initializer}
-    keep_in = {c: keeps[k] for k in keeps for c, _ in spaces[k].consumers}
-    keep_out = {p: keeps[k] for k in keeps for p in spaces[k].producers}
-    for node in list(model.graph.node):
-        if node.name not in keep_in:
-            continue
-        x_new = _activations(model, [node.input[0]], samples, input_name)[node.input[0]]
-        w_old = old[node.input[1]]
-        b_old = old[node.input[2]] if len(node.input) > 2 and node.input[2] else None
-        out = keep_out.get(node.name, np.arange(w_old.shape[0]))
-        w_new, b_new = _refit(node, w_old, b_old, acts[node.input[0]], x_new, keep_in[node.name], out, rng)
-        _set_weights(model, node, w_new, b_new)
-    return model
-
-
-def _set_weights(model, node, w, b) -> None:
-    inits = {t.name: t for t in model.graph.initializer}
-    inits[node.input[1]].CopyFrom(numpy_helper.from_array(w, node.input[1]))
-    if len(node.input) > 2 and node.input[2]:
-        inits[node.input[2]].CopyFrom(numpy_helper.from_array(b, node.input[2]))
-    else:
-        name = f"{node.input[1]}__bias"
-        model.graph.initializer.append(numpy_helper.from_array(b, name))
-        if len(node.input) == 2:
-            node.input.append(name)
-        else:
-            node.input[2] = name
-
-
-def _slice_space(space: Space, keep, weights, convs) -> None:
-    for name in space.producers:
+def _slice_space(space: Space, keep, weights, convs) -> set[str]:
+    """Cut every tensor of the group to the `keep` channels; returns the initializer names changed."""
+    changed = set()
+    for name in [*space.producers, *space.depthwise]:
         node = convs[name]
-        weights[node.input[1]] = weights[node.input[1]][keep]
-        if len(node.input) > 2 and node.input[2] in weights:
-            weights[node.input[2]] = weights[node.input[2]][keep]
-    for name in space.depthwise:
-        node = convs[name]
-        weights[node.input[1]] = weights[node.input[1]][keep]
-        if len(node.input) > 2 and node.input[2] in weights:
-            weights[node.input[2]] = weights[node.input[2]][keep]
-    for name, axis in space.consumers:
-        w = convs[name].input[1]
-        weights[w] = np.take(weights[w], keep, axis=axis)
-    for name, axis in space.constants:
-        weights[name] = np.take(weights[name], keep, axis=axis)
-
-
-# --- reconstruct: activation-based ranking and least-squares refit of the consumers ------------------
-
-def _activations(model: onnx.ModelProto, names: list[str], samples: np.ndarray, input_name: str) -> dict:
-    from jetpipe.convert.graph import expose_outputs
-    from jetpipe.convert.ort import cpu_session
-
-    session = cpu_session(expose_outputs(model, names), optimize=False)
-    return dict(zip(names, session.run(names, {input_name: samples})))
-
-
-def _importance_activations(space: Space, weights, convs, acts) -> np.ndarray:
-    """How much each channel feeds the consumers: mean |x_c| x ||W[:, c]||, summed over consumers."""
-    score = np.zeros(space.channels)
-    for name, axis in space.consumers:
-        node = convs[name]
-        x = np.abs(acts[node.input[0]]).mean(axis=(0, 2, 3))
-        w = np.linalg.norm(np.moveaxis(weights[node.input[1]], axis, 0).reshape(space.channels, -1), axis=1)
-        score += x * w / max(float((x * w).mean()), 1e-12)
-    return score
-
-
-def _patches(x: np.ndarray, node, kernel, positions) -> np.ndarray:
-    """im2col at sampled output positions: (P, C*kh*kw) in the weight's (c, ky, kx) order."""
-    kh, kw = kernel
-    strides = _attr(node, "strides", [1, 1])
-    pads = _attr(node, "pads", [0, 0, 0, 0])
-    dil = _attr(node, "dilations", [1, 1])
-    padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    n, oy, ox = positions
-    cols = [padded[n, :, oy * strides[0] + ky * dil[0], ox * strides[1] + kx * dil[1]]
-            for ky in range(kh) for kx in range(kw)]
-    return np.stack(cols, axis=2).reshape(len(n), -1)
-
-
-def _refit(node, w_old, b_old, x_old, x_new, keep_in, keep_out, rng, max_positions=8192):
-    """W', b' minimising ||conv(x_new, W') + b' - conv(x_old, W_old)|| on sampled positions (ridge)."""
-    k, _, kh, kw = w_old.shape
-    strides = _attr(node, "strides", [1, 1])
-    pads = _attr(node, "pads", [0, 0, 0, 0])
-    dil = _attr(node, "dilations", [1, 1])
-    out_h = (x_old.shape[2] + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // strides[0] + 1
-    out_w = (x_old.shape[3] + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // strides[1] + 1
-    total = x_old.shape[0] * out_h * out_w
-    pick = rng.choice(total, size=min(total, max_positions), replace=False)
-    positions = np.unravel_index(pick, (x_old.shape[0], out_h, out_w))
-    target = _patches(x_old, node, (kh, kw), positions) @ w_old.reshape(k, -1).T + (b_old if b_old is not None else 0)
-    target = target[:, keep_out]
-    assert x_new.shape[1] == len(keep_in), (x_new.shape, len(keep_in))
-    a = _patches(x_new, node, (kh, kw), positions)
-    a = np.concatenate([a, np.ones((len(a), 1), a.dtype)], axis=1).astype(np.float64)
-    gram = a.T @ a
-    gram += np.eye(len(gram)) * 1e-4 * np.trace(gram) / len(gram)
-    solution = np.linalg.solve(gram, a.T @ target.astype(np.float64))
-    w_new = solution[:-1].T.reshape(len(keep_out), len(keep_in), kh, kw).astype(np.float32)
-    return w_new, solution[-1].astype(np.float32)
+        for tensor in node.input[1:3]:
+            if tensor in weights:
+                weights[tensor] = weights[tensor][keep]
+                changed.add(tensor)
+    for tensor, axis in [(convs[name].input[1], axis) for name, axis in space.consumers] + space.constants:
+        weights[tensor] = np.take(weights[tensor], keep, axis=axis)
+        changed.add(tensor)
+    return changed

@@ -85,7 +85,7 @@ class GpuRuntime(_Base):
                 self.module = compile_module()
                 self.backend = self._make_backend(backend, cuda_graph)
                 self.backend_name = self.backend.name
-                self.check_io(self.backend.input.name, [o.name for o in self._output_specs()])
+                self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
                 self.sets = [self._make_set(i) for i in range(self.buffer_sets)]
                 self._warm_up()
         except BaseException:
@@ -104,16 +104,11 @@ class GpuRuntime(_Base):
             check_engine_compatibility(self.manifest, import_tensorrt().__version__,
                                        self.device.compute_capability, str(self.bundle_dir))
             plan = (Path(self.bundle_dir) / self.manifest["engine"]["file"]).read_bytes()
-            trt = TensorRTBackend(plan, self.max_batch, use_cuda_graphs=True)
-            trt.outputs_resolved = trt.resolve_outputs()
-            return trt
+            return TensorRTBackend(plan, self.max_batch, use_cuda_graphs=True)
         from jetpipe.runtime.backends import OrtCudaBackend
 
         return OrtCudaBackend(self.model_path, sample, self.max_batch, self.compute_stream,
                               device_id=self.device.ordinal, cuda_graph=cuda_graph)
-
-    def _output_specs(self):
-        return getattr(self.backend, "outputs_resolved", None) or self.backend.outputs
 
     def _make_set(self, index: int) -> _BufferSet:
         from jetpipe.runtime.kernels import GpuPreprocessor
@@ -130,7 +125,7 @@ class GpuRuntime(_Base):
             addresses = [int(device_frames) + i * self.capacity for i in range(b)]
         input_dtype = np.dtype(getattr(self.backend.input, "dtype", np.float32))
         input_buffer = d.alloc(b * 3 * self.size_hw[0] * self.size_hw[1] * input_dtype.itemsize)
-        specs = self._output_specs()
+        specs = self.backend.outputs
         outputs = {s.name: d.alloc(s.nbytes(b)) for s in specs}
         host_outputs = {s.name: d.pinned((b, *s.sample_shape), s.dtype) for s in specs}
         self.backend.bind(index, int(input_buffer), {n: int(a) for n, a in outputs.items()})
@@ -162,22 +157,26 @@ class GpuRuntime(_Base):
     def _submit(self, set_index: int, usable, rejected) -> Ticket:
         buffers = self.sets[set_index]
         self.rejected_frames += len(rejected)
-        boxes = []
         with self.device.active():
             self._mark(buffers, "h2d_start", self._upload_stream())
-            for row, (_, frame, height, width, matrix) in enumerate(usable):
-                address = self._place(buffers, row, frame)
-                box = buffers.preprocessor.set_frame(row, frame.format, height, width, address, matrix)
-                boxes.append(box)
+            boxes = self._upload(buffers, usable)
             self._mark(buffers, "h2d_end", self._upload_stream())
-            if self.memory == "staged" and usable:
-                buffers.copied.record(self.copy_stream)
-                self.compute_stream.wait_for_event(buffers.copied)
             ticket = Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected)
             if usable:
                 self._enqueue(buffers, ticket)
             buffers.done.record(self.compute_stream)
         return ticket
+
+    def _upload(self, buffers: _BufferSet, usable) -> list:
+        """Place every frame and point the kernel at it; the compute stream waits for staged copies."""
+        boxes = []
+        for row, (_, frame, height, width, matrix) in enumerate(usable):
+            address = self._place(buffers, row, frame)
+            boxes.append(buffers.preprocessor.set_frame(row, frame.format, height, width, address, matrix))
+        if self.memory == "staged" and usable:
+            buffers.copied.record(self.copy_stream)
+            self.compute_stream.wait_for_event(buffers.copied)
+        return boxes
 
     def _place(self, buffers: _BufferSet, row: int, frame) -> int:
         """Where the kernel reads this frame: in place from a mapped ring slot, or uploaded.
@@ -261,12 +260,7 @@ class GpuRuntime(_Base):
         out = np.empty((len(usable), 3, *self.size_hw), np.dtype(getattr(self.backend.input, "dtype",
                                                                           np.float32)))
         with self.device.active():
-            for row, (_, frame, height, width, matrix) in enumerate(usable):
-                address = self._place(buffers, row, frame)
-                buffers.preprocessor.set_frame(row, frame.format, height, width, address, matrix)
-            if self.memory == "staged":
-                buffers.copied.record(self.copy_stream)
-                self.compute_stream.wait_for_event(buffers.copied)
+            self._upload(buffers, usable)
             buffers.preprocessor.launch(len(usable), int(buffers.input), self.compute_stream)
             self.compute_stream.synchronize()
             self.device.cuda.memcpy_dtoh(out, buffers.input)

@@ -53,7 +53,8 @@ class TensorRTBackend:
             raise EngineError(f"TensorRT could not deserialize the engine: {detail}")
         self.context = self.engine.create_execution_context()
         self.max_batch, self.use_cuda_graphs = max_batch, use_cuda_graphs
-        self.input, self.outputs = self._tensor_specs()
+        self.input, outputs = self._tensor_specs()
+        self.outputs = self._resolve_outputs(outputs)
         self.addresses: dict[int, tuple[int, dict[str, int]]] = {}
         self.graphs: dict[tuple[int, int], object] = {}
 
@@ -73,15 +74,10 @@ class TensorRTBackend:
             raise EngineError(f"engine has {len(inputs)} inputs; jetpipe feeds one image input")
         return inputs[0], outputs
 
-    def resolve_outputs(self) -> list[TensorSpec]:
+    def _resolve_outputs(self, outputs) -> list[TensorSpec]:
         """Output per-sample shapes once the input shape is set (-1 axes resolved)."""
         self.context.set_input_shape(self.input.name, (1, *self.input.sample_shape))
-        specs = []
-        for name, dtype, _ in self.outputs:
-            shape = tuple(self.context.get_tensor_shape(name))
-            specs.append(TensorSpec(name, dtype, shape[1:]))
-        self.output_specs = specs
-        return specs
+        return [TensorSpec(name, dtype, tuple(self.context.get_tensor_shape(name))[1:]) for name, dtype, _ in outputs]
 
     def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None:
         self.addresses[set_index] = (input_address, output_addresses)
