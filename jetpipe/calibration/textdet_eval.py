@@ -80,8 +80,7 @@ def boxes_of(probabilities: np.ndarray, letterboxes, source_hw: tuple[int, int] 
 
 def eval_inputs(count: int, size_hw: tuple[int, int], spec: PreprocessSpec, first_seed: int = 0,
                 source_hw: tuple[int, int] = (480, 640)) -> np.ndarray:
-    return np.stack([preprocess_bgr(render_text_image(first_seed + i, source_hw).bgr, size_hw, spec)[0]
-                     for i in range(count)])
+    return eval_set(count, size_hw, spec, first_seed, source_hw)[0]
 
 
 @dataclass

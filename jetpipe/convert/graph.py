@@ -135,6 +135,11 @@ def _input_dim(model: onnx.ModelProto, name: str, axis: int):
     return graph_input.type.tensor_type.shape.dim[axis]
 
 
+def attribute(node: onnx.NodeProto, name: str, default):
+    """A node attribute's value, or `default` where the node does not set it."""
+    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
 def clone(message):
     """A detached deep copy of a protobuf message (ModelProto, NodeProto...)."""
     copy = type(message)()

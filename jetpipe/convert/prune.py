@@ -23,7 +23,7 @@ from onnx import numpy_helper
 
 from jetpipe.convert import flops, prune_alloc
 from jetpipe.convert import prune_refit as refit
-from jetpipe.convert.graph import clone
+from jetpipe.convert.graph import attribute, clone
 from jetpipe.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,6 @@ class _Groups:
         return ra
 
 
-def _attr(node, name, default):
-    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
-
-
 def analyse(model: onnx.ModelProto) -> dict[int, Space]:
     """Channel spaces of the graph (root key -> Space)."""
     g = model.graph
@@ -94,7 +90,7 @@ def analyse(model: onnx.ModelProto) -> dict[int, Space]:
         if node.op_type == "Conv" and len(ins) > 1 and ins[1] in inits:
             w = inits[ins[1]]
             k, c = w.dims[0], w.dims[1]
-            group = _attr(node, "group", 1)
+            group = attribute(node, "group", 1)
             src = space_of.get(ins[0])
             if group == 1:
                 if src is not None:
@@ -177,8 +173,8 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
           align: int = 8, allocation: str | None = None, max_share: float = 0.75) -> tuple[onnx.ModelProto, dict]:
     """Remove `ratio` of the model's FLOPs by removing whole channels; returns (model, report).
 
-    l1: rank by weight L1 norm. reconstruct: rank by what each channel feeds its consumers on the
-    calibration `samples`, then refit each consumer by least squares so its output is preserved.
+    l1: rank by weight L1 norm. reconstruct: choose the channels the consumers can best do without on
+    the calibration `samples` (least squares), then refit each consumer so its output is preserved.
     allocation (how many channels each group keeps): uniform (default for l1) or sensitivity
     (measured on `samples`, default for reconstruct); see prune_alloc."""
     allocation = allocation or ("sensitivity" if method == "reconstruct" else "uniform")
@@ -205,7 +201,7 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
     keeps = {key: np.sort(ranking[key][:k]) for key, k in kept.items() if k < spaces[key].channels}
     pruned = apply(model, spaces, keeps)
     if method == "reconstruct":
-        pruned = refit.reconstruct(model, pruned, spaces, keeps, acts, samples, input_name)
+        pruned = refit.reconstruct(weights, pruned, spaces, keeps, acts, samples, input_name)
     return pruned, _report(spaces, options, kept, skipped, errors, ratio, allocation, align, method, keeps)
 
 
@@ -301,7 +297,7 @@ def apply(model: onnx.ModelProto, spaces: dict, keeps: dict) -> onnx.ModelProto:
     for name in changed:
         inits[name].CopyFrom(numpy_helper.from_array(weights[name], name))
     for node in g.node:  # depthwise group counts follow their channels
-        if node.op_type == "Conv" and _attr(node, "group", 1) > 1:
+        if node.op_type == "Conv" and attribute(node, "group", 1) > 1:
             k = weights[node.input[1]].shape[0]
             for a in node.attribute:
                 if a.name == "group":

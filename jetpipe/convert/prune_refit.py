@@ -11,11 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from jetpipe.convert.graph import expose_outputs
-
-
-def _attr(node, name, default):
-    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+from jetpipe.convert.graph import attribute, expose_outputs
 
 
 def activations(model: onnx.ModelProto, names: list[str], samples: np.ndarray, input_name: str) -> dict:
@@ -41,10 +37,11 @@ def output_error(reference: list[np.ndarray], candidate: list[np.ndarray]) -> fl
                      for r, c in zip(reference, candidate)))
 
 
-def reconstruct(original, model, spaces, keeps, acts, samples, input_name) -> onnx.ModelProto:
-    """Refit every consumer of a pruned space, in graph order, on the pruned model's own inputs."""
+def reconstruct(old: dict, model, spaces, keeps, acts, samples, input_name) -> onnx.ModelProto:
+    """Refit every consumer of a pruned space, in graph order, on the pruned model's own inputs.
+
+    old: the dense model's initializers as arrays."""
     rng = np.random.default_rng(0)
-    old = {t.name: numpy_helper.to_array(t) for t in original.graph.initializer}
     keep_in = {c: keeps[k] for k in keeps for c, _ in spaces[k].consumers}
     keep_out = {p: keeps[k] for k in keeps for p in spaces[k].producers}
     for node in list(model.graph.node):
@@ -81,9 +78,9 @@ def _set_weights(model, node, w, b) -> None:
 def _patches(x: np.ndarray, node, kernel, positions) -> np.ndarray:
     """im2col at sampled output positions: (P, C*kh*kw) in the weight's (c, ky, kx) order."""
     kh, kw = kernel
-    strides = _attr(node, "strides", [1, 1])
-    pads = _attr(node, "pads", [0, 0, 0, 0])
-    dil = _attr(node, "dilations", [1, 1])
+    strides = attribute(node, "strides", [1, 1])
+    pads = attribute(node, "pads", [0, 0, 0, 0])
+    dil = attribute(node, "dilations", [1, 1])
     padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
     n, oy, ox = positions
     cols = [padded[n, :, oy * strides[0] + ky * dil[0], ox * strides[1] + kx * dil[1]]
@@ -98,9 +95,9 @@ MAX_POSITIONS = 8192
 def _positions(node, x_shape, kernel, rng) -> tuple:
     """Up to MAX_POSITIONS random (sample, y, x) output positions of a Conv."""
     kh, kw = kernel
-    strides = _attr(node, "strides", [1, 1])
-    pads = _attr(node, "pads", [0, 0, 0, 0])
-    dil = _attr(node, "dilations", [1, 1])
+    strides = attribute(node, "strides", [1, 1])
+    pads = attribute(node, "pads", [0, 0, 0, 0])
+    dil = attribute(node, "dilations", [1, 1])
     out_h = (x_shape[2] + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // strides[0] + 1
     out_w = (x_shape[3] + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // strides[1] + 1
     total = x_shape[0] * out_h * out_w
@@ -114,10 +111,12 @@ def _design(x, node, kernel, positions) -> np.ndarray:
     return np.concatenate([a, np.ones((len(a), 1), a.dtype)], axis=1).astype(np.float64)
 
 
-def _ridge_gram(a: np.ndarray) -> np.ndarray:
+def _ridge_gram(a: np.ndarray) -> tuple[np.ndarray, float]:
+    """A^T A plus the ridge on its diagonal, and that ridge."""
     gram = a.T @ a
-    gram += np.eye(len(gram)) * RIDGE * np.trace(gram) / len(gram)
-    return gram
+    ridge = RIDGE * np.trace(gram) / len(gram)
+    gram += np.eye(len(gram)) * ridge
+    return gram, ridge
 
 
 def _refit(node, w_old, b_old, x_old, x_new, keep_in, keep_out, rng):
@@ -132,9 +131,7 @@ def _refit(node, w_old, b_old, x_old, x_new, keep_in, keep_out, rng):
     # positions (an SE block's conv after GlobalAveragePool sees one per image) stays near them
     prior = np.concatenate([w_old[keep_out][:, keep_in].reshape(len(keep_out), -1).T,
                             (b_old[keep_out] if b_old is not None else np.zeros(len(keep_out)))[None]])
-    gram = a.T @ a
-    ridge = RIDGE * np.trace(gram) / len(gram)
-    gram += np.eye(len(gram)) * ridge
+    gram, ridge = _ridge_gram(a)
     solution = np.linalg.solve(gram, a.T @ target.astype(np.float64) + ridge * prior)
     w_new = solution[:-1].T.reshape(len(keep_out), len(keep_in), kh, kw).astype(np.float32)
     return w_new, solution[-1].astype(np.float32)
@@ -166,7 +163,7 @@ def _obs_state(node, weights, acts, rng) -> list:
     a = _design(x, node, (kh, kw), _positions(node, x.shape, (kh, kw), rng))
     beta = np.concatenate([w.reshape(k, -1).T, np.asarray(b, np.float64)[None]], axis=0)  # (c*kk + 1, k)
     energy = max(float(((a @ beta) ** 2).sum()), 1e-12)
-    return [np.linalg.inv(_ridge_gram(a)), beta, energy, kh * kw]
+    return [np.linalg.inv(_ridge_gram(a)[0]), beta, energy, kh * kw]
 
 
 def _obs_costs(g_inv, beta, energy, kk) -> np.ndarray:
