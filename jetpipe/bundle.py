@@ -1,8 +1,10 @@
 """Bundles: a folder with the processed ONNX, the engine (where built) and a manifest.
 
-Written into a temporary sibling folder and renamed into place, so an
-interrupted build never leaves a partial bundle, and `--force` never loses the
-old bundle before the new one is complete.
+Written into a temporary sibling folder and renamed into place (jetpipe.outputs),
+so an interrupted build never leaves a partial bundle, and `--force` never loses
+the old bundle before the new one is complete. The manifest carries the sha256
+of every file and a digest of itself; every command that loads a bundle checks
+both (load()), so an edited manifest or a swapped file is refused.
 """
 
 from __future__ import annotations
@@ -11,18 +13,18 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
+from jetpipe import outputs
 from jetpipe.errors import BundleError
 
 MANIFEST = "manifest.json"
 MODEL_FILE = "model.onnx"
 ENGINE_FILE = "model.engine"
 CALIBRATION_FILE = "calibration.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: manifest digest, every file required
+DIGEST_KEY = "manifest_sha256"
 
 
 def sha256_file(path: str | Path) -> str:
@@ -50,55 +52,38 @@ def write_json(path: Path, data: dict) -> None:
     atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
-def check_destination(out: Path, force: bool) -> None:
-    if out.exists() and not force:
-        raise BundleError(f"output {out} already exists: pass --force to replace it, or choose another -o")
-    if out.exists() and not out.is_dir():
-        raise BundleError(f"output {out} exists and is not a folder: remove it or choose another -o")
-    if out.parent.exists() and not out.parent.is_dir():
-        raise BundleError(f"{out.parent} is not a folder: choose another -o")
-
-
-@contextlib.contextmanager
-def staging(out: Path, force: bool) -> Iterator[Path]:
-    """Yield a temp folder; on success it replaces `out`, on any failure it is removed."""
-    check_destination(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+def owned_files(folder: Path) -> set[str] | None:
+    """What a bundle folder holds that convert wrote (None: not a bundle)."""
     try:
-        yield tmp
-        _make_readable(tmp)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or "format" not in manifest or not isinstance(manifest.get("files"), dict):
+        return None
+    return {MANIFEST, *manifest["files"]}
 
 
-def _make_readable(folder: Path) -> None:
-    """mkdtemp/mkstemp create owner-only entries; a bundle gets the usual modes (umask applies)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
-    for path in folder.iterdir():
-        if path.is_file():
-            path.chmod(0o666 & ~umask)
+def check_destination(out: Path, force: bool) -> None:
+    outputs.check_destination(out, force, "-o", "bundle", owned_files)
+
+
+def _digest(manifest: dict) -> str:
+    """sha256 of the manifest's canonical JSON, without the digest itself."""
+    body = {k: v for k, v in json.loads(json.dumps(manifest)).items() if k != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def finish_manifest(folder: Path, manifest: dict) -> dict:
-    """Record the sha256 of every file in the folder and write manifest.json."""
+    """Record the sha256 of every file in the folder and of the manifest itself; write manifest.json."""
     manifest["files"] = {p.name: sha256_file(p) for p in sorted(folder.iterdir())
                          if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")}
+    manifest[DIGEST_KEY] = _digest(manifest)
     write_json(folder / MANIFEST, manifest)
     return manifest
 
 
 def read_manifest(bundle: str | Path) -> dict:
+    """The manifest, checked against its own digest (the files are checked by verify())."""
     bundle = Path(bundle)
     path = bundle / MANIFEST
     if not bundle.is_dir():
@@ -107,23 +92,48 @@ def read_manifest(bundle: str | Path) -> dict:
         raise BundleError(f"{bundle} has no {MANIFEST}: is it a bundle written by `jetpipe convert`?")
     try:
         manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{path} is not valid JSON ({exc}); rebuild the bundle") from exc
-    if manifest.get("format") != FORMAT_VERSION:
-        raise BundleError(f"{bundle} has bundle format {manifest.get('format')!r}; this jetpipe "
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    if found != FORMAT_VERSION:
+        raise BundleError(f"{bundle} has bundle format {found!r}; this jetpipe "
                           f"reads format {FORMAT_VERSION}: rebuild it with `jetpipe convert`")
+    if manifest.get(DIGEST_KEY) != _digest(manifest):
+        raise BundleError(f"{path} was changed after `jetpipe convert` wrote it (its digest does not match): "
+                          "rebuild the bundle with `jetpipe convert`")
     return manifest
 
 
-def verify(bundle: str | Path) -> list[str]:
+def required_files(manifest: dict) -> set[str]:
+    """Files a bundle must list and hold: the model, and the engine / calibration where it has them."""
+    required = {MODEL_FILE}
+    engine = manifest.get("engine") or {}
+    if engine.get("built"):
+        required.add(engine.get("file") or ENGINE_FILE)
+    if manifest.get("calibration"):
+        required.add(CALIBRATION_FILE)
+    return required
+
+
+def verify(bundle: str | Path, manifest: dict | None = None) -> list[str]:
     """Problems found comparing the files with the manifest's hashes (empty = intact)."""
     bundle = Path(bundle)
-    manifest = read_manifest(bundle)
-    problems = []
-    for name, expected in manifest.get("files", {}).items():
+    manifest = manifest or read_manifest(bundle)
+    files = manifest.get("files") or {}
+    problems = [f"{name}: not listed in the manifest" for name in sorted(required_files(manifest) - set(files))]
+    for name, expected in files.items():
         path = bundle / name
-        if not path.is_file():
+        if Path(name).name != name or not path.is_file():
             problems.append(f"{name}: missing")
         elif sha256_file(path) != expected:
             problems.append(f"{name}: sha256 differs from the manifest (modified or corrupted)")
     return problems
+
+
+def load(bundle: str | Path) -> dict:
+    """The manifest of an intact bundle: its digest and every file's sha256 checked, else BundleError."""
+    manifest = read_manifest(bundle)
+    problems = verify(bundle, manifest)
+    if problems:
+        raise BundleError(f"bundle {bundle} fails verification ({problems[0]}): rebuild it with `jetpipe convert`")
+    return manifest

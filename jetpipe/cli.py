@@ -1,13 +1,15 @@
 """`jetpipe convert | inspect | doctor | serve | demo | calibrate`.
 
-User mistakes (JetpipeError) print one line and exit 2; Ctrl-C exits 130 with
-nothing half-written; --debug shows tracebacks.
+User mistakes (JetpipeError) print one line and exit 2; Ctrl-C exits 130 and
+SIGTERM 143, both with nothing half-written (`serve` handles both itself, to
+drain); --debug shows tracebacks.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -216,7 +218,9 @@ def _add_calibrate(sub) -> None:
     a.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider")
     a.add_argument("--budget", help="e.g. 'f1>=0.99', 'top1_drop<=0.5', 'map>=0.95': verdict + precision search")
     a.add_argument("--no-search", action="store_true", help="report the verdict only")
-    a.add_argument("--report", type=Path, required=True, help="report folder (replaced)")
+    a.add_argument("--report", type=Path, required=True,
+                   help="report folder to write (a new or empty folder; an existing report needs --force)")
+    a.add_argument("--force", action="store_true", help="replace an existing report folder")
     a.set_defaults(run=_run_accuracy)
     lat = what.add_parser("latency", help="per-stage latency and throughput against batch size")
     lat.add_argument("bundle", type=Path)
@@ -226,7 +230,9 @@ def _add_calibrate(sub) -> None:
     lat.add_argument("--source", default="synthetic:1920x1080:nv12", help="synthetic[:WxH:FORMAT] frames")
     lat.add_argument("--backend", choices=BACKENDS, default="auto")
     lat.add_argument("--memory", choices=MEMORY_MODES, default="auto")
-    lat.add_argument("--report", type=Path, required=True, help="report folder (replaced)")
+    lat.add_argument("--report", type=Path, required=True,
+                     help="report folder to write (a new or empty folder; an existing report needs --force)")
+    lat.add_argument("--force", action="store_true", help="replace an existing report folder")
     lat.set_defaults(run=_run_latency)
 
 
@@ -235,7 +241,8 @@ def _run_accuracy(args) -> int:
 
     report = run_accuracy(AccuracyOptions(
         bundle=args.bundle, data=args.data, report=args.report, reference=args.reference, task=args.task,
-        samples=args.samples, provider=args.provider, budget=args.budget, search=not args.no_search))
+        samples=args.samples, provider=args.provider, budget=args.budget, search=not args.no_search,
+        force=args.force))
     print((args.report / "report.md").read_text())
     budget = report.get("budget")
     search = report.get("precision_search")
@@ -252,7 +259,7 @@ def _run_latency(args) -> int:
         raise JetpipeError(f"--batch {args.batch!r}: comma-separated integers, e.g. 1,2,4,8") from None
     run_latency(LatencyOptions(bundle=args.bundle, report=args.report, batches=batches,
                                iterations=args.iterations, warmup=args.warmup, source=args.source,
-                               backend=args.backend, memory=args.memory))
+                               backend=args.backend, memory=args.memory, force=args.force))
     print((args.report / "report.md").read_text())
     return 0
 
@@ -273,8 +280,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is, like KeyboardInterrupt for SIGINT: staged output is removed."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(levelname)s: %(message)s", stream=sys.stderr)
     logging.getLogger("jetpipe").setLevel(logging.DEBUG if args.debug else logging.INFO)
@@ -286,11 +309,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as exc:
         if args.debug:
             raise
-        print("interrupted: nothing was written", file=sys.stderr)
-        return 130
+        name, code = ("SIGTERM", 143) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
+        print(f"interrupted ({name}): nothing was written", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -61,8 +61,9 @@ def test_existing_output_needs_force(tiny, tmp_path, capsys):
     out = tmp_path / "b"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    assert main(["convert", tiny, "-o", str(out), "--quiet"]) == 2
-    assert "already exists: pass --force" in _error(capsys)
+    for force in ([], ["--force"]):  # a user's folder is not a bundle: --force does not replace it either
+        assert main(["convert", tiny, "-o", str(out), "--quiet", *force]) == 2
+        assert "exists and is not a bundle" in _error(capsys)
     assert (out / "keep.txt").read_text() == "precious"
 
 
@@ -159,7 +160,7 @@ def test_interrupt_leaves_nothing(tiny, images, no_tmp_leftovers, monkeypatch, c
     monkeypatch.setattr(stats, "collect", interrupted)
     out = no_tmp_leftovers / "b"
     assert main(["convert", tiny, "-o", str(out), "--precision", "int8", "--calib", images, "--quiet"]) == 130
-    assert "interrupted: nothing was written" in capsys.readouterr().err
+    assert "interrupted (Ctrl-C): nothing was written" in capsys.readouterr().err
     assert not out.exists()
 
 

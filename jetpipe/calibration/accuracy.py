@@ -38,6 +38,7 @@ class AccuracyOptions:
     provider: str = "cpu"          # cpu | cuda
     budget: str | None = None
     search: bool = True
+    force: bool = False            # replace an existing report
     max_search_nodes: int = 32
     layers: bool = True
     progress: bool = True
@@ -68,10 +69,7 @@ def prepare_context(opts: AccuracyOptions) -> Context:
     from jetpipe.convert.calib_data import open_source
     from jetpipe.convert.pipeline import ConvertOptions, prepare
 
-    manifest = bundles.read_manifest(opts.bundle)
-    problems = bundles.verify(opts.bundle)
-    if problems:
-        raise JetpipeError(f"bundle {opts.bundle} fails verification ({problems[0]}): rebuild it")
+    manifest = bundles.load(opts.bundle)
     task = opts.task or manifest.get("task") or "raw"
     if task not in TASKS:
         raise JetpipeError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
@@ -163,8 +161,7 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
 
     if opts.budget:
         m.parse_budget(opts.budget)  # fail before any work
-    if opts.report.exists() and not opts.report.is_dir():
-        raise JetpipeError(f"--report {opts.report} exists and is not a folder")
+    reports.check_destination(opts.report, opts.force, opts.bundle)
     ctx = prepare_context(opts)
     bundle_outputs = run_outputs(ctx.processed_path, ctx)
     per_output, tm = compare(ctx, outputs=bundle_outputs)

@@ -30,6 +30,7 @@ class LatencyOptions:
     backend: str = "auto"
     memory: str = "auto"
     progress: bool = True
+    force: bool = False  # replace an existing report
 
 
 def _rss_mb() -> float:
@@ -72,7 +73,8 @@ def run_latency(opts: LatencyOptions) -> dict:
         raise JetpipeError(f"--batch {','.join(map(str, opts.batches))}: batch sizes must be >= 1")
     if opts.iterations < 1:
         raise JetpipeError("--iterations must be at least 1")
-    manifest = bundles.read_manifest(opts.bundle)
+    reports.check_destination(opts.report, opts.force, opts.bundle)
+    manifest = bundles.load(opts.bundle)
     if max(opts.batches) > manifest["batch"]["max"]:
         raise JetpipeError(f"--batch {max(opts.batches)} exceeds the bundle's max batch {manifest['batch']['max']}")
     frames = _frames(opts.source, max(opts.batches))

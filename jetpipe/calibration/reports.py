@@ -1,6 +1,8 @@
 """Report folders: report.json (stable keys), report.md, PNG plots (matplotlib, Agg).
 
 Written into a temporary folder and renamed: an error never leaves half a report.
+An existing folder is replaced only with --force and only when it is a report
+(nothing in it but what write() puts there); never the bundle being measured.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jetpipe.bundle import staging
+from jetpipe import outputs
 
 
 def _plt():
@@ -37,17 +39,36 @@ def _clean(value):
     return value
 
 
-def write(folder: Path, report: dict, markdown: str, plots: dict, force: bool = True) -> Path:
-    """plots: file name -> callable(plt, path) drawing one figure."""
+REPORT_JSON, REPORT_MD = "report.json", "report.md"
+
+
+def owned_files(folder: Path) -> set[str] | None:
+    """What a report folder holds that write() put there (None: not a jetpipe report)."""
+    try:
+        report = json.loads((folder / REPORT_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or not isinstance(report.get("plots"), list):
+        return None
+    return {REPORT_JSON, REPORT_MD, *map(str, report["plots"])}
+
+
+def check_destination(folder: Path, force: bool, bundle: Path) -> None:
+    """Before any measurement: the report may replace only a report, only with --force, never the bundle."""
+    outputs.check_destination(Path(folder), force, "--report", "report", owned_files, protected=(Path(bundle),))
+
+
+def write(folder: Path, report: dict, markdown: str, plots: dict) -> Path:
+    """plots: file name -> callable(plt, path) drawing one figure. check_destination() ran before."""
     folder = Path(folder)
-    with staging(folder, force=force) as tmp:
+    with outputs.staging(folder) as tmp:
         plt = _plt()
         for name, draw in plots.items():
             draw(plt, tmp / name)
             plt.close("all")
         report = {**report, "plots": sorted(plots)}
-        (tmp / "report.json").write_text(json.dumps(_clean(report), indent=2) + "\n")
-        (tmp / "report.md").write_text(markdown)
+        (tmp / REPORT_JSON).write_text(json.dumps(_clean(report), indent=2) + "\n")
+        (tmp / REPORT_MD).write_text(markdown)
     return folder
 
 

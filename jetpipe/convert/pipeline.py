@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from jetpipe import bundle as bundles
+from jetpipe import outputs
 from jetpipe.convert import calib_cache, flops, fp16, graph, int8, sensitivity, stats
 from jetpipe.convert.calib_cache import CalibrationResult
 from jetpipe.convert.calib_data import CalibrationSource, open_source
@@ -89,7 +90,7 @@ def convert(opts: ConvertOptions) -> dict:
     batch_proof = _prove_batch(prepared, first_batch)
     calibration = _calibrate(opts, prepared, source)
     model, excluded, check = _apply_precision(opts, prepared, calibration, first_batch)
-    with bundles.staging(opts.output, opts.force) as tmp:
+    with outputs.staging(opts.output) as tmp:
         onnx.save(model, str(tmp / bundles.MODEL_FILE))
         if calibration is not None:
             calib_cache.save(calibration, tmp)

@@ -8,6 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
+from jetpipe import bundle as bundles
+from jetpipe.errors import BundleError
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, load, validate
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,11 @@ def demo(args) -> int:
 
     model = BUILTIN[DEFAULT_MODEL]
     bundle = Path(args.bundle_dir)
-    if not (bundle / "manifest.json").is_file():
+    try:
+        bundles.load(bundle)
+    except BundleError as exc:  # none yet, or an older / damaged one: convert replaces only a bundle
+        if (bundle / bundles.MANIFEST).is_file():
+            log.info("rebuilding the demo bundle: %s", exc)
         print(f"converting the built-in {DEFAULT_MODEL} model to {bundle} ...", file=sys.stderr)
         convert(ConvertOptions(model=model.path(), output=bundle, input_size=model.input_size, max_batch=8,
                                spec=preset(model.preset), task=model.task, progress=False, force=True))

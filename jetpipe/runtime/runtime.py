@@ -78,10 +78,7 @@ class _Base:
 
     def __init__(self, bundle_dir, max_batch: int | None):
         self.bundle_dir = Path(bundle_dir)
-        self.manifest = bundles.read_manifest(self.bundle_dir)
-        problems = bundles.verify(self.bundle_dir)
-        if problems:
-            raise BundleError(f"bundle {bundle_dir} fails verification ({problems[0]}): rebuild it")
+        self.manifest = bundles.load(self.bundle_dir)
         limit = self.manifest["batch"]["max"]
         self.max_batch = max_batch or limit
         if not 1 <= self.max_batch <= limit:
