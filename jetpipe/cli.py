@@ -156,6 +156,7 @@ def _run_doctor(args) -> int:
 
 
 def _add_serve(sub) -> None:
+    from jetpipe.pipelines.sources import DECODERS
     from jetpipe.runtime.cuda import MEMORY_MODES
     from jetpipe.runtime.runtime import BACKENDS
 
@@ -164,10 +165,16 @@ def _add_serve(sub) -> None:
                                    "A CONFIG.toml, or flags (which also override the file).")
     p.add_argument("config", nargs="?", help="TOML config (see examples/jetpipe.toml)")
     p.add_argument("--bundle", help="bundle folder written by `jetpipe convert`")
-    p.add_argument("--source", action="append", metavar="SPEC",
-                   help="synthetic[:WxH@FPS:FORMAT], a video file or image folder, /dev/videoN, rtsp://..., "
-                        "gst:PIPELINE (repeatable)")
+    p.add_argument("--source", action="append", metavar="URI",
+                   help="a video file or image folder (or file://PATH), v4l2:///dev/video0, csi://0, "
+                        "rtsp://HOST/PATH, synthetic://WxH@FPS/FORMAT, gst:PIPELINE (repeatable)")
     p.add_argument("--loop", action="store_true", help="loop file sources")
+    p.add_argument("--realtime", action="store_true",
+                   help="pace file sources at their frame rate (like cameras: the oldest frame is dropped when "
+                        "behind); default: every frame of a file is processed, as fast as it goes")
+    p.add_argument("--decoder", choices=DECODERS, default="auto",
+                   help="auto (default): GStreamer/nvv4l2decoder on a Jetson, else FFmpeg into raw YUV; "
+                        "opencv: decode and convert to BGR on the CPU")
     p.add_argument("--sink", action="append", metavar="SPEC", help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC")
     p.add_argument("--max-batch", type=int)
     p.add_argument("--frames", type=int, help="stop each source after N frames")

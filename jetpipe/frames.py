@@ -85,6 +85,22 @@ def check_frame(frame: np.ndarray, fmt: str, height: int, width: int) -> None:
                            f"got {frame.dtype} {list(frame.shape)}")
 
 
+def native_planes(frame: np.ndarray, fmt: str, height: int, width: int):
+    """Y at full resolution, U and V at their own (contiguous uint8 arrays, as OpenCV wants them)."""
+    h, w = height, width
+    if fmt == "nv12":
+        uv = frame[h:].reshape(h // 2, w // 2, 2)
+        return frame[:h], np.ascontiguousarray(uv[..., 0]), np.ascontiguousarray(uv[..., 1])
+    if fmt == "i420":
+        chroma = frame[h:].reshape(-1)
+        return (frame[:h], chroma[: h * w // 4].reshape(h // 2, w // 2),
+                chroma[h * w // 4:].reshape(h // 2, w // 2))
+    quads = frame.reshape(h, w // 2, 4)
+    order = (0, 1, 2, 3) if fmt == "yuyv" else (1, 0, 3, 2)  # Y0 U Y1 V  /  U Y0 V Y1
+    y = np.stack([quads[..., order[0]], quads[..., order[2]]], axis=-1).reshape(h, w)
+    return y, np.ascontiguousarray(quads[..., order[1]]), np.ascontiguousarray(quads[..., order[3]])
+
+
 def yuv_planes(frame: np.ndarray, fmt: str, height: int, width: int):
     """Full-resolution Y, U, V float32 planes (chroma repeated: nearest site)."""
     h, w = height, width

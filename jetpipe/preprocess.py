@@ -98,7 +98,7 @@ def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int],
     """The CPU runtime's path: OpenCV's integer decoders where they apply (BT.601 limited range,
     what OpenCV implements), then the uint8 resize. Within 1.5 8-bit steps of preprocess_frame (both
     round to uint8), several times faster; other standards and ranges take the exact float path."""
-    from jetpipe.frames import ColourMatrix
+    from jetpipe.frames import ColourMatrix, frame_size
 
     if fmt == "bgr":
         return preprocess_bgr(frame, size_hw, spec, out)
@@ -108,4 +108,28 @@ def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int],
         source = frame.reshape(frame.shape[0], -1, 2) if fmt in ("yuyv", "uyvy") else frame
         bgr = cv2.cvtColor(source, getattr(cv2, _OPENCV_DECODE[fmt]))
         return preprocess_bgr(bgr, size_hw, spec, out)
-    return preprocess_frame(frame, fmt, size_hw, spec, matrix, out)
+    height, width = frame_size(frame, fmt)
+    (nh, nw), _ = fit((height, width), size_hw, spec.resize)
+    if nh * nw >= height * width:  # enlarging: converting first costs no more
+        return preprocess_frame(frame, fmt, size_hw, spec, matrix, out)
+    return _preprocess_yuv_resized_first(frame, fmt, size_hw, spec, matrix, out)
+
+
+def _preprocess_yuv_resized_first(frame, fmt, size_hw, spec, matrix, out):
+    """Other standards and ranges (BT.709 HD video, full-range MJPEG), which OpenCV's decoders lack:
+    resize the Y, U and V planes (uint8, OpenCV) to the network's size first, then convert colour there.
+    The conversion is affine and the resize linear, so the order changes only rounding and where
+    chroma is sampled; an HD frame costs a ninth of the full-resolution float conversion."""
+    from jetpipe.frames import frame_size, native_planes
+
+    height, width = frame_size(frame, fmt)
+    (nh, nw), box = fit((height, width), size_hw, spec.resize)
+    y, u, v = (cv2.resize(plane, (nw, nh), interpolation=cv2.INTER_LINEAR).astype(np.float32)
+               for plane in native_planes(frame, fmt, height, width))
+    yy = (y - matrix.y0) * matrix.ky
+    cb, cr = (u - 128.0) * matrix.kc, (v - 128.0) * matrix.kc
+    rgb = np.clip(np.stack([yy + matrix.rv * cr, yy + matrix.gu * cb + matrix.gv * cr, yy + matrix.bu * cb],
+                           axis=-1), 0.0, 255.0)
+    if spec.channel_order == "bgr":
+        rgb = rgb[:, :, ::-1]
+    return _normalize_into(rgb, box, size_hw, spec, out), box

@@ -68,3 +68,21 @@ def test_fast_cpu_path_stays_within_one_step_of_the_reference(fmt):
     diff = np.abs(fast - exact)
     assert diff.max() <= 1.5 * one_step  # OpenCV rounds to uint8 twice: decode, then resize
     assert diff.mean() <= 0.25 * one_step
+
+
+@pytest.mark.parametrize("fmt", ["nv12", "i420", "yuyv", "uyvy"])
+@pytest.mark.parametrize("standard, value_range", [("bt709", "limited"), ("bt601", "full")])
+def test_fast_cpu_path_for_hd_video_standards_stays_close_to_the_reference(fmt, standard, value_range):
+    """BT.709 / full range (which OpenCV's decoders lack): planes resized first, then converted."""
+    from jetpipe.frames import ColourMatrix, from_bgr
+    from jetpipe.preprocess import affine, preprocess_frame, preprocess_frame_fast
+    from jetpipe.synth import render_text_image
+
+    matrix = ColourMatrix.of(standard, value_range)
+    frame = from_bgr(render_text_image(7, (720, 1280)).bgr, fmt, matrix)
+    spec = PRESETS["ppocr-det"]
+    fast, box_fast = preprocess_frame_fast(frame, fmt, (320, 320), spec, matrix)
+    exact, box_exact = preprocess_frame(frame, fmt, (320, 320), spec, matrix)
+    assert box_fast == box_exact
+    steps = np.abs(fast - exact) / float(np.max(affine(spec)[0]))
+    assert steps.mean() <= 0.5 and np.percentile(steps, 99) <= 3.0  # rounding and chroma siting at edges

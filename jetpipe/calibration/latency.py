@@ -43,9 +43,10 @@ def _frames(uri: str, count: int):
     from jetpipe.frames import frame_shape
     from jetpipe.pipelines.sources import SyntheticCamera
     from jetpipe.runtime.api import Frame
+    from jetpipe.uri import parse as parse_uri
 
-    if not uri.startswith("synthetic"):
-        raise JetpipeError(f"--source {uri!r}: latency runs use synthetic[:WxH:FORMAT] frames")
+    if parse_uri(uri).scheme != "synthetic":
+        raise JetpipeError(f"--source {uri!r}: latency runs use synthetic://WxH/FORMAT frames")
     camera = SyntheticCamera.from_uri(uri)
     camera.fps = 0  # no pacing: frames are made before timing
     info = camera.open()

@@ -15,6 +15,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from jetpipe import uri as uris
 from jetpipe.errors import CalibrationError
 from jetpipe.preprocess import preprocess_bgr
 from jetpipe.spec import PreprocessSpec
@@ -192,9 +193,13 @@ def open_source(spec_text: str, input_shape: tuple, size_hw, spec: PreprocessSpe
     """--calib PATH -> a source; 'synthetic' selects rendered text images."""
     if limit <= 0:
         raise CalibrationError(f"--calib-size {limit} must be at least 1")
-    if spec_text == SYNTHETIC:
+    uri = uris.parse(spec_text)
+    if uri.scheme == "synthetic" and not uri.location:
         return SyntheticText(size_hw, spec, limit)
-    path = Path(spec_text)
+    if uri.scheme != "file":
+        raise CalibrationError(f"--calib {spec_text}: calibration data is a folder of images, a video file, "
+                               "a .npy file or 'synthetic' (rendered text images), not a live source")
+    path = uri.path
     if not path.exists():
         raise CalibrationError(f"calibration data {path} not found: pass a folder, video or .npy file")
     if path.is_dir():

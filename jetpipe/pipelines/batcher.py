@@ -19,6 +19,7 @@ class Packet:
     t_capture: float          # time.time() when the frame was captured
     frame: object             # jetpipe.runtime.api.Frame (a view into a ring slot)
     release: object           # callable freeing the ring slot
+    pts: float | None = None  # the frame's time in its stream (seconds), where the source knows it
     t_monotonic: float = field(default_factory=time.monotonic)
 
 
@@ -31,9 +32,12 @@ class Batcher:
         self._next_stream = 0
         self.closed = False
 
-    def put(self, packet: Packet) -> None:
+    def put(self, packet: Packet, wait: bool = False) -> None:
+        """Queue a frame; when the stream's queue is full, wait for room (files) or drop its oldest (cameras)."""
         with self._cond:
             queue = self.queues[packet.stream]
+            while wait and len(queue) >= self.depth and not self.closed:
+                self._cond.wait(timeout=0.1)
             if len(queue) >= self.depth:
                 self._drop(packet.stream)
             queue.append(packet)
@@ -89,4 +93,5 @@ class Batcher:
             if queue:
                 batch.append(queue.popleft())
             self._next_stream = (self._next_stream + 1) % streams
+        self._cond.notify_all()  # producers waiting for room (files)
         return batch

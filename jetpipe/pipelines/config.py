@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.sources import DECODERS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,7 +25,11 @@ class ConfigError(JetpipeError):
 @dataclass
 class SourceConfig:
     uri: str
-    loop: bool = False
+    loop: bool = False       # files: start again at the end
+    realtime: bool = False   # files: pace at the file's frame rate (then dropped like a camera when behind)
+    decoder: str = "auto"    # auto | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.sources)
+
+_SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str}
 
 
 @dataclass
@@ -69,21 +74,25 @@ def load(path: str | Path) -> PipelineConfig:
     _check_keys(str(path), data, _TABLES)
     pipeline = data.get("pipeline", {})
     _check_keys(f"{path} [pipeline]", pipeline, _PIPELINE_KEYS)
-    for key, kind in _PIPELINE_KEYS.items():
-        if key in pipeline and (not isinstance(pipeline[key], kind) or isinstance(pipeline[key], bool)):
-            raise ConfigError(f"{path} [pipeline] {key} = {pipeline[key]!r}: expected {_kind_name(kind)}")
+    _check_types(f"{path} [pipeline]", pipeline, _PIPELINE_KEYS)
     if "bundle" not in pipeline:
         raise ConfigError(f"{path}: [pipeline] bundle is required (a folder written by `jetpipe convert`)")
     sources = []
-    for i, src in enumerate(data.get("source", [])):
-        _check_keys(f"{path} [[source]] #{i + 1}", src, {"uri", "loop"})
+    for i, src in enumerate(_array_of_tables(path, data, "source")):
+        where = f"{path} [[source]] #{i + 1}"
+        _check_keys(where, src, _SOURCE_KEYS)
         if "uri" not in src:
-            raise ConfigError(f"{path} [[source]] #{i + 1}: uri is required")
-        sources.append(SourceConfig(str(src["uri"]), bool(src.get("loop", False))))
+            raise ConfigError(f"{where}: uri is required")
+        _check_types(where, src, _SOURCE_KEYS)
+        sources.append(SourceConfig(**src))
     sinks = []
-    for i, sink in enumerate(data.get("sink", [])):
-        _check_keys(f"{path} [[sink]] #{i + 1}", sink, {"uri"})
-        sinks.append(str(sink["uri"]))
+    for i, sink in enumerate(_array_of_tables(path, data, "sink")):
+        where = f"{path} [[sink]] #{i + 1}"
+        _check_keys(where, sink, {"uri"})
+        if "uri" not in sink:
+            raise ConfigError(f"{where}: uri is required (jsonl:PATH, stdout or mqtt://HOST:PORT/TOPIC)")
+        _check_types(where, sink, {"uri": str})
+        sinks.append(sink["uri"])
     metrics = data.get("metrics", {})
     _check_keys(f"{path} [metrics]", metrics, {"listen"})
     options = {k: v for k, v in pipeline.items() if k != "bundle"}
@@ -95,8 +104,23 @@ def load(path: str | Path) -> PipelineConfig:
     return validate(config, str(path))
 
 
+def _array_of_tables(path: Path, data: dict, name: str) -> list[dict]:
+    value = data.get(name, [])
+    if isinstance(value, dict):
+        raise ConfigError(f"{path}: [{name}] is one table; write [[{name}]] (an array of tables, one per {name})")
+    return value
+
+
+def _check_types(where: str, table: dict, kinds: dict) -> None:
+    for key, kind in kinds.items():
+        value = table.get(key)
+        if key in table and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+            raise ConfigError(f"{where} {key} = {value!r}: expected {_kind_name(kind)}")
+
+
 def _kind_name(kind) -> str:
-    names = {str: "a string", int: "an integer", list: "a list", (int, float): "a number"}
+    names = {str: "a string", int: "an integer", list: "a list", (int, float): "a number",
+             bool: "true or false"}
     return names.get(kind, str(kind))
 
 
@@ -120,6 +144,10 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     for ok, key, allowed in checks:
         if not ok:
             raise ConfigError(f"{where}: {key} = {getattr(config, key)!r}: allowed {allowed}")
+    for src in config.sources:
+        if src.decoder not in DECODERS:
+            raise ConfigError(f"{where}: source {src.uri!r}: decoder = {src.decoder!r}: allowed "
+                              f"{' | '.join(DECODERS)}")
     if config.task is not None:
         from jetpipe.pipelines.postprocess import POSTPROCESSORS
 

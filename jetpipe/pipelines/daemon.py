@@ -19,7 +19,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 from jetpipe.pipelines.batcher import Batcher, Packet
-from jetpipe.pipelines.config import PipelineConfig
+from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.metrics import Metrics, MetricsServer
 from jetpipe.pipelines.postprocess import make_postprocessor
 from jetpipe.pipelines.sinks import open_sink
@@ -28,6 +28,7 @@ from jetpipe.pipelines.sources import EndOfStream, open_source
 log = logging.getLogger(__name__)
 
 BUFFER_SETS = 4
+STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect inside OpenCV) are left behind
 
 
 class Pipeline:
@@ -52,9 +53,15 @@ class Pipeline:
         task = config.task or runtime.manifest.get("task")
         self.postprocess = make_postprocessor(task, runtime.size_hw)
         self.task = task or "raw"
-        self.sources = [open_source(s.uri, s.loop, seed=i) for i, s in enumerate(config.sources)]
+        self.sources = []
+        self.closers.append(self._close_sources)
+        for i, s in enumerate(config.sources):
+            self.sources.append(open_source(s.uri, s.loop, seed=i, realtime=s.realtime, decoder=s.decoder,
+                                            hardware=runtime.hardware_decoder, streams=len(config.sources)))
+            self._check_frame_size(self.sources[-1])
         slots = config.queue_depth + 2 * runtime.max_batch + 2  # queued + two batches in flight + writing
-        self.rings = [runtime.frame_ring(slots, self._frame_hw(src)) for src in self.sources]
+        self.rings = [runtime.frame_ring(slots, self._frame_hw(src), device=src.memory == "device")
+                      for src in self.sources]
         self.sinks = [open_sink(uri) for uri in config.sinks]
         self.closers += [sink.close for sink in self.sinks]
         streams = len(self.sources)
@@ -73,6 +80,17 @@ class Pipeline:
             self.closers.append(self.server.close)
             log.info("metrics on http://%s/metrics", self.server.address)
 
+    def _close_sources(self) -> None:
+        for source in self.sources:
+            source.close()
+
+    def _check_frame_size(self, source) -> None:
+        info, (max_h, max_w) = source.info, self.config.max_frame_hw
+        if info is not None and (info.height > max_h or info.width > max_w):
+            raise ConfigError(f"source {source.uri}: frames are {info.width}x{info.height}, larger than "
+                              f"max_frame_hw [{max_h}, {max_w}]: set [pipeline] max_frame_hw = "
+                              f"[{max(info.height, max_h)}, {max(info.width, max_w)}]")
+
     def _frame_hw(self, source) -> tuple[int, int]:
         info = getattr(source, "info", None)
         return (info.height, info.width) if info is not None else self.config.max_frame_hw
@@ -85,7 +103,10 @@ class Pipeline:
             return device.free_memory()
 
     def _render_metrics(self) -> str:
-        return self.metrics.prometheus(self.batcher.dropped, self.batcher.depths())
+        return self.metrics.prometheus(self.batcher.dropped, self.batcher.depths(), self._decode_errors())
+
+    def _decode_errors(self) -> list[int]:
+        return [source.decode_errors for source in self.sources]
 
     def _health(self) -> tuple[bool, str]:
         if self.stop_event.is_set():
@@ -95,7 +116,13 @@ class Pipeline:
 
     # --- threads -------------------------------------------------------------------------------
     def stop(self) -> None:
+        """Stop the sources (a blocked read or open is interrupted), then drain (see run())."""
         self.stop_event.set()
+        for source in self.sources:
+            try:
+                source.interrupt()
+            except Exception as exc:
+                log.warning("source %s: %s while stopping", source.uri, exc)
 
     def run(self) -> dict:
         """Run until stopped (signal, duration, frame limit, or every finite source ended)."""
@@ -107,10 +134,17 @@ class Pipeline:
         writer = threading.Thread(target=self._write_sinks, name="sinks", daemon=True)
         for t in (*workers, gpu, post, writer):
             t.start()
-        last_log = time.monotonic()
+        last_log, stopped_at = time.monotonic(), None
         while any(w.is_alive() for w in workers):
             if self.config.duration and time.monotonic() - started >= self.config.duration:
                 self.stop()
+            if self.stop_event.is_set():
+                stopped_at = stopped_at or time.monotonic()
+                if time.monotonic() - stopped_at > STOP_GRACE_S:
+                    stuck = [self.sources[i].uri for i, w in enumerate(workers) if w.is_alive()]
+                    log.warning("source(s) %s did not stop within %.0f s: left behind", ", ".join(stuck),
+                                STOP_GRACE_S)
+                    break
             if time.monotonic() - last_log >= self.config.log_every_s:
                 log.info(self.status_line())
                 last_log = time.monotonic()
@@ -134,38 +168,44 @@ class Pipeline:
                 if info is None:
                     info = source.open()
                     backoff = 0.5
-                slot = self._free_slot(stream)
+                slot = self._free_slot(stream, source.live)
                 if slot is None:
                     continue
                 view = ring.view(slot, info.format, info.height, info.width)
-                source.read_into(view)
+                pts = source.read_into(view)
                 t_capture = time.time()
-                frame = ring.frame(slot, info.format, info.height, info.width)
-                self.batcher.put(Packet(stream, frame_no, t_capture, frame, _releaser(ring, slot)))
+                frame = ring.frame(slot, info.format, info.height, info.width, info.standard, info.range)
+                # files wait for room (every frame is processed); cameras push out their oldest frame
+                self.batcher.put(Packet(stream, frame_no, t_capture, frame, _releaser(ring, slot), pts=pts),
+                                 wait=not source.live)
                 self.metrics.count("captured", stream)
                 frame_no += 1
             except EndOfStream:
                 if slot is not None:
                     ring.release(slot)
-                log.info("source %d (%s) ended", stream, source.describe())
+                log.info("source %d (%s) ended after %d frames, %d decode error(s)", stream, source.describe(),
+                         frame_no, source.decode_errors)
+                source.close()
                 return
             except Exception as exc:  # disconnect, decode error, device gone: back off and reconnect
                 if slot is not None:
                     ring.release(slot)
                 self.metrics.count("failed", stream)
                 self.metrics.count("reconnects", stream)
+                source.close()
+                if self.stop_event.is_set():
+                    break
                 log.warning("source %d (%s): %s; reconnecting in %.1f s", stream, source.describe(), exc,
                             backoff)
-                source.close()
                 info = None
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, config.reconnect_max_s)
         source.close()
 
-    def _free_slot(self, stream: int):
+    def _free_slot(self, stream: int, live: bool):
         ring = self.rings[stream]
         slot = ring.acquire()
-        if slot is None and self.batcher.drop_oldest(stream):
+        if slot is None and live and self.batcher.drop_oldest(stream):
             slot = ring.acquire()
         if slot is None:  # every slot is in flight on the GPU: wait briefly
             time.sleep(0.001)
@@ -236,7 +276,8 @@ class Pipeline:
             latency = {"queue": (t_batch - packet.t_monotonic) * 1e3, "gpu": (t_gpu - t_batch) * 1e3,
                        "post": (t_post - t_gpu) * 1e3, "total": (t_post - packet.t_monotonic) * 1e3}
             self.metrics.record_result(packet.stream, latency)
-            record = {"stream": packet.stream, "frame": packet.frame_no,
+            record = {"stream": packet.stream, "source": self.sources[packet.stream].uri, "frame": packet.frame_no,
+                      "pts": None if packet.pts is None else round(packet.pts, 6),
                       "t_capture": round(packet.t_capture, 6), "t_result": round(time.time(), 6),
                       "latency_ms": {k: round(v, 3) for k, v in latency.items()},
                       "task": self.task, "results": res}
@@ -274,7 +315,7 @@ class Pipeline:
         return {"seconds": round(seconds, 2), "backend": self.runtime.backend_name,
                 "captured": list(m.captured), "processed": list(m.processed),
                 "dropped": list(self.batcher.dropped), "failed": list(m.failed),
-                "reconnects": list(m.reconnects), "batches": m.batches,
+                "reconnects": list(m.reconnects), "decode_errors": self._decode_errors(), "batches": m.batches,
                 "throughput_fps": round(sum(m.processed) / max(seconds, 1e-9), 2),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},
@@ -294,6 +335,4 @@ def _releaser(ring, slot):
 
 
 def _frame_hw(frame) -> tuple[int, int]:
-    from jetpipe.frames import frame_size
-
-    return frame_size(frame.data, frame.format)
+    return frame.size()

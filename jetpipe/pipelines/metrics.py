@@ -54,7 +54,7 @@ class Metrics:
             return {}
         return {q: float(np.quantile(values, q)) for q in QUANTILES}
 
-    def prometheus(self, dropped: list[int], depths: list[int]) -> str:
+    def prometheus(self, dropped: list[int], depths: list[int], decode_errors: list[int] | None = None) -> str:
         lines = []
 
         def family(name, kind, help_text, samples):
@@ -75,6 +75,8 @@ class Metrics:
                per_stream(failed))
         family("jetpipe_source_reconnects_total", "counter", "Source reconnect attempts.",
                per_stream(reconnects))
+        family("jetpipe_decode_errors_total", "counter", "Decoder errors (corrupt data, truncated frames).",
+               per_stream(decode_errors or [0] * len(captured)))
         family("jetpipe_stream_fps", "gauge", "Results per second over the last 5 s.",
                [(f'{{stream="{i}"}}', round(self.fps(i), 3)) for i in range(len(captured))])
         family("jetpipe_queue_depth", "gauge", "Frames waiting to be batched.", per_stream(depths))

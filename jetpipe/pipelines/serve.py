@@ -28,7 +28,8 @@ def config_from_args(args) -> PipelineConfig:
     if args.bundle:
         config.bundle = Path(args.bundle)
     if args.source:
-        config.sources = [SourceConfig(uri, loop=args.loop) for uri in args.source]
+        config.sources = [SourceConfig(uri, loop=args.loop, realtime=args.realtime, decoder=args.decoder)
+                          for uri in args.source]
     if args.sink:
         config.sinks = list(args.sink)
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task"):

@@ -7,25 +7,40 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jetpipe.errors import JetpipeError
-from jetpipe.frames import ColourMatrix, check_frame, frame_size
+from jetpipe.frames import ColourMatrix, check_frame, frame_shape, frame_size
 from jetpipe.preprocess import Letterbox
 
 
 @dataclass
 class Frame:
-    """A camera frame in host memory: a tightly packed uint8 array (layouts in jetpipe.frames)."""
+    """A camera frame: a tightly packed uint8 array in host memory (layouts in jetpipe.frames), or,
+    with `device=True`, a tightly packed frame of size `hw` at `address` in device memory
+    (a hardware decoder's ring slot, read by the kernel in place; `data` is None)."""
 
-    data: np.ndarray
+    data: np.ndarray | None
     format: str = "bgr"
     standard: str = "bt601"
     range: str = "limited"
     address: int | None = None  # device-readable address when data lives in a mapped ring slot
     pinned: bool = False        # data is page-locked (a ring slot): uploaded without a host copy
+    device: bool = False        # the frame is in device memory at `address` (no host copy exists)
+    hw: tuple[int, int] | None = None  # (height, width) of a device frame
 
     def size(self) -> tuple[int, int]:
+        if self.device:
+            if self.address is None or self.hw is None:
+                raise JetpipeError("a device frame needs its address and (height, width)")
+            frame_shape(self.format, *self.hw)  # validates format and even sizes
+            return self.hw
         height, width = frame_size(self.data, self.format)
         check_frame(self.data, self.format, height, width)
         return height, width
+
+    @property
+    def nbytes(self) -> int:
+        if self.device:
+            return int(np.prod(frame_shape(self.format, *self.hw)))
+        return self.data.nbytes
 
     def matrix(self) -> ColourMatrix:
         return ColourMatrix.of(self.standard, self.range)
@@ -62,8 +77,10 @@ def as_frame(item) -> Frame:
     return item if isinstance(item, Frame) else Frame(np.asarray(item), "bgr")
 
 
-def validate(frames, max_batch: int, capacity: int | None = None):
-    """Split a batch into usable frames and rejected ones (with reasons); never raises per frame."""
+def validate(frames, max_batch: int, capacity: int | None = None, device_frames: bool = True):
+    """Split a batch into usable frames and rejected ones (with reasons); never raises per frame.
+
+    device_frames=False: this runtime reads host memory only (frames in device memory are rejected)."""
     if len(frames) == 0:
         raise JetpipeError("empty batch: pass at least one frame")
     if len(frames) > max_batch:
@@ -73,10 +90,12 @@ def validate(frames, max_batch: int, capacity: int | None = None):
     for index, item in enumerate(frames):
         try:
             frame = as_frame(item)
+            if frame.device and not device_frames:
+                raise JetpipeError("a frame in device memory needs the GPU runtime")
             height, width = frame.size()
             matrix = frame.matrix()
-            if capacity is not None and frame.data.nbytes > capacity:
-                raise JetpipeError(f"frame of {frame.data.nbytes} bytes exceeds the ring slot of {capacity} "
+            if capacity is not None and frame.nbytes > capacity:
+                raise JetpipeError(f"frame of {frame.nbytes} bytes exceeds the ring slot of {capacity} "
                                    "bytes: open the runtime with a larger max_frame_hw")
             usable.append((index, frame, height, width, matrix))
         except JetpipeError as exc:

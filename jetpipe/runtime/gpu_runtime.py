@@ -75,6 +75,8 @@ class GpuRuntime(_Base):
         from jetpipe.runtime.kernels import compile_module
 
         self.profile = profile
+        self.host_frame_copies = 0      # frames copied on the host into pinned staging (not ring slots)
+        self.frame_bytes_uploaded = 0   # frame bytes copied host -> device (0 for NVDEC and mapped frames)
         self._init_sets(buffer_sets)
         self.device = CudaDevice(device)
         try:
@@ -183,28 +185,41 @@ class GpuRuntime(_Base):
 
         Ring frames (pinned) are uploaded straight from their slot; other arrays are
         first copied into this buffer set's pinned ring."""
-        if self.memory == "mapped" and frame.address is not None:
-            return frame.address
+        if frame.device or (self.memory == "mapped" and frame.address is not None):
+            return frame.address  # device ring slot (hardware decoder) or mapped host slot: read in place
         if frame.pinned and self.memory != "mapped":
             source = frame.data.reshape(-1)
         else:
             source = buffers.host_frames[row, :frame.data.nbytes]
             np.copyto(source, frame.data.reshape(-1))
+            self.host_frame_copies += 1
         self._stage(buffers, row, source)
         return buffers.frame_addresses[row]
 
-    def frame_ring(self, count: int, max_hw: tuple[int, int]):
-        """Pinned slots (mapped in 'mapped' mode: the kernel reads them with no copy)."""
+    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False):
+        """Pinned slots (mapped in 'mapped' mode: the kernel reads them with no copy), or with
+        device=True slots in device memory for a hardware decoder (read in place by the kernel)."""
         from jetpipe.runtime.ring import FrameRing
 
-        mapped = self.memory == "mapped"
+        nbytes = max_hw[0] * max_hw[1] * 3
         with self.device.active():
-            arrays = [self.device.pinned((max_hw[0] * max_hw[1] * 3,), np.uint8, mapped=mapped)
-                      for _ in range(count)]
+            if device:
+                allocations = [self.device.alloc(nbytes) for _ in range(count)]
+                return FrameRing(allocations, [int(a) for a in allocations], pinned=False, device=True)
+            mapped = self.memory == "mapped"
+            arrays = [self.device.pinned((nbytes,), np.uint8, mapped=mapped) for _ in range(count)]
         addresses = [self.device.device_pointer(a) if mapped else None for a in arrays]
         return FrameRing(arrays, addresses, pinned=True)
 
+    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False):
+        """An NVDEC source (PyNvVideoCodec) for a file or network stream on this GPU, or None, logged why."""
+        from jetpipe.runtime.nvdec import open_nvdec
+
+        return open_nvdec(self.device, uri, loop, realtime)
+
     def _stage(self, buffers: _BufferSet, row: int, slot: np.ndarray) -> None:
+        if self.memory != "mapped":
+            self.frame_bytes_uploaded += slot.nbytes
         if self.memory == "staged":
             self.device.cuda.memcpy_htod_async(buffers.frame_addresses[row], slot, self.copy_stream)
         elif self.memory == "device":

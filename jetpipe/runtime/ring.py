@@ -8,6 +8,7 @@ frame is dropped). Nothing is allocated per frame.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -15,9 +16,21 @@ from jetpipe.frames import frame_shape
 from jetpipe.runtime.api import Frame
 
 
+@dataclass(frozen=True)
+class DeviceSlot:
+    """A ring slot in device memory (a hardware decoder writes it; the kernel reads it in place)."""
+
+    address: int
+    nbytes: int
+    format: str
+    height: int
+    width: int
+
+
 class FrameRing:
-    def __init__(self, buffers: list[np.ndarray], addresses: list[int | None], pinned: bool):
-        self.buffers, self.addresses, self.pinned = buffers, addresses, pinned
+    def __init__(self, buffers: list, addresses: list[int | None], pinned: bool, device: bool = False):
+        """buffers: host arrays, or (device=True) device allocations whose addresses are given."""
+        self.buffers, self.addresses, self.pinned, self.device = buffers, addresses, pinned, device
         self._free = list(range(len(buffers)))
         self._lock = threading.Lock()
 
@@ -36,12 +49,17 @@ class FrameRing:
         with self._lock:
             return len(self._free)
 
-    def view(self, slot: int, fmt: str, height: int, width: int) -> np.ndarray:
-        """The slot's bytes as a frame array of this format (no copy)."""
+    def view(self, slot: int, fmt: str, height: int, width: int):
+        """Where a source writes this slot's frame: the bytes as a frame array (no copy), or a DeviceSlot."""
         shape = frame_shape(fmt, height, width)
+        if self.device:
+            return DeviceSlot(self.addresses[slot], int(np.prod(shape)), fmt, height, width)
         return self.buffers[slot][:int(np.prod(shape))].reshape(shape)
 
     def frame(self, slot: int, fmt: str, height: int, width: int, standard="bt601", value_range="limited"):
+        if self.device:
+            return Frame(None, fmt, standard, value_range, address=self.addresses[slot], device=True,
+                         hw=(height, width))
         return Frame(self.view(slot, fmt, height, width), fmt, standard, value_range,
                      address=self.addresses[slot], pinned=self.pinned)
 

@@ -100,11 +100,18 @@ class _Base:
     def infer(self, frames) -> BatchResult:
         return self.collect(self.submit(frames))
 
-    def frame_ring(self, count: int, max_hw: tuple[int, int]):
-        """Slots for `count` frames up to max_hw (BGR-sized), allocated now: for one source."""
+    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False):
+        """Slots for `count` frames up to max_hw (BGR-sized), allocated now: for one source.
+        device=True (the GPU runtime only): slots in device memory, for a hardware decoder."""
         from jetpipe.runtime.ring import host_ring
 
+        if device:
+            raise JetpipeError("device-memory frame rings need the GPU runtime")
         return host_ring(count, max_hw[0] * max_hw[1] * 3)
+
+    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False):
+        """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none)."""
+        return None
 
     def __enter__(self):
         return self
@@ -132,7 +139,7 @@ class CpuRuntime(_Base):
 
     def submit(self, frames) -> Ticket:
         """Preprocess and run now (the CPU has nothing to overlap); results wait in this set's buffers."""
-        usable, rejected = validate(frames, self.max_batch)
+        usable, rejected = validate(frames, self.max_batch, device_frames=False)
         set_index = self._claim_set()
         try:
             self.rejected_frames += len(rejected)

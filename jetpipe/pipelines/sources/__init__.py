@@ -1,0 +1,98 @@
+"""Frame sources: one protocol (base.Source), one URI parser (jetpipe.uri), one factory (open_source).
+
+Every real source delivers YUV as the decoder produced it, written untouched into
+its ring slot; colour is converted on the GPU (or by the CPU runtime's reference
+path). Which decoder (`decoder = "auto"`):
+  - desktop GPU runtime: NVDEC (PyNvVideoCodec) for files and network streams, NV12 in device
+    memory (the runtime's hardware_decoder); FFmpeg where NVDEC cannot take the stream
+  - Jetson: GStreamer (nvarguscamerasrc, nvv4l2decoder, v4l2src raw YUY2)
+  - elsewhere: FFmpeg (files, RTSP, V4L2) into raw I420 / NV12 / YUYV
+  - OpenCV (BGR, on the CPU) only when asked for, or where no ffmpeg is installed (said in the log)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from jetpipe import uri as uris
+from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.sources import ffmpeg, gstreamer
+from jetpipe.pipelines.sources.base import EndOfStream, FrameInfo, Source, SourceError
+from jetpipe.pipelines.sources.ffmpeg import FFmpegSource
+from jetpipe.pipelines.sources.gstreamer import GstSource
+from jetpipe.pipelines.sources.opencv import ImageFolderSource, OpenCVSource
+from jetpipe.pipelines.sources.synthetic import SyntheticCamera
+
+__all__ = ["DECODERS", "EndOfStream", "FFmpegSource", "FrameInfo", "GstSource", "ImageFolderSource",
+           "OpenCVSource", "Source", "SourceError", "SyntheticCamera", "open_source"]
+
+log = logging.getLogger(__name__)
+
+DECODERS = ("auto", "nvdec", "ffmpeg", "gstreamer", "opencv")
+
+
+def open_source(text: str, loop: bool = False, seed: int = 0, realtime: bool = False,
+                decoder: str = "auto", hardware=None, streams: int = 1) -> Source:
+    """A source for a URI (files are probed now, so an unreadable one fails here; nothing is decoded yet).
+
+    hardware(uri, loop, realtime): the runtime's hardware decoder, returning a source or None.
+    streams: how many sources share this machine (CPU decoders get a share of its cores each)."""
+    if decoder not in DECODERS:
+        raise JetpipeError(f"decoder {decoder!r}: choose one of {', '.join(DECODERS)}")
+    uri = uris.parse(text)
+    if uri.scheme == "synthetic":
+        return SyntheticCamera.from_uri(text, seed=seed)
+    if uri.scheme == "file":
+        if not uri.path.exists():
+            raise JetpipeError(f"source {text!r} not found: write a video file, an image folder, or one of "
+                               f"{', '.join(uris.EXAMPLES)}")
+        if uri.path.is_dir():
+            return ImageFolderSource(uri.location, loop, uri=text)
+    if uri.scheme == "gst":
+        return GstSource(uri, loop, realtime)
+    if decoder in ("auto", "nvdec") and uri.scheme in ("file", *uris.NETWORK_SCHEMES) and \
+            not gstreamer.is_jetson():
+        source = hardware(uri, loop, realtime) if hardware is not None else None
+        if source is not None:
+            return source
+        if decoder == "nvdec":
+            log.warning("source %s: no NVDEC for it here (needs the GPU runtime and PyNvVideoCodec): using FFmpeg",
+                        text)
+        decoder = "auto"
+    chosen = _choose_decoder(uri, decoder)
+    if chosen == "opencv":
+        return OpenCVSource(uri, loop)
+    if chosen == "gstreamer":
+        return GstSource(uri, loop, realtime, info=_jetson_info(uri))
+    threads = max(2, (os.cpu_count() or 2) // max(1, streams)) if streams > 1 else None
+    return FFmpegSource(uri, loop, realtime, threads=threads)
+
+
+def _choose_decoder(uri: uris.SourceURI, decoder: str) -> str:
+    if uri.scheme == "csi":
+        if decoder not in ("auto", "gstreamer") or not gstreamer.is_jetson():
+            raise JetpipeError(f"source {uri.text}: CSI cameras need a Jetson (nvarguscamerasrc through GStreamer)")
+        return "gstreamer"
+    if decoder == "auto":
+        decoder = "gstreamer" if gstreamer.is_jetson() and not gstreamer.tools_available() else "ffmpeg"
+    missing = ffmpeg.tools_available() if decoder == "ffmpeg" else \
+        gstreamer.tools_available() if decoder == "gstreamer" else None
+    if missing:
+        log.warning("source %s: %s; decoding with OpenCV on the CPU (BGR frames, far more CPU per frame)",
+                    uri.text, missing)
+        return "opencv"
+    return decoder
+
+
+def _jetson_info(uri: uris.SourceURI) -> FrameInfo:
+    """Frame size for a Jetson pipeline: CSI defaults, else what ffprobe says of the stream."""
+    if uri.scheme == "csi":
+        w, h, fps = gstreamer.CSI_DEFAULT
+        return FrameInfo("nv12", h, w, fps=fps)
+    if ffmpeg.tools_available() is not None:
+        raise JetpipeError(f"source {uri.text}: the frame size is needed for the GStreamer pipeline and "
+                           "ffprobe is missing (apt install ffmpeg)")
+    info = ffmpeg.probe(uri).frame_info()
+    fmt = "yuyv" if uri.scheme == "v4l2" and info.format == "yuyv" else "nv12"
+    return FrameInfo(fmt, info.height, info.width, info.standard, info.range, info.fps)

@@ -1,0 +1,197 @@
+"""Decoder subprocesses (ffmpeg, gst-launch-1.0) writing raw YUV frames to a pipe, read straight into ring slots.
+
+The decoder runs in its own process (its own cores, no GIL); this side only
+copies bytes from the pipe into the slot the frame goes to: no per-frame
+allocation, no colour conversion. Its stderr is drained by a thread and every
+line counted as a decode error (the decoders run at error level), logged with
+the source's name at the 1st, 10th, 100th, ... occurrence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import subprocess
+import threading
+from collections import deque
+
+import numpy as np
+
+from jetpipe.frames import frame_shape
+from jetpipe.pipelines.sources.base import EndOfStream, FrameInfo, SourceError
+
+log = logging.getLogger(__name__)
+
+F_SETPIPE_SZ = 1031  # Linux: larger pipe buffer, fewer read() calls per frame
+PIPE_BYTES = 1 << 20
+
+
+class DecoderProcess:
+    """One run of a decoder command; read_frame() fills a slot with exactly one frame."""
+
+    def __init__(self, argv: list[str], frame_bytes: int, name: str):
+        self.argv, self.frame_bytes, self.name = argv, frame_bytes, name
+        self.errors, self.recent = 0, deque(maxlen=5)
+        self.interrupted = False
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+        except OSError as exc:
+            raise SourceError(f"{name}: cannot start {argv[0]} ({exc.strerror})") from None
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self.proc.stdout.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
+        self._stderr = threading.Thread(target=self._drain_stderr, name=f"{name}-stderr", daemon=True)
+        self._stderr.start()
+
+    def _drain_stderr(self) -> None:
+        for raw in iter(self.proc.stderr.readline, b""):
+            line = raw.decode(errors="replace").strip()
+            if not line or self.interrupted:  # what a decoder says while being stopped is no decode error
+                continue
+            self.errors += 1
+            self.recent.append(line)
+            if self.errors in (1, 10, 100) or self.errors % 1000 == 0:
+                log.warning("%s: decode error #%d: %s", self.name, self.errors, line[:200])
+
+    def read_frame(self, slot: np.ndarray) -> bool:
+        """True when a whole frame was read into `slot`; False at the end of the stream."""
+        view = memoryview(slot).cast("B")
+        filled = 0
+        while filled < self.frame_bytes:
+            got = self.proc.stdout.readinto(view[filled:self.frame_bytes])
+            if not got:
+                break
+            filled += got
+        if filled == self.frame_bytes:
+            return True
+        if filled and not self.interrupted:
+            self.errors += 1
+            self.recent.append(f"last frame truncated ({filled} of {self.frame_bytes} bytes)")
+        return False
+
+    def finish(self) -> int | None:
+        """Wait for the decoder to exit after the end of its output; its exit code (None: did not exit)."""
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = None
+        self._stderr.join(timeout=1)
+        return code
+
+    def why(self) -> str:
+        return self.recent[-1] if self.recent else "no message"
+
+    def interrupt(self) -> None:
+        self.interrupted = True
+        self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    def close(self) -> None:
+        self.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+        self._stderr.join(timeout=1)
+
+
+class PipeSource:
+    """A source whose frames come from a decoder subprocess; subclasses say which command and format.
+
+    Files end (EndOfStream) or restart when looping; live sources raise
+    SourceError at the end so the daemon reconnects with backoff.
+    """
+
+    memory = "host"
+
+    decoder_name = "decoder"
+
+    def __init__(self, uri, loop: bool = False, realtime: bool = False):
+        self.source_uri, self.uri, self.loop, self.realtime = uri, uri.text, loop, realtime
+        self.live = uri.live or realtime  # paced sources drop their oldest frame when processing falls behind
+        self.info: FrameInfo | None = None
+        self._process: DecoderProcess | None = None
+        self._past_errors = 0
+        self._index = 0
+        self._interrupted = False
+        self._probe_process = None  # a running probe (ffprobe): killed by interrupt()
+
+    def _probing(self, process) -> None:
+        self._probe_process = process
+        if self._interrupted:
+            process.kill()
+
+    # subclasses
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def probe(self) -> FrameInfo:
+        raise NotImplementedError
+
+    def restarts_itself(self) -> bool:
+        """The command loops the file by itself (ffmpeg -stream_loop)."""
+        return False
+
+    @property
+    def decode_errors(self) -> int:
+        return self._past_errors + (self._process.errors if self._process else 0)
+
+    def describe(self) -> str:
+        return f"{self.uri} ({self.decoder_name})"
+
+    def open(self) -> FrameInfo:
+        self._end_process()
+        if self.info is None or self.source_uri.live:
+            self.info = self.probe()
+        if self._interrupted:
+            raise SourceError(f"{self.uri}: stopped")
+        size = int(np.prod(frame_shape(self.info.format, self.info.height, self.info.width)))
+        self._process = DecoderProcess(self.command(), size, self.describe())
+        self._index = 0
+        log.info("source %s: %s %dx%d %s via %s", self.uri, self.info.format, self.info.width, self.info.height,
+                 self.info.standard, " ".join(self._process.argv[:1]))
+        log.debug("source %s: %s", self.uri, " ".join(self._process.argv))
+        return self.info
+
+    def read_into(self, slot: np.ndarray) -> float | None:
+        while True:
+            if self._process.read_frame(slot):
+                self._index += 1
+                return (self._index - 1) / self.info.fps if self.info.fps > 0 else None
+            self._stream_ended()
+            if self._interrupted or not self.loop or self.source_uri.live or self.restarts_itself():
+                break
+            self.open()  # loop a file: decode it again
+        if self.source_uri.live:
+            raise SourceError(f"{self.uri}: stream ended ({self._process.why()})")
+        raise EndOfStream(self.uri)
+
+    def _stream_ended(self) -> None:
+        process = self._process
+        code = process.finish()
+        if code not in (0, None) and not process.interrupted:
+            process.errors += 1
+            log.warning("source %s: %s exited with code %s after %d frames: %s", self.uri, self.decoder_name,
+                        code, self._index, process.why())
+
+    def interrupt(self) -> None:
+        self._interrupted = True
+        if self._probe_process is not None and self._probe_process.poll() is None:
+            self._probe_process.kill()
+        if self._process is not None:
+            self._process.interrupt()
+
+    def _end_process(self) -> None:
+        if self._process is not None:
+            self._past_errors += self._process.errors
+            self._process.close()
+            self._process = None
+
+    def close(self) -> None:
+        self._end_process()

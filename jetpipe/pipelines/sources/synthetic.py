@@ -1,0 +1,90 @@
+"""A synthetic camera: rendered text panning over a textured background (tests, demo, benchmarks)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from jetpipe import uri as uris
+from jetpipe.errors import JetpipeError
+from jetpipe.frames import frame_shape, from_bgr
+from jetpipe.pipelines.sources.base import FrameInfo
+
+
+class SyntheticCamera:
+    """Rendered text panning over a textured background, at a given size, rate and pixel format.
+
+    One wide canvas is rendered and encoded once; frame t is a horizontal slice of
+    it, so producing a frame is a copy into the ring slot: no per-frame allocation.
+    """
+
+    memory = "host"
+
+    pan = 512  # pixels of canvas beyond the frame width; frames step PAN_STEP pixels
+    live = True
+    decode_errors = 0
+
+    def __init__(self, width=640, height=480, fps=30.0, fmt="nv12", seed=0, step=8, uri: str = "synthetic"):
+        frame_shape(fmt, height, width)  # validates format and even sizes
+        if fmt == "i420":  # planar chroma cannot be panned by slicing columns
+            raise JetpipeError("synthetic sources produce nv12, yuyv, uyvy, bgr or rgb, not i420")
+        from jetpipe.synth import render_text_image
+
+        self.uri = uri
+        self.info = FrameInfo(fmt, height, width, fps=fps)
+        self.fps, self.step = fps, step
+        wide = render_text_image(seed, (height, width + self.pan), max_words=max(6, width // 80))
+        self.boxes = np.array(wide.boxes, np.float64).reshape(-1, 4)
+        self.canvas = from_bgr(wide.bgr, fmt)
+        self.count = 0
+        self._next = None
+
+    @classmethod
+    def from_uri(cls, text: str, seed: int = 0) -> SyntheticCamera:
+        uri = uris.parse(text)
+        if uri.scheme != "synthetic":
+            raise JetpipeError(f"source {text!r} is not a synthetic camera: write synthetic://WxH@FPS/FORMAT")
+        width, height, fps, fmt = uris.synthetic_spec(uri)
+        return cls(width, height, fps, fmt, seed=seed, uri=text)
+
+    def describe(self) -> str:
+        i = self.info
+        return f"synthetic {i.width}x{i.height}@{self.fps:g} {i.format}"
+
+    def open(self) -> FrameInfo:
+        self._next = time.monotonic()
+        return self.info
+
+    def offset(self, index: int) -> int:
+        """Left edge of frame `index` in canvas pixels (even, so chroma pairs stay aligned)."""
+        return (index * self.step) % self.pan // 2 * 2
+
+    def visible_boxes(self, index: int) -> np.ndarray:
+        """Ground-truth word boxes fully inside frame `index` (x0, y0, x1, y1)."""
+        shifted = self.boxes - [self.offset(index), 0, self.offset(index), 0]
+        inside = (shifted[:, 0] >= 0) & (shifted[:, 2] <= self.info.width)
+        return shifted[inside]
+
+    def read_into(self, slot: np.ndarray) -> float | None:
+        if self.fps > 0:  # pace like a camera
+            self._next += 1.0 / self.fps
+            delay = self._next - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                self._next = time.monotonic()
+        x = self.offset(self.count)
+        i = self.info
+        if i.format in ("yuyv", "uyvy"):
+            slot[:] = self.canvas[:, 2 * x:2 * (x + i.width)]
+        else:
+            slot[:] = self.canvas[:, x:x + i.width]
+        self.count += 1
+        return (self.count - 1) / self.fps if self.fps > 0 else None
+
+    def interrupt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

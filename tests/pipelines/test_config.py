@@ -1,0 +1,31 @@
+"""Config traps: booleans are booleans, tables vs arrays of tables, required keys (no tracebacks)."""
+
+import pytest
+
+from jetpipe.pipelines.config import ConfigError, load
+
+HEAD = "[pipeline]\nbundle = 'b'\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    (HEAD + "[[source]]\nuri = 'a.mp4'\nloop = 'no'\n", r"loop = 'no': expected true or false"),
+    (HEAD + "[[source]]\nuri = 'a.mp4'\nrealtime = 1\n", r"realtime = 1: expected true or false"),
+    (HEAD + "[[source]]\nuri = 7\n", r"uri = 7: expected a string"),
+    (HEAD + "[[source]]\nuri = 'a.mp4'\ndecoder = 'nvidia'\n", r"decoder = 'nvidia': allowed auto \| nvdec \| ffmpeg"),
+    (HEAD + "[source]\nuri = 'synthetic'\n", r"\[source\] is one table; write \[\[source\]\]"),
+    (HEAD + "[[source]]\nuri = 'synthetic'\n[sink]\nuri = 'stdout'\n", r"\[sink\] is one table; write \[\[sink\]\]"),
+    (HEAD + "[[source]]\nuri = 'synthetic'\n[[sink]]\n", r"\[\[sink\]\] #1: uri is required"),
+    (HEAD + "max_batch = true\n[[source]]\nuri = 'synthetic'\n", r"max_batch = True: expected an integer"),
+])
+def test_config_traps_are_named(tmp_path, text, message):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load(path)
+
+
+def test_source_options_are_read(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(HEAD + "[[source]]\nuri = 'a.mp4'\nloop = true\nrealtime = true\ndecoder = 'ffmpeg'\n")
+    source = load(path).sources[0]
+    assert (source.uri, source.loop, source.realtime, source.decoder) == ("a.mp4", True, True, "ffmpeg")

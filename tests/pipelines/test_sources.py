@@ -1,0 +1,388 @@
+"""Sources on real encoded video: URIs, FFmpeg into raw YUV, GStreamer, backpressure, errors, stopping.
+
+Videos are encoded with ffmpeg at test time (H.264, HEVC, MJPEG, odd and portrait sizes).
+"""
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from jetpipe import uri as uris
+from jetpipe.cli import main
+from jetpipe.frames import ColourMatrix, frame_shape
+from jetpipe.pipelines.batcher import Batcher, Packet
+from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.daemon import Pipeline
+from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, GstSource, SourceError, open_source
+from jetpipe.pipelines.sources.gstreamer import caps_of, jetson_pipeline
+from jetpipe.preprocess import preprocess_bgr, preprocess_frame
+from jetpipe.spec import PreprocessSpec
+from tests.helpers import residual_cnn, save
+
+needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None,
+                                  reason="ffmpeg/ffprobe not installed (apt install ffmpeg; .ci/run installs it)")
+needs_gst = pytest.mark.skipif(shutil.which("gst-launch-1.0") is None,
+                               reason="gst-launch-1.0 not installed (apt install gstreamer1.0-tools)")
+
+
+def encode(path, size="320x240", frames=30, codec="libx264", pix_fmt="yuv420p", extra=(), vf=None):
+    filters = f"scale={size.replace('x', ':')}" + (f",{vf}" if vf else "") + f",format={pix_fmt}"
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=640x480:r=30",
+                    "-frames:v", str(frames), "-vf", filters, "-c:v", codec, *extra, str(path)], check=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg not installed")
+    folder = tmp_path_factory.mktemp("videos")
+    return {
+        "h264": encode(folder / "h264.mp4", "320x240", 45),
+        "hevc": encode(folder / "hevc.mp4", "1280x720", 12, "libx265", extra=("-x265-params", "log-level=error")),
+        "mjpeg": encode(folder / "mjpeg.avi", "320x240", 10, "mjpeg", "yuvj422p"),
+        "mjpeg420": encode(folder / "mjpeg420.avi", "320x240", 10, "mjpeg", "yuvj420p"),
+        "odd": encode(folder / "odd.mp4", "641x481", 10, pix_fmt="yuv444p"),
+        "portrait": encode(folder / "portrait.mp4", "240x320", 10),
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("srcbundle")
+    model = save(residual_cnn(batch=1, size=32), folder / "tiny.onnx")
+    assert main(["convert", model, "-o", str(folder / "b"), "--max-batch", "4", "--quiet"]) == 0
+    return folder / "b"
+
+
+def ffmpeg_decode(path, pix_fmt, vf=None) -> bytes:
+    argv = ["ffmpeg", "-v", "error", "-i", str(path), *(["-vf", vf] if vf else []), "-f", "rawvideo",
+            "-pix_fmt", pix_fmt, "pipe:1"]
+    return subprocess.run(argv, capture_output=True, check=True).stdout
+
+
+def read_all(source):
+    info = source.open()
+    frames = []
+    try:
+        while True:
+            slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+            source.read_into(slot)
+            frames.append(slot)
+    except EndOfStream:
+        pass
+    finally:
+        source.close()
+    return info, frames
+
+
+# --- URIs ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, scheme, location", [
+    ("csi://0", "csi", "0"),
+    ("v4l2:///dev/video0", "v4l2", "/dev/video0"),
+    ("v4l2://1", "v4l2", "/dev/video1"),
+    ("/dev/video2", "v4l2", "/dev/video2"),
+    ("rtsp://10.0.0.5:8554/cam", "rtsp", "rtsp://10.0.0.5:8554/cam"),
+    ("file://clips/a.mp4", "file", "clips/a.mp4"),
+    ("file:///data/a.mp4", "file", "/data/a.mp4"),
+    ("clips/a.mp4", "file", "clips/a.mp4"),
+    ("synthetic-cam/", "file", "synthetic-cam/"),  # a folder of that name is a folder
+    ("synthetic", "synthetic", ""),
+    ("synthetic:1280x720@15:yuyv", "synthetic", "1280x720@15:yuyv"),
+    ("synthetic://1280x720@15/yuyv", "synthetic", "1280x720@15/yuyv"),
+    ("gst:videotestsrc ! video/x-raw,format=NV12,width=64,height=48", "gst",
+     "videotestsrc ! video/x-raw,format=NV12,width=64,height=48"),
+])
+def test_uri_schemes(text, scheme, location):
+    uri = uris.parse(text)
+    assert (uri.scheme, uri.location) == (scheme, location)
+    assert uri.live == (scheme in ("csi", "v4l2", "rtsp", "synthetic"))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("webcam://0", "unknown scheme 'webcam'; known: csi, v4l2, file, synthetic, gst, rtsp"),
+    ("csi://left", "write csi://N"),
+    ("v4l2://cam", "write v4l2:///dev/videoN"),
+    ("", "empty source"),
+    ("synthetic://big", "write synthetic://WIDTHxHEIGHT@FPS/FORMAT"),
+])
+def test_bad_uris_are_one_clear_line(text, message):
+    with pytest.raises(uris.SourceURIError, match=message):
+        uris.synthetic_spec(uris.parse(text))
+
+
+def test_synthetic_spec_both_spellings():
+    assert uris.synthetic_spec(uris.parse("synthetic://1280x720@15/yuyv")) == (1280, 720, 15.0, "yuyv")
+    assert uris.synthetic_spec(uris.parse("synthetic:1280x720@15:yuyv")) == (1280, 720, 15.0, "yuyv")
+    assert uris.synthetic_spec(uris.parse("synthetic")) == (640, 480, 30.0, "nv12")
+
+
+def test_serve_lists_the_schemes_for_an_unknown_one(tiny_bundle, capsys):
+    assert main(["serve", "--bundle", str(tiny_bundle), "--source", "webcam://0", "--metrics", ""]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "unknown scheme 'webcam'; known: csi, v4l2, file" in err
+
+
+# --- FFmpeg: frames arrive as YUV, untouched ------------------------------------------------------------------
+
+@needs_ffmpeg
+@pytest.mark.parametrize("name, fmt, standard, value_range, size, reference", [
+    ("h264", "i420", "bt601", "limited", (240, 320), "yuv420p"),
+    ("hevc", "i420", "bt709", "limited", (720, 1280), "yuv420p"),
+    ("mjpeg", "yuyv", "bt601", "limited", (240, 320), "yuyv422"),
+    ("mjpeg420", "i420", "bt601", "full", (240, 320), "yuvj420p"),
+    ("portrait", "i420", "bt601", "limited", (320, 240), "yuv420p"),
+    ("odd", "nv12", "bt601", "limited", (480, 640), "nv12"),  # 641x481 4:4:4 -> even NV12
+])
+def test_ffmpeg_delivers_the_decoders_yuv(videos, name, fmt, standard, value_range, size, reference):
+    source = FFmpegSource(uris.parse(str(videos[name])))
+    info, frames = read_all(source)
+    assert (info.format, info.standard, info.range, (info.height, info.width)) == (fmt, standard, value_range, size)
+    crop = "crop=640:480:0:0" if name == "odd" else None
+    expected = np.frombuffer(ffmpeg_decode(videos[name], reference, crop), np.uint8)
+    assert np.array_equal(np.concatenate([f.reshape(-1) for f in frames]), expected)  # bit-exact planes
+    assert source.decode_errors == 0
+
+
+@needs_ffmpeg
+@pytest.mark.parametrize("name", ["h264", "hevc", "mjpeg", "mjpeg420"])
+def test_cpu_conversion_of_ffmpeg_yuv_matches_ffmpegs_own_rgb(videos, name):
+    """Our colour conversion of the delivered YUV vs FFmpeg's own YUV -> BGR, on the network input."""
+    info, frames = read_all(FFmpegSource(uris.parse(str(videos[name]))))
+    matrix = ColourMatrix.of(info.standard, info.range)
+    space = "bt709" if info.standard == "bt709" else "bt601"
+    vf = f"scale=in_color_matrix={space}:in_range={'pc' if info.range == 'full' else 'tv'}:flags=accurate_rnd"
+    bgr = np.frombuffer(ffmpeg_decode(videos[name], "bgr24", vf), np.uint8).reshape(-1, info.height, info.width, 3)
+    spec = PreprocessSpec(resize="stretch")
+    for ours, theirs in zip(frames[:3], bgr[:3]):
+        a, _ = preprocess_frame(ours, info.format, (96, 128), spec, matrix)
+        b, _ = preprocess_bgr(theirs, (96, 128), spec)
+        diff = np.abs(a - b) * 255
+        assert diff.mean() < 2.0 and np.percentile(diff, 99) < 16, (diff.mean(), np.percentile(diff, 99))
+
+
+# --- the daemon: every frame of a file, records, errors -------------------------------------------------------
+
+def _config(bundle, sources, **kw):
+    kw.setdefault("metrics_listen", "")
+    return validate(PipelineConfig(bundle=bundle, sources=sources, **kw))
+
+
+@needs_ffmpeg
+def test_every_frame_of_a_file_is_processed_with_uri_and_pts(videos, tiny_bundle, tmp_path):
+    out = tmp_path / "r.jsonl"
+    config = _config(tiny_bundle, [SourceConfig(str(videos["h264"])), SourceConfig(f"file://{videos['portrait']}")],
+                     sinks=[f"jsonl:{out}"], queue_depth=1, max_batch=2, task="raw")
+    summary = Pipeline(config).run()
+    assert summary["processed"] == [45, 10] and summary["dropped"] == [0, 0] and summary["failed"] == [0, 0]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    first = [r for r in records if r["stream"] == 0]
+    assert [r["frame"] for r in first] == list(range(45))
+    assert first[0]["source"] == str(videos["h264"]) and first[3]["pts"] == pytest.approx(0.1)
+
+
+@needs_ffmpeg
+def test_a_file_corrupted_mid_stream_is_counted_not_a_silent_end(videos, tiny_bundle, tmp_path, caplog):
+    data = bytearray(videos["h264"].read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 4000] = bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(bytes(data))
+    summary = Pipeline(_config(tiny_bundle, [SourceConfig(str(broken))], task="raw")).run()
+    assert summary["decode_errors"][0] > 0
+    assert summary["processed"][0] == summary["captured"][0] > 0
+    assert "decode error #1" in caplog.text
+
+
+@needs_ffmpeg
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.write_bytes(b""), "cannot open .*empty.mp4"),
+    (lambda p: p.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 200), "cannot open .*empty.mp4"),
+    (lambda p: encode(p, "3840x2160", 1, extra=("-preset", "ultrafast")),
+     r"frames are 3840x2160, larger than max_frame_hw \[1080, 1920\]: set \[pipeline\] max_frame_hw = \[2160, 3840\]"),
+])
+def test_unopenable_files_fail_in_one_line(tiny_bundle, tmp_path, capsys, make, message):
+    import re
+
+    path = tmp_path / "empty.mp4"
+    make(path)
+    assert main(["serve", "--bundle", str(tiny_bundle), "--source", str(path), "--metrics", ""]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and re.search(message, err), err
+
+
+@needs_ffmpeg
+def test_loop_restarts_the_file(videos):
+    source = FFmpegSource(uris.parse(str(videos["mjpeg"])), loop=True)
+    info = source.open()
+    slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+    pts = [source.read_into(slot) for _ in range(25)]  # the file has 10 frames
+    source.close()
+    assert pts[-1] == pytest.approx(24 / 30)
+
+
+# --- live sources: reconnect, stop ----------------------------------------------------------------------------
+
+class StreamServer:
+    """A network camera on 127.0.0.1: sends an MPEG-TS file over and over to every client; can be unplugged."""
+
+    def __init__(self, ts_bytes: bytes, port: int = 0):
+        import socketserver
+
+        data = ts_bytes
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                try:
+                    while not server.closing:
+                        for at in range(0, len(data), 16384):
+                            self.request.sendall(data[at:at + 16384])
+                            time.sleep(0.002)
+                except OSError:
+                    pass
+
+        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        server = socketserver.ThreadingTCPServer(("127.0.0.1", port), Handler)
+        server.daemon_threads, server.closing = True, False
+        self.server, self.port = server, server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def unplug(self):
+        self.server.closing = True
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@needs_ffmpeg
+def test_a_network_stream_that_drops_is_reconnected(videos, tiny_bundle, tmp_path):
+    ts = tmp_path / "cam.ts"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(videos["h264"]), "-c", "copy", "-f", "mpegts", str(ts)],
+                   check=True)
+    camera = StreamServer(ts.read_bytes())
+    config = _config(tiny_bundle, [SourceConfig(f"tcp://127.0.0.1:{camera.port}")], task="raw", reconnect_max_s=0.5)
+    pipeline = Pipeline(config)
+    runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
+    runner.start()
+    try:
+        _wait(lambda: pipeline.metrics.processed[0] >= 5)
+        camera.unplug()
+        _wait(lambda: pipeline.metrics.reconnects[0] >= 1)
+        camera = StreamServer(ts.read_bytes(), camera.port)
+        seen = pipeline.metrics.processed[0]
+        _wait(lambda: pipeline.metrics.processed[0] >= seen + 5)
+    finally:
+        pipeline.stop()
+        runner.join(timeout=10)
+        camera.unplug()
+    assert pipeline.result["reconnects"][0] >= 1 and pipeline.result["processed"][0] >= 10
+
+
+def _wait(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@needs_ffmpeg
+def test_sigterm_during_a_hanging_open_exits_in_time(tiny_bundle, tmp_path):
+    """A network camera that accepts the connection and never sends a byte: stopping must not wait for it."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    daemon = subprocess.Popen([sys.executable, "-m", "jetpipe.cli", "serve", "--bundle", str(tiny_bundle),
+                               "--source", f"tcp://127.0.0.1:{port}", "--metrics", "", "--task", "raw"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        conn, _ = listener.accept()  # the probe connected and now waits for data
+        time.sleep(0.5)
+        started = time.monotonic()
+        daemon.send_signal(signal.SIGTERM)
+        code = daemon.wait(timeout=15)
+        took = time.monotonic() - started
+    finally:
+        daemon.kill()
+        listener.close()
+    assert code == 0 and took < 5.0, (code, took, daemon.stderr.read())
+
+
+# --- backpressure ---------------------------------------------------------------------------------------------
+
+def test_a_file_waits_for_room_a_camera_drops_its_oldest():
+    batcher = Batcher(streams=2, max_batch=4, timeout_s=0.0, depth=1)
+    released = []
+    packet = lambda stream, n: Packet(stream, n, 0.0, None, lambda: released.append((stream, n)))  # noqa: E731
+    batcher.put(packet(1, 0))
+    batcher.put(packet(1, 1))  # camera: the oldest goes
+    assert batcher.dropped[1] == 1 and released == [(1, 0)]
+    batcher.put(packet(0, 0), wait=True)
+    waiter = threading.Thread(target=batcher.put, args=(packet(0, 1),), kwargs={"wait": True})
+    waiter.start()
+    waiter.join(timeout=0.3)
+    assert waiter.is_alive()  # blocked: the file's queue is full
+    assert [p.frame_no for p in batcher.next_batch()] == [0, 1]
+    waiter.join(timeout=2)
+    assert not waiter.is_alive() and batcher.dropped[0] == 0 and batcher.depths() == [1, 0]
+
+
+# --- GStreamer ------------------------------------------------------------------------------------------------
+
+@needs_gst
+def test_a_gst_pipeline_delivers_raw_nv12(tiny_bundle):
+    text = "gst:videotestsrc num-buffers=12 ! video/x-raw,format=NV12,width=96,height=64,framerate=30/1"
+    source = open_source(text)
+    assert isinstance(source, GstSource) and source.info.format == "nv12"
+    info, frames = read_all(source)
+    assert len(frames) == 12 and frames[0].shape == (96, 96)
+    assert frames[0].std() > 0  # a test pattern, not zeros
+
+
+def test_gst_pipelines_must_name_their_caps():
+    assert caps_of("v4l2src ! video/x-raw,format=YUY2,width=640,height=480,framerate=30/1", "x") \
+        .__dict__ == {"format": "yuyv", "height": 480, "width": 640, "standard": "bt601", "range": "limited",
+                      "fps": 30.0}
+    with pytest.raises(Exception, match="must end in raw caps naming the format and size"):
+        caps_of("videotestsrc ! videoconvert", "gst:videotestsrc ! videoconvert")
+
+
+@pytest.mark.parametrize("text, fmt, expected", [
+    ("csi://1", "nv12", "nvarguscamerasrc sensor-id=1 ! video/x-raw(memory:NVMM),width=1920,height=1080,"
+                        "framerate=30/1,format=NV12 ! nvvidconv ! video/x-raw,format=NV12,width=1920,height=1080"),
+    ("/dev/video0", "yuyv", "v4l2src device=/dev/video0 ! video/x-raw,format=YUY2,width=1920,height=1080"),
+    ("/dev/video0", "nv12", "v4l2src device=/dev/video0 ! image/jpeg,width=1920,height=1080 ! "
+                            "nvv4l2decoder mjpeg=1 ! nvvidconv ! video/x-raw,format=NV12,width=1920,height=1080"),
+    ("/clips/a b.mp4", "nv12", 'filesrc location="/clips/a b.mp4" ! parsebin ! nvv4l2decoder ! nvvidconv ! '
+                               "video/x-raw,format=NV12,width=1920,height=1080"),
+    ("rtsp://cam/1", "nv12", 'rtspsrc location="rtsp://cam/1" latency=200 ! parsebin ! nvv4l2decoder ! '
+                             "nvvidconv ! video/x-raw,format=NV12,width=1920,height=1080"),
+])
+def test_jetson_pipelines(text, fmt, expected):
+    from jetpipe.pipelines.sources.base import FrameInfo
+
+    assert jetson_pipeline(uris.parse(text), FrameInfo(fmt, 1080, 1920, fps=30)) == expected
+
+
+def test_csi_needs_a_jetson():
+    with pytest.raises(Exception, match="CSI cameras need a Jetson"):
+        open_source("csi://0")
+
+
+def test_without_ffmpeg_the_opencv_path_is_taken_and_said(videos, monkeypatch, caplog):
+    from jetpipe.pipelines.sources import OpenCVSource
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    source = open_source(str(videos["h264"]))
+    assert isinstance(source, OpenCVSource)
+    assert "ffmpeg and ffprobe not found on PATH (apt install ffmpeg); decoding with OpenCV" in caplog.text
+    with pytest.raises(SourceError, match="cannot run|not found"):
+        FFmpegSource(uris.parse("rtsp://127.0.0.1:1/x")).open()
