@@ -11,8 +11,9 @@ on the CPU); files loop and are offered as fast as they go (every frame
 processed: saturated throughput). Then N streams paced at 30 fps (--realtime,
 NVDEC): drops and latency against two batch periods. And the engine alone
 (ONNX Runtime CUDA EP on device buffers, batch 8). Model: PP-OCRv4 det 640x640
-FP32 (the built-in), postprocessing included (what users run); the NVDEC path is
-also run with `task raw` (no DB postprocessing) to show what decoding leaves.
+FP32 (the built-in), postprocessing included (what users run); every path is
+also run with `task raw` (no DB postprocessing), which leaves decoding, upload,
+preprocessing and inference: the decoders' own CPU cost side by side.
 Reported: frames/s, CPU cores used (process + decoder subprocess CPU time / wall),
 CPU ms per frame, peak RSS, dropped, p50/p99 latency.
 """
@@ -127,13 +128,11 @@ def run_all(args) -> None:
         for codec in args.codecs.split(","):
             clip = encode(Path(tmp), codec, 10)
             for n in streams:
-                for path in args.paths.split(","):
-                    rows.append({"codec": codec, **run_child(bundle, clip, n, path, args.seconds)})
-                    print(json.dumps(rows[-1]), flush=True)
-                if "nvdec" in args.paths:
-                    rows.append({"codec": codec, **run_child(bundle, clip, n, "nvdec", args.seconds, task="raw")})
-                    print(json.dumps(rows[-1]), flush=True)
-                    rows.append({"codec": codec, **run_child(bundle, clip, n, "nvdec", args.seconds, realtime=True)})
+                runs = [(path, {}) for path in args.paths.split(",")]
+                runs += [(path, {"task": "raw"}) for path in args.paths.split(",")]
+                runs += [("nvdec", {"realtime": True})] if "nvdec" in args.paths else []
+                for path, options in runs:
+                    rows.append({"codec": codec, **run_child(bundle, clip, n, path, args.seconds, **options)})
                     print(json.dumps(rows[-1]), flush=True)
     report(rows, engine_fps)
     if args.json:
