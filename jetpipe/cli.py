@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -26,7 +27,8 @@ def _add_convert(sub) -> None:
                                    "into a bundle folder.")
     p.add_argument("model", help="path of an .onnx file, or a built-in model: ppocr-det")
     p.add_argument("-o", "--output", required=True, type=Path, help="bundle folder to write")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="fp16: float16 graph, float32 I/O; int8: explicit Q/DQ (needs --calib)")
     g = p.add_argument_group("calibration")
     g.add_argument("--calib", help="image folder, video file, .npy of N,C,H,W float32 inputs, "
                                    "or 'synthetic' (rendered text images)")
@@ -42,14 +44,15 @@ def _add_convert(sub) -> None:
     g.add_argument("--exclude-from", type=Path, metavar="REPORT",
                    help="keep the nodes a `jetpipe calibrate accuracy --budget` search chose in float")
     s = p.add_argument_group("input and preprocessing")
-    s.add_argument("--max-batch", type=int, default=8)
+    s.add_argument("--max-batch", type=int, default=8, help="largest batch the bundle and engine take (1-256)")
     s.add_argument("--input-size", metavar="HxW", help="for models with dynamic height/width")
     s.add_argument("--preset", choices=sorted(PRESETS), help="named preprocessing preset")
     s.add_argument("--scale", type=float, help="pixel scale before mean/std (default 1/255)")
     s.add_argument("--mean", help="R,G,B mean, after scaling")
     s.add_argument("--std", help="R,G,B std, after scaling")
-    s.add_argument("--channel-order", choices=CHANNEL_ORDERS)
-    s.add_argument("--resize", choices=RESIZE_MODES)
+    s.add_argument("--channel-order", choices=CHANNEL_ORDERS, help="the network's input channel order (default rgb)")
+    s.add_argument("--resize", choices=RESIZE_MODES,
+                   help="letterbox: keep the aspect ratio and pad; stretch: fill (default letterbox)")
     s.add_argument("--pad-value", type=float, help="letterbox pad, in pixel units")
     r = p.add_argument_group("pruning")
     r.add_argument("--prune", type=float, metavar="RATIO",
@@ -116,7 +119,7 @@ def _run_convert(args) -> int:
 
 def _add_inspect(sub) -> None:
     p = sub.add_parser("inspect", help="print a bundle's manifest and verify its hashes")
-    p.add_argument("bundle", type=Path)
+    p.add_argument("bundle", type=Path, help="bundle folder written by `jetpipe convert`")
     p.add_argument("--json", action="store_true", help="print the raw manifest")
     p.set_defaults(run=_run_inspect)
 
@@ -138,7 +141,8 @@ def _run_inspect(args) -> int:
             print(f"FAILED {problem}", file=sys.stderr)
         print(f"error: bundle {args.bundle} is damaged: rebuild it with `jetpipe convert`", file=sys.stderr)
         return 1
-    print(f"hashes: {len(manifest.get('files', {}))} files verified")
+    # with --json, stdout is the manifest alone (for jq and friends)
+    print(f"hashes: {len(manifest.get('files', {}))} files verified", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -176,11 +180,12 @@ def _add_serve(sub) -> None:
                    help="auto (default): GStreamer/nvv4l2decoder on a Jetson, else FFmpeg into raw YUV; "
                         "opencv: decode and convert to BGR on the CPU")
     p.add_argument("--sink", action="append", metavar="SPEC", help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC")
-    p.add_argument("--max-batch", type=int)
+    p.add_argument("--max-batch", type=int, help="frames per GPU batch (default: the bundle's)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
-    p.add_argument("--backend", choices=BACKENDS)
-    p.add_argument("--memory", choices=MEMORY_MODES)
+    p.add_argument("--backend", choices=BACKENDS, help="inference backend (default auto: TensorRT > ORT CUDA > CPU)")
+    p.add_argument("--memory", choices=MEMORY_MODES,
+                   help="frame memory: mapped (zero copy), staged (pinned + async copy), device (default auto)")
     p.add_argument("--task", help="text-detection | classification | detection-yolo | raw")
     p.add_argument("--metrics", metavar="HOST:PORT", help="Prometheus /metrics and /healthz ('' disables)")
     p.set_defaults(run=_run_serve)
@@ -196,11 +201,21 @@ def _add_demo(sub) -> None:
     from jetpipe.runtime.runtime import BACKENDS
 
     p = sub.add_parser("demo", help="convert the built-in model and serve two synthetic cameras")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds (default 10)")
+    p.add_argument("--duration", type=_positive_seconds, default=10.0, help="seconds to serve")
     p.add_argument("--bundle-dir", default="bundles/demo-ppocr-det", help="where the converted model goes")
     p.add_argument("--sink", action="append", metavar="SPEC", help="also write results here")
-    p.add_argument("--backend", choices=BACKENDS)
+    p.add_argument("--backend", choices=BACKENDS, help="inference backend (default auto)")
     p.set_defaults(run=_run_demo)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
 
 
 def _run_demo(args) -> int:
@@ -217,7 +232,7 @@ def _add_calibrate(sub) -> None:
     what = p.add_subparsers(dest="what", required=True)
     a = what.add_parser("accuracy", help="bundle vs FP32 on real data; per-layer errors; precision search",
                         description="Compare a bundle with its FP32 reference on identical preprocessed inputs.")
-    a.add_argument("bundle", type=Path)
+    a.add_argument("bundle", type=Path, help="bundle folder to measure")
     a.add_argument("--data", required=True, help="image folder, video, .npy of N,C,H,W inputs, or 'synthetic'")
     a.add_argument("--reference", type=Path, help="FP32 model (default: the bundle's source model)")
     a.add_argument("--task", help="text-detection | classification | detection-yolo | raw (default: the bundle's)")
@@ -230,13 +245,13 @@ def _add_calibrate(sub) -> None:
     a.add_argument("--force", action="store_true", help="replace an existing report folder")
     a.set_defaults(run=_run_accuracy)
     lat = what.add_parser("latency", help="per-stage latency and throughput against batch size")
-    lat.add_argument("bundle", type=Path)
+    lat.add_argument("bundle", type=Path, help="bundle folder to measure")
     lat.add_argument("--batch", default="1,2,4,8", help="batch sizes, e.g. 1,2,4,8,16")
-    lat.add_argument("--iterations", type=int, default=100)
-    lat.add_argument("--warmup", type=int, default=10)
+    lat.add_argument("--iterations", type=int, default=100, help="timed batches per batch size")
+    lat.add_argument("--warmup", type=int, default=10, help="untimed batches first")
     lat.add_argument("--source", default="synthetic:1920x1080:nv12", help="synthetic[:WxH:FORMAT] frames")
-    lat.add_argument("--backend", choices=BACKENDS, default="auto")
-    lat.add_argument("--memory", choices=MEMORY_MODES, default="auto")
+    lat.add_argument("--backend", choices=BACKENDS, default="auto", help="inference backend")
+    lat.add_argument("--memory", choices=MEMORY_MODES, default="auto", help="frame memory mode (GPU runtime)")
     lat.add_argument("--report", type=Path, required=True,
                      help="report folder to write (a new or empty folder; an existing report needs --force)")
     lat.add_argument("--force", action="store_true", help="replace an existing report folder")
@@ -271,10 +286,38 @@ def _run_latency(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes are one line too, like every other user mistake."""
+
+    def error(self, message):
+        self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help line ends with its default, where it has one worth saying."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if default in (None, False, argparse.SUPPRESS) or "default" in text.lower() or action.nargs == 0:
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        return f"{text} (default: {shown})" if shown != [] and shown != "" else text
+
+
+def parsers(parser: argparse.ArgumentParser):
+    """The parser and every sub-command parser under it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from parsers(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jetpipe import __version__
 
-    parser = argparse.ArgumentParser(prog="jetpipe", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="jetpipe", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"jetpipe {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -284,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_demo(sub)
     _add_calibrate(sub)
+    for each in parsers(parser):
+        each.formatter_class = _HelpFormatter
     return parser
 
 
@@ -308,7 +353,8 @@ def _run(args) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(levelname)s: %(message)s", stream=sys.stderr)
     logging.getLogger("jetpipe").setLevel(logging.DEBUG if args.debug else logging.INFO)
-    logging.getLogger("onnxslim").setLevel(logging.WARNING)
+    for noisy in ("onnxslim", "matplotlib", "PIL", "PyNvVideoCodec"):  # their INFO lines are not ours
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return args.run(args)
     except JetpipeError as exc:
@@ -316,6 +362,10 @@ def _run(args) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `jetpipe inspect B --json | head`: the reader left, which is fine
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except (KeyboardInterrupt, Terminated) as exc:
         if args.debug:
             raise

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+from jetpipe.runtime.probe import probe_gpu
+
 
 def _line(label: str, value: str) -> None:
     print(f"{label:<13}{value}")
@@ -22,23 +24,13 @@ def _onnxruntime() -> str:
 
 def _gpu() -> tuple[str, str]:
     """(PyCUDA line, GPU line); driver queries only, no context."""
-    try:
-        import pycuda
-        import pycuda.driver as cuda
-    except ImportError:
+    facts = probe_gpu()
+    if facts.pycuda is None:
         return "not installed (pip install 'jetpipe[gpu]')", "unknown without PyCUDA"
-    try:
-        cuda.init()
-        if cuda.Device.count() == 0:
-            return pycuda.VERSION_TEXT, "none found"
-        dev = cuda.Device(0)
-        major, minor = dev.compute_capability()
-        integrated = bool(dev.get_attribute(cuda.device_attribute.INTEGRATED))
-        kind = "integrated (Jetson-style, zero-copy frames)" if integrated else "discrete (staged copies)"
-        memory = dev.total_memory() >> 20
-        return pycuda.VERSION_TEXT, f"{dev.name()}, sm {major}.{minor}, {memory} MiB, {kind}"
-    except Exception as exc:  # driver missing or too old
-        return pycuda.VERSION_TEXT, f"CUDA driver error: {exc}"
+    if not facts.usable:
+        return facts.pycuda, facts.reason
+    kind = "integrated (Jetson-style, zero-copy frames)" if facts.integrated else "discrete (staged copies)"
+    return facts.pycuda, (f"{facts.name}, sm {facts.compute_capability}, {facts.total_memory_mib} MiB, {kind}")
 
 
 def _nvcc() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,10 @@ DEFAULT_MODEL = "ppocr-det"
 def resolve(name_or_path: str) -> tuple[Path, BuiltinModel | None]:
     """A file path, or the name of a built-in model."""
     path = Path(name_or_path)
+    if not path.exists() and name_or_path not in BUILTIN and path.suffix.lower() != ".onnx":
+        close = difflib.get_close_matches(name_or_path, list(BUILTIN), n=1)
+        if close:
+            raise ModelError(f"model {name_or_path!r} not found: did you mean the built-in {close[0]!r}?")
     if path.exists() or name_or_path not in BUILTIN:
         return path, None
     builtin = BUILTIN[name_or_path]

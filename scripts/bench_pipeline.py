@@ -114,10 +114,9 @@ def soak(args) -> dict:
     samples = []
 
     def sample(pipeline):
-        device, start = pipeline.runtime.device, time.monotonic()
+        start = time.monotonic()
         while not pipeline.stop_event.is_set():
-            with device.active():
-                free = device.free_memory()
+            free = pipeline.runtime.gpu_free_memory()
             rss = int(open(f"/proc/{os.getpid()}/statm").read().split()[1]) * resource.getpagesize()
             samples.append({"t": round(time.monotonic() - start, 1), "gpu_free": free, "rss": rss,
                             "processed": sum(pipeline.metrics.processed)})

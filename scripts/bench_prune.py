@@ -41,7 +41,7 @@ def accuracy(args) -> list[dict]:
     from jetpipe.calibration.metrics import per_sample_f1
     from jetpipe.calibration.textdet_eval import boxes_of, detection_hmean, eval_set, run_batched
     from jetpipe.convert import ConvertOptions, convert
-    from jetpipe.convert.ort import cpu_session
+    from jetpipe.runtime.sessions import cpu_session
     from jetpipe.spec import preset
 
     det = BUILTIN["ppocr-det"]

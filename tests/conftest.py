@@ -6,18 +6,10 @@ from jetpipe.models import BUILTIN
 
 
 def _gpu_reason() -> str | None:
-    """None when a CUDA GPU is usable through PyCUDA, else why not."""
-    try:
-        import pycuda.driver as cuda
-    except ImportError:
-        return "PyCUDA is not installed (pip install 'jetpipe[gpu]')"
-    try:
-        cuda.init()
-        if cuda.Device.count() == 0:
-            return "no CUDA GPU found"
-    except Exception as exc:
-        return f"CUDA driver unavailable: {exc}"
-    return None
+    """None when a CUDA GPU is usable through PyCUDA, else why not (the runtime's own probe)."""
+    from jetpipe.runtime.probe import probe_gpu
+
+    return probe_gpu().reason
 
 
 def pytest_collection_modifyitems(config, items):

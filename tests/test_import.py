@@ -45,3 +45,17 @@ def test_engine_require_without_tensorrt_fails_clearly(tmp_path):
     assert "error: --engine require but TensorRT is not installed" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_one_gpu_probe_answers_without_a_context():
+    """doctor, the engine builder, CudaDevice and the test suite ask the same probe."""
+    import importlib.util
+
+    from jetpipe.runtime.probe import probe_gpu
+
+    facts = probe_gpu()
+    if importlib.util.find_spec("pycuda") is None:
+        assert facts.pycuda is None and not facts.usable and "pip install 'jetpipe[gpu]'" in facts.reason
+    else:
+        assert facts.pycuda and (facts.usable == (facts.reason is None))
+    assert probe_gpu(ordinal=99).reason is not None  # no machine has a 100th GPU

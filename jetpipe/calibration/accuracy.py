@@ -19,11 +19,16 @@ import onnx
 from jetpipe import bundle as bundles
 from jetpipe.calibration import metrics as m
 from jetpipe.errors import JetpipeError
+from jetpipe.runtime.sessions import ort_session
 from jetpipe.spec import PreprocessSpec
 
 log = logging.getLogger(__name__)
 
 TASKS = ("text-detection", "classification", "detection-yolo", "raw")
+# what task_metrics() + compare() report for each task: a --budget must name one of these
+COMMON_METRICS = ("mae", "cosine", "snr_db")
+TASK_METRICS = {"text-detection": ("f1", "f1_min"), "classification": ("top1", "top5", "top1_drop"),
+                "detection-yolo": ("map",), "raw": ()}
 
 
 @dataclass
@@ -73,6 +78,7 @@ def prepare_context(opts: AccuracyOptions) -> Context:
     task = opts.task or manifest.get("task") or "raw"
     if task not in TASKS:
         raise JetpipeError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
+    _check_budget_metric(opts.budget, task)
     source = Path(opts.reference or manifest["source"]["path"])
     if not source.is_file():
         raise JetpipeError(f"reference model {source} not found: pass --reference MODEL.onnx (the FP32 model)")
@@ -98,22 +104,8 @@ def _check_same_io(reference: onnx.ModelProto, manifest: dict, source: Path) -> 
                            f"{ref_out}, bundle in {want_in} out {want_out}): pass the model the bundle was made from")
 
 
-def session(model, provider: str):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    providers = ["CPUExecutionProvider"]
-    if provider == "cuda":
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise JetpipeError("--provider cuda needs onnxruntime-gpu (pip install onnxruntime-gpu)")
-        providers = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-    source = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(source, options, providers=providers)
-
-
 def run_outputs(model, ctx: Context, batch: int = 4) -> list[np.ndarray]:
-    sess = session(model, ctx.provider)
+    sess = ort_session(model, ctx.provider)
     parts = [sess.run(None, {ctx.input_name: ctx.inputs[i:i + batch]}) for i in range(0, len(ctx.inputs), batch)]
     return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
 
@@ -153,6 +145,17 @@ def compare(ctx: Context, candidate=None, outputs: list[np.ndarray] | None = Non
     return per_output, tm
 
 
+def _check_budget_metric(budget: str | None, task: str) -> None:
+    """Before any evaluation: the budget's metric must be one this task reports."""
+    if not budget:
+        return
+    metric = m.parse_budget(budget)[0]
+    allowed = TASK_METRICS[task] + COMMON_METRICS
+    if metric not in allowed:
+        raise JetpipeError(f"--budget {budget!r}: task {task} does not report {metric}; it reports "
+                           f"{', '.join(allowed)} (or pass --task)")
+
+
 def run_accuracy(opts: AccuracyOptions) -> dict:
     """Compare, localise, search (with a budget) and write the report folder."""
     from jetpipe.calibration import reports
@@ -161,6 +164,8 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
 
     if opts.budget:
         m.parse_budget(opts.budget)  # fail before any work
+    if opts.samples < 1:
+        raise JetpipeError(f"--samples {opts.samples} must be at least 1")
     reports.check_destination(opts.report, opts.force, opts.bundle)
     ctx = prepare_context(opts)
     bundle_outputs = run_outputs(ctx.processed_path, ctx)

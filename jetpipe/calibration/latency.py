@@ -8,7 +8,6 @@ call; CPU: wall clock per stage. Warm-up first; p50/p90/p99 of each.
 from __future__ import annotations
 
 import os
-import platform
 import resource
 import time
 from dataclasses import dataclass
@@ -61,7 +60,7 @@ def _frames(uri: str, count: int):
 def _stats(values) -> dict:
     arr = np.asarray(values, dtype=np.float64)
     return {"p50": float(np.percentile(arr, 50)), "p90": float(np.percentile(arr, 90)),
-            "p99": float(np.percentile(arr, 99)), "mean": float(arr.mean())}
+            "p99": float(np.percentile(arr, 99)), "mean": float(arr.mean()), "count": int(arr.size)}
 
 
 def run_latency(opts: LatencyOptions) -> dict:
@@ -84,7 +83,7 @@ def run_latency(opts: LatencyOptions) -> dict:
     try:
         post = make_postprocessor(manifest.get("task"), runtime.size_hw)
         rows = [_measure(runtime, post, frames[:b], opts) for b in opts.batches]
-        device = _device(runtime)
+        device = runtime.describe()
     finally:
         runtime.close()
     report = {"bundle": str(opts.bundle), "precision": manifest["precision"], "backend": runtime.backend_name,
@@ -116,16 +115,6 @@ def _measure(runtime, post, frames, opts: LatencyOptions) -> dict:
            "total_ms": _stats(totals)}
     row["throughput_fps"] = len(frames) * 1000.0 / row["total_ms"]["p50"]
     return row
-
-
-def _device(runtime) -> dict:
-    device = getattr(runtime, "device", None)
-    if device is None:
-        return {"kind": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}
-    with device.active():
-        free = device.free_memory()
-    return {"kind": "gpu", "name": device.name, "compute_capability": device.compute_capability,
-            "integrated": device.integrated, "free_memory_mb": free / 2**20}
 
 
 def _versions() -> dict:

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from jetpipe.convert.graph import expose_outputs
+from jetpipe.runtime.sessions import ort_session
 
 log = logging.getLogger(__name__)
 FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
@@ -40,13 +41,12 @@ def localise(reference: onnx.ModelProto, processed: onnx.ModelProto, inputs: np.
     """Nodes ranked by the error they add themselves (relative L2 of their outputs)."""
     from onnx.utils import Extractor
 
-    from jetpipe.calibration.accuracy import session
 
     processed = onnx.shape_inference.infer_shapes(processed)
     shared = sorted(_float_tensors(reference) & _float_tensors(processed))
 
     def values(model):
-        return dict(zip(shared, session(expose_outputs(model, shared), provider).run(shared, {input_name: inputs})))
+        return dict(zip(shared, ort_session(expose_outputs(model, shared), provider).run(shared, {input_name: inputs})))
 
     ref_values, out_values = values(reference), values(processed)
     # pruned tensors have fewer channels than their FP32 namesakes: only like-shaped ones compare
@@ -64,7 +64,7 @@ def localise(reference: onnx.ModelProto, processed: onnx.ModelProto, inputs: np.
             local = extractor.extract_model(ins, outs)
             feeds = {i: ref_values[i].astype(onnx.helper.tensor_dtype_to_np_dtype(processed_types.get(i, 1)))
                      for i in ins}
-            got = session(local, provider).run(outs, feeds)
+            got = ort_session(local, provider).run(outs, feeds)
         except Exception as exc:  # a node the extractor cannot isolate: skip it, say so at debug level
             log.debug("no local error for %s: %s", node.name, exc)
             continue

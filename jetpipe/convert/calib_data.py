@@ -72,6 +72,7 @@ class ImageFolder(CalibrationSource):
                 "point --calib at a folder of images, a video or a .npy file"
             )
         self.folder, self.files = folder, files[:limit]
+        self._warned: set[Path] = set()  # several passes read the folder: say each unreadable file once
 
     def __len__(self):
         return len(self.files)
@@ -82,7 +83,9 @@ class ImageFolder(CalibrationSource):
             image = cv2.imread(str(path), cv2.IMREAD_COLOR)
             if image is None:
                 self.skipped += 1
-                log.warning("skipping unreadable calibration image %s", path)
+                if path not in self._warned:
+                    self._warned.add(path)
+                    log.warning("skipping unreadable calibration image %s", path)
                 continue
             yield image
         if self.skipped == len(self.files):

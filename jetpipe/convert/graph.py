@@ -180,7 +180,7 @@ def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def prove_dynamic_batch(model: onnx.ModelProto, sample: np.ndarray, batch: int = 3) -> float:
     """Batch-N output must equal N batch-1 outputs; returns the max abs difference."""
-    from jetpipe.convert.ort import cpu_session
+    from jetpipe.runtime.sessions import cpu_session
 
     info = image_input(model)
     stacked = np.concatenate([sample[:1]] * batch, axis=0)

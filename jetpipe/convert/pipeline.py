@@ -22,9 +22,10 @@ from jetpipe import outputs
 from jetpipe.convert import calib_cache, flops, fp16, graph, int8, sensitivity, stats
 from jetpipe.convert.calib_cache import CalibrationResult
 from jetpipe.convert.calib_data import CalibrationSource, open_source
-from jetpipe.convert.ort import cpu_session
 from jetpipe.convert.trt_ops import check_tensorrt_ops
 from jetpipe.errors import CalibrationError, EngineError, ModelError
+from jetpipe.limits import MAX_BATCH
+from jetpipe.runtime.sessions import cpu_session
 from jetpipe.spec import PreprocessSpec
 
 log = logging.getLogger(__name__)
@@ -154,8 +155,8 @@ def _validate(opts: ConvertOptions) -> None:
         raise JetpipeError(f"--calib-method {opts.calib_method!r}: choose one of {', '.join(stats.METHODS)}")
     if opts.sparsity not in (None, "2:4"):
         raise JetpipeError(f"--sparsity {opts.sparsity!r}: only 2:4 is supported")
-    if opts.max_batch < 1:
-        raise JetpipeError(f"--max-batch {opts.max_batch} must be at least 1")
+    if not 1 <= opts.max_batch <= MAX_BATCH:
+        raise JetpipeError(f"--max-batch {opts.max_batch} must be from 1 to {MAX_BATCH}")
     if opts.precision == "int8" and opts.calib is None and opts.calib_cache is None:
         raise CalibrationError("--precision int8 needs calibration data: pass --calib FOLDER|VIDEO|FILE.npy "
                                "(or --calib synthetic for rendered text images)")

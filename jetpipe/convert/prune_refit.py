@@ -16,7 +16,7 @@ from jetpipe.convert.graph import attribute, expose_outputs
 
 def activations(model: onnx.ModelProto, names: list[str], samples: np.ndarray, input_name: str) -> dict:
     """The named tensors on `samples` (an unoptimized CPU session: names survive)."""
-    from jetpipe.convert.ort import cpu_session
+    from jetpipe.runtime.sessions import cpu_session
 
     session = cpu_session(expose_outputs(model, names), optimize=False)
     return dict(zip(names, session.run(names, {input_name: samples})))
@@ -24,7 +24,7 @@ def activations(model: onnx.ModelProto, names: list[str], samples: np.ndarray, i
 
 def outputs(model: onnx.ModelProto, samples: np.ndarray, input_name: str, batch: int = 4) -> list[np.ndarray]:
     """All graph outputs on `samples`, run a few at a time."""
-    from jetpipe.convert.ort import cpu_session
+    from jetpipe.runtime.sessions import cpu_session
 
     session = cpu_session(model)
     runs = [session.run(None, {input_name: samples[i:i + batch]}) for i in range(0, len(samples), batch)]

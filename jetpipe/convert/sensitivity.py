@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from jetpipe.convert import int8
-from jetpipe.convert.ort import cpu_session
+from jetpipe.runtime.sessions import cpu_session
 
 log = logging.getLogger(__name__)
 

@@ -134,7 +134,7 @@ def collect(model: onnx.ModelProto, batches: Iterable[np.ndarray], input_name: s
     every float activation's absmax is kept too (FP16 needs those). Only the
     tensors asked for are exposed as outputs: each one is held until the run ends.
     """
-    from jetpipe.convert.ort import cpu_session
+    from jetpipe.runtime.sessions import cpu_session
 
     names = [n for n in float_tensors(model) if all_absmax or n in hist_tensors]
     session = cpu_session(expose_outputs(model, names), optimize=False, arena=False)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
+from jetpipe.limits import MAX_BATCH
 from jetpipe.pipelines.sources import DECODERS
 
 if sys.version_info >= (3, 11):
@@ -104,6 +105,16 @@ def load(path: str | Path) -> PipelineConfig:
     return validate(config, str(path))
 
 
+def _check_listen(listen: str, where: str) -> None:
+    """'' (off) or HOST:PORT with a port from 1 to 65535."""
+    if not listen:
+        return
+    _host, _, port = listen.rpartition(":")
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ConfigError(f"{where}: metrics listen = {listen!r}: write HOST:PORT with a port from 1 to 65535 "
+                          "(e.g. 127.0.0.1:9108), or '' to turn the metrics server off")
+
+
 def _array_of_tables(path: Path, data: dict, name: str) -> list[dict]:
     value = data.get(name, [])
     if isinstance(value, dict):
@@ -138,12 +149,15 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
         (config.frames >= 0, "frames", "an integer >= 0"),
         (config.duration >= 0, "duration", "a number >= 0 (seconds)"),
-        (len(config.max_frame_hw) == 2 and all(v > 0 for v in config.max_frame_hw), "max_frame_hw",
-         "[height, width]"),
+        (len(config.max_frame_hw) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 16384
+                                                for v in config.max_frame_hw), "max_frame_hw",
+         "[height, width], two integers from 1 to 16384"),
+        (config.max_batch is None or config.max_batch <= MAX_BATCH, "max_batch", f"at most {MAX_BATCH}"),
     ]
     for ok, key, allowed in checks:
         if not ok:
             raise ConfigError(f"{where}: {key} = {getattr(config, key)!r}: allowed {allowed}")
+    _check_listen(config.metrics_listen, where)
     for src in config.sources:
         if src.decoder not in DECODERS:
             raise ConfigError(f"{where}: source {src.uri!r}: decoder = {src.decoder!r}: allowed "

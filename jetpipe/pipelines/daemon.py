@@ -62,8 +62,10 @@ class Pipeline:
         slots = config.queue_depth + 2 * runtime.max_batch + 2  # queued + two batches in flight + writing
         self.rings = [runtime.frame_ring(slots, self._frame_hw(src), device=src.memory == "device")
                       for src in self.sources]
-        self.sinks = [open_sink(uri) for uri in config.sinks]
-        self.closers += [sink.close for sink in self.sinks]
+        self.sinks = []
+        for uri in config.sinks:  # registered as each opens: a later sink failing closes the earlier ones
+            self.sinks.append(open_sink(uri))
+            self.closers.append(self.sinks[-1].close)
         streams = len(self.sources)
         self.batcher = Batcher(streams, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth)
         self.metrics = Metrics(streams)
@@ -73,7 +75,7 @@ class Pipeline:
         self.free_sets = threading.Semaphore(BUFFER_SETS)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
-        self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self._gpu_free
+        self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
         self.server = None
         if config.metrics_listen:
             self.server = MetricsServer(config.metrics_listen, self._render_metrics, self._health)
@@ -94,13 +96,6 @@ class Pipeline:
     def _frame_hw(self, source) -> tuple[int, int]:
         info = getattr(source, "info", None)
         return (info.height, info.width) if info is not None else self.config.max_frame_hw
-
-    def _gpu_free(self):
-        device = getattr(self.runtime, "device", None)
-        if device is None:
-            return None
-        with device.active():
-            return device.free_memory()
 
     def _render_metrics(self) -> str:
         return self.metrics.prometheus(self.batcher.dropped, self.batcher.depths(), self._decode_errors())
@@ -125,7 +120,13 @@ class Pipeline:
                 log.warning("source %s: %s while stopping", source.uri, exc)
 
     def run(self) -> dict:
-        """Run until stopped (signal, duration, frame limit, or every finite source ended)."""
+        """Run until stopped (signal, duration, frame limit, or every finite source ended); always closes."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> dict:
         started = time.monotonic()
         workers = [threading.Thread(target=self._capture, args=(i,), name=f"source-{i}", daemon=True)
                    for i in range(len(self.sources))]
@@ -155,9 +156,7 @@ class Pipeline:
         post.join()
         self.records.put(None)
         writer.join()
-        summary = self.summary(time.monotonic() - started)
-        self.close()
-        return summary
+        return self.summary(time.monotonic() - started)
 
     def _capture(self, stream: int) -> None:
         source, ring, config = self.sources[stream], self.rings[stream], self.config

@@ -20,6 +20,7 @@ class Metrics:
         self.captured, self.processed, self.failed, self.reconnects = zeros(), zeros(), zeros(), zeros()
         self.latency = {stage: deque(maxlen=window) for stage in STAGES}
         self.recent = [deque(maxlen=window) for _ in range(streams)]  # result times, for fps
+        self.first_result: list[float | None] = [None] * streams
         self.batches = 0
         self.heartbeat = time.monotonic()
         self.gauges: dict[str, callable] = {}
@@ -33,6 +34,8 @@ class Metrics:
         with self.lock:
             self.processed[stream] += 1
             self.recent[stream].append(now)
+            if self.first_result[stream] is None:
+                self.first_result[stream] = now
             for stage, value in latencies.items():
                 self.latency[stage].append(value)
 
@@ -40,12 +43,16 @@ class Metrics:
         self.heartbeat = time.monotonic()
 
     def fps(self, stream: int, window_s: float = 5.0) -> float:
+        """Results per second over the last window_s (or since the stream's first result, at least 1 s):
+        a batch delivers a stream's frames at one instant, so frame spacing says nothing of the rate."""
         now = time.monotonic()
         with self.lock:
-            recent = [t for t in self.recent[stream] if now - t <= window_s]
-        if len(recent) < 2:
+            times = self.recent[stream]
+            count = sum(1 for t in times if now - t <= window_s)
+            first = self.first_result[stream]
+        if first is None:
             return 0.0
-        return (len(recent) - 1) / max(recent[-1] - recent[0], 1e-9)
+        return count / min(window_s, max(now - first, 1.0))
 
     def percentiles(self, stage: str) -> dict[float, float]:
         with self.lock:

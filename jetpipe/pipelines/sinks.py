@@ -18,7 +18,11 @@ class JsonlSink:
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             raise JetpipeError(f"sink jsonl:{path}: folder {self.path.parent} does not exist")
-        self.file = open(self.path, "a", buffering=1)  # line-buffered: a crash loses at most a line
+        try:
+            self.file = open(self.path, "a", buffering=1)  # line-buffered: a crash loses at most a line
+        except OSError as exc:
+            raise JetpipeError(f"sink jsonl:{path}: cannot open it for writing ({exc.strerror}): "
+                               "choose a writable path") from None
 
     def describe(self) -> str:
         return f"jsonl:{self.path}"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jetpipe.errors import JetpipeError
+from jetpipe.runtime.sessions import cpu_session, ort_session
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,6 @@ def ort_tensor_specs(session, input_sample_shape) -> tuple[TensorSpec, list[Tens
     return TensorSpec(inp.name, np.dtype(np.float32), tuple(input_sample_shape)), specs
 
 
-def _session_options(ort):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return options
-
-
 class OrtCpuBackend:
     """ONNX Runtime on the CPU, reading and writing preallocated numpy buffers.
 
@@ -60,10 +55,8 @@ class OrtCpuBackend:
     name = "onnxruntime-cpu"
 
     def __init__(self, model_path: str, input_sample_shape, max_batch: int, sets: int = 2):
-        import onnxruntime as ort
 
-        self.session = ort.InferenceSession(model_path, _session_options(ort),
-                                            providers=["CPUExecutionProvider"])
+        self.session = cpu_session(model_path)
         self.input, self.outputs = ort_tensor_specs(self.session, input_sample_shape)
         self.input_buffers = [np.zeros((max_batch, *self.input.sample_shape), np.float32)
                               for _ in range(sets)]
@@ -113,19 +106,9 @@ class OrtCudaBackend:
                  cuda_graph: bool = False):
         import onnxruntime as ort
 
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise JetpipeError("onnxruntime has no CUDA execution provider: pip install onnxruntime-gpu")
-        cpu = ort.InferenceSession(model_path, _session_options(ort), providers=["CPUExecutionProvider"])
-        self.input, self.outputs = ort_tensor_specs(cpu, input_sample_shape)
-        del cpu
-        # FP32 means FP32: TF32 convolutions would move results by ~1e-3
-        cuda_options = {"device_id": str(device_id), "user_compute_stream": str(int(stream.handle)),
-                        "use_tf32": "0"}
-        if cuda_graph:
-            cuda_options["enable_cuda_graph"] = "1"
+        self.input, self.outputs = ort_tensor_specs(cpu_session(model_path), input_sample_shape)
         self.buckets = batch_buckets(max_batch)
-        self.sessions = {b: ort.InferenceSession(model_path, _session_options(ort),
-                                                 providers=[("CUDAExecutionProvider", cuda_options)])
+        self.sessions = {b: ort_session(model_path, "cuda", device_id=device_id, stream=stream, cuda_graph=cuda_graph)
                          for b in self.buckets}
         first = self.sessions[self.buckets[0]]
         if first.get_providers()[0] != "CUDAExecutionProvider":

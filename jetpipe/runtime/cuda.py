@@ -15,6 +15,7 @@ import logging
 import numpy as np
 
 from jetpipe.errors import JetpipeError
+from jetpipe.runtime.probe import probe_gpu
 
 log = logging.getLogger(__name__)
 
@@ -38,22 +39,14 @@ class CudaDevice:
     """A GPU, its primary context and jetpipe's allocation accounting."""
 
     def __init__(self, ordinal: int = 0):
+        facts = probe_gpu(ordinal)
+        if not facts.usable:
+            raise GpuUnavailable(facts.reason)
         cuda = import_pycuda()
-        try:
-            cuda.init()
-            count = cuda.Device.count()
-        except cuda.Error as exc:
-            raise GpuUnavailable(f"CUDA driver unavailable: {exc}") from exc
-        if ordinal >= count:
-            raise GpuUnavailable(f"GPU {ordinal} requested, {count} found")
-        self.cuda, self.ordinal = cuda, ordinal
+        self.cuda, self.ordinal, self.facts = cuda, ordinal, facts
         self.device = cuda.Device(ordinal)
-        self.name = self.device.name()
-        major, minor = self.device.compute_capability()
-        self.compute_capability = f"{major}.{minor}"
-        attr = cuda.device_attribute
-        self.integrated = bool(self.device.get_attribute(attr.INTEGRATED))
-        self.can_map_host_memory = bool(self.device.get_attribute(attr.CAN_MAP_HOST_MEMORY))
+        self.name, self.compute_capability = facts.name, facts.compute_capability
+        self.integrated, self.can_map_host_memory = facts.integrated, facts.can_map_host_memory
         self.context = self.device.retain_primary_context()
         self.allocations = 0
         self._owned: list = []
@@ -107,6 +100,11 @@ class CudaDevice:
         event = self.cuda.Event()
         self._owned.append(event)
         return event
+
+    def describe(self) -> dict:
+        """What reports say of the device (no CUDA call)."""
+        return {"kind": "gpu", "name": self.name, "compute_capability": self.compute_capability,
+                "integrated": self.integrated, "total_memory_mib": self.facts.total_memory_mib}
 
     def free_memory(self) -> int:
         free, _total = self.cuda.mem_get_info()

@@ -91,6 +91,9 @@ class GpuRuntime(_Base):
                 self.sets = [self._make_set(i) for i in range(self.buffer_sets)]
                 self._warm_up()
         except BaseException:
+            if getattr(self, "backend", None) is not None:
+                with self.device.active():
+                    self.backend.close()
             self.device.close()
             raise
         log.info("GPU runtime on %s (sm %s, %s): backend %s, frames %s", self.device.name,
@@ -210,6 +213,13 @@ class GpuRuntime(_Base):
             arrays = [self.device.pinned((nbytes,), np.uint8, mapped=mapped) for _ in range(count)]
         addresses = [self.device.device_pointer(a) if mapped else None for a in arrays]
         return FrameRing(arrays, addresses, pinned=True)
+
+    def describe(self) -> dict:
+        return {**self.device.describe(), "free_memory_mb": self.gpu_free_memory() / 2**20}
+
+    def gpu_free_memory(self) -> int:
+        with self.device.active():
+            return self.device.free_memory()
 
     def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False):
         """An NVDEC source (PyNvVideoCodec) for a file or network stream on this GPU, or None, logged why."""

@@ -8,6 +8,8 @@ the same on the GPU. Everything is allocated in the constructor.
 from __future__ import annotations
 
 import logging
+import os
+import platform
 import threading
 import time
 from pathlib import Path
@@ -113,6 +115,14 @@ class _Base:
         """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none)."""
         return None
 
+    def describe(self) -> dict:
+        """What reports say of the device this runtime runs on."""
+        return {"kind": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+
+    def gpu_free_memory(self) -> int | None:
+        """Free GPU memory in bytes (None: no GPU)."""
+        return None
+
     def __enter__(self):
         return self
 
@@ -196,8 +206,7 @@ def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto"
     except GpuUnavailable as exc:
         if backend != "auto":
             raise
-        log.info("GPU runtime unavailable (%s): using the CPU", exc)
-        return _chosen(CpuRuntime(bundle_dir, max_batch, **cpu_options), f"auto, {exc}")
+        return _chosen(CpuRuntime(bundle_dir, max_batch, **cpu_options), f"auto; no GPU runtime: {exc}")
 
 
 def _chosen(runtime, why: str):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jetpipe.bundle import atomic_write
 from jetpipe.errors import EngineError
+from jetpipe.runtime.probe import probe_gpu
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +129,5 @@ def _load_timing_cache(config, path: Path | None) -> bool:
 
 
 def _compute_capability() -> str | None:
-    """sm of GPU 0 without creating a CUDA context (PyCUDA's driver query)."""
-    try:
-        import pycuda.driver as cuda
-
-        cuda.init()
-        major, minor = cuda.Device(0).compute_capability()
-        return f"{major}.{minor}"
-    except Exception:  # no PyCUDA or no GPU: recorded as unknown
-        return None
+    """sm of GPU 0 without creating a CUDA context; None (recorded as unknown) without PyCUDA or a GPU."""
+    return probe_gpu().compute_capability

@@ -30,10 +30,10 @@ def tiny_model() -> onnx.ModelProto:
 
 
 def run_selftest() -> int:
-    import pycuda.driver as cuda
     import tensorrt as trt
 
-    from jetpipe.convert.ort import cpu_session
+    from jetpipe.runtime.cuda import CudaDevice
+    from jetpipe.runtime.sessions import cpu_session
     from jetpipe.runtime.trt_builder import BuildOptions, build_engine, make_logger
 
     model = tiny_model()
@@ -44,27 +44,23 @@ def run_selftest() -> int:
         onnx.save(model, str(onnx_path))
         facts = build_engine(onnx_path, plan_path, BuildOptions("x", (3, 32, 32), max_batch=4))
         plan = plan_path.read_bytes()
-    cuda.init()
-    context = cuda.Device(0).retain_primary_context()
-    context.push()
-    try:
+    y = np.empty_like(expected)
+    with CudaDevice() as device, device.active():  # frees the buffers and stream, releases the context
         engine = trt.Runtime(make_logger(trt)).deserialize_cuda_engine(plan)
         if engine is None:
             print("error: TensorRT could not deserialize the engine it just built")
             return 1
         exec_ctx = engine.create_execution_context()
-        stream = cuda.Stream()
-        d_x, d_y = cuda.mem_alloc(x.nbytes), cuda.mem_alloc(expected.nbytes)
-        y = np.empty_like(expected)
-        cuda.memcpy_htod_async(d_x, x, stream)
+        stream = device.stream()
+        d_x, d_y = device.alloc(x.nbytes), device.alloc(expected.nbytes)
+        device.cuda.memcpy_htod_async(d_x, x, stream)
         exec_ctx.set_input_shape("x", x.shape)
         exec_ctx.set_tensor_address("x", int(d_x))
         exec_ctx.set_tensor_address("y", int(d_y))
         ok = exec_ctx.execute_async_v3(stream.handle)
-        cuda.memcpy_dtoh_async(y, d_y, stream)
+        device.cuda.memcpy_dtoh_async(y, d_y, stream)
         stream.synchronize()
-    finally:
-        context.pop()
+        del exec_ctx, engine  # before the context goes
     diff = float(np.abs(y - expected).max())
     print(f"trt selftest: TensorRT {facts['tensorrt']}, sm {facts['compute_capability']}, "
           f"execute {'ok' if ok else 'FAILED'}, max |TensorRT - ONNX Runtime| = {diff:.2e}")

@@ -16,8 +16,8 @@ def test_iou_and_one_to_one_matching():
 
 
 def test_fp32_detector_finds_the_rendered_words():
-    from jetpipe.convert.ort import cpu_session
     from jetpipe.models import BUILTIN
+    from jetpipe.runtime.sessions import cpu_session
     from jetpipe.spec import preset
 
     det = BUILTIN["ppocr-det"]

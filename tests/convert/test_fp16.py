@@ -4,7 +4,7 @@ from onnx import TensorProto
 
 from jetpipe.convert import fp16, stats
 from jetpipe.convert.graph import simplify
-from jetpipe.convert.ort import cpu_session
+from jetpipe.runtime.sessions import cpu_session
 from tests.helpers import residual_cnn, upsample_net
 
 

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from jetpipe.convert import graph
-from jetpipe.convert.ort import cpu_session
 from jetpipe.errors import ModelError
+from jetpipe.runtime.sessions import cpu_session
 from tests.helpers import fixed_batch_reshape, residual_cnn, save
 
 

@@ -12,8 +12,8 @@ import pytest
 from jetpipe.bundle import MODEL_FILE
 from jetpipe.calibration.textdet_eval import eval_inputs, run_batched, score
 from jetpipe.convert import ConvertOptions, convert
-from jetpipe.convert.ort import cpu_session
 from jetpipe.models import BUILTIN
+from jetpipe.runtime.sessions import cpu_session
 from jetpipe.spec import preset
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,9 @@ from onnx import TensorProto, helper, numpy_helper
 from jetpipe.cli import main
 from jetpipe.convert import prune_alloc
 from jetpipe.convert.graph import simplify
-from jetpipe.convert.ort import cpu_session
 from jetpipe.convert.prune import analyse, prune
 from jetpipe.errors import ModelError
+from jetpipe.runtime.sessions import cpu_session
 from tests.helpers import _init, _model, save, upsample_net, wide_cnn
 
 
@@ -88,6 +88,8 @@ def test_l1_pruning_of_live_channels_changes_outputs_but_runs():
     pruned, _ = prune(model, 0.5)
     out = _run(pruned, x)
     assert out.shape == (1, 8, 16, 16) and np.isfinite(out).all()
+    dense = _run(model, x)
+    assert np.abs(out - dense).max() > 1e-3 * np.abs(dense).max()  # live channels went: the output moved
 
 
 def test_nothing_prunable_and_bad_ratio():

@@ -20,11 +20,19 @@ def test_streaming_histogram_matches_one_shot():
     assert np.abs(cdf_stream - cdf_exact).max() < 0.01
 
 
+def _held_bytes(stats) -> int:
+    """Bytes of every array the statistics object holds."""
+    return sum(v.nbytes for v in vars(stats).values() if isinstance(v, np.ndarray))
+
+
 def test_memory_is_bounded_by_bins_not_data():
     stats = TensorStats()
-    for seed in range(5):
-        stats.update(np.random.default_rng(seed).standard_normal(50_000).astype(np.float32) * (seed + 1))
-    assert stats.hist.shape == (NUM_BINS,)
+    stats.update(np.random.default_rng(0).standard_normal(1_000).astype(np.float32))
+    after_one = _held_bytes(stats)
+    for seed in range(1, 6):  # 2.5 M more values, growing in range (the histogram re-bins)
+        stats.update(np.random.default_rng(seed).standard_normal(500_000).astype(np.float32) * (seed + 1))
+    assert _held_bytes(stats) == after_one == NUM_BINS * 8  # one int64 histogram, whatever the data
+    assert stats.count == 1_000 + 2_500_000 and stats.hist.sum() == stats.count
 
 
 def test_methods_against_independent_computations():

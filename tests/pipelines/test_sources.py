@@ -386,3 +386,19 @@ def test_without_ffmpeg_the_opencv_path_is_taken_and_said(videos, monkeypatch, c
     assert "ffmpeg and ffprobe not found on PATH (apt install ffmpeg); decoding with OpenCV" in caplog.text
     with pytest.raises(SourceError, match="cannot run|not found"):
         FFmpegSource(uris.parse("rtsp://127.0.0.1:1/x")).open()
+
+
+# --- resources ------------------------------------------------------------------------------------------------
+
+def test_run_closes_everything_even_when_it_fails(tiny_bundle, tmp_path, monkeypatch):
+    config = _config(tiny_bundle, [SourceConfig("synthetic://64x48@0/nv12")], task="raw", frames=3,
+                     sinks=[f"jsonl:{tmp_path / 'a.jsonl'}"])
+    pipeline = Pipeline(config)
+
+    def broken(seconds):
+        raise RuntimeError("summary failed")
+
+    monkeypatch.setattr(pipeline, "summary", broken)
+    with pytest.raises(RuntimeError, match="summary failed"):
+        pipeline.run()
+    assert pipeline.closers == [] and pipeline.sinks[0].file.closed

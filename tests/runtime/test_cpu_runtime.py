@@ -24,7 +24,7 @@ def tiny_bundle(tmp_path_factory):
 
 
 def test_infer_matches_direct_onnxruntime(tiny_bundle):
-    from jetpipe.convert.ort import cpu_session
+    from jetpipe.runtime.sessions import cpu_session
 
     images = [render_text_image(i, (48, 64)).bgr for i in range(3)]
     with open_runtime(tiny_bundle, backend="onnxruntime-cpu") as rt:
@@ -91,6 +91,10 @@ def test_auto_falls_back_to_cpu_without_gpu(tiny_bundle, caplog):
         if importlib.util.find_spec("pycuda") is None:
             assert rt.backend_name == "onnxruntime-cpu"
             assert "PyCUDA is not installed: pip install 'jetpipe[gpu]'" in caplog.text
+        elif rt.backend_name == "onnxruntime-cpu":  # PyCUDA, but no usable GPU: the reason is given
+            assert "no GPU runtime" in caplog.text
+        else:  # a GPU machine: auto took the GPU
+            assert rt.backend_name in ("onnxruntime-cuda", "tensorrt") and rt.device is not None
 
 
 def test_engine_mismatch_is_refused_before_deserializing():
@@ -173,7 +177,7 @@ def test_held_batches_keep_their_buffers_until_released(tiny_bundle):
 
 
 def test_exact_preprocess_option_uses_the_float_reference(tiny_bundle):
-    from jetpipe.convert.ort import cpu_session
+    from jetpipe.runtime.sessions import cpu_session
 
     frames = [Frame(from_bgr(render_text_image(i, (48, 64)).bgr, "nv12"), "nv12") for i in range(2)]
     with CpuRuntime(tiny_bundle, exact_preprocess=True) as rt:

@@ -1,0 +1,181 @@
+"""The whole CLI surface, table-driven: every flag with wrong types, out-of-range values, missing and unknown
+options gives exit 2, one line naming the problem, no traceback, and writes nothing."""
+
+import argparse
+import json
+
+import pytest
+
+from jetpipe.cli import build_parser, main, parsers
+from tests.helpers import residual_cnn, save
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("surface")
+    model = save(residual_cnn(batch=1), folder / "tiny.onnx")
+    assert main(["convert", model, "-o", str(folder / "b"), "--max-batch", "2", "--quiet"]) == 0
+    return {"model": model, "bundle": str(folder / "b")}
+
+
+def _run(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own checks exit through SystemExit
+        return exc.code
+
+
+CONVERT = [
+    (["--max-batch", "x"], "--max-batch: invalid int value: 'x'"),
+    (["--max-batch", "0"], "--max-batch 0 must be from 1 to 256"),
+    (["--max-batch", "100000"], "--max-batch 100000 must be from 1 to 256"),
+    (["--calib-size", "many"], "--calib-size: invalid int value"),
+    (["--precision", "int4"], "--precision: invalid choice: 'int4'"),
+    (["--precision", "int8", "--calib", "synthetic", "--calib-size", "0"], "--calib-size 0 must be at least 1"),
+    (["--input-size", "big"], "must look like HxW"),
+    (["--mean", "1,2"], "--mean '1,2' must be three"),
+    (["--std", "a,b,c"], "--std"),
+    (["--scale", "half"], "--scale: invalid float value"),
+    (["--prune", "2"], "--prune"),
+    (["--prune", "0.3", "--prune-align", "0"], "--prune-align"),
+    (["--calib-method", "magic"], "--calib-method: invalid choice"),
+    (["--workspace", "lots"], "--workspace: invalid int value"),
+    (["--sparsity", "1:2"], "--sparsity: invalid choice"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+]
+
+
+@pytest.mark.parametrize("args, message", CONVERT)
+def test_convert_flags(made, tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    assert _run(["convert", made["model"], "-o", str(out), "--quiet", *args]) == 2
+    _assert_one_line(capsys, message)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+SERVE = [
+    (["--max-batch", "x"], "--max-batch: invalid int value"),
+    (["--max-batch", "1000"], "max_batch = 1000: allowed at most 256"),
+    (["--frames", "-1"], "frames = -1: allowed an integer >= 0"),
+    (["--duration", "soon"], "--duration: invalid float value"),
+    (["--backend", "cuda"], "--backend: invalid choice: 'cuda'"),
+    (["--memory", "shared"], "--memory: invalid choice: 'shared'"),
+    (["--decoder", "vlc"], "--decoder: invalid choice: 'vlc'"),
+    (["--task", "segmentation"], "task = 'segmentation': allowed"),
+    (["--metrics", "notaport"], "metrics listen = 'notaport': write HOST:PORT"),
+    (["--metrics", "127.0.0.1:99999"], "metrics listen = '127.0.0.1:99999': write HOST:PORT"),
+    (["--sink", "ftp://x"], "sink 'ftp://x': use jsonl:PATH, stdout or mqtt://"),
+    (["--sink", "jsonl:/proc/jetpipe-results.jsonl"], "sink jsonl:/proc/jetpipe-results.jsonl: cannot open it"),
+    (["--source", "webcam://0"], "unknown scheme 'webcam'"),
+    (["--source", "{tmp}/missing.mp4"], "missing.mp4' not found"),
+]
+
+
+@pytest.mark.parametrize("args, message", SERVE)
+def test_serve_flags(made, tmp_path, capsys, args, message):
+    args = [a.format(tmp=tmp_path) for a in args]
+    base = ["serve", "--bundle", made["bundle"], "--metrics", "", "--frames", "1"]
+    if "--source" not in args:
+        base += ["--source", "synthetic://64x48@0/nv12"]
+    assert _run([*base, *args]) == 2
+    _assert_one_line(capsys, message)
+    assert list(tmp_path.iterdir()) == []
+
+
+CALIBRATE = [
+    (["accuracy", "{bundle}", "--data", "synthetic", "--samples", "0"], "--samples 0 must be at least 1"),
+    (["accuracy", "{bundle}", "--data", "synthetic", "--samples", "x"], "--samples: invalid int value"),
+    (["accuracy", "{bundle}", "--data", "synthetic", "--provider", "tpu"], "--provider: invalid choice"),
+    (["accuracy", "{bundle}", "--data", "synthetic", "--task", "classification", "--budget", "map>=0.9"],
+     "task classification does not report map"),
+    (["accuracy", "{bundle}", "--data", "synthetic", "--budget", "speed>=2"], "--budget metric 'speed'"),
+    (["accuracy", "{bundle}"], "the following arguments are required: --data"),
+    (["latency", "{bundle}", "--batch", "a,b"], "--batch 'a,b': comma-separated integers"),
+    (["latency", "{bundle}", "--batch", "0"], "batch sizes must be >= 1"),
+    (["latency", "{bundle}", "--batch", "4"], "--batch 4 exceeds the bundle's max batch 2"),
+    (["latency", "{bundle}", "--iterations", "0"], "--iterations must be at least 1"),
+    (["latency", "{bundle}", "--batch", "1", "--source", "rtsp://cam/1"], "latency runs use synthetic://"),
+    (["latency", "{tmp}/nobundle"], "bundle .*nobundle not found"),
+]
+
+
+@pytest.mark.parametrize("args, message", CALIBRATE)
+def test_calibrate_flags(made, tmp_path, capsys, args, message):
+    args = [a.format(bundle=made["bundle"], tmp=tmp_path) for a in args]
+    report = tmp_path / "report"
+    extra = [] if "required" in message else ["--report", str(report)]
+    assert _run(["calibrate", *args, *extra]) == 2
+    _assert_one_line(capsys, message)
+    assert not report.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--duration", "0"], "'0': give a number of seconds above 0"),
+    (["demo", "--duration", "-3"], "'-3': give a number of seconds above 0"),
+    (["inspect", "{tmp}/nothing"], "bundle .*nothing not found"),
+    (["convert", "ppocr-dett", "-o", "{tmp}/o"], "did you mean the built-in 'ppocr-det'"),
+    (["launch"], "invalid choice: 'launch'"),
+])
+def test_other_commands(tmp_path, capsys, argv, message):
+    assert _run([a.format(tmp=tmp_path) for a in argv]) == 2
+    _assert_one_line(capsys, message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_option_has_help_and_says_its_default():
+    for parser in parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            assert action.help, f"{parser.prog} {action.option_strings or action.dest} has no help"
+    text = next(p for p in parsers(build_parser()) if p.prog == "jetpipe convert").format_help()
+    assert "(default: fp32)" in text and "(default: 8)" in text
+
+
+def test_inspect_json_is_json_alone(made, capsys):
+    assert main(["inspect", made["bundle"], "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["format"] == 2 and "files verified" in out.err
+
+
+def test_inspect_json_into_a_closed_pipe_is_quiet(made):
+    import subprocess
+    import sys
+
+    done = subprocess.run(f"{sys.executable} -m jetpipe.cli inspect {made['bundle']} --json | head -1",
+                          shell=True, capture_output=True, text=True)
+    assert done.stdout.strip() == "{" and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+def _assert_one_line(capsys, message):
+    import re
+
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("INFO:", "WARNING:"))]
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert re.search(message, lines[0]), lines[0]
+
+
+def test_per_stream_fps_is_a_rate_over_time_not_over_one_batch():
+    from jetpipe.pipelines.metrics import Metrics
+
+    metrics = Metrics(streams=2)
+    for _ in range(16):  # one batch delivers 16 results of stream 0 at one instant
+        metrics.record_result(0, {"total": 1.0})
+    assert metrics.fps(0) <= 16.0 and metrics.fps(1) == 0.0
+
+
+def test_each_reason_and_warning_is_said_once(made, tmp_path, caplog):
+    from jetpipe.runtime.runtime import open_runtime
+    from jetpipe.synth import write_text_images
+
+    with open_runtime(made["bundle"]):
+        pass
+    reasons = [r.getMessage() for r in caplog.records if "PyCUDA" in r.getMessage()]
+    assert len(reasons) <= 1, reasons  # where PyCUDA is installed there is no reason to give
+    images = write_text_images(tmp_path / "imgs", 3, size_hw=(48, 64))
+    (images / "broken.png").write_bytes(b"not a png")
+    caplog.clear()
+    assert main(["convert", made["model"], "-o", str(tmp_path / "b"), "--precision", "int8", "--calib", str(images),
+                 "--quiet"]) == 0
+    assert sum("skipping unreadable calibration image" in r.getMessage() for r in caplog.records) == 1
