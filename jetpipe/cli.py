@@ -19,6 +19,8 @@ from jetpipe.errors import JetpipeError
 
 def _add_convert(sub) -> None:
     from jetpipe.convert.pipeline import ENGINE_MODES, PRECISIONS
+    from jetpipe.convert.prune import ALLOCATIONS
+    from jetpipe.convert.prune import METHODS as PRUNE_METHODS
     from jetpipe.convert.stats import METHODS
     from jetpipe.spec import CHANNEL_ORDERS, PRESETS, RESIZE_MODES
 
@@ -57,10 +59,10 @@ def _add_convert(sub) -> None:
     r = p.add_argument_group("pruning")
     r.add_argument("--prune", type=float, metavar="RATIO",
                    help="remove this share of the model's FLOPs by removing whole Conv channels (0 < RATIO < 1)")
-    r.add_argument("--prune-method", choices=("l1", "reconstruct"), default="l1",
+    r.add_argument("--prune-method", choices=PRUNE_METHODS, default="l1",
                    help="l1: weight L1 norm; reconstruct: choose channels on calibration activations, then refit "
                         "the following layers by least squares (needs --calib)")
-    r.add_argument("--prune-allocation", choices=("uniform", "sensitivity"),
+    r.add_argument("--prune-allocation", choices=ALLOCATIONS,
                    help="channels kept per group: the same share everywhere, or by measured sensitivity "
                         "(needs --calib; default for reconstruct)")
     r.add_argument("--prune-align", type=int, default=8, metavar="N",

@@ -179,3 +179,12 @@ def test_each_reason_and_warning_is_said_once(made, tmp_path, caplog):
     assert main(["convert", made["model"], "-o", str(tmp_path / "b"), "--precision", "int8", "--calib", str(images),
                  "--quiet"]) == 0
     assert sum("skipping unreadable calibration image" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_other_libraries_info_lines_stay_quiet(made, capsys):
+    """matplotlib's 'categorical units' lines, onnxslim's and PyNvVideoCodec's INFO: not at default verbosity."""
+    import logging
+
+    assert main(["inspect", made["bundle"]]) == 0
+    for name in ("matplotlib", "onnxslim", "PyNvVideoCodec"):
+        assert logging.getLogger(name).getEffectiveLevel() >= logging.WARNING, name

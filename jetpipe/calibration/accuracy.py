@@ -19,12 +19,14 @@ import onnx
 from jetpipe import bundle as bundles
 from jetpipe.calibration import metrics as m
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.postprocess import POSTPROCESSORS
+from jetpipe.progress import bar
 from jetpipe.runtime.sessions import ort_session
 from jetpipe.spec import PreprocessSpec
 
 log = logging.getLogger(__name__)
 
-TASKS = ("text-detection", "classification", "detection-yolo", "raw")
+TASKS = tuple(POSTPROCESSORS)  # the tasks the pipeline knows
 # what task_metrics() + compare() report for each task: a --budget must name one of these
 COMMON_METRICS = ("mae", "cosine", "snr_db")
 TASK_METRICS = {"text-detection": ("f1", "f1_min"), "classification": ("top1", "top5", "top1_drop"),
@@ -150,7 +152,7 @@ def _check_budget_metric(budget: str | None, task: str) -> None:
     if not budget:
         return
     metric = m.parse_budget(budget)[0]
-    allowed = TASK_METRICS[task] + COMMON_METRICS
+    allowed = TASK_METRICS.get(task, ()) + COMMON_METRICS
     if metric not in allowed:
         raise JetpipeError(f"--budget {budget!r}: task {task} does not report {metric}; it reports "
                            f"{', '.join(allowed)} (or pass --task)")
@@ -181,7 +183,8 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
         met = m.meets(tm[metric], op, bound)
         report["budget"] = {"expression": opts.budget, "metric": metric, "value": tm[metric], "met": met}
         if not met and opts.search and ctx.manifest["precision"] in ("int8", "fp16"):
-            result = search(ctx, opts.bundle, opts.budget, opts.max_search_nodes)
+            result = search(ctx, opts.bundle, opts.budget, opts.max_search_nodes,
+                            progress=lambda total, what, unit: bar(total, what, unit, opts.progress))
             report["precision_search"] = {k: getattr(result, k) for k in
                                           ("met", "value", "added", "excluded_nodes", "trials", "why")}
     plots = _accuracy_plots(ctx, report, bundle_outputs)

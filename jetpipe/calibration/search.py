@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from jetpipe.calibration import metrics as m
 from jetpipe.errors import JetpipeError
+from jetpipe.progress import silent
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +54,25 @@ class Rebuilder:
             return int8.quantize(self.ctx.reference, int8.plan(self.ctx.reference, keep), self.ranges)
         return fp16.convert(self.ctx.reference, keep)
 
-    def ranking(self, progress=None) -> list[str]:
+    def ranking(self, progress=silent) -> list[str]:
         from jetpipe.calibration.layers import localise
         from jetpipe.convert import int8, sensitivity
 
         sample = self.ctx.inputs[:2]
         if self.precision == "int8":
             full = int8.plan(self.ctx.reference, set(self.base))
+            steps = progress(len(full.nodes), "precision search: ranking", "node")
             errors = sensitivity.rank_int8_nodes(self.ctx.reference, full, self.ranges, sample,
-                                                 self.ctx.input_name, progress)
+                                                 self.ctx.input_name, steps)
+            steps.close()
             return sorted(errors, key=errors.get, reverse=True)
         ranked = localise(self.ctx.reference, self.build(set()), sample, self.ctx.input_name,
                           self.ctx.provider, top=10_000)
         return [r["node"] for r in ranked if r["node"] not in self.base and r["added_error"] > 0]
 
 
-def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=None) -> SearchResult:
+def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=silent) -> SearchResult:
+    """progress(total, what, unit): a bar for the ranking and one for the trials (jetpipe.progress.bar)."""
     from jetpipe.calibration.accuracy import compare
 
     metric, op, bound = m.parse_budget(budget)
@@ -76,10 +80,13 @@ def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=None) -> 
     candidates = [n for n in rebuild.ranking(progress) if n not in rebuild.base][:max_nodes]
     result = SearchResult(metric, budget, False, float("nan"))
     cache: dict[int, float] = {}
+    # doubling then bisection: at most about 2 log2(candidates) trials
+    trials = progress(2 * max(1, len(candidates)).bit_length(), "precision search: trials", "trial")
 
     def value_at(k: int) -> float:
         if k not in cache:
             _, tm = compare(ctx, rebuild.build(set(candidates[:k])))
+            trials.update(1)
             cache[k] = tm[metric]
             result.trials.append({"extra_nodes": k, metric: tm[metric], "met": m.meets(tm[metric], op, bound)})
             log.info("precision search: %d extra node(s) in float -> %s = %.5g", k, metric, tm[metric])
@@ -98,6 +105,7 @@ def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=None) -> 
                           f"{result.value:.5g} (with {best_k}); the budget {budget} is out of reach of "
                           "per-node precision: recalibrate with more or better data, or relax it")
             result.excluded_nodes = {**rebuild.base, **{n: "precision search" for n in result.added}}
+            trials.close()
             return result
     high = k
     while high - low > 1:  # smallest k that meets the budget
@@ -108,6 +116,7 @@ def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=None) -> 
             low = mid
     result.met, result.value, result.added = True, cache[high], candidates[:high]
     result.excluded_nodes = {**rebuild.base, **{n: "precision search" for n in result.added}}
+    trials.close()
     return result
 
 

@@ -16,6 +16,7 @@ import cv2
 import numpy as np
 
 from jetpipe import uri as uris
+from jetpipe.bundle import sha256_file
 from jetpipe.errors import CalibrationError
 from jetpipe.preprocess import preprocess_bgr
 from jetpipe.spec import PreprocessSpec
@@ -132,7 +133,7 @@ class VideoFile(CalibrationSource):
             capture.release()
 
     def identity(self):
-        return "video:" + _file_sha256(self.path)
+        return "video:" + sha256_file(self.path)
 
 
 class NpyTensors(CalibrationSource):
@@ -162,7 +163,7 @@ class NpyTensors(CalibrationSource):
             yield np.ascontiguousarray(self.array[start:min(start + batch_size, len(self))])
 
     def identity(self):
-        return "npy:" + _file_sha256(self.path)
+        return "npy:" + sha256_file(self.path)
 
 
 class SyntheticText(CalibrationSource):
@@ -181,14 +182,6 @@ class SyntheticText(CalibrationSource):
 
     def identity(self):
         return f"synthetic-text:{self.seed}"
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def open_source(spec_text: str, input_shape: tuple, size_hw, spec: PreprocessSpec,

@@ -57,6 +57,24 @@ class QuantPlan:
 
 
 def plan(model: onnx.ModelProto, exclude: set[str]) -> QuantPlan:
+    """The Q/DQ placement with `exclude` kept in float: always a subset of the placement without it.
+
+    Keeping a node in float only removes quantization. Placed afresh, the residual-Add
+    rule would move the Add's Q/DQ to its other input when the Conv it preferred is
+    excluded: new quantization error (the precision search got worse as it kept more
+    nodes in float) on a tensor calibration never needed (calibration failed)."""
+    reduced = _place(model, set(exclude))
+    if not exclude:
+        return reduced
+    allowed = set(_place(model, set()).uses)
+    uses = tuple(u for u in reduced.uses if u in allowed)
+    by_name = {n.name: n for n in model.graph.node}
+    read = {by_name[node].input[index] for node, index in uses}
+    return QuantPlan(tuple(a for a in reduced.activations if a in read), reduced.weights, reduced.nodes, uses)
+
+
+def _place(model: onnx.ModelProto, exclude: set[str]) -> QuantPlan:
+    """TensorRT's placement for the nodes not in `exclude`."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import logging
 import platform
-import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,6 +24,7 @@ from jetpipe.convert.calib_data import CalibrationSource, open_source
 from jetpipe.convert.trt_ops import check_tensorrt_ops
 from jetpipe.errors import CalibrationError, EngineError, ModelError
 from jetpipe.limits import MAX_BATCH
+from jetpipe.progress import bar
 from jetpipe.runtime.sessions import cpu_session
 from jetpipe.spec import PreprocessSpec
 
@@ -116,7 +116,8 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
         samples = np.concatenate([b.copy() for b, _ in zip(source.batches(2), range(RECONSTRUCT_SAMPLES // 2))])
     prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude),
                                    align=opts.prune_align, allocation=opts.prune_allocation,
-                                   samples=samples, input_name=prepared.input.name)
+                                   samples=samples, input_name=prepared.input.name,
+                                   progress=lambda total, what, unit: bar(total, what, unit, opts.progress))
     graph.check(prepared.model, "the pruned model")
     _check_runs(prepared.model, prepared.input, prepared.size_hw)
     layers = flops.layer_costs(prepared.model)
@@ -400,7 +401,4 @@ def _manifest(opts, prepared, model, excluded, calibration, check, engine, batch
 
 
 def _progress(opts, total: int, what: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=what, unit="img" if what == "calibrating" else "node",
-                disable=not opts.progress, file=sys.stderr, leave=False)
+    return bar(total, what, "img" if what == "calibrating" else "node", opts.progress)

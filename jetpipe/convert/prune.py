@@ -25,6 +25,7 @@ from jetpipe.convert import flops, prune_alloc
 from jetpipe.convert import prune_refit as refit
 from jetpipe.convert.graph import attribute, clone
 from jetpipe.errors import ModelError
+from jetpipe.progress import silent
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +171,15 @@ ALLOCATIONS = ("uniform", "sensitivity")
 
 def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set[str] = frozenset(),
           min_channels: int = 8, samples: np.ndarray | None = None, input_name: str | None = None,
-          align: int = 8, allocation: str | None = None, max_share: float = 0.75) -> tuple[onnx.ModelProto, dict]:
+          align: int = 8, allocation: str | None = None, max_share: float = 0.75,
+          progress=silent) -> tuple[onnx.ModelProto, dict]:
     """Remove `ratio` of the model's FLOPs by removing whole channels; returns (model, report).
 
     l1: rank by weight L1 norm. reconstruct: choose the channels the consumers can best do without on
     the calibration `samples` (least squares), then refit each consumer so its output is preserved.
     allocation (how many channels each group keeps): uniform (default for l1) or sensitivity
-    (measured on `samples`, default for reconstruct); see prune_alloc."""
+    (measured on `samples`, default for reconstruct); see prune_alloc.
+    progress(total, what, unit): a bar for each long step (jetpipe.progress.bar)."""
     allocation = allocation or ("sensitivity" if method == "reconstruct" else "uniform")
     _check_arguments(ratio, method, allocation, samples, align)
     spaces = analyse(model)
@@ -190,18 +193,28 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
     if method == "reconstruct":
         names = sorted({convs[c].input[0] for key in options for c, _ in spaces[key].consumers})
         acts = refit.activations(model, names, samples, input_name)
-    ranking = {key: _ranking(spaces[key], weights, convs, acts, options[key][-1]) for key in options}
+    ranking = {}
+    steps = progress(len(options), "pruning: ranking channels", "group")
+    for key in options:
+        ranking[key] = _ranking(spaces[key], weights, convs, acts, options[key][-1])
+        steps.update(1)
+    steps.close()
     flop_model = _flop_model(model, spaces, options)
     errors = None
     if allocation == "uniform":
         kept = prune_alloc.uniform(flop_model, options, ratio)
     else:
-        errors = _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name)
+        steps = progress(sum(len(prune_alloc.probe_points(ks)) for ks in options.values()),
+                         "pruning: sensitivity", "probe")
+        errors = _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name, steps)
+        steps.close()
         kept = prune_alloc.greedy(flop_model, options, errors, ratio)
     keeps = {key: np.sort(ranking[key][:k]) for key, k in kept.items() if k < spaces[key].channels}
     pruned = apply(model, spaces, keeps)
     if method == "reconstruct":
-        pruned = refit.reconstruct(weights, pruned, spaces, keeps, acts, samples, input_name)
+        steps = progress(len({c for k in keeps for c, _ in spaces[k].consumers}), "pruning: refit", "layer")
+        pruned = refit.reconstruct(weights, pruned, spaces, keeps, acts, samples, input_name, steps)
+        steps.close()
     return pruned, _report(spaces, options, kept, skipped, errors, ratio, allocation, align, method, keeps)
 
 
@@ -263,7 +276,7 @@ def _flop_model(model, spaces, options) -> prune_alloc.FlopModel:
     return prune_alloc.FlopModel(layers, {key: spaces[key].channels for key in options})
 
 
-def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name) -> dict:
+def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name, steps) -> dict:
     """Output error with one group alone pruned to each probe count (its consumers refit when acts are given)."""
     reference = refit.outputs(model, samples, input_name)
     rng = np.random.default_rng(0)
@@ -280,6 +293,7 @@ def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_
                     x = acts[nodes[name].input[0]]
                     refit.refit_node(candidate, nodes[name], weights, x, x[:, keep], keep, keep_out, rng)
             errors[key][k] = refit.output_error(reference, refit.outputs(candidate, samples, input_name))
+            steps.update(1)
         log.debug("sensitivity %s: %s", _label(space), errors[key])
     return errors
 

@@ -37,7 +37,7 @@ def output_error(reference: list[np.ndarray], candidate: list[np.ndarray]) -> fl
                      for r, c in zip(reference, candidate)))
 
 
-def reconstruct(old: dict, model, spaces, keeps, acts, samples, input_name) -> onnx.ModelProto:
+def reconstruct(old: dict, model, spaces, keeps, acts, samples, input_name, steps=None) -> onnx.ModelProto:
     """Refit every consumer of a pruned space, in graph order, on the pruned model's own inputs.
 
     old: the dense model's initializers as arrays."""
@@ -49,6 +49,8 @@ def reconstruct(old: dict, model, spaces, keeps, acts, samples, input_name) -> o
             continue
         x_new = activations(model, [node.input[0]], samples, input_name)[node.input[0]]
         refit_node(model, node, old, acts[node.input[0]], x_new, keep_in[node.name], keep_out, rng)
+        if steps is not None:
+            steps.update(1)
     return model
 
 

@@ -88,3 +88,34 @@ def test_excluded_nodes_stay_float(model, data):
     qplan = int8.plan(model, {"conv1", "fc"})
     assert qplan.nodes == ("conv2",)
     assert "wg" not in dict(qplan.weights)
+
+
+def _two_branch_add():
+    """conv_a -> Add input 0, conv_b -> Add input 1: the residual rule picks one of them for its Q/DQ."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.4).astype(np.float32), "wa"),
+             numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.4).astype(np.float32), "wb")]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1], name="conv_a"),
+             helper.make_node("Conv", ["x", "wb"], ["b"], pads=[1, 1, 1, 1], name="conv_b"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "two_branch", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                   ["batch", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_keeping_a_node_in_float_only_removes_quantization():
+    """Excluding the Conv the residual rule fused into must not move the Add's Q/DQ onto the other input:
+    that is new quantization error, on a tensor calibration never saw."""
+    model = _two_branch_add()
+    full = int8.plan(model, set())
+    assert ("add", 1) in full.uses and ("add", 0) not in full.uses  # b, the skip input, is quantized
+    for exclude in ({"conv_a"}, {"conv_b"}, {"conv_a", "conv_b"}, {"add"}):
+        reduced = int8.plan(model, exclude)
+        assert set(reduced.uses) <= set(full.uses), exclude
+        assert set(reduced.activations) <= set(full.activations), exclude
+    assert ("add", 0) not in int8.plan(model, {"conv_b"}).uses

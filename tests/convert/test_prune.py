@@ -198,3 +198,23 @@ def test_bad_alignment_and_sensitivity_without_data_are_refused():
         prune(residual_block(), 0.2, align=0)
     with pytest.raises(ModelError, match="sensitivity allocation needs calibration data"):
         prune(residual_block(), 0.2, allocation="sensitivity")
+
+
+def test_reconstruct_reports_progress_for_each_long_step():
+    bars = []
+
+    class Recorder:  # the progress interface: (total, what, unit) -> update(n), close()
+        def __init__(self, total, what, unit):
+            self.total, self.what, self.done, self.closed = total, what, 0, False
+            bars.append(self)
+
+        def update(self, n=1):
+            self.done += n
+
+        def close(self):
+            self.closed = True
+
+    calib = np.random.default_rng(5).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    prune(residual_block(seed=4), 0.2, "reconstruct", samples=calib, input_name="x", align=4, progress=Recorder)
+    assert [b.what for b in bars] == ["pruning: ranking channels", "pruning: sensitivity", "pruning: refit"]
+    assert all(b.done == b.total > 0 and b.closed for b in bars), [(b.what, b.done, b.total) for b in bars]

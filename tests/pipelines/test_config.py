@@ -16,6 +16,10 @@ HEAD = "[pipeline]\nbundle = 'b'\n"
     (HEAD + "[[source]]\nuri = 'synthetic'\n[sink]\nuri = 'stdout'\n", r"\[sink\] is one table; write \[\[sink\]\]"),
     (HEAD + "[[source]]\nuri = 'synthetic'\n[[sink]]\n", r"\[\[sink\]\] #1: uri is required"),
     (HEAD + "max_batch = true\n[[source]]\nuri = 'synthetic'\n", r"max_batch = True: expected an integer"),
+    (HEAD + "max_frame_hw = ['a', 'b']\n[[source]]\nuri = 'synthetic'\n",
+     r"max_frame_hw = \('a', 'b'\): allowed \[height, width\], two integers"),
+    (HEAD + "[[source]]\nuri = 'synthetic'\n[metrics]\nlisten = 'notaport'\n", r"listen = 'notaport': write HOST:PORT"),
+    (HEAD + "[[source]]\nuri = 'synthetic'\n[metrics]\nlisten = ':99999'\n", r"listen = ':99999': write HOST:PORT"),
 ])
 def test_config_traps_are_named(tmp_path, text, message):
     path = tmp_path / "c.toml"
