@@ -196,7 +196,33 @@ def _add_serve(sub) -> None:
 def _run_serve(args) -> int:
     from jetpipe.pipelines.serve import serve
 
-    return serve(args)
+    return serve(_serve_config(args))
+
+
+def _serve_config(args):
+    """A config file, with flags overriding it, or flags alone."""
+    from jetpipe.pipelines.config import ConfigError, PipelineConfig, SourceConfig, load, validate
+
+    if args.config:
+        config = load(args.config)
+    elif not args.bundle:
+        raise ConfigError("pass a CONFIG.toml or --bundle DIR (with --source URI ...)")
+    else:
+        config = PipelineConfig(bundle=Path(args.bundle), sources=[])
+    if args.bundle:
+        config.bundle = Path(args.bundle)
+    if args.source:
+        config.sources = [SourceConfig(uri, loop=args.loop, realtime=args.realtime, decoder=args.decoder)
+                          for uri in args.source]
+    if args.sink:
+        config.sinks = list(args.sink)
+    for key in ("max_batch", "frames", "duration", "backend", "memory", "task"):
+        value = getattr(args, key)
+        if value is not None:
+            setattr(config, key, value)
+    if args.metrics is not None:
+        config.metrics_listen = args.metrics
+    return validate(config, args.config or "flags")
 
 
 def _add_demo(sub) -> None:
@@ -223,7 +249,7 @@ def _positive_seconds(text: str) -> float:
 def _run_demo(args) -> int:
     from jetpipe.pipelines.serve import demo
 
-    return demo(args)
+    return demo(args.duration, args.bundle_dir, args.sink, args.backend)
 
 
 def _add_calibrate(sub) -> None:

@@ -18,10 +18,11 @@ import onnx
 
 from jetpipe import bundle as bundles
 from jetpipe.calibration import metrics as m
+from jetpipe.calibration.evaluate import Context, compare, run_outputs
+from jetpipe.calibration.search import search
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.postprocess import POSTPROCESSORS
 from jetpipe.progress import bar
-from jetpipe.runtime.sessions import ort_session
 from jetpipe.spec import PreprocessSpec
 
 log = logging.getLogger(__name__)
@@ -50,26 +51,6 @@ class AccuracyOptions:
     layers: bool = True
     progress: bool = True
     extra: dict = field(default_factory=dict)
-
-
-@dataclass
-class Context:
-    """Everything the comparison, the localisation and the search share."""
-
-    manifest: dict
-    reference: onnx.ModelProto       # FP32, prepared like the bundle's base
-    processed_path: str
-    inputs: np.ndarray               # N,C,H,W float32 (identical for both models)
-    input_name: str
-    task: str
-    provider: str
-    _reference_outputs: list | None = None
-
-    def reference_outputs(self) -> list[np.ndarray]:
-        """FP32 outputs on the inputs, computed once (every search trial compares against them)."""
-        if self._reference_outputs is None:
-            self._reference_outputs = run_outputs(self.reference, self)
-        return self._reference_outputs
 
 
 def prepare_context(opts: AccuracyOptions) -> Context:
@@ -106,47 +87,6 @@ def _check_same_io(reference: onnx.ModelProto, manifest: dict, source: Path) -> 
                            f"{ref_out}, bundle in {want_in} out {want_out}): pass the model the bundle was made from")
 
 
-def run_outputs(model, ctx: Context, batch: int = 4) -> list[np.ndarray]:
-    sess = ort_session(model, ctx.provider)
-    parts = [sess.run(None, {ctx.input_name: ctx.inputs[i:i + batch]}) for i in range(0, len(ctx.inputs), batch)]
-    return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
-
-
-def task_metrics(task: str, ref: list[np.ndarray], out: list[np.ndarray], input_hw) -> dict:
-    """The task's agreement metrics of `out` against `ref` (first output)."""
-    r, o = ref[0], out[0]
-    if task == "text-detection":
-        f1 = m.per_sample_f1(r, o)
-        return {"f1": float(f1.mean()), "f1_min": float(f1.min()), "mae": m.mean_abs_error(r, o)}
-    if task == "classification":
-        top1 = m.topk_agreement(r, o, 1)
-        return {"top1": top1, "top5": m.topk_agreement(r, o, 5), "top1_drop": (1 - top1) * 100}
-    if task == "detection-yolo":
-        from jetpipe.pipelines.postprocess import YoloDetection
-        from jetpipe.preprocess import Letterbox
-
-        post = YoloDetection(input_hw=tuple(input_hw))
-        boxes = [Letterbox(1.0, 1.0, 0, 0)] * len(r)
-        sizes = [tuple(input_hw)] * len(r)
-        return {"map": m.detection_map(post({"y": r}, boxes, sizes), post({"y": o}, boxes, sizes))}
-    return {"mae": m.mean_abs_error(r, o), "cosine": m.tensor_errors(r, o)["cosine"]}
-
-
-def compare(ctx: Context, candidate=None, outputs: list[np.ndarray] | None = None) -> tuple[dict, dict]:
-    """(per-output errors, task metrics) against FP32 of the bundle, a candidate model, or
-    outputs already computed."""
-    ref = ctx.reference_outputs()
-    out = outputs if outputs is not None else \
-        run_outputs(candidate if candidate is not None else ctx.processed_path, ctx)
-    names = [o.name for o in ctx.reference.graph.output]
-    per_output = {n: m.tensor_errors(a, b) for n, a, b in zip(names, ref, out)}
-    tm = task_metrics(ctx.task, ref, out, ctx.manifest["input_size"])
-    tm["cosine"] = min(v["cosine"] for v in per_output.values())
-    tm["snr_db"] = min(v["snr_db"] for v in per_output.values())
-    tm.setdefault("mae", float(np.mean([v["mean_abs"] for v in per_output.values()])))
-    return per_output, tm
-
-
 def _check_budget_metric(budget: str | None, task: str) -> None:
     """Before any evaluation: the budget's metric must be one this task reports."""
     if not budget:
@@ -162,7 +102,6 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
     """Compare, localise, search (with a budget) and write the report folder."""
     from jetpipe.calibration import reports
     from jetpipe.calibration.layers import localise
-    from jetpipe.calibration.search import search
 
     if opts.budget:
         m.parse_budget(opts.budget)  # fail before any work

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from jetpipe.calibration import metrics as m
+from jetpipe.calibration.evaluate import compare
 from jetpipe.errors import JetpipeError
 from jetpipe.progress import silent
 
@@ -73,8 +74,6 @@ class Rebuilder:
 
 def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=silent) -> SearchResult:
     """progress(total, what, unit): a bar for the ranking and one for the trials (jetpipe.progress.bar)."""
-    from jetpipe.calibration.accuracy import compare
-
     metric, op, bound = m.parse_budget(budget)
     rebuild = Rebuilder(ctx, bundle_dir)
     candidates = [n for n in rebuild.ranking(progress) if n not in rebuild.base][:max_nodes]
@@ -92,32 +91,40 @@ def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=silent) -
             log.info("precision search: %d extra node(s) in float -> %s = %.5g", k, metric, tm[metric])
         return cache[k]
 
+    k = smallest_meeting(len(candidates), lambda i: m.meets(value_at(i), op, bound))
+    trials.close()
+    if k is None:
+        best_k = max(cache, key=lambda i: cache[i] if op == ">=" else -cache[i]) if cache else 0
+        result.value = cache.get(best_k, float("nan"))
+        result.added = candidates[:best_k]
+        result.why = (f"even with {len(candidates)} more node(s) in higher precision, the best {metric} was "
+                      f"{result.value:.5g} (with {best_k}); the budget {budget} is out of reach of "
+                      "per-node precision: recalibrate with more or better data, or relax it")
+    else:
+        result.met, result.value, result.added = True, cache[k], candidates[:k]
+    result.excluded_nodes = {**rebuild.base, **{n: "precision search" for n in result.added}}
+    return result
+
+
+def smallest_meeting(count: int, meets) -> int | None:
+    """The smallest k in 1..count with meets(k), probing k = 1, 2, 4, ... then bisecting; None if even
+    k = count does not meet. Assumes meeting at k makes meeting at larger k likely, not certain: the
+    k returned was itself measured to meet."""
     k, low = 1, 0
-    while k <= len(candidates) and not m.meets(value_at(k), op, bound):
+    while k <= count and not meets(k):
         low, k = k, k * 2
-    if k > len(candidates):
-        k = len(candidates)
-        if not candidates or not m.meets(value_at(k), op, bound):
-            best_k = max(cache, key=lambda i: cache[i] if op == ">=" else -cache[i]) if cache else 0
-            result.value = cache.get(best_k, float("nan"))
-            result.added = candidates[:best_k]
-            result.why = (f"even with {len(candidates)} more node(s) in higher precision, the best {metric} was "
-                          f"{result.value:.5g} (with {best_k}); the budget {budget} is out of reach of "
-                          "per-node precision: recalibrate with more or better data, or relax it")
-            result.excluded_nodes = {**rebuild.base, **{n: "precision search" for n in result.added}}
-            trials.close()
-            return result
+    if k > count:
+        if count == 0 or low == count or not meets(count):
+            return None
+        k = count
     high = k
-    while high - low > 1:  # smallest k that meets the budget
+    while high - low > 1:
         mid = (low + high) // 2
-        if m.meets(value_at(mid), op, bound):
+        if meets(mid):
             high = mid
         else:
             low = mid
-    result.met, result.value, result.added = True, cache[high], candidates[:high]
-    result.excluded_nodes = {**rebuild.base, **{n: "precision search" for n in result.added}}
-    trials.close()
-    return result
+    return high
 
 
 def excluded_from_report(path) -> dict[str, str]:

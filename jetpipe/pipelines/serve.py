@@ -10,35 +10,9 @@ from pathlib import Path
 
 from jetpipe import bundle as bundles
 from jetpipe.errors import BundleError
-from jetpipe.pipelines.config import PipelineConfig, SourceConfig, load, validate
+from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 
 log = logging.getLogger(__name__)
-
-
-def config_from_args(args) -> PipelineConfig:
-    """A config file, with flags overriding it, or flags alone."""
-    if args.config:
-        config = load(args.config)
-    else:
-        if not args.bundle:
-            from jetpipe.pipelines.config import ConfigError
-
-            raise ConfigError("pass a CONFIG.toml or --bundle DIR (with --source SPEC ...)")
-        config = PipelineConfig(bundle=Path(args.bundle), sources=[])
-    if args.bundle:
-        config.bundle = Path(args.bundle)
-    if args.source:
-        config.sources = [SourceConfig(uri, loop=args.loop, realtime=args.realtime, decoder=args.decoder)
-                          for uri in args.source]
-    if args.sink:
-        config.sinks = list(args.sink)
-    for key in ("max_batch", "frames", "duration", "backend", "memory", "task"):
-        value = getattr(args, key)
-        if value is not None:
-            setattr(config, key, value)
-    if args.metrics is not None:
-        config.metrics_listen = args.metrics
-    return validate(config, args.config or "flags")
 
 
 def run_pipeline(config: PipelineConfig, on_result=None) -> dict:
@@ -63,20 +37,21 @@ def run_pipeline(config: PipelineConfig, on_result=None) -> dict:
             signal.signal(sig, handler)
 
 
-def serve(args) -> int:
-    summary = run_pipeline(config_from_args(args))
+def serve(config: PipelineConfig) -> int:
+    summary = run_pipeline(config)
     print(json.dumps({"summary": summary}), file=sys.stderr)
     return 0
 
 
-def demo(args) -> int:
+def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-det", sinks=(),
+         backend: str | None = None) -> int:
     """Convert the built-in PP-OCRv4 detector (cached) and serve two synthetic cameras for a while."""
     from jetpipe.convert import ConvertOptions, convert
     from jetpipe.models import BUILTIN, DEFAULT_MODEL
     from jetpipe.spec import preset
 
     model = BUILTIN[DEFAULT_MODEL]
-    bundle = Path(args.bundle_dir)
+    bundle = Path(bundle_dir)
     try:
         bundles.load(bundle)
     except BundleError as exc:  # none yet, or an older / damaged one: convert replaces only a bundle
@@ -88,8 +63,8 @@ def demo(args) -> int:
     cameras = [SourceConfig("synthetic:1280x720@15:nv12"), SourceConfig("synthetic:640x480@15:yuyv")]
     config = validate(PipelineConfig(
         bundle=bundle, sources=cameras,
-        sinks=list(args.sink or []), duration=args.duration, metrics_listen="", log_every_s=1e9,
-        backend=args.backend or "auto"))
+        sinks=list(sinks or []), duration=duration, metrics_listen="", log_every_s=1e9,
+        backend=backend or "auto"))
     shown = {0: -1.0, 1: -1.0}
 
     def show(record):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -101,3 +102,32 @@ def validate(frames, max_batch: int, capacity: int | None = None, device_frames:
         except JetpipeError as exc:
             rejected.append((index, str(exc)))
     return usable, rejected
+
+
+class Runtime(Protocol):
+    """What callers get from open_runtime (CpuRuntime, GpuRuntime): nothing outside runtime touches CUDA."""
+
+    backend_name: str
+    manifest: dict
+    max_batch: int
+    size_hw: tuple[int, int]
+
+    def submit(self, frames) -> Ticket: ...
+
+    def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult: ...
+
+    def release(self, ticket: Ticket) -> None: ...
+
+    def infer(self, frames) -> BatchResult: ...
+
+    def stage_times(self, ticket: Ticket) -> dict[str, float]: ...
+
+    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False): ...
+
+    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False): ...
+
+    def describe(self) -> dict: ...
+
+    def gpu_free_memory(self) -> int | None: ...
+
+    def close(self) -> None: ...

@@ -17,8 +17,8 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError
 from jetpipe.runtime.api import BatchResult, Ticket, validate
+from jetpipe.runtime.base import RuntimeBase
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable
-from jetpipe.runtime.runtime import _Base
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class _BufferSet:
     marks: dict | None = None            # stage events when profiling
 
 
-class GpuRuntime(_Base):
+class GpuRuntime(RuntimeBase):
     """See the module docstring. `max_frame_hw` sizes the frame ring (bytes of a BGR frame that size)."""
 
     def __init__(self, bundle_dir, max_batch: int | None = None, backend: str = "onnxruntime-cuda",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import shlex
 import subprocess
 import threading
 from collections import deque
@@ -154,9 +155,8 @@ class PipeSource:
         size = int(np.prod(frame_shape(self.info.format, self.info.height, self.info.width)))
         self._process = DecoderProcess(self.command(), size, self.describe())
         self._index = 0
-        log.info("source %s: %s %dx%d %s via %s", self.uri, self.info.format, self.info.width, self.info.height,
-                 self.info.standard, " ".join(self._process.argv[:1]))
-        log.debug("source %s: %s", self.uri, " ".join(self._process.argv))
+        log.info("source %s: %s %dx%d %s %s range: %s", self.uri, self.info.format, self.info.width,
+                 self.info.height, self.info.standard, self.info.range, shlex.join(self._process.argv))
         return self.info
 
     def read_into(self, slot: np.ndarray) -> float | None:

@@ -1,0 +1,74 @@
+"""Running a model and its FP32 reference on the same inputs, and the task's agreement metrics.
+
+Shared by the accuracy report and the precision search (which re-measures each candidate)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from jetpipe.calibration import metrics as m
+from jetpipe.runtime.sessions import ort_session
+
+
+@dataclass
+class Context:
+    """Everything the comparison, the localisation and the search share."""
+
+    manifest: dict
+    reference: onnx.ModelProto       # FP32, prepared like the bundle's base
+    processed_path: str
+    inputs: np.ndarray               # N,C,H,W float32 (identical for both models)
+    input_name: str
+    task: str
+    provider: str
+    _reference_outputs: list | None = None
+
+    def reference_outputs(self) -> list[np.ndarray]:
+        """FP32 outputs on the inputs, computed once (every search trial compares against them)."""
+        if self._reference_outputs is None:
+            self._reference_outputs = run_outputs(self.reference, self)
+        return self._reference_outputs
+
+
+def run_outputs(model, ctx: Context, batch: int = 4) -> list[np.ndarray]:
+    sess = ort_session(model, ctx.provider)
+    parts = [sess.run(None, {ctx.input_name: ctx.inputs[i:i + batch]}) for i in range(0, len(ctx.inputs), batch)]
+    return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
+
+
+def task_metrics(task: str, ref: list[np.ndarray], out: list[np.ndarray], input_hw) -> dict:
+    """The task's agreement metrics of `out` against `ref` (first output)."""
+    r, o = ref[0], out[0]
+    if task == "text-detection":
+        f1 = m.per_sample_f1(r, o)
+        return {"f1": float(f1.mean()), "f1_min": float(f1.min()), "mae": m.mean_abs_error(r, o)}
+    if task == "classification":
+        top1 = m.topk_agreement(r, o, 1)
+        return {"top1": top1, "top5": m.topk_agreement(r, o, 5), "top1_drop": (1 - top1) * 100}
+    if task == "detection-yolo":
+        from jetpipe.pipelines.postprocess import YoloDetection
+        from jetpipe.preprocess import Letterbox
+
+        post = YoloDetection(input_hw=tuple(input_hw))
+        boxes = [Letterbox(1.0, 1.0, 0, 0)] * len(r)
+        sizes = [tuple(input_hw)] * len(r)
+        return {"map": m.detection_map(post({"y": r}, boxes, sizes), post({"y": o}, boxes, sizes))}
+    return {"mae": m.mean_abs_error(r, o), "cosine": m.tensor_errors(r, o)["cosine"]}
+
+
+def compare(ctx: Context, candidate=None, outputs: list[np.ndarray] | None = None) -> tuple[dict, dict]:
+    """(per-output errors, task metrics) against FP32 of the bundle, a candidate model, or
+    outputs already computed."""
+    ref = ctx.reference_outputs()
+    out = outputs if outputs is not None else \
+        run_outputs(candidate if candidate is not None else ctx.processed_path, ctx)
+    names = [o.name for o in ctx.reference.graph.output]
+    per_output = {n: m.tensor_errors(a, b) for n, a, b in zip(names, ref, out)}
+    tm = task_metrics(ctx.task, ref, out, ctx.manifest["input_size"])
+    tm["cosine"] = min(v["cosine"] for v in per_output.values())
+    tm["snr_db"] = min(v["snr_db"] for v in per_output.values())
+    tm.setdefault("mae", float(np.mean([v["mean_abs"] for v in per_output.values()])))
+    return per_output, tm

@@ -1,0 +1,118 @@
+"""What the CPU and GPU runtimes share: bundle loading and the buffer-set lifecycle."""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+from pathlib import Path
+
+from jetpipe import bundle as bundles
+from jetpipe.errors import BundleError, JetpipeError
+from jetpipe.runtime.api import BatchResult, Ticket
+from jetpipe.spec import PreprocessSpec
+
+
+class RuntimeBase:
+    """Bundle loading and the buffer-set lifecycle shared by the CPU and GPU runtimes.
+
+    Each buffer set holds one batch: free -> in flight (submit) -> collected.
+    collect(ticket, hold=True) keeps the set (and the output views) reserved
+    until release(ticket), so another thread can postprocess while the next
+    batches run; collect() without hold frees it at once."""
+
+    backend_name = "?"
+
+    def _init_sets(self, count: int) -> None:
+        if count < 2:
+            raise JetpipeError(f"buffer_sets {count}: at least 2 are needed")
+        self.buffer_sets = count
+        self._states = ["free"] * count
+        self._tickets = [None] * count
+        self._next = 0
+        self._sets_lock = threading.Lock()
+
+    def _claim_set(self) -> int:
+        with self._sets_lock:
+            for step in range(self.buffer_sets):
+                index = (self._next + step) % self.buffer_sets
+                if self._states[index] == "free":
+                    self._states[index] = "in_flight"
+                    self._next = (index + 1) % self.buffer_sets
+                    return index
+        raise JetpipeError(f"all {self.buffer_sets} buffer sets are busy: collect() (and release() held "
+                           "batches) before submitting more")
+
+    def _unclaim(self, index: int) -> None:
+        with self._sets_lock:
+            self._states[index] = "free"
+
+    def _submitted(self, ticket: Ticket) -> Ticket:
+        self._tickets[ticket.set_index] = ticket
+        return ticket
+
+    def _check_collect(self, ticket: Ticket) -> None:
+        with self._sets_lock:
+            if self._states[ticket.set_index] != "in_flight" or self._tickets[ticket.set_index] is not ticket:
+                raise JetpipeError("this batch was already collected (or never submitted here)")
+
+    def _collected(self, ticket: Ticket, hold: bool) -> None:
+        with self._sets_lock:
+            self._states[ticket.set_index] = "held" if hold else "free"
+
+    def release(self, ticket: Ticket) -> None:
+        """Free a set collected with hold=True; its output views may be overwritten from now on."""
+        with self._sets_lock:
+            if self._states[ticket.set_index] == "held" and self._tickets[ticket.set_index] is ticket:
+                self._states[ticket.set_index] = "free"
+
+    def __init__(self, bundle_dir, max_batch: int | None):
+        self.bundle_dir = Path(bundle_dir)
+        self.manifest = bundles.load(self.bundle_dir)
+        limit = self.manifest["batch"]["max"]
+        self.max_batch = max_batch or limit
+        if not 1 <= self.max_batch <= limit:
+            raise JetpipeError(f"max_batch {self.max_batch} is outside the bundle's batch range 1..{limit}")
+        self.spec = PreprocessSpec.from_dict(self.manifest["preprocess"])
+        self.size_hw = tuple(self.manifest["input_size"])
+        self.model_path = str(self.bundle_dir / bundles.MODEL_FILE)
+        self.rejected_frames = 0
+
+    def check_io(self, input_name: str, output_names) -> None:
+        """The manifest's tensors must be the model's: a stale or edited bundle is refused."""
+        io = self.manifest["io"]
+        want_in, want_out = io["inputs"][0]["name"], [o["name"] for o in io["outputs"]]
+        if want_in != input_name or sorted(want_out) != sorted(output_names):
+            raise BundleError(f"bundle {self.bundle_dir}: the manifest names input {want_in!r} and outputs "
+                              f"{want_out}, the model has {input_name!r} and {list(output_names)}: "
+                              "rebuild the bundle with `jetpipe convert`")
+
+    def infer(self, frames) -> BatchResult:
+        return self.collect(self.submit(frames))
+
+    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False):
+        """Slots for `count` frames up to max_hw (BGR-sized), allocated now: for one source.
+        device=True (the GPU runtime only): slots in device memory, for a hardware decoder."""
+        from jetpipe.runtime.ring import host_ring
+
+        if device:
+            raise JetpipeError("device-memory frame rings need the GPU runtime")
+        return host_ring(count, max_hw[0] * max_hw[1] * 3)
+
+    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False):
+        """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none)."""
+        return None
+
+    def describe(self) -> dict:
+        """What reports say of the device this runtime runs on."""
+        return {"kind": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+
+    def gpu_free_memory(self) -> int | None:
+        """Free GPU memory in bytes (None: no GPU)."""
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

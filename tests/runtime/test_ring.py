@@ -1,0 +1,33 @@
+"""Frame rings: preallocated slots, views without copies, device slots for hardware decoders."""
+
+import numpy as np
+
+from jetpipe.runtime.ring import DeviceSlot, FrameRing, host_ring
+
+
+def test_slots_are_handed_out_once_and_come_back():
+    ring = host_ring(3, 64 * 48 * 3)
+    taken = [ring.acquire() for _ in range(3)]
+    assert sorted(taken) == [0, 1, 2] and ring.acquire() is None and ring.free_slots() == 0
+    ring.release(taken[1])
+    assert ring.acquire() == taken[1]
+
+
+def test_views_and_frames_share_the_slot_memory():
+    ring = host_ring(2, 64 * 48 * 3)
+    view = ring.view(1, "nv12", 48, 64)
+    assert view.shape == (72, 64) and np.shares_memory(view, ring.buffers[1])
+    view[:] = 7
+    frame = ring.frame(1, "nv12", 48, 64, "bt709", "full")
+    assert np.shares_memory(frame.data, ring.buffers[1]) and frame.data.max() == 7
+    assert (frame.standard, frame.range, frame.size()) == ("bt709", "full", (48, 64))
+    assert ring.view(0, "yuyv", 48, 64).shape == (48, 128) and ring.view(0, "bgr", 48, 64).shape == (48, 64, 3)
+
+
+def test_device_slots_describe_where_a_decoder_writes():
+    ring = FrameRing([object(), object()], [0x1000, 0x9000], pinned=False, device=True)
+    slot = ring.view(1, "nv12", 1080, 1920)
+    assert slot == DeviceSlot(0x9000, 1920 * 1080 * 3 // 2, "nv12", 1080, 1920)
+    frame = ring.frame(1, "nv12", 1080, 1920, "bt709")
+    assert frame.device and frame.data is None and frame.address == 0x9000
+    assert frame.size() == (1080, 1920) and frame.nbytes == slot.nbytes
