@@ -222,7 +222,7 @@ class GpuRuntime(RuntimeBase):
             return self.device.free_memory()
 
     def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False):
-        """An NVDEC source (PyNvVideoCodec) for a file or network stream on this GPU, or None, logged why."""
+        """An NVDEC source (PyNvVideoCodec) for a video file on this GPU, or None, logged why."""
         from jetpipe.runtime.nvdec import open_nvdec
 
         return open_nvdec(self.device, uri, loop, realtime)

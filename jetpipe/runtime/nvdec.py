@@ -32,8 +32,15 @@ def import_nvdec():
 
 
 def open_nvdec(device, uri: SourceURI, loop: bool = False, realtime: bool = False):
-    """An NvdecSource for a file or network stream, or None (logged why) where NVDEC cannot serve it."""
-    if uri.scheme not in ("file", *NETWORK_SCHEMES):
+    """An NvdecSource for a video file, or None (logged why) where NVDEC cannot serve it.
+
+    Network streams stay with FFmpeg for now: this source opens its demuxer (and decodes the first
+    picture) when it is made, which for a camera that does not answer would block start-up with no
+    way to interrupt it; a live NVDEC source must open in its capture thread first."""
+    if uri.scheme in NETWORK_SCHEMES:
+        log.info("source %s: network streams are decoded by FFmpeg (NVDEC serves files)", uri.text)
+        return None
+    if uri.scheme != "file":
         return None
     if device.integrated:
         log.debug("source %s: integrated GPU, NVDEC is reached through GStreamer's nvv4l2decoder", uri.text)

@@ -3,8 +3,8 @@
 Every real source delivers YUV as the decoder produced it, written untouched into
 its ring slot; colour is converted on the GPU (or by the CPU runtime's reference
 path). Which decoder (`decoder = "auto"`):
-  - desktop GPU runtime: NVDEC (PyNvVideoCodec) for files and network streams, NV12 in device
-    memory (the runtime's hardware_decoder); FFmpeg where NVDEC cannot take the stream
+  - desktop GPU runtime: NVDEC (PyNvVideoCodec) for video files, NV12 in device memory (the
+    runtime's hardware_decoder); FFmpeg for network streams and where NVDEC cannot take the stream
   - Jetson: GStreamer (nvarguscamerasrc, nvv4l2decoder, v4l2src raw YUY2)
   - elsewhere: FFmpeg (files, RTSP, V4L2) into raw I420 / NV12 / YUYV
   - OpenCV (BGR, on the CPU) only when asked for, or where no ffmpeg is installed (said in the log)
