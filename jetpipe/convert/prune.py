@@ -292,7 +292,7 @@ def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_
                 for name, _ in space.consumers:
                     x = acts[nodes[name].input[0]]
                     refit.refit_node(candidate, nodes[name], weights, x, x[:, keep], keep, keep_out, rng)
-            errors[key][k] = refit.output_error(reference, refit.outputs(candidate, samples, input_name))
+            errors[key][k] = refit.normalized_mse(reference, refit.outputs(candidate, samples, input_name))
             steps.update(1)
         log.debug("sensitivity %s: %s", _label(space), errors[key])
     return errors

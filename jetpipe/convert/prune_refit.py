@@ -31,7 +31,7 @@ def outputs(model: onnx.ModelProto, samples: np.ndarray, input_name: str, batch:
     return [np.concatenate(parts) for parts in zip(*runs)]
 
 
-def output_error(reference: list[np.ndarray], candidate: list[np.ndarray]) -> float:
+def normalized_mse(reference: list[np.ndarray], candidate: list[np.ndarray]) -> float:
     """Squared error over the reference's variance, summed over the outputs."""
     return float(sum(((c.astype(np.float64) - r) ** 2).mean() / max(float(r.var()), 1e-12)
                      for r, c in zip(reference, candidate)))

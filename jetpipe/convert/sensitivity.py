@@ -19,7 +19,7 @@ from jetpipe.runtime.sessions import cpu_session
 log = logging.getLogger(__name__)
 
 
-def output_error(reference: list[np.ndarray], candidate: list[np.ndarray]) -> float:
+def relative_mae(reference: list[np.ndarray], candidate: list[np.ndarray]) -> float:
     """Mean absolute error over all outputs, relative to the reference's mean magnitude."""
     num = sum(float(np.abs(r - c).mean()) for r, c in zip(reference, candidate))
     den = sum(float(np.abs(r).mean()) for r in reference)
@@ -34,7 +34,7 @@ def rank_int8_nodes(model: onnx.ModelProto, full: int8.QuantPlan, ranges: dict[s
     for name in full.nodes:
         alone = int8.plan(model, set(full.nodes) - {name})
         quantized = int8.quantize(model, alone, ranges)
-        errors[name] = output_error(reference, cpu_session(quantized).run(None, {input_name: samples}))
+        errors[name] = relative_mae(reference, cpu_session(quantized).run(None, {input_name: samples}))
         if progress is not None:
             progress.update(1)
     return errors
