@@ -1,4 +1,5 @@
-"""Counters, latency percentiles and a Prometheus /metrics + /healthz endpoint (stdlib only)."""
+"""Counters, latency percentiles and histograms, and a /metrics (prometheus-client's exposition) +
+/healthz endpoint."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 STAGES = ("queue", "gpu", "post", "total")
 QUANTILES = (0.5, 0.9, 0.99)
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.033, 0.05, 0.067, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 class Metrics:
@@ -24,6 +28,13 @@ class Metrics:
         self.batches = 0
         self.heartbeat = time.monotonic()
         self.gauges: dict[str, callable] = {}
+        # the exposition: this object's values (collect()), latency histograms and process metrics
+        self._exposed = ([0] * streams, [0] * streams, None)
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+        ProcessCollector(registry=self.registry)
+        self.latency_seconds = Histogram("jetpipe_latency_seconds", "Per-stage latency (capture to result).",
+                                         ["stage"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
 
     def count(self, name: str, stream: int, n: int = 1) -> None:
         with self.lock:
@@ -38,6 +49,8 @@ class Metrics:
                 self.first_result[stream] = now
             for stage, value in latencies.items():
                 self.latency[stage].append(value)
+        for stage, value in latencies.items():
+            self.latency_seconds.labels(stage).observe(value / 1000.0)
 
     def beat(self) -> None:
         self.heartbeat = time.monotonic()
@@ -62,42 +75,48 @@ class Metrics:
         return {q: float(np.quantile(values, q)) for q in QUANTILES}
 
     def prometheus(self, dropped: list[int], depths: list[int], decode_errors: list[int] | None = None) -> str:
-        lines = []
+        """The Prometheus text exposition, written by prometheus-client: these counters and gauges, the
+        latency histograms, and the process collector (CPU seconds, resident memory, open files)."""
+        self._exposed = (dropped, depths, decode_errors)
+        return generate_latest(self.registry).decode()
 
-        def family(name, kind, help_text, samples):
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{labels} {value}" for labels, value in samples)
-
-        per_stream = lambda values: [(f'{{stream="{i}"}}', v) for i, v in enumerate(values)]  # noqa: E731
+    def collect(self):
+        """prometheus-client's collector protocol: the current per-stream values as metric families."""
+        dropped, depths, decode_errors = self._exposed
         with self.lock:
-            captured, processed = list(self.captured), list(self.processed)
-            failed, reconnects = list(self.failed), list(self.reconnects)
-        family("jetpipe_frames_captured_total", "counter", "Frames produced by the source.",
-               per_stream(captured))
-        family("jetpipe_frames_processed_total", "counter", "Frames with results.", per_stream(processed))
-        family("jetpipe_frames_dropped_total", "counter", "Frames dropped when processing fell behind.",
-               per_stream(dropped))
-        family("jetpipe_frames_failed_total", "counter", "Frames lost to read or processing errors.",
-               per_stream(failed))
-        family("jetpipe_source_reconnects_total", "counter", "Source reconnect attempts.",
-               per_stream(reconnects))
-        family("jetpipe_decode_errors_total", "counter", "Decoder errors (corrupt data, truncated frames).",
-               per_stream(decode_errors or [0] * len(captured)))
-        family("jetpipe_stream_fps", "gauge", "Results per second over the last 5 s.",
-               [(f'{{stream="{i}"}}', round(self.fps(i), 3)) for i in range(len(captured))])
-        family("jetpipe_queue_depth", "gauge", "Frames waiting to be batched.", per_stream(depths))
-        samples = []
+            counts = {"captured": list(self.captured), "processed": list(self.processed),
+                      "failed": list(self.failed), "reconnects": list(self.reconnects)}
+            batches = self.batches
+        streams = len(counts["captured"])
+        per_stream = [
+            (CounterMetricFamily, "jetpipe_frames_captured", "Frames produced by the source.", counts["captured"]),
+            (CounterMetricFamily, "jetpipe_frames_processed", "Frames with results.", counts["processed"]),
+            (CounterMetricFamily, "jetpipe_frames_dropped", "Frames dropped when processing fell behind.", dropped),
+            (CounterMetricFamily, "jetpipe_frames_failed", "Frames lost to read or processing errors.",
+             counts["failed"]),
+            (CounterMetricFamily, "jetpipe_source_reconnects", "Source reconnect attempts.", counts["reconnects"]),
+            (CounterMetricFamily, "jetpipe_decode_errors", "Decoder errors (corrupt data, truncated frames).",
+             decode_errors or [0] * streams),
+            (GaugeMetricFamily, "jetpipe_stream_fps", "Results per second over the last 5 s.",
+             [round(self.fps(i), 3) for i in range(streams)]),
+            (GaugeMetricFamily, "jetpipe_queue_depth", "Frames waiting to be batched.", depths),
+        ]
+        for kind, name, text, values in per_stream:
+            family = kind(name, text, labels=["stream"])
+            for i, value in enumerate(values):
+                family.add_metric([str(i)], value)
+            yield family
+        quantiles = GaugeMetricFamily("jetpipe_latency_ms", "Per-stage latency percentiles over the last "
+                                      "results, milliseconds.", labels=["stage", "quantile"])
         for stage in STAGES:
             for q, v in self.percentiles(stage).items():
-                samples.append((f'{{stage="{stage}",quantile="{q}"}}', round(v, 3)))
-        family("jetpipe_latency_ms", "summary", "Per-stage latency in milliseconds.", samples)
-        family("jetpipe_batches_total", "counter", "Batches run.", [("", self.batches)])
+                quantiles.add_metric([stage, str(q)], round(v, 3))
+        yield quantiles
+        yield CounterMetricFamily("jetpipe_batches", "Batches run.", value=batches)
         for name, read in self.gauges.items():
             value = read()
             if value is not None:
-                family(name, "gauge", name.replace("_", " "), [("", value)])
-        return "\n".join(lines) + "\n"
+                yield GaugeMetricFamily(name, name.replace("_", " "), value=value)
 
 
 class MetricsServer:
@@ -120,7 +139,7 @@ def _handler(render, healthy):
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
             if self.path == "/metrics":
-                self._reply(200, render(), "text/plain; version=0.0.4")
+                self._reply(200, render(), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":
                 ok, why = healthy()
                 self._reply(200 if ok else 503, why + "\n", "text/plain")

@@ -119,9 +119,13 @@ def test_metrics_and_health_endpoints(det_bundle):
     t.start()
     pipeline.run()
     t.join()
-    assert 'jetpipe_frames_captured_total{stream="0"}' in scraped["metrics"]
-    assert 'jetpipe_latency_ms{stage="total",quantile="0.99"}' in scraped["metrics"]
-    assert "jetpipe_queue_depth" in scraped["metrics"] and scraped["health"].strip() == "ok"
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+               for family in text_string_to_metric_families(scraped["metrics"]) for x in family.samples}
+    assert samples[("jetpipe_frames_captured_total", (("stream", "0"),))] > 0
+    assert (("jetpipe_latency_ms", (("quantile", "0.99"), ("stage", "total")))) in samples
+    assert ("jetpipe_queue_depth", (("stream", "0"),)) in samples and scraped["health"].strip() == "ok"
 
 
 def _serve(args, **kw):

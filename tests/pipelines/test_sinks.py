@@ -34,3 +34,25 @@ def test_stdout_sink_writes_json_lines(capsys):
 def test_bad_sinks(spec, message):
     with pytest.raises(JetpipeError, match=message):
         open_sink(spec)
+
+
+def test_metrics_exposition_is_prometheus_text_with_histograms_and_process_metrics():
+    """Written by prometheus-client: parseable, per-stream counters, latency histograms, process metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from jetpipe.pipelines.metrics import Metrics
+
+    metrics = Metrics(streams=2)
+    metrics.count("captured", 1, 5)
+    for total_ms in (8.0, 40.0, 300.0):
+        metrics.record_result(1, {"queue": 1.0, "gpu": 2.0, "post": 3.0, "total": total_ms})
+    samples = [x for f in text_string_to_metric_families(metrics.prometheus([0, 2], [1, 0], [0, 3]))
+               for x in f.samples]
+    value = lambda name, **labels: next(x.value for x in samples  # noqa: E731
+                                        if x.name == name and x.labels == labels)
+    assert value("jetpipe_frames_captured_total", stream="1") == 5
+    assert value("jetpipe_frames_dropped_total", stream="1") == 2
+    assert value("jetpipe_decode_errors_total", stream="1") == 3
+    assert value("jetpipe_latency_seconds_count", stage="total") == 3
+    assert value("jetpipe_latency_seconds_bucket", stage="total", le="0.05") == 2  # 8 and 40 ms
+    assert value("process_resident_memory_bytes") > 0
