@@ -55,7 +55,7 @@ class AccuracyOptions:
 
 def prepare_context(opts: AccuracyOptions) -> Context:
     from jetpipe.convert.calib_data import open_source
-    from jetpipe.convert.pipeline import ConvertOptions, prepare
+    from jetpipe.convert.pipeline import prepare
 
     manifest = bundles.load(opts.bundle)
     task = opts.task or manifest.get("task") or "raw"
@@ -65,8 +65,7 @@ def prepare_context(opts: AccuracyOptions) -> Context:
     source = Path(opts.reference or manifest["source"]["path"])
     if not source.is_file():
         raise JetpipeError(f"reference model {source} not found: pass --reference MODEL.onnx (the FP32 model)")
-    prepared = prepare(ConvertOptions(model=source, output=opts.report, precision=manifest["precision"],
-                                      input_size=tuple(manifest["input_size"]), max_batch=manifest["batch"]["max"]))
+    prepared = prepare(source, manifest["precision"], tuple(manifest["input_size"]), manifest["batch"]["max"])
     _check_same_io(prepared.model, manifest, source)
     spec = PreprocessSpec.from_dict(manifest["preprocess"])
     data = open_source(opts.data, tuple(prepared.input.dims), tuple(manifest["input_size"]), spec, opts.samples)

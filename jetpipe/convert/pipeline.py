@@ -78,7 +78,7 @@ def convert(opts: ConvertOptions) -> dict:
     """Run the whole conversion; returns the manifest written into the bundle."""
     _validate(opts)
     bundles.check_destination(opts.output, opts.force)
-    prepared = prepare(opts)
+    prepared = prepare(opts.model, opts.precision, opts.input_size, opts.max_batch)
     source = _calibration_source(opts, prepared)
     cost = {"source": flops.totals(flops.layer_costs(prepared.model))}
     pruning = _apply_pruning(opts, prepared, source, cost["source"])
@@ -169,14 +169,15 @@ def _validate(opts: ConvertOptions) -> None:
                               "Jetson, NVIDIA's index on desktops) or use --engine auto|never")
 
 
-def prepare(opts: ConvertOptions) -> Prepared:
-    """Load, check, upgrade opset, fix input size and batch axis, clean up."""
-    model = graph.load(opts.model)
-    source_sha = bundles.sha256_file(opts.model)
-    if opts.precision == "int8":
+def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None, max_batch: int) -> Prepared:
+    """Load, check, upgrade opset (INT8), fix input size and batch axis, clean up: the FP32 base a bundle
+    is made from (and the reference `calibrate accuracy` compares it with)."""
+    model = graph.load(model_path)
+    source_sha = bundles.sha256_file(model_path)
+    if precision == "int8":
         model = graph.upgrade_opset(model)
-    model = graph.fix_input_size(model, opts.input_size)
-    dynamic = graph.make_batch_dynamic(model) if opts.max_batch > 1 else False
+    model = graph.fix_input_size(model, input_size)
+    dynamic = graph.make_batch_dynamic(model) if max_batch > 1 else False
     model = graph.simplify(model)
     info = graph.image_input(model)
     if info.dims[1] != 3:
