@@ -189,11 +189,11 @@ class Pipeline:
             except Exception as exc:  # disconnect, decode error, device gone: back off and reconnect
                 if slot is not None:
                     ring.release(slot)
+                source.close()
+                if self.stop_event.is_set():  # stop() interrupted it: an end, not a failure
+                    break
                 self.metrics.count("failed", stream)
                 self.metrics.count("reconnects", stream)
-                source.close()
-                if self.stop_event.is_set():
-                    break
                 log.warning("source %d (%s): %s; reconnecting in %.1f s", stream, source.describe(), exc,
                             backoff)
                 info = None

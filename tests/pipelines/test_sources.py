@@ -402,3 +402,19 @@ def test_run_closes_everything_even_when_it_fails(tiny_bundle, tmp_path, monkeyp
     with pytest.raises(RuntimeError, match="summary failed"):
         pipeline.run()
     assert pipeline.closers == [] and pipeline.sinks[0].file.closed
+
+
+@needs_ffmpeg
+def test_stopping_a_live_source_is_not_counted_as_a_failure(tiny_bundle):
+    """stop() interrupts a source blocked in its open (a camera that never answers): that ends its
+    thread, but it is neither a failed frame nor a reconnect."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    try:
+        config = _config(tiny_bundle, [SourceConfig(f"tcp://127.0.0.1:{listener.getsockname()[1]}")], task="raw",
+                         duration=1.0)
+        summary = Pipeline(config).run()
+    finally:
+        listener.close()
+    assert summary["failed"] == [0] and summary["reconnects"] == [0], summary
