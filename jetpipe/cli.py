@@ -179,7 +179,8 @@ def _add_serve(sub) -> None:
                    help="pace file sources at their frame rate (like cameras: the oldest frame is dropped when "
                         "behind); default: every frame of a file is processed, as fast as it goes")
     p.add_argument("--decoder", choices=DECODERS, default="auto",
-                   help="auto (default): GStreamer/nvv4l2decoder on a Jetson, else FFmpeg into raw YUV; "
+                   help="auto (default): NVDEC into GPU memory for video files with the GPU runtime "
+                        "(jetpipe[nvdec]), GStreamer/nvv4l2decoder on a Jetson, else FFmpeg into raw YUV; "
                         "opencv: decode and convert to BGR on the CPU")
     p.add_argument("--sink", action="append", metavar="SPEC", help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC")
     p.add_argument("--max-batch", type=int, help="frames per GPU batch (default: the bundle's)")

@@ -28,7 +28,7 @@ class SourceConfig:
     uri: str
     loop: bool = False       # files: start again at the end
     realtime: bool = False   # files: pace at the file's frame rate (then dropped like a camera when behind)
-    decoder: str = "auto"    # auto | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.sources)
+    decoder: str = "auto"    # auto | nvdec | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.sources)
 
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str}
 

@@ -94,7 +94,7 @@ class Pipeline:
                               f"[{max(info.height, max_h)}, {max(info.width, max_w)}]")
 
     def _frame_hw(self, source) -> tuple[int, int]:
-        info = getattr(source, "info", None)
+        info = source.info
         return (info.height, info.width) if info is not None else self.config.max_frame_hw
 
     def _render_metrics(self) -> str:

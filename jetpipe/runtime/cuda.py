@@ -15,7 +15,7 @@ import logging
 import numpy as np
 
 from jetpipe.errors import JetpipeError
-from jetpipe.runtime.probe import probe_gpu
+from jetpipe.runtime.probe import PYCUDA_MISSING, probe_gpu
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,7 @@ def import_pycuda():
     try:
         import pycuda.driver as cuda
     except ImportError:
-        raise GpuUnavailable("PyCUDA is not installed: pip install 'jetpipe[gpu]' "
-                             "(needs the CUDA toolkit); using the CPU runtime needs nothing") from None
+        raise GpuUnavailable(PYCUDA_MISSING) from None
     return cuda
 
 

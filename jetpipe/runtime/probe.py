@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PYCUDA_MISSING = ("PyCUDA is not installed: pip install 'jetpipe[gpu]' (needs the CUDA toolkit); "
+                  "using the CPU runtime needs nothing")
+
 
 @dataclass(frozen=True)
 class GpuFacts:
@@ -31,8 +34,7 @@ def probe_gpu(ordinal: int = 0) -> GpuFacts:
         import pycuda
         import pycuda.driver as cuda
     except ImportError:
-        return GpuFacts(reason="PyCUDA is not installed: pip install 'jetpipe[gpu]' (needs the CUDA toolkit); "
-                               "using the CPU runtime needs nothing")
+        return GpuFacts(reason=PYCUDA_MISSING)
     version = pycuda.VERSION_TEXT
     try:
         cuda.init()

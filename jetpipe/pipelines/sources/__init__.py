@@ -51,9 +51,8 @@ def open_source(text: str, loop: bool = False, seed: int = 0, realtime: bool = F
             return ImageFolderSource(uri.location, loop, uri=text)
     if uri.scheme == "gst":
         return GstSource(uri, loop, realtime)
-    if decoder in ("auto", "nvdec") and uri.scheme in ("file", *uris.NETWORK_SCHEMES) and \
-            not gstreamer.is_jetson():
-        source = hardware(uri, loop, realtime) if hardware is not None else None
+    if decoder in ("auto", "nvdec") and not gstreamer.is_jetson():
+        source = hardware(uri, loop, realtime) if hardware is not None else None  # None: says why, or not its kind
         if source is not None:
             return source
         if decoder == "nvdec":
