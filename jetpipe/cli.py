@@ -162,6 +162,7 @@ def _run_doctor(args) -> int:
 
 
 def _add_serve(sub) -> None:
+    from jetpipe.pipelines.config import POSTPROCESS_PLACES
     from jetpipe.pipelines.sources import DECODERS
     from jetpipe.runtime.cuda import MEMORY_MODES
     from jetpipe.runtime.runtime import BACKENDS
@@ -190,6 +191,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--memory", choices=MEMORY_MODES,
                    help="frame memory: mapped (zero copy), staged (pinned + async copy), device (default auto)")
     p.add_argument("--task", help="text-detection | classification | detection-yolo | raw")
+    p.add_argument("--postprocess", choices=POSTPROCESS_PLACES,
+                   help="where postprocessing runs: gpu (only compact results leave the GPU), cpu, or auto "
+                        "(default: gpu with the GPU runtime)")
     p.add_argument("--metrics", metavar="HOST:PORT", help="Prometheus /metrics and /healthz ('' disables)")
     p.set_defaults(run=_run_serve)
 
@@ -217,7 +221,7 @@ def _serve_config(args):
                           for uri in args.source]
     if args.sink:
         config.sinks = list(args.sink)
-    for key in ("max_batch", "frames", "duration", "backend", "memory", "task"):
+    for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

@@ -4,7 +4,8 @@
     v4l2:///dev/video0           V4L2 camera (a bare /dev/videoN too)
     rtsp://host:8554/path        network stream (also rtsps, rtmp, http(s), udp, tcp, srt)
     file://clip.mp4              video file or image folder (the scheme is optional for paths)
-    synthetic://1280x720@30/nv12 rendered text panning across the frame (synthetic:1280x720@30:nv12 too)
+    synthetic://1280x720@30/nv12 rendered text panning across the frame (synthetic:1280x720@30:nv12 too;
+                                 .../nv12/still: every ring slot rendered once, then re-sent: benchmarks)
     gst:PIPELINE                 a GStreamer pipeline ending in raw video caps
 
 Parsing is pure (no file system access except telling an existing path from an
@@ -26,7 +27,7 @@ EXAMPLES = ("csi://0", "v4l2:///dev/video0", "rtsp://host/path", "file://clip.mp
             "synthetic://1280x720@30/nv12", "gst:PIPELINE")
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
-_SYNTHETIC = re.compile(r"^(?:(\d+)x(\d+))?(?:@(\d+(?:\.\d+)?))?(?:[:/](\w+))?/?$")
+_SYNTHETIC = re.compile(r"^(?:(\d+)x(\d+))?(?:@(\d+(?:\.\d+)?))?(?:[:/](\w+))?(?:[:/](still))?/?$")
 
 
 class SourceURIError(JetpipeError):
@@ -101,5 +102,12 @@ def synthetic_spec(uri: SourceURI) -> tuple[int, int, float, str]:
     if not match:
         raise SourceURIError(f"source {uri.text!r}: write synthetic://WIDTHxHEIGHT@FPS/FORMAT, "
                              "e.g. synthetic://1920x1080@30/nv12")
-    w, h, fps, fmt = match.groups()
+    w, h, fps, fmt, _still = match.groups()
     return int(w or 640), int(h or 480), float(fps or 30), (fmt or "nv12").lower()
+
+
+def synthetic_still(uri: SourceURI) -> bool:
+    """synthetic://WxH@FPS/FORMAT/still: each ring slot is rendered once and then sent again as it
+    is (benchmarks: the source costs no per-frame copy)."""
+    match = _SYNTHETIC.match(uri.location)
+    return bool(match and match.group(5))

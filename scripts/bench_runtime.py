@@ -41,28 +41,29 @@ def wall_median(fn, iterations: int) -> float:
     return float(np.median(times)) * 1e3
 
 
-def bare_backend(model_path: str, sample_shape, batch: int, iterations: int) -> float:
-    """The backend alone: ORT CUDA EP, I/O bound to device buffers, called in a loop."""
+def bare_backend(model_path: str, sample_shape, batch: int, iterations: int, cuda_graph: bool = False) -> float:
+    """The backend alone: ORT CUDA EP, I/O bound to device buffers, called in a loop (ms per run);
+    cuda_graph: ORT captures the run once and replays it."""
     import pycuda.driver as cuda
 
     cuda.init()
     context = cuda.Device(0).retain_primary_context()
     context.push()
     try:
-        return _bare_backend(model_path, sample_shape, batch, iterations)
+        return _bare_backend(model_path, sample_shape, batch, iterations, cuda_graph)
     finally:
         cuda.Context.pop()
         context.detach()
 
 
-def _bare_backend(model_path: str, sample_shape, batch: int, iterations: int) -> float:
+def _bare_backend(model_path: str, sample_shape, batch: int, iterations: int, cuda_graph: bool) -> float:
     import onnxruntime as ort
     import pycuda.driver as cuda
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(model_path, options,
-                                   providers=[("CUDAExecutionProvider", {"use_tf32": "0"})])
+    cuda_options = {"use_tf32": "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
+    session = ort.InferenceSession(model_path, options, providers=[("CUDAExecutionProvider", cuda_options)])
     probe = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
     outs = probe.run(None, {probe.get_inputs()[0].name: np.zeros((1, *sample_shape), np.float32)})
     x = cuda.mem_alloc(int(np.prod((batch, *sample_shape))) * 4)

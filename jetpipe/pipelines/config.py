@@ -19,6 +19,9 @@ else:  # Python 3.10 (JetPack 6)
     import tomli as tomllib
 
 
+POSTPROCESS_PLACES = ("auto", "gpu", "cpu")
+
+
 class ConfigError(JetpipeError):
     """The configuration is malformed."""
 
@@ -44,6 +47,7 @@ class PipelineConfig:
     backend: str = "auto"
     memory: str = "auto"
     task: str | None = None            # default: the bundle's
+    postprocess: str = "auto"          # auto (GPU with the GPU runtime) | gpu | cpu
     frames: int = 0                    # stop each source after N frames (0: no limit)
     duration: float = 0.0              # stop after S seconds (0: until SIGTERM)
     metrics_listen: str = "127.0.0.1:9108"   # "" disables /metrics and /healthz
@@ -53,8 +57,9 @@ class PipelineConfig:
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float), "queue_depth": int,
-                  "backend": str, "memory": str, "task": str, "frames": int, "duration": (int, float),
-                  "max_frame_hw": list, "reconnect_max_s": (int, float), "log_every_s": (int, float)}
+                  "backend": str, "memory": str, "task": str, "postprocess": str, "frames": int,
+                  "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
+                  "log_every_s": (int, float)}
 _TABLES = {"pipeline", "source", "sink", "metrics"}
 
 
@@ -147,6 +152,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (config.queue_depth >= 1, "queue_depth", "an integer >= 1"),
         (config.backend in BACKENDS, "backend", " | ".join(BACKENDS)),
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
+        (config.postprocess in POSTPROCESS_PLACES, "postprocess", " | ".join(POSTPROCESS_PLACES)),
         (config.frames >= 0, "frames", "an integer >= 0"),
         (config.duration >= 0, "duration", "a number >= 0 (seconds)"),
         (len(config.max_frame_hw) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 16384

@@ -1,11 +1,12 @@
 """The video-stream daemon: sources -> batcher -> runtime -> postprocess -> sinks.
 
-Threads: one per source (capture into its ring), one GPU stage (submit/collect,
-two batches in flight), one postprocess stage (reads a collected batch's outputs
-in place while later batches run: the runtime holds that buffer set until it is
-released), one sink writer. Queues are bounded: when the GPU falls behind, frames are dropped at
-the batcher (counted), never accumulated. stop() (SIGTERM/SIGINT) stops the
-sources, drains queued and in-flight batches, flushes and closes the sinks.
+Threads: one per source (capture into its ring), one GPU stage (submits each
+batch as it forms), one postprocess stage (collects each batch as the GPU
+finishes it and reads its outputs in place while later batches run: the runtime
+holds that buffer set until it is released), one sink writer. Queues are
+bounded: when the GPU falls behind, frames are dropped at the batcher (counted),
+never accumulated. stop() (SIGTERM/SIGINT) stops the sources, drains queued and
+in-flight batches, flushes and closes the sinks.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+from jetpipe import bundle as bundles
 from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.metrics import Metrics, MetricsServer
@@ -32,15 +33,24 @@ STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect insid
 
 
 class Pipeline:
-    def __init__(self, config: PipelineConfig, on_result=None):
+    def __init__(self, config: PipelineConfig, on_result=None, profile: bool = False):
+        """profile: time every batch's GPU stages with CUDA events (the summary's gpu_stage_ms)."""
         from jetpipe.runtime.runtime import open_runtime
 
         self.config = config
         self.stop_event = threading.Event()
+        self._cpu_lock = threading.Lock()
         self.on_result = on_result  # optional callback(record), e.g. for the demo's console output
+        manifest = bundles.read_manifest(config.bundle)
+        self.task = config.task or manifest.get("task") or "raw"
+        self.postprocess = make_postprocessor(self.task, tuple(manifest["input_size"]))
         # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
-                                    max_frame_hw=config.max_frame_hw, buffer_sets=BUFFER_SETS)
+                                    max_frame_hw=config.max_frame_hw, buffer_sets=BUFFER_SETS,
+                                    reduction=self._reduction(), profile=profile)
+        self.profile = profile
+        self.gpu_stage_ms: dict[str, list[float]] = {}
+        self.thread_cpu_s: dict[str, float] = {}  # CPU seconds of each pipeline thread, at its end
         self.closers = [self.runtime.close]
         try:
             self._build()
@@ -48,11 +58,17 @@ class Pipeline:
             self.close()
             raise
 
+    def _reduction(self):
+        """What the GPU runtime should reduce on the device (None: postprocess on the CPU)."""
+        where = self.config.postprocess
+        reduction = None if where == "cpu" else self.postprocess.reduction(required=where == "gpu")
+        if where == "gpu" and reduction is None:
+            raise ConfigError(f"postprocess = 'gpu': task {self.task} has no GPU postprocessing; use auto or cpu")
+        return reduction
+
     def _build(self) -> None:
         config, runtime = self.config, self.runtime
-        task = config.task or runtime.manifest.get("task")
-        self.postprocess = make_postprocessor(task, runtime.size_hw)
-        self.task = task or "raw"
+        log.info("postprocessing %s on the %s", self.task, "GPU" if runtime.reduction else "CPU")
         self.sources = []
         self.closers.append(self._close_sources)
         for i, s in enumerate(config.sources):
@@ -71,7 +87,7 @@ class Pipeline:
         self.metrics = Metrics(streams)
         self.sink_failures = [0] * len(self.sinks)
         self.records: queue.Queue = queue.Queue(maxsize=256)
-        self.collected: queue.Queue = queue.Queue()  # bounded by the buffer-set semaphore
+        self.collected: queue.Queue = queue.Queue()  # submitted batches, bounded by the buffer-set semaphore
         self.free_sets = threading.Semaphore(BUFFER_SETS)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
@@ -127,12 +143,11 @@ class Pipeline:
             self.close()
 
     def _run(self) -> dict:
-        started = time.monotonic()
-        workers = [threading.Thread(target=self._capture, args=(i,), name=f"source-{i}", daemon=True)
-                   for i in range(len(self.sources))]
-        gpu = threading.Thread(target=self._gpu_stage, name="gpu", daemon=True)
-        post = threading.Thread(target=self._post_stage, name="post", daemon=True)
-        writer = threading.Thread(target=self._write_sinks, name="sinks", daemon=True)
+        started, cpu_started = time.monotonic(), time.process_time()
+        workers = [self._thread(self._capture, "sources", i) for i in range(len(self.sources))]
+        gpu = self._thread(self._gpu_stage, "gpu")
+        post = self._thread(self._post_stage, "post")
+        writer = self._thread(self._write_sinks, "sinks")
         for t in (*workers, gpu, post, writer):
             t.start()
         last_log, stopped_at = time.monotonic(), None
@@ -156,7 +171,20 @@ class Pipeline:
         post.join()
         self.records.put(None)
         writer.join()
+        self.thread_cpu_s["process"] = time.process_time() - cpu_started
         return self.summary(time.monotonic() - started)
+
+    def _thread(self, target, role: str, *args) -> threading.Thread:
+        """A pipeline thread that adds its CPU time to thread_cpu_s[role] when it ends."""
+        def run():
+            try:
+                target(*args)
+            finally:
+                with self._cpu_lock:
+                    self.thread_cpu_s[role] = self.thread_cpu_s.get(role, 0.0) + time.thread_time()
+
+        name = f"{role}-{args[0]}" if args else role
+        return threading.Thread(target=run, name=name, daemon=True)
 
     def _capture(self, stream: int) -> None:
         source, ring, config = self.sources[stream], self.rings[stream], self.config
@@ -211,7 +239,8 @@ class Pipeline:
         return slot
 
     def _gpu_stage(self) -> None:
-        in_flight: deque = deque()
+        """Submit batches as they form; the post stage collects each when the GPU is done with it, so a
+        finished batch never waits for the next one to form (a batch period of latency at real time)."""
         while True:
             self.metrics.beat()
             packets = self.batcher.next_batch()
@@ -223,24 +252,11 @@ class Pipeline:
             t_batch = time.monotonic()
             try:
                 ticket = self.runtime.submit([p.frame for p in packets])
-                in_flight.append((ticket, packets, t_batch))
             except Exception as exc:
                 self.free_sets.release()
                 self._fail(packets, exc)
-            if len(in_flight) >= 2:
-                self._collect(*in_flight.popleft())
-        while in_flight:
-            self._collect(*in_flight.popleft())
-
-    def _collect(self, ticket, packets: list[Packet], t_batch: float) -> None:
-        try:
-            result = self.runtime.collect(ticket, hold=True)
-        except Exception as exc:
-            self.free_sets.release()
-            self._fail(packets, exc)
-            return
-        self.metrics.batches += 1
-        self.collected.put((ticket, result, packets, t_batch, time.monotonic()))
+                continue
+            self.collected.put((ticket, packets, t_batch))
 
     def _fail(self, packets, exc) -> None:
         log.error("batch of %d frames failed: %s", len(packets), exc)
@@ -253,9 +269,14 @@ class Pipeline:
             item = self.collected.get()
             if item is None:
                 return
-            ticket, result, packets, t_batch, t_gpu = item
+            ticket, packets, t_batch = item
             try:
-                self._postprocess(result, packets, t_batch, t_gpu)
+                result = self.runtime.collect(ticket, hold=True)  # waits for the GPU (blocking, not spinning)
+                self.metrics.batches += 1
+                if self.profile:
+                    for stage, ms in self.runtime.stage_times(ticket).items():
+                        self.gpu_stage_ms.setdefault(stage, []).append(ms)
+                self._postprocess(result, packets, t_batch, time.monotonic())
             except Exception as exc:
                 self._fail(packets, exc)
             finally:
@@ -265,7 +286,8 @@ class Pipeline:
     def _postprocess(self, result, packets: list[Packet], t_batch: float, t_gpu: float) -> None:
         used = [packets[i] for i in result.frame_indices]
         sizes = [_frame_hw(p.frame) for p in used]
-        results = self.postprocess(result.outputs, result.letterboxes, sizes, pool=self.pool) if used else []
+        finish = self.postprocess.reduced if result.reduction else self.postprocess
+        results = finish(result.outputs, result.letterboxes, sizes, pool=self.pool) if used else []
         for index, reason in result.rejected:
             log.warning("frame %d of stream %d rejected: %s", packets[index].frame_no, packets[index].stream,
                         reason)
@@ -318,7 +340,11 @@ class Pipeline:
                 "throughput_fps": round(sum(m.processed) / max(seconds, 1e-9), 2),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},
-                "sink_failures": list(self.sink_failures)}
+                "sink_failures": list(self.sink_failures), "postprocess": "gpu" if self.runtime.reduction else "cpu",
+                "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, sum(m.processed))),
+                "cpu_seconds": {k: round(v, 3) for k, v in self.thread_cpu_s.items()},
+                "cpu_cores": round(self.thread_cpu_s.get("process", 0.0) / max(seconds, 1e-9), 2),
+                "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()}}
 
     def close(self) -> None:
         for close in reversed(self.closers):
@@ -327,6 +353,10 @@ class Pipeline:
             except Exception as exc:
                 log.warning("while closing: %s", exc)
         self.closers = []
+
+
+def _median(values: list[float]) -> float:
+    return round(float(sorted(values)[len(values) // 2]), 4) if values else 0.0
 
 
 def _releaser(ring, slot):

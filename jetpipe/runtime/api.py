@@ -72,6 +72,20 @@ class BatchResult:
     letterboxes: list[Letterbox]
     frame_indices: list[int]
     rejected: list[tuple[int, str]] = field(default_factory=list)
+    reduction: str | None = None  # set: `outputs` are that reduction's compact arrays, not the model's
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """Postprocessing the GPU runtime runs on the engine's outputs in device memory, so that only
+    compact per-frame arrays are copied to the host (kinds in runtime/postprocess_gpu.py).
+
+    required=False: a runtime that cannot run it (the CPU runtime, an output it does not fit) returns
+    the model's outputs instead and says why in its log; required=True: it refuses to open."""
+
+    kind: str                                     # "components" | "topk" | "yolo-nms"
+    options: dict = field(default_factory=dict)   # the kind's parameters (thresholds, limits)
+    required: bool = False
 
 
 def as_frame(item) -> Frame:
@@ -108,6 +122,7 @@ class Runtime(Protocol):
     """What callers get from open_runtime (CpuRuntime, GpuRuntime): nothing outside runtime touches CUDA."""
 
     backend_name: str
+    reduction: str | None  # the Reduction kind collect() applies, None: the model's outputs
     manifest: dict
     max_batch: int
     size_hw: tuple[int, int]

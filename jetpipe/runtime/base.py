@@ -22,6 +22,8 @@ class RuntimeBase:
     batches run; collect() without hold frees it at once."""
 
     backend_name = "?"
+    reduction = None  # the CPU runtime returns the model's outputs; the GPU one may reduce them
+    output_bytes_downloaded = 0  # device -> host bytes of outputs (none on the CPU)
 
     def _init_sets(self, count: int) -> None:
         if count < 2:

@@ -94,9 +94,12 @@ class CudaDevice:
         self._owned.append(stream)
         return stream
 
-    def event(self):
+    def event(self, blocking: bool = False):
+        """blocking: synchronize() sleeps until the event instead of spinning on a core (and the
+        event cannot time stages)."""
         self.allocations += 1
-        event = self.cuda.Event()
+        flags = self.cuda.event_flags
+        event = self.cuda.Event(flags.BLOCKING_SYNC | flags.DISABLE_TIMING if blocking else 0)
         self._owned.append(event)
         return event
 

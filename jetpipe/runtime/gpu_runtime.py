@@ -16,16 +16,19 @@ from pathlib import Path
 import numpy as np
 
 from jetpipe.errors import JetpipeError
-from jetpipe.runtime.api import BatchResult, Ticket, validate
+from jetpipe.runtime.api import BatchResult, Reduction, Ticket, validate
 from jetpipe.runtime.base import RuntimeBase
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable
+from jetpipe.runtime.kernels import SOURCE, GpuPreprocessor, compile_module
+from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, make_reducer
 
 log = logging.getLogger(__name__)
 
-# profiling events: frame upload (copy stream), kernel, inference, output download (compute stream)
-STAGE_MARKS = ("h2d_start", "h2d_end", "pre_start", "pre_end", "infer_end", "d2h_end")
+# profiling events: frame upload (copy stream), kernel, inference, GPU postprocessing, download (compute stream)
+STAGE_MARKS = ("h2d_start", "h2d_end", "pre_start", "pre_end", "infer_end", "post_end", "d2h_end")
 STAGES = {"h2d": ("h2d_start", "h2d_end"), "preprocess": ("pre_start", "pre_end"),
-          "infer": ("pre_end", "infer_end"), "d2h": ("infer_end", "d2h_end")}
+          "infer": ("pre_end", "infer_end"), "postprocess": ("infer_end", "post_end"),
+          "d2h": ("post_end", "d2h_end")}
 
 
 def pick_gpu_backend(bundle_dir, requested: str) -> str:
@@ -58,7 +61,7 @@ class _BufferSet:
     device_frames: object | None         # allocation of max_batch * capacity bytes (staged/device)
     input: object                        # device NCHW input of the engine
     outputs: dict                        # name -> device allocation
-    host_outputs: dict                   # name -> pinned array [max_batch, ...]
+    host_outputs: dict                   # name -> pinned array [max_batch, ...] (none with a reduction)
     preprocessor: object
     copied: object                       # event: frames on the device
     done: object                         # event: outputs in host memory
@@ -66,17 +69,23 @@ class _BufferSet:
 
 
 class GpuRuntime(RuntimeBase):
-    """See the module docstring. `max_frame_hw` sizes the frame ring (bytes of a BGR frame that size)."""
+    """See the module docstring. `max_frame_hw` sizes the frame ring (bytes of a BGR frame that size).
+    `reduction`: postprocessing run on the outputs in device memory (collect() then returns its compact
+    arrays). `cuda_graph` (ONNX Runtime; TensorRT always captures its own, asynchronously): off by
+    default, because ONNX Runtime 1.31 captures lazily in each calling thread in global capture mode
+    (a CUDA call from any other thread meanwhile, e.g. an NVDEC source's, fails) and replays
+    synchronously (no overlap of the next batch's preparation with this one's inference)."""
 
     def __init__(self, bundle_dir, max_batch: int | None = None, backend: str = "onnxruntime-cuda",
                  memory: str = "auto", max_frame_hw: tuple[int, int] = (1080, 1920), device: int = 0,
-                 cuda_graph: bool = False, profile: bool = False, buffer_sets: int = 2):
+                 cuda_graph: bool = False, profile: bool = False, buffer_sets: int = 2,
+                 reduction: Reduction | None = None):
         super().__init__(bundle_dir, max_batch)
-        from jetpipe.runtime.kernels import compile_module
-
         self.profile = profile
         self.host_frame_copies = 0      # frames copied on the host into pinned staging (not ring slots)
         self.frame_bytes_uploaded = 0   # frame bytes copied host -> device (0 for NVDEC and mapped frames)
+        self.output_bytes_downloaded = 0  # bytes of outputs (or compact reductions) copied device -> host
+        self.reducer = None
         self._init_sets(buffer_sets)
         self.device = CudaDevice(device)
         try:
@@ -88,6 +97,7 @@ class GpuRuntime(RuntimeBase):
                 self.backend = self._make_backend(backend, cuda_graph)
                 self.backend_name = self.backend.name
                 self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
+                self.reducer = self._make_reducer(reduction)
                 self.sets = [self._make_set(i) for i in range(self.buffer_sets)]
                 self._warm_up()
         except BaseException:
@@ -99,6 +109,23 @@ class GpuRuntime(RuntimeBase):
         log.info("GPU runtime on %s (sm %s, %s): backend %s, frames %s", self.device.name,
                  self.device.compute_capability, "integrated" if self.device.integrated else "discrete",
                  self.backend_name, self.memory)
+
+    @property
+    def reduction(self) -> str | None:
+        return self.reducer.kind if self.reducer is not None else None
+
+    def _make_reducer(self, reduction: Reduction | None):
+        if reduction is None:
+            return None
+        try:
+            module = compile_module(SOURCE.with_name(SOURCE_NAME))
+            return make_reducer(reduction, self.device, module, self.max_batch, self.buffer_sets,
+                                self.backend.outputs[0])
+        except ReductionUnsupported as exc:
+            if reduction.required:
+                raise
+            log.warning("postprocessing on the CPU: %s", exc)
+            return None
 
     def _make_backend(self, backend: str, cuda_graph: bool):
         sample = (3, *self.size_hw)
@@ -116,8 +143,6 @@ class GpuRuntime(RuntimeBase):
                               device_id=self.device.ordinal, cuda_graph=cuda_graph)
 
     def _make_set(self, index: int) -> _BufferSet:
-        from jetpipe.runtime.kernels import GpuPreprocessor
-
         d, b = self.device, self.max_batch
         mapped = self.memory == "mapped"
         host_frames = d.pinned((b, self.capacity), np.uint8, mapped=mapped)
@@ -132,12 +157,12 @@ class GpuRuntime(RuntimeBase):
         input_buffer = d.alloc(b * 3 * self.size_hw[0] * self.size_hw[1] * input_dtype.itemsize)
         specs = self.backend.outputs
         outputs = {s.name: d.alloc(s.nbytes(b)) for s in specs}
-        host_outputs = {s.name: d.pinned((b, *s.sample_shape), s.dtype) for s in specs}
+        host_outputs = {} if self.reducer else {s.name: d.pinned((b, *s.sample_shape), s.dtype) for s in specs}
         self.backend.bind(index, int(input_buffer), {n: int(a) for n, a in outputs.items()})
         pre = GpuPreprocessor(d, self.module, b, self.size_hw, self.spec, out_dtype=input_dtype)
         marks = {name: d.event() for name in STAGE_MARKS} if self.profile else None
         return _BufferSet(host_frames, addresses, device_frames, input_buffer, outputs, host_outputs, pre,
-                          d.event(), d.event(), marks)
+                          d.event(), d.event(blocking=True), marks)
 
     def _warm_up(self) -> None:
         """Run every batch size on every buffer set once: the backend's per-shape work (cuDNN
@@ -150,7 +175,7 @@ class GpuRuntime(RuntimeBase):
         self.compute_stream.synchronize()
 
     def submit(self, frames) -> Ticket:
-        """Queue one batch; returns at once with TensorRT, after inference with ONNX Runtime."""
+        """Queue one batch on the GPU's streams and return (collect() waits for it)."""
         usable, rejected = validate(frames, self.max_batch, self.capacity)
         set_index = self._claim_set()
         try:
@@ -250,8 +275,14 @@ class GpuRuntime(RuntimeBase):
         self._mark(buffers, "pre_end", stream)
         self.backend.run(ticket.set_index, batch, stream)
         self._mark(buffers, "infer_end", stream)
+        if self.reducer is not None:
+            self.reducer.launch(ticket.set_index, batch, int(buffers.outputs[self.backend.outputs[0].name]), stream)
+        self._mark(buffers, "post_end", stream)
+        if self.reducer is not None:
+            self.output_bytes_downloaded += self.reducer.download(ticket.set_index, batch, stream)
         for name, host in buffers.host_outputs.items():
             self.device.cuda.memcpy_dtoh_async(host[:batch], buffers.outputs[name], stream)
+            self.output_bytes_downloaded += host[:batch].nbytes
         self._mark(buffers, "d2h_end", stream)
 
     def stage_times(self, ticket: Ticket) -> dict[str, float]:
@@ -269,8 +300,11 @@ class GpuRuntime(RuntimeBase):
         with self.device.active():
             buffers.done.synchronize()
         self._collected(ticket, hold)
-        outputs = {name: host[:ticket.batch] for name, host in buffers.host_outputs.items()}
-        return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected)
+        if self.reducer is not None:
+            outputs = self.reducer.host(ticket.set_index, ticket.batch)
+        else:
+            outputs = {name: host[:ticket.batch] for name, host in buffers.host_outputs.items()}
+        return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected, self.reduction)
 
     def preprocess_only(self, frames) -> np.ndarray:
         """The kernel's output for a batch, copied to a new host array (tests and benchmarks)."""

@@ -42,7 +42,7 @@ def cache_dir() -> Path:
     return path
 
 
-def compile_module():
+def compile_module(source: Path = SOURCE):
     """The compiled module (PyCUDA keys its disk cache on source, options, nvcc and GPU arch)."""
     if shutil.which("nvcc") is None:
         raise KernelError("nvcc not found: the preprocessing kernels are compiled with the CUDA toolkit's "
@@ -51,10 +51,10 @@ def compile_module():
     from pycuda.driver import CompileError
 
     try:
-        return SourceModule(SOURCE.read_text(), no_extern_c=True, options=["-O3"],
+        return SourceModule(source.read_text(), no_extern_c=True, options=["-O3"],
                             cache_dir=str(cache_dir()))
     except CompileError as exc:
-        raise KernelError(f"compiling {SOURCE.name} failed: {str(exc).strip()[:400]}") from exc
+        raise KernelError(f"compiling {source.name} failed: {str(exc).strip()[:400]}") from exc
 
 
 def frame_params(record, fmt: str, height: int, width: int, pitch: int, address: int,

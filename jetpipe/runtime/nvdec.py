@@ -128,11 +128,11 @@ class NvdecSource:
             if self._interrupted:
                 raise SourceError(f"{self.uri}: stopped")
             packet = next(self._packets, None)
+            looping = self.loop and not self.source_uri.live
+            if looping and (packet is None or packet.bsl == 0):  # the end, or the decoder's flush packet
+                self._rewind()
+                continue
             if packet is None:
-                if self.loop and not self.source_uri.live:
-                    self._close_decoder()
-                    self._start()
-                    continue
                 if self.source_uri.live:
                     raise SourceError(f"{self.uri}: stream ended")
                 raise EndOfStream(self.uri)
@@ -144,6 +144,14 @@ class NvdecSource:
                 if self.decode_errors in (1, 10, 100) or self.decode_errors % 1000 == 0:
                     log.warning("%s: decode error #%d: %s", self.describe(), self.decode_errors, exc)
         return self._pending.popleft()
+
+    def _rewind(self) -> None:
+        """Loop: a new demuxer feeding the same decoder, which takes the next pass like one long stream
+        (its last frames come out as the first packets of the next pass arrive). Re-creating the
+        decoder instead would stall the whole GPU: its memory is freed and allocated again."""
+        with self.device.active():
+            self._demuxer = self.nvc.CreateDemuxer(filename=self.source_uri.location)
+        self._packets = iter(self._demuxer)
 
     def read_into(self, slot) -> float | None:
         """Copy the next decoded picture into a DeviceSlot (device to device); return its time."""

@@ -20,6 +20,8 @@ from jetpipe.runtime.gpu_runtime import GpuRuntime, pick_gpu_backend
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
+_CPU_CANNOT_REDUCE = ("postprocessing on the GPU needs the GPU runtime: use postprocess auto or cpu "
+                      "(--postprocess) with the CPU runtime")
 
 
 class CpuRuntime(RuntimeBase):
@@ -85,6 +87,9 @@ def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto"
     if backend not in BACKENDS:
         raise JetpipeError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     cpu_options = {k: v for k, v in gpu_options.items() if k == "buffer_sets"}
+    reduction = gpu_options.get("reduction")
+    if reduction is not None and reduction.required and backend == "onnxruntime-cpu":
+        raise JetpipeError(_CPU_CANNOT_REDUCE)
     if backend == "onnxruntime-cpu":
         return _chosen(CpuRuntime(bundle_dir, max_batch, **cpu_options), "requested")
     try:
@@ -94,6 +99,8 @@ def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto"
     except GpuUnavailable as exc:
         if backend != "auto":
             raise
+        if reduction is not None and reduction.required:
+            raise JetpipeError(f"{_CPU_CANNOT_REDUCE} ({exc})") from None
         return _chosen(CpuRuntime(bundle_dir, max_batch, **cpu_options), f"auto; no GPU runtime: {exc}")
 
 

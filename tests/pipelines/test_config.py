@@ -12,6 +12,8 @@ HEAD = "[pipeline]\nbundle = 'b'\n"
     (HEAD + "[[source]]\nuri = 'a.mp4'\nrealtime = 1\n", r"realtime = 1: expected true or false"),
     (HEAD + "[[source]]\nuri = 7\n", r"uri = 7: expected a string"),
     (HEAD + "[[source]]\nuri = 'a.mp4'\ndecoder = 'nvidia'\n", r"decoder = 'nvidia': allowed auto \| nvdec \| ffmpeg"),
+    (HEAD + "postprocess = 'fpga'\n[[source]]\nuri = 'synthetic'\n",
+     r"postprocess = 'fpga': allowed auto \| gpu \| cpu"),
     (HEAD + "[source]\nuri = 'synthetic'\n", r"\[source\] is one table; write \[\[source\]\]"),
     (HEAD + "[[source]]\nuri = 'synthetic'\n[sink]\nuri = 'stdout'\n", r"\[sink\] is one table; write \[\[sink\]\]"),
     (HEAD + "[[source]]\nuri = 'synthetic'\n[[sink]]\n", r"\[\[sink\]\] #1: uri is required"),

@@ -220,3 +220,19 @@ def test_mqtt_round_trip_through_a_real_broker(det_bundle, mosquitto):
     subscriber.loop_stop()
     assert len(received) == sum(summary["processed"]) > 0
     assert {r["task"] for r in received} == {"text-detection"}
+
+
+def test_gpu_postprocessing_needs_the_gpu_runtime(det_bundle):
+    from jetpipe.errors import JetpipeError
+
+    config = _config(det_bundle, ["synthetic"], backend="onnxruntime-cpu", postprocess="gpu")
+    with pytest.raises(JetpipeError, match="postprocessing on the GPU needs the GPU runtime"):
+        Pipeline(config)
+
+
+def test_summary_reports_where_postprocessing_ran_and_cpu_per_thread(det_bundle):
+    config = _config(det_bundle, ["synthetic:320x240@0:nv12"], frames=4, backend="onnxruntime-cpu")
+    summary = Pipeline(config).run()
+    assert summary["postprocess"] == "cpu" and summary["d2h_bytes_per_frame"] == 0
+    assert {"sources", "gpu", "post", "sinks", "process"} <= set(summary["cpu_seconds"])
+    assert summary["cpu_seconds"]["process"] > 0 and summary["cpu_cores"] > 0

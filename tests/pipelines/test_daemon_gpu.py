@@ -40,3 +40,24 @@ def test_gpu_pipeline_accounts_for_every_frame_and_finds_text(det_bundle, tmp_pa
         hits += [max((_iou(t, f) for f in found), default=0) >= 0.5 for t in camera.visible_boxes(record["frame"])]
     assert np.mean(hits) >= 0.75
     print(json.dumps({"memory": memory, **{k: summary[k] for k in ("processed", "dropped", "throughput_fps")}}))
+
+
+def test_gpu_and_cpu_postprocessing_agree_in_the_daemon(det_bundle, tmp_path):
+    runs = {}
+    for where in ("gpu", "cpu"):
+        out = tmp_path / f"{where}.jsonl"
+        config = _config(det_bundle, ["synthetic:1280x720@30:nv12"], sinks=[f"jsonl:{out}"], frames=30,
+                         backend="onnxruntime-cuda", postprocess=where)
+        summary = Pipeline(config, profile=True).run()
+        assert summary["postprocess"] == where and summary["gpu_stage_ms"]["infer"] > 0
+        runs[where] = ({r["frame"]: r["results"] for r in _lines(out)}, summary)
+    (gpu, gpu_summary), (cpu, cpu_summary) = runs["gpu"], runs["cpu"]
+    common = sorted(set(gpu) & set(cpu))
+    assert len(common) >= 8
+    for frame in common:
+        assert len(gpu[frame]["boxes"]) == len(cpu[frame]["boxes"]) > 0
+        np.testing.assert_allclose(gpu[frame]["boxes"], cpu[frame]["boxes"], atol=1.0)
+        np.testing.assert_allclose(gpu[frame]["scores"], cpu[frame]["scores"], atol=1e-3)
+    assert gpu_summary["d2h_bytes_per_frame"] * 10 < cpu_summary["d2h_bytes_per_frame"]
+    print(json.dumps({w: {k: s[k] for k in ("d2h_bytes_per_frame", "cpu_seconds", "gpu_stage_ms")}
+                      for w, (_, s) in runs.items()}))

@@ -3,7 +3,10 @@ import pytest
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.postprocess import Classification, TextDetection, YoloDetection, make_postprocessor
-from jetpipe.preprocess import fit
+from jetpipe.preprocess import Letterbox, fit
+from jetpipe.runtime.postprocess_gpu import COMPONENT, SUM_SCALE
+
+IDENTITY = Letterbox(1.0, 1.0, 0, 0)
 
 
 def _box_640(src_hw=(720, 1280)):
@@ -66,3 +69,66 @@ def test_classification_top_k_from_logits_and_probabilities():
 def test_unknown_task():
     with pytest.raises(JetpipeError, match="task 'segmentation'"):
         make_postprocessor("segmentation")
+
+
+def test_text_regions_come_in_reading_order():
+    prob = np.zeros((1, 1, 200, 400), np.float32)
+    prob[0, 0, 100:104, 300:380] = 0.9   # top row 100 at x 300, then reaching left to x 50 ...
+    prob[0, 0, 104:120, 50:380] = 0.9
+    prob[0, 0, 100:102, 200:250] = 0.8   # ... comes before this one (row 100 at x 200: first in raster order)
+    prob[0, 0, 20:30, 350:390] = 0.7     # the top one
+    result = TextDetection()({"p": prob}, [IDENTITY], [(200, 400)])[0]
+    assert result["scores"] == [0.7, 0.9, 0.8]  # by top, then left
+
+
+def _components(records) -> np.ndarray:
+    found = np.zeros(8, COMPONENT)
+    for i, (x0, y0, x1, y1, area, total) in enumerate(records):
+        found[i] = (x0, y0, x1, y1, area, 0, round(total * SUM_SCALE))
+    return found
+
+
+def test_text_detection_from_gpu_components_matches_the_cpu_path():
+    prob = np.zeros((1, 1, 640, 640), np.float32)
+    prob[0, 0, 200:220, 100:300] = 0.9
+    prob[0, 0, 400:402, 400:402] = 0.9   # area 4: dropped
+    prob[0, 0, 500:510, 500:520] = 0.4   # mean below box_threshold: dropped
+    post, box = TextDetection(), _box_640()
+    cpu = post({"p": prob}, [box], [(720, 1280)])
+    found = _components([(100, 200, 299, 219, 4000, 0.9 * 4000), (400, 400, 401, 401, 4, 3.6),
+                         (500, 500, 519, 509, 200, 80.0)])
+    gpu = post.reduced({"counts": np.array([3]), "components": found[None]}, [box], [(720, 1280)])
+    assert gpu == cpu and len(cpu[0]["boxes"]) == 1
+
+
+def test_text_detection_counts_frames_with_more_regions_than_the_gpu_list():
+    post = TextDetection(min_area=1)
+    found = _components([(i * 10, 0, i * 10 + 4, 4, 25, 20.0) for i in range(8)])
+    result = post.reduced({"counts": np.array([12]), "components": found[None]}, [IDENTITY], [(640, 640)])
+    assert len(result[0]["boxes"]) == 8 and post.truncated_frames == 1
+
+
+def test_classification_from_gpu_top_k_matches_the_cpu_path():
+    rng = np.random.default_rng(0)
+    for logits in (rng.normal(0, 2, (3, 10)), rng.dirichlet(np.ones(10), 3)):
+        post = Classification(top_k=3)
+        cpu = post({"y": logits.astype(np.float32)}, [None] * 3, [(1, 1)] * 3)
+        top = np.argsort(-logits, axis=1)[:, :3]
+        stats = np.stack([logits.max(1), logits.min(1), logits.sum(1), np.exp(logits - logits.max(1, keepdims=True))
+                          .sum(1)], axis=1)
+        gpu = post.reduced({"top_index": top, "top_value": np.take_along_axis(logits, top, 1), "stats": stats},
+                           [None] * 3, [(1, 1)] * 3)
+        assert gpu == cpu
+
+
+def test_yolo_keeps_the_best_max_detections():
+    objects = [(40 + 60 * i, 100, 40, 40) for i in range(9)]  # nine separate boxes
+    out = _yolo_v5(objects, [0.5 + 0.05 * i for i in range(9)], [0] * 9)[None]
+    result = YoloDetection(max_detections=4)({"out": out}, [IDENTITY], [(640, 640)])[0]
+    assert result["scores"] == pytest.approx([0.9, 0.85, 0.8, 0.75])
+    detections = np.zeros((1, 4, 6), np.float32)
+    detections[0, :2] = [[10, 20, 50, 60, 0.9, 2], [100, 20, 150, 60, 0.8, 0]]
+    gpu = YoloDetection(max_detections=4).reduced({"counts": np.array([2]), "detections": detections}, [IDENTITY],
+                                                  [(640, 640)])[0]
+    assert gpu == {"boxes": [[10.0, 20.0, 50.0, 60.0], [100.0, 20.0, 150.0, 60.0]], "scores": [0.9, 0.8],
+                   "classes": [2, 0]}

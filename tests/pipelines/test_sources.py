@@ -418,3 +418,18 @@ def test_stopping_a_live_source_is_not_counted_as_a_failure(tiny_bundle):
     finally:
         listener.close()
     assert summary["failed"] == [0] and summary["reconnects"] == [0], summary
+
+
+def test_still_synthetic_camera_writes_each_slot_once():
+    from jetpipe.pipelines.sources import SyntheticCamera, open_source
+
+    camera = open_source("synthetic://64x48@0/nv12/still")
+    assert camera.still and not SyntheticCamera.from_uri("synthetic://64x48@0/nv12").still
+    info = camera.open()
+    slots = [np.zeros((info.height * 3 // 2, info.width), np.uint8) for _ in range(2)]
+    camera.read_into(slots[0])
+    first = slots[0].copy()
+    slots[0][:] = 7  # a slot already sent is sent again as it is
+    camera.read_into(slots[1])
+    camera.read_into(slots[0])
+    assert (slots[0] == 7).all() and first.any() and not np.array_equal(slots[1], first)

@@ -43,9 +43,9 @@ def runtime(det_bundle):
     rt.close()
 
 
-def _nvdec_frames(runtime, clip, count):
+def _nvdec_frames(runtime, clip, count, loop=False):
     """NVDEC-decoded frames in device ring slots, as the daemon gets them."""
-    source = runtime.hardware_decoder(uris.parse(str(clip)))
+    source = runtime.hardware_decoder(uris.parse(str(clip)), loop=loop)
     assert source is not None and source.memory == "device"
     info = source.open()
     ring = runtime.frame_ring(count, (info.height, info.width), device=True)
@@ -70,6 +70,17 @@ def _ffmpeg_yuv(clip, count):
         pass
     source.close()
     return info, frames
+
+
+@pytest.mark.parametrize("name", ["h264", "hevc"])
+def test_nvdec_loops_without_losing_or_repeating_frames(runtime, clips, name):
+    length = {"h264": 24, "hevc": 16}[name]
+    _, frames = _nvdec_frames(runtime, clips[name], length + 3, loop=True)
+    with runtime.device.active():
+        pixels = [runtime.device.cuda.from_device(f.address, (f.nbytes,), np.uint8) for f in frames]
+    for k in range(3):  # the second pass starts with the first pass's frames, in order
+        np.testing.assert_array_equal(pixels[length + k], pixels[k])
+    assert not np.array_equal(pixels[length - 1], pixels[0])
 
 
 @pytest.mark.parametrize("name", ["h264", "hevc"])

@@ -29,15 +29,6 @@ def _needs_cuda_ep():
 
 
 @pytest.fixture(scope="module")
-def device():
-    from jetpipe.runtime.cuda import CudaDevice
-
-    dev = CudaDevice()
-    yield dev
-    dev.close()
-
-
-@pytest.fixture(scope="module")
 def module(device):
     from jetpipe.runtime.kernels import compile_module
 
@@ -231,11 +222,13 @@ def test_steady_state_allocates_nothing(det_bundle, memory):
 
 def test_stage_times_with_profiling(det_bundle):
     _needs_cuda_ep()
+    from jetpipe.pipelines.postprocess import TextDetection
     from jetpipe.runtime.gpu_runtime import GpuRuntime
 
-    with GpuRuntime(det_bundle, max_batch=4, profile=True) as rt:
+    reduction = TextDetection().reduction(required=True)
+    with GpuRuntime(det_bundle, max_batch=4, profile=True, reduction=reduction) as rt:
         ticket = rt.submit(_frames(4))
         rt.collect(ticket)
         times = rt.stage_times(ticket)
-    assert set(times) == {"h2d", "preprocess", "infer", "d2h"}
+    assert set(times) == {"h2d", "preprocess", "infer", "postprocess", "d2h"}
     assert all(t > 0 for t in times.values()), times

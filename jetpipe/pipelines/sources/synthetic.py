@@ -25,7 +25,10 @@ class SyntheticCamera:
     live = True
     decode_errors = 0
 
-    def __init__(self, width=640, height=480, fps=30.0, fmt="nv12", seed=0, step=8, uri: str = "synthetic"):
+    def __init__(self, width=640, height=480, fps=30.0, fmt="nv12", seed=0, step=8, uri: str = "synthetic",
+                 still: bool = False):
+        """still: a ring slot that already holds a frame is sent again as it is (no copy: benchmarks that
+        measure the pipeline, not the camera's memcpy)."""
         frame_shape(fmt, height, width)  # validates format and even sizes
         if fmt == "i420":  # planar chroma cannot be panned by slicing columns
             raise JetpipeError("synthetic sources produce nv12, yuyv, uyvy, bgr or rgb, not i420")
@@ -39,6 +42,8 @@ class SyntheticCamera:
         self.canvas = from_bgr(wide.bgr, fmt)
         self.count = 0
         self._next = None
+        self.still = still
+        self._filled: set[int] = set()  # addresses of ring slots holding a frame (still mode)
 
     @classmethod
     def from_uri(cls, text: str, seed: int = 0) -> SyntheticCamera:
@@ -46,7 +51,7 @@ class SyntheticCamera:
         if uri.scheme != "synthetic":
             raise JetpipeError(f"source {text!r} is not a synthetic camera: write synthetic://WxH@FPS/FORMAT")
         width, height, fps, fmt = uris.synthetic_spec(uri)
-        return cls(width, height, fps, fmt, seed=seed, uri=text)
+        return cls(width, height, fps, fmt, seed=seed, uri=text, still=uris.synthetic_still(uri))
 
     def describe(self) -> str:
         i = self.info
@@ -74,14 +79,19 @@ class SyntheticCamera:
                 time.sleep(delay)
             else:
                 self._next = time.monotonic()
-        x = self.offset(self.count)
-        i = self.info
-        if i.format in ("yuyv", "uyvy"):
-            slot[:] = self.canvas[:, 2 * x:2 * (x + i.width)]
-        else:
-            slot[:] = self.canvas[:, x:x + i.width]
+        if not (self.still and slot.ctypes.data in self._filled):
+            self._render(slot, self.offset(self.count))
+        if self.still:
+            self._filled.add(slot.ctypes.data)
         self.count += 1
         return (self.count - 1) / self.fps if self.fps > 0 else None
+
+    def _render(self, slot: np.ndarray, x: int) -> None:
+        width = self.info.width
+        if self.info.format in ("yuyv", "uyvy"):
+            slot[:] = self.canvas[:, 2 * x:2 * (x + width)]
+        else:
+            slot[:] = self.canvas[:, x:x + width]
 
     def interrupt(self) -> None:
         pass

@@ -1,0 +1,305 @@
+// Postprocessing reductions on the GPU: the engine's outputs stay in device
+// memory and only compact per-frame results are copied to the host.
+//   db_*      text detection (DB): threshold -> 8-connected components (union-find)
+//             -> per component bounding box, area and probability sum
+//   topk      classification: row statistics + the k largest values per frame
+//   yolo_*    detection: decode + score filter -> sort by score -> greedy
+//             class-aware NMS, at most K detections per frame
+// The host finishes each (jetpipe/pipelines/postprocess.py) with the same code
+// as the CPU postprocessors, so both paths give the same results.
+
+// ---------------------------------------------------------------- DB components
+struct Component {        // 32 bytes; mirrors COMPONENT in postprocess_gpu.py
+    int x0, y0, x1, y1;   // inclusive bounding box in network-input pixels
+    int area, reserved;
+    unsigned long long sum;  // probability sum in 32.32 fixed point: exact and order-independent
+};
+
+__device__ __forceinline__ int find_root(const int* labels, int i) {
+    int parent = labels[i];
+    while (parent != i) {
+        i = parent;
+        parent = labels[i];
+    }
+    return i;
+}
+
+// Playne & Hawick's union: link the larger root under the smaller one, so every
+// component's root ends as its first pixel in raster order.
+__device__ void unite(int* labels, int a, int b) {
+    bool done = false;
+    while (!done) {
+        a = find_root(labels, a);
+        b = find_root(labels, b);
+        if (a < b) {
+            int old = atomicMin(&labels[b], a);
+            done = old == b;
+            b = old;
+        } else if (b < a) {
+            int old = atomicMin(&labels[a], b);
+            done = old == a;
+            a = old;
+        } else {
+            done = true;
+        }
+    }
+}
+
+extern "C" __global__ void db_init(const float* __restrict__ prob, int* __restrict__ labels, int* counts,
+                                   int total, int batch, float threshold) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < batch) counts[i] = 0;
+    if (i < total) labels[i] = prob[i] > threshold ? i : -1;
+}
+
+extern "C" __global__ void db_merge(int* labels, int height, int width) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x >= width || y >= height) return;
+    int base = blockIdx.z * height * width, i = base + y * width + x;
+    if (labels[i] < 0) return;
+    if (x > 0 && labels[i - 1] >= 0) unite(labels, i, i - 1);
+    if (y > 0) {
+        int up = i - width;
+        if (x > 0 && labels[up - 1] >= 0) unite(labels, i, up - 1);
+        if (labels[up] >= 0) unite(labels, i, up);
+        if (x + 1 < width && labels[up + 1] >= 0) unite(labels, i, up + 1);
+    }
+}
+
+// Every root takes a slot in its frame's list (first come; the host sorts).
+extern "C" __global__ void db_roots(const int* __restrict__ labels, int* __restrict__ slots, int* counts,
+                                    Component* components, int total, int frame_pixels, int limit) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total || labels[i] != i) return;
+    int frame = i / frame_pixels;
+    int slot = atomicAdd(&counts[frame], 1);
+    slots[i] = slot;
+    if (slot < limit) {
+        Component c = {0x7fffffff, 0x7fffffff, -1, -1, 0, 0, 0ull};
+        components[frame * limit + slot] = c;
+    }
+}
+
+extern "C" __global__ void db_stats(const float* __restrict__ prob, int* labels, const int* __restrict__ slots,
+                                    Component* components, int height, int width, int limit) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x >= width || y >= height) return;
+    int i = blockIdx.z * height * width + y * width + x;
+    if (labels[i] < 0) return;
+    int root = find_root(labels, i);
+    int slot = slots[root];
+    if (slot >= limit) return;  // more components than the list holds: counted by the host
+    Component* c = components + blockIdx.z * limit + slot;
+    atomicMin(&c->x0, x);
+    atomicMin(&c->y0, y);
+    atomicMax(&c->x1, x);
+    atomicMax(&c->y1, y);
+    atomicAdd(&c->area, 1);
+    atomicAdd(&c->sum, (unsigned long long)__double2ull_rn((double)prob[i] * 4294967296.0));
+}
+
+// ---------------------------------------------------------------- classification top-k
+// One block per frame. stats: max, min, sum, sum(exp(v - max)); ties go to the lower index.
+#define TOPK_THREADS 256
+#define INF_F __int_as_float(0x7f800000)
+
+__device__ float block_reduce(float v, float* shared, int op) {  // op 0: max, 1: min, 2: sum
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float other = __shfl_down_sync(0xffffffff, v, offset);
+        v = op == 0 ? fmaxf(v, other) : op == 1 ? fminf(v, other) : v + other;
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = shared[0];
+    for (int w = 1; w < TOPK_THREADS / 32; w++) {
+        float other = shared[w];
+        v = op == 0 ? fmaxf(v, other) : op == 1 ? fminf(v, other) : v + other;
+    }
+    return v;
+}
+
+extern "C" __global__ void topk(const float* __restrict__ logits, int classes, int k,
+                                int* __restrict__ top_index, float* __restrict__ top_value,
+                                float* __restrict__ stats) {
+    __shared__ float scratch[TOPK_THREADS / 32];
+    __shared__ float best_value[TOPK_THREADS];
+    __shared__ int best_index[TOPK_THREADS];
+    __shared__ int chosen[64];
+    const float* row = logits + (size_t)blockIdx.x * classes;
+    float mx = -INF_F, mn = INF_F, sum = 0.f;
+    for (int c = threadIdx.x; c < classes; c += TOPK_THREADS) {
+        float v = row[c];
+        mx = fmaxf(mx, v); mn = fminf(mn, v); sum += v;
+    }
+    mx = block_reduce(mx, scratch, 0);
+    mn = block_reduce(mn, scratch, 1);
+    sum = block_reduce(sum, scratch, 2);
+    float sum_exp = 0.f;
+    for (int c = threadIdx.x; c < classes; c += TOPK_THREADS) sum_exp += expf(row[c] - mx);
+    sum_exp = block_reduce(sum_exp, scratch, 2);
+    for (int r = 0; r < k; r++) {
+        float v = -INF_F;
+        int index = 0x7fffffff;
+        for (int c = threadIdx.x; c < classes; c += TOPK_THREADS) {
+            bool taken = false;
+            for (int j = 0; j < r; j++) taken |= chosen[j] == c;
+            float value = row[c];
+            if (!taken && (value > v || (value == v && c < index) || index == 0x7fffffff)) {
+                v = value;
+                index = c;
+            }
+        }
+        best_value[threadIdx.x] = v;
+        best_index[threadIdx.x] = index;
+        __syncthreads();
+        for (int stride = TOPK_THREADS / 2; stride > 0; stride >>= 1) {
+            if (threadIdx.x < stride) {
+                float ov = best_value[threadIdx.x + stride];
+                int oi = best_index[threadIdx.x + stride];
+                float mv = best_value[threadIdx.x];
+                int mi = best_index[threadIdx.x];
+                if (oi != 0x7fffffff && (mi == 0x7fffffff || ov > mv || (ov == mv && oi < mi))) {
+                    best_value[threadIdx.x] = ov;
+                    best_index[threadIdx.x] = oi;
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            chosen[r] = best_index[0];
+            top_index[blockIdx.x * k + r] = best_index[0];
+            top_value[blockIdx.x * k + r] = best_value[0];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float* s = stats + blockIdx.x * 4;
+        s[0] = mx; s[1] = mn; s[2] = sum; s[3] = sum_exp;
+    }
+}
+
+// ---------------------------------------------------------------- YOLO decode + NMS
+enum { YOLOV8 = 0, YOLOV5 = 1, YOLOX = 2 };
+
+struct YoloParams {       // mirrors YOLO_PARAMS in postprocess_gpu.py
+    int layout, anchors, classes, limit;
+    float score_threshold, iou_threshold;
+    int input_h, input_w;
+    int strides[4];
+    int levels, keys_per_frame;
+};
+
+__device__ __forceinline__ float channel(const float* out, const YoloParams& p, int anchor, int ch) {
+    if (p.layout == YOLOV8) return out[(size_t)ch * p.anchors + anchor];      // [4 + C, N]
+    return out[(size_t)anchor * (5 + p.classes) + ch];                          // [N, 5 + C]
+}
+
+__device__ float best_class(const float* out, const YoloParams& p, int anchor, int* cls) {
+    int first = p.layout == YOLOV8 ? 4 : 5;
+    float obj = p.layout == YOLOV8 ? 1.f : channel(out, p, anchor, 4);
+    float best = channel(out, p, anchor, first) * obj;
+    int best_c = 0;
+    for (int c = 1; c < p.classes; c++) {
+        float v = channel(out, p, anchor, first + c) * obj;
+        if (v > best) { best = v; best_c = c; }
+    }
+    *cls = best_c;
+    return best;
+}
+
+__device__ float4 box_xyxy(const float* out, const YoloParams& p, int anchor) {
+    float cx = channel(out, p, anchor, 0), cy = channel(out, p, anchor, 1);
+    float w = channel(out, p, anchor, 2), h = channel(out, p, anchor, 3);
+    if (p.layout == YOLOX) {  // raw grid outputs: (offset + cell) * stride, exp(size) * stride
+        int index = anchor;
+        for (int level = 0; level < p.levels; level++) {
+            int s = p.strides[level], gw = p.input_w / s, cells = (p.input_h / s) * gw;
+            if (index < cells) {
+                cx = (cx + index % gw) * s; cy = (cy + index / gw) * s;
+                w = expf(w) * s; h = expf(h) * s;
+                break;
+            }
+            index -= cells;
+        }
+    }
+    return make_float4(cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2);
+}
+
+// keys: (inverted score bits << 32 | anchor): ascending order = score descending, then anchor.
+extern "C" __global__ void yolo_candidates(const float* __restrict__ outputs, const YoloParams* params,
+                                           int* counts, unsigned long long* keys, int* classes, float* scores) {
+    const YoloParams p = *params;
+    int anchor = blockIdx.x * blockDim.x + threadIdx.x, frame = blockIdx.y;
+    if (anchor >= p.anchors) return;
+    const float* out = outputs + (size_t)frame * p.anchors * (p.layout == YOLOV8 ? 4 + p.classes : 5 + p.classes);
+    int cls;
+    float score = best_class(out, p, anchor, &cls);
+    if (!(score > p.score_threshold)) return;  // OpenCV's NMS keeps scores above the threshold
+    size_t at = (size_t)frame * p.anchors + anchor;
+    classes[at] = cls;
+    scores[at] = score;
+    int slot = atomicAdd(&counts[frame], 1);
+    unsigned int bits = __float_as_uint(fmaxf(score, 0.f));
+    keys[(size_t)frame * p.keys_per_frame + slot] = ((unsigned long long)(0xffffffffu - bits) << 32) | anchor;
+}
+
+#define NMS_THREADS 1024
+
+// One block per frame: bitonic sort of its keys (in global memory), then greedy NMS.
+// detections: [limit, 6] x0 y0 x1 y1 score class.
+extern "C" __global__ void yolo_nms(const float* __restrict__ outputs, const YoloParams* params, const int* counts,
+                                    unsigned long long* keys, const int* classes, const float* scores,
+                                    int* kept_counts, float* detections) {
+    const YoloParams p = *params;
+    __shared__ float4 kept_box[NMS_THREADS];
+    __shared__ int kept_class[NMS_THREADS];
+    int frame = blockIdx.x, count = counts[frame];
+    unsigned long long* k = keys + (size_t)frame * p.keys_per_frame;
+    const float* out = outputs + (size_t)frame * p.anchors * (p.layout == YOLOV8 ? 4 + p.classes : 5 + p.classes);
+    int padded = 1;
+    while (padded < count) padded <<= 1;
+    for (int i = count + threadIdx.x; i < padded; i += NMS_THREADS) k[i] = ~0ull;
+    __syncthreads();
+    for (int size = 2; size <= padded; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < padded; i += NMS_THREADS) {
+                int j = i ^ stride;
+                if (j > i) {
+                    bool ascending = (i & size) == 0;
+                    unsigned long long a = k[i], b = k[j];
+                    if ((a > b) == ascending) { k[i] = b; k[j] = a; }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    int kept = 0;
+    for (int r = 0; r < count && kept < p.limit; r++) {
+        int anchor = (int)(k[r] & 0xffffffffu);
+        size_t at = (size_t)frame * p.anchors + anchor;
+        int cls = classes[at];
+        float4 b = box_xyxy(out, p, anchor);
+        bool suppress = false;
+        for (int j = threadIdx.x; j < kept; j += NMS_THREADS) {
+            if (kept_class[j] != cls) continue;
+            float4 o = kept_box[j];
+            float iw = fminf(b.z, o.z) - fmaxf(b.x, o.x), ih = fminf(b.w, o.w) - fmaxf(b.y, o.y);
+            float inter = (iw > 0.f && ih > 0.f) ? iw * ih : 0.f;
+            float areas = (b.z - b.x) * (b.w - b.y) + (o.z - o.x) * (o.w - o.y);
+            float overlap = areas <= 1.1920929e-07f ? 1.f : inter / (areas - inter);
+            suppress |= overlap > p.iou_threshold;
+        }
+        if (__syncthreads_or(suppress)) continue;
+        if (threadIdx.x == 0) {
+            kept_box[kept] = b;
+            kept_class[kept] = cls;
+            float* d = detections + ((size_t)frame * p.limit + kept) * 6;
+            d[0] = b.x; d[1] = b.y; d[2] = b.z; d[3] = b.w; d[4] = scores[at]; d[5] = (float)cls;
+        }
+        kept++;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) kept_counts[frame] = kept;
+}
