@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jetpipe.errors import JetpipeError
+from jetpipe.runtime.cuda_graph import CudaGraph
 from jetpipe.runtime.sessions import cpu_session, ort_session
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,13 @@ class OrtCudaBackend:
     per batch when batch sizes alternate), so each session only ever sees one shape; a
     batch runs in the smallest bucket that holds it, the rows past it are ignored.
     `bind` makes one IOBinding per (buffer set, bucket) here, none in the frame loop.
+
+    cuda_graph: after warm-up, `capture_graphs` records each (set, bucket) run in a CUDA
+    graph of jetpipe's own (thread-local capture: other threads' CUDA calls, e.g. an NVDEC
+    source's, are unaffected) and `run` replays it without waiting — one launch instead of
+    ONNX Runtime's per-node launches on the CPU. ORT's own `enable_cuda_graph` is not used:
+    it captures lazily in each calling thread in global mode and replays synchronously.
+    A model whose run cannot be captured runs without graphs (logged).
     """
 
     name = "onnxruntime-cuda"
@@ -108,7 +116,7 @@ class OrtCudaBackend:
 
         self.input, self.outputs = ort_tensor_specs(cpu_session(model_path), input_sample_shape)
         self.buckets = batch_buckets(max_batch)
-        self.sessions = {b: ort_session(model_path, "cuda", device_id=device_id, stream=stream, cuda_graph=cuda_graph)
+        self.sessions = {b: ort_session(model_path, "cuda", device_id=device_id, stream=stream)
                          for b in self.buckets}
         first = self.sessions[self.buckets[0]]
         if first.get_providers()[0] != "CUDAExecutionProvider":
@@ -116,8 +124,11 @@ class OrtCudaBackend:
                                f"(providers: {first.get_providers()})")
         self.device_id, self.max_batch, self.cuda_graph = device_id, max_batch, cuda_graph
         self.bindings: dict[tuple[int, int], object] = {}
-        self.run_options: dict[tuple[int, int], object] = {}
-        self._ort = ort
+        self.graphs: dict[tuple[int, int], object] = {}
+        self.run_options = ort.RunOptions()
+        # return once the run is queued on our stream, without waiting for the GPU: the runtime
+        # waits on its own event after the download, so the next batch is prepared meanwhile
+        self.run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
 
     def bucket(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)
@@ -130,23 +141,41 @@ class OrtCudaBackend:
             for spec in self.outputs:
                 binding.bind_output(spec.name, "cuda", self.device_id, spec.dtype,
                                     [bucket, *spec.sample_shape], output_addresses[spec.name])
-            options = self._ort.RunOptions()
-            # return once the run is queued on our stream, without waiting for the GPU: the runtime
-            # waits on its own event after the download, so the next batch is prepared meanwhile
-            options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-            if self.cuda_graph:  # one captured graph per (buffer set, bucket): fixed addresses
-                options.add_run_config_entry("gpu_graph_id", str(set_index * self.max_batch + bucket))
             self.bindings[(set_index, bucket)] = binding
-            self.run_options[(set_index, bucket)] = options
 
     def run(self, set_index: int, batch: int, stream=None) -> None:
-        bucket = self.bucket(batch)
-        key = (set_index, bucket)
-        self.sessions[bucket].run_with_iobinding(self.bindings[key], self.run_options[key])
+        key = (set_index, self.bucket(batch))
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.launch(stream)
+            return
+        self.sessions[key[1]].run_with_iobinding(self.bindings[key], self.run_options)
+
+    def capture_graphs(self, stream) -> None:
+        """Capture every bound (set, bucket) run (call after warm-up runs, with the stream idle)."""
+        if not self.cuda_graph:
+            return
+        try:
+            for (set_index, bucket), binding in self.bindings.items():
+                with CudaGraph.capture(stream) as graph:
+                    self.sessions[bucket].run_with_iobinding(binding, self.run_options)
+                self.graphs[(set_index, bucket)] = graph
+        except Exception as exc:  # e.g. an op that synchronizes or allocates during the run
+            log.warning("ONNX Runtime run cannot be captured in a CUDA graph (%s): running without graphs",
+                        str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            self._drop_graphs()
+            self.cuda_graph = False
+        stream.synchronize()
 
     def warm_batches(self) -> list[int]:
         return list(self.buckets)
 
+    def _drop_graphs(self) -> None:
+        for graph in self.graphs.values():
+            graph.close()
+        self.graphs.clear()
+
     def close(self) -> None:
+        self._drop_graphs()
         self.bindings.clear()
         self.sessions.clear()

@@ -71,14 +71,13 @@ class _BufferSet:
 class GpuRuntime(RuntimeBase):
     """See the module docstring. `max_frame_hw` sizes the frame ring (bytes of a BGR frame that size).
     `reduction`: postprocessing run on the outputs in device memory (collect() then returns its compact
-    arrays). `cuda_graph` (ONNX Runtime; TensorRT always captures its own, asynchronously): off by
-    default, because ONNX Runtime 1.31 captures lazily in each calling thread in global capture mode
-    (a CUDA call from any other thread meanwhile, e.g. an NVDEC source's, fails) and replays
-    synchronously (no overlap of the next batch's preparation with this one's inference)."""
+    arrays). `cuda_graph`: replay each (buffer set, batch bucket) inference from a CUDA graph
+    captured at start-up (ONNX Runtime: see OrtCudaBackend; TensorRT: after each shape's first
+    run); a model that cannot be captured runs without."""
 
     def __init__(self, bundle_dir, max_batch: int | None = None, backend: str = "onnxruntime-cuda",
                  memory: str = "auto", max_frame_hw: tuple[int, int] = (1080, 1920), device: int = 0,
-                 cuda_graph: bool = False, profile: bool = False, buffer_sets: int = 2,
+                 cuda_graph: bool = True, profile: bool = False, buffer_sets: int = 2,
                  reduction: Reduction | None = None):
         super().__init__(bundle_dir, max_batch)
         self.profile = profile
@@ -136,7 +135,7 @@ class GpuRuntime(RuntimeBase):
             check_engine_compatibility(self.manifest, import_tensorrt().__version__,
                                        self.device.compute_capability, str(self.bundle_dir))
             plan = (Path(self.bundle_dir) / self.manifest["engine"]["file"]).read_bytes()
-            return TensorRTBackend(plan, self.max_batch, use_cuda_graphs=True)
+            return TensorRTBackend(plan, self.max_batch, use_cuda_graphs=cuda_graph)
         from jetpipe.runtime.backends import OrtCudaBackend
 
         return OrtCudaBackend(self.model_path, sample, self.max_batch, self.compute_stream,
@@ -173,6 +172,7 @@ class GpuRuntime(RuntimeBase):
             for batch in sizes:
                 self.backend.run(buffers_index, batch, self.compute_stream)
         self.compute_stream.synchronize()
+        self.backend.capture_graphs(self.compute_stream)
 
     def submit(self, frames) -> Ticket:
         """Queue one batch on the GPU's streams and return (collect() waits for it)."""

@@ -11,13 +11,13 @@ PROVIDERS = ("cpu", "cuda")
 
 
 def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads: int = 0, arena: bool = True,
-                device_id: int = 0, stream=None, cuda_graph: bool = False):
+                device_id: int = 0, stream=None):
     """A session on a model (ModelProto, serialized once with no temp file, or a path).
 
     arena=False returns each run's memory to the system: for calibration runs that
     expose many activations, the arena would keep their peak forever.
     provider "cuda": FP32 stays FP32 (TF32 off: it would move results by ~1e-3);
-    `stream` makes ORT run on the caller's CUDA stream; cuda_graph captures the run."""
+    `stream` makes ORT run on the caller's CUDA stream."""
     import onnxruntime as ort
 
     if provider not in PROVIDERS:
@@ -36,8 +36,6 @@ def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads:
         cuda = {"device_id": str(device_id), "use_tf32": "0"}
         if stream is not None:
             cuda["user_compute_stream"] = str(int(stream.handle))
-        if cuda_graph:
-            cuda["enable_cuda_graph"] = "1"
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     source = model.SerializeToString() if hasattr(model, "SerializeToString") else os.fspath(model)
     return ort.InferenceSession(source, options, providers=providers)

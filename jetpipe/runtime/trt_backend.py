@@ -103,6 +103,9 @@ class TensorRTBackend:
         if self.use_cuda_graphs:
             self._capture(key, stream)
 
+    def capture_graphs(self, stream) -> None:
+        """Nothing to do at start-up: each shape is captured after its first (warm-up) run."""
+
     def _capture(self, key, stream) -> None:
         """After the first (warm-up) run of a shape, capture it; replays need no set-up."""
         from jetpipe.runtime.cuda_graph import CudaGraph

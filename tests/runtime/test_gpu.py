@@ -173,17 +173,20 @@ def test_async_submit_collect_matches_infer(det_bundle):
         np.testing.assert_array_equal(rt.collect(tb).outputs["sigmoid_0.tmp_0"], expect_b)
 
 
-def test_ort_cuda_graph_option_matches(det_bundle):
+def test_ort_runs_replayed_from_cuda_graphs_match(det_bundle):
     _needs_cuda_ep()
     from jetpipe.runtime.gpu_runtime import GpuRuntime
 
-    frames = _frames(4)
-    with GpuRuntime(det_bundle, max_batch=4) as rt:
-        expected = rt.infer(frames).outputs["sigmoid_0.tmp_0"].copy()
-    with GpuRuntime(det_bundle, max_batch=4, cuda_graph=True) as rt:
-        for _ in range(3):  # capture, then replays
-            got = rt.infer(frames).outputs["sigmoid_0.tmp_0"]
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+    frames = [_frames(4), _frames(3, "yuyv")]
+    with GpuRuntime(det_bundle, max_batch=4, cuda_graph=False) as rt:
+        assert rt.backend.graphs == {}
+        expected = [rt.infer(f).outputs["sigmoid_0.tmp_0"].copy() for f in frames]
+    with GpuRuntime(det_bundle, max_batch=4) as rt:  # graphs by default
+        assert len(rt.backend.graphs) == rt.buffer_sets * len(rt.backend.buckets)
+        for _ in range(3):  # replays, alternating batch sizes and buffer sets
+            got = [rt.infer(f).outputs["sigmoid_0.tmp_0"].copy() for f in frames]
+            for g, e in zip(got, expected):
+                np.testing.assert_allclose(g, e, atol=1e-5)
 
 
 def _rss_bytes():
