@@ -22,6 +22,7 @@ def _add_convert(sub) -> None:
     from jetpipe.convert.prune import ALLOCATIONS
     from jetpipe.convert.prune import METHODS as PRUNE_METHODS
     from jetpipe.convert.stats import METHODS
+    from jetpipe.runtime.trt_builder import ENGINE_FAMILIES, RTX_DEFAULT_TARGETS, RTX_TARGETS
     from jetpipe.spec import CHANNEL_ORDERS, PRESETS, RESIZE_MODES
 
     p = sub.add_parser("convert", help="ONNX -> FP16/INT8 -> TensorRT engine bundle",
@@ -70,6 +71,12 @@ def _add_convert(sub) -> None:
     e = p.add_argument_group("engine")
     e.add_argument("--engine", default="auto", choices=ENGINE_MODES,
                    help="auto: build where TensorRT is installed; require: fail without it")
+    e.add_argument("--engine-family", default="auto", choices=ENGINE_FAMILIES,
+                   help="auto: TensorRT (Jetson, data-centre GPUs) where installed; tensorrt-rtx: "
+                        "TensorRT-RTX for RTX GPUs, built ahead of time, even without a GPU")
+    e.add_argument("--rtx-targets", default=",".join(RTX_DEFAULT_TARGETS), metavar="SM,...",
+                   help=f"TensorRT-RTX: compute capabilities to build for, of {', '.join(RTX_TARGETS)} "
+                        f"(default {','.join(RTX_DEFAULT_TARGETS)}: RTX 30/40/50)")
     e.add_argument("--workspace", type=int, metavar="MiB", help="builder workspace limit")
     e.add_argument("--timing-cache", type=Path, help="timing cache file (read and updated)")
     e.add_argument("--sparsity", choices=("2:4",),
@@ -104,6 +111,7 @@ def _convert_options(args):
         calib_size=args.calib_size, calib_method=args.calib_method, calib_batch=max(1, args.calib_batch),
         calib_cache=args.calib_cache, max_batch=args.max_batch, input_size=size, spec=spec,
         exclude=exclude, auto_exclude=auto_exclude, engine=args.engine, prune=args.prune,
+        engine_family=args.engine_family, rtx_targets=_targets(args.rtx_targets),
         prune_method=args.prune_method, prune_allocation=args.prune_allocation, prune_align=args.prune_align,
         workspace_mb=args.workspace, timing_cache=args.timing_cache, sparsity=args.sparsity,
         dla_core=args.dla, force=args.force, task=builtin.task if builtin else None,
@@ -239,6 +247,11 @@ def _add_demo(sub) -> None:
     p.add_argument("--sink", action="append", metavar="SPEC", help="also write results here")
     p.add_argument("--backend", choices=BACKENDS, help="inference backend (default auto)")
     p.set_defaults(run=_run_demo)
+
+
+def _targets(text: str) -> tuple[str, ...]:
+    """'sm86,SM89' -> ('sm86', 'sm89'); the convert step names what is not a target."""
+    return tuple(part.strip().lower() for part in text.split(",") if part.strip())
 
 
 def _positive_seconds(text: str) -> float:

@@ -43,7 +43,7 @@ def _nvcc() -> str:
 
 def run_doctor(trt_selftest: bool = False) -> int:
     from jetpipe import __version__
-    from jetpipe.runtime.trt_builder import import_tensorrt
+    from jetpipe.runtime.trt_builder import import_family, import_tensorrt
 
     _line("jetpipe", __version__)
     _line("python", f"{platform.python_version()} ({sys.executable})")
@@ -54,12 +54,14 @@ def run_doctor(trt_selftest: bool = False) -> int:
     _line("gpu", gpu_line)
     trt = import_tensorrt()
     _line("tensorrt", trt.__version__ if trt else "not installed (bundles are written without engines)")
+    rtx = import_family("tensorrt-rtx")
+    _line("tensorrt-rtx", f"{rtx.__version__} (convert --engine-family tensorrt-rtx)" if rtx else "not installed")
     _line("nvcc", _nvcc())
     if not trt_selftest:
         return 0
-    if trt is None:
-        print("error: --trt needs TensorRT installed", file=sys.stderr)
+    if trt is None and rtx is None:
+        print("error: --trt needs TensorRT or TensorRT-RTX installed", file=sys.stderr)
         return 2
-    from jetpipe.runtime.trt_selftest import run_selftest
+    from jetpipe.runtime.trt_selftest import run_rtx_build_check, run_selftest
 
-    return run_selftest()
+    return run_selftest() if trt is not None else run_rtx_build_check()

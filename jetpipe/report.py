@@ -57,8 +57,12 @@ def summary_lines(path: Path, m: dict) -> list[str]:
                      "(SPARSE_WEIGHTS for TensorRT)")
     engine = m["engine"]
     if engine.get("built"):
-        lines.append(f"engine    {engine['file']} (TensorRT {engine['tensorrt']}, "
-                     f"sm {engine.get('compute_capability')})")
+        if engine.get("family") == "tensorrt-rtx":
+            lines.append(f"engine    {engine['file']} (TensorRT-RTX {engine['version']}, built ahead of time for "
+                         f"{', '.join(engine['targets'])})")
+        else:
+            lines.append(f"engine    {engine['file']} (TensorRT {engine['tensorrt']}, "
+                         f"sm {engine.get('compute_capability')})")
     else:
         lines.append(f"engine    none: {engine['reason']}")
     return lines

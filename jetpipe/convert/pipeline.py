@@ -22,9 +22,10 @@ from jetpipe.convert import calib_cache, flops, fp16, graph, int8, sensitivity, 
 from jetpipe.convert.calib_cache import CalibrationResult
 from jetpipe.convert.calib_data import CalibrationSource, open_source
 from jetpipe.convert.trt_ops import check_tensorrt_ops
-from jetpipe.errors import CalibrationError, EngineError, ModelError
+from jetpipe.errors import CalibrationError, EngineError, JetpipeError, ModelError
 from jetpipe.limits import MAX_BATCH
 from jetpipe.progress import bar
+from jetpipe.runtime import trt_builder
 from jetpipe.runtime.sessions import cpu_session
 from jetpipe.spec import PreprocessSpec
 
@@ -52,6 +53,8 @@ class ConvertOptions:
     auto_exclude: bool = True
     fp16_data_max: float = 16384.0  # a quarter of the fp16 range: headroom for unseen data
     engine: str = "auto"
+    engine_family: str = "auto"      # auto | tensorrt | tensorrt-rtx (see runtime/trt_builder.py)
+    rtx_targets: tuple[str, ...] = ("sm86", "sm89", "sm120")  # TensorRT-RTX: GPUs the engine is built for
     workspace_mb: int | None = None
     timing_cache: Path | None = None
     sparsity: str | None = None      # "2:4": prune eligible weights to TensorRT's sparse pattern
@@ -146,8 +149,6 @@ def _apply_sparsity(opts: ConvertOptions, prepared: Prepared) -> dict | None:
 
 
 def _validate(opts: ConvertOptions) -> None:
-    from jetpipe.errors import JetpipeError
-
     if opts.precision not in PRECISIONS:
         raise JetpipeError(f"--precision {opts.precision!r}: choose one of {', '.join(PRECISIONS)}")
     if opts.engine not in ENGINE_MODES:
@@ -161,12 +162,22 @@ def _validate(opts: ConvertOptions) -> None:
     if opts.precision == "int8" and opts.calib is None and opts.calib_cache is None:
         raise CalibrationError("--precision int8 needs calibration data: pass --calib FOLDER|VIDEO|FILE.npy "
                                "(or --calib synthetic for rendered text images)")
-    if opts.engine == "require":
-        from jetpipe.runtime.trt_builder import import_tensorrt
+    _validate_engine(opts)
 
-        if import_tensorrt() is None:
-            raise EngineError("--engine require but TensorRT is not installed: install it (JetPack on "
-                              "Jetson, NVIDIA's index on desktops) or use --engine auto|never")
+
+def _validate_engine(opts: ConvertOptions) -> None:
+    families, targets = trt_builder.ENGINE_FAMILIES, trt_builder.RTX_TARGETS
+    if opts.engine_family not in families:
+        raise JetpipeError(f"--engine-family {opts.engine_family!r}: choose one of {', '.join(families)}")
+    unknown = [t for t in opts.rtx_targets if t not in targets]
+    if unknown or not opts.rtx_targets:
+        raise JetpipeError(f"--rtx-targets {','.join(opts.rtx_targets)!r}: name one or more of "
+                           f"{', '.join(targets)} (comma-separated)")
+    if opts.engine == "require" and trt_builder.resolve_family(opts.engine_family) is None:
+        which = "TensorRT" if opts.engine_family == "auto" else opts.engine_family
+        raise EngineError(f"--engine require but {which} is not installed: install TensorRT (JetPack on Jetson, "
+                          "NVIDIA's index on desktops), or build for RTX GPUs with --engine-family tensorrt-rtx "
+                          "(pip install 'jetpipe[rtx]'), or use --engine auto|never")
 
 
 def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None, max_batch: int) -> Prepared:
@@ -340,17 +351,17 @@ def _accuracy_check(reference, processed, samples, input_name) -> dict | None:
 
 
 def _build_engine(opts, prepared: Prepared, folder: Path) -> dict:
-    from jetpipe.runtime import trt_builder
-
     if opts.engine == "never":
         return {"built": False, "reason": "--engine never"}
-    if trt_builder.import_tensorrt() is None:
+    family = trt_builder.resolve_family(opts.engine_family)
+    if family is None:
         log.warning("TensorRT is not installed: bundle written without an engine")
         return {"built": False, "reason": "TensorRT not installed on the converting machine"}
     build = trt_builder.BuildOptions(
         input_name=prepared.input.name, input_chw=(3, *prepared.size_hw), max_batch=opts.max_batch,
         workspace_bytes=opts.workspace_mb * (1 << 20) if opts.workspace_mb else None,
-        timing_cache=opts.timing_cache, sparse_weights=opts.sparsity is not None, dla_core=opts.dla_core)
+        timing_cache=opts.timing_cache, sparse_weights=opts.sparsity is not None, dla_core=opts.dla_core,
+        family=family, targets=tuple(opts.rtx_targets) if family == "tensorrt-rtx" else ())
     facts = trt_builder.build_engine(folder / bundles.MODEL_FILE, folder / bundles.ENGINE_FILE, build)
     return {"built": True, "file": bundles.ENGINE_FILE, **facts}
 
@@ -373,12 +384,12 @@ def _versions() -> dict:
     import onnxslim
 
     from jetpipe import __version__
-    from jetpipe.runtime.trt_builder import import_tensorrt
 
-    trt = import_tensorrt()
+    trt, rtx = trt_builder.import_family("tensorrt"), trt_builder.import_family("tensorrt-rtx")
     return {"jetpipe": __version__, "python": platform.python_version(), "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "onnxslim": onnxslim.__version__,
-            "numpy": np.__version__, "tensorrt": trt.__version__ if trt else None}
+            "numpy": np.__version__, "tensorrt": trt.__version__ if trt else None,
+            "tensorrt_rtx": rtx.__version__ if rtx else None}
 
 
 def _manifest(opts, prepared, model, excluded, calibration, check, engine, batch_proof) -> dict:

@@ -39,7 +39,13 @@ def pick_gpu_backend(bundle_dir, requested: str) -> str:
 
     import_pycuda()  # GpuUnavailable with the install hint when PyCUDA is missing
     manifest = bundles.read_manifest(bundle_dir)
-    has_engine = bool((manifest.get("engine") or {}).get("built"))
+    engine = manifest.get("engine") or {}
+    family = engine.get("family", "tensorrt")  # bundles written before TensorRT-RTX name no family
+    has_engine = bool(engine.get("built")) and family == "tensorrt"
+    if requested == "tensorrt" and engine.get("built") and family != "tensorrt":
+        raise JetpipeError(f"backend tensorrt: this bundle's engine was built by {family} for RTX GPUs, which "
+                           "the TensorRT runtime cannot load (jetpipe has no TensorRT-RTX runtime backend "
+                           "yet): use backend onnxruntime-cuda, or convert with --engine-family tensorrt")
     if requested in ("auto", "tensorrt") and has_engine and import_tensorrt() is not None:
         return "tensorrt"
     if requested == "tensorrt":

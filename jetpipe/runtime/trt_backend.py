@@ -26,6 +26,9 @@ def check_engine_compatibility(manifest: dict, trt_version: str, compute_capabil
         raise EngineError(f"bundle {bundle_path} has no TensorRT engine ({reason}): "
                           f"rebuild it on this device with `jetpipe convert {manifest['source']['path']} "
                           f"-o {bundle_path} --force --engine require`, or use backend onnxruntime")
+    if engine.get("family", "tensorrt") != "tensorrt":
+        raise EngineError(f"bundle {bundle_path}: its engine was built by {engine['family']}, which the TensorRT "
+                          "runtime cannot load: use backend onnxruntime-cuda")
     built_trt, built_cc = engine.get("tensorrt"), engine.get("compute_capability")
     if built_trt != trt_version or (built_cc and built_cc != compute_capability):
         raise EngineError(

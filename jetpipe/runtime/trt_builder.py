@@ -1,15 +1,19 @@
-"""TensorRT engine building (10.3 on Jetson, 11.x on desktops): thin and version-guarded.
+"""TensorRT engine building, one module for three families, version-guarded:
+TensorRT 10.3 (JetPack 6), TensorRT 11.x (desktop) and TensorRT-RTX 1.x (RTX GPUs).
 
 Precision lives in the ONNX file (float16 tensors, Q/DQ nodes), so the network
-is always built strongly typed: the one path that works on both 10.3 (opt-in
-flag) and 11.x (always on; FP16/INT8 builder flags and calibrators removed).
-Written from NVIDIA's documentation (see docs/tensorrt.md); it cannot run on
-this project's machines, which have no TensorRT.
+is always built strongly typed: the one path that works on 10.3 (opt-in flag),
+11.x (always on; FP16/INT8 builder flags and calibrators removed) and
+TensorRT-RTX (no precision flags at all). TensorRT-RTX also builds ahead of time
+for named compute capabilities, without a GPU: that is how CI builds engines
+(this project's machines cannot install TensorRT proper; see docs/tensorrt.md).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,13 +24,32 @@ from jetpipe.runtime.probe import probe_gpu
 log = logging.getLogger(__name__)
 
 
+ENGINE_FAMILIES = ("auto", "tensorrt", "tensorrt-rtx")
+_MODULES = {"tensorrt": ("tensorrt",), "tensorrt-rtx": ("tensorrt_rtx", "tensorrt_rtx_bindings")}
+RTX_TARGETS = ("sm75", "sm80", "sm86", "sm89", "sm120", "sm121")  # TensorRT-RTX 1.7's ComputeCapability
+RTX_DEFAULT_TARGETS = ("sm86", "sm89", "sm120")  # RTX 30, 40 and 50 series
+
+
+def import_family(family: str):
+    """The builder module of one family ("tensorrt" or "tensorrt-rtx"), or None where it is not installed."""
+    for name in _MODULES[family]:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
 def import_tensorrt():
-    """The tensorrt module, or None where it is not installed."""
-    try:
-        import tensorrt as trt
-    except ImportError:
-        return None
-    return trt
+    """The tensorrt module (TensorRT proper), or None where it is not installed."""
+    return import_family("tensorrt")
+
+
+def resolve_family(requested: str) -> str | None:
+    """The family that builds, or None where it is not installed. auto is TensorRT proper: jetpipe has
+    no TensorRT-RTX runtime backend yet, so an RTX engine is built only when asked for."""
+    family = "tensorrt" if requested == "auto" else requested
+    return family if import_family(family) is not None else None
 
 
 @dataclass(frozen=True)
@@ -38,6 +61,8 @@ class BuildOptions:
     timing_cache: Path | None = None
     sparse_weights: bool = False
     dla_core: int | None = None
+    family: str = "tensorrt"
+    targets: tuple[str, ...] = ()  # TensorRT-RTX: compute capabilities to build for (ahead of time)
 
 
 def make_logger(trt):
@@ -69,29 +94,59 @@ def _network_flags(trt) -> int:
 
 def build_engine(onnx_path: Path, out_path: Path, opts: BuildOptions) -> dict:
     """Build and write an engine (atomically); returns facts for the manifest."""
-    trt = import_tensorrt()
+    trt = import_family(opts.family)
     if trt is None:
-        raise EngineError("TensorRT is not installed: install it (JetPack on Jetson, NVIDIA's "
-                          "index on desktops) or convert with --engine never")
+        raise EngineError(f"{opts.family} is not installed: install it (TensorRT: JetPack on Jetson, NVIDIA's "
+                          "index on desktops; TensorRT-RTX: pip install tensorrt-rtx-cu13-bindings "
+                          "tensorrt-rtx-cu13-libs) or convert with --engine never")
     logger = make_logger(trt)
     builder = trt.Builder(logger)
     network = builder.create_network(_network_flags(trt))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
-        raise EngineError("TensorRT could not parse the ONNX model: " + _parser_errors(parser))
+        raise EngineError(f"{opts.family} could not parse the ONNX model: " + _parser_errors(parser))
     config = builder.create_builder_config()
-    _configure(trt, builder, config, opts)
-    cache = _load_timing_cache(config, opts.timing_cache)
+    profile = _configure(trt, builder, config, opts)
+    timing_cache = opts.timing_cache if opts.family == "tensorrt" else None
+    if opts.timing_cache is not None and timing_cache is None:
+        log.info("%s has no timing cache (its specialization happens on the device): --timing-cache unused",
+                 opts.family)
+    cache = _load_timing_cache(config, timing_cache) if opts.family == "tensorrt" else False
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        detail = "; ".join(logger.messages[-5:]) or "no message from TensorRT"
-        raise EngineError(f"TensorRT engine build failed: {detail}")
+        detail = "; ".join(logger.messages[-5:]) or "no message from the builder"
+        raise EngineError(f"{opts.family} engine build failed: {detail}")
     atomic_write(out_path, bytes(plan))
-    if opts.timing_cache is not None:
-        atomic_write(opts.timing_cache, bytes(config.get_timing_cache().serialize()))
-    return {"tensorrt": trt.__version__, "compute_capability": _compute_capability(),
+    if timing_cache is not None:
+        atomic_write(timing_cache, bytes(config.get_timing_cache().serialize()))
+    rtx = opts.family == "tensorrt-rtx"
+    return {"family": opts.family, "version": trt.__version__, "tensorrt": None if rtx else trt.__version__,
+            "compute_capability": None if rtx else _compute_capability(), "targets": list(opts.targets),
             "max_batch": opts.max_batch, "timing_cache_reused": cache,
-            "sparse_weights": opts.sparse_weights, "dla_core": opts.dla_core}
+            "sparse_weights": opts.sparse_weights, "dla_core": opts.dla_core,
+            "network": describe_network(trt, network, profile, opts.input_name)}
+
+
+def describe_network(trt, network, profile, input_name: str) -> dict:
+    """What the builder was given, for the manifest and tests: I/O, the optimization profile, and the
+    layers by type and by output precision (the precision the strongly typed network asks for)."""
+    def tensor(t) -> dict:
+        return {"name": t.name, "dtype": _dtype_name(trt, t.dtype), "shape": list(t.shape)}
+
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    outputs = Counter(_dtype_name(trt, layer.get_output(0).dtype) for layer in layers if layer.num_outputs)
+    kinds = Counter(str(layer.type).rsplit(".", 1)[-1] for layer in layers)
+    low, opt, high = profile.get_shape(input_name)
+    return {"inputs": [tensor(network.get_input(i)) for i in range(network.num_inputs)],
+            "outputs": [tensor(network.get_output(i)) for i in range(network.num_outputs)],
+            "profile": {"min": list(low), "opt": list(opt), "max": list(high)},
+            "layers": len(layers), "layer_types": dict(kinds), "layer_output_dtypes": dict(outputs)}
+
+
+def _dtype_name(trt, dtype) -> str:
+    names = {trt.DataType.FLOAT: "float32", trt.DataType.HALF: "float16", trt.DataType.INT8: "int8",
+             trt.DataType.INT32: "int32", trt.DataType.BOOL: "bool"}
+    return names.get(dtype, str(dtype).rsplit(".", 1)[-1].lower())
 
 
 def _parser_errors(parser) -> str:
@@ -103,7 +158,8 @@ def _parser_errors(parser) -> str:
     return "; ".join(errors) or "no details"
 
 
-def _configure(trt, builder, config, opts: BuildOptions) -> None:
+def _configure(trt, builder, config, opts: BuildOptions):
+    """Builder settings; returns the optimization profile."""
     if opts.workspace_bytes:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_bytes)
     profile = builder.create_optimization_profile()
@@ -113,12 +169,25 @@ def _configure(trt, builder, config, opts: BuildOptions) -> None:
     config.add_optimization_profile(profile)
     if opts.sparse_weights:
         config.set_flag(trt.BuilderFlag.SPARSE_WEIGHTS)
+    if opts.targets:
+        _set_targets(trt, config, opts)
     if opts.dla_core is not None:
-        if not trt.__version__.startswith("10."):
-            raise EngineError("--dla needs TensorRT 10.x (JetPack 6); this is TensorRT " + trt.__version__)
+        if opts.family != "tensorrt" or not trt.__version__.startswith("10."):
+            raise EngineError(f"--dla needs TensorRT 10.x (JetPack 6); this is {opts.family} {trt.__version__}")
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = opts.dla_core
         config.set_flag(trt.BuilderFlag.GPU_FALLBACK)
+    return profile
+
+
+def _set_targets(trt, config, opts: BuildOptions) -> None:
+    """TensorRT-RTX builds ahead of time for these compute capabilities (no GPU needed)."""
+    if not hasattr(config, "set_compute_capability"):
+        raise EngineError(f"target compute capabilities are a TensorRT-RTX setting; {opts.family} "
+                          f"{trt.__version__} builds for the GPU it runs on")
+    config.num_compute_capabilities = len(opts.targets)
+    for index, target in enumerate(opts.targets):
+        config.set_compute_capability(getattr(trt.ComputeCapability, target.upper()), index)
 
 
 def _load_timing_cache(config, path: Path | None) -> bool:

@@ -1,7 +1,8 @@
 """`jetpipe doctor --trt`: build a tiny engine and compare it with ONNX Runtime.
 
-For machines that have TensorRT and PyCUDA (a Jetson, a desktop with TensorRT).
-It cannot run on this project's CI, which has neither.
+TensorRT proper (a Jetson, a desktop with TensorRT; with PyCUDA): build, run, compare.
+TensorRT-RTX only: parse and build ahead of time (any x86_64 machine); running its
+engines needs an RTX GPU and a TensorRT-RTX runtime backend, which jetpipe does not have yet.
 """
 
 from __future__ import annotations
@@ -65,3 +66,19 @@ def run_selftest() -> int:
     print(f"trt selftest: TensorRT {facts['tensorrt']}, sm {facts['compute_capability']}, "
           f"execute {'ok' if ok else 'FAILED'}, max |TensorRT - ONNX Runtime| = {diff:.2e}")
     return 0 if ok and diff < 1e-3 else 1
+
+
+def run_rtx_build_check() -> int:
+    """Parse and build the tiny model with TensorRT-RTX for sm86, ahead of time (no GPU needed)."""
+    from jetpipe.runtime.trt_builder import BuildOptions, build_engine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path, plan_path = Path(tmp) / "tiny.onnx", Path(tmp) / "tiny.engine"
+        onnx.save(tiny_model(), str(onnx_path))
+        facts = build_engine(onnx_path, plan_path, BuildOptions("x", (3, 32, 32), max_batch=4,
+                                                                family="tensorrt-rtx", targets=("sm86",)))
+        size = plan_path.stat().st_size
+    print(f"trt selftest: TensorRT-RTX {facts['version']} parsed the tiny model and built a {size}-byte engine "
+          f"ahead of time for {', '.join(facts['targets'])}; not run (jetpipe has no TensorRT-RTX runtime "
+          "backend yet; its engines run on RTX GPUs: compute capability 7.5, 8.x, 12.x)")
+    return 0
