@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 
 from jetpipe.calibration import metrics as m
-from jetpipe.runtime.sessions import ort_session
+from jetpipe.runtime.sessions import ort_session, run_in_batches
 
 
 @dataclass
@@ -34,9 +34,7 @@ class Context:
 
 
 def run_outputs(model, ctx: Context, batch: int = 4) -> list[np.ndarray]:
-    sess = ort_session(model, ctx.provider)
-    parts = [sess.run(None, {ctx.input_name: ctx.inputs[i:i + batch]}) for i in range(0, len(ctx.inputs), batch)]
-    return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
+    return run_in_batches(ort_session(model, ctx.provider), ctx.inputs, batch)
 
 
 def task_metrics(task: str, ref: list[np.ndarray], out: list[np.ndarray], input_hw) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from jetpipe.calibration import metrics as m
 from jetpipe.calibration.evaluate import compare
+from jetpipe.convert import graph
 from jetpipe.errors import JetpipeError
 from jetpipe.progress import silent
 
@@ -59,7 +60,8 @@ class Rebuilder:
         from jetpipe.calibration.layers import localise
         from jetpipe.convert import int8, sensitivity
 
-        sample = self.ctx.inputs[:2]
+        fixed = graph.image_input(self.ctx.reference).dims[0]  # a batch-1 export takes one row per run
+        sample = self.ctx.inputs[:min(2, fixed) if isinstance(fixed, int) else 2]
         if self.precision == "int8":
             full = int8.plan(self.ctx.reference, set(self.base))
             steps = progress(len(full.nodes), "precision search: ranking", "node")

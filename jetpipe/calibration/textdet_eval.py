@@ -15,6 +15,7 @@ import numpy as np
 
 from jetpipe.calibration.metrics import mean_abs_error, per_sample_f1
 from jetpipe.preprocess import preprocess_bgr
+from jetpipe.runtime.sessions import run_in_batches
 from jetpipe.spec import PreprocessSpec
 from jetpipe.synth import render_text_image
 
@@ -96,9 +97,8 @@ class TextDetScore:
 
 
 def run_batched(session, inputs: np.ndarray, batch: int = 4) -> np.ndarray:
-    name = session.get_inputs()[0].name
-    outs = [session.run(None, {name: inputs[i:i + batch]})[0] for i in range(0, len(inputs), batch)]
-    return np.concatenate(outs)
+    """The first output on `inputs`, a few rows per run."""
+    return run_in_batches(session, inputs, batch)[0]
 
 
 def score(reference: np.ndarray, candidate: np.ndarray) -> TextDetScore:

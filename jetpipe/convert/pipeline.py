@@ -90,7 +90,7 @@ def convert(opts: ConvertOptions) -> dict:
     _check_node_names(prepared.model, opts.exclude)
     if opts.engine != "never":
         check_tensorrt_ops(prepared.model)
-    first_batch = next(source.batches(opts.calib_batch)) if source is not None else None
+    first_batch = next(source.batches(_step_batch(opts.calib_batch, prepared))) if source is not None else None
     batch_proof = _prove_batch(prepared, first_batch)
     calibration = _calibrate(opts, prepared, source)
     model, excluded, check = _apply_precision(opts, prepared, calibration, first_batch)
@@ -217,6 +217,13 @@ def _calibration_source(opts, prepared: Prepared) -> CalibrationSource | None:
     return open_source(opts.calib, tuple(prepared.input.dims), prepared.size_hw, opts.spec, opts.calib_size)
 
 
+def _step_batch(wanted: int, prepared: Prepared) -> int:
+    """Rows per calibration / check run: never more than a model with a fixed batch (--max-batch 1
+    keeps a batch-1 export as it is) takes."""
+    fixed = prepared.input.dims[0]
+    return min(wanted, fixed) if isinstance(fixed, int) else wanted
+
+
 def _prove_batch(prepared: Prepared, first_batch) -> dict | None:
     if not prepared.batch_made_dynamic:
         return None
@@ -245,7 +252,8 @@ def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None) -> Ca
         hist = set(int8.plan(prepared.model, set(opts.exclude)).activations)
     progress = _progress(opts, len(source), "calibrating")
     try:
-        collected = stats.collect(prepared.model, source.batches(opts.calib_batch), prepared.input.name,
+        collected = stats.collect(prepared.model, source.batches(_step_batch(opts.calib_batch, prepared)),
+                                  prepared.input.name,
                                   hist, all_absmax=opts.precision == "fp16", progress=progress)
     finally:
         progress.close()

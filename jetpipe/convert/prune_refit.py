@@ -12,23 +12,18 @@ import onnx
 from onnx import numpy_helper
 
 from jetpipe.convert.graph import attribute, expose_outputs
+from jetpipe.runtime.sessions import cpu_session, run_in_batches
 
 
 def activations(model: onnx.ModelProto, names: list[str], samples: np.ndarray, input_name: str) -> dict:
     """The named tensors on `samples` (an unoptimized CPU session: names survive)."""
-    from jetpipe.runtime.sessions import cpu_session
-
     session = cpu_session(expose_outputs(model, names), optimize=False)
-    return dict(zip(names, session.run(names, {input_name: samples})))
+    return dict(zip(names, run_in_batches(session, samples, len(samples), names)))
 
 
 def outputs(model: onnx.ModelProto, samples: np.ndarray, input_name: str, batch: int = 4) -> list[np.ndarray]:
     """All graph outputs on `samples`, run a few at a time."""
-    from jetpipe.runtime.sessions import cpu_session
-
-    session = cpu_session(model)
-    runs = [session.run(None, {input_name: samples[i:i + batch]}) for i in range(0, len(samples), batch)]
-    return [np.concatenate(parts) for parts in zip(*runs)]
+    return run_in_batches(cpu_session(model), samples, batch)
 
 
 def normalized_mse(reference: list[np.ndarray], candidate: list[np.ndarray]) -> float:

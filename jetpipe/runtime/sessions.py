@@ -41,6 +41,20 @@ def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads:
     return ort.InferenceSession(source, options, providers=providers)
 
 
+def run_in_batches(session, inputs, batch: int = 4, names=None) -> list:
+    """session.run over `inputs` a few rows at a time, each output concatenated along axis 0.
+
+    Never more rows per run than a model with a fixed batch takes (a batch-1 export runs one at a time)."""
+    import numpy as np
+
+    meta = session.get_inputs()[0]
+    fixed = meta.shape[0] if meta.shape else None
+    if isinstance(fixed, int) and fixed > 0:
+        batch = min(batch, fixed)
+    parts = [session.run(names, {meta.name: inputs[i:i + batch]}) for i in range(0, len(inputs), batch)]
+    return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
+
+
 def cpu_session(model, **options):
     """ort_session on the CPU (the reference every other result is compared with)."""
     return ort_session(model, "cpu", **options)
