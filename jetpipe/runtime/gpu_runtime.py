@@ -25,6 +25,7 @@ from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, m
 log = logging.getLogger(__name__)
 
 # profiling events: frame upload (copy stream), kernel, inference, GPU postprocessing, download (compute stream)
+ENGINE_BACKENDS = ("tensorrt", "tensorrt-rtx")
 STAGE_MARKS = ("h2d_start", "h2d_end", "pre_start", "pre_end", "infer_end", "post_end", "d2h_end")
 STAGES = {"h2d": ("h2d_start", "h2d_end"), "preprocess": ("pre_start", "pre_end"),
           "infer": ("pre_end", "infer_end"), "postprocess": ("infer_end", "post_end"),
@@ -32,25 +33,24 @@ STAGES = {"h2d": ("h2d_start", "h2d_end"), "preprocess": ("pre_start", "pre_end"
 
 
 def pick_gpu_backend(bundle_dir, requested: str) -> str:
-    """tensorrt where the bundle has an engine and TensorRT imports, else onnxruntime-cuda."""
+    """The bundle's engine where this machine can run it (tensorrt, tensorrt-rtx), else onnxruntime-cuda."""
     from jetpipe import bundle as bundles
     from jetpipe.runtime.cuda import import_pycuda
-    from jetpipe.runtime.trt_builder import import_tensorrt
+    from jetpipe.runtime.probe import probe_gpu
+    from jetpipe.runtime.trt_backend import engine_backend
+    from jetpipe.runtime.trt_builder import import_family
 
     import_pycuda()  # GpuUnavailable with the install hint when PyCUDA is missing
-    manifest = bundles.read_manifest(bundle_dir)
-    engine = manifest.get("engine") or {}
-    family = engine.get("family", "tensorrt")  # bundles written before TensorRT-RTX name no family
-    has_engine = bool(engine.get("built")) and family == "tensorrt"
-    if requested == "tensorrt" and engine.get("built") and family != "tensorrt":
-        raise JetpipeError(f"backend tensorrt: this bundle's engine was built by {family} for RTX GPUs, which "
-                           "the TensorRT runtime cannot load (jetpipe has no TensorRT-RTX runtime backend "
-                           "yet): use backend onnxruntime-cuda, or convert with --engine-family tensorrt")
-    if requested in ("auto", "tensorrt") and has_engine and import_tensorrt() is not None:
-        return "tensorrt"
-    if requested == "tensorrt":
-        raise JetpipeError("backend tensorrt needs TensorRT installed and a bundle with an engine "
-                           f"(this bundle: {'has one' if has_engine else 'none'})")
+    engine = bundles.read_manifest(bundle_dir).get("engine") or {}
+    wanted = requested if requested in ENGINE_BACKENDS else "auto"
+    choice, why = engine_backend(engine, wanted, lambda family: import_family(family) is not None,
+                                 probe_gpu().compute_capability)
+    if choice is not None and requested in ("auto", *ENGINE_BACKENDS):
+        return choice
+    if requested in ENGINE_BACKENDS:
+        raise JetpipeError(f"backend {requested}: {why}")
+    if requested == "auto" and engine.get("built"):
+        log.info("the bundle's engine is not used: %s; running ONNX Runtime", why)
     try:
         import onnxruntime as ort
     except ImportError:
@@ -134,14 +134,14 @@ class GpuRuntime(RuntimeBase):
 
     def _make_backend(self, backend: str, cuda_graph: bool):
         sample = (3, *self.size_hw)
-        if backend == "tensorrt":
+        if backend in ENGINE_BACKENDS:
             from jetpipe.runtime.trt_backend import TensorRTBackend, check_engine_compatibility
-            from jetpipe.runtime.trt_builder import import_tensorrt
+            from jetpipe.runtime.trt_builder import import_family
 
-            check_engine_compatibility(self.manifest, import_tensorrt().__version__,
-                                       self.device.compute_capability, str(self.bundle_dir))
+            check_engine_compatibility(self.manifest, import_family(backend).__version__,
+                                       self.device.compute_capability, str(self.bundle_dir), backend)
             plan = (Path(self.bundle_dir) / self.manifest["engine"]["file"]).read_bytes()
-            return TensorRTBackend(plan, self.max_batch, use_cuda_graphs=cuda_graph)
+            return TensorRTBackend(plan, self.max_batch, use_cuda_graphs=cuda_graph, family=backend)
         from jetpipe.runtime.backends import OrtCudaBackend
 
         return OrtCudaBackend(self.model_path, sample, self.max_batch, self.compute_stream,

@@ -19,7 +19,7 @@ from jetpipe.runtime.gpu_runtime import GpuRuntime, pick_gpu_backend
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
+BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "onnxruntime-cuda", "onnxruntime-cpu")
 _CPU_CANNOT_REDUCE = ("postprocessing on the GPU needs the GPU runtime: use postprocess auto or cpu "
                       "(--postprocess) with the CPU runtime")
 

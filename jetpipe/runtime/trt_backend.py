@@ -1,8 +1,9 @@
-"""TensorRT backend (10.3 and 11.x): written from NVIDIA's documentation.
+"""Engine backends: TensorRT (10.3 and 11.x) and TensorRT-RTX (1.x, RTX GPUs), one class.
 
-It cannot run on this project's machines (no TensorRT there): the checks it
-does before deserializing (hashes, TensorRT version, compute capability) are
-tested through `check_engine_compatibility`, which needs no TensorRT.
+Neither can run on this project's machines (no TensorRT there; TensorRT-RTX engines
+do not load on the H100/H200): the choice of backend (`engine_backend`) and the
+checks made before deserializing (`check_engine_compatibility`) need neither and
+are tested everywhere.
 """
 
 from __future__ import annotations
@@ -17,18 +18,56 @@ from jetpipe.runtime.backends import TensorSpec
 log = logging.getLogger(__name__)
 
 
+# compute capability -> TensorRT-RTX target name: the GPUs TensorRT-RTX 1.7 runs on
+RTX_TARGET_OF = {"7.5": "sm75", "8.0": "sm80", "8.6": "sm86", "8.9": "sm89", "12.0": "sm120", "12.1": "sm121"}
+
+
+def engine_family(engine: dict) -> str:
+    return engine.get("family", "tensorrt")  # bundles written before TensorRT-RTX name no family
+
+
+def engine_backend(engine: dict, requested: str, installed, compute_capability: str | None) -> tuple[str | None, str]:
+    """The backend that can run this bundle's engine here, or (None, why not).
+
+    requested: auto, tensorrt or tensorrt-rtx; installed(family) -> bool; compute_capability: "8.6"."""
+    if not engine.get("built"):
+        return None, f"the bundle has no engine ({engine.get('reason', 'none built')})"
+    family = engine_family(engine)
+    if requested not in ("auto", family):
+        return None, f"its engine was built by {family}, not {requested}"
+    if not installed(family):
+        return None, f"{family} is not installed"
+    if family == "tensorrt-rtx":
+        target = RTX_TARGET_OF.get(compute_capability or "")
+        if target is None:
+            return None, (f"TensorRT-RTX engines do not run on compute capability {compute_capability} "
+                          f"(RTX GPUs: {', '.join(RTX_TARGET_OF)})")
+        if target not in engine.get("targets", []):
+            return None, (f"the engine was built for {', '.join(engine.get('targets', []))}, not this GPU's "
+                          f"{target}: convert again with --rtx-targets including {target}")
+    return family, ""
+
+
 def check_engine_compatibility(manifest: dict, trt_version: str, compute_capability: str,
-                               bundle_path: str) -> None:
-    """Refuse a plan built for another TensorRT or GPU before it can crash deserialization."""
+                               bundle_path: str, family: str = "tensorrt") -> None:
+    """Refuse a plan built for another TensorRT (family, version) or GPU before it can crash deserialization."""
     engine = manifest.get("engine") or {}
+    rebuild = (f"rebuild it with `jetpipe convert {manifest['source']['path']} -o {bundle_path} --force "
+               "--engine require`")
     if not engine.get("built"):
         reason = engine.get("reason", "none built")
-        raise EngineError(f"bundle {bundle_path} has no TensorRT engine ({reason}): "
-                          f"rebuild it on this device with `jetpipe convert {manifest['source']['path']} "
-                          f"-o {bundle_path} --force --engine require`, or use backend onnxruntime")
-    if engine.get("family", "tensorrt") != "tensorrt":
-        raise EngineError(f"bundle {bundle_path}: its engine was built by {engine['family']}, which the TensorRT "
-                          "runtime cannot load: use backend onnxruntime-cuda")
+        raise EngineError(f"bundle {bundle_path} has no TensorRT engine ({reason}): {rebuild} on this device, "
+                          "or use backend onnxruntime")
+    if engine_family(engine) != family:
+        raise EngineError(f"bundle {bundle_path}: its engine was built by {engine_family(engine)}, which the "
+                          f"{family} runtime cannot load: use backend onnxruntime-cuda")
+    if family == "tensorrt-rtx":
+        target = RTX_TARGET_OF.get(compute_capability)
+        if engine.get("version") != trt_version or target not in engine.get("targets", []):
+            raise EngineError(f"engine built with TensorRT-RTX {engine.get('version')} for "
+                              f"{', '.join(engine.get('targets', []))} cannot load on TensorRT-RTX {trt_version} / "
+                              f"compute capability {compute_capability}: {rebuild} --engine-family tensorrt-rtx")
+        return
     built_trt, built_cc = engine.get("tensorrt"), engine.get("compute_capability")
     if built_trt != trt_version or (built_cc and built_cc != compute_capability):
         raise EngineError(
@@ -38,22 +77,22 @@ def check_engine_compatibility(manifest: dict, trt_version: str, compute_capabil
 
 
 class TensorRTBackend:
-    """Deserialized engine + one execution context, run with execute_async_v3 on our stream."""
+    """Deserialized engine + one execution context, run with execute_async_v3 on our stream.
+    family: tensorrt or tensorrt-rtx (the same runtime API)."""
 
-    name = "tensorrt"
+    def __init__(self, plan: bytes, max_batch: int, use_cuda_graphs: bool = True, family: str = "tensorrt"):
+        from jetpipe.runtime.trt_builder import import_family, make_logger
 
-    def __init__(self, plan: bytes, max_batch: int, use_cuda_graphs: bool = True):
-        import tensorrt as trt
-
-        from jetpipe.runtime.trt_builder import make_logger
-
-        self.trt = trt
+        trt = import_family(family)
+        if trt is None:
+            raise EngineError(f"{family} is not installed")
+        self.name, self.trt = family, trt
         self.logger = make_logger(trt)
         self.runtime = trt.Runtime(self.logger)
         self.engine = self.runtime.deserialize_cuda_engine(plan)
         if self.engine is None:
             detail = "; ".join(self.logger.messages[-3:]) or "no message"
-            raise EngineError(f"TensorRT could not deserialize the engine: {detail}")
+            raise EngineError(f"{family} could not deserialize the engine: {detail}")
         self.context = self.engine.create_execution_context()
         self.max_batch, self.use_cuda_graphs = max_batch, use_cuda_graphs
         self.input, outputs = self._tensor_specs()

@@ -46,8 +46,8 @@ def import_tensorrt():
 
 
 def resolve_family(requested: str) -> str | None:
-    """The family that builds, or None where it is not installed. auto is TensorRT proper: jetpipe has
-    no TensorRT-RTX runtime backend yet, so an RTX engine is built only when asked for."""
+    """The family that builds, or None where it is not installed. auto is TensorRT proper: a TensorRT-RTX
+    engine, built ahead of time for other GPUs than this machine's, is built only when asked for."""
     family = "tensorrt" if requested == "auto" else requested
     return family if import_family(family) is not None else None
 

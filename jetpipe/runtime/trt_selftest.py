@@ -2,7 +2,7 @@
 
 TensorRT proper (a Jetson, a desktop with TensorRT; with PyCUDA): build, run, compare.
 TensorRT-RTX only: parse and build ahead of time (any x86_64 machine); running its
-engines needs an RTX GPU and a TensorRT-RTX runtime backend, which jetpipe does not have yet.
+engines needs an RTX GPU (not run here).
 """
 
 from __future__ import annotations
@@ -79,6 +79,6 @@ def run_rtx_build_check() -> int:
                                                                 family="tensorrt-rtx", targets=("sm86",)))
         size = plan_path.stat().st_size
     print(f"trt selftest: TensorRT-RTX {facts['version']} parsed the tiny model and built a {size}-byte engine "
-          f"ahead of time for {', '.join(facts['targets'])}; not run (jetpipe has no TensorRT-RTX runtime "
-          "backend yet; its engines run on RTX GPUs: compute capability 7.5, 8.x, 12.x)")
+          f"ahead of time for {', '.join(facts['targets'])}; not run (TensorRT-RTX engines run on RTX GPUs: "
+          "compute capability 7.5, 8.x, 12.x)")
     return 0
