@@ -83,6 +83,8 @@ def convert(opts: ConvertOptions) -> dict:
     bundles.check_destination(opts.output, opts.force)
     prepared = prepare(opts.model, opts.precision, opts.input_size, opts.max_batch)
     source = _calibration_source(opts, prepared)
+    first_batch = next(source.batches(_step_batch(opts.calib_batch, prepared))) if source is not None else None
+    batch_proof = _prove_batch(prepared, first_batch)  # before pruning, which can take minutes
     cost = {"source": flops.totals(flops.layer_costs(prepared.model))}
     pruning = _apply_pruning(opts, prepared, source, cost["source"])
     sparsity = _apply_sparsity(opts, prepared)
@@ -90,8 +92,6 @@ def convert(opts: ConvertOptions) -> dict:
     _check_node_names(prepared.model, opts.exclude)
     if opts.engine != "never":
         check_tensorrt_ops(prepared.model)
-    first_batch = next(source.batches(_step_batch(opts.calib_batch, prepared))) if source is not None else None
-    batch_proof = _prove_batch(prepared, first_batch)
     calibration = _calibrate(opts, prepared, source)
     model, excluded, check = _apply_precision(opts, prepared, calibration, first_batch)
     with outputs.staging(opts.output) as tmp:

@@ -7,6 +7,7 @@ rows into a model that takes 1, and crashed with ONNX Runtime's "index: 0 Got: 2
 
 import json
 
+import numpy as np
 import onnx
 
 from jetpipe.cli import main
@@ -34,3 +35,20 @@ def test_a_batch_1_export_at_max_batch_1_goes_through_every_step(tmp_path, capsy
     result = json.loads((report / "report.json").read_text())
     assert result["samples"] == 3 and result["precision_search"]
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_batch_that_cannot_be_made_dynamic_is_refused_before_pruning(tmp_path, caplog, capsys):
+    from onnx import helper, numpy_helper
+
+    from tests.helpers import residual_cnn, save
+
+    model = residual_cnn(batch=1)
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, -1], np.int64), "flat"))
+    model.graph.node.append(helper.make_node("Reshape", ["y", "flat"], ["z"], name="bake_batch"))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 5]))
+    path = save(model, tmp_path / "baked.onnx")
+    caplog.set_level("INFO", logger="jetpipe")
+    assert main(["convert", str(path), "-o", str(tmp_path / "b"), "--max-batch", "4", "--prune", "0.5",
+                 "--prune-align", "1", "--engine", "never", "--quiet"]) == 2
+    assert "exported with batch 1 and its graph fixes that size" in capsys.readouterr().err
+    assert not any("pruned" in r.getMessage() for r in caplog.records)  # refused first: pruning can take minutes
