@@ -41,6 +41,8 @@ CONVERT = [
     (["--calib-method", "magic"], "--calib-method: invalid choice"),
     (["--workspace", "lots"], "--workspace: invalid int value"),
     (["--sparsity", "1:2"], "--sparsity: invalid choice"),
+    (["--engine-family", "tensorrt-lite"], "--engine-family: invalid choice: 'tensorrt-lite'"),
+    (["--rtx-targets", "sm90"], "--rtx-targets 'sm90': name one or more of sm75, sm80"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
 ]
 
@@ -61,6 +63,7 @@ SERVE = [
     (["--backend", "cuda"], "--backend: invalid choice: 'cuda'"),
     (["--memory", "shared"], "--memory: invalid choice: 'shared'"),
     (["--decoder", "vlc"], "--decoder: invalid choice: 'vlc'"),
+    (["--postprocess", "fpga"], "--postprocess: invalid choice: 'fpga'"),
     (["--task", "segmentation"], "task = 'segmentation': allowed"),
     (["--metrics", "notaport"], "metrics listen = 'notaport': write HOST:PORT"),
     (["--metrics", "127.0.0.1:99999"], "metrics listen = '127.0.0.1:99999': write HOST:PORT"),

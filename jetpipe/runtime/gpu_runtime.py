@@ -24,8 +24,8 @@ from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, m
 
 log = logging.getLogger(__name__)
 
-# profiling events: frame upload (copy stream), kernel, inference, GPU postprocessing, download (compute stream)
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-rtx")
+# profiling events: frame upload (copy stream), kernel, inference, GPU postprocessing, download (compute stream)
 STAGE_MARKS = ("h2d_start", "h2d_end", "pre_start", "pre_end", "infer_end", "post_end", "d2h_end")
 STAGES = {"h2d": ("h2d_start", "h2d_end"), "preprocess": ("pre_start", "pre_end"),
           "infer": ("pre_end", "infer_end"), "postprocess": ("infer_end", "post_end"),
@@ -42,15 +42,15 @@ def pick_gpu_backend(bundle_dir, requested: str) -> str:
 
     import_pycuda()  # GpuUnavailable with the install hint when PyCUDA is missing
     engine = bundles.read_manifest(bundle_dir).get("engine") or {}
-    wanted = requested if requested in ENGINE_BACKENDS else "auto"
-    choice, why = engine_backend(engine, wanted, lambda family: import_family(family) is not None,
-                                 probe_gpu().compute_capability)
-    if choice is not None and requested in ("auto", *ENGINE_BACKENDS):
-        return choice
-    if requested in ENGINE_BACKENDS:
-        raise JetpipeError(f"backend {requested}: {why}")
-    if requested == "auto" and engine.get("built"):
-        log.info("the bundle's engine is not used: %s; running ONNX Runtime", why)
+    if requested in ("auto", *ENGINE_BACKENDS):
+        choice, why = engine_backend(engine, requested, lambda family: import_family(family) is not None,
+                                     probe_gpu().compute_capability)
+        if choice is not None:
+            return choice
+        if requested != "auto":
+            raise JetpipeError(f"backend {requested}: {why}")
+        if engine.get("built"):
+            log.info("the bundle's engine is not used: %s; running ONNX Runtime", why)
     try:
         import onnxruntime as ort
     except ImportError:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from jetpipe.errors import JetpipeError
 
 PROVIDERS = ("cpu", "cuda")
@@ -45,8 +47,6 @@ def run_in_batches(session, inputs, batch: int = 4, names=None) -> list:
     """session.run over `inputs` a few rows at a time, each output concatenated along axis 0.
 
     Never more rows per run than a model with a fixed batch takes (a batch-1 export runs one at a time)."""
-    import numpy as np
-
     meta = session.get_inputs()[0]
     fixed = meta.shape[0] if meta.shape else None
     if isinstance(fixed, int) and fixed > 0:

@@ -14,12 +14,9 @@ import numpy as np
 
 from jetpipe.errors import EngineError
 from jetpipe.runtime.backends import TensorSpec
+from jetpipe.runtime.trt_builder import RTX_TARGET_OF, import_family, make_logger
 
 log = logging.getLogger(__name__)
-
-
-# compute capability -> TensorRT-RTX target name: the GPUs TensorRT-RTX 1.7 runs on
-RTX_TARGET_OF = {"7.5": "sm75", "8.0": "sm80", "8.6": "sm86", "8.9": "sm89", "12.0": "sm120", "12.1": "sm121"}
 
 
 def engine_family(engine: dict) -> str:
@@ -81,8 +78,6 @@ class TensorRTBackend:
     family: tensorrt or tensorrt-rtx (the same runtime API)."""
 
     def __init__(self, plan: bytes, max_batch: int, use_cuda_graphs: bool = True, family: str = "tensorrt"):
-        from jetpipe.runtime.trt_builder import import_family, make_logger
-
         trt = import_family(family)
         if trt is None:
             raise EngineError(f"{family} is not installed")

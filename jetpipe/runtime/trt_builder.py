@@ -17,6 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from jetpipe.bundle import atomic_write
 from jetpipe.errors import EngineError
 from jetpipe.runtime.probe import probe_gpu
@@ -26,7 +28,9 @@ log = logging.getLogger(__name__)
 
 ENGINE_FAMILIES = ("auto", "tensorrt", "tensorrt-rtx")
 _MODULES = {"tensorrt": ("tensorrt",), "tensorrt-rtx": ("tensorrt_rtx", "tensorrt_rtx_bindings")}
-RTX_TARGETS = ("sm75", "sm80", "sm86", "sm89", "sm120", "sm121")  # TensorRT-RTX 1.7's ComputeCapability
+# compute capability -> TensorRT-RTX 1.7 target (its ComputeCapability): the GPUs its engines run on
+RTX_TARGET_OF = {"7.5": "sm75", "8.0": "sm80", "8.6": "sm86", "8.9": "sm89", "12.0": "sm120", "12.1": "sm121"}
+RTX_TARGETS = tuple(RTX_TARGET_OF.values())
 RTX_DEFAULT_TARGETS = ("sm86", "sm89", "sm120")  # RTX 30, 40 and 50 series
 
 
@@ -144,9 +148,11 @@ def describe_network(trt, network, profile, input_name: str) -> dict:
 
 
 def _dtype_name(trt, dtype) -> str:
-    names = {trt.DataType.FLOAT: "float32", trt.DataType.HALF: "float16", trt.DataType.INT8: "int8",
-             trt.DataType.INT32: "int32", trt.DataType.BOOL: "bool"}
-    return names.get(dtype, str(dtype).rsplit(".", 1)[-1].lower())
+    """numpy's name for a TensorRT dtype (trt.nptype, as the backend uses), else the enum's (bf16, fp8...)."""
+    try:
+        return np.dtype(trt.nptype(dtype)).name
+    except TypeError:
+        return str(dtype).rsplit(".", 1)[-1].lower()
 
 
 def _parser_errors(parser) -> str:
