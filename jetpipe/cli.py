@@ -14,17 +14,30 @@ import signal
 import sys
 from pathlib import Path
 
+from jetpipe import __version__, bundle
+from jetpipe.calibration.accuracy import AccuracyOptions, run_accuracy
+from jetpipe.calibration.latency import LatencyOptions, run_latency
+from jetpipe.calibration.search import excluded_from_report
+from jetpipe.cli_values import parse_batches, parse_size, parse_targets, parse_triple, positive_seconds
+from jetpipe.convert import ConvertOptions, convert
+from jetpipe.convert.pipeline import ENGINE_MODES, PRECISIONS
+from jetpipe.convert.prune import ALLOCATIONS
+from jetpipe.convert.prune import METHODS as PRUNE_METHODS
+from jetpipe.convert.stats import METHODS
+from jetpipe.doctor import run_doctor
 from jetpipe.errors import JetpipeError
+from jetpipe.models import resolve
+from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
+from jetpipe.pipelines.serve import demo, serve
+from jetpipe.pipelines.sources import DECODERS
+from jetpipe.report import print_summary
+from jetpipe.runtime.cuda import MEMORY_MODES
+from jetpipe.runtime.runtime import BACKENDS
+from jetpipe.runtime.trt_builder import ENGINE_FAMILIES, RTX_DEFAULT_TARGETS, RTX_TARGETS
+from jetpipe.spec import CHANNEL_ORDERS, PRESETS, RESIZE_MODES, preset
 
 
 def _add_convert(sub) -> None:
-    from jetpipe.convert.pipeline import ENGINE_MODES, PRECISIONS
-    from jetpipe.convert.prune import ALLOCATIONS
-    from jetpipe.convert.prune import METHODS as PRUNE_METHODS
-    from jetpipe.convert.stats import METHODS
-    from jetpipe.runtime.trt_builder import ENGINE_FAMILIES, RTX_DEFAULT_TARGETS, RTX_TARGETS
-    from jetpipe.spec import CHANNEL_ORDERS, PRESETS, RESIZE_MODES
-
     p = sub.add_parser("convert", help="ONNX -> FP16/INT8 -> TensorRT engine bundle",
                        description="Convert an ONNX model (or a built-in model name, e.g. ppocr-det) "
                                    "into a bundle folder.")
@@ -89,10 +102,6 @@ def _add_convert(sub) -> None:
 
 
 def _convert_options(args):
-    from jetpipe.convert import ConvertOptions
-    from jetpipe.models import resolve
-    from jetpipe.spec import parse_size, parse_triple, preset
-
     model_path, builtin = resolve(args.model)
     spec = preset(args.preset or (builtin.preset if builtin else "none"))
     spec = spec.replace(scale=args.scale, channel_order=args.channel_order, resize=args.resize,
@@ -102,8 +111,6 @@ def _convert_options(args):
     size = parse_size(args.input_size) if args.input_size else (builtin.input_size if builtin else None)
     exclude, auto_exclude = tuple(args.exclude), not args.no_auto_exclude
     if args.exclude_from:
-        from jetpipe.calibration.search import excluded_from_report
-
         # the report lists everything to keep in float, measured sensitive layers included
         exclude, auto_exclude = exclude + tuple(excluded_from_report(args.exclude_from)), False
     return ConvertOptions(
@@ -111,7 +118,7 @@ def _convert_options(args):
         calib_size=args.calib_size, calib_method=args.calib_method, calib_batch=max(1, args.calib_batch),
         calib_cache=args.calib_cache, max_batch=args.max_batch, input_size=size, spec=spec,
         exclude=exclude, auto_exclude=auto_exclude, engine=args.engine, prune=args.prune,
-        engine_family=args.engine_family, rtx_targets=_targets(args.rtx_targets),
+        engine_family=args.engine_family, rtx_targets=parse_targets(args.rtx_targets),
         prune_method=args.prune_method, prune_allocation=args.prune_allocation, prune_align=args.prune_align,
         workspace_mb=args.workspace, timing_cache=args.timing_cache, sparsity=args.sparsity,
         dla_core=args.dla, force=args.force, task=builtin.task if builtin else None,
@@ -119,9 +126,6 @@ def _convert_options(args):
 
 
 def _run_convert(args) -> int:
-    from jetpipe.convert import convert
-    from jetpipe.report import print_summary
-
     manifest = convert(_convert_options(args))
     print_summary(args.output, manifest)
     return 0
@@ -137,8 +141,6 @@ def _add_inspect(sub) -> None:
 def _run_inspect(args) -> int:
     import json
 
-    from jetpipe import bundle
-    from jetpipe.report import print_summary
 
     manifest = bundle.read_manifest(args.bundle)
     problems = bundle.verify(args.bundle)
@@ -164,17 +166,10 @@ def _add_doctor(sub) -> None:
 
 
 def _run_doctor(args) -> int:
-    from jetpipe.doctor import run_doctor
-
     return run_doctor(trt_selftest=args.trt)
 
 
 def _add_serve(sub) -> None:
-    from jetpipe.pipelines.config import POSTPROCESS_PLACES
-    from jetpipe.pipelines.sources import DECODERS
-    from jetpipe.runtime.cuda import MEMORY_MODES
-    from jetpipe.runtime.runtime import BACKENDS
-
     p = sub.add_parser("serve", help="run the video-stream daemon",
                        description="Sources -> batched GPU inference -> postprocessing -> sinks. "
                                    "A CONFIG.toml, or flags (which also override the file).")
@@ -207,14 +202,11 @@ def _add_serve(sub) -> None:
 
 
 def _run_serve(args) -> int:
-    from jetpipe.pipelines.serve import serve
-
     return serve(_serve_config(args))
 
 
 def _serve_config(args):
     """A config file, with flags overriding it, or flags alone."""
-    from jetpipe.pipelines.config import ConfigError, PipelineConfig, SourceConfig, load, validate
 
     if args.config:
         config = load(args.config)
@@ -239,41 +231,21 @@ def _serve_config(args):
 
 
 def _add_demo(sub) -> None:
-    from jetpipe.runtime.runtime import BACKENDS
-
     p = sub.add_parser("demo", help="convert the built-in model and serve two synthetic cameras")
-    p.add_argument("--duration", type=_positive_seconds, default=10.0, help="seconds to serve")
+    p.add_argument("--duration", type=positive_seconds, default=10.0, help="seconds to serve")
     p.add_argument("--bundle-dir", default="bundles/demo-ppocr-det", help="where the converted model goes")
     p.add_argument("--sink", action="append", metavar="SPEC", help="also write results here")
     p.add_argument("--backend", choices=BACKENDS, help="inference backend (default auto)")
     p.set_defaults(run=_run_demo)
 
 
-def _targets(text: str) -> tuple[str, ...]:
-    """'sm86,SM89' -> ('sm86', 'sm89'); the convert step names what is not a target."""
-    return tuple(part.strip().lower() for part in text.split(",") if part.strip())
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
-    return value
 
 
 def _run_demo(args) -> int:
-    from jetpipe.pipelines.serve import demo
-
     return demo(args.duration, args.bundle_dir, args.sink, args.backend)
 
 
 def _add_calibrate(sub) -> None:
-    from jetpipe.runtime.cuda import MEMORY_MODES
-    from jetpipe.runtime.runtime import BACKENDS
-
     p = sub.add_parser("calibrate", help="accuracy and latency reports for a bundle")
     what = p.add_subparsers(dest="what", required=True)
     a = what.add_parser("accuracy", help="bundle vs FP32 on real data; per-layer errors; precision search",
@@ -305,8 +277,6 @@ def _add_calibrate(sub) -> None:
 
 
 def _run_accuracy(args) -> int:
-    from jetpipe.calibration.accuracy import AccuracyOptions, run_accuracy
-
     report = run_accuracy(AccuracyOptions(
         bundle=args.bundle, data=args.data, report=args.report, reference=args.reference, task=args.task,
         samples=args.samples, provider=args.provider, budget=args.budget, search=not args.no_search,
@@ -318,13 +288,7 @@ def _run_accuracy(args) -> int:
 
 
 def _run_latency(args) -> int:
-    from jetpipe.calibration.latency import LatencyOptions, run_latency
-    from jetpipe.errors import JetpipeError
-
-    try:
-        batches = tuple(int(b) for b in args.batch.split(","))
-    except ValueError:
-        raise JetpipeError(f"--batch {args.batch!r}: comma-separated integers, e.g. 1,2,4,8") from None
+    batches = parse_batches(args.batch)
     run_latency(LatencyOptions(bundle=args.bundle, report=args.report, batches=batches,
                                iterations=args.iterations, warmup=args.warmup, source=args.source,
                                backend=args.backend, memory=args.memory, force=args.force))
@@ -361,8 +325,6 @@ def parsers(parser: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jetpipe import __version__
-
     parser = _Parser(prog="jetpipe", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"jetpipe {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")

@@ -7,7 +7,10 @@ import shutil
 import subprocess
 import sys
 
+from jetpipe import __version__
 from jetpipe.runtime.probe import probe_gpu
+from jetpipe.runtime.trt_builder import import_family, import_tensorrt
+from jetpipe.runtime.trt_selftest import run_rtx_build_check, run_selftest
 
 
 def _line(label: str, value: str) -> None:
@@ -42,9 +45,6 @@ def _nvcc() -> str:
 
 
 def run_doctor(trt_selftest: bool = False) -> int:
-    from jetpipe import __version__
-    from jetpipe.runtime.trt_builder import import_family, import_tensorrt
-
     _line("jetpipe", __version__)
     _line("python", f"{platform.python_version()} ({sys.executable})")
     _line("platform", f"{platform.system()} {platform.machine()}")
@@ -62,6 +62,5 @@ def run_doctor(trt_selftest: bool = False) -> int:
     if trt is None and rtx is None:
         print("error: --trt needs TensorRT or TensorRT-RTX installed", file=sys.stderr)
         return 2
-    from jetpipe.runtime.trt_selftest import run_rtx_build_check, run_selftest
 
     return run_selftest() if trt is not None else run_rtx_build_check()

@@ -1,50 +1,19 @@
 """CPU reference preprocessing (OpenCV + numpy).
 
 Used for calibration data and the CPU runtime, and the reference the fused GPU
-kernels are tested against, so the geometry here is the definition.
+kernels are tested against; the letterbox geometry both follow is jetpipe.geometry.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import cv2
 import numpy as np
 
+from jetpipe.frames import ColourMatrix, frame_size, native_planes, to_rgb_float
+from jetpipe.geometry import Letterbox, affine, fit
+from jetpipe.lazy import lazy_import
 from jetpipe.spec import PreprocessSpec
 
-
-@dataclass(frozen=True)
-class Letterbox:
-    """Maps network-input pixels back to source pixels: src = (net - pad) / scale."""
-
-    scale_x: float
-    scale_y: float
-    pad_x: int
-    pad_y: int
-
-    def to_source(self, xy: np.ndarray) -> np.ndarray:
-        """Network-input (x, y) coordinates, last axis of size 2 -> source coordinates."""
-        pad = np.array([self.pad_x, self.pad_y], dtype=np.float64)
-        scale = np.array([self.scale_x, self.scale_y], dtype=np.float64)
-        return (np.asarray(xy, dtype=np.float64) - pad) / scale
-
-
-def fit(src_hw: tuple[int, int], dst_hw: tuple[int, int], mode: str) -> tuple[tuple[int, int], Letterbox]:
-    """Resized (h, w) of the content and its placement inside dst for a resize mode."""
-    (sh, sw), (dh, dw) = src_hw, dst_hw
-    if mode == "stretch":
-        return (dh, dw), Letterbox(dw / sw, dh / sh, 0, 0)
-    r = min(dh / sh, dw / sw)
-    nh, nw = max(1, round(sh * r)), max(1, round(sw * r))
-    return (nh, nw), Letterbox(nw / sw, nh / sh, (dw - nw) // 2, (dh - nh) // 2)
-
-
-def affine(spec: PreprocessSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Per output channel (mul, add) with normalized = pixel * mul + add, in the network's order."""
-    mul = np.float32(spec.scale) / np.asarray(spec.std, np.float32)
-    add = -np.asarray(spec.mean, np.float32) / np.asarray(spec.std, np.float32)
-    return mul.astype(np.float32), add.astype(np.float32)
+cv2 = lazy_import("cv2")
 
 
 def _normalize_into(content: np.ndarray, box: Letterbox, size_hw, spec: PreprocessSpec,
@@ -78,8 +47,6 @@ def preprocess_frame(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec
     """Any camera frame (see jetpipe.frames) -> network input: the GPU kernel's reference.
 
     Colour conversion in float at full resolution, then float bilinear resize."""
-    from jetpipe.frames import frame_size, to_rgb_float
-
     height, width = frame_size(frame, fmt)
     rgb = to_rgb_float(frame, fmt, height, width, matrix)
     (nh, nw), box = fit((height, width), size_hw, spec.resize)
@@ -98,8 +65,6 @@ def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int],
     """The CPU runtime's path: OpenCV's integer decoders where they apply (BT.601 limited range,
     what OpenCV implements), then the uint8 resize. Within 1.5 8-bit steps of preprocess_frame (both
     round to uint8), several times faster; other standards and ranges take the exact float path."""
-    from jetpipe.frames import ColourMatrix, frame_size
-
     if fmt == "bgr":
         return preprocess_bgr(frame, size_hw, spec, out)
     if fmt == "rgb":
@@ -120,8 +85,6 @@ def _preprocess_yuv_resized_first(frame, fmt, size_hw, spec, matrix, out):
     resize the Y, U and V planes (uint8, OpenCV) to the network's size first, then convert colour there.
     The conversion is affine and the resize linear, so the order changes only rounding and where
     chroma is sampled; an HD frame costs a ninth of the full-resolution float conversion."""
-    from jetpipe.frames import frame_size, native_planes
-
     height, width = frame_size(frame, fmt)
     (nh, nw), box = fit((height, width), size_hw, spec.resize)
     y, u, v = (cv2.resize(plane, (nw, nh), interpolation=cv2.INTER_LINEAR).astype(np.float32)

@@ -74,26 +74,3 @@ def preset(name: str) -> PreprocessSpec:
         raise JetpipeError(
             f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}"
         ) from None
-
-
-def parse_triple(text: str, what: str) -> tuple[float, float, float]:
-    """'0.485,0.456,0.406' -> (0.485, 0.456, 0.406), with an error naming the flag."""
-    try:
-        values = tuple(float(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 3:
-        raise JetpipeError(f"--{what} {text!r} must be three comma-separated numbers, e.g. 0.5,0.5,0.5")
-    return values  # type: ignore[return-value]
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """'640x480' -> (640, 480) as (height, width)."""
-    parts = text.lower().split("x")
-    try:
-        h, w = (int(p) for p in parts)
-    except ValueError:
-        raise JetpipeError(f"--input-size {text!r} must look like HxW, e.g. 640x640") from None
-    if h <= 0 or w <= 0:
-        raise JetpipeError(f"--input-size {text!r}: height and width must be positive")
-    return h, w

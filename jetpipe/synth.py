@@ -8,9 +8,14 @@ as the default calibration set, by the synthetic camera and by the tests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+
+from jetpipe.lazy import lazy_import
+
+cv2 = lazy_import("cv2")
 
 _SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "shi", "ber", "don", "gen", "pla",
               "qu", "str", "ix", "on", "em", "ar", "ul", "zy")
@@ -78,9 +83,6 @@ def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_word
 
 def write_text_images(folder, count: int, seed: int = 0, size_hw: tuple[int, int] = (480, 640)):
     """Write `count` PNG images to `folder` (a calibration set on disk)."""
-    from pathlib import Path
-
-    import cv2
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

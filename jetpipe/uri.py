@@ -23,6 +23,7 @@ from jetpipe.errors import JetpipeError
 NETWORK_SCHEMES = ("rtsp", "rtsps", "rtmp", "http", "https", "udp", "tcp", "srt")
 SCHEMES = ("csi", "v4l2", "file", "synthetic", "gst", *NETWORK_SCHEMES)
 LIVE_SCHEMES = ("csi", "v4l2", "synthetic", *NETWORK_SCHEMES)
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}  # what an image folder holds
 EXAMPLES = ("csi://0", "v4l2:///dev/video0", "rtsp://host/path", "file://clip.mp4", "a path",
             "synthetic://1280x720@30/nv12", "gst:PIPELINE")
 

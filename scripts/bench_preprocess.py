@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jetpipe.frames import ColourMatrix, from_bgr  # noqa: E402
-from jetpipe.preprocess import affine  # noqa: E402
+from jetpipe.geometry import affine  # noqa: E402
 from jetpipe.spec import PRESETS  # noqa: E402
 from jetpipe.synth import render_text_image  # noqa: E402
 

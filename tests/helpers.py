@@ -37,15 +37,60 @@ def residual_cnn(size: int = 16, batch="batch", opset: int = 17, seed: int = 0) 
     return model
 
 
-def fixed_batch_reshape(size: int = 8) -> onnx.ModelProto:
-    """Batch 1 with a Reshape to a hard-coded [1, -1]: cannot be made dynamic."""
+def batch_collapsing_net(size: int = 8) -> onnx.ModelProto:
+    """Batch 1 whose graph sums over the batch axis (ReduceSum axis 0), then Reshapes to a literal
+    [1, -1]: no rewriting of batch literals can make it batch."""
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
     shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["r"], name="sum_over_batch", keepdims=1),
              helper.make_node("Reshape", ["r", "shape"], ["y"], name="reshape")]
-    graph = helper.make_graph(nodes, "fixed",
+    graph = helper.make_graph(nodes, "collapsing",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3 * size * size])],
-                              [shape])
+                              [axes, shape])
+    return _model(graph, 17)
+
+
+def baked_batch_head(size: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """A detector head exported the default way (static batch 1): a YOLOv8-style DFL Reshape to the
+    literal [1, 4, 16, N] and a YOLOX-style Reshape to [1, C, -1], whose 1s only a rewrite can free."""
+    rng = np.random.default_rng(seed)
+    n = size * size
+    inits = [_init("w", rng.standard_normal((64, 3, 3, 3)).astype(np.float32) * 0.3),
+             numpy_helper.from_array(np.array([1, 4, 16, n], np.int64), "dfl_shape"),
+             numpy_helper.from_array(np.array([1, 4, n], np.int64), "box_shape"),
+             numpy_helper.from_array(np.array([1, 64, -1], np.int64), "cls_shape")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["f"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["f", "dfl_shape"], ["d"], name="dfl_reshape"),
+             helper.make_node("Softmax", ["d"], ["p"], name="dfl_softmax", axis=2),
+             helper.make_node("ReduceMax", ["p"], ["m"], name="dfl_reduce", axes=[2], keepdims=0),
+             helper.make_node("Reshape", ["m", "box_shape"], ["boxes"], name="box_reshape"),
+             helper.make_node("Reshape", ["f", "cls_shape"], ["c"], name="cls_reshape"),
+             helper.make_node("Sigmoid", ["c"], ["scores"], name="cls_sigmoid")]
+    graph = helper.make_graph(nodes, "baked",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 4, n]),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 64, n])],
+                              inits)
+    return _model(graph, 17)
+
+
+def time_major_recognizer(batch="N", declared=None, shape_reshape: bool = False) -> onnx.ModelProto:
+    """A CRNN-style recognizer, x [N, 3, 8, 32] -> y [T=32, N, C=16] (time-major). shape_reshape: end with
+    Reshape(t, Shape(t)), an identity that folding against a wrong declared output shape breaks."""
+    rng = np.random.default_rng(5)
+    inits = [_init("w", rng.standard_normal((16, 3, 8, 1)) * 0.3),
+             numpy_helper.from_array(np.array([2], np.int64), "axes")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Squeeze", ["c", "axes"], ["s"], name="squeeze"),
+             helper.make_node("Transpose", ["s"], ["t" if shape_reshape else "y"], name="time_major", perm=[2, 0, 1])]
+    if shape_reshape:
+        nodes += [helper.make_node("Shape", ["t"], ["t_shape"], name="shape"),
+                  helper.make_node("Reshape", ["t", "t_shape"], ["y"], name="final_reshape")]
+    graph = helper.make_graph(nodes, "crnn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared or [32, batch, 16])],
+                              inits)
     return _model(graph, 17)
 
 

@@ -37,7 +37,7 @@ def test_int8_bundle_round_trip(tiny, images, no_tmp_leftovers, capsys):
     assert manifest["precision"] == "int8"
     batch = manifest["batch"]
     assert {k: batch[k] for k in ("min", "max", "made_dynamic")} == {"min": 1, "max": 4, "made_dynamic": True}
-    assert set(batch) == {"min", "max", "made_dynamic", "max_relative_difference"}
+    assert set(batch) == {"min", "max", "made_dynamic", "max_relative_difference", "rewritten_reshapes"}
     assert 0 <= batch["max_relative_difference"] < 1e-5  # batch-3 == three batch-1 runs, to float rounding
     assert manifest["io"]["inputs"][0]["shape"] == ["batch", 3, 16, 16]
     assert manifest["calibration"]["samples"] == 6
@@ -182,11 +182,11 @@ def test_interrupt_during_write_keeps_old_bundle(tiny, no_tmp_leftovers, monkeyp
 
 
 def test_fixed_batch_graph_is_refused(tmp_path, capsys):
-    from tests.helpers import fixed_batch_reshape
+    from tests.helpers import batch_collapsing_net
 
-    path = save(fixed_batch_reshape(), tmp_path / "fixed.onnx")
+    path = save(batch_collapsing_net(), tmp_path / "fixed.onnx")
     assert main(["convert", path, "-o", str(tmp_path / "b"), "--quiet"]) == 2
-    assert "fixes that size" in _error(capsys)
+    assert "fixes that size (ReduceSum 'sum_over_batch' turns [3, 3, 8, 8] into [1, 3, 8, 8]" in _error(capsys)
     assert main(["convert", path, "-o", str(tmp_path / "b"), "--max-batch", "1", "--quiet"]) == 0
 
 

@@ -1,9 +1,11 @@
 import numpy as np
 import pytest
 
+from jetpipe.cli_values import parse_size, parse_triple
 from jetpipe.errors import JetpipeError
-from jetpipe.preprocess import fit, preprocess_bgr
-from jetpipe.spec import PRESETS, PreprocessSpec, parse_size, parse_triple
+from jetpipe.geometry import fit
+from jetpipe.preprocess import preprocess_bgr
+from jetpipe.spec import PRESETS, PreprocessSpec
 
 
 def test_letterbox_geometry_maps_back_to_source():
@@ -56,7 +58,8 @@ def test_parsers():
 @pytest.mark.parametrize("fmt", ["nv12", "i420", "yuyv", "uyvy", "bgr", "rgb"])
 def test_fast_cpu_path_stays_within_one_step_of_the_reference(fmt):
     from jetpipe.frames import from_bgr
-    from jetpipe.preprocess import affine, preprocess_frame, preprocess_frame_fast
+    from jetpipe.geometry import affine
+    from jetpipe.preprocess import preprocess_frame, preprocess_frame_fast
     from jetpipe.synth import render_text_image
 
     frame = from_bgr(render_text_image(7, (240, 320)).bgr, fmt)
@@ -75,7 +78,8 @@ def test_fast_cpu_path_stays_within_one_step_of_the_reference(fmt):
 def test_fast_cpu_path_for_hd_video_standards_stays_close_to_the_reference(fmt, standard, value_range):
     """BT.709 / full range (which OpenCV's decoders lack): planes resized first, then converted."""
     from jetpipe.frames import ColourMatrix, from_bgr
-    from jetpipe.preprocess import affine, preprocess_frame, preprocess_frame_fast
+    from jetpipe.geometry import affine
+    from jetpipe.preprocess import preprocess_frame, preprocess_frame_fast
     from jetpipe.synth import render_text_image
 
     matrix = ColourMatrix.of(standard, value_range)

@@ -18,8 +18,12 @@ import onnx
 
 from jetpipe import bundle as bundles
 from jetpipe.calibration import metrics as m
+from jetpipe.calibration import reports
 from jetpipe.calibration.evaluate import Context, compare, run_outputs
+from jetpipe.calibration.layers import localise
 from jetpipe.calibration.search import search
+from jetpipe.convert.calib_data import open_source
+from jetpipe.convert.pipeline import prepare
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.postprocess import POSTPROCESSORS
 from jetpipe.progress import bar
@@ -54,9 +58,6 @@ class AccuracyOptions:
 
 
 def prepare_context(opts: AccuracyOptions) -> Context:
-    from jetpipe.convert.calib_data import open_source
-    from jetpipe.convert.pipeline import prepare
-
     manifest = bundles.load(opts.bundle)
     task = opts.task or manifest.get("task") or "raw"
     if task not in TASKS:
@@ -99,8 +100,6 @@ def _check_budget_metric(budget: str | None, task: str) -> None:
 
 def run_accuracy(opts: AccuracyOptions) -> dict:
     """Compare, localise, search (with a budget) and write the report folder."""
-    from jetpipe.calibration import reports
-    from jetpipe.calibration.layers import localise
 
     if opts.budget:
         m.parse_budget(opts.budget)  # fail before any work
@@ -131,8 +130,6 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
 
 
 def _accuracy_plots(ctx: Context, report: dict, bundle_outputs: list[np.ndarray]) -> dict:
-    from jetpipe.calibration import reports
-
     plots = {}
     diff = np.abs(ctx.reference_outputs()[0].astype(np.float64) - bundle_outputs[0]).ravel()
     plots["error_histogram.png"] = reports.histogram(diff, f"|{report['precision']} - fp32| of "

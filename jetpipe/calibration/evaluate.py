@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 
 from jetpipe.calibration import metrics as m
+from jetpipe.pipelines.postprocess import YoloDetection
+from jetpipe.preprocess import Letterbox
 from jetpipe.runtime.sessions import ort_session, run_in_batches
 
 
@@ -47,9 +49,6 @@ def task_metrics(task: str, ref: list[np.ndarray], out: list[np.ndarray], input_
         top1 = m.topk_agreement(r, o, 1)
         return {"top1": top1, "top5": m.topk_agreement(r, o, 5), "top1_drop": (1 - top1) * 100}
     if task == "detection-yolo":
-        from jetpipe.pipelines.postprocess import YoloDetection
-        from jetpipe.preprocess import Letterbox
-
         post = YoloDetection(input_hw=tuple(input_hw))
         boxes = [Letterbox(1.0, 1.0, 0, 0)] * len(r)
         sizes = [tuple(input_hw)] * len(r)

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
+from jetpipe import bundle as bundles
+from jetpipe.calibration import reports
 from jetpipe.errors import JetpipeError
+from jetpipe.frames import frame_shape
+from jetpipe.pipelines.postprocess import make_postprocessor
+from jetpipe.pipelines.sources import SyntheticCamera
+from jetpipe.runtime.api import Frame
+from jetpipe.runtime.probe import probe_gpu
+from jetpipe.runtime.runtime import open_runtime
+from jetpipe.uri import parse as parse_uri
 
 
 @dataclass
@@ -39,10 +48,6 @@ def _rss_mb() -> float:
 
 def _frames(uri: str, count: int):
     """`count` frames from a synthetic source spec (allocated before timing)."""
-    from jetpipe.frames import frame_shape
-    from jetpipe.pipelines.sources import SyntheticCamera
-    from jetpipe.runtime.api import Frame
-    from jetpipe.uri import parse as parse_uri
 
     if parse_uri(uri).scheme != "synthetic":
         raise JetpipeError(f"--source {uri!r}: latency runs use synthetic://WxH/FORMAT frames")
@@ -64,11 +69,6 @@ def _stats(values) -> dict:
 
 
 def run_latency(opts: LatencyOptions) -> dict:
-    from jetpipe import bundle as bundles
-    from jetpipe.calibration import reports
-    from jetpipe.pipelines.postprocess import make_postprocessor
-    from jetpipe.runtime.runtime import open_runtime
-
     if not opts.batches or min(opts.batches) < 1:
         raise JetpipeError(f"--batch {','.join(map(str, opts.batches))}: batch sizes must be >= 1")
     if opts.iterations < 1:
@@ -87,7 +87,7 @@ def run_latency(opts: LatencyOptions) -> dict:
     finally:
         runtime.close()
     report = {"bundle": str(opts.bundle), "precision": manifest["precision"], "backend": runtime.backend_name,
-              "memory": getattr(runtime, "memory", "host"), "source": opts.source, "iterations": opts.iterations,
+              "memory": runtime.memory, "source": opts.source, "iterations": opts.iterations,
               "warmup": opts.warmup, "device": device, "rss_mb": {"before": rss_before, "after": _rss_mb()},
               "versions": manifest["versions"] | _versions(), "batches": rows}
     reports.write(opts.report, report, latency_markdown(report), _plots(rows))
@@ -121,18 +121,13 @@ def _versions() -> dict:
     import onnxruntime
 
     out = {"onnxruntime_runtime": onnxruntime.__version__}
-    try:
-        import pycuda
-
-        out["pycuda"] = pycuda.VERSION_TEXT
-    except ImportError:
-        pass
+    pycuda = probe_gpu().pycuda
+    if pycuda:
+        out["pycuda"] = pycuda
     return out
 
 
 def _plots(rows) -> dict:
-    from jetpipe.calibration import reports
-
     x = [r["batch"] for r in rows]
     stage_names = list(rows[0]["stages_ms"])
     return {

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from jetpipe.calibration import metrics as m
 from jetpipe.calibration.evaluate import compare
-from jetpipe.convert import graph
+from jetpipe.calibration.layers import localise
+from jetpipe.convert import calib_cache, fp16, graph, int8, sensitivity
 from jetpipe.errors import JetpipeError
 from jetpipe.progress import silent
 
@@ -38,8 +39,6 @@ class Rebuilder:
     """Builds the bundle's precision from its FP32 base with a given set of float nodes."""
 
     def __init__(self, ctx, bundle_dir):
-        from jetpipe.convert import calib_cache
-
         self.ctx, self.precision = ctx, ctx.manifest["precision"]
         if self.precision not in ("int8", "fp16"):
             raise JetpipeError(f"a {self.precision} bundle has nothing to keep in higher precision")
@@ -49,17 +48,12 @@ class Rebuilder:
             self.ranges = calib_cache.load(bundle_dir).ranges
 
     def build(self, extra: set[str]):
-        from jetpipe.convert import fp16, int8
-
         keep = set(self.base) | extra
         if self.precision == "int8":
             return int8.quantize(self.ctx.reference, int8.plan(self.ctx.reference, keep), self.ranges)
         return fp16.convert(self.ctx.reference, keep)
 
     def ranking(self, progress=silent) -> list[str]:
-        from jetpipe.calibration.layers import localise
-        from jetpipe.convert import int8, sensitivity
-
         fixed = graph.image_input(self.ctx.reference).dims[0]  # a batch-1 export takes one row per run
         sample = self.ctx.inputs[:min(2, fixed) if isinstance(fixed, int) else 2]
         if self.precision == "int8":

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jetpipe.calibration.metrics import mean_abs_error, per_sample_f1
+from jetpipe.pipelines.postprocess import TextDetection
 from jetpipe.preprocess import preprocess_bgr
 from jetpipe.runtime.sessions import run_in_batches
 from jetpipe.spec import PreprocessSpec
@@ -72,7 +73,6 @@ def detection_hmean(predicted: list[np.ndarray], truths: list[np.ndarray], thres
 
 def boxes_of(probabilities: np.ndarray, letterboxes, source_hw: tuple[int, int] = (480, 640)) -> list[np.ndarray]:
     """DB postprocessing (the pipeline's TextDetection) of (N, 1, H, W) maps -> source-pixel boxes."""
-    from jetpipe.pipelines.postprocess import TextDetection
 
     post = TextDetection()
     return [np.array(post.one(p, box, source_hw)["boxes"], np.float64).reshape(-1, 4)

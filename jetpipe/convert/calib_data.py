@@ -12,18 +12,20 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from jetpipe import uri as uris
 from jetpipe.bundle import sha256_file
 from jetpipe.errors import CalibrationError
+from jetpipe.lazy import lazy_import
 from jetpipe.preprocess import preprocess_bgr
 from jetpipe.spec import PreprocessSpec
+from jetpipe.synth import render_text_image
+
+cv2 = lazy_import("cv2")
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg"}
 SYNTHETIC = "synthetic"
 
@@ -66,10 +68,10 @@ class CalibrationSource:
 class ImageFolder(CalibrationSource):
     def __init__(self, folder: Path, size_hw, spec, limit):
         super().__init__(size_hw, spec, limit)
-        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in uris.IMAGE_SUFFIXES)
         if not files:
             raise CalibrationError(
-                f"calibration folder {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}); "
+                f"calibration folder {folder} holds no images ({', '.join(sorted(uris.IMAGE_SUFFIXES))}); "
                 "point --calib at a folder of images, a video or a .npy file"
             )
         self.folder, self.files = folder, files[:limit]
@@ -175,8 +177,6 @@ class SyntheticText(CalibrationSource):
         return self.limit
 
     def frames(self):
-        from jetpipe.synth import render_text_image
-
         for i in range(self.limit):
             yield render_text_image(self.seed + i, self.size_hw).bgr
 

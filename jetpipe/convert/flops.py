@@ -10,6 +10,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from jetpipe.convert.graph import GraphIndex
+from jetpipe.convert.ops import policy
+
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
     inferred = onnx.shape_inference.infer_shapes(model)
@@ -22,11 +25,11 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
 
 def layer_costs(model: onnx.ModelProto) -> list[dict]:
     """Per compute node: weight parameters (non-zero and total) and FLOPs for one sample."""
-    inits = {t.name: t for t in model.graph.initializer}
+    inits = GraphIndex(model.graph).initializers
     shapes = _shapes(model)
     rows = []
     for node in model.graph.node:
-        if node.op_type not in ("Conv", "ConvTranspose", "Gemm", "MatMul"):
+        if policy(node.op_type).weights is None:
             continue
         weight = next((inits[i] for i in node.input[1:2] if i in inits), None)
         if weight is None:

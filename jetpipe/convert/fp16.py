@@ -15,21 +15,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from jetpipe.convert.graph import clone
+from jetpipe.convert import ops
+from jetpipe.convert.graph import GraphIndex, clone
+from jetpipe.convert.ops import policy
 
 log = logging.getLogger(__name__)
 
 FP16_MAX = 65504.0
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
-
-# Inputs that the ONNX spec requires to be float32 whatever the data type.
-FP32_INPUTS: dict[str, set[int]] = {"Resize": {1, 2}, "Upsample": {1}}
-# Ops computed in float32 regardless (numerically delicate or no fp16 kernels).
-FP32_OPS = {"Range", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-            "EyeLike", "NonMaxSuppression", "TopK", "Einsum"}
-# Reductions: an fp16 sum of many large values overflows even when the mean fits.
-REDUCTIONS = {"GlobalAveragePool", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceSumSquare",
-              "AveragePool", "Softmax", "LayerNormalization", "InstanceNormalization"}
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -44,9 +37,9 @@ def convert(model: onnx.ModelProto, keep_fp32: set[str]) -> onnx.ModelProto:
     model = clone(model)
     graph = model.graph
     types = _value_types(model)
-    inits = {t.name: t for t in graph.initializer}
+    inits = GraphIndex(graph).initializers
     nodes = [clone(n) for n in graph.node]
-    half = [n.name not in keep_fp32 and n.op_type not in FP32_OPS and n.domain in ("", "ai.onnx")
+    half = [n.name not in keep_fp32 and policy(n.op_type).fp16 != ops.FLOAT32 and n.domain in ("", "ai.onnx")
             for n in nodes]
     produced: dict[str, int] = {i.name: FLOAT for i in graph.input}  # actual dtype of each float tensor
     casts: dict[tuple[str, int], str] = {}
@@ -75,7 +68,7 @@ def convert(model: onnx.ModelProto, keep_fp32: set[str]) -> onnx.ModelProto:
         return casts[key]
 
     for node, is_half in zip(nodes, half):
-        fixed = FP32_INPUTS.get(node.op_type, set())
+        fixed = policy(node.op_type).fp32_inputs
         for i, name in enumerate(node.input):
             if name and types.get(name) == FLOAT:
                 node.input[i] = as_dtype(name, HALF if is_half and i not in fixed else FLOAT)
@@ -127,14 +120,14 @@ def range_rules(model: onnx.ModelProto, absmax: dict[str, float], data_max: floa
     """Nodes that must stay float32 by their calibration ranges: node name -> reason."""
     keep: dict[str, str] = {}
     shapes = _static_sizes(model)
-    inits = {t.name: t for t in model.graph.initializer}
+    inits = GraphIndex(model.graph).initializers
     for node in model.graph.node:
         io = [n for n in [*node.input, *node.output] if n in absmax]
         peak = max((absmax[n] for n in io), default=0.0)
         if peak > data_max:
             keep[node.name] = f"|x| reaches {peak:.4g} (> {data_max:g})"
             continue
-        if node.op_type in REDUCTIONS and node.input and node.input[0] in absmax:
+        if policy(node.op_type).fp16 == ops.REDUCTION and node.input and node.input[0] in absmax:
             reduced = shapes.get(node.input[0], 1) // max(1, shapes.get(node.output[0], 1))
             if absmax[node.input[0]] * reduced > FP16_MAX:
                 keep[node.name] = f"sum of {reduced} values up to {absmax[node.input[0]]:.4g} overflows fp16"

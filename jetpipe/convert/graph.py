@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx import TensorProto
 
 from jetpipe.errors import ModelError
+from jetpipe.runtime.sessions import cpu_session
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,33 @@ def attribute(node: onnx.NodeProto, name: str, default):
     return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
+class GraphIndex:
+    """Name lookups over one graph, built once (onnx-graphsurgeon's `Graph.tensors()` and node
+    lists, in small): nodes by name, initializers by name, the producer and the readers of each
+    tensor. A snapshot: rebuild it after changing the graph."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.graph = graph
+        self.nodes = {n.name: n for n in graph.node}
+        self.initializers = {t.name: t for t in graph.initializer}
+        self.producer = {o: n for n in graph.node for o in n.output if o}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in dict.fromkeys(i for i in node.input if i):
+                self.readers.setdefault(name, []).append(node)
+        self.outputs = {o.name for o in graph.output}
+
+    def uses(self, name: str) -> int:
+        """How many node inputs read tensor `name` (a node reading it twice counts twice)."""
+        return sum(list(n.input).count(name) for n in self.readers.get(name, ()))
+
+    def weight(self, name: str) -> np.ndarray:
+        return onnx.numpy_helper.to_array(self.initializers[name])
+
+    def of_type(self, op_type: str) -> dict[str, onnx.NodeProto]:
+        return {name: n for name, n in self.nodes.items() if n.op_type == op_type}
+
+
 def clone(message):
     """A detached deep copy of a protobuf message (ModelProto, NodeProto...)."""
     copy = type(message)()
@@ -158,11 +187,17 @@ def expose_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
 
 
 def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Fold constants, fuse Conv+BatchNorm, drop dead nodes (onnxslim), then re-check."""
+    """Fold constants, fuse Conv+BatchNorm, drop dead nodes (onnxslim), then re-check.
+
+    The declared output shapes are withheld from onnxslim: an export may declare what its outputs
+    are not (a CRNN declaring [1, seqlen] for a [T, 1, C] output), and folding trusted them."""
     import onnxslim
 
+    undeclared = clone(model)
+    for output in undeclared.graph.output:
+        output.type.tensor_type.ClearField("shape")
     try:
-        slim = onnxslim.slim(model)
+        slim = onnxslim.slim(undeclared)
     except Exception as exc:
         raise ModelError(f"graph clean-up (onnxslim) failed: {exc}") from exc
     if slim is None:
@@ -171,43 +206,37 @@ def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
     return with_shapes(slim)
 
 
+def clean_up(model: onnx.ModelProto, sample: np.ndarray) -> tuple[onnx.ModelProto, dict]:
+    """simplify(), kept only where the cleaned graph gives the source's outputs on `sample` (names, shapes,
+    values); otherwise the graph as exported, with a warning and the reason for the manifest."""
+    cleaned = simplify(model)
+    why = outputs_differ(model, cleaned, sample)
+    if why is None:
+        return cleaned, {"applied": True}
+    log.warning("graph clean-up (onnxslim) changed the model (%s): the bundle keeps the graph as exported", why)
+    return with_shapes(model), {"applied": False, "reason": why}
+
+
+def outputs_differ(source: onnx.ModelProto, other: onnx.ModelProto, sample: np.ndarray,
+                   tolerance: float = 1e-3) -> str | None:
+    """How `other`'s outputs differ from `source`'s on one input (None: same names, shapes and values)."""
+    feed = {image_input(source).name: sample}
+    want = dict(zip([o.name for o in source.graph.output], cpu_session(source).run(None, feed)))
+    got = dict(zip([o.name for o in other.graph.output], cpu_session(other).run(None, feed)))
+    if list(want) != list(got):
+        return f"outputs {list(got)} instead of {list(want)}"
+    for name, ref in want.items():
+        if ref.shape != got[name].shape:
+            return f"output {name} has shape {list(got[name].shape)} instead of {list(ref.shape)}"
+        scale = max(1.0, float(np.abs(ref).max())) if ref.size else 1.0
+        diff = float(np.abs(ref.astype(np.float64) - got[name]).max()) / scale if ref.size else 0.0
+        if diff > tolerance:
+            return f"output {name} differs by {diff:.2e} (relative)"
+    return None
+
+
 def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:
         raise ModelError(f"ONNX shape inference failed: {exc}") from exc
-
-
-def prove_dynamic_batch(model: onnx.ModelProto, sample: np.ndarray, batch: int = 3) -> float:
-    """Batch-N output must equal N batch-1 outputs; returns the max abs difference."""
-    from jetpipe.runtime.sessions import cpu_session
-
-    info = image_input(model)
-    stacked = np.concatenate([sample[:1]] * batch, axis=0)
-    stacked = stacked + np.linspace(0, 0.1, batch, dtype=np.float32)[:, None, None, None]
-    session = cpu_session(model)
-    try:
-        together = session.run(None, {info.name: stacked})
-        problem = next((f"output {o.name} has shape {list(t.shape)} for a batch of {batch}"
-                        for o, t in zip(model.graph.output, together) if t.shape[:1] != (batch,)),
-                       None)
-    except Exception as exc:
-        problem = str(exc).splitlines()[0][:200]
-    if problem:
-        raise ModelError(
-            f"the model was exported with batch 1 and its graph fixes that size ({problem}); "
-            "re-export it with a dynamic batch axis, or convert with --max-batch 1"
-        )
-    worst = 0.0
-    for i in range(batch):
-        alone = session.run(None, {info.name: stacked[i:i + 1]})
-        for a, b in zip(alone, together):
-            scale = max(1.0, float(np.abs(a).max()))
-            diff = float(np.abs(a[0] - b[i]).max()) / scale
-            worst = max(worst, diff)
-    if worst > 1e-4:
-        raise ModelError(
-            f"batching changes the model's results (relative difference {worst:.2e} between "
-            "batch-N and batch-1 runs): the graph mixes samples; convert with --max-batch 1"
-        )
-    return worst

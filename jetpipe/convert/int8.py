@@ -5,8 +5,8 @@
   initializers behind a DequantizeLinear. Zero points are 0; biases stay float.
 - A residual Add whose one input comes from a Conv gets Q/DQ on its other
   (skip) input, so TensorRT can fuse Conv+Add with an INT8 residual.
-- The policy per op type is a registry (op -> weight axis), like ONNX Runtime's
-  quantization/registry.py.
+- Which ops are compute ops and their weights' channel axis: jetpipe.convert.ops
+  (one policy per op type, like ONNX Runtime's quantization/registry.py).
 """
 
 from __future__ import annotations
@@ -17,33 +17,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from jetpipe.convert.graph import clone
-
-
-def _conv_axis(node):
-    return 0  # KCRS
-
-
-def _conv_transpose_axis(node):
-    return 1  # C_in x (K/group) x R x S
-
-
-def _gemm_axis(node):
-    trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-    return 0 if trans_b else 1
-
-
-def _matmul_axis(node):
-    return 1  # K x N
-
-
-# op type -> (activation input index, weight input index, weight axis rule)
-QUANTIZED_OPS = {
-    "Conv": (0, 1, _conv_axis),
-    "ConvTranspose": (0, 1, _conv_transpose_axis),
-    "Gemm": (0, 1, _gemm_axis),
-    "MatMul": (0, 1, _matmul_axis),
-}
+from jetpipe.convert.graph import GraphIndex, clone
+from jetpipe.convert.ops import policy
 
 
 @dataclass(frozen=True)
@@ -68,16 +43,15 @@ def plan(model: onnx.ModelProto, exclude: set[str]) -> QuantPlan:
         return reduced
     allowed = set(_place(model, set()).uses)
     uses = tuple(u for u in reduced.uses if u in allowed)
-    by_name = {n.name: n for n in model.graph.node}
-    read = {by_name[node].input[index] for node, index in uses}
+    nodes = GraphIndex(model.graph).nodes
+    read = {nodes[node].input[index] for node, index in uses}
     return QuantPlan(tuple(a for a in reduced.activations if a in read), reduced.weights, reduced.nodes, uses)
 
 
 def _place(model: onnx.ModelProto, exclude: set[str]) -> QuantPlan:
     """TensorRT's placement for the nodes not in `exclude`."""
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    producers = {o: n for n in graph.node for o in n.output}
+    graph, index = model.graph, GraphIndex(model.graph)
+    inits, producers = index.initializers, index.producer
     activations: list[str] = []
     weights: dict[str, int] = {}
     nodes: list[str] = []
@@ -92,18 +66,14 @@ def _place(model: onnx.ModelProto, exclude: set[str]) -> QuantPlan:
         uses.append((node.name, index))
 
     for node in graph.node:
-        rule = QUANTIZED_OPS.get(node.op_type)
-        if rule is None or node.name in exclude:
+        axes = policy(node.op_type).weights
+        if axes is None or node.name in exclude:
             continue
-        act, wt, axis_of = rule
-        if len(node.input) <= wt or node.input[wt] not in inits:
-            if node.op_type == "MatMul" and all(i not in inits for i in node.input[:2]):
-                continue  # activation x activation MatMul (attention): left in float
+        # input 0 is the activation, input 1 the weight; activation x activation MatMuls (attention) stay float
+        if len(node.input) < 2 or node.input[1] not in inits or inits[node.input[1]].data_type != TensorProto.FLOAT:
             continue
-        if inits[node.input[wt]].data_type != TensorProto.FLOAT:
-            continue
-        add_activation(node, act)
-        weights[node.input[wt]] = axis_of(node)
+        add_activation(node, 0)
+        weights[node.input[1]] = axes.output(node)
         nodes.append(node.name)
 
     quantized = set(nodes)

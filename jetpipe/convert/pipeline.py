@@ -16,11 +16,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from jetpipe import __version__, outputs
 from jetpipe import bundle as bundles
-from jetpipe import outputs
-from jetpipe.convert import calib_cache, flops, fp16, graph, int8, sensitivity, stats
+from jetpipe.convert import batch, calib_cache, flops, fp16, graph, int8, sensitivity, stats
 from jetpipe.convert.calib_cache import CalibrationResult
 from jetpipe.convert.calib_data import CalibrationSource, open_source
+from jetpipe.convert.prune import prune
+from jetpipe.convert.sparsity import apply_2_4
 from jetpipe.convert.trt_ops import check_tensorrt_ops
 from jetpipe.errors import CalibrationError, EngineError, JetpipeError, ModelError
 from jetpipe.limits import MAX_BATCH
@@ -75,6 +77,8 @@ class Prepared:
     size_hw: tuple[int, int]
     batch_made_dynamic: bool
     source_sha256: str
+    cleanup: dict = field(default_factory=dict)       # whether onnxslim's clean-up was kept, and why not
+    batch_layout: dict = field(default_factory=dict)  # rewritten batch literals, outputs' batch axes moved
 
 
 def convert(opts: ConvertOptions) -> dict:
@@ -112,7 +116,6 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
     """Structured channel pruning of the cleaned FP32 graph (before precision and calibration)."""
     if opts.prune is None:
         return None
-    from jetpipe.convert.prune import prune
 
     samples = None
     if source is not None and (opts.prune_method == "reconstruct" or opts.prune_allocation == "sensitivity"):
@@ -137,7 +140,6 @@ def _apply_sparsity(opts: ConvertOptions, prepared: Prepared) -> dict | None:
     """2:4 on the cleaned FP32 graph, before calibration (ranges must see the pruned weights)."""
     if opts.sparsity is None:
         return None
-    from jetpipe.convert.sparsity import apply_2_4
 
     prepared.model, layers = apply_2_4(prepared.model, set(opts.exclude))
     pruned = [n for n, what in layers.items() if what == "2:4"]
@@ -188,14 +190,16 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
     if precision == "int8":
         model = graph.upgrade_opset(model)
     model = graph.fix_input_size(model, input_size)
-    dynamic = graph.make_batch_dynamic(model) if max_batch > 1 else False
-    model = graph.simplify(model)
     info = graph.image_input(model)
     if info.dims[1] != 3:
         raise ModelError(f"input {info.name!r} has {info.dims[1]} channels; jetpipe feeds 3-channel images")
     size_hw = (int(info.dims[2]), int(info.dims[3]))
     _check_runs(model, info, size_hw)
-    return Prepared(model, info, size_hw, dynamic, source_sha)
+    dynamic = graph.make_batch_dynamic(model) if max_batch > 1 else False
+    sample = np.random.default_rng(0).standard_normal((1, 3, *size_hw)).astype(np.float32)
+    model, cleanup = graph.clean_up(model, sample)
+    layout = batch.batch_layout(model, sample, dynamic) if max_batch > 1 else {}
+    return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout)
 
 
 def _check_runs(model: onnx.ModelProto, info: graph.InputInfo, size_hw) -> None:
@@ -229,8 +233,8 @@ def _prove_batch(prepared: Prepared, first_batch) -> dict | None:
         return None
     sample = first_batch if first_batch is not None else \
         np.random.default_rng(0).standard_normal((1, 3, *prepared.size_hw)).astype(np.float32)
-    worst = graph.prove_dynamic_batch(prepared.model, sample)
-    return {"made_dynamic": True, "max_relative_difference": worst}
+    return {"made_dynamic": True, "max_relative_difference": batch.prove_rows(prepared.model, sample),
+            "rewritten_reshapes": prepared.batch_layout["rewritten_reshapes"]}
 
 
 def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None) -> CalibrationResult | None:
@@ -391,7 +395,6 @@ def _versions() -> dict:
     import onnxruntime
     import onnxslim
 
-    from jetpipe import __version__
 
     trt, rtx = trt_builder.import_family("tensorrt"), trt_builder.import_family("tensorrt-rtx")
     return {"jetpipe": __version__, "python": platform.python_version(), "onnx": onnx.__version__,
@@ -410,7 +413,9 @@ def _manifest(opts, prepared, model, excluded, calibration, check, engine, batch
         "precision": opts.precision,
         "excluded_nodes": excluded,
         "io": _io(model),
-        "batch": {"min": 1, "max": opts.max_batch, **(batch_proof or {})},
+        "batch": {"min": 1, "max": opts.max_batch, **(batch_proof or {}),
+                  **({"moved_batch_axes": moved} if (moved := prepared.batch_layout.get("moved_batch_axes")) else {})},
+        "cleanup": prepared.cleanup,
         "input_size": list(prepared.size_hw),
         "preprocess": opts.spec.to_dict(),
         "calibration": calibration.summary() if calibration is not None else None,

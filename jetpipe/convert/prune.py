@@ -23,17 +23,12 @@ from onnx import numpy_helper
 
 from jetpipe.convert import flops, prune_alloc
 from jetpipe.convert import prune_refit as refit
-from jetpipe.convert.graph import attribute, clone
+from jetpipe.convert.graph import GraphIndex, attribute, clone
+from jetpipe.convert.ops import policy
 from jetpipe.errors import ModelError
 from jetpipe.progress import silent
 
 log = logging.getLogger(__name__)
-
-PASS_THROUGH = {"Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu", "Tanh", "Elu", "Selu",
-                "Softplus", "Identity", "Resize", "Upsample", "MaxPool", "AveragePool", "GlobalAveragePool",
-                "GlobalMaxPool", "Pad", "BatchNormalization", "Neg", "Abs"}
-BINARY = {"Add", "Mul", "Sub", "Div"}
-
 
 @dataclass
 class Space:
@@ -81,79 +76,92 @@ class _Groups:
 
 def analyse(model: onnx.ModelProto) -> dict[int, Space]:
     """Channel spaces of the graph (root key -> Space)."""
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    groups, space_of = _Groups(), {}
-    outputs = {o.name for o in g.output}
-    for node in g.node:
-        ins = [i for i in node.input if i]
-        acts = [i for i in ins if i not in inits]
-        if node.op_type == "Conv" and len(ins) > 1 and ins[1] in inits:
-            w = inits[ins[1]]
-            k, c = w.dims[0], w.dims[1]
-            group = attribute(node, "group", 1)
-            src = space_of.get(ins[0])
-            if group == 1:
-                if src is not None:
-                    groups.spaces[groups.find(src)].consumers.append((node.name, 1))
-                key = groups.new(k)
-                groups.spaces[key].producers.append(node.name)
-                space_of[node.output[0]] = key
-            elif group == k and c == 1 and src is not None:  # depthwise: same space continues
-                root = groups.find(src)
-                groups.spaces[root].depthwise.append(node.name)
-                space_of[node.output[0]] = root
-            else:
-                if src is not None:
-                    groups.spaces[groups.find(src)].blocked = f"grouped conv {node.name}"
-                continue
-            continue
-        spaces = [space_of[i] for i in acts if i in space_of]
-        if not spaces:
-            continue
-        root = groups.find(spaces[0])
-        if node.op_type in PASS_THROUGH or (node.op_type in BINARY and len(acts) <= 2):
-            for other in spaces[1:]:
-                root = groups.union(root, other)
-            if node.op_type in BINARY and len(acts) == 2 and len(spaces) == 1:
-                groups.spaces[root].blocked = f"{node.op_type} {node.name} mixes a pruned and an unpruned tensor"
-            for name in ins:
-                if name in inits:
-                    shape = list(inits[name].dims)
-                    if len(shape) >= 3 and shape[-3] == groups.spaces[root].channels:
-                        groups.spaces[root].constants.append((name, len(shape) - 3))
-                    elif np.prod(shape) > 1 and node.op_type != "Resize" and node.op_type != "Pad":
-                        if node.op_type == "BatchNormalization":
-                            groups.spaces[root].constants.append((name, 0))
-                        else:
-                            groups.spaces[root].blocked = f"constant {name} of {node.op_type} {node.name}"
-            if node.op_type == "GlobalAveragePool" or node.op_type in PASS_THROUGH or node.op_type in BINARY:
-                space_of[node.output[0]] = groups.find(root)
+    walk = _ChannelWalk(GraphIndex(model.graph))
+    for node in model.graph.node:
+        if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in walk.index.initializers:
+            walk.conv(node)
         else:
-            for s in spaces:
-                groups.spaces[groups.find(s)].blocked = f"{node.op_type} {node.name}"
-    for name, key in space_of.items():
-        if name in outputs:
-            groups.spaces[groups.find(key)].blocked = f"graph output {name}"
-    uses: dict[str, int] = {}
-    for node in g.node:
-        for name in node.input:
-            if name in inits:
-                uses[name] = uses.get(name, 0) + 1
-    spaces = {k: groups.spaces[k] for k in {groups.find(k) for k in groups.spaces}}
-    for space in spaces.values():
-        space.constants = list(dict.fromkeys(space.constants))  # one slice per tensor
-        names = [convs_w for convs_w in _weights_of(space, g)] + [c for c, _ in space.constants]
-        shared = [n for n in names if uses.get(n, 0) > 1]
-        if shared:
-            space.blocked = space.blocked or f"initializer {shared[0]} is shared by several nodes"
-    return spaces
+            walk.other(node)
+    return walk.finish()
 
 
-def _weights_of(space: Space, graph) -> list[str]:
-    nodes = {n.name: n for n in graph.node}
+class _ChannelWalk:
+    """Follows channel spaces through the graph in topological order (see the module docstring)."""
+
+    def __init__(self, index: GraphIndex):
+        self.index, self.groups = index, _Groups()
+        self.space_of: dict[str, int] = {}  # tensor -> key of the space its channels belong to
+
+    def space(self, key: int) -> Space:
+        return self.groups.spaces[self.groups.find(key)]
+
+    def conv(self, node: onnx.NodeProto) -> None:
+        k, c = self.index.initializers[node.input[1]].dims[:2]
+        group = attribute(node, "group", 1)
+        src = self.space_of.get(node.input[0])
+        if group == 1:
+            if src is not None:
+                self.space(src).consumers.append((node.name, 1))
+            key = self.groups.new(k)
+            self.groups.spaces[key].producers.append(node.name)
+            self.space_of[node.output[0]] = key
+        elif group == k and c == 1 and src is not None:  # depthwise: the same space continues
+            self.space(src).depthwise.append(node.name)
+            self.space_of[node.output[0]] = self.groups.find(src)
+        elif src is not None:
+            self.space(src).blocked = f"grouped conv {node.name}"
+
+    def other(self, node: onnx.NodeProto) -> None:
+        inputs = [i for i in node.input if i]
+        acts = [i for i in inputs if i not in self.index.initializers]
+        keys = [self.space_of[i] for i in acts if i in self.space_of]
+        if not keys:
+            return
+        rule = policy(node.op_type)
+        if not (rule.channelwise or (rule.elementwise and len(acts) <= 2)):
+            for key in keys:
+                self.space(key).blocked = f"{node.op_type} {node.name}"
+            return
+        root = keys[0]
+        for other in keys[1:]:
+            root = self.groups.union(self.groups.find(root), other)
+        space = self.space(root)
+        if rule.elementwise and len(acts) == 2 and len(keys) == 1:
+            space.blocked = f"{node.op_type} {node.name} mixes a pruned and an unpruned tensor"
+        for name in inputs:
+            if name in self.index.initializers:
+                self._constant(node, name, space)
+        self.space_of[node.output[0]] = self.groups.find(root)
+
+    def _constant(self, node: onnx.NodeProto, name: str, space: Space) -> None:
+        """A constant operand of a channel-wise op: sliced with the space, or it blocks it."""
+        shape = list(self.index.initializers[name].dims)
+        if len(shape) >= 3 and shape[-3] == space.channels:
+            space.constants.append((name, len(shape) - 3))
+        elif np.prod(shape) <= 1 or node.op_type in ("Resize", "Pad"):
+            return  # a scalar, or sizes and scales rather than per-channel values
+        elif node.op_type == "BatchNormalization":
+            space.constants.append((name, 0))
+        else:
+            space.blocked = f"constant {name} of {node.op_type} {node.name}"
+
+    def finish(self) -> dict[int, Space]:
+        for name, key in self.space_of.items():
+            if name in self.index.outputs:
+                self.space(key).blocked = f"graph output {name}"
+        spaces = {k: self.groups.spaces[k] for k in {self.groups.find(k) for k in self.groups.spaces}}
+        for space in spaces.values():
+            space.constants = list(dict.fromkeys(space.constants))  # one slice per tensor
+            names = _weights_of(space, self.index) + [c for c, _ in space.constants]
+            shared = [n for n in names if self.index.uses(n) > 1]
+            if shared:
+                space.blocked = space.blocked or f"initializer {shared[0]} is shared by several nodes"
+        return spaces
+
+
+def _weights_of(space: Space, index: GraphIndex) -> list[str]:
     names = set(space.producers) | set(space.depthwise) | {c for c, _ in space.consumers}
-    return [i for n in names for i in nodes[n].input[1:3] if i]
+    return [i for n in names for i in index.nodes[n].input[1:3] if i]
 
 
 def _importance_l1(space: Space, weights: dict[str, np.ndarray], convs: dict[str, onnx.NodeProto]) -> np.ndarray:
@@ -187,8 +195,9 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
     if not options:
         reasons = "; ".join(f"{k}: {v}" for k, v in list(skipped.items())[:3])
         raise ModelError(f"--prune: nothing in this model can be pruned safely ({reasons})")
-    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    convs = {n.name: n for n in model.graph.node if n.op_type == "Conv"}
+    index = GraphIndex(model.graph)
+    weights = {name: index.weight(name) for name in index.initializers}
+    convs = index.of_type("Conv")
     acts = None
     if method == "reconstruct":
         names = sorted({convs[c].input[0] for key in options for c, _ in spaces[key].consumers})
@@ -287,7 +296,7 @@ def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_
             keep = np.sort(ranking[key][:k])
             candidate = apply(model, spaces, {key: keep})
             if acts is not None:
-                nodes = {n.name: n for n in candidate.graph.node}
+                nodes = GraphIndex(candidate.graph).nodes
                 keep_out = {p: keep for p in space.producers}
                 for name, _ in space.consumers:
                     x = acts[nodes[name].input[0]]
@@ -301,15 +310,14 @@ def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_
 def apply(model: onnx.ModelProto, spaces: dict, keeps: dict) -> onnx.ModelProto:
     """A copy of `model` with each group in `keeps` cut to those channel indices."""
     model = clone(model)
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    weights = {name: numpy_helper.to_array(t) for name, t in inits.items()}
-    convs = {n.name: n for n in g.node if n.op_type == "Conv"}
+    g, index = model.graph, GraphIndex(model.graph)
+    weights = {name: index.weight(name) for name in index.initializers}
+    convs = index.of_type("Conv")
     changed = set()
     for key, keep in keeps.items():
         changed |= _slice_space(spaces[key], keep, weights, convs)
     for name in changed:
-        inits[name].CopyFrom(numpy_helper.from_array(weights[name], name))
+        index.initializers[name].CopyFrom(numpy_helper.from_array(weights[name], name))
     for node in g.node:  # depthwise group counts follow their channels
         if node.op_type == "Conv" and attribute(node, "group", 1) > 1:
             k = weights[node.input[1]].shape[0]

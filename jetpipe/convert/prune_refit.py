@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from jetpipe.convert.graph import attribute, expose_outputs
+from jetpipe.convert.graph import GraphIndex, attribute, expose_outputs
 from jetpipe.runtime.sessions import cpu_session, run_in_batches
 
 
@@ -59,7 +59,7 @@ def refit_node(model, node, old: dict, x_old, x_new, keep_in, keep_out: dict, rn
 
 
 def _set_weights(model, node, w, b) -> None:
-    inits = {t.name: t for t in model.graph.initializer}
+    inits = GraphIndex(model.graph).initializers
     inits[node.input[1]].CopyFrom(numpy_helper.from_array(w, node.input[1]))
     if len(node.input) > 2 and node.input[2]:
         inits[node.input[2]].CopyFrom(numpy_helper.from_array(b, node.input[2]))

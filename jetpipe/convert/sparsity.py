@@ -13,21 +13,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from jetpipe.convert.graph import clone
+from jetpipe.convert.graph import GraphIndex, attribute, clone
+from jetpipe.convert.ops import policy
 
 
-def _reduction_axis(node: onnx.NodeProto, weight: np.ndarray) -> tuple[int | None, str]:
-    attrs = {a.name: a for a in node.attribute}
-    if node.op_type == "Conv":
-        group = attrs["group"].i if "group" in attrs else 1
-        if group != 1:
-            return None, f"grouped/depthwise conv (group {group})"
-        return 1, ""
-    if node.op_type == "Gemm":
-        return (1 if attrs.get("transB") and attrs["transB"].i else 0), ""
-    if node.op_type == "MatMul":
-        return 0, ""
-    return None, "not a Conv/Gemm/MatMul"
+def _sparse_axes(op_type: str):
+    """The weight axes of an op that can take the 2:4 pattern (Conv, Gemm, MatMul), else None."""
+    axes = policy(op_type).weights
+    return axes if axes is not None and axes.reduction is not None else None
 
 
 def prune_2_4(weight: np.ndarray, axis: int) -> np.ndarray:
@@ -48,28 +41,26 @@ def apply_2_4(model: onnx.ModelProto, exclude: set[str] = frozenset(),
               min_channels: int = 8) -> tuple[onnx.ModelProto, dict[str, str]]:
     """(pruned copy, {node: what happened}) for every Conv/Gemm/MatMul with an initializer weight."""
     out = clone(model)
-    inits = {t.name: t for t in out.graph.initializer}
-    consumers: dict[str, int] = {}
-    for node in out.graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
+    index = GraphIndex(out.graph)
+    inits = index.initializers
     report = {}
     for node in out.graph.node:
-        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in inits:
+        axes = _sparse_axes(node.op_type)
+        if axes is None or len(node.input) < 2 or node.input[1] not in inits:
             continue
         if node.name in exclude:
             report[node.name] = "skipped: excluded"
             continue
         tensor = inits[node.input[1]]
         weight = numpy_helper.to_array(tensor)
-        axis, why = _reduction_axis(node, weight)
+        axis = axes.reduction(node)
         if axis is None:
-            report[node.name] = f"skipped: {why}"
+            report[node.name] = f"skipped: grouped/depthwise conv (group {attribute(node, 'group', 1)})"
             continue
         if weight.shape[axis] < min_channels:
             report[node.name] = f"skipped: {weight.shape[axis]} input channels (< {min_channels})"
             continue
-        if consumers.get(node.input[1], 0) > 1:
+        if index.uses(node.input[1]) > 1:
             report[node.name] = "skipped: weight shared with another node"
             continue
         tensor.CopyFrom(numpy_helper.from_array(prune_2_4(weight, axis).astype(weight.dtype), tensor.name))

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from jetpipe.convert.graph import expose_outputs
+from jetpipe.runtime.sessions import cpu_session
 
 NUM_BINS = 2048
 METHODS = ("entropy", "percentile", "minmax")
@@ -134,7 +135,6 @@ def collect(model: onnx.ModelProto, batches: Iterable[np.ndarray], input_name: s
     every float activation's absmax is kept too (FP16 needs those). Only the
     tensors asked for are exposed as outputs: each one is held until the run ends.
     """
-    from jetpipe.runtime.sessions import cpu_session
 
     names = [n for n in float_tensors(model) if all_absmax or n in hist_tensors]
     session = cpu_session(expose_outputs(model, names), optimize=False, arena=False)

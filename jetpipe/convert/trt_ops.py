@@ -1,24 +1,16 @@
 """Ops TensorRT's ONNX parser cannot build, caught before the build starts.
 
-A conservative list (onnx-tensorrt's operator matrix: ops marked unsupported
-through 8.x that TensorRT 10.x still has no layer for: sequences, strings,
-ONNX Runtime-style integer quantized ops, training losses). Anything outside
-the default ONNX domain needs a plugin. The parser itself remains the final word.
+A conservative list (`tensorrt=False` in jetpipe.convert.ops, from onnx-tensorrt's
+operator matrix). Anything outside the default ONNX domain needs a plugin. The
+parser itself remains the final word.
 """
 
 from __future__ import annotations
 
 import onnx
 
+from jetpipe.convert.ops import policy
 from jetpipe.errors import ModelError
-
-UNSUPPORTED = {
-    "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
-    "SequenceLength", "ConcatFromSequence", "SplitToSequence",
-    "StringNormalizer", "TfIdfVectorizer",
-    "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear",
-    "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Multinomial",
-}
 
 
 def unsupported_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
@@ -26,7 +18,7 @@ def unsupported_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
     return [(n.name or "<unnamed>", f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx")
              else n.op_type)
             for n in model.graph.node
-            if n.op_type in UNSUPPORTED or n.domain not in ("", "ai.onnx")]
+            if not policy(n.op_type).tensorrt or n.domain not in ("", "ai.onnx")]
 
 
 def check_tensorrt_ops(model: onnx.ModelProto) -> None:

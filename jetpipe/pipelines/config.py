@@ -11,7 +11,10 @@ from pathlib import Path
 
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH
+from jetpipe.pipelines.postprocess import POSTPROCESSORS
 from jetpipe.pipelines.sources import DECODERS
+from jetpipe.runtime.cuda import MEMORY_MODES
+from jetpipe.runtime.runtime import BACKENDS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -141,9 +144,6 @@ def _kind_name(kind) -> str:
 
 
 def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
-    from jetpipe.runtime.cuda import MEMORY_MODES
-    from jetpipe.runtime.runtime import BACKENDS
-
     if not config.sources:
         raise ConfigError(f"{where}: no source: add a [[source]] uri (or --source), e.g. synthetic")
     checks = [
@@ -169,8 +169,6 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
             raise ConfigError(f"{where}: source {src.uri!r}: decoder = {src.decoder!r}: allowed "
                               f"{' | '.join(DECODERS)}")
     if config.task is not None:
-        from jetpipe.pipelines.postprocess import POSTPROCESSORS
-
         if config.task not in POSTPROCESSORS:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(POSTPROCESSORS)}")
     return config

@@ -25,6 +25,7 @@ from jetpipe.pipelines.metrics import Metrics, MetricsServer
 from jetpipe.pipelines.postprocess import make_postprocessor
 from jetpipe.pipelines.sinks import open_sink
 from jetpipe.pipelines.sources import EndOfStream, open_source
+from jetpipe.runtime.runtime import open_runtime
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,6 @@ STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect insid
 class Pipeline:
     def __init__(self, config: PipelineConfig, on_result=None, profile: bool = False):
         """profile: time every batch's GPU stages with CUDA events (the summary's gpu_stage_ms)."""
-        from jetpipe.runtime.runtime import open_runtime
 
         self.config = config
         self.stop_event = threading.Event()

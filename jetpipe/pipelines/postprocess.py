@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jetpipe.errors import JetpipeError
+from jetpipe.lazy import lazy_import
 from jetpipe.runtime.api import Reduction
 from jetpipe.runtime.postprocess_gpu import SUM_SCALE
+
+cv2 = lazy_import("cv2")
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,6 @@ class TextDetection:
         return list(pool.map(lambda job: self.one(*job), jobs))  # OpenCV releases the GIL
 
     def one(self, p: np.ndarray, box, hw) -> dict:
-        import cv2
-
         mask = (p > self.threshold).view(np.uint8)
         count, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
         on = np.flatnonzero(mask)  # text pixels only (a few %): scoring is cheap
@@ -175,8 +176,6 @@ class YoloDetection:
         return grid, stride
 
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
-        import cv2
-
         out = next(iter(outputs.values()))
         results = []
         for pred, box, hw in zip(out, letterboxes, sizes):

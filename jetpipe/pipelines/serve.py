@@ -9,15 +9,18 @@ import sys
 from pathlib import Path
 
 from jetpipe import bundle as bundles
+from jetpipe.convert import ConvertOptions, convert
 from jetpipe.errors import BundleError
+from jetpipe.models import BUILTIN, DEFAULT_MODEL
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.daemon import Pipeline
+from jetpipe.spec import preset
 
 log = logging.getLogger(__name__)
 
 
 def run_pipeline(config: PipelineConfig, on_result=None) -> dict:
     """Run until done or SIGTERM/SIGINT; the second signal is left to Python (exit at once)."""
-    from jetpipe.pipelines.daemon import Pipeline
 
     pipeline = Pipeline(config, on_result=on_result)
     previous = {}
@@ -46,9 +49,6 @@ def serve(config: PipelineConfig) -> int:
 def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-det", sinks=(),
          backend: str | None = None) -> int:
     """Convert the built-in PP-OCRv4 detector (cached) and serve two synthetic cameras for a while."""
-    from jetpipe.convert import ConvertOptions, convert
-    from jetpipe.models import BUILTIN, DEFAULT_MODEL
-    from jetpipe.spec import preset
 
     model = BUILTIN[DEFAULT_MODEL]
     bundle = Path(bundle_dir)

@@ -9,7 +9,7 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import ColourMatrix, check_frame, frame_shape, frame_size
-from jetpipe.preprocess import Letterbox
+from jetpipe.geometry import Letterbox
 
 
 @dataclass
@@ -118,11 +118,44 @@ def validate(frames, max_batch: int, capacity: int | None = None, device_frames:
     return usable, rejected
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: np.dtype
+    sample_shape: tuple[int, ...]  # without the batch axis
+
+    def nbytes(self, batch: int) -> int:
+        return int(np.prod((batch, *self.sample_shape))) * np.dtype(self.dtype).itemsize
+
+
+class Backend(Protocol):
+    """What a runtime asks of an inference backend (ONNX Runtime CPU or CUDA, TensorRT, TensorRT-RTX).
+
+    The runtime owns every buffer: it binds each buffer set's input and outputs once
+    (host addresses on the CPU, device addresses on the GPU), then runs a set at a batch
+    size; the GPU backends queue the run on `stream` and return without waiting."""
+
+    name: str
+    input: TensorSpec
+    outputs: list[TensorSpec]
+
+    def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None: ...
+
+    def run(self, set_index: int, batch: int, stream=None) -> None: ...
+
+    def warm_batches(self) -> list[int]: ...
+
+    def capture_graphs(self, stream) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Runtime(Protocol):
     """What callers get from open_runtime (CpuRuntime, GpuRuntime): nothing outside runtime touches CUDA."""
 
     backend_name: str
     reduction: str | None  # the Reduction kind collect() applies, None: the model's outputs
+    memory: str            # where frames wait: host (CPU), mapped, staged or device (GPU)
     manifest: dict
     max_batch: int
     size_hw: tuple[int, int]

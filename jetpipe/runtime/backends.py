@@ -12,25 +12,15 @@ Every binding is made at construction for each batch size and buffer set.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 
 from jetpipe.errors import JetpipeError
+from jetpipe.runtime.api import TensorSpec
 from jetpipe.runtime.cuda_graph import CudaGraph
 from jetpipe.runtime.sessions import cpu_session, ort_session
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: np.dtype
-    sample_shape: tuple[int, ...]  # without the batch axis
-
-    def nbytes(self, batch: int) -> int:
-        return int(np.prod((batch, *self.sample_shape))) * np.dtype(self.dtype).itemsize
 
 
 def ort_tensor_specs(session, input_sample_shape) -> tuple[TensorSpec, list[TensorSpec]]:
@@ -48,34 +38,34 @@ def ort_tensor_specs(session, input_sample_shape) -> tuple[TensorSpec, list[Tens
 
 
 class OrtCpuBackend:
-    """ONNX Runtime on the CPU, reading and writing preallocated numpy buffers.
-
-    `sets` buffer sets, as on the GPU, so a collected batch's outputs stay
-    valid while the next batch runs."""
+    """ONNX Runtime on the CPU, reading and writing the runtime's host buffers in place."""
 
     name = "onnxruntime-cpu"
 
-    def __init__(self, model_path: str, input_sample_shape, max_batch: int, sets: int = 2):
-
+    def __init__(self, model_path: str, input_sample_shape, max_batch: int):
         self.session = cpu_session(model_path)
         self.input, self.outputs = ort_tensor_specs(self.session, input_sample_shape)
-        self.input_buffers = [np.zeros((max_batch, *self.input.sample_shape), np.float32)
-                              for _ in range(sets)]
-        self.output_buffers = [{o.name: np.zeros((max_batch, *o.sample_shape), o.dtype)
-                                for o in self.outputs} for _ in range(sets)]
-        self.bindings = {(k, b): self._bind(k, b) for k in range(sets) for b in range(1, max_batch + 1)}
+        self.max_batch = max_batch
+        self.bindings: dict[tuple[int, int], object] = {}
 
-    def _bind(self, set_index: int, batch: int):
-        binding = self.session.io_binding()
-        view = self.input_buffers[set_index][:batch]
-        binding.bind_input(self.input.name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
-        for spec in self.outputs:
-            out = self.output_buffers[set_index][spec.name][:batch]
-            binding.bind_output(spec.name, "cpu", 0, spec.dtype, list(out.shape), out.ctypes.data)
-        return binding
+    def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None:
+        for batch in range(1, self.max_batch + 1):
+            binding = self.session.io_binding()
+            binding.bind_input(self.input.name, "cpu", 0, self.input.dtype, [batch, *self.input.sample_shape],
+                               input_address)
+            for spec in self.outputs:
+                binding.bind_output(spec.name, "cpu", 0, spec.dtype, [batch, *spec.sample_shape],
+                                    output_addresses[spec.name])
+            self.bindings[(set_index, batch)] = binding
 
-    def run(self, set_index: int, batch: int) -> None:
+    def run(self, set_index: int, batch: int, stream=None) -> None:
         self.session.run_with_iobinding(self.bindings[(set_index, batch)])
+
+    def warm_batches(self) -> list[int]:
+        return []  # nothing is planned per shape on the CPU worth a start-up run
+
+    def capture_graphs(self, stream) -> None:
+        """No CUDA graphs on the CPU."""
 
     def close(self) -> None:
         self.bindings.clear()

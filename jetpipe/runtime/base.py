@@ -10,6 +10,7 @@ from pathlib import Path
 from jetpipe import bundle as bundles
 from jetpipe.errors import BundleError, JetpipeError
 from jetpipe.runtime.api import BatchResult, Ticket
+from jetpipe.runtime.ring import host_ring
 from jetpipe.spec import PreprocessSpec
 
 
@@ -24,6 +25,7 @@ class RuntimeBase:
     backend_name = "?"
     reduction = None  # the CPU runtime returns the model's outputs; the GPU one may reduce them
     output_bytes_downloaded = 0  # device -> host bytes of outputs (none on the CPU)
+    memory = "host"  # where frames wait: host, or the GPU runtime's mapped / staged / device
 
     def _init_sets(self, count: int) -> None:
         if count < 2:
@@ -95,7 +97,6 @@ class RuntimeBase:
     def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False):
         """Slots for `count` frames up to max_hw (BGR-sized), allocated now: for one source.
         device=True (the GPU runtime only): slots in device memory, for a hardware decoder."""
-        from jetpipe.runtime.ring import host_ring
 
         if device:
             raise JetpipeError("device-memory frame rings need the GPU runtime")

@@ -15,12 +15,19 @@ from pathlib import Path
 
 import numpy as np
 
+from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
 from jetpipe.runtime.api import BatchResult, Reduction, Ticket, validate
+from jetpipe.runtime.backends import OrtCudaBackend
 from jetpipe.runtime.base import RuntimeBase
-from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable
+from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
 from jetpipe.runtime.kernels import SOURCE, GpuPreprocessor, compile_module
+from jetpipe.runtime.nvdec import open_nvdec
 from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, make_reducer
+from jetpipe.runtime.probe import probe_gpu
+from jetpipe.runtime.ring import FrameRing
+from jetpipe.runtime.trt_backend import TensorRTBackend, check_engine_compatibility, engine_backend
+from jetpipe.runtime.trt_builder import import_family
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +41,6 @@ STAGES = {"h2d": ("h2d_start", "h2d_end"), "preprocess": ("pre_start", "pre_end"
 
 def pick_gpu_backend(bundle_dir, requested: str) -> str:
     """The bundle's engine where this machine can run it (tensorrt, tensorrt-rtx), else onnxruntime-cuda."""
-    from jetpipe import bundle as bundles
-    from jetpipe.runtime.cuda import import_pycuda
-    from jetpipe.runtime.probe import probe_gpu
-    from jetpipe.runtime.trt_backend import engine_backend
-    from jetpipe.runtime.trt_builder import import_family
 
     import_pycuda()  # GpuUnavailable with the install hint when PyCUDA is missing
     engine = bundles.read_manifest(bundle_dir).get("engine") or {}
@@ -135,14 +137,10 @@ class GpuRuntime(RuntimeBase):
     def _make_backend(self, backend: str, cuda_graph: bool):
         sample = (3, *self.size_hw)
         if backend in ENGINE_BACKENDS:
-            from jetpipe.runtime.trt_backend import TensorRTBackend, check_engine_compatibility
-            from jetpipe.runtime.trt_builder import import_family
-
             check_engine_compatibility(self.manifest, import_family(backend).__version__,
                                        self.device.compute_capability, str(self.bundle_dir), backend)
             plan = (Path(self.bundle_dir) / self.manifest["engine"]["file"]).read_bytes()
             return TensorRTBackend(plan, self.max_batch, use_cuda_graphs=cuda_graph, family=backend)
-        from jetpipe.runtime.backends import OrtCudaBackend
 
         return OrtCudaBackend(self.model_path, sample, self.max_batch, self.compute_stream,
                               device_id=self.device.ordinal, cuda_graph=cuda_graph)
@@ -158,7 +156,7 @@ class GpuRuntime(RuntimeBase):
         else:
             device_frames = d.alloc(b * self.capacity)
             addresses = [int(device_frames) + i * self.capacity for i in range(b)]
-        input_dtype = np.dtype(getattr(self.backend.input, "dtype", np.float32))
+        input_dtype = np.dtype(self.backend.input.dtype)
         input_buffer = d.alloc(b * 3 * self.size_hw[0] * self.size_hw[1] * input_dtype.itemsize)
         specs = self.backend.outputs
         outputs = {s.name: d.alloc(s.nbytes(b)) for s in specs}
@@ -173,9 +171,8 @@ class GpuRuntime(RuntimeBase):
         """Run every batch size on every buffer set once: the backend's per-shape work (cuDNN
         algorithm search, memory for the shape, TensorRT/ORT CUDA-graph capture) happens now,
         not in the frame loop."""
-        sizes = getattr(self.backend, "warm_batches", lambda: range(1, self.max_batch + 1))()
         for buffers_index in range(self.buffer_sets):
-            for batch in sizes:
+            for batch in self.backend.warm_batches():
                 self.backend.run(buffers_index, batch, self.compute_stream)
         self.compute_stream.synchronize()
         self.backend.capture_graphs(self.compute_stream)
@@ -233,7 +230,6 @@ class GpuRuntime(RuntimeBase):
     def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False):
         """Pinned slots (mapped in 'mapped' mode: the kernel reads them with no copy), or with
         device=True slots in device memory for a hardware decoder (read in place by the kernel)."""
-        from jetpipe.runtime.ring import FrameRing
 
         nbytes = max_hw[0] * max_hw[1] * 3
         with self.device.active():
@@ -254,7 +250,6 @@ class GpuRuntime(RuntimeBase):
 
     def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False):
         """An NVDEC source (PyNvVideoCodec) for a video file on this GPU, or None, logged why."""
-        from jetpipe.runtime.nvdec import open_nvdec
 
         return open_nvdec(self.device, uri, loop, realtime)
 
@@ -322,8 +317,7 @@ class GpuRuntime(RuntimeBase):
             self._unclaim(set_index)
 
     def _preprocess_only(self, buffers: _BufferSet, usable) -> np.ndarray:
-        out = np.empty((len(usable), 3, *self.size_hw), np.dtype(getattr(self.backend.input, "dtype",
-                                                                          np.float32)))
+        out = np.empty((len(usable), *self.backend.input.sample_shape), self.backend.input.dtype)
         with self.device.active():
             self._upload(buffers, usable)
             buffers.preprocessor.launch(len(usable), int(buffers.input), self.compute_stream)

@@ -15,7 +15,7 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import FORMAT_CODES, ColourMatrix, frame_shape
-from jetpipe.preprocess import Letterbox, affine, fit
+from jetpipe.geometry import Letterbox, affine, fit
 from jetpipe.spec import PreprocessSpec
 
 SOURCE = Path(__file__).with_name("preprocess.cu")

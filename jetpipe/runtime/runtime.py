@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from jetpipe.errors import JetpipeError
 from jetpipe.preprocess import preprocess_frame, preprocess_frame_fast
 from jetpipe.runtime.api import BatchResult, Ticket, validate
+from jetpipe.runtime.backends import OrtCpuBackend
 from jetpipe.runtime.base import RuntimeBase
 from jetpipe.runtime.cuda import GpuUnavailable
 from jetpipe.runtime.gpu_runtime import GpuRuntime, pick_gpu_backend
@@ -35,11 +38,17 @@ class CpuRuntime(RuntimeBase):
         OpenCV's integer decoders (several times faster, within 1.5 8-bit steps)."""
         super().__init__(bundle_dir, max_batch)
         self._preprocess = preprocess_frame if exact_preprocess else preprocess_frame_fast
-        from jetpipe.runtime.backends import OrtCpuBackend
 
         self._init_sets(buffer_sets)
-        self.backend = OrtCpuBackend(self.model_path, (3, *self.size_hw), self.max_batch, sets=buffer_sets)
+        self.backend = OrtCpuBackend(self.model_path, (3, *self.size_hw), self.max_batch)
         self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
+        # one input and output buffer per set: a collected batch's outputs stay valid while the next runs
+        b, spec = self.max_batch, self.backend.input
+        self.inputs = [np.zeros((b, *spec.sample_shape), spec.dtype) for _ in range(buffer_sets)]
+        self.outputs = [{o.name: np.zeros((b, *o.sample_shape), o.dtype) for o in self.backend.outputs}
+                        for _ in range(buffer_sets)]
+        for index, (inp, outs) in enumerate(zip(self.inputs, self.outputs)):
+            self.backend.bind(index, inp.ctypes.data, {name: out.ctypes.data for name, out in outs.items()})
 
     def submit(self, frames) -> Ticket:
         """Preprocess and run now (the CPU has nothing to overlap); results wait in this set's buffers."""
@@ -48,7 +57,7 @@ class CpuRuntime(RuntimeBase):
         try:
             self.rejected_frames += len(rejected)
             boxes = []
-            inputs = self.backend.input_buffers[set_index]
+            inputs = self.inputs[set_index]
             start = time.perf_counter()
             for row, (_, frame, _, _, matrix) in enumerate(usable):
                 _, box = self._preprocess(frame.data, frame.format, self.size_hw, self.spec, matrix,
@@ -71,7 +80,7 @@ class CpuRuntime(RuntimeBase):
     def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
         self._check_collect(ticket)
         self._collected(ticket, hold)
-        buffers = self.backend.output_buffers[ticket.set_index]
+        buffers = self.outputs[ticket.set_index]
         outputs = {name: buf[:ticket.batch] for name, buf in buffers.items()}
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected)
 

@@ -13,19 +13,20 @@ PROVIDERS = ("cpu", "cuda")
 
 
 def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads: int = 0, arena: bool = True,
-                device_id: int = 0, stream=None):
+                device_id: int = 0, stream=None, quiet: bool = False):
     """A session on a model (ModelProto, serialized once with no temp file, or a path).
 
     arena=False returns each run's memory to the system: for calibration runs that
     expose many activations, the arena would keep their peak forever.
     provider "cuda": FP32 stays FP32 (TF32 off: it would move results by ~1e-3);
-    `stream` makes ORT run on the caller's CUDA stream."""
+    `stream` makes ORT run on the caller's CUDA stream. quiet: runs expected to fail (probes) log
+    nothing; the caller turns the exception into its own message."""
     import onnxruntime as ort
 
     if provider not in PROVIDERS:
         raise JetpipeError(f"ONNX Runtime provider {provider!r}: choose one of {', '.join(PROVIDERS)}")
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4 if quiet else 3
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.enable_cpu_mem_arena = arena

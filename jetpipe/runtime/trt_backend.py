@@ -13,7 +13,8 @@ import logging
 import numpy as np
 
 from jetpipe.errors import EngineError
-from jetpipe.runtime.backends import TensorSpec
+from jetpipe.runtime.api import TensorSpec
+from jetpipe.runtime.cuda_graph import CudaGraph
 from jetpipe.runtime.trt_builder import RTX_TARGET_OF, import_family, make_logger
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class TensorRTBackend:
         if not ok:
             raise EngineError(f"TensorRT rejected the shapes or addresses for batch {batch}")
 
-    def run(self, set_index: int, batch: int, stream) -> None:
+    def run(self, set_index: int, batch: int, stream=None) -> None:
         key = (set_index, batch)
         graph = self.graphs.get(key)
         if graph is not None:
@@ -140,12 +141,14 @@ class TensorRTBackend:
         if self.use_cuda_graphs:
             self._capture(key, stream)
 
+    def warm_batches(self) -> list[int]:
+        return list(range(1, self.max_batch + 1))  # an optimization profile, not buckets: every size
+
     def capture_graphs(self, stream) -> None:
         """Nothing to do at start-up: each shape is captured after its first (warm-up) run."""
 
     def _capture(self, key, stream) -> None:
         """After the first (warm-up) run of a shape, capture it; replays need no set-up."""
-        from jetpipe.runtime.cuda_graph import CudaGraph
 
         stream.synchronize()
         try:

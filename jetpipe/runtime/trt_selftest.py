@@ -14,6 +14,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from jetpipe.runtime.cuda import CudaDevice
+from jetpipe.runtime.sessions import cpu_session
+from jetpipe.runtime.trt_builder import BuildOptions, build_engine, make_logger
+
 
 def tiny_model() -> onnx.ModelProto:
     """Conv 3->8 + Relu + GlobalAveragePool on a dynamic batch of 3x32x32 images."""
@@ -33,9 +37,6 @@ def tiny_model() -> onnx.ModelProto:
 def run_selftest() -> int:
     import tensorrt as trt
 
-    from jetpipe.runtime.cuda import CudaDevice
-    from jetpipe.runtime.sessions import cpu_session
-    from jetpipe.runtime.trt_builder import BuildOptions, build_engine, make_logger
 
     model = tiny_model()
     x = np.random.default_rng(1).standard_normal((2, 3, 32, 32)).astype(np.float32)
@@ -70,7 +71,6 @@ def run_selftest() -> int:
 
 def run_rtx_build_check() -> int:
     """Parse and build the tiny model with TensorRT-RTX for sm86, ahead of time (no GPU needed)."""
-    from jetpipe.runtime.trt_builder import BuildOptions, build_engine
 
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path, plan_path = Path(tmp) / "tiny.onnx", Path(tmp) / "tiny.engine"

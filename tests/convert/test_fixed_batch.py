@@ -43,8 +43,8 @@ def test_a_batch_that_cannot_be_made_dynamic_is_refused_before_pruning(tmp_path,
     from tests.helpers import residual_cnn, save
 
     model = residual_cnn(batch=1)
-    model.graph.initializer.append(numpy_helper.from_array(np.array([1, -1], np.int64), "flat"))
-    model.graph.node.append(helper.make_node("Reshape", ["y", "flat"], ["z"], name="bake_batch"))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), "batch_axis"))
+    model.graph.node.append(helper.make_node("ReduceSum", ["y", "batch_axis"], ["z"], name="bake_batch"))
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 5]))
     path = save(model, tmp_path / "baked.onnx")
     caplog.set_level("INFO", logger="jetpipe")

@@ -1,10 +1,8 @@
-import numpy as np
 import pytest
 
 from jetpipe.convert import graph
 from jetpipe.errors import ModelError
-from jetpipe.runtime.sessions import cpu_session
-from tests.helpers import fixed_batch_reshape, residual_cnn, save
+from tests.helpers import residual_cnn, save
 
 
 def test_missing_truncated_and_non_onnx_files(tmp_path):
@@ -40,22 +38,3 @@ def test_input_size_rules():
     assert graph.image_input(fixed).dims[2:] == (32, 48)
     with pytest.raises(ModelError, match="contradicts the model's fixed input 16x16"):
         graph.fix_input_size(residual_cnn(), (32, 32))
-
-
-def test_batch_one_made_dynamic_and_proven():
-    model = residual_cnn(batch=1)
-    assert graph.make_batch_dynamic(model)
-    model = graph.simplify(model)
-    sample = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
-    assert graph.prove_dynamic_batch(model, sample) < 1e-5
-    out = cpu_session(model).run(None, {"x": np.repeat(sample, 4, axis=0)})[0]
-    assert out.shape == (4, 5)
-
-
-def test_graph_that_fixes_batch_is_refused():
-    model = fixed_batch_reshape()
-    graph.make_batch_dynamic(model)
-    model = graph.simplify(model)
-    sample = np.ones((1, 3, 8, 8), np.float32)
-    with pytest.raises(ModelError, match="fixes that size.*--max-batch 1"):
-        graph.prove_dynamic_batch(model, sample)

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from jetpipe.errors import JetpipeError
+from jetpipe.geometry import Letterbox, fit
 from jetpipe.pipelines.postprocess import Classification, TextDetection, YoloDetection, make_postprocessor
-from jetpipe.preprocess import Letterbox, fit
 from jetpipe.runtime.postprocess_gpu import COMPONENT, SUM_SCALE
 
 IDENTITY = Letterbox(1.0, 1.0, 0, 0)

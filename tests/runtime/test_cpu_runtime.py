@@ -97,21 +97,6 @@ def test_auto_falls_back_to_cpu_without_gpu(tiny_bundle, caplog):
             assert rt.backend_name in ("onnxruntime-cuda", "tensorrt") and rt.device is not None
 
 
-def test_engine_mismatch_is_refused_before_deserializing():
-    from jetpipe.errors import EngineError
-    from jetpipe.runtime.trt_backend import check_engine_compatibility
-
-    manifest = {"source": {"path": "det.onnx"},
-                "engine": {"built": True, "tensorrt": "10.3.0", "compute_capability": "8.7"}}
-    check_engine_compatibility(manifest, "10.3.0", "8.7", "b")
-    with pytest.raises(EngineError, match=r"TensorRT 10.3.0 for sm 8.7 cannot load on TensorRT 11.4.0 / "
-                                          r"sm 9.0: rebuild it with `jetpipe convert det.onnx -o b --force"):
-        check_engine_compatibility(manifest, "11.4.0", "9.0", "b")
-    with pytest.raises(EngineError, match="has no TensorRT engine"):
-        check_engine_compatibility({"source": {"path": "m"}, "engine": {"built": False, "reason": "x"}},
-                                   "10.3.0", "8.7", "b")
-
-
 def test_manifest_naming_other_tensors_is_refused(tiny_bundle, tmp_path):
     import json
     import shutil
@@ -186,41 +171,3 @@ def test_exact_preprocess_option_uses_the_float_reference(tiny_bundle):
     inputs = np.stack([preprocess_frame(f.data, "nv12", (16, 16), spec)[0] for f in frames])
     expected = cpu_session(str(tiny_bundle / "model.onnx")).run(None, {"x": inputs})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-
-
-RTX_ENGINE = {"built": True, "file": "model.engine", "family": "tensorrt-rtx", "version": "1.7.1.116",
-              "targets": ["sm86", "sm89"]}
-TRT_ENGINE = {"built": True, "file": "model.engine", "tensorrt": "10.3.0", "compute_capability": "8.7"}
-
-
-@pytest.mark.parametrize("engine, requested, installed, cc, expected", [
-    (RTX_ENGINE, "auto", {"tensorrt-rtx"}, "8.9", ("tensorrt-rtx", "")),
-    (RTX_ENGINE, "auto", {"tensorrt-rtx"}, "9.0", (None, "do not run on compute capability 9.0")),
-    (RTX_ENGINE, "auto", {"tensorrt-rtx"}, "8.7", (None, "do not run on compute capability 8.7")),  # Orin
-    (RTX_ENGINE, "auto", {"tensorrt-rtx"}, "12.0", (None, "built for sm86, sm89, not this GPU's sm120")),
-    (RTX_ENGINE, "auto", set(), "8.6", (None, "tensorrt-rtx is not installed")),
-    (RTX_ENGINE, "tensorrt", {"tensorrt", "tensorrt-rtx"}, "8.6", (None, "built by tensorrt-rtx, not tensorrt")),
-    (TRT_ENGINE, "auto", {"tensorrt"}, "8.7", ("tensorrt", "")),  # a bundle from before families
-    (TRT_ENGINE, "tensorrt-rtx", {"tensorrt", "tensorrt-rtx"}, "8.7", (None, "built by tensorrt, not")),
-    ({"built": False, "reason": "--engine never"}, "auto", {"tensorrt"}, "8.7", (None, "no engine (--engine never)")),
-])
-def test_the_engine_backend_is_chosen_by_family_gpu_and_targets(engine, requested, installed, cc, expected):
-    from jetpipe.runtime.trt_backend import engine_backend
-
-    choice, why = engine_backend(engine, requested, lambda family: family in installed, cc)
-    assert choice == expected[0] and expected[1] in why
-
-
-def test_a_tensorrt_rtx_plan_is_checked_for_version_and_target_before_loading():
-    from jetpipe.errors import EngineError
-    from jetpipe.runtime.trt_backend import check_engine_compatibility
-
-    manifest = {"source": {"path": "m.onnx"}, "engine": RTX_ENGINE}
-    check_engine_compatibility(manifest, "1.7.1.116", "8.6", "b", "tensorrt-rtx")
-    with pytest.raises(EngineError, match=r"TensorRT-RTX 1.7.1.116 for sm86, sm89 cannot load on TensorRT-RTX "
-                                          r"1.8.0 / compute capability 8.6"):
-        check_engine_compatibility(manifest, "1.8.0", "8.6", "b", "tensorrt-rtx")
-    with pytest.raises(EngineError, match="compute capability 12.0"):
-        check_engine_compatibility(manifest, "1.7.1.116", "12.0", "b", "tensorrt-rtx")
-    with pytest.raises(EngineError, match="built by tensorrt-rtx, which the tensorrt runtime cannot load"):
-        check_engine_compatibility(manifest, "10.3.0", "8.6", "b")

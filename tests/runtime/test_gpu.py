@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jetpipe.frames import FORMATS, ColourMatrix, frame_size, from_bgr
-from jetpipe.preprocess import affine, preprocess_frame
+from jetpipe.geometry import affine
+from jetpipe.preprocess import preprocess_frame
 from jetpipe.runtime.api import Frame
 from jetpipe.spec import PRESETS, PreprocessSpec
 from jetpipe.synth import render_text_image

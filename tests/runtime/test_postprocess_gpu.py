@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from jetpipe.frames import from_bgr
+from jetpipe.geometry import Letterbox
 from jetpipe.pipelines.postprocess import Classification, TextDetection, YoloDetection
-from jetpipe.preprocess import Letterbox
-from jetpipe.runtime.api import Frame
-from jetpipe.runtime.backends import TensorSpec
+from jetpipe.runtime.api import Frame, TensorSpec
 from jetpipe.synth import render_text_image
 
 pytestmark = pytest.mark.gpu

@@ -12,8 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from jetpipe.errors import JetpipeError
+from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.sources.base import EndOfStream, FrameInfo, SourceError
-from jetpipe.uri import SourceURI
+from jetpipe.uri import IMAGE_SUFFIXES, SourceURI
+
+cv2 = lazy_import("cv2")
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +36,6 @@ class OpenCVSource:
         return f"{self.uri} (OpenCV, BGR on the CPU)"
 
     def _open_capture(self):
-        import cv2
-
         location = self.source_uri.location
         if self.source_uri.scheme == "gst":
             return cv2.VideoCapture(location, cv2.CAP_GSTREAMER)
@@ -43,8 +44,6 @@ class OpenCVSource:
         return cv2.VideoCapture(location)
 
     def open(self) -> FrameInfo:
-        import cv2
-
         capture = self._open_capture()
         if not capture.isOpened():
             capture.release()
@@ -59,8 +58,6 @@ class OpenCVSource:
         return self.info
 
     def read_into(self, slot: np.ndarray) -> float | None:
-        import cv2
-
         ok, image = self.capture.read(slot)
         if not ok:
             if self.is_file and self.loop:
@@ -94,8 +91,6 @@ class ImageFolderSource:
     decode_errors = 0
 
     def __init__(self, folder: str, loop: bool = False, uri: str | None = None):
-        from jetpipe.convert.calib_data import IMAGE_SUFFIXES
-
         self.folder, self.loop, self.uri = Path(folder), loop, uri or str(folder)
         self.files = sorted(p for p in self.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not self.files:
@@ -106,8 +101,6 @@ class ImageFolderSource:
         return str(self.folder)
 
     def open(self) -> FrameInfo:
-        import cv2
-
         first = cv2.imread(str(self.files[0]))
         if first is None:
             raise SourceError(f"cannot read {self.files[0]}")
@@ -115,8 +108,6 @@ class ImageFolderSource:
         return self.info
 
     def read_into(self, slot: np.ndarray) -> None:
-        import cv2
-
         if self.index >= len(self.files):
             if not self.loop:
                 raise EndOfStream(str(self.folder))

@@ -10,6 +10,7 @@ from jetpipe import uri as uris
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape, from_bgr
 from jetpipe.pipelines.sources.base import FrameInfo
+from jetpipe.synth import render_text_image
 
 
 class SyntheticCamera:
@@ -32,7 +33,6 @@ class SyntheticCamera:
         frame_shape(fmt, height, width)  # validates format and even sizes
         if fmt == "i420":  # planar chroma cannot be panned by slicing columns
             raise JetpipeError("synthetic sources produce nv12, yuyv, uyvy, bgr or rgb, not i420")
-        from jetpipe.synth import render_text_image
 
         self.uri = uri
         self.info = FrameInfo(fmt, height, width, fps=fps)

@@ -1,0 +1,54 @@
+"""Command-line values -> Python values, with errors that name the flag (the library takes parsed values)."""
+
+from __future__ import annotations
+
+import argparse
+
+from jetpipe.errors import JetpipeError
+
+
+def parse_triple(text: str, what: str) -> tuple[float, float, float]:
+    """'0.485,0.456,0.406' -> (0.485, 0.456, 0.406), with an error naming the flag."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3:
+        raise JetpipeError(f"--{what} {text!r} must be three comma-separated numbers, e.g. 0.5,0.5,0.5")
+    return values  # type: ignore[return-value]
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'640x480' -> (640, 480) as (height, width)."""
+    parts = text.lower().split("x")
+    try:
+        h, w = (int(p) for p in parts)
+    except ValueError:
+        raise JetpipeError(f"--input-size {text!r} must look like HxW, e.g. 640x640") from None
+    if h <= 0 or w <= 0:
+        raise JetpipeError(f"--input-size {text!r}: height and width must be positive")
+    return h, w
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """'1,2,4,8' -> (1, 2, 4, 8)."""
+    try:
+        return tuple(int(b) for b in text.split(","))
+    except ValueError:
+        raise JetpipeError(f"--batch {text!r}: comma-separated integers, e.g. 1,2,4,8") from None
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    """'sm86,SM89' -> ('sm86', 'sm89'); the convert step names what is not a target."""
+    return tuple(part.strip().lower() for part in text.split(",") if part.strip())
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type for durations: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value

@@ -1,0 +1,131 @@
+"""The import graph keeps the design's layers: no circles, no import back up, CUDA only in runtime."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "jetpipe"
+# lower layers first; an import may only point at its own layer or a lower one
+LAYERS = {"base": 0, "runtime": 1, "convert": 2, "pipelines": 3, "calibration": 4, "top": 5}
+TOP = {"jetpipe.cli", "jetpipe.cli_values", "jetpipe.doctor", "jetpipe.__main__"}
+GPU_PACKAGES = {"pycuda", "tensorrt", "tensorrt_rtx", "PyNvVideoCodec", "cupy"}
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def _imports(tree) -> list[tuple[ast.AST, str]]:
+    """(node, imported module) for every import in the tree, at any depth."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found += [(node, f"{node.module}.{alias.name}") for alias in node.names]
+            found.append((node, node.module))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {name: set() for name in modules}
+    for name, path in modules.items():
+        for _, target in _imports(ast.parse(path.read_text())):
+            # a submodule importing its own package's __init__ is how Python loads packages, not a circle
+            if target in modules and target != name and not name.startswith(target + "."):
+                graph[name].add(target)
+    return graph
+
+
+def _layer(module: str) -> str:
+    if module in TOP:
+        return "top"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or parts[-1] in LAYERS else "base"
+
+
+def _cycles(graph) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node):
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_has_no_circle():
+    assert _cycles(_graph()) == []
+
+
+def test_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_layer_imports_a_higher_one():
+    upward = [f"{module} ({_layer(module)}) -> {target} ({_layer(target)})"
+              for module, targets in _graph().items() for target in targets
+              if LAYERS[_layer(target)] > LAYERS[_layer(module)]]
+    assert upward == []
+
+
+def test_own_modules_are_imported_at_the_top():
+    """Function-level imports are for optional third-party packages only (GPU stacks, plotting)."""
+    late = []
+    for name, path in _modules().items():
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                late += [f"{name}:{node.lineno} {target}" for node, target in _imports(function)
+                         if target.split(".")[0] == "jetpipe"]
+    assert late == []
+
+
+def test_gpu_packages_are_used_only_under_runtime():
+    outside = []
+    for name, path in _modules().items():
+        if _layer(name) == "runtime":
+            continue
+        source = path.read_text()
+        outside += [f"{name}:{node.lineno} {target}" for node, target in _imports(ast.parse(source))
+                    if target.split(".")[0] in GPU_PACKAGES]
+        if "CUDAExecutionProvider" in source:
+            outside.append(f"{name}: names ONNX Runtime's CUDA provider")
+    assert outside == []
+
+
+def test_the_cli_starts_without_loading_opencv_or_a_gpu_stack():
+    """Own modules are imported at the top, so heavy third-party packages must be lazy."""
+    code = ("import sys, jetpipe.cli, jetpipe.runtime.runtime\n"
+            "print(sorted(m for m in ('cv2', 'onnxruntime', 'pycuda', 'tensorrt', 'matplotlib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
