@@ -64,9 +64,11 @@ def _add_convert(sub) -> None:
     s.add_argument("--input-size", metavar="HxW", help="for models with dynamic height/width")
     s.add_argument("--preset", choices=sorted(PRESETS), help="named preprocessing preset")
     s.add_argument("--scale", type=float, help="pixel scale before mean/std (default 1/255)")
-    s.add_argument("--mean", help="R,G,B mean, after scaling")
-    s.add_argument("--std", help="R,G,B std, after scaling")
-    s.add_argument("--channel-order", choices=CHANNEL_ORDERS, help="the network's input channel order (default rgb)")
+    s.add_argument("--mean", help="R,G,B mean, after scaling (one value for a 1-channel gray network)")
+    s.add_argument("--std", help="R,G,B std, after scaling (one value for a 1-channel gray network)")
+    s.add_argument("--channel-order", choices=CHANNEL_ORDERS,
+                   help="the network's input channel order (default rgb; gray: a 1-channel network fed the "
+                        "luma, chosen by itself for 1-channel inputs)")
     s.add_argument("--resize", choices=RESIZE_MODES,
                    help="letterbox: keep the aspect ratio and pad; stretch: fill (default letterbox)")
     s.add_argument("--pad-value", type=float, help="letterbox pad, in pixel units")
@@ -104,10 +106,12 @@ def _add_convert(sub) -> None:
 def _convert_options(args):
     model_path, builtin = resolve(args.model)
     spec = preset(args.preset or (builtin.preset if builtin else "none"))
-    spec = spec.replace(scale=args.scale, channel_order=args.channel_order, resize=args.resize,
-                        pad_value=args.pad_value,
-                        mean=parse_triple(args.mean, "mean") if args.mean else None,
-                        std=parse_triple(args.std, "std") if args.std else None)
+    mean = parse_triple(args.mean, "mean") if args.mean else None
+    std = parse_triple(args.std, "std") if args.std else None
+    single = [len(v) == 1 for v in (mean, std) if v is not None]
+    order = args.channel_order or ("gray" if single and all(single) else None)  # one value: a gray network
+    spec = spec.replace(scale=args.scale, channel_order=order, resize=args.resize, pad_value=args.pad_value,
+                        mean=mean, std=std)
     size = parse_size(args.input_size) if args.input_size else (builtin.input_size if builtin else None)
     exclude, auto_exclude = tuple(args.exclude), not args.no_auto_exclude
     if args.exclude_from:

@@ -7,15 +7,17 @@ import argparse
 from jetpipe.errors import JetpipeError
 
 
-def parse_triple(text: str, what: str) -> tuple[float, float, float]:
-    """'0.485,0.456,0.406' -> (0.485, 0.456, 0.406), with an error naming the flag."""
+def parse_triple(text: str, what: str) -> tuple[float, ...]:
+    """'0.485,0.456,0.406' -> (0.485, 0.456, 0.406), or one value for a gray network ('0.5' -> (0.5,)),
+    with an error naming the flag."""
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != 3:
-        raise JetpipeError(f"--{what} {text!r} must be three comma-separated numbers, e.g. 0.5,0.5,0.5")
-    return values  # type: ignore[return-value]
+    if len(values) not in (1, 3):
+        raise JetpipeError(f"--{what} {text!r} must be three comma-separated numbers, e.g. 0.5,0.5,0.5 "
+                           "(or one, for a gray network)")
+    return values
 
 
 def parse_size(text: str) -> tuple[int, int]:

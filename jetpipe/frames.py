@@ -23,6 +23,7 @@ FORMAT_CODES = {name: i for i, name in enumerate(FORMATS)}
 STANDARDS = ("bt601", "bt709")
 RANGES = ("limited", "full")
 YUV_FORMATS = ("nv12", "i420", "yuyv", "uyvy")
+GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # R, G, B: BT.601 luma, as OpenCV's COLOR_BGR2GRAY
 
 # Kr, Kb of each standard: R = Y + 2(1-Kr) Cr, B = Y + 2(1-Kb) Cb, G from the luma equation
 _KR_KB = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}
@@ -138,6 +139,19 @@ def to_rgb_float(frame: np.ndarray, fmt: str, height: int, width: int,
     cb, cr = (u - 128.0) * m.kc, (v - 128.0) * m.kc
     rgb = np.stack([yy + m.rv * cr, yy + m.gu * cb + m.gv * cr, yy + m.bu * cb], axis=-1)
     return np.clip(rgb, 0.0, 255.0)
+
+
+def to_gray_float(frame: np.ndarray, fmt: str, height: int, width: int,
+                  matrix: ColourMatrix | None = None) -> np.ndarray:
+    """Any supported frame -> H x W float32 luma in [0, 255] (the gray reference): a YUV frame's Y plane
+    brought to full range, BT.601 weights for BGR / RGB (OpenCV's COLOR_BGR2GRAY)."""
+    check_frame(frame, fmt, height, width)
+    if fmt in ("bgr", "rgb"):
+        rgb = frame.astype(np.float32)[..., ::-1] if fmt == "bgr" else frame.astype(np.float32)
+        return rgb @ np.array(GRAY_WEIGHTS, np.float32)
+    m = matrix or ColourMatrix.of()
+    y = native_planes(frame, fmt, height, width)[0].astype(np.float32)
+    return np.clip((y - m.y0) * m.ky, 0.0, 255.0)
 
 
 def from_bgr(bgr: np.ndarray, fmt: str, matrix: ColourMatrix | None = None) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jetpipe.frames import ColourMatrix, frame_size, native_planes, to_rgb_float
+from jetpipe.frames import ColourMatrix, frame_size, native_planes, to_gray_float, to_rgb_float
 from jetpipe.geometry import Letterbox, affine, fit
 from jetpipe.lazy import lazy_import
 from jetpipe.spec import PreprocessSpec
@@ -18,24 +18,27 @@ cv2 = lazy_import("cv2")
 
 def _normalize_into(content: np.ndarray, box: Letterbox, size_hw, spec: PreprocessSpec,
                     out: np.ndarray | None) -> np.ndarray:
-    """content: resized h x w x 3 in the network's channel order -> normalized CHW canvas."""
+    """content: resized h x w x 3 in the network's channel order (h x w for gray) -> normalized CHW canvas."""
     nh, nw = content.shape[:2]
-    canvas = np.full((size_hw[0], size_hw[1], 3), spec.pad_value, dtype=np.float32)
-    canvas[box.pad_y:box.pad_y + nh, box.pad_x:box.pad_x + nw] = content
+    channels = spec.channels
+    canvas = np.full((size_hw[0], size_hw[1], channels), spec.pad_value, dtype=np.float32)
+    canvas[box.pad_y:box.pad_y + nh, box.pad_x:box.pad_x + nw] = content.reshape(nh, nw, channels)
     mul, add = affine(spec)
     if out is None:
-        out = np.empty((3, size_hw[0], size_hw[1]), np.float32)
+        out = np.empty((channels, size_hw[0], size_hw[1]), np.float32)
     out[...] = (canvas * mul + add).transpose(2, 0, 1)
     return out
 
 
 def preprocess_bgr(image: np.ndarray, size_hw: tuple[int, int], spec: PreprocessSpec,
                    out: np.ndarray | None = None) -> tuple[np.ndarray, Letterbox]:
-    """One HxWx3 uint8 BGR image -> 3xHxW float32 network input (written into `out` if given).
+    """One HxWx3 uint8 BGR image -> CxHxW float32 network input (written into `out` if given).
 
     Resizes in uint8 (OpenCV's fast path); preprocess_frame resizes in float.
     The two differ by less than one 8-bit step."""
     (nh, nw), box = fit(image.shape[:2], size_hw, spec.resize)
+    if spec.channel_order == "gray":
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
     resized = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
     if spec.channel_order == "rgb":
         resized = resized[:, :, ::-1]
@@ -46,11 +49,14 @@ def preprocess_frame(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec
                      matrix=None, out: np.ndarray | None = None) -> tuple[np.ndarray, Letterbox]:
     """Any camera frame (see jetpipe.frames) -> network input: the GPU kernel's reference.
 
-    Colour conversion in float at full resolution, then float bilinear resize."""
+    Colour conversion (or luma, for gray) in float at full resolution, then float bilinear resize."""
     height, width = frame_size(frame, fmt)
-    rgb = to_rgb_float(frame, fmt, height, width, matrix)
+    if spec.channel_order == "gray":
+        pixels = to_gray_float(frame, fmt, height, width, matrix)
+    else:
+        pixels = to_rgb_float(frame, fmt, height, width, matrix)
     (nh, nw), box = fit((height, width), size_hw, spec.resize)
-    resized = cv2.resize(rgb, (nw, nh), interpolation=cv2.INTER_LINEAR)
+    resized = cv2.resize(pixels, (nw, nh), interpolation=cv2.INTER_LINEAR)
     if spec.channel_order == "bgr":
         resized = resized[:, :, ::-1]
     return _normalize_into(resized, box, size_hw, spec, out), box
@@ -69,6 +75,8 @@ def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int],
         return preprocess_bgr(frame, size_hw, spec, out)
     if fmt == "rgb":
         return preprocess_bgr(frame[:, :, ::-1], size_hw, spec, out)
+    if spec.channel_order == "gray":
+        return _preprocess_luma(frame, fmt, size_hw, spec, matrix or ColourMatrix.of(), out)
     if matrix is None or matrix == ColourMatrix.of("bt601", "limited"):
         source = frame.reshape(frame.shape[0], -1, 2) if fmt in ("yuyv", "uyvy") else frame
         bgr = cv2.cvtColor(source, getattr(cv2, _OPENCV_DECODE[fmt]))
@@ -78,6 +86,15 @@ def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int],
     if nh * nw >= height * width:  # enlarging: converting first costs no more
         return preprocess_frame(frame, fmt, size_hw, spec, matrix, out)
     return _preprocess_yuv_resized_first(frame, fmt, size_hw, spec, matrix, out)
+
+
+def _preprocess_luma(frame, fmt, size_hw, spec, matrix, out):
+    """Gray from a YUV frame: only its Y plane, resized (uint8, OpenCV), then brought to full range."""
+    height, width = frame_size(frame, fmt)
+    (nh, nw), box = fit((height, width), size_hw, spec.resize)
+    y = native_planes(frame, fmt, height, width)[0]
+    resized = cv2.resize(np.ascontiguousarray(y), (nw, nh), interpolation=cv2.INTER_LINEAR).astype(np.float32)
+    return _normalize_into(np.clip((resized - matrix.y0) * matrix.ky, 0.0, 255.0), box, size_hw, spec, out), box
 
 
 def _preprocess_yuv_resized_first(frame, fmt, size_hw, spec, matrix, out):

@@ -11,17 +11,21 @@ from dataclasses import dataclass
 
 from jetpipe.errors import JetpipeError
 
-CHANNEL_ORDERS = ("rgb", "bgr")
+CHANNEL_ORDERS = ("rgb", "bgr", "gray")  # gray: one channel, the frame's luma
 RESIZE_MODES = ("letterbox", "stretch")
 
 
 @dataclass(frozen=True)
 class PreprocessSpec:
-    """Per-channel normalisation, colour order and resize policy of a network input."""
+    """Per-channel normalisation, colour order and resize policy of a network input.
+
+    channel_order "gray": a 1-channel network fed the frame's luma (Y', full range: the Y plane of a
+    YUV frame, BT.601 weights of a BGR/RGB one as OpenCV's COLOR_BGR2GRAY); mean and std then hold one
+    value each."""
 
     scale: float = 1.0 / 255.0
-    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
     channel_order: str = "rgb"
     resize: str = "letterbox"
     pad_value: float = 114.0  # in pixel units, before scaling (YOLO's grey)
@@ -33,12 +37,34 @@ class PreprocessSpec:
             )
         if self.resize not in RESIZE_MODES:
             raise JetpipeError(f"resize {self.resize!r} is not one of {', '.join(RESIZE_MODES)}")
-        if len(self.mean) != 3 or len(self.std) != 3:
-            raise JetpipeError("mean and std need three values each, e.g. --mean 0.485,0.456,0.406")
+        if len(self.mean) != self.channels or len(self.std) != self.channels:
+            raise JetpipeError("mean and std need one value each for gray, e.g. --mean 0.5 --std 0.5"
+                               if self.channels == 1 else
+                               "mean and std need three values each, e.g. --mean 0.485,0.456,0.406")
         if any(s == 0 for s in self.std):
             raise JetpipeError(f"std {self.std} contains 0: every channel needs a non-zero std")
         if self.scale <= 0:
             raise JetpipeError(f"scale {self.scale} must be positive (default 1/255)")
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.channel_order == "gray" else 3
+
+    def for_channels(self, channels: int) -> PreprocessSpec:
+        """This spec for a network input of `channels` channels: a 1-channel input is fed gray, with the
+        three equal means and stds of a colour spec (the defaults) as one; otherwise the user must say."""
+        if channels == self.channels:
+            return self
+        if channels == 3:
+            raise JetpipeError("channel order gray feeds 1-channel networks; this one takes 3 channels: "
+                               "use --channel-order rgb or bgr")
+        if channels != 1:
+            raise JetpipeError(f"the network takes {channels} channels; jetpipe feeds 3 (colour) or 1 (gray)")
+        if len(set(self.mean)) != 1 or len(set(self.std)) != 1:
+            raise JetpipeError(f"the network takes 1 channel (gray) but mean {list(self.mean)} / std "
+                               f"{list(self.std)} are per colour channel: pass one value each, "
+                               "e.g. --mean 0.5 --std 0.5")
+        return dataclasses.replace(self, channel_order="gray", mean=self.mean[:1], std=self.std[:1])
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

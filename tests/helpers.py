@@ -94,6 +94,37 @@ def time_major_recognizer(batch="N", declared=None, shape_reshape: bool = False)
     return _model(graph, 17)
 
 
+def gray_recognizer(height: int = 32, width: int = 128, batch="N") -> onnx.ModelProto:
+    """A 1-channel (grayscale) text-line model: x [N, 1, H, W] -> Conv -> ReLU -> GlobalAveragePool."""
+    rng = np.random.default_rng(7)
+    inits = [_init("w", rng.standard_normal((8, 1, 3, 3)) * 0.5), _init("b", rng.standard_normal(8) * 0.1)]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["y"], name="pool")]
+    graph = helper.make_graph(nodes, "gray",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 1, height, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 8, 1, 1])], inits)
+    return _model(graph, 17)
+
+
+def int8_hostile_net(size: int = 16) -> onnx.ModelProto:
+    """One channel 10^4 times the others between two Convs: a per-tensor INT8 range for that tensor rounds
+    the seven small channels to zero, whose share of the output the second Conv keeps equal."""
+    rng = np.random.default_rng(11)
+    gain = np.ones((1, 8, 1, 1), np.float32)
+    gain[0, 0] = 1e4
+    w2 = rng.standard_normal((4, 8, 1, 1)).astype(np.float32)
+    w2[:, 0] *= 1e-4
+    inits = [_init("w1", rng.standard_normal((8, 3, 3, 3)) * 0.3), _init("gain", gain), _init("w2", w2)]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Mul", ["c1", "gain"], ["m"], name="gain"),
+             helper.make_node("Conv", ["m", "w2"], ["y"], name="conv2")]
+    graph = helper.make_graph(nodes, "hostile",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, size, size])], inits)
+    return _model(graph, 17)
+
+
 def upsample_net(size: int = 8, gain: float = 1.0) -> onnx.ModelProto:
     """Conv -> Mul(gain) -> Resize(scales) -> Conv: Resize's scales must stay float32 in fp16."""
     rng = np.random.default_rng(3)

@@ -137,10 +137,11 @@ def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool)
         raise ModelError(f"the model {exported} ({culprit or problem}{tried}); re-export it with a dynamic "
                          "batch axis, or convert with --max-batch 1")
     moved = move_batch_to_front(model, axes)
-    if rewritten or moved:  # proved above: every output's axis 0 is the batch
-        for output in model.graph.output:
-            if output.type.tensor_type.shape.dim:
-                output.type.tensor_type.shape.dim[0].dim_param = "batch"
+    batch_name = image_input(model).dims[0]
+    for output in model.graph.output:  # shown above: axis 0 of every output is the batch; name it so
+        dims = output.type.tensor_type.shape.dim
+        if dims and isinstance(batch_name, str):
+            dims[0].dim_param = batch_name
     if moved:
         log.info("batch axis: output(s) %s carry the batch on another axis (time-major); a Transpose puts it "
                  "first", ", ".join(f"{n} (axis {a})" for n, a in moved.items()))

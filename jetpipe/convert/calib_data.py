@@ -52,8 +52,24 @@ class CalibrationSource:
         h.update(repr((self.size_hw, self.spec.to_dict(), self.limit)).encode())
         return h.hexdigest()
 
+    def held_out_frames(self, count: int) -> Iterator[np.ndarray]:
+        """Up to `count` frames of the same data that calibration does not see (none where it has no more)."""
+        return iter(())
+
+    def held_out(self, count: int) -> tuple[np.ndarray | None, bool]:
+        """(samples for the accuracy check, whether calibration never saw them): held-out samples where the
+        data has more than calibration takes, else the last `count` calibration samples."""
+        held = [self._input(frame) for frame in self.held_out_frames(count)]
+        if held:
+            return np.stack(held), True
+        rows = [b.copy() for b in self.batches(max(1, count))]
+        return (np.concatenate(rows)[-count:], False) if rows else (None, False)
+
+    def _input(self, frame: np.ndarray) -> np.ndarray:
+        return preprocess_bgr(frame, self.size_hw, self.spec)[0]
+
     def batches(self, batch_size: int) -> Iterator[np.ndarray]:
-        buffer = np.empty((batch_size, 3, *self.size_hw), np.float32)
+        buffer = np.empty((batch_size, self.spec.channels, *self.size_hw), np.float32)
         filled = 0
         for frame in self.frames():
             preprocess_bgr(frame, self.size_hw, self.spec, out=buffer[filled])
@@ -74,11 +90,17 @@ class ImageFolder(CalibrationSource):
                 f"calibration folder {folder} holds no images ({', '.join(sorted(uris.IMAGE_SUFFIXES))}); "
                 "point --calib at a folder of images, a video or a .npy file"
             )
-        self.folder, self.files = folder, files[:limit]
+        self.folder, self.files, self.unused = folder, files[:limit], files[limit:]
         self._warned: set[Path] = set()  # several passes read the folder: say each unreadable file once
 
     def __len__(self):
         return len(self.files)
+
+    def held_out_frames(self, count):
+        for path in self.unused[:count]:
+            image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            if image is not None:
+                yield image
 
     def frames(self):
         self.skipped = 0
@@ -120,6 +142,24 @@ class VideoFile(CalibrationSource):
 
     def __len__(self):
         return len(self.picks)
+
+    def held_out_frames(self, count):
+        """Frames between the calibration picks (videos shorter than the picks have none)."""
+        unused = [i for i in range(self.count) if i not in self.picks]
+        wanted = set(np.asarray(unused)[np.linspace(0, len(unused) - 1, min(count, len(unused))).astype(int)]
+                     .tolist()) if unused else set()
+        if not wanted:
+            return
+        capture = cv2.VideoCapture(str(self.path))
+        try:
+            for index in range(max(wanted) + 1):
+                ok, frame = capture.read()
+                if not ok:
+                    return
+                if index in wanted:
+                    yield frame
+        finally:
+            capture.release()
 
     def frames(self):
         capture = cv2.VideoCapture(str(self.path))
@@ -164,6 +204,12 @@ class NpyTensors(CalibrationSource):
         for start in range(0, len(self), batch_size):
             yield np.ascontiguousarray(self.array[start:min(start + batch_size, len(self))])
 
+    def held_out(self, count):
+        rest = self.array[len(self):len(self) + count]
+        if len(rest):
+            return np.ascontiguousarray(rest), True
+        return np.ascontiguousarray(self.array[max(0, len(self) - count):len(self)]), False
+
     def identity(self):
         return "npy:" + sha256_file(self.path)
 
@@ -179,6 +225,10 @@ class SyntheticText(CalibrationSource):
     def frames(self):
         for i in range(self.limit):
             yield render_text_image(self.seed + i, self.size_hw).bgr
+
+    def held_out_frames(self, count):
+        for i in range(count):  # the images after the calibration set's: never calibrated on
+            yield render_text_image(self.seed + self.limit + i, self.size_hw).bgr
 
     def identity(self):
         return f"synthetic-text:{self.seed}"

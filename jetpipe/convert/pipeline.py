@@ -6,6 +6,7 @@ and renamed into place only when everything succeeded.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import platform
@@ -28,7 +29,7 @@ from jetpipe.errors import CalibrationError, EngineError, JetpipeError, ModelErr
 from jetpipe.limits import MAX_BATCH
 from jetpipe.progress import bar
 from jetpipe.runtime import trt_builder
-from jetpipe.runtime.sessions import cpu_session
+from jetpipe.runtime.sessions import cpu_session, run_in_batches
 from jetpipe.spec import PreprocessSpec
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class ConvertOptions:
 
 @dataclass
 class Prepared:
+    """The FP32 model a bundle is made from; `channels`: 3 (colour) or 1 (gray)."""
+
     model: onnx.ModelProto
     input: graph.InputInfo
     size_hw: tuple[int, int]
@@ -80,24 +83,30 @@ class Prepared:
     cleanup: dict = field(default_factory=dict)       # whether onnxslim's clean-up was kept, and why not
     batch_layout: dict = field(default_factory=dict)  # rewritten batch literals, outputs' batch axes moved
 
+    @property
+    def channels(self) -> int:
+        return int(self.input.dims[1])
+
 
 def convert(opts: ConvertOptions) -> dict:
     """Run the whole conversion; returns the manifest written into the bundle."""
     _validate(opts)
     bundles.check_destination(opts.output, opts.force)
     prepared = prepare(opts.model, opts.precision, opts.input_size, opts.max_batch)
+    opts = dataclasses.replace(opts, spec=opts.spec.for_channels(prepared.channels))  # gray for 1 channel
     source = _calibration_source(opts, prepared)
     first_batch = next(source.batches(_step_batch(opts.calib_batch, prepared))) if source is not None else None
     batch_proof = _prove_batch(prepared, first_batch)  # before pruning, which can take minutes
+    checks = _CheckSamples(*source.held_out(CHECK_SAMPLES)) if source is not None else _CheckSamples(None, False)
     cost = {"source": flops.totals(flops.layer_costs(prepared.model))}
-    pruning = _apply_pruning(opts, prepared, source, cost["source"])
+    pruning = _apply_pruning(opts, prepared, source, cost["source"], checks)
     sparsity = _apply_sparsity(opts, prepared)
     cost["processed"] = flops.totals(flops.layer_costs(prepared.model))
     _check_node_names(prepared.model, opts.exclude)
     if opts.engine != "never":
         check_tensorrt_ops(prepared.model)
     calibration = _calibrate(opts, prepared, source)
-    model, excluded, check = _apply_precision(opts, prepared, calibration, first_batch)
+    model, excluded, check = _apply_precision(opts, prepared, calibration, first_batch, checks)
     with outputs.staging(opts.output) as tmp:
         onnx.save(model, str(tmp / bundles.MODEL_FILE))
         if calibration is not None:
@@ -110,9 +119,19 @@ def convert(opts: ConvertOptions) -> dict:
 
 
 RECONSTRUCT_SAMPLES = 8  # calibration images for the sensitivity measurement and the least-squares refit
+CHECK_SAMPLES = 8        # samples of the "vs fp32" accuracy check, held out from calibration where the data allows
+ACCURACY_WARNING = 0.1   # relative MAE against FP32 above which convert warns (PP-OCRv4 det INT8: about 0.02)
 
 
-def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dict) -> dict | None:
+@dataclass
+class _CheckSamples:
+    """Inputs the processed model is compared on with FP32; `held_out`: calibration never saw them."""
+
+    inputs: np.ndarray | None
+    held_out: bool
+
+
+def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dict, checks) -> dict | None:
     """Structured channel pruning of the cleaned FP32 graph (before precision and calibration)."""
     if opts.prune is None:
         return None
@@ -120,6 +139,7 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
     samples = None
     if source is not None and (opts.prune_method == "reconstruct" or opts.prune_allocation == "sensitivity"):
         samples = np.concatenate([b.copy() for b, _ in zip(source.batches(2), range(RECONSTRUCT_SAMPLES // 2))])
+    unpruned = prepared.model
     prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude),
                                    align=opts.prune_align, allocation=opts.prune_allocation,
                                    samples=samples, input_name=prepared.input.name,
@@ -132,7 +152,8 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
              before["params"] / 1e6, after["params"] / 1e6, before["flops"] / 1e9, after["flops"] / 1e9)
     for group, why in report["skipped"].items():
         log.info("not pruned: %s (%s)", group, why)
-    return {"method": opts.prune_method, "ratio": opts.prune, **report,
+    check = _accuracy_check(unpruned, prepared.model, checks, prepared.input.name, "pruning", opts)
+    return {"method": opts.prune_method, "ratio": opts.prune, **report, "check": check,
             "layers": {r["node"]: r for r in layers}}
 
 
@@ -191,12 +212,13 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
         model = graph.upgrade_opset(model)
     model = graph.fix_input_size(model, input_size)
     info = graph.image_input(model)
-    if info.dims[1] != 3:
-        raise ModelError(f"input {info.name!r} has {info.dims[1]} channels; jetpipe feeds 3-channel images")
+    if info.dims[1] not in (1, 3):
+        raise ModelError(f"input {info.name!r} has {info.dims[1]} channels; jetpipe feeds 3-channel (colour) "
+                         "or 1-channel (gray) images")
     size_hw = (int(info.dims[2]), int(info.dims[3]))
     _check_runs(model, info, size_hw)
     dynamic = graph.make_batch_dynamic(model) if max_batch > 1 else False
-    sample = np.random.default_rng(0).standard_normal((1, 3, *size_hw)).astype(np.float32)
+    sample = np.random.default_rng(0).standard_normal((1, info.dims[1], *size_hw)).astype(np.float32)
     model, cleanup = graph.clean_up(model, sample)
     layout = batch.batch_layout(model, sample, dynamic) if max_batch > 1 else {}
     return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout)
@@ -206,7 +228,7 @@ def _check_runs(model: onnx.ModelProto, info: graph.InputInfo, size_hw) -> None:
     """One ONNX Runtime run at the input size: catches sizes the graph cannot take."""
     try:
         session = cpu_session(model)
-        session.run(None, {info.name: np.zeros((1, 3, *size_hw), np.float32)})
+        session.run(None, {info.name: np.zeros((1, info.dims[1], *size_hw), np.float32)})
     except Exception as exc:
         raise ModelError(
             f"the model does not run at input size {size_hw[0]}x{size_hw[1]} "
@@ -232,7 +254,7 @@ def _prove_batch(prepared: Prepared, first_batch) -> dict | None:
     if not prepared.batch_made_dynamic:
         return None
     sample = first_batch if first_batch is not None else \
-        np.random.default_rng(0).standard_normal((1, 3, *prepared.size_hw)).astype(np.float32)
+        np.random.default_rng(0).standard_normal((1, prepared.channels, *prepared.size_hw)).astype(np.float32)
     return {"made_dynamic": True, "max_relative_difference": batch.prove_rows(prepared.model, sample),
             "rewritten_reshapes": prepared.batch_layout["rewritten_reshapes"]}
 
@@ -293,7 +315,7 @@ def _cached_calibration(opts, wanted: dict) -> CalibrationResult | None:
     return None
 
 
-def _apply_precision(opts, prepared: Prepared, calibration, first_batch):
+def _apply_precision(opts, prepared: Prepared, calibration, first_batch, checks):
     """The processed model, the nodes kept in float32 (name -> reason), and an accuracy check."""
     model = prepared.model
     manual = {n: "--exclude" for n in opts.exclude}
@@ -303,24 +325,25 @@ def _apply_precision(opts, prepared: Prepared, calibration, first_batch):
         absmax = calibration.absmax if calibration is not None else {}
         if calibration is None:
             log.warning("fp16 without --calib: no activation ranges; only weights are checked")
-        return _to_fp16(opts, model, absmax, manual, first_batch, prepared.input.name)
-    return _to_int8(opts, prepared, calibration, manual, first_batch)
+        return _to_fp16(opts, model, absmax, manual, checks, prepared.input.name)
+    return _to_int8(opts, prepared, calibration, manual, first_batch, checks)
 
 
-def _to_fp16(opts, model, absmax, manual, samples, input_name):
+def _to_fp16(opts, model, absmax, manual, checks, input_name):
     data_max = opts.fp16_data_max
     while True:
         keep = {**fp16.range_rules(model, absmax, data_max), **manual}
         half = fp16.convert(model, set(keep))
-        check = _accuracy_check(model, half, samples, input_name)
+        check = _accuracy_check(model, half, checks, input_name)
         if check is None or check["relative_mae"] <= FP16_TOLERANCE or data_max <= 256 or not absmax:
+            _warn_if_inaccurate(check, "FP16", opts)
             return half, keep, check
         data_max /= 4  # measured error too high: keep more of the largest-valued nodes in fp32
         log.info("fp16 output error %.2e: keeping nodes with |x| > %g in fp32",
                  check["relative_mae"], data_max)
 
 
-def _to_int8(opts, prepared: Prepared, calibration: CalibrationResult, manual, samples):
+def _to_int8(opts, prepared: Prepared, calibration: CalibrationResult, manual, samples, checks):
     model, name = prepared.model, prepared.input.name
     excluded = dict(manual)
     if opts.auto_exclude and samples is not None:
@@ -340,7 +363,7 @@ def _to_int8(opts, prepared: Prepared, calibration: CalibrationResult, manual, s
                                "drop --calib-cache to recalibrate")
     quantized = int8.quantize(model, qplan, calibration.ranges)
     graph.check(quantized, "the INT8 model")
-    return quantized, excluded, _accuracy_check(model, quantized, samples, name)
+    return quantized, excluded, _accuracy_check(model, quantized, checks, name, "INT8", opts)
 
 
 def _check_node_names(model, names) -> None:
@@ -352,14 +375,31 @@ def _check_node_names(model, names) -> None:
             raise ModelError(f"--exclude {name!r}: no node of that name in the cleaned-up model{hint}")
 
 
-def _accuracy_check(reference, processed, samples, input_name) -> dict | None:
-    """Output error of the processed model against FP32 on a calibration batch."""
-    if samples is None:
+def _accuracy_check(reference, processed, checks: _CheckSamples, input_name, what: str | None = None,
+                    opts=None) -> dict | None:
+    """Output error of the processed model against `reference` (FP32) on the check samples; warns
+    (`what`: the step) where it is large."""
+    if checks.inputs is None:
         return None
-    ref = cpu_session(reference).run(None, {input_name: samples})
-    out = cpu_session(processed).run(None, {input_name: samples})
-    return {"samples": int(len(samples)), "relative_mae": sensitivity.relative_mae(ref, out),
-            "max_abs_error": max(float(np.abs(r - o).max()) for r, o in zip(ref, out))}
+    ref = run_in_batches(cpu_session(reference), checks.inputs)
+    out = run_in_batches(cpu_session(processed), checks.inputs)
+    check = {"samples": int(len(checks.inputs)), "held_out": checks.held_out,
+             "relative_mae": sensitivity.relative_mae(ref, out),
+             "max_abs_error": max(float(np.abs(r - o).max()) for r, o in zip(ref, out))}
+    if what is not None:
+        _warn_if_inaccurate(check, what, opts)
+    return check
+
+
+def _warn_if_inaccurate(check: dict | None, what: str, opts) -> None:
+    if check is None or check["relative_mae"] <= ACCURACY_WARNING:
+        return
+    samples = f"{check['samples']} {'held-out' if check['held_out'] else 'calibration'} samples"
+    log.warning("%s changes the model's outputs by %.0f %% (relative MAE %.3f against FP32 on %s; warned above "
+                "%.2f): check the task's metric with `jetpipe calibrate accuracy %s --data %s --budget ...`, "
+                "which can also keep the worst layers in float", what, 100 * check["relative_mae"],
+                check["relative_mae"], samples, ACCURACY_WARNING, opts.output, opts.calib)
+    check["warning"] = f"relative MAE above {ACCURACY_WARNING}"
 
 
 def _build_engine(opts, prepared: Prepared, folder: Path) -> dict:
@@ -370,7 +410,7 @@ def _build_engine(opts, prepared: Prepared, folder: Path) -> dict:
         log.warning("TensorRT is not installed: bundle written without an engine")
         return {"built": False, "reason": "TensorRT not installed on the converting machine"}
     build = trt_builder.BuildOptions(
-        input_name=prepared.input.name, input_chw=(3, *prepared.size_hw), max_batch=opts.max_batch,
+        input_name=prepared.input.name, input_chw=(prepared.channels, *prepared.size_hw), max_batch=opts.max_batch,
         workspace_bytes=opts.workspace_mb * (1 << 20) if opts.workspace_mb else None,
         timing_cache=opts.timing_cache, sparse_weights=opts.sparsity is not None, dla_core=opts.dla_core,
         family=family, targets=tuple(opts.rtx_targets) if family == "tensorrt-rtx" else ())

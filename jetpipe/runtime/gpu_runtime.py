@@ -135,7 +135,7 @@ class GpuRuntime(RuntimeBase):
             return None
 
     def _make_backend(self, backend: str, cuda_graph: bool):
-        sample = (3, *self.size_hw)
+        sample = (self.spec.channels, *self.size_hw)
         if backend in ENGINE_BACKENDS:
             check_engine_compatibility(self.manifest, import_family(backend).__version__,
                                        self.device.compute_capability, str(self.bundle_dir), backend)
@@ -157,7 +157,7 @@ class GpuRuntime(RuntimeBase):
             device_frames = d.alloc(b * self.capacity)
             addresses = [int(device_frames) + i * self.capacity for i in range(b)]
         input_dtype = np.dtype(self.backend.input.dtype)
-        input_buffer = d.alloc(b * 3 * self.size_hw[0] * self.size_hw[1] * input_dtype.itemsize)
+        input_buffer = d.alloc(self.backend.input.nbytes(b))
         specs = self.backend.outputs
         outputs = {s.name: d.alloc(s.nbytes(b)) for s in specs}
         host_outputs = {} if self.reducer else {s.name: d.pinned((b, *s.sample_shape), s.dtype) for s in specs}

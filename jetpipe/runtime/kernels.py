@@ -19,6 +19,7 @@ from jetpipe.geometry import Letterbox, affine, fit
 from jetpipe.spec import PreprocessSpec
 
 SOURCE = Path(__file__).with_name("preprocess.cu")
+MODES = {"rgb": 0, "bgr": 1, "gray": 2}  # mirrors MODE_* in preprocess.cu
 BLOCK = (32, 8, 1)
 
 # Mirrors struct FrameParams in preprocess.cu (80 bytes, 8-byte aligned).
@@ -87,9 +88,9 @@ class GpuPreprocessor:
         self.function.prepare("PPiiifffffffi")
         self.host_params = device.pinned((max_batch,), PARAMS)
         self.device_params = device.alloc(PARAMS.itemsize * max_batch)
-        mul, add = affine(spec)
+        mul, add = (np.resize(v, 3) for v in affine(spec))  # gray: one channel, the kernel reads m0 / a0
         self.constants = (np.float32(spec.pad_value), *(np.float32(v) for v in (*mul, *add)),
-                          np.int32(spec.channel_order == "bgr"))
+                          np.int32(MODES[spec.channel_order]))
         self._cuda = device.cuda
 
     def set_frame(self, index: int, fmt: str, height: int, width: int, address: int,

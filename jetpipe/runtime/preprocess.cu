@@ -1,5 +1,6 @@
 // Fused batch preprocessing: colour conversion + bilinear resize (letterbox or
-// stretch) + scale/mean/std + channel order + NCHW, fp32 or fp16 output.
+// stretch) + scale/mean/std + channel order + NCHW, fp32 or fp16 output; or, for
+// 1-channel networks (mode GRAY), the luma alone: a YUV frame's Y plane only.
 // One launch per batch: grid.z = frame index; each frame has its own source
 // size, format, colour matrix and placement (FrameParams). The arithmetic
 // mirrors jetpipe/frames.py + cv2.resize(INTER_LINEAR) on float images.
@@ -14,6 +15,7 @@ struct FrameParams {
 };
 
 enum { NV12 = 0, I420 = 1, YUYV = 2, UYVY = 3, BGR = 4, RGB = 5 };
+enum { MODE_RGB = 0, MODE_BGR = 1, MODE_GRAY = 2 };  // the network's channels
 
 __device__ __forceinline__ float clamp255(float v) { return fminf(fmaxf(v, 0.f), 255.f); }
 
@@ -60,6 +62,28 @@ __device__ __forceinline__ float3 fetch_rgb(const FrameParams& f, int x, int y) 
                        clamp255(yy + f.bu * cb));
 }
 
+// Luma in [0, 255], full range: the Y sample of a YUV frame (no chroma read), BT.601 weights for
+// BGR / RGB as OpenCV's COLOR_BGR2GRAY. Mirrors jetpipe.frames.to_gray_float.
+__device__ __forceinline__ float fetch_gray(const FrameParams& f, int x, int y) {
+    const unsigned char* base = reinterpret_cast<const unsigned char*>(f.src);
+    float Y;
+    switch (f.format) {
+    case NV12:
+    case I420: Y = base[y * f.pitch + x]; break;
+    case YUYV: Y = base[y * f.pitch + (x >> 1) * 4 + (x & 1) * 2]; break;
+    case UYVY: Y = base[y * f.pitch + (x >> 1) * 4 + 1 + (x & 1) * 2]; break;
+    case BGR: {
+        const unsigned char* p = base + y * f.pitch + x * 3;
+        return 0.114f * p[0] + 0.587f * p[1] + 0.299f * p[2];
+    }
+    default: {
+        const unsigned char* p = base + y * f.pitch + x * 3;
+        return 0.299f * p[0] + 0.587f * p[1] + 0.114f * p[2];
+    }
+    }
+    return clamp255((Y - f.y0) * f.ky);
+}
+
 // cv2.resize INTER_LINEAR source coordinate: half-pixel centres, replicated border.
 __device__ __forceinline__ void tap(float pos, float scale, int size, int& i0, int& i1, float& a) {
     const float s = (pos + 0.5f) * scale - 0.5f;
@@ -79,31 +103,43 @@ template <> __device__ __forceinline__ float to_out<float>(float v) { return v; 
 template <> __device__ __forceinline__ __half to_out<__half>(float v) { return __float2half_rn(v); }
 
 // mul/add per *output* channel: out = pixel * mul + add (scale, mean, std folded in);
-// swap_rb: output channel 0 takes blue (bgr networks).
+// mode BGR: output channel 0 takes blue; GRAY: one output channel, the luma (m0, a0).
 template <typename T>
 __device__ void preprocess(const FrameParams* __restrict__ params, T* __restrict__ out,
                            int out_w, int out_h, int batch, float pad,
-                           float m0, float m1, float m2, float a0, float a1, float a2, int swap_rb) {
+                           float m0, float m1, float m2, float a0, float a1, float a2, int mode) {
     const int x = blockIdx.x * blockDim.x + threadIdx.x;
     const int y = blockIdx.y * blockDim.y + threadIdx.y;
     const int b = blockIdx.z;
     if (x >= out_w || y >= out_h || b >= batch) return;
     const FrameParams f = params[b];
     const int cx = x - f.pad_x, cy = y - f.pad_y;
-    float3 rgb;
-    if (cx < 0 || cy < 0 || cx >= f.content_w || cy >= f.content_h) {
-        rgb = make_float3(pad, pad, pad);
-    } else {
-        int x0, x1, y0, y1;
-        float ax, ay;
+    const bool inside = cx >= 0 && cy >= 0 && cx < f.content_w && cy < f.content_h;
+    int x0 = 0, x1 = 0, y0 = 0, y1 = 0;
+    float ax = 0.f, ay = 0.f;
+    if (inside) {
         tap(cx, f.scale_x, f.width, x0, x1, ax);
         tap(cy, f.scale_y, f.height, y0, y1, ay);
+    }
+    const size_t plane = static_cast<size_t>(out_w) * out_h;
+    if (mode == MODE_GRAY) {
+        float g = pad;
+        if (inside) {
+            const float top = fetch_gray(f, x0, y0) + (fetch_gray(f, x1, y0) - fetch_gray(f, x0, y0)) * ax;
+            const float bottom = fetch_gray(f, x0, y1) + (fetch_gray(f, x1, y1) - fetch_gray(f, x0, y1)) * ax;
+            g = top + (bottom - top) * ay;
+        }
+        out[static_cast<size_t>(b) * plane + static_cast<size_t>(y) * out_w + x] = to_out<T>(g * m0 + a0);
+        return;
+    }
+    float3 rgb = make_float3(pad, pad, pad);
+    if (inside) {
         const float3 top = lerp3(fetch_rgb(f, x0, y0), fetch_rgb(f, x1, y0), ax);
         const float3 bottom = lerp3(fetch_rgb(f, x0, y1), fetch_rgb(f, x1, y1), ax);
         rgb = lerp3(top, bottom, ay);
     }
+    const bool swap_rb = mode == MODE_BGR;
     const float c0 = swap_rb ? rgb.z : rgb.x, c2 = swap_rb ? rgb.x : rgb.z;
-    const size_t plane = static_cast<size_t>(out_w) * out_h;
     T* dst = out + static_cast<size_t>(b) * 3 * plane + static_cast<size_t>(y) * out_w + x;
     dst[0] = to_out<T>(c0 * m0 + a0);
     dst[plane] = to_out<T>(rgb.y * m1 + a1);
@@ -112,12 +148,12 @@ __device__ void preprocess(const FrameParams* __restrict__ params, T* __restrict
 
 extern "C" __global__ void preprocess_f32(const FrameParams* params, float* out, int out_w, int out_h,
                                           int batch, float pad, float m0, float m1, float m2,
-                                          float a0, float a1, float a2, int swap_rb) {
-    preprocess<float>(params, out, out_w, out_h, batch, pad, m0, m1, m2, a0, a1, a2, swap_rb);
+                                          float a0, float a1, float a2, int mode) {
+    preprocess<float>(params, out, out_w, out_h, batch, pad, m0, m1, m2, a0, a1, a2, mode);
 }
 
 extern "C" __global__ void preprocess_f16(const FrameParams* params, __half* out, int out_w, int out_h,
                                           int batch, float pad, float m0, float m1, float m2,
-                                          float a0, float a1, float a2, int swap_rb) {
-    preprocess<__half>(params, out, out_w, out_h, batch, pad, m0, m1, m2, a0, a1, a2, swap_rb);
+                                          float a0, float a1, float a2, int mode) {
+    preprocess<__half>(params, out, out_w, out_h, batch, pad, m0, m1, m2, a0, a1, a2, mode);
 }

@@ -40,7 +40,7 @@ class CpuRuntime(RuntimeBase):
         self._preprocess = preprocess_frame if exact_preprocess else preprocess_frame_fast
 
         self._init_sets(buffer_sets)
-        self.backend = OrtCpuBackend(self.model_path, (3, *self.size_hw), self.max_batch)
+        self.backend = OrtCpuBackend(self.model_path, (self.spec.channels, *self.size_hw), self.max_batch)
         self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
         # one input and output buffer per set: a collected batch's outputs stay valid while the next runs
         b, spec = self.max_batch, self.backend.input

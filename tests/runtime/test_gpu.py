@@ -53,10 +53,10 @@ def _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype):
             device.cuda.memcpy_htod(buf, frame)
             h, w = frame_size(frame, fmt)
             pre.set_frame(i, fmt, h, w, int(buf), matrix)
-        out = device.alloc(len(frames) * 3 * size_hw[0] * size_hw[1] * np.dtype(out_dtype).itemsize)
+        out = device.alloc(len(frames) * spec.channels * size_hw[0] * size_hw[1] * np.dtype(out_dtype).itemsize)
         pre.launch(len(frames), int(out), stream)
         stream.synchronize()
-        host = np.empty((len(frames), 3, *size_hw), out_dtype)
+        host = np.empty((len(frames), spec.channels, *size_hw), out_dtype)
         device.cuda.memcpy_dtoh(host, out)
     return host
 
@@ -77,6 +77,19 @@ def test_kernel_matches_cpu_reference(device, module, fmt, standard, value_range
     diff = np.abs(gpu - cpu)
     assert np.isfinite(gpu).all()
     assert diff.max() <= one_step, (fmt, standard, value_range, diff.max(), one_step)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("standard, value_range", [("bt601", "limited"), ("bt709", "full")])
+def test_gray_kernel_matches_the_luma_reference(device, module, fmt, standard, value_range):
+    """1-channel networks: the kernel writes one plane, the frame's luma (Y plane of YUV frames)."""
+    matrix = ColourMatrix.of(standard, value_range)
+    spec = PreprocessSpec(channel_order="gray", mean=(0.5,), std=(0.25,), pad_value=0)
+    frames = [from_bgr(img, fmt, matrix) for img in _images()]
+    gpu = _run_kernel(device, module, frames, fmt, matrix, spec, (48, 320), np.float32)
+    cpu = np.stack([preprocess_frame(f, fmt, (48, 320), spec, matrix)[0] for f in frames])
+    assert gpu.shape == cpu.shape == (len(frames), 1, 48, 320)
+    assert np.abs(gpu - cpu).max() <= float(affine(spec)[0][0])  # one 8-bit level
 
 
 def test_stretch_resize_and_rgb_order(device, module):
@@ -121,6 +134,24 @@ def det_bundle(tmp_path_factory, det_model_path):
     convert(ConvertOptions(model=det_model_path, output=out, input_size=(640, 640), max_batch=8,
                            spec=preset("ppocr-det"), engine="never", progress=False))
     return out
+
+
+def test_a_gray_bundle_on_the_gpu_matches_the_cpu_runtime(tmp_path):
+    """A 1-channel network: the kernel's luma plane -> ONNX Runtime CUDA, against the CPU reference path."""
+    _needs_cuda_ep()
+    from jetpipe.convert import ConvertOptions, convert
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+    from jetpipe.runtime.runtime import CpuRuntime
+    from tests.helpers import gray_recognizer, save
+
+    model = save(gray_recognizer(), tmp_path / "rec.onnx")
+    convert(ConvertOptions(model=model, output=tmp_path / "b", max_batch=4, engine="never", progress=False,
+                           spec=PreprocessSpec(channel_order="gray", mean=(0.5,), std=(0.5,))))
+    frames = [Frame(from_bgr(render_text_image(i, (64 + 16 * i, 320)).bgr, "nv12"), "nv12") for i in range(4)]
+    with GpuRuntime(tmp_path / "b", max_batch=4) as gpu, CpuRuntime(tmp_path / "b", exact_preprocess=True) as cpu:
+        assert gpu.preprocess_only(frames).shape == (4, 1, 32, 128)
+        np.testing.assert_allclose(gpu.infer(frames).outputs["y"], cpu.infer(frames).outputs["y"],
+                                   rtol=1e-3, atol=1e-3)
 
 
 def _frames(count=4, fmt="nv12"):
