@@ -56,7 +56,8 @@ def child(args) -> None:
                for _ in range(args.streams)]
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=sources, duration=args.seconds,
                                      max_batch=BATCH, backend=args.backend, metrics_listen="",
-                                     log_every_s=1e9, batch_timeout_ms=20, queue_depth=4, task=args.task))
+                                     log_every_s=1e9, batch_timeout_ms=args.batch_timeout_ms, queue_depth=4,
+                                     task=args.task))
     pipeline = Pipeline(config)  # start-up (allocation, warm-up, decoder probes) is not timed
     paths = sorted({s.describe().rsplit("(", 1)[-1].rstrip(")") for s in pipeline.sources})
     before, wall = os.times(), time.perf_counter()
@@ -74,13 +75,15 @@ def child(args) -> None:
         "decode_errors": sum(summary["decode_errors"]), "cpu_cores": cpu / wall,
         "cpu_ms_per_frame": 1000 * cpu / max(processed, 1), "rss_mb": rss, "decoder_rss_mb_max": child_rss,
         "p50_ms": total.get("0.5"), "p99_ms": total.get("0.99"), "seconds": wall,
+        "batch_timeout_ms": args.batch_timeout_ms,
+        "stage_p99_ms": {s: summary["latency_ms"][s].get("0.99") for s in ("queue", "gpu", "post")},
         "frame_bytes_uploaded": getattr(pipeline.runtime, "frame_bytes_uploaded", None)}), flush=True)
 
 
 def run_child(bundle: Path, clip: Path, streams: int, decoder: str, seconds: float, realtime=False,
-              task=None) -> dict:
+              task=None, batch_timeout_ms: float = 20) -> dict:
     argv = [sys.executable, __file__, "child", "--bundle", str(bundle), "--clip", str(clip), "--streams",
-            str(streams), "--decoder", decoder, "--seconds", str(seconds)]
+            str(streams), "--decoder", decoder, "--seconds", str(seconds), "--batch-timeout-ms", str(batch_timeout_ms)]
     argv += ["--realtime"] if realtime else []
     argv += ["--task", task] if task else []
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
@@ -102,11 +105,16 @@ def main() -> None:
     c.add_argument("--realtime", action="store_true")
     c.add_argument("--task")
     c.add_argument("--backend", default="onnxruntime-cuda")
+    c.add_argument("--batch-timeout-ms", type=float, default=20)
     parser.add_argument("--streams", default="8,16")
     parser.add_argument("--codecs", default="h264,hevc")
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--modes", default="saturated,raw,realtime",
+                        help="saturated (with postprocessing), raw (without), realtime (NVDEC only)")
+    parser.add_argument("--batch-timeouts", default="20",
+                        help="batch timeouts (ms) for the real-time rows, e.g. 20,5,0: one row each")
     args = parser.parse_args()
     if args.what == "child":
         child(args)
@@ -128,9 +136,12 @@ def run_all(args) -> None:
         for codec in args.codecs.split(","):
             clip = encode(Path(tmp), codec, 10)
             for n in streams:
-                runs = [(path, {}) for path in args.paths.split(",")]
-                runs += [(path, {"task": "raw"}) for path in args.paths.split(",")]
-                runs += [("nvdec", {"realtime": True})] if "nvdec" in args.paths else []
+                modes, paths = args.modes.split(","), args.paths.split(",")
+                runs = [(path, {}) for path in paths] if "saturated" in modes else []
+                runs += [(path, {"task": "raw"}) for path in paths] if "raw" in modes else []
+                if "realtime" in modes and "nvdec" in paths:
+                    runs += [("nvdec", {"realtime": True, "batch_timeout_ms": float(t)})
+                             for t in args.batch_timeouts.split(",")]
                 for path, options in runs:
                     rows.append({"codec": codec, **run_child(bundle, clip, n, path, args.seconds, **options)})
                     print(json.dumps(rows[-1]), flush=True)
@@ -148,7 +159,8 @@ def report(rows: list[dict], engine_fps: float) -> None:
         if "error" in r:
             print(f"| {r['codec']} | {r['streams']} | {r['decoder']} | | error: {r['error'][:80]} |")
             continue
-        mode = "real time" if r["realtime"] else ("saturated, no postprocess" if r["task"] == "raw" else "saturated")
+        mode = (f"real time (batch timeout {r.get('batch_timeout_ms', 20):g} ms)" if r["realtime"] else
+                "saturated, no postprocess" if r["task"] == "raw" else "saturated")
         period = 2 * 1000 * BATCH / (30 * r["streams"])
         print(f"| {r['codec']} | {r['streams']} | {'+'.join(r['paths'])} | {mode} | {r['fps']:.0f} | "
               f"{100 * r['fps'] / engine_fps:.0f} % | {r['cpu_cores']:.2f} | {r['cpu_ms_per_frame']:.2f} | "
