@@ -1,0 +1,108 @@
+"""A network camera for real: RTSP served on 127.0.0.1 by GStreamer's gst-rtsp-server, read by the
+FFmpeg source as YUV; the server goes away mid-stream and comes back, the daemon reconnects."""
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from jetpipe.cli import main
+from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.daemon import Pipeline
+from tests.helpers import residual_cnn, save
+
+SERVER = Path(__file__).resolve().parents[1] / "rtsp_server.py"
+SYSTEM_PYTHON = "/usr/bin/python3"  # PyGObject comes from Debian's packages, not from the venv
+CHECK = ("import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import Gst, GstRtspServer; "
+         "Gst.init(None); missing = [e for e in ('qtdemux', 'h264parse', 'rtph264pay') "
+         "if Gst.ElementFactory.find(e) is None]; assert not missing, missing")
+
+
+def _server_missing() -> str | None:
+    if shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None:
+        return "ffmpeg/ffprobe not installed (apt install ffmpeg)"
+    try:
+        subprocess.run([SYSTEM_PYTHON, "-c", CHECK], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        return ("no RTSP server here: apt install python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-rtsp "
+                "gstreamer1.0-plugins-good gstreamer1.0-plugins-bad (.ci/run installs them)")
+    return None
+
+
+pytestmark = pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
+
+
+class RtspServer:
+    def __init__(self, clip: Path):
+        self.clip, self.process = clip, None
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"rtsp://127.0.0.1:{self.port}/live"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([SYSTEM_PYTHON, str(SERVER), str(self.clip), str(self.port)],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.process.stdout.readline().strip() == "ready", self.process.stderr.read()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture
+def rtsp(tmp_path):
+    clip = tmp_path / "cam.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=320x240:r=30", "-t", "60",
+                    "-c:v", "libx264", "-preset", "veryfast", "-g", "15", "-pix_fmt", "yuv420p", str(clip)],
+                   check=True)
+    server = RtspServer(clip)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rtsp")
+    assert main(["convert", save(residual_cnn(size=64), folder / "m.onnx"), "-o", str(folder / "b"),
+                 "--max-batch", "4", "--engine", "never", "--quiet"]) == 0
+    return folder / "b"
+
+
+def _wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_an_rtsp_camera_that_drops_out_is_reconnected(tiny_bundle, rtsp):
+    config = validate(PipelineConfig(bundle=tiny_bundle, sources=[SourceConfig(rtsp.url, decoder="ffmpeg")],
+                                     metrics_listen="", reconnect_max_s=0.5, backend="onnxruntime-cpu"))
+    pipeline = Pipeline(config)
+    summary = {}
+    runner = threading.Thread(target=lambda: summary.update(pipeline.run()))
+    runner.start()
+    try:
+        m = pipeline.metrics
+        _wait_for(lambda: m.captured[0] >= 30, 30, "the first 30 frames")
+        source = pipeline.sources[0]
+        assert source.info.format in ("nv12", "i420") and (source.info.width, source.info.height) == (320, 240)
+        rtsp.stop()  # the camera goes away mid-stream
+        _wait_for(lambda: m.reconnects[0] >= 1, 30, "the source to notice and retry")
+        before = m.captured[0]
+        rtsp.start()  # and comes back on the same address
+        _wait_for(lambda: m.captured[0] >= before + 30, 60, "frames after the camera came back")
+    finally:
+        pipeline.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert summary["reconnects"][0] >= 1 and summary["failed"][0] >= 1
+    assert summary["processed"][0] + summary["dropped"][0] >= 60
