@@ -81,6 +81,38 @@ def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_word
     return result
 
 
+def render_text_line(seed: int, size_hw: tuple[int, int] = (48, 320)) -> TextImage:
+    """One text-line crop, as a recognizer sees it: a few words on one line filling the height, left-aligned
+    with a small margin (the words past the right edge are dropped)."""
+    rng = np.random.default_rng(seed)
+    h, w = size_hw
+    canvas = Image.fromarray(_background(rng, h, w))
+    draw = ImageDraw.Draw(canvas)
+    font = ImageFont.load_default(size=max(8, int(h * rng.uniform(0.55, 0.8))))
+    words, x = [], int(rng.integers(1, max(2, w // 20)))
+    while True:
+        word = _word(rng)
+        x0, y0, x1, y1 = draw.textbbox((0, 0), word, font=font)
+        if x + (x1 - x0) > w - 2:
+            break
+        words.append((word, x, x0, y0, x1, y1))
+        x += (x1 - x0) + int(font.size * rng.uniform(0.3, 0.6))
+    result = TextImage(bgr=np.empty(0))
+    color = _contrasting(rng, np.asarray(canvas))
+    for word, x, x0, y0, x1, y1 in words:
+        y = (h - (y1 - y0)) // 2
+        draw.text((x - x0, y - y0), word, font=font, fill=color)
+        result.boxes.append((x, y, x + x1 - x0, y + y1 - y0))
+        result.words.append(word)
+    result.bgr = np.ascontiguousarray(np.asarray(canvas)[:, :, ::-1])
+    return result
+
+
+def is_line_shaped(size_hw: tuple[int, int]) -> bool:
+    """A text-line recognizer's input: short (<= 64 px) and at least three times as wide as high."""
+    return size_hw[0] <= 64 and size_hw[1] >= 3 * size_hw[0]
+
+
 def write_text_images(folder, count: int, seed: int = 0, size_hw: tuple[int, int] = (480, 640)):
     """Write `count` PNG images to `folder` (a calibration set on disk)."""
 

@@ -125,6 +125,20 @@ def int8_hostile_net(size: int = 16) -> onnx.ModelProto:
     return _model(graph, 17)
 
 
+def qdq_net(size: int = 16) -> onnx.ModelProto:
+    """An already quantized model (Q/DQ in front of a Conv, as ONNX Runtime's quantize_static writes it)."""
+    rng = np.random.default_rng(13)
+    inits = [_init("w", rng.standard_normal((4, 3, 3, 3)) * 0.3), _init("scale", 0.02),
+             numpy_helper.from_array(np.array(0, np.int8), "zero")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], name="quantize_input"),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["dq"], name="dequantize_input"),
+             helper.make_node("Conv", ["dq", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "qdq",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, size, size])], inits)
+    return _model(graph, 17)
+
+
 def upsample_net(size: int = 8, gain: float = 1.0) -> onnx.ModelProto:
     """Conv -> Mul(gain) -> Resize(scales) -> Conv: Resize's scales must stay float32 in fp16."""
     rng = np.random.default_rng(3)

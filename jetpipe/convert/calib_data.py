@@ -20,7 +20,7 @@ from jetpipe.errors import CalibrationError
 from jetpipe.lazy import lazy_import
 from jetpipe.preprocess import preprocess_bgr
 from jetpipe.spec import PreprocessSpec
-from jetpipe.synth import render_text_image
+from jetpipe.synth import is_line_shaped, render_text_image, render_text_line
 
 cv2 = lazy_import("cv2")
 
@@ -215,23 +215,35 @@ class NpyTensors(CalibrationSource):
 
 
 class SyntheticText(CalibrationSource):
-    """Rendered-text images made on the fly: the embedded default data."""
+    """Rendered-text images made on the fly: the embedded default data. Scene text (words anywhere on a
+    textured background, what a text detector sees); for a line-shaped input (a recognizer's), text-line
+    crops instead."""
 
     seed = 10_000  # tests and accuracy checks use seeds below this: no overlap
+
+    def __init__(self, size_hw, spec, limit):
+        super().__init__(size_hw, spec, limit)
+        self.lines = is_line_shaped(size_hw)
 
     def __len__(self):
         return self.limit
 
+    def _render(self, seed: int) -> np.ndarray:
+        return (render_text_line if self.lines else render_text_image)(seed, self.size_hw).bgr
+
     def frames(self):
         for i in range(self.limit):
-            yield render_text_image(self.seed + i, self.size_hw).bgr
+            yield self._render(self.seed + i)
 
     def held_out_frames(self, count):
         for i in range(count):  # the images after the calibration set's: never calibrated on
-            yield render_text_image(self.seed + self.limit + i, self.size_hw).bgr
+            yield self._render(self.seed + self.limit + i)
 
     def identity(self):
-        return f"synthetic-text:{self.seed}"
+        return f"synthetic-{'lines' if self.lines else 'text'}:{self.seed}"
+
+    def describe(self) -> str:
+        return "text lines" if self.lines else "scene text"
 
 
 def open_source(spec_text: str, input_shape: tuple, size_hw, spec: PreprocessSpec,

@@ -37,6 +37,7 @@ class OpPolicy:
     channelwise: bool = False  # pruning: a channel space passes through unchanged
     elementwise: bool = False  # pruning: a binary op whose two activation inputs must be pruned alike
     tensorrt: bool = True      # TensorRT's ONNX parser can build it
+    quantized: bool = False    # the model is quantized already (Q/DQ, ONNX Runtime's integer ops)
 
 
 def _trans_b(node: onnx.NodeProto) -> bool:
@@ -58,14 +59,20 @@ _REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceL2", "ReduceSumSquare", "Softma
 # integer quantized ops, training losses)
 _NOT_TENSORRT = ("SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
                  "SequenceLength", "ConcatFromSequence", "SplitToSequence", "StringNormalizer", "TfIdfVectorizer",
-                 "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear",
                  "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Multinomial")
+# ONNX Runtime's quantization output (dynamic and static QOperator formats, com.microsoft's too)
+_INTEGER_OPS = ("ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear",
+                "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat",
+                "QLinearGlobalAveragePool", "QLinearAveragePool", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+                "QGemm", "QAttention")
 
 POLICIES: dict[str, OpPolicy] = {
     **{op: OpPolicy(channelwise=True) for op in _CHANNELWISE},
     **{op: OpPolicy(fp16=FLOAT32) for op in _FLOAT32},
     **{op: OpPolicy(fp16=REDUCTION) for op in _REDUCTIONS},
     **{op: OpPolicy(tensorrt=False) for op in _NOT_TENSORRT},
+    **{op: OpPolicy(tensorrt=False, quantized=True) for op in _INTEGER_OPS},
+    **{op: OpPolicy(quantized=True) for op in ("QuantizeLinear", "DequantizeLinear")},
     "Conv": OpPolicy(weights=WeightAxes(output=lambda n: 0, reduction=_conv_reduction)),  # K x C x R x S
     "ConvTranspose": OpPolicy(weights=WeightAxes(output=lambda n: 1)),  # C_in x K/group x R x S
     "Gemm": OpPolicy(weights=WeightAxes(output=lambda n: 0 if _trans_b(n) else 1,

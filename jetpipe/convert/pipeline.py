@@ -21,7 +21,8 @@ from jetpipe import __version__, outputs
 from jetpipe import bundle as bundles
 from jetpipe.convert import batch, calib_cache, flops, fp16, graph, int8, sensitivity, stats
 from jetpipe.convert.calib_cache import CalibrationResult
-from jetpipe.convert.calib_data import CalibrationSource, open_source
+from jetpipe.convert.calib_data import CalibrationSource, SyntheticText, open_source
+from jetpipe.convert.ops import policy
 from jetpipe.convert.prune import prune
 from jetpipe.convert.sparsity import apply_2_4
 from jetpipe.convert.trt_ops import check_tensorrt_ops
@@ -208,6 +209,7 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
     is made from (and the reference `calibrate accuracy` compares it with)."""
     model = graph.load(model_path)
     source_sha = bundles.sha256_file(model_path)
+    _refuse_requantizing(model, precision)
     if precision == "int8":
         model = graph.upgrade_opset(model)
     model = graph.fix_input_size(model, input_size)
@@ -222,6 +224,18 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
     model, cleanup = graph.clean_up(model, sample)
     layout = batch.batch_layout(model, sample, dynamic) if max_batch > 1 else {}
     return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout)
+
+
+def _refuse_requantizing(model: onnx.ModelProto, precision: str) -> None:
+    """An already quantized model (ONNX Runtime's quantize_dynamic / quantize_static output, or Q/DQ) is not
+    converted to FP16 or quantized again: fp16 broke its integer ops (INVALID_GRAPH), int8 would stack Q/DQ."""
+    if precision == "fp32":
+        return
+    node = next((n for n in model.graph.node if policy(n.op_type).quantized), None)
+    if node is not None:
+        raise ModelError(f"the model is quantized already (node {node.name or '<unnamed>'!r} is {node.op_type}): "
+                         f"--precision {precision} needs the float model it was made from; or convert this one "
+                         "with --precision fp32, which keeps its quantization")
 
 
 def _check_runs(model: onnx.ModelProto, info: graph.InputInfo, size_hw) -> None:
@@ -240,7 +254,15 @@ def _check_runs(model: onnx.ModelProto, info: graph.InputInfo, size_hw) -> None:
 def _calibration_source(opts, prepared: Prepared) -> CalibrationSource | None:
     if opts.calib is None:
         return None
-    return open_source(opts.calib, tuple(prepared.input.dims), prepared.size_hw, opts.spec, opts.calib_size)
+    source = open_source(opts.calib, tuple(prepared.input.dims), prepared.size_hw, opts.spec, opts.calib_size)
+    if isinstance(source, SyntheticText) and opts.task != "text-detection":
+        h, w = prepared.size_hw
+        made_for = ("text recognizers (line-shaped inputs like this one's)" if source.lines else
+                    "text detectors")
+        log.warning("--calib synthetic renders %s, made for %s; for other models its ranges come from unlike "
+                    "data and cost accuracy: calibrate on real %dx%d inputs (a folder of images or a video)",
+                    source.describe(), made_for, w, h)
+    return source
 
 
 def _step_batch(wanted: int, prepared: Prepared) -> int:

@@ -51,3 +51,17 @@ def test_the_check_uses_images_beyond_the_calibration_set_where_there_are_any(tm
         check = _manifest(out)["accuracy_check"]
         assert (check["held_out"], check["samples"]) == (held_out, count)
         assert f"on {count} {'held-out' if held_out else 'calibration'} samples" in capsys.readouterr().out
+
+
+def test_an_already_quantized_model_is_not_quantized_again(tmp_path, capsys):
+    from tests.helpers import qdq_net
+
+    model = save(qdq_net(), tmp_path / "q.onnx")
+    for precision in ("fp16", "int8"):
+        assert main(["convert", model, "-o", str(tmp_path / precision), "--precision", precision, "--calib",
+                     "synthetic", "--calib-size", "2", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert ("the model is quantized already (node 'quantize_input' is QuantizeLinear): --precision "
+                f"{precision} needs the float model") in err and "Traceback" not in err
+        assert not (tmp_path / precision).exists()
+    assert main(["convert", model, "-o", str(tmp_path / "fp32"), "--engine", "never", "--quiet"]) == 0

@@ -66,3 +66,20 @@ def test_gray_for_a_colour_model_is_refused(tmp_path, capsys):
     assert main(["convert", model, "-o", str(tmp_path / "b"), "--channel-order", "gray", "--mean", "0",
                  "--std", "1", "--quiet"]) == 2
     assert "channel order gray feeds 1-channel networks; this one takes 3 channels" in capsys.readouterr().err
+
+
+def test_synthetic_calibration_for_a_line_shaped_input_renders_text_lines(tmp_path, caplog):
+    from jetpipe.convert.calib_data import open_source
+
+    source = open_source("synthetic", (1, 1, 32, 128), (32, 128), PreprocessSpec(channel_order="gray",
+                                                                                  mean=(0.5,), std=(0.5,)), 4)
+    assert source.lines and source.describe() == "text lines"
+    frame = next(source.frames())
+    assert frame.shape == (32, 128, 3)
+    ink = (np.abs(frame.astype(int) - np.median(frame, axis=(0, 1))).max(axis=2) > 60).any(axis=0)
+    assert ink[: 128 // 2].mean() > 0.3  # one line of words across the crop, not a few scattered words
+    out = tmp_path / "b"
+    assert main(["convert", save(gray_recognizer(), tmp_path / "rec.onnx"), "-o", str(out), "--precision", "int8",
+                 "--calib", "synthetic", "--calib-size", "4", "--engine", "never", "--quiet"]) == 0
+    assert any("--calib synthetic renders text lines, made for text recognizers" in r.getMessage()
+               for r in caplog.records)
