@@ -30,6 +30,7 @@ from jetpipe.models import resolve
 from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
 from jetpipe.pipelines.serve import demo, serve
 from jetpipe.pipelines.sources import DECODERS
+from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.report import print_summary
 from jetpipe.runtime.cuda import MEMORY_MODES
 from jetpipe.runtime.runtime import BACKENDS
@@ -198,6 +199,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--memory", choices=MEMORY_MODES,
                    help="frame memory: mapped (zero copy), staged (pinned + async copy), device (default auto)")
     p.add_argument("--task", help="text-detection | classification | detection-yolo | raw")
+    p.add_argument("--tracker", choices=TRACKERS,
+                   help="track detected boxes per stream: a track_id in every record (bytetrack: Kalman "
+                        "prediction, high- then low-score matching; iou: overlap with the last box)")
     p.add_argument("--postprocess", choices=POSTPROCESS_PLACES,
                    help="where postprocessing runs: gpu (only compact results leave the GPU), cpu, or auto "
                         "(default: gpu with the GPU runtime)")
@@ -225,7 +229,7 @@ def _serve_config(args):
                           for uri in args.source]
     if args.sink:
         config.sinks = list(args.sink)
-    for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess"):
+    for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

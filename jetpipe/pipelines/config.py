@@ -13,6 +13,7 @@ from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH
 from jetpipe.pipelines.postprocess import POSTPROCESSORS
 from jetpipe.pipelines.sources import DECODERS
+from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.runtime.cuda import MEMORY_MODES
 from jetpipe.runtime.runtime import BACKENDS
 
@@ -51,6 +52,7 @@ class PipelineConfig:
     memory: str = "auto"
     task: str | None = None            # default: the bundle's
     postprocess: str = "auto"          # auto (GPU with the GPU runtime) | gpu | cpu
+    tracker: str = "none"              # none | iou | bytetrack: a track_id per detected box
     frames: int = 0                    # stop each source after N frames (0: no limit)
     duration: float = 0.0              # stop after S seconds (0: until SIGTERM)
     metrics_listen: str = "127.0.0.1:9108"   # "" disables /metrics and /healthz
@@ -60,7 +62,7 @@ class PipelineConfig:
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float), "queue_depth": int,
-                  "backend": str, "memory": str, "task": str, "postprocess": str, "frames": int,
+                  "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "log_every_s": (int, float)}
 _TABLES = {"pipeline", "source", "sink", "metrics"}
@@ -153,6 +155,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (config.backend in BACKENDS, "backend", " | ".join(BACKENDS)),
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
         (config.postprocess in POSTPROCESS_PLACES, "postprocess", " | ".join(POSTPROCESS_PLACES)),
+        (config.tracker in TRACKERS, "tracker", " | ".join(TRACKERS)),
         (config.frames >= 0, "frames", "an integer >= 0"),
         (config.duration >= 0, "duration", "a number >= 0 (seconds)"),
         (len(config.max_frame_hw) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 16384

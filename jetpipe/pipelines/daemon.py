@@ -25,11 +25,13 @@ from jetpipe.pipelines.metrics import Metrics, MetricsServer
 from jetpipe.pipelines.postprocess import make_postprocessor
 from jetpipe.pipelines.sinks import open_sink
 from jetpipe.pipelines.sources import EndOfStream, open_source
+from jetpipe.pipelines.tracking import Tracker
 from jetpipe.runtime.runtime import open_runtime
 
 log = logging.getLogger(__name__)
 
 BUFFER_SETS = 4
+TRACKED_TASKS = ("text-detection", "detection-yolo")  # tasks whose results carry boxes and scores
 STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect inside OpenCV) are left behind
 
 
@@ -44,6 +46,9 @@ class Pipeline:
         manifest = bundles.read_manifest(config.bundle)
         self.task = config.task or manifest.get("task") or "raw"
         self.postprocess = make_postprocessor(self.task, tuple(manifest["input_size"]))
+        if config.tracker != "none" and self.task not in TRACKED_TASKS:
+            raise ConfigError(f"tracker = {config.tracker!r} tracks detected boxes; task {self.task} has none "
+                              f"(tracked tasks: {', '.join(TRACKED_TASKS)}): use tracker = 'none'")
         # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
                                     max_frame_hw=config.max_frame_hw, buffer_sets=BUFFER_SETS,
@@ -75,6 +80,7 @@ class Pipeline:
             self.sources.append(open_source(s.uri, s.loop, seed=i, realtime=s.realtime, decoder=s.decoder,
                                             hardware=runtime.hardware_decoder, streams=len(config.sources)))
             self._check_frame_size(self.sources[-1])
+        self.trackers = [Tracker(config.tracker) if config.tracker != "none" else None for _ in self.sources]
         slots = config.queue_depth + 2 * runtime.max_batch + 2  # queued + two batches in flight + writing
         self.rings = [runtime.frame_ring(slots, self._frame_hw(src), device=src.memory == "device")
                       for src in self.sources]
@@ -294,6 +300,9 @@ class Pipeline:
             self.metrics.count("failed", packets[index].stream)
         t_post = time.monotonic()
         for packet, res in zip(used, results):
+            tracker = self.trackers[packet.stream]
+            if tracker is not None:  # frames of a stream reach this one thread in order
+                res["track_ids"] = tracker.update(res["boxes"], res["scores"])
             latency = {"queue": (t_batch - packet.t_monotonic) * 1e3, "gpu": (t_gpu - t_batch) * 1e3,
                        "post": (t_post - t_gpu) * 1e3, "total": (t_post - packet.t_monotonic) * 1e3}
             self.metrics.record_result(packet.stream, latency)

@@ -1,0 +1,177 @@
+"""Per-stream multi-object tracking of detections: a track ID for every box that belongs to one.
+
+- `iou`: each track keeps its last box; a detection continues the track it overlaps most (IoU).
+- `bytetrack` (ByteTrack, Zhang et al. 2022, as Ultralytics' `tracker=bytetrack.yaml`): a constant-velocity
+  Kalman filter predicts every track's box; high-score detections are matched to the predictions first,
+  then low-score ones (occluded or blurred objects) to the tracks still unmatched, so a track survives a
+  weak frame instead of being dropped.
+
+Matching is greedy by IoU, best pair first (ByteTrack uses an optimal assignment; with the sparse, well
+separated boxes of detection outputs the two agree but in rare ties). A new track is confirmed by a second
+detection before it gets an ID (the first frame of the stream excepted); IDs count up per stream and are
+never reused. A track unseen for `max_lost` frames is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TRACKERS = ("none", "iou", "bytetrack")
+
+
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box in a (N x 4, x0 y0 x1 y1) with every box in b (M x 4)."""
+    if len(a) == 0 or len(b) == 0:
+        return np.zeros((len(a), len(b)))
+    x0 = np.maximum(a[:, None, 0], b[None, :, 0])
+    y0 = np.maximum(a[:, None, 1], b[None, :, 1])
+    x1 = np.minimum(a[:, None, 2], b[None, :, 2])
+    y1 = np.minimum(a[:, None, 3], b[None, :, 3])
+    inter = np.clip(x1 - x0, 0, None) * np.clip(y1 - y0, 0, None)
+    area = lambda r: (r[:, 2] - r[:, 0]) * (r[:, 3] - r[:, 1])  # noqa: E731
+    return inter / np.maximum(area(a)[:, None] + area(b)[None, :] - inter, 1e-9)
+
+
+def greedy_match(iou: np.ndarray, threshold: float) -> list[tuple[int, int]]:
+    """(row, column) pairs, best IoU first, each row and column used once, IoU >= threshold."""
+    pairs = []
+    if iou.size == 0:
+        return pairs
+    order = np.dstack(np.unravel_index(np.argsort(-iou, axis=None), iou.shape))[0]
+    rows, cols = set(), set()
+    for r, c in order:
+        if iou[r, c] < threshold:
+            break
+        if r not in rows and c not in cols:
+            pairs.append((int(r), int(c)))
+            rows.add(r)
+            cols.add(c)
+    return pairs
+
+
+class KalmanBox:
+    """Constant-velocity Kalman filter on (cx, cy, aspect, height), ByteTrack's parametrisation: noise
+    in proportion to the box's height, so small and large objects are tracked alike."""
+
+    POSITION, VELOCITY = 1 / 20, 1 / 160
+
+    def __init__(self, box: np.ndarray):
+        z = self._measurement(box)
+        self.x = np.r_[z, np.zeros(4)]
+        h = z[3]
+        std = np.array([2 * self.POSITION * h, 2 * self.POSITION * h, 1e-2, 2 * self.POSITION * h,
+                        10 * self.VELOCITY * h, 10 * self.VELOCITY * h, 1e-5, 10 * self.VELOCITY * h])
+        self.P = np.diag(std ** 2)
+        self.F = np.eye(8)
+        self.F[:4, 4:] = np.eye(4)
+        self.H = np.eye(4, 8)
+
+    @staticmethod
+    def _measurement(box: np.ndarray) -> np.ndarray:
+        w, h = box[2] - box[0], box[3] - box[1]
+        return np.array([box[0] + w / 2, box[1] + h / 2, w / max(h, 1e-9), h], np.float64)
+
+    def box(self) -> np.ndarray:
+        cx, cy, a, h = self.x[:4]
+        w = a * h
+        return np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
+
+    def predict(self) -> None:
+        h = self.x[3]
+        std = np.array([self.POSITION * h, self.POSITION * h, 1e-2, self.POSITION * h,
+                        self.VELOCITY * h, self.VELOCITY * h, 1e-5, self.VELOCITY * h])
+        self.x = self.F @ self.x
+        self.P = self.F @ self.P @ self.F.T + np.diag(std ** 2)
+
+    def update(self, box: np.ndarray) -> None:
+        h = self.x[3]
+        R = np.diag(np.array([self.POSITION * h, self.POSITION * h, 1e-1, self.POSITION * h]) ** 2)
+        S = self.H @ self.P @ self.H.T + R
+        K = self.P @ self.H.T @ np.linalg.inv(S)
+        self.x = self.x + K @ (self._measurement(box) - self.H @ self.x)
+        self.P = (np.eye(8) - K @ self.H) @ self.P
+
+
+@dataclass
+class _Track:
+    box: np.ndarray
+    kalman: KalmanBox | None
+    hits: int = 1
+    lost: int = 0
+    track_id: int | None = None   # given when confirmed
+
+    def predicted(self) -> np.ndarray:
+        return self.kalman.box() if self.kalman is not None else self.box
+
+
+@dataclass
+class Tracker:
+    """One stream's tracker; update() once per frame, in frame order."""
+
+    kind: str = "bytetrack"
+    high: float = 0.5          # detections at or above: matched first, may start tracks
+    low: float = 0.1           # below: ignored; between low and high: second round only (bytetrack)
+    match_iou: float = 0.2     # first round: IoU of prediction and detection at least this
+    second_iou: float = 0.5    # low-score round: stricter
+    max_lost: int = 30         # frames a track survives unseen
+    tracks: list[_Track] = field(default_factory=list)
+    next_id: int = 1
+    frames: int = 0
+
+    def update(self, boxes, scores) -> list[int | None]:
+        """Track IDs for this frame's detections (None: not, or not yet, part of a confirmed track)."""
+        boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+        scores = np.asarray(scores, np.float64).reshape(-1)
+        ids: list[int | None] = [None] * len(boxes)
+        for track in self.tracks:
+            if track.kalman is not None:
+                track.kalman.predict()
+        high = np.flatnonzero(scores >= self.high)
+        low = np.flatnonzero((scores >= self.low) & (scores < self.high)) if self.kind == "bytetrack" else []
+        used: set[int] = set()  # detections that continued a track
+        matched = self._associate(self.tracks, high, boxes, self.match_iou, ids, used)
+        if len(low):  # ByteTrack's second round: weak detections keep tracks seen last frame alive
+            rest = [t for t in self.tracks if id(t) not in matched and t.lost == 0 and t.track_id is not None]
+            matched |= self._associate(rest, low, boxes, self.second_iou, ids, used)
+        for track in self.tracks:
+            if id(track) not in matched:
+                track.lost += 1
+        # unconfirmed tracks get one chance: a second detection in the very next frame
+        self.tracks = [t for t in self.tracks if t.lost <= self.max_lost and (t.track_id is not None or t.lost == 0)]
+        for i in high:
+            if i not in used:
+                self._start(boxes[i], ids, i)
+        self.frames += 1
+        return ids
+
+    def _associate(self, tracks, detections, boxes, threshold, ids, used: set[int]) -> set[int]:
+        """Match detections to tracks by IoU; updates the matched tracks, returns their id()s."""
+        detections = list(detections)
+        if not tracks or not detections:
+            return set()
+        predicted = np.stack([t.predicted() for t in tracks])
+        matched = set()
+        for row, col in greedy_match(iou_matrix(predicted, boxes[detections]), threshold):
+            track, det = tracks[row], detections[col]
+            track.box, track.hits, track.lost = boxes[det], track.hits + 1, 0
+            if track.kalman is not None:
+                track.kalman.update(boxes[det])
+            if track.track_id is None and track.hits >= 2:
+                track.track_id, self.next_id = self.next_id, self.next_id + 1
+            ids[det] = track.track_id
+            matched.add(id(track))
+            used.add(det)
+        return matched
+
+    def _start(self, box, ids, det) -> None:
+        track = _Track(box, KalmanBox(box) if self.kind == "bytetrack" else None)
+        if self.frames == 0:  # the stream's first frame: nothing to confirm against
+            track.track_id, self.next_id = self.next_id, self.next_id + 1
+            ids[det] = track.track_id
+        self.tracks.append(track)
+
+    def __post_init__(self):
+        if self.kind not in ("iou", "bytetrack"):
+            raise ValueError(f"tracker {self.kind!r}: choose one of {', '.join(TRACKERS)}")

@@ -1,0 +1,107 @@
+"""Object tracking: each word of the synthetic camera keeps one ID while it is visible; IDs are not reused."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jetpipe.pipelines.sources import SyntheticCamera
+from jetpipe.pipelines.tracking import Tracker, greedy_match, iou_matrix
+
+
+def _words(camera: SyntheticCamera, index: int):
+    """(word index, box) of every word fully inside frame `index`: the ground truth."""
+    shifted = camera.boxes - [camera.offset(index), 0, camera.offset(index), 0]
+    inside = np.flatnonzero((shifted[:, 0] >= 0) & (shifted[:, 2] <= camera.info.width))
+    return inside, shifted[inside]
+
+
+def _track(tracker, frames, rng, drop=0.1, weak=0.1, jitter=1.0):
+    """Feed noisy detections of the ground truth; returns {word: set of IDs given to it}."""
+    ids_of = {}
+    for words, boxes in frames:
+        keep = rng.random(len(words)) >= drop  # missed detections
+        words, boxes = words[keep], boxes[keep] + rng.normal(0, jitter, (keep.sum(), 4))
+        scores = np.where(rng.random(len(words)) < weak, 0.3, 0.85)  # some blurred, weak ones
+        for word, track_id in zip(words, tracker.update(boxes, scores)):
+            if track_id is not None:
+                ids_of.setdefault(int(word), set()).add(track_id)
+    return ids_of
+
+
+@pytest.mark.parametrize("kind", ["bytetrack", "iou"])
+def test_every_word_keeps_one_id_over_300_frames(kind):
+    camera = SyntheticCamera(640, 480, 0, "nv12", seed=3, step=1)  # 1 px per frame, no wrap in 300 frames
+    frames = [_words(camera, i) for i in range(300)]
+    ids_of = _track(Tracker(kind), frames, np.random.default_rng(0), weak=0.1 if kind == "bytetrack" else 0)
+    assert len(ids_of) >= 4  # the words that stay in view were tracked
+    switches = {word: ids for word, ids in ids_of.items() if len(ids) != 1}
+    assert switches == {}, switches  # no ID switch
+    all_ids = [i for ids in ids_of.values() for i in ids]
+    assert len(all_ids) == len(set(all_ids))  # no ID given to two words
+
+
+def test_ids_are_never_reused_after_tracks_end():
+    tracker, seen = Tracker("bytetrack", max_lost=2), []
+    for _ in range(6):  # a box appears for 6 frames, then nothing for 4
+        for frame in range(10):
+            boxes = [[100, 100, 160, 130]] if frame < 6 else []
+            ids = tracker.update(boxes, [0.9] * len(boxes))
+            seen += [i for i in ids if i is not None]
+    assert sorted(set(seen)) == list(range(1, 7))  # six objects, six IDs, counting up
+
+
+def test_bytetrack_follows_fast_motion_that_plain_iou_loses():
+    """A word speeding up to 45 px per frame soon overlaps its last box too little for IoU matching; the
+    Kalman prediction, which has learnt its velocity, still lands on it."""
+    xs = np.cumsum([20] + [min(10 + 4 * i, 45) for i in range(20)])
+    ids = {}
+    for kind in ("bytetrack", "iou"):
+        tracker = Tracker(kind)
+        ids[kind] = [tracker.update([[x, 200, x + 50, 220]], [0.9])[0] for x in xs]
+    assert set(ids["bytetrack"]) == {1}
+    assert ids["iou"][:3] == [1, 1, 1] and None in ids["iou"]
+
+
+def test_weak_detections_keep_a_track_alive_only_in_bytetrack():
+    frames = [np.array([[10.0 + 2 * i, 10, 60.0 + 2 * i, 40]]) for i in range(12)]
+    scores = [0.9] * 4 + [0.3] * 4 + [0.9] * 4  # four blurred frames in the middle
+    results = {}
+    for kind in ("bytetrack", "iou"):
+        tracker = Tracker(kind, max_lost=1)
+        results[kind] = [tracker.update(b, [s])[0] for b, s in zip(frames, scores)]
+    assert set(results["bytetrack"]) == {1}  # one ID, the weak frames included
+    assert results["iou"][4:8] == [None] * 4 and results["iou"][-1] not in (None, results["iou"][1])
+
+
+def test_greedy_matching_takes_the_best_pairs_first():
+    a = np.array([[0, 0, 10, 10], [20, 0, 30, 10]], float)
+    b = np.array([[21, 0, 31, 10], [1, 0, 11, 10], [100, 100, 110, 110]], float)
+    assert sorted(greedy_match(iou_matrix(a, b), 0.3)) == [(0, 1), (1, 0)]
+
+
+def test_the_daemon_gives_each_detected_word_one_track_id(det_bundle, tmp_path):
+    """PP-OCRv4 det on the synthetic camera through `serve`'s pipeline, every frame processed: the JSONL
+    records' track_ids follow the camera's words (ground truth) without a switch."""
+    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.daemon import Pipeline
+
+    out = tmp_path / "results.jsonl"
+    config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig("synthetic://640x480@0/nv12")],
+                                     sinks=[f"jsonl:{out}"], frames=48, tracker="bytetrack", metrics_listen="",
+                                     backend="onnxruntime-cpu"))
+    pipeline = Pipeline(config)
+    camera = SyntheticCamera(640, 480, 0, "nv12", seed=0, step=4)
+    camera.live = False  # a file's backpressure: every frame is processed, in order
+    pipeline.sources[0] = camera
+    pipeline.run()
+    ids_of, records = {}, [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["frame"] for r in records] == list(range(48))
+    for record in records:
+        words, truth = _words(camera, record["frame"])
+        found = np.array(record["results"]["boxes"]).reshape(-1, 4)
+        for row, col in greedy_match(iou_matrix(truth, found), 0.5):
+            track_id = record["results"]["track_ids"][col]
+            if track_id is not None:
+                ids_of.setdefault(int(words[row]), set()).add(track_id)
+    assert len(ids_of) >= 3 and all(len(ids) == 1 for ids in ids_of.values()), ids_of
