@@ -67,7 +67,7 @@ SERVE = [
     (["--task", "segmentation"], "task = 'segmentation': allowed"),
     (["--metrics", "notaport"], "metrics listen = 'notaport': write HOST:PORT"),
     (["--metrics", "127.0.0.1:99999"], "metrics listen = '127.0.0.1:99999': write HOST:PORT"),
-    (["--sink", "ftp://x"], "sink 'ftp://x': use jsonl:PATH, stdout or mqtt://"),
+    (["--sink", "ftp://x"], "sink 'ftp://x': use jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4"),
     (["--sink", "jsonl:/proc/jetpipe-results.jsonl"], "sink jsonl:/proc/jetpipe-results.jsonl: cannot open it"),
     (["--source", "webcam://0"], "unknown scheme 'webcam'"),
     (["--source", "{tmp}/missing.mp4"], "missing.mp4' not found"),

@@ -86,8 +86,9 @@ class Pipeline:
                       for src in self.sources]
         self.sinks = []
         for uri in config.sinks:  # registered as each opens: a later sink failing closes the earlier ones
-            self.sinks.append(open_sink(uri))
+            self.sinks.append(open_sink(uri, len(config.sources), self.runtime.max_batch))
             self.closers.append(self.sinks[-1].close)
+        self.frame_sinks = [s for s in self.sinks if s.wants_frames]
         streams = len(self.sources)
         self.batcher = Batcher(streams, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth)
         self.metrics = Metrics(streams)
@@ -311,6 +312,8 @@ class Pipeline:
                       "t_capture": round(packet.t_capture, 6), "t_result": round(time.time(), 6),
                       "latency_ms": {k: round(v, 3) for k, v in latency.items()},
                       "task": self.task, "results": res}
+            for sink in self.frame_sinks:  # a copy of the frame, before its ring slot is released
+                sink.offer(packet.stream, packet.frame, record)
             self.records.put(record)
         for packet in packets:
             packet.release()
@@ -349,7 +352,10 @@ class Pipeline:
                 "throughput_fps": round(sum(m.processed) / max(seconds, 1e-9), 2),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},
-                "sink_failures": list(self.sink_failures), "postprocess": "gpu" if self.runtime.reduction else "cpu",
+                "sink_failures": [n + (s.failures if s.wants_frames else 0) for n, s in zip(self.sink_failures,
+                                                                                             self.sinks)],
+                "sink_frames_dropped": [s.dropped if s.wants_frames else 0 for s in self.sinks],
+                "postprocess": "gpu" if self.runtime.reduction else "cpu",
                 "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, sum(m.processed))),
                 "cpu_seconds": {k: round(v, 3) for k, v in self.thread_cpu_s.items()},
                 "cpu_cores": round(self.thread_cpu_s.get("process", 0.0) / max(seconds, 1e-9), 2),

@@ -9,11 +9,14 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.frame_sinks import open_frame_sink
 
 log = logging.getLogger(__name__)
 
 
 class JsonlSink:
+    wants_frames = False  # records only (frame sinks: frame_sinks.py)
+
     def __init__(self, path: str):
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
@@ -36,6 +39,8 @@ class JsonlSink:
 
 
 class StdoutSink:
+    wants_frames = False  # records only (frame sinks: frame_sinks.py)
+
     def describe(self) -> str:
         return "stdout"
 
@@ -48,6 +53,8 @@ class StdoutSink:
 
 class MqttSink:
     """Publishes each record as JSON to a topic (QoS 0) through paho-mqtt; reconnects by itself."""
+
+    wants_frames = False
 
     def __init__(self, uri: str, connect_timeout: float = 5.0):
         try:
@@ -78,11 +85,15 @@ class MqttSink:
         self.client.disconnect()
 
 
-def open_sink(uri: str):
+def open_sink(uri: str, streams: int = 1, max_batch: int = 8):
+    frames = open_frame_sink(uri, streams, max_batch)
+    if frames is not None:
+        return frames
     if uri == "stdout":
         return StdoutSink()
     if uri.startswith("jsonl:"):
         return JsonlSink(uri[len("jsonl:"):])
     if uri.startswith("mqtt://"):
         return MqttSink(uri)
-    raise JetpipeError(f"sink {uri!r}: use jsonl:PATH, stdout or mqtt://HOST:PORT/TOPIC")
+    raise JetpipeError(f"sink {uri!r}: use jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4 or "
+                       "jpeg:FOLDER")

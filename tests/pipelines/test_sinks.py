@@ -28,7 +28,7 @@ def test_stdout_sink_writes_json_lines(capsys):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("ftp://x", "use jsonl:PATH, stdout or mqtt://"),
+    ("ftp://x", "use jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4 or jpeg:FOLDER"),
     ("jsonl:/nonexistent-folder/r.jsonl", "folder /nonexistent-folder does not exist"),
 ])
 def test_bad_sinks(spec, message):

@@ -1,0 +1,73 @@
+"""Results drawn on frames: boxes, scores, classes and track IDs over the source image (CPU, OpenCV).
+
+For sinks a person looks at (annotated video, the preview page). The frame is converted from the ring's
+YUV once, at the size the sink wants, then drawn on in place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jetpipe.frames import frame_size
+from jetpipe.lazy import lazy_import
+
+cv2 = lazy_import("cv2")
+
+_TO_BGR = {"nv12": "COLOR_YUV2BGR_NV12", "i420": "COLOR_YUV2BGR_I420", "yuyv": "COLOR_YUV2BGR_YUYV",
+           "uyvy": "COLOR_YUV2BGR_UYVY", "rgb": "COLOR_RGB2BGR"}
+# distinct colours for track IDs (BGR), cycled
+_PALETTE = [(75, 25, 230), (75, 180, 60), (25, 225, 255), (200, 130, 0), (48, 130, 245), (180, 30, 145),
+            (240, 240, 70), (230, 50, 240), (60, 245, 210), (212, 190, 250), (128, 128, 0), (255, 190, 220)]
+
+
+def output_size(source_hw: tuple[int, int], width: int | None) -> tuple[int, int]:
+    """(height, width) of the drawn frame: the source's, or scaled to `width` (both even, for encoders)."""
+    h, w = source_hw
+    if width is None or width >= w:
+        return h // 2 * 2, w // 2 * 2
+    return max(2, round(h * width / w) // 2 * 2), width // 2 * 2
+
+
+def to_bgr(frame: np.ndarray, fmt: str, size_hw: tuple[int, int]) -> np.ndarray:
+    """A host frame of any jetpipe format -> BGR at size_hw (a new array)."""
+    if fmt == "bgr":
+        bgr = frame
+    else:
+        source = frame.reshape(frame.shape[0], -1, 2) if fmt in ("yuyv", "uyvy") else frame
+        bgr = cv2.cvtColor(source, getattr(cv2, _TO_BGR[fmt]))
+    if bgr.shape[:2] != tuple(size_hw):
+        bgr = cv2.resize(bgr, (size_hw[1], size_hw[0]), interpolation=cv2.INTER_AREA)
+    return np.ascontiguousarray(bgr)
+
+
+def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.ndarray:
+    """Draw one record's results (in source pixels) on `image` (BGR, any size), in place."""
+    scale_y, scale_x = image.shape[0] / source_hw[0], image.shape[1] / source_hw[1]
+    boxes = np.asarray(results.get("boxes") or [], np.float64).reshape(-1, 4) * [scale_x, scale_y, scale_x, scale_y]
+    scores = results.get("scores") or [None] * len(boxes)
+    classes = results.get("classes") or [None] * len(boxes)
+    tracks = results.get("track_ids") or [None] * len(boxes)
+    thickness = max(1, round(image.shape[0] / 360))
+    for box, score, cls, track in zip(boxes.round().astype(int), scores, classes, tracks):
+        color = _PALETTE[track % len(_PALETTE)] if track is not None else (0, 255, 0)
+        cv2.rectangle(image, (int(box[0]), int(box[1])), (int(box[2]), int(box[3])), color, thickness)
+        label = " ".join(p for p in (f"#{track}" if track is not None else "", f"c{cls}" if cls is not None else "",
+                                     f"{score:.2f}" if score is not None else "") if p)
+        if label:
+            _label(image, label, (int(box[0]), int(box[1])), color)
+    if "boxes" not in results and results.get("classes"):  # classification: the top classes, top left
+        top = zip(results["classes"][:3], results.get("scores") or [])
+        _label(image, ", ".join(f"c{c}: {s:.2f}" for c, s in top), (4, 4), (255, 255, 255))
+    return image
+
+
+def _label(image, text, corner, color) -> None:
+    scale = max(0.35, image.shape[0] / 1440)
+    (w, h), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+    x, y = corner[0], max(h + base, corner[1])
+    cv2.rectangle(image, (x, y - h - base), (x + w, y), color, -1)
+    cv2.putText(image, text, (x, y - base), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1, cv2.LINE_AA)
+
+
+def frame_hw(frame: np.ndarray, fmt: str) -> tuple[int, int]:
+    return frame_size(frame, fmt)

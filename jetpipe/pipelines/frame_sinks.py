@@ -1,0 +1,223 @@
+"""Sinks that show what the pipeline sees: results drawn on the frames, as video or JPEG files.
+
+`video:PATH.mp4` encodes with FFmpeg (`apt install ffmpeg`): H.264 (libx264) by default, `?codec=hevc`
+for libx265, `?encoder=h264_nvenc` (or any FFmpeg encoder) where the GPU has NVENC; `?width=W` scales
+the drawn frames (default: the source's size), `?fps=N` (default 30). `jpeg:FOLDER` writes
+`s{stream}_{frame}.jpg` (`?every=N`: every Nth frame). With several streams a video path gets `-s{stream}`
+before its suffix unless it holds `{stream}` itself.
+
+These sinks run in their own thread: the post stage only copies the frame (still YUV) into one of the
+sink's preallocated buffers; conversion, drawing and encoding happen here. When all buffers are busy the
+frame is dropped (counted in `dropped`), never slowing inference. close() finishes every file: the
+encoders get end-of-stream and write their container's index (a SIGTERM'd daemon leaves playable files).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import numpy as np
+
+from jetpipe.errors import JetpipeError
+from jetpipe.lazy import lazy_import
+from jetpipe.pipelines import annotate
+
+cv2 = lazy_import("cv2")
+log = logging.getLogger(__name__)
+
+CODECS = {"h264": "libx264", "hevc": "libx265"}
+SPARE_BUFFERS = 2  # per stream, beyond a whole batch: one being drawn, one waiting
+
+
+def _options(spec: str) -> tuple[str, dict[str, str]]:
+    parsed = urlparse(spec)
+    path = spec.split("?", 1)[0].split(":", 1)[1]
+    return path, {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+
+
+class FrameSink:
+    """Base: per-stream frame buffers, a worker thread, drop-when-busy."""
+
+    wants_frames = True
+
+    def __init__(self, spec: str, max_batch: int = 8):
+        """max_batch: a batch's frames may all come from one stream; each stream gets buffers for a whole
+        batch and two more, allocated at its first frame."""
+        self.spec, self.buffers = spec, max_batch + SPARE_BUFFERS
+        self.dropped = 0
+        self.failures = 0
+        self._free: dict[int, queue.SimpleQueue] = {}
+        self._work: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"sink-{type(self).__name__}", daemon=True)
+        self._thread.start()
+
+    def describe(self) -> str:
+        return self.spec
+
+    def offer(self, stream: int, frame, record: dict) -> bool:
+        """Copy a host frame (YUV as it sits in the ring) for drawing; False when it was dropped."""
+        if frame.data is None:  # a device frame (NVDEC): no host copy exists; not drawn yet
+            if not self.dropped:
+                log.warning("sink %s: frames decoded into GPU memory (NVDEC) are not drawn yet: use --decoder "
+                            "ffmpeg for this stream to see it", self.describe())
+            self.dropped += 1
+            return False
+        free = self._free.get(stream)
+        if free is None:
+            free = self._free[stream] = queue.SimpleQueue()
+            for _ in range(self.buffers):
+                free.put(np.empty_like(frame.data))  # allocated on the stream's first frame only
+        try:
+            buffer = free.get_nowait()
+        except queue.Empty:
+            self.dropped += 1
+            return False
+        if buffer.shape != frame.data.shape:
+            buffer = np.empty_like(frame.data)  # the stream changed size (a reconnect): new buffers once
+        np.copyto(buffer, frame.data)
+        self._work.put((stream, buffer, frame.format, record))
+        return True
+
+    def write(self, record: dict) -> None:
+        """Frame sinks take their records with the frames (offer)."""
+
+    def _run(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            stream, buffer, fmt, record = item
+            try:
+                self.consume(stream, buffer, fmt, record)
+            except Exception as exc:  # a full disk, an encoder that died: counted, the others go on
+                self.failures += 1
+                if self.failures in (1, 10, 100) or self.failures % 1000 == 0:
+                    log.error("sink %s failed %d time(s): %s", self.describe(), self.failures, exc)
+            finally:
+                self._free[stream].put(buffer)
+
+    def consume(self, stream: int, frame: np.ndarray, fmt: str, record: dict) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._work.put(None)
+        self._thread.join()
+        self.finish()
+        if self.dropped:
+            log.info("sink %s: %d frame(s) dropped while it was busy", self.describe(), self.dropped)
+
+    def finish(self) -> None:
+        pass
+
+
+class VideoSink(FrameSink):
+    def __init__(self, spec: str, streams: int, max_batch: int = 8):
+        path, options = _options(spec)
+        if not path:
+            raise JetpipeError(f"sink {spec}: name the file, e.g. video:out.mp4")
+        codec = options.get("codec", "h264")
+        if codec not in CODECS:
+            raise JetpipeError(f"sink {spec}: codec {codec!r}: choose h264 or hevc")
+        self.encoder = options.get("encoder", CODECS[codec])
+        self.width = int(options["width"]) if "width" in options else None
+        self.fps = float(options.get("fps", 30))
+        if shutil.which("ffmpeg") is None:
+            raise JetpipeError(f"sink {spec}: needs ffmpeg to encode video: apt install ffmpeg")
+        self.paths = [_stream_path(Path(path), i, streams) for i in range(streams)]
+        for p in self.paths:
+            if p.exists():
+                raise JetpipeError(f"sink {spec}: {p} exists: name a new file (a sink never overwrites one)")
+            _check_writable(spec, p)
+        self.encoders: dict[int, subprocess.Popen] = {}
+        super().__init__(spec, max_batch)
+
+    def consume(self, stream, frame, fmt, record) -> None:
+        source_hw = annotate.frame_hw(frame, fmt)
+        size = annotate.output_size(source_hw, self.width)
+        image = annotate.draw(annotate.to_bgr(frame, fmt, size), record["results"], source_hw)
+        encoder = self.encoders.get(stream) or self._start(stream, size)
+        encoder.stdin.write(image.data)
+
+    def _start(self, stream: int, size_hw: tuple[int, int]) -> subprocess.Popen:
+        argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-f", "rawvideo",
+                "-pix_fmt", "bgr24", "-s", f"{size_hw[1]}x{size_hw[0]}", "-r", f"{self.fps:g}", "-i", "pipe:0",
+                "-c:v", self.encoder, "-pix_fmt", "yuv420p"]
+        if self.encoder == "libx264":
+            argv += ["-preset", "veryfast"]
+        if self.encoder == "libx265":
+            argv += ["-preset", "veryfast", "-tag:v", "hvc1", "-x265-params", "log-level=error"]
+        argv.append(str(self.paths[stream]))
+        log.info("sink %s: stream %d -> %s (%s, %dx%d)", self.spec, stream, self.paths[stream], self.encoder,
+                 size_hw[1], size_hw[0])
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.encoders[stream] = process
+        return process
+
+    def finish(self) -> None:
+        for stream, process in self.encoders.items():
+            try:
+                process.stdin.close()  # end of stream: the encoder flushes and writes the container's index
+            except OSError:
+                pass
+            try:
+                code = process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+            if code != 0:
+                why = (process.stderr.read().decode(errors="replace").strip().splitlines() or ["?"])[-1]
+                log.error("sink %s: the encoder of stream %d exited with %s: %s", self.spec, stream, code, why)
+
+
+class JpegSink(FrameSink):
+    def __init__(self, spec: str, max_batch: int = 8):
+        path, options = _options(spec)
+        self.folder = Path(path)
+        if not path or not self.folder.is_dir():
+            raise JetpipeError(f"sink {spec}: {path!r} is not a folder: create it first")
+        _check_writable(spec, self.folder / ".jetpipe-probe")
+        self.every = max(1, int(options.get("every", 1)))
+        self.width = int(options["width"]) if "width" in options else None
+        super().__init__(spec, max_batch)
+
+    def consume(self, stream, frame, fmt, record) -> None:
+        if record["frame"] % self.every:
+            return
+        source_hw = annotate.frame_hw(frame, fmt)
+        image = annotate.draw(annotate.to_bgr(frame, fmt, annotate.output_size(source_hw, self.width)),
+                              record["results"], source_hw)
+        path = self.folder / f"s{stream}_{record['frame']:06d}.jpg"
+        if not cv2.imwrite(str(path), image):
+            raise OSError(f"could not write {path}")
+
+
+def _stream_path(path: Path, stream: int, streams: int) -> Path:
+    if "{stream}" in path.name:
+        return path.with_name(path.name.replace("{stream}", str(stream)))
+    return path if streams == 1 else path.with_name(f"{path.stem}-s{stream}{path.suffix}")
+
+
+def _check_writable(spec: str, path: Path) -> None:
+    if not path.parent.is_dir():
+        raise JetpipeError(f"sink {spec}: folder {path.parent} does not exist")
+    try:
+        with open(path, "ab"):
+            pass
+        if path.stat().st_size == 0:
+            path.unlink()
+    except OSError as exc:
+        raise JetpipeError(f"sink {spec}: cannot write {path} ({exc.strerror}): choose a writable path") from None
+
+
+def open_frame_sink(spec: str, streams: int, max_batch: int = 8):
+    if spec.startswith("video:"):
+        return VideoSink(spec, streams, max_batch)
+    if spec.startswith("jpeg:"):
+        return JpegSink(spec, max_batch)
+    return None

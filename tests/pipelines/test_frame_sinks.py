@@ -1,0 +1,108 @@
+"""Annotated video and JPEG sinks on real components: FFmpeg-encoded input, PP-OCRv4 det, FFmpeg encoder."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import cv2
+import numpy as np
+import pytest
+
+from jetpipe.cli import main
+from jetpipe.pipelines.sources import SyntheticCamera
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None,
+                                reason="ffmpeg/ffprobe not installed (apt install ffmpeg)")
+
+
+def _text_clip(path, frames=24):
+    """An H.264 file of the synthetic camera's panning words (real text for the detector to find)."""
+    camera = SyntheticCamera(320, 240, 0, "bgr", seed=1, step=2)
+    encoder = subprocess.Popen(["ffmpeg", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", "320x240",
+                                "-r", "30", "-i", "pipe:0", "-c:v", "libx264", "-preset", "veryfast", "-pix_fmt",
+                                "yuv420p", str(path)], stdin=subprocess.PIPE)
+    slot = np.empty((240, 320, 3), np.uint8)
+    for _ in range(frames):
+        camera.read_into(slot)
+        encoder.stdin.write(slot.tobytes())
+    encoder.stdin.close()
+    assert encoder.wait() == 0
+    return path
+
+
+def _probe(path) -> dict:
+    out = subprocess.run(["ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0", "-show_entries",
+                          "stream=codec_name,width,height,nb_read_frames", "-of", "json", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["streams"][0]
+
+
+def test_video_and_jpeg_sinks_draw_the_tracked_words(det_bundle, tmp_path):
+    clip = _text_clip(tmp_path / "in.mp4")
+    jpegs = tmp_path / "jpegs"
+    jpegs.mkdir()
+    records = tmp_path / "r.jsonl"
+    assert main(["serve", "--bundle", str(det_bundle), "--source", str(clip), "--decoder", "ffmpeg",
+                 "--backend", "onnxruntime-cpu", "--tracker", "bytetrack", "--metrics", "",
+                 "--sink", f"jsonl:{records}", "--sink", f"video:{tmp_path / 'out.mp4'}",
+                 "--sink", f"jpeg:{jpegs}?every=6"]) == 0
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    assert len(lines) == 24
+    video = _probe(tmp_path / "out.mp4")
+    assert (video["codec_name"], video["width"], video["height"]) == ("h264", 320, 240)
+    assert int(video["nb_read_frames"]) == 24  # every frame: files wait, the sink kept up
+    assert sorted(p.name for p in jpegs.iterdir()) == [f"s0_{i:06d}.jpg" for i in (0, 6, 12, 18)]
+    # the drawn frame differs from the source frame on the detected boxes' outlines, and hardly elsewhere
+    capture = cv2.VideoCapture(str(clip))
+    for _ in range(13):
+        ok, source = capture.read()
+    capture.release()
+    drawn = cv2.imread(str(jpegs / "s0_000012.jpg"))
+    record = lines[12]["results"]
+    assert ok and record["boxes"] and any(t is not None for t in record["track_ids"])
+    diff = np.abs(drawn.astype(int) - source).max(axis=2)
+    near = np.zeros(diff.shape, bool)
+    for x0, y0, x1, y1 in np.round(record["boxes"]).astype(int):
+        x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, 319), min(y1, 239)
+        assert diff[y1, x0:x1 + 1].mean() > 40  # the bottom edge of the box is drawn
+        near[max(y0 - 20, 0):y1 + 4, max(x0 - 4, 0):x1 + 40] = True  # the box and its label
+    assert diff[~near].mean() < 6  # elsewhere: the source, up to compression
+
+
+def test_a_sigterm_leaves_a_finished_video(det_bundle, tmp_path):
+    out = tmp_path / "live.mp4"
+    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--source",
+                             "synthetic://320x240@15/nv12", "--backend", "onnxruntime-cpu", "--metrics", "",
+                             "--sink", f"video:{out}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (out.exists() and out.stat().st_size > 0) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-500:]
+    assert int(_probe(out)["nb_read_frames"]) > 0  # the container was finalized: ffprobe reads it
+
+
+@pytest.mark.parametrize("sink, message", [
+    ("video:{tmp}/missing/out.mp4", "folder {tmp}/missing does not exist"),
+    ("video:{tmp}/exists.mp4", "exists.mp4 exists: name a new file"),
+    ("video:{tmp}/out.mp4?codec=av1", "codec 'av1': choose h264 or hevc"),
+    ("jpeg:{tmp}/nofolder", "is not a folder: create it first"),
+])
+def test_bad_frame_sinks_are_one_line_at_start(det_bundle, tmp_path, capsys, sink, message):
+    (tmp_path / "exists.mp4").write_bytes(b"a user's video")
+    assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "1", "--metrics", "",
+                 "--sink", sink.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and "Traceback" not in err
+    assert (tmp_path / "exists.mp4").read_bytes() == b"a user's video"
+
+
+def test_a_missing_encoder_is_one_line_at_start(det_bundle, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ffmpeg on it
+    assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "1", "--metrics", "",
+                 "--sink", f"video:{tmp_path / 'out.mp4'}"]) == 2
+    assert "needs ffmpeg to encode video: apt install ffmpeg" in capsys.readouterr().err
