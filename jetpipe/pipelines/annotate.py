@@ -16,8 +16,9 @@ cv2 = lazy_import("cv2")
 _TO_BGR = {"nv12": "COLOR_YUV2BGR_NV12", "i420": "COLOR_YUV2BGR_I420", "yuyv": "COLOR_YUV2BGR_YUYV",
            "uyvy": "COLOR_YUV2BGR_UYVY", "rgb": "COLOR_RGB2BGR"}
 # distinct colours for track IDs (BGR), cycled
-_PALETTE = [(75, 25, 230), (75, 180, 60), (25, 225, 255), (200, 130, 0), (48, 130, 245), (180, 30, 145),
+PALETTE = [(75, 25, 230), (75, 180, 60), (25, 225, 255), (200, 130, 0), (48, 130, 245), (180, 30, 145),
             (240, 240, 70), (230, 50, 240), (60, 245, 210), (212, 190, 250), (128, 128, 0), (255, 190, 220)]
+UNTRACKED = (0, 255, 0)  # a box that is not (yet) part of a track
 
 
 def output_size(source_hw: tuple[int, int], width: int | None) -> tuple[int, int]:
@@ -49,7 +50,7 @@ def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.nda
     tracks = results.get("track_ids") or [None] * len(boxes)
     thickness = max(1, round(image.shape[0] / 360))
     for box, score, cls, track in zip(boxes.round().astype(int), scores, classes, tracks):
-        color = _PALETTE[track % len(_PALETTE)] if track is not None else (0, 255, 0)
+        color = PALETTE[track % len(PALETTE)] if track is not None else UNTRACKED
         cv2.rectangle(image, (int(box[0]), int(box[1])), (int(box[2]), int(box[3])), color, thickness)
         label = " ".join(p for p in (f"#{track}" if track is not None else "", f"c{cls}" if cls is not None else "",
                                      f"{score:.2f}" if score is not None else "") if p)

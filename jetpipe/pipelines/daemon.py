@@ -19,10 +19,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from jetpipe import bundle as bundles
+from jetpipe.pipelines import preview
 from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.metrics import Metrics, MetricsServer
 from jetpipe.pipelines.postprocess import make_postprocessor
+from jetpipe.pipelines.preview import Preview
 from jetpipe.pipelines.sinks import open_sink
 from jetpipe.pipelines.sources import EndOfStream, open_source
 from jetpipe.pipelines.tracking import Tracker
@@ -99,11 +101,29 @@ class Pipeline:
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
-        self.server = None
+        self.server, self.preview = None, None
         if config.metrics_listen:
-            self.server = MetricsServer(config.metrics_listen, self._render_metrics, self._health)
+            self.preview = Preview(len(self.sources), runtime.max_batch)  # draws only while watched
+            self.closers.append(self.preview.close)
+            self.frame_sinks.append(self.preview)
+            self.server = MetricsServer(config.metrics_listen, self._render_metrics, self._health, self._pages)
             self.closers.append(self.server.close)
-            log.info("metrics on http://%s/metrics", self.server.address)
+            log.info("metrics on http://%s/metrics, live preview on http://%s/", self.server.address,
+                     self.server.address)
+
+    def _pages(self, path: str):
+        """The preview page, its frames and counters (None: not a page here)."""
+        if path in ("/", "/index.html"):
+            return 200, preview.page([s.uri for s in self.sources]), "text/html; charset=utf-8"
+        if path == "/stats.json":
+            return 200, preview.stats_json(self.metrics, self.batcher.dropped), "application/json"
+        if path.startswith("/preview/") and path.endswith(".jpg"):
+            stream = path[len("/preview/"):-len(".jpg")]
+            if not stream.isdigit() or int(stream) >= len(self.sources):
+                return None
+            jpeg = self.preview.jpeg(int(stream))
+            return (200, jpeg, "image/jpeg") if jpeg else (503, "no frame drawn yet\n", "text/plain")
+        return None
 
     def _close_sources(self) -> None:
         for source in self.sources:

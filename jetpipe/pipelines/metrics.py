@@ -120,11 +120,12 @@ class Metrics:
 
 
 class MetricsServer:
-    """/metrics and /healthz on host:port (127.0.0.1 unless configured otherwise)."""
+    """/metrics and /healthz on host:port (127.0.0.1 unless configured otherwise); `pages(path)` may answer
+    other paths with (status, body bytes, content type), or None (404)."""
 
-    def __init__(self, listen: str, render, healthy):
+    def __init__(self, listen: str, render, healthy, pages=None):
         host, _, port = listen.rpartition(":")
-        handler = _handler(render, healthy)
+        handler = _handler(render, healthy, pages or (lambda path: None))
         self.server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
         self.address = f"{self.server.server_address[0]}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True)
@@ -135,7 +136,7 @@ class MetricsServer:
         self.server.server_close()
 
 
-def _handler(render, healthy):
+def _handler(render, healthy, pages):
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
             if self.path == "/metrics":
@@ -143,11 +144,13 @@ def _handler(render, healthy):
             elif self.path == "/healthz":
                 ok, why = healthy()
                 self._reply(200 if ok else 503, why + "\n", "text/plain")
+            elif (answer := pages(self.path.split("?", 1)[0])) is not None:
+                self._reply(*answer)
             else:
-                self._reply(404, "try /metrics or /healthz\n", "text/plain")
+                self._reply(404, "try /, /metrics or /healthz\n", "text/plain")
 
         def _reply(self, code, body, ctype):
-            data = body.encode()
+            data = body if isinstance(body, bytes) else body.encode()
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
