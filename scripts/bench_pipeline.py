@@ -3,6 +3,7 @@
 
   python scripts/bench_pipeline.py p3 [--streams 8] [--seconds 20] [--json out.json]
   python scripts/bench_pipeline.py soak [--streams 8] [--seconds 570] [--json out.json]
+  python scripts/bench_pipeline.py see [--streams 8] [--seconds 20] [--json out.json]
 
 P3, per model (PP-OCRv4 det; ResNet-50 with random weights where torch exists),
 one run, postprocessing on the CPU (before) and on the GPU (after):
@@ -17,6 +18,9 @@ one run, postprocessing on the CPU (before) and on the GPU (after):
 Each pipeline run reports device -> host bytes per frame, CPU cores used, CPU
 seconds per pipeline thread and CUDA-event milliseconds per GPU stage (per batch).
 Soak: N streams of PP-OCRv4 det for S seconds; free GPU memory and RSS every 10 s.
+See: what watching costs — PP-OCRv4 det on N synthetic 1080p streams (real time at 30 fps, and
+saturated), plain, then with the tracker, an annotated `video:` sink (960 wide, H.264) and the preview
+page watched (every stream's /preview/N.jpg fetched 5 times a second) in the same process.
 """
 
 from __future__ import annotations
@@ -43,18 +47,67 @@ BATCH = 8
 
 
 def serve(bundle: Path, streams: int, fps: float, seconds: float, sample=None, postprocess: str = "gpu",
-          still: bool = False) -> dict:
+          still: bool = False, sinks=(), tracker: str = "none", watch: bool = False) -> dict:
     uri = f"synthetic://1920x1080@{fps:g}/nv12" + ("/still" if still else "")
+    listen = f"127.0.0.1:{_free_port()}" if watch else ""
     config = validate(PipelineConfig(bundle=bundle, sources=[SourceConfig(uri) for _ in range(streams)],
                                      duration=seconds, max_batch=BATCH, backend="onnxruntime-cuda",
-                                     metrics_listen="", log_every_s=1e9, batch_timeout_ms=20, queue_depth=4,
-                                     postprocess=postprocess))
+                                     metrics_listen=listen, log_every_s=1e9, batch_timeout_ms=20, queue_depth=4,
+                                     postprocess=postprocess, sinks=list(sinks), tracker=tracker))
     pipeline = Pipeline(config, profile=sample is None)
+    if watch:  # a viewer of the preview page: every stream's frame, 5 times a second
+        sample = _viewer(listen, streams)
     sampler = None
     if sample is not None:
         sampler = threading.Thread(target=sample, args=(pipeline,), daemon=True)
         sampler.start()
     return pipeline.run()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _viewer(listen: str, streams: int):
+    import urllib.request
+
+    def watch(pipeline):
+        while not pipeline.stop_event.is_set():
+            for i in range(streams):
+                try:
+                    urllib.request.urlopen(f"http://{listen}/preview/{i}.jpg", timeout=2).read()
+                except OSError:
+                    pass
+            time.sleep(0.2)
+    return watch
+
+
+def see(args) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = next(iter(make_bundles(Path(tmp), resnet=False).values()))
+        for fps, still in ((30, False), (args.saturate_fps, True)):
+            mode = "real time" if not still else "saturated"
+            plain = _brief(serve(bundle, args.streams, fps, args.seconds, still=still))
+            video = Path(tmp) / f"annotated-{fps:g}-{{stream}}.mp4"
+            summary = serve(bundle, args.streams, fps, args.seconds, still=still, tracker="bytetrack", watch=True,
+                            sinks=[f"video:{video}?width=960"])
+            watched = {**_brief(summary), "sink_frames_dropped": summary["sink_frames_dropped"]}
+            row = {"mode": mode, "streams": args.streams, "plain": plain, "watched": watched,
+                   "throughput_change": watched["fps"] / plain["fps"] - 1}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    for r in rows:
+        p, w = r["plain"], r["watched"]
+        print(f"{r['mode']}: plain {p['fps']:.0f} fps p99 {p['p99_ms']:.1f} ms drops {p['dropped']} "
+              f"{p['cpu_cores']:.2f} cores; tracker + video sink + preview watched {w['fps']:.0f} fps "
+              f"({100 * r['throughput_change']:+.1f} %) p99 {w['p99_ms']:.1f} ms drops {w['dropped']} "
+              f"{w['cpu_cores']:.2f} cores, sink dropped {w['sink_frames_dropped']}")
+    return rows
 
 
 def naive_fps(bundle: Path, seconds: float = 5.0) -> float:
@@ -167,10 +220,14 @@ def main() -> None:
     b = sub.add_parser("soak")
     b.add_argument("--streams", type=int, default=8)
     b.add_argument("--seconds", type=float, default=570)
-    for p in (a, b):
+    c = sub.add_parser("see")
+    c.add_argument("--streams", type=int, default=8)
+    c.add_argument("--seconds", type=float, default=20)
+    c.add_argument("--saturate-fps", type=float, default=200, help="per-stream rate beyond the GPU's")
+    for p in (a, b, c):
         p.add_argument("--json", type=Path)
     args = parser.parse_args()
-    result = p3(args) if args.what == "p3" else soak(args)
+    result = {"p3": p3, "soak": soak, "see": see}[args.what](args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 
