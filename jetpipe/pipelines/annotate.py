@@ -30,15 +30,35 @@ def output_size(source_hw: tuple[int, int], width: int | None) -> tuple[int, int
 
 
 def to_bgr(frame: np.ndarray, fmt: str, size_hw: tuple[int, int]) -> np.ndarray:
-    """A host frame of any jetpipe format -> BGR at size_hw (a new array)."""
+    """A host frame of any jetpipe format -> BGR at size_hw (a new array). YUV frames are resized plane by
+    plane first and converted at the target size: a 1080p frame shown 960 wide costs a quarter."""
+    height, width = frame_size(frame, fmt)
+    h, w = size_hw
+    if fmt in ("nv12", "i420") and (h, w) != (height, width):
+        frame = _resize_420(frame, fmt, height, width, h, w)
     if fmt == "bgr":
         bgr = frame
     else:
         source = frame.reshape(frame.shape[0], -1, 2) if fmt in ("yuyv", "uyvy") else frame
         bgr = cv2.cvtColor(source, getattr(cv2, _TO_BGR[fmt]))
-    if bgr.shape[:2] != tuple(size_hw):
-        bgr = cv2.resize(bgr, (size_hw[1], size_hw[0]), interpolation=cv2.INTER_AREA)
+    if bgr.shape[:2] != (h, w):
+        bgr = cv2.resize(bgr, (w, h), interpolation=cv2.INTER_AREA)
     return np.ascontiguousarray(bgr)
+
+
+def _resize_420(frame, fmt, height, width, h, w) -> np.ndarray:
+    """An NV12 / I420 frame resized to (h, w), still in its own layout."""
+    out = np.empty((h * 3 // 2, w), np.uint8)
+    cv2.resize(frame[:height], (w, h), dst=out[:h], interpolation=cv2.INTER_AREA)
+    if fmt == "nv12":
+        uv = frame[height:].reshape(height // 2, width // 2, 2)
+        out[h:] = cv2.resize(uv, (w // 2, h // 2), interpolation=cv2.INTER_AREA).reshape(h // 2, w)
+    else:
+        chroma, plane = frame[height:].reshape(-1), height * width // 4
+        u, v = chroma[:plane].reshape(height // 2, width // 2), chroma[plane:].reshape(height // 2, width // 2)
+        small = [cv2.resize(c, (w // 2, h // 2), interpolation=cv2.INTER_AREA).reshape(-1) for c in (u, v)]
+        out[h:] = np.concatenate(small).reshape(h // 2, w)
+    return out
 
 
 def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.ndarray:

@@ -19,6 +19,7 @@ import queue
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -46,22 +47,27 @@ class FrameSink:
 
     wants_frames = True
 
-    def __init__(self, spec: str, max_batch: int = 8):
+    def __init__(self, spec: str, max_batch: int = 8, max_fps: float | None = None):
         """max_batch: a batch's frames may all come from one stream; each stream gets buffers for a whole
-        batch and two more, allocated at its first frame."""
+        batch and two more, allocated at its first frame. max_fps: frames taken per stream and second
+        (a 30 fps video needs no more); the others are skipped without a copy."""
         self.spec, self.buffers = spec, max_batch + SPARE_BUFFERS
+        self.period = 1.0 / max_fps if max_fps else 0.0
+        self.by_pts = True
         self.dropped = 0
         self.failures = 0
         self._free: dict[int, queue.SimpleQueue] = {}
-        self._work: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name=f"sink-{type(self).__name__}", daemon=True)
-        self._thread.start()
+        self._due: dict[int, float] = {}
+        self._work: dict[int, queue.Queue] = {}     # one worker per stream: frames stay in order
+        self._threads: list[threading.Thread] = []
 
     def describe(self) -> str:
         return self.spec
 
     def offer(self, stream: int, frame, record: dict) -> bool:
-        """Copy a host frame (YUV as it sits in the ring) for drawing; False when it was dropped."""
+        """Copy a host frame (YUV as it sits in the ring) for drawing; False when it was not taken."""
+        if self.period and not self._due_now(stream, record):
+            return False  # above the sink's rate: skipped, not a drop
         if frame.data is None:  # a device frame (NVDEC): no host copy exists; not drawn yet
             if not self.dropped:
                 log.warning("sink %s: frames decoded into GPU memory (NVDEC) are not drawn yet: use --decoder "
@@ -73,6 +79,10 @@ class FrameSink:
             free = self._free[stream] = queue.SimpleQueue()
             for _ in range(self.buffers):
                 free.put(np.empty_like(frame.data))  # allocated on the stream's first frame only
+            self._work[stream] = queue.Queue()
+            worker = threading.Thread(target=self._run, args=(stream,), name=f"sink-{stream}", daemon=True)
+            worker.start()
+            self._threads.append(worker)
         try:
             buffer = free.get_nowait()
         except queue.Empty:
@@ -81,18 +91,30 @@ class FrameSink:
         if buffer.shape != frame.data.shape:
             buffer = np.empty_like(frame.data)  # the stream changed size (a reconnect): new buffers once
         np.copyto(buffer, frame.data)
-        self._work.put((stream, buffer, frame.format, record))
+        self._work[stream].put((buffer, frame.format, record))
+        return True
+
+    def _due_now(self, stream: int, record: dict) -> bool:
+        """At most one frame per period: of the stream's own time (pts) for files and cameras that have it,
+        so a file processed faster than real time still gives every frame of a same-rate video; of the wall
+        clock otherwise (and for a viewer)."""
+        pts = record.get("pts") if self.by_pts else None
+        t = pts if pts is not None else time.monotonic()
+        due = self._due.get(stream)
+        if due is not None and due - 2 * self.period <= t < due - 1e-6:
+            return False
+        self._due[stream] = t + self.period  # also after time went back: a looped file, a reconnect
         return True
 
     def write(self, record: dict) -> None:
         """Frame sinks take their records with the frames (offer)."""
 
-    def _run(self) -> None:
+    def _run(self, stream: int) -> None:
         while True:
-            item = self._work.get()
+            item = self._work[stream].get()
             if item is None:
                 return
-            stream, buffer, fmt, record = item
+            buffer, fmt, record = item
             try:
                 self.consume(stream, buffer, fmt, record)
             except Exception as exc:  # a full disk, an encoder that died: counted, the others go on
@@ -106,8 +128,10 @@ class FrameSink:
         raise NotImplementedError
 
     def close(self) -> None:
-        self._work.put(None)
-        self._thread.join()
+        for work in self._work.values():
+            work.put(None)
+        for worker in self._threads:
+            worker.join()
         self.finish()
         if self.dropped:
             log.info("sink %s: %d frame(s) dropped while it was busy", self.describe(), self.dropped)
@@ -135,7 +159,7 @@ class VideoSink(FrameSink):
                 raise JetpipeError(f"sink {spec}: {p} exists: name a new file (a sink never overwrites one)")
             _check_writable(spec, p)
         self.encoders: dict[int, subprocess.Popen] = {}
-        super().__init__(spec, max_batch)
+        super().__init__(spec, max_batch, max_fps=self.fps)
 
     def consume(self, stream, frame, fmt, record) -> None:
         source_hw = annotate.frame_hw(frame, fmt)

@@ -26,21 +26,18 @@ IDLE_S = 3.0     # nobody asked for a frame this long: stop drawing
 
 class Preview(FrameSink):
     def __init__(self, streams: int, max_batch: int = 8, fps: float = 5.0):
-        self.period = 1.0 / fps
         self.last_request = -1e9
-        self.next_frame = [0.0] * streams
         self.latest: dict[int, bytes] = {}
         self.drawn = 0
-        super().__init__("preview", max_batch)
+        super().__init__("preview", max_batch, max_fps=fps)
+        self.by_pts = False  # a viewer's rate: frames per second of watching
 
     def watched(self) -> bool:
         return time.monotonic() - self.last_request < IDLE_S
 
     def offer(self, stream: int, frame, record: dict) -> bool:
-        now = time.monotonic()
-        if not self.watched() or now < self.next_frame[stream]:
-            return False  # not wanted: no copy, not a drop
-        self.next_frame[stream] = now + self.period
+        if not self.watched():
+            return False  # nobody looks: no copy, not a drop
         return super().offer(stream, frame, record)
 
     def consume(self, stream: int, frame: np.ndarray, fmt: str, record: dict) -> None:
