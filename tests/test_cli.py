@@ -155,6 +155,21 @@ def test_calibration_reused_when_all_match_and_refused_otherwise(tiny, images, t
     assert not other.exists()
 
 
+def test_calibration_made_with_other_excluded_nodes_is_not_reused(tiny, images, tmp_path, caplog, capsys):
+    """Ranges made with --exclude conv1 lack conv1's input, which a run without the exclusion quantizes."""
+    out = tmp_path / "b"
+    base = ["convert", tiny, "-o", str(out), "--precision", "int8", "--calib", images, "--no-auto-exclude",
+            "--quiet"]
+    assert main([*base, "--exclude", "conv1"]) == 0
+    caplog.clear()
+    assert main([*base, "--force"]) == 0  # the bundle being replaced: recalibrated, not a failure
+    assert "recalibrating: its ranges were made for other excluded nodes" in caplog.text
+    assert main([*base[:3], str(tmp_path / "c"), *base[4:], "--exclude", "conv1"]) == 0
+    assert main([*base[:3], str(tmp_path / "d"), *base[4:], "--calib-cache", str(tmp_path / "c")]) == 2
+    assert f"--calib-cache {tmp_path / 'c'} has no range for" in _error(capsys)
+    assert not (tmp_path / "d").exists()
+
+
 def test_interrupt_leaves_nothing(tiny, images, no_tmp_leftovers, monkeypatch, capsys):
     from jetpipe.convert import stats
 

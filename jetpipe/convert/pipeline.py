@@ -290,14 +290,14 @@ def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None) -> Ca
          if opts.prune else "")
     wanted = {"model_sha256": model_key, "method": opts.calib_method,
               "data_fingerprint": source.fingerprint() if source is not None else None}
-    cached = _cached_calibration(opts, wanted)
+    hist = set()
+    if opts.precision == "int8":
+        hist = set(int8.plan(prepared.model, set(opts.exclude)).activations)
+    cached = _cached_calibration(opts, wanted, hist)
     if cached is not None:
         return cached
     if source is None:
         raise CalibrationError("--calib-cache was given without --calib: pass the calibration data too")
-    hist = set()
-    if opts.precision == "int8":
-        hist = set(int8.plan(prepared.model, set(opts.exclude)).activations)
     progress = _progress(opts, len(source), "calibrating")
     try:
         collected = stats.collect(prepared.model, source.batches(_step_batch(opts.calib_batch, prepared)),
@@ -312,8 +312,9 @@ def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None) -> Ca
         ranges=collected.ranges(opts.calib_method, hist), absmax=collected.absmax())
 
 
-def _cached_calibration(opts, wanted: dict) -> CalibrationResult | None:
-    """An explicit --calib-cache must match; a replaced bundle's is reused when it matches."""
+def _cached_calibration(opts, wanted: dict, needed: set[str]) -> CalibrationResult | None:
+    """An explicit --calib-cache must match; a replaced bundle's is reused when it matches and has a range for
+    every tensor this run quantizes (`needed`: it may have been made with other --exclude nodes)."""
     if opts.calib_cache is not None:
         cached = calib_cache.load(opts.calib_cache)
         if wanted["data_fingerprint"] is None:
@@ -330,10 +331,12 @@ def _cached_calibration(opts, wanted: dict) -> CalibrationResult | None:
             cached = calib_cache.load(previous)
         except CalibrationError:
             return None
-        if calib_cache.mismatch(cached, wanted) is None:
+        why = calib_cache.mismatch(cached, wanted) or (
+            "its ranges were made for other excluded nodes" if needed - set(cached.ranges) else None)
+        if why is None:
             log.info("reusing calibration from the bundle being replaced (same model, method and data)")
             return cached
-        log.info("recalibrating: %s", calib_cache.mismatch(cached, wanted))
+        log.info("recalibrating: %s", why)
     return None
 
 
@@ -381,8 +384,11 @@ def _to_int8(opts, prepared: Prepared, calibration: CalibrationResult, manual, s
     qplan = int8.plan(model, set(excluded))
     missing = [a for a in qplan.activations if a not in calibration.ranges]
     if missing:
-        raise CalibrationError(f"the calibration results have no range for {missing[0]}: "
-                               "drop --calib-cache to recalibrate")
+        # calibration covers every tensor the plan without auto-exclusions needs, exclusions only remove
+        # quantization (int8.plan), and a replaced bundle's ranges are reused only when they cover the plan:
+        # only an explicit --calib-cache made with other --exclude nodes can lack one
+        raise CalibrationError(f"--calib-cache {opts.calib_cache} has no range for {missing[0]} (it was made "
+                               "with other excluded nodes): drop --calib-cache to recalibrate")
     quantized = int8.quantize(model, qplan, calibration.ranges)
     graph.check(quantized, "the INT8 model")
     return quantized, excluded, _accuracy_check(model, quantized, checks, name, "INT8", opts)
