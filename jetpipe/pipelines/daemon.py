@@ -333,7 +333,12 @@ class Pipeline:
                       "latency_ms": {k: round(v, 3) for k, v in latency.items()},
                       "task": self.task, "results": res}
             for sink in self.frame_sinks:  # a copy of the frame, before its ring slot is released
-                sink.offer(packet.stream, packet.frame, record)
+                try:
+                    sink.offer(packet.stream, packet.frame, record, self.runtime.frame_to_host)
+                except Exception as exc:  # a sink that fails never fails the batch
+                    sink.failures += 1
+                    if sink.failures in (1, 10, 100) or sink.failures % 1000 == 0:
+                        log.error("sink %s failed %d time(s): %s", sink.describe(), sink.failures, exc)
             self.records.put(record)
         for packet in packets:
             packet.release()

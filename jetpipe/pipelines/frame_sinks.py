@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 
 from jetpipe.errors import JetpipeError
+from jetpipe.frames import frame_shape
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines import annotate
 
@@ -64,21 +65,17 @@ class FrameSink:
     def describe(self) -> str:
         return self.spec
 
-    def offer(self, stream: int, frame, record: dict) -> bool:
-        """Copy a host frame (YUV as it sits in the ring) for drawing; False when it was not taken."""
+    def offer(self, stream: int, frame, record: dict, to_host=None) -> bool:
+        """Copy a frame (YUV as it sits in the ring) for drawing; False when it was not taken. A frame in
+        device memory (NVDEC) is copied with to_host(frame, out) (the runtime's frame_to_host)."""
         if self.period and not self._due_now(stream, record):
             return False  # above the sink's rate: skipped, not a drop
-        if frame.data is None:  # a device frame (NVDEC): no host copy exists; not drawn yet
-            if not self.dropped:
-                log.warning("sink %s: frames decoded into GPU memory (NVDEC) are not drawn yet: use --decoder "
-                            "ffmpeg for this stream to see it", self.describe())
-            self.dropped += 1
-            return False
+        shape = frame.data.shape if frame.data is not None else frame_shape(frame.format, *frame.hw)
         free = self._free.get(stream)
         if free is None:
             free = self._free[stream] = queue.SimpleQueue()
             for _ in range(self.buffers):
-                free.put(np.empty_like(frame.data))  # allocated on the stream's first frame only
+                free.put(np.empty(shape, np.uint8))  # allocated on the stream's first frame only
             self._work[stream] = queue.Queue()
             worker = threading.Thread(target=self._run, args=(stream,), name=f"sink-{stream}", daemon=True)
             worker.start()
@@ -88,9 +85,12 @@ class FrameSink:
         except queue.Empty:
             self.dropped += 1
             return False
-        if buffer.shape != frame.data.shape:
-            buffer = np.empty_like(frame.data)  # the stream changed size (a reconnect): new buffers once
-        np.copyto(buffer, frame.data)
+        if buffer.shape != shape:
+            buffer = np.empty(shape, np.uint8)  # the stream changed size (a reconnect): new buffers once
+        if frame.data is not None:
+            np.copyto(buffer, frame.data)
+        else:
+            to_host(frame, buffer)
         self._work[stream].put((buffer, frame.format, record))
         return True
 

@@ -106,6 +106,11 @@ class RuntimeBase:
         """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none)."""
         return None
 
+    def frame_to_host(self, frame, out) -> None:
+        """Copy a frame in device memory (a hardware decoder's ring slot) into host array `out`: for sinks
+        that draw on frames. The CPU runtime never has one."""
+        raise JetpipeError("frames in device memory need the GPU runtime")
+
     def describe(self) -> dict:
         """What reports say of the device this runtime runs on."""
         return {"kind": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}

@@ -17,7 +17,7 @@ import numpy as np
 
 from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
-from jetpipe.runtime.api import BatchResult, Reduction, Ticket, validate
+from jetpipe.runtime.api import BatchResult, Frame, Reduction, Ticket, validate
 from jetpipe.runtime.backends import OrtCudaBackend
 from jetpipe.runtime.base import RuntimeBase
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
@@ -100,6 +100,7 @@ class GpuRuntime(RuntimeBase):
                 self.memory = self.device.memory_mode(memory)
                 self.capacity = max_frame_hw[0] * max_frame_hw[1] * 3
                 self.compute_stream, self.copy_stream = self.device.stream(), self.device.stream()
+                self.sink_stream = self.device.stream()  # device frames to host for drawing sinks
                 self.module = compile_module()
                 self.backend = self._make_backend(backend, cuda_graph)
                 self.backend_name = self.backend.name
@@ -306,6 +307,15 @@ class GpuRuntime(RuntimeBase):
         else:
             outputs = {name: host[:ticket.batch] for name, host in buffers.host_outputs.items()}
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected, self.reduction)
+
+    def frame_to_host(self, frame: Frame, out: np.ndarray) -> None:
+        """A device frame (NVDEC's ring slot) copied into host array `out` on a stream of its own (no wait
+        on the inference streams); for sinks that draw, at their own rate."""
+        if not frame.device:
+            raise JetpipeError("frame_to_host copies frames in device memory; this one is in host memory")
+        with self.device.active():
+            self.device.cuda.memcpy_dtoh_async(out, frame.address, self.sink_stream)
+            self.sink_stream.synchronize()
 
     def preprocess_only(self, frames) -> np.ndarray:
         """The kernel's output for a batch, copied to a new host array (tests and benchmarks)."""

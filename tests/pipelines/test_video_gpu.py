@@ -115,3 +115,28 @@ def test_a_stream_nvdec_cannot_take_falls_back_to_ffmpeg_and_says_why(det_bundle
     summary = pipeline.run()
     assert summary["processed"] == [8]
     assert pipeline.runtime.frame_bytes_uploaded > 0  # the FFmpeg path uploads from pinned ring slots
+
+
+def test_nvdec_frames_reach_a_drawing_sink_from_gpu_memory(det_bundle, clips, tmp_path):
+    """Frames NVDEC decoded into device memory are copied to the host for a drawing sink (at its rate only):
+    the JPEGs show the decoded picture, and inference still uploads no pixel."""
+    import cv2
+
+    folder = tmp_path / "jpegs"
+    folder.mkdir()
+    config = _config(det_bundle, [SourceConfig(str(clips["h264"]))], backend="onnxruntime-cuda", max_batch=4,
+                     sinks=[f"jpeg:{folder}?every=8&width=960"])
+    pipeline = Pipeline(config)
+    assert pipeline.sources[0].describe().endswith("(nvdec)")
+    summary = pipeline.run()
+    assert summary["processed"] == [24] and pipeline.runtime.frame_bytes_uploaded == 0
+    assert sorted(p.name for p in folder.iterdir()) == [f"s0_{i:06d}.jpg" for i in (0, 8, 16)]
+    capture = cv2.VideoCapture(str(clips["h264"]))
+    for index in range(17):
+        ok, reference = capture.read()
+        if index in (0, 8, 16):
+            drawn = cv2.imread(str(folder / f"s0_{index:06d}.jpg"))
+            expected = cv2.resize(reference, (960, 540), interpolation=cv2.INTER_AREA)
+            assert ok and drawn.shape == expected.shape
+            assert np.median(np.abs(drawn.astype(int) - expected)) < 6  # the same picture, boxes aside
+    capture.release()
