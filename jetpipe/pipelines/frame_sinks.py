@@ -68,8 +68,8 @@ class FrameSink:
     def offer(self, stream: int, frame, record: dict, to_host=None) -> bool:
         """Copy a frame (YUV as it sits in the ring) for drawing; False when it was not taken. A frame in
         device memory (NVDEC) is copied with to_host(frame, out) (the runtime's frame_to_host)."""
-        if self.period and not self._due_now(stream, record):
-            return False  # above the sink's rate: skipped, not a drop
+        if not self.wants(record) or (self.period and not self._due_now(stream, record)):
+            return False  # not a frame this sink shows, or above its rate: skipped, not a drop
         shape = frame.data.shape if frame.data is not None else frame_shape(frame.format, *frame.hw)
         free = self._free.get(stream)
         if free is None:
@@ -92,6 +92,10 @@ class FrameSink:
         else:
             to_host(frame, buffer)
         self._work[stream].put((buffer, frame.format, record))
+        return True
+
+    def wants(self, record: dict) -> bool:
+        """Whether this sink shows the record's frame at all (decided before any copy)."""
         return True
 
     def _due_now(self, stream: int, record: dict) -> bool:
@@ -210,9 +214,10 @@ class JpegSink(FrameSink):
         self.width = int(options["width"]) if "width" in options else None
         super().__init__(spec, max_batch)
 
+    def wants(self, record: dict) -> bool:
+        return record["frame"] % self.every == 0
+
     def consume(self, stream, frame, fmt, record) -> None:
-        if record["frame"] % self.every:
-            return
         source_hw = annotate.frame_hw(frame, fmt)
         image = annotate.draw(annotate.to_bgr(frame, fmt, annotate.output_size(source_hw, self.width)),
                               record["results"], source_hw)
