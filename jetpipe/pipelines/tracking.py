@@ -53,45 +53,60 @@ def greedy_match(iou: np.ndarray, threshold: float) -> list[tuple[int, int]]:
 
 class KalmanBox:
     """Constant-velocity Kalman filter on (cx, cy, aspect, height), ByteTrack's parametrisation: noise
-    in proportion to the box's height, so small and large objects are tracked alike."""
+    in proportion to the box's height, so small and large objects are tracked alike. predict_all and
+    update_all step many filters in one batch of matrix operations (per-track calls cost more in
+    Python than the arithmetic)."""
 
     POSITION, VELOCITY = 1 / 20, 1 / 160
+    F = np.eye(8) + np.eye(8, k=4)
 
     def __init__(self, box: np.ndarray):
-        z = self._measurement(box)
+        z = _measurements(np.asarray(box, np.float64)[None])[0]
         self.x = np.r_[z, np.zeros(4)]
         h = z[3]
         std = np.array([2 * self.POSITION * h, 2 * self.POSITION * h, 1e-2, 2 * self.POSITION * h,
                         10 * self.VELOCITY * h, 10 * self.VELOCITY * h, 1e-5, 10 * self.VELOCITY * h])
         self.P = np.diag(std ** 2)
-        self.F = np.eye(8)
-        self.F[:4, 4:] = np.eye(4)
-        self.H = np.eye(4, 8)
-
-    @staticmethod
-    def _measurement(box: np.ndarray) -> np.ndarray:
-        w, h = box[2] - box[0], box[3] - box[1]
-        return np.array([box[0] + w / 2, box[1] + h / 2, w / max(h, 1e-9), h], np.float64)
 
     def box(self) -> np.ndarray:
         cx, cy, a, h = self.x[:4]
         w = a * h
         return np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
 
-    def predict(self) -> None:
-        h = self.x[3]
-        std = np.array([self.POSITION * h, self.POSITION * h, 1e-2, self.POSITION * h,
-                        self.VELOCITY * h, self.VELOCITY * h, 1e-5, self.VELOCITY * h])
-        self.x = self.F @ self.x
-        self.P = self.F @ self.P @ self.F.T + np.diag(std ** 2)
+    @classmethod
+    def predict_all(cls, filters: list[KalmanBox]) -> None:
+        if not filters:
+            return
+        x, p = np.stack([f.x for f in filters]), np.stack([f.P for f in filters])
+        h, ones = x[:, 3], np.ones(len(filters))
+        std = np.stack([cls.POSITION * h, cls.POSITION * h, 1e-2 * ones, cls.POSITION * h,
+                        cls.VELOCITY * h, cls.VELOCITY * h, 1e-5 * ones, cls.VELOCITY * h], axis=1)
+        x = x @ cls.F.T
+        p = cls.F @ p @ cls.F.T
+        p[:, np.arange(8), np.arange(8)] += std ** 2
+        for f, xi, pi in zip(filters, x, p):
+            f.x, f.P = xi, pi
 
-    def update(self, box: np.ndarray) -> None:
-        h = self.x[3]
-        R = np.diag(np.array([self.POSITION * h, self.POSITION * h, 1e-1, self.POSITION * h]) ** 2)
-        S = self.H @ self.P @ self.H.T + R
-        K = self.P @ self.H.T @ np.linalg.inv(S)
-        self.x = self.x + K @ (self._measurement(box) - self.H @ self.x)
-        self.P = (np.eye(8) - K @ self.H) @ self.P
+    @classmethod
+    def update_all(cls, filters: list[KalmanBox], boxes: np.ndarray) -> None:
+        if not filters:
+            return
+        x, p = np.stack([f.x for f in filters]), np.stack([f.P for f in filters])
+        h = x[:, 3]
+        r = np.stack([cls.POSITION * h, cls.POSITION * h, np.full(len(filters), 1e-1), cls.POSITION * h], axis=1)
+        s = p[:, :4, :4].copy()
+        s[:, np.arange(4), np.arange(4)] += r ** 2
+        k = p[:, :, :4] @ np.linalg.inv(s)                      # gain, H = [I 0]
+        x = x + (k @ (_measurements(boxes) - x[:, :4])[..., None])[..., 0]
+        p = p - k @ p[:, :4, :]
+        for f, xi, pi in zip(filters, x, p):
+            f.x, f.P = xi, pi
+
+
+def _measurements(boxes: np.ndarray) -> np.ndarray:
+    """x0 y0 x1 y1 rows -> cx, cy, aspect (w / h), h rows."""
+    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    return np.stack([boxes[:, 0] + w / 2, boxes[:, 1] + h / 2, w / np.maximum(h, 1e-9), h], axis=1)
 
 
 @dataclass
@@ -125,9 +140,7 @@ class Tracker:
         boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
         scores = np.asarray(scores, np.float64).reshape(-1)
         ids: list[int | None] = [None] * len(boxes)
-        for track in self.tracks:
-            if track.kalman is not None:
-                track.kalman.predict()
+        KalmanBox.predict_all([t.kalman for t in self.tracks if t.kalman is not None])
         high = np.flatnonzero(scores >= self.high)
         low = np.flatnonzero((scores >= self.low) & (scores < self.high)) if self.kind == "bytetrack" else []
         used: set[int] = set()  # detections that continued a track
@@ -152,17 +165,20 @@ class Tracker:
         if not tracks or not detections:
             return set()
         predicted = np.stack([t.predicted() for t in tracks])
-        matched = set()
+        matched, filters, measured = set(), [], []
         for row, col in greedy_match(iou_matrix(predicted, boxes[detections]), threshold):
             track, det = tracks[row], detections[col]
             track.box, track.hits, track.lost = boxes[det], track.hits + 1, 0
             if track.kalman is not None:
-                track.kalman.update(boxes[det])
+                filters.append(track.kalman)
+                measured.append(boxes[det])
             if track.track_id is None and track.hits >= 2:
                 track.track_id, self.next_id = self.next_id, self.next_id + 1
             ids[det] = track.track_id
             matched.add(id(track))
             used.add(det)
+        if filters:
+            KalmanBox.update_all(filters, np.stack(measured))
         return matched
 
     def _start(self, box, ids, det) -> None:
