@@ -106,3 +106,34 @@ def test_a_missing_encoder_is_one_line_at_start(det_bundle, tmp_path, capsys, mo
     assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "1", "--metrics", "",
                  "--sink", f"video:{tmp_path / 'out.mp4'}"]) == 2
     assert "needs ffmpeg to encode video: apt install ffmpeg" in capsys.readouterr().err
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 256 KB tmpfs: a disk that fills up after a few frames (needs root, as CI runs)."""
+    import os
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_fails_the_sink_and_nothing_else(det_bundle, tmp_path, full_disk):
+    clip = _text_clip(tmp_path / "in.mp4", frames=24)
+    records = tmp_path / "r.jsonl"
+    argv = ["serve", "--bundle", str(det_bundle), "--source", str(clip), "--decoder", "ffmpeg", "--backend",
+            "onnxruntime-cpu", "--metrics", "", "--sink", f"jpeg:{full_disk}", "--sink", f"video:{full_disk / 'v.mp4'}",
+            "--sink", f"jsonl:{records}"]
+    import io
+    from contextlib import redirect_stderr
+
+    captured = io.StringIO()
+    with redirect_stderr(captured):
+        assert main(argv) == 0
+    summary = json.loads(captured.getvalue().strip().splitlines()[-1])["summary"]
+    assert summary["processed"] == [24] and len(records.read_text().splitlines()) == 24  # the others went on
+    assert summary["sink_failures"][0] > 0  # the JPEGs that did not fit were counted
