@@ -18,7 +18,7 @@ from jetpipe import __version__, bundle
 from jetpipe.calibration.accuracy import AccuracyOptions, run_accuracy
 from jetpipe.calibration.latency import LatencyOptions, run_latency
 from jetpipe.calibration.search import excluded_from_report
-from jetpipe.cli_values import parse_batches, parse_size, parse_targets, parse_triple, positive_seconds
+from jetpipe.cli_values import parse_batches, parse_channel_values, parse_size, parse_targets, positive_seconds
 from jetpipe.convert import ConvertOptions, convert
 from jetpipe.convert.pipeline import ENGINE_MODES, PRECISIONS
 from jetpipe.convert.prune import ALLOCATIONS
@@ -107,8 +107,8 @@ def _add_convert(sub) -> None:
 def _convert_options(args):
     model_path, builtin = resolve(args.model)
     spec = preset(args.preset or (builtin.preset if builtin else "none"))
-    mean = parse_triple(args.mean, "mean") if args.mean else None
-    std = parse_triple(args.std, "std") if args.std else None
+    mean = parse_channel_values(args.mean, "mean") if args.mean else None
+    std = parse_channel_values(args.std, "std") if args.std else None
     single = [len(v) == 1 for v in (mean, std) if v is not None]
     order = args.channel_order or ("gray" if single and all(single) else None)  # one value: a gray network
     spec = spec.replace(scale=args.scale, channel_order=order, resize=args.resize, pad_value=args.pad_value,

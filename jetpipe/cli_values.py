@@ -7,7 +7,7 @@ import argparse
 from jetpipe.errors import JetpipeError
 
 
-def parse_triple(text: str, what: str) -> tuple[float, ...]:
+def parse_channel_values(text: str, what: str) -> tuple[float, ...]:
     """'0.485,0.456,0.406' -> (0.485, 0.456, 0.406), or one value for a gray network ('0.5' -> (0.5,)),
     with an error naming the flag."""
     try:

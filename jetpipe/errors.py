@@ -24,3 +24,9 @@ class BundleError(JetpipeError):
 
 class EngineError(JetpipeError):
     """TensorRT is missing, or building / loading an engine failed."""
+
+
+def worth_logging(count: int) -> bool:
+    """Whether the count-th occurrence of a repeated failure (a decode error, a sink that keeps failing)
+    is logged: the 1st, 10th, 100th and every 1000th, so a flood is seen without flooding the log."""
+    return count in (1, 10, 100) or count % 1000 == 0

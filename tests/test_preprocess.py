@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jetpipe.cli_values import parse_size, parse_triple
+from jetpipe.cli_values import parse_channel_values, parse_size
 from jetpipe.errors import JetpipeError
 from jetpipe.geometry import fit
 from jetpipe.preprocess import preprocess_bgr
@@ -48,11 +48,11 @@ def test_bad_spec_values_are_named(bad, match):
 
 def test_parsers():
     assert parse_size("480x640") == (480, 640)
-    assert parse_triple("1,2,3", "mean") == (1.0, 2.0, 3.0)
+    assert parse_channel_values("1,2,3", "mean") == (1.0, 2.0, 3.0)
     with pytest.raises(JetpipeError, match="must look like HxW"):
         parse_size("640")
     with pytest.raises(JetpipeError, match="--mean '1,2' must be three"):
-        parse_triple("1,2", "mean")
+        parse_channel_values("1,2", "mean")
 
 
 @pytest.mark.parametrize("fmt", ["nv12", "i420", "yuyv", "uyvy", "bgr", "rgb"])

@@ -17,7 +17,15 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from jetpipe.convert.graph import GraphIndex, attribute, expose_outputs, image_input, with_shapes
+from jetpipe.convert.graph import (
+    GraphIndex,
+    attribute,
+    drop_unused_initializers,
+    expose_outputs,
+    image_input,
+    relative_difference,
+    with_shapes,
+)
 from jetpipe.errors import ModelError
 from jetpipe.runtime.sessions import cpu_session
 
@@ -51,19 +59,18 @@ def free_batch_literals(model: onnx.ModelProto) -> list[str]:
         node.input[1] = name
         changed.append(node.name)
     if changed:
-        _drop_unused_initializers(model)
-        del model.graph.value_info[:]
-        for output in model.graph.output:  # declared with the literal batch 1: inferred again
-            output.type.tensor_type.ClearField("shape")
-        model.CopyFrom(with_shapes(model))
+        drop_unused_initializers(model.graph)
+        _reinfer(model, {o.name for o in model.graph.output})  # declared with the literal batch 1
     return changed
 
 
-def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    used = {i for n in model.graph.node for i in n.input}
-    keep = [t for t in model.graph.initializer if t.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)
+def _reinfer(model: onnx.ModelProto, outputs: set[str]) -> None:
+    """Shapes inferred again after an edit, the named outputs' declared shapes included."""
+    for output in model.graph.output:
+        if output.name in outputs:
+            output.type.tensor_type.ClearField("shape")
+    del model.graph.value_info[:]
+    model.CopyFrom(with_shapes(model))
 
 
 def output_batch_axes(model: onnx.ModelProto, sample: np.ndarray,
@@ -104,11 +111,7 @@ def move_batch_to_front(model: onnx.ModelProto, axes: dict[str, tuple[int, int]]
         model.graph.node.append(onnx.helper.make_node("Transpose", [inner], [name], name=f"{name}__batch_first",
                                                       perm=perm))
     if moved:
-        for output in model.graph.output:
-            if output.name in moved:
-                output.type.tensor_type.ClearField("shape")
-        del model.graph.value_info[:]
-        model.CopyFrom(with_shapes(model))
+        _reinfer(model, set(moved))
     return moved
 
 
@@ -179,8 +182,7 @@ def prove(model: onnx.ModelProto, sample: np.ndarray, batch: int = PROOF_BATCH) 
     worst = 0.0
     for i in range(batch):
         for alone, batched in zip(session.run(None, {name: stacked[i:i + 1]}), together):
-            scale = max(1.0, float(np.abs(alone).max()))
-            worst = max(worst, float(np.abs(alone[0] - batched[i]).max()) / scale)
+            worst = max(worst, relative_difference(alone[0], batched[i]))
     return worst
 
 

@@ -58,15 +58,13 @@ class CalibrationSource:
 
     def held_out(self, count: int) -> tuple[np.ndarray | None, bool]:
         """(samples for the accuracy check, whether calibration never saw them): held-out samples where the
-        data has more than calibration takes, else the last `count` calibration samples."""
-        held = [self._input(frame) for frame in self.held_out_frames(count)]
+        data has more than calibration takes, else the first `count` calibration samples (read once more:
+        only those, not the whole set)."""
+        held = [preprocess_bgr(frame, self.size_hw, self.spec)[0] for frame in self.held_out_frames(count)]
         if held:
             return np.stack(held), True
-        rows = [b.copy() for b in self.batches(max(1, count))]
-        return (np.concatenate(rows)[-count:], False) if rows else (None, False)
-
-    def _input(self, frame: np.ndarray) -> np.ndarray:
-        return preprocess_bgr(frame, self.size_hw, self.spec)[0]
+        first = next(self.batches(max(1, count)), None)
+        return (first.copy(), False) if first is not None else (None, False)
 
     def batches(self, batch_size: int) -> Iterator[np.ndarray]:
         buffer = np.empty((batch_size, self.spec.channels, *self.size_hw), np.float32)
@@ -138,44 +136,45 @@ class VideoFile(CalibrationSource):
         if count <= 0:
             raise CalibrationError(f"cannot read video {path}: is it a video OpenCV can decode?")
         self.path, self.count = path, count
-        self.picks = set(np.linspace(0, count - 1, min(limit, count)).astype(int).tolist())
+        self.picks = _spread(list(range(count)), limit)
 
     def __len__(self):
         return len(self.picks)
 
     def held_out_frames(self, count):
         """Frames between the calibration picks (videos shorter than the picks have none)."""
-        unused = [i for i in range(self.count) if i not in self.picks]
-        wanted = set(np.asarray(unused)[np.linspace(0, len(unused) - 1, min(count, len(unused))).astype(int)]
-                     .tolist()) if unused else set()
-        if not wanted:
+        yield from self._read(_spread([i for i in range(self.count) if i not in self.picks], count))
+
+    def frames(self):
+        yield from self._read(self.picks, count_skipped=True)
+
+    def _read(self, indices: set[int], count_skipped: bool = False):
+        """The frames at `indices`, decoding from the start; count_skipped: those past the video's real end
+        (its header promised more) count as skipped."""
+        if not indices:
             return
         capture = cv2.VideoCapture(str(self.path))
         try:
-            for index in range(max(wanted) + 1):
+            for index in range(max(indices) + 1):
                 ok, frame = capture.read()
                 if not ok:
+                    if count_skipped:
+                        self.skipped += sum(1 for p in indices if p >= index)
                     return
-                if index in wanted:
-                    yield frame
-        finally:
-            capture.release()
-
-    def frames(self):
-        capture = cv2.VideoCapture(str(self.path))
-        try:
-            for index in range(max(self.picks) + 1):
-                ok, frame = capture.read()
-                if not ok:
-                    self.skipped += len([p for p in self.picks if p >= index])
-                    break
-                if index in self.picks:
+                if index in indices:
                     yield frame
         finally:
             capture.release()
 
     def identity(self):
         return "video:" + sha256_file(self.path)
+
+
+def _spread(items: list[int], count: int) -> set[int]:
+    """Up to `count` of `items`, spread evenly over them."""
+    if not items:
+        return set()
+    return {items[i] for i in np.linspace(0, len(items) - 1, min(count, len(items))).astype(int)}
 
 
 class NpyTensors(CalibrationSource):

@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from jetpipe.convert import ops
-from jetpipe.convert.graph import GraphIndex, clone
+from jetpipe.convert.graph import GraphIndex, clone, drop_unused_initializers
 from jetpipe.convert.ops import policy
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def convert(model: onnx.ModelProto, keep_fp32: set[str]) -> onnx.ModelProto:
     _restore_float_outputs(graph, produced, new_nodes)
     del graph.node[:]
     graph.node.extend(new_nodes)
-    _drop_unused_initializers(graph)
+    drop_unused_initializers(graph)
     del graph.value_info[:]
     return onnx.shape_inference.infer_shapes(model)
 
@@ -107,13 +107,6 @@ def _restore_float_outputs(graph, produced: dict[str, int], nodes: list) -> None
             node.output[:] = [inner if o == out.name else o for o in node.output]
             node.input[:] = [inner if i == out.name else i for i in node.input]
         nodes.append(helper.make_node("Cast", [inner], [out.name], to=FLOAT, name=f"{out.name}__to_fp32"))
-
-
-def _drop_unused_initializers(graph) -> None:
-    used = {i for n in graph.node for i in n.input}
-    keep = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
 
 
 def range_rules(model: onnx.ModelProto, absmax: dict[str, float], data_max: float) -> dict[str, str]:

@@ -206,33 +206,52 @@ def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
     return with_shapes(slim)
 
 
-def clean_up(model: onnx.ModelProto, sample: np.ndarray) -> tuple[onnx.ModelProto, dict]:
+def clean_up(model: onnx.ModelProto, sample: np.ndarray, reference=None) -> tuple[onnx.ModelProto, dict]:
     """simplify(), kept only where the cleaned graph gives the source's outputs on `sample` (names, shapes,
-    values); otherwise the graph as exported, with a warning and the reason for the manifest."""
+    values); otherwise the graph as exported, with a warning and the reason for the manifest.
+    reference: the source's outputs on `sample`, where the caller has them already."""
     cleaned = simplify(model)
-    why = outputs_differ(model, cleaned, sample)
+    why = outputs_differ(model, cleaned, sample, reference)
     if why is None:
         return cleaned, {"applied": True}
     log.warning("graph clean-up (onnxslim) changed the model (%s): the bundle keeps the graph as exported", why)
     return with_shapes(model), {"applied": False, "reason": why}
 
 
-def outputs_differ(source: onnx.ModelProto, other: onnx.ModelProto, sample: np.ndarray,
+def outputs_differ(source: onnx.ModelProto, other: onnx.ModelProto, sample: np.ndarray, reference=None,
                    tolerance: float = 1e-3) -> str | None:
-    """How `other`'s outputs differ from `source`'s on one input (None: same names, shapes and values)."""
+    """How `other`'s outputs differ from `source`'s on one input (None: same names, shapes and values);
+    reference: `source`'s outputs on it, where already computed."""
     feed = {image_input(source).name: sample}
-    want = dict(zip([o.name for o in source.graph.output], cpu_session(source).run(None, feed)))
+    if reference is None:
+        reference = cpu_session(source).run(None, feed)
+    want = dict(zip([o.name for o in source.graph.output], reference))
     got = dict(zip([o.name for o in other.graph.output], cpu_session(other).run(None, feed)))
     if list(want) != list(got):
         return f"outputs {list(got)} instead of {list(want)}"
     for name, ref in want.items():
         if ref.shape != got[name].shape:
             return f"output {name} has shape {list(got[name].shape)} instead of {list(ref.shape)}"
-        scale = max(1.0, float(np.abs(ref).max())) if ref.size else 1.0
-        diff = float(np.abs(ref.astype(np.float64) - got[name]).max()) / scale if ref.size else 0.0
+        diff = relative_difference(ref, got[name])
         if diff > tolerance:
             return f"output {name} differs by {diff:.2e} (relative)"
     return None
+
+
+def relative_difference(reference: np.ndarray, other: np.ndarray) -> float:
+    """Largest |reference - other|, relative to the reference's largest magnitude (at least 1)."""
+    if not reference.size:
+        return 0.0
+    scale = max(1.0, float(np.abs(reference).max()))
+    return float(np.abs(reference.astype(np.float64) - other).max()) / scale
+
+
+def drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Remove initializers no node reads any more."""
+    used = {i for n in graph.node for i in n.input}
+    keep = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
 
 
 def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:

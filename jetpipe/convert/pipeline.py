@@ -146,14 +146,16 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
                                    samples=samples, input_name=prepared.input.name,
                                    progress=lambda total, what, unit: bar(total, what, unit, opts.progress))
     graph.check(prepared.model, "the pruned model")
-    _check_runs(prepared.model, prepared.input, prepared.size_hw)
+    _check_runs(prepared.model, prepared.input, prepared.size_hw,
+                _random_sample(prepared.channels, prepared.size_hw))
     layers = flops.layer_costs(prepared.model)
     after = flops.totals(layers)
     log.info("pruned %d channel group(s): params %.2f M -> %.2f M, GFLOPs %.2f -> %.2f", len(report["pruned"]),
              before["params"] / 1e6, after["params"] / 1e6, before["flops"] / 1e9, after["flops"] / 1e9)
     for group, why in report["skipped"].items():
         log.info("not pruned: %s (%s)", group, why)
-    check = _accuracy_check(unpruned, prepared.model, checks, prepared.input.name, "pruning", opts)
+    check = _accuracy_check(unpruned, prepared.model, checks, prepared.input.name)
+    _warn_if_inaccurate(check, "pruning", opts)
     return {"method": opts.prune_method, "ratio": opts.prune, **report, "check": check,
             "layers": {r["node"]: r for r in layers}}
 
@@ -218,10 +220,10 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
         raise ModelError(f"input {info.name!r} has {info.dims[1]} channels; jetpipe feeds 3-channel (colour) "
                          "or 1-channel (gray) images")
     size_hw = (int(info.dims[2]), int(info.dims[3]))
-    _check_runs(model, info, size_hw)
+    sample = _random_sample(info.dims[1], size_hw)
+    reference = _check_runs(model, info, size_hw, sample)
     dynamic = graph.make_batch_dynamic(model) if max_batch > 1 else False
-    sample = np.random.default_rng(0).standard_normal((1, info.dims[1], *size_hw)).astype(np.float32)
-    model, cleanup = graph.clean_up(model, sample)
+    model, cleanup = graph.clean_up(model, sample, reference)
     layout = batch.batch_layout(model, sample, dynamic) if max_batch > 1 else {}
     return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout)
 
@@ -238,11 +240,16 @@ def _refuse_requantizing(model: onnx.ModelProto, precision: str) -> None:
                          "with --precision fp32, which keeps its quantization")
 
 
-def _check_runs(model: onnx.ModelProto, info: graph.InputInfo, size_hw) -> None:
-    """One ONNX Runtime run at the input size: catches sizes the graph cannot take."""
+def _random_sample(channels: int, size_hw) -> np.ndarray:
+    """One network input of random values: for checks that need any input of the right shape."""
+    return np.random.default_rng(0).standard_normal((1, channels, *size_hw)).astype(np.float32)
+
+
+def _check_runs(model: onnx.ModelProto, info: graph.InputInfo, size_hw, sample: np.ndarray) -> list:
+    """One ONNX Runtime run at the input size, on `sample`: catches sizes the graph cannot take; returns
+    the outputs."""
     try:
-        session = cpu_session(model)
-        session.run(None, {info.name: np.zeros((1, info.dims[1], *size_hw), np.float32)})
+        return cpu_session(model).run(None, {info.name: sample})
     except Exception as exc:
         raise ModelError(
             f"the model does not run at input size {size_hw[0]}x{size_hw[1]} "
@@ -275,8 +282,7 @@ def _step_batch(wanted: int, prepared: Prepared) -> int:
 def _prove_batch(prepared: Prepared, first_batch) -> dict | None:
     if not prepared.batch_made_dynamic:
         return None
-    sample = first_batch if first_batch is not None else \
-        np.random.default_rng(0).standard_normal((1, prepared.channels, *prepared.size_hw)).astype(np.float32)
+    sample = first_batch if first_batch is not None else _random_sample(prepared.channels, prepared.size_hw)
     return {"made_dynamic": True, "max_relative_difference": batch.prove_rows(prepared.model, sample),
             "rewritten_reshapes": prepared.batch_layout["rewritten_reshapes"]}
 
@@ -391,7 +397,9 @@ def _to_int8(opts, prepared: Prepared, calibration: CalibrationResult, manual, s
                                "with other excluded nodes): drop --calib-cache to recalibrate")
     quantized = int8.quantize(model, qplan, calibration.ranges)
     graph.check(quantized, "the INT8 model")
-    return quantized, excluded, _accuracy_check(model, quantized, checks, name, "INT8", opts)
+    check = _accuracy_check(model, quantized, checks, name)
+    _warn_if_inaccurate(check, "INT8", opts)
+    return quantized, excluded, check
 
 
 def _check_node_names(model, names) -> None:
@@ -403,23 +411,19 @@ def _check_node_names(model, names) -> None:
             raise ModelError(f"--exclude {name!r}: no node of that name in the cleaned-up model{hint}")
 
 
-def _accuracy_check(reference, processed, checks: _CheckSamples, input_name, what: str | None = None,
-                    opts=None) -> dict | None:
-    """Output error of the processed model against `reference` (FP32) on the check samples; warns
-    (`what`: the step) where it is large."""
+def _accuracy_check(reference, processed, checks: _CheckSamples, input_name) -> dict | None:
+    """Output error of the processed model against `reference` (FP32) on the check samples."""
     if checks.inputs is None:
         return None
     ref = run_in_batches(cpu_session(reference), checks.inputs)
     out = run_in_batches(cpu_session(processed), checks.inputs)
-    check = {"samples": int(len(checks.inputs)), "held_out": checks.held_out,
-             "relative_mae": sensitivity.relative_mae(ref, out),
-             "max_abs_error": max(float(np.abs(r - o).max()) for r, o in zip(ref, out))}
-    if what is not None:
-        _warn_if_inaccurate(check, what, opts)
-    return check
+    return {"samples": int(len(checks.inputs)), "held_out": checks.held_out,
+            "relative_mae": sensitivity.relative_mae(ref, out),
+            "max_abs_error": max(float(np.abs(r - o).max()) for r, o in zip(ref, out))}
 
 
 def _warn_if_inaccurate(check: dict | None, what: str, opts) -> None:
+    """Say loudly when `what` (a step: INT8, FP16, pruning) moved the outputs far; marks the check."""
     if check is None or check["relative_mae"] <= ACCURACY_WARNING:
         return
     samples = f"{check['samples']} {'held-out' if check['held_out'] else 'calibration'} samples"

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from jetpipe.frames import frame_size
+from jetpipe.frames import frame_size, native_planes
 from jetpipe.lazy import lazy_import
+from jetpipe.preprocess import opencv_bgr
 
 cv2 = lazy_import("cv2")
 
-_TO_BGR = {"nv12": "COLOR_YUV2BGR_NV12", "i420": "COLOR_YUV2BGR_I420", "yuyv": "COLOR_YUV2BGR_YUYV",
-           "uyvy": "COLOR_YUV2BGR_UYVY", "rgb": "COLOR_RGB2BGR"}
 # distinct colours for track IDs (BGR), cycled
 PALETTE = [(75, 25, 230), (75, 180, 60), (25, 225, 255), (200, 130, 0), (48, 130, 245), (180, 30, 145),
             (240, 240, 70), (230, 50, 240), (60, 245, 210), (212, 190, 250), (128, 128, 0), (255, 190, 220)]
@@ -36,11 +35,7 @@ def to_bgr(frame: np.ndarray, fmt: str, size_hw: tuple[int, int]) -> np.ndarray:
     h, w = size_hw
     if fmt in ("nv12", "i420") and (h, w) != (height, width):
         frame = _resize_420(frame, fmt, height, width, h, w)
-    if fmt == "bgr":
-        bgr = frame
-    else:
-        source = frame.reshape(frame.shape[0], -1, 2) if fmt in ("yuyv", "uyvy") else frame
-        bgr = cv2.cvtColor(source, getattr(cv2, _TO_BGR[fmt]))
+    bgr = opencv_bgr(frame, fmt)
     if bgr.shape[:2] != (h, w):
         bgr = cv2.resize(bgr, (w, h), interpolation=cv2.INTER_AREA)
     return np.ascontiguousarray(bgr)
@@ -54,9 +49,8 @@ def _resize_420(frame, fmt, height, width, h, w) -> np.ndarray:
         uv = frame[height:].reshape(height // 2, width // 2, 2)
         out[h:] = cv2.resize(uv, (w // 2, h // 2), interpolation=cv2.INTER_AREA).reshape(h // 2, w)
     else:
-        chroma, plane = frame[height:].reshape(-1), height * width // 4
-        u, v = chroma[:plane].reshape(height // 2, width // 2), chroma[plane:].reshape(height // 2, width // 2)
-        small = [cv2.resize(c, (w // 2, h // 2), interpolation=cv2.INTER_AREA).reshape(-1) for c in (u, v)]
+        chroma = native_planes(frame, fmt, height, width)[1:]
+        small = [cv2.resize(c, (w // 2, h // 2), interpolation=cv2.INTER_AREA).reshape(-1) for c in chroma]
         out[h:] = np.concatenate(small).reshape(h // 2, w)
     return out
 
@@ -90,5 +84,7 @@ def _label(image, text, corner, color) -> None:
     cv2.putText(image, text, (x, y - base), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1, cv2.LINE_AA)
 
 
-def frame_hw(frame: np.ndarray, fmt: str) -> tuple[int, int]:
-    return frame_size(frame, fmt)
+def render(frame: np.ndarray, fmt: str, results: dict, width: int | None) -> np.ndarray:
+    """A host frame with one record's results drawn on it, BGR, `width` wide (None: the frame's size)."""
+    source_hw = frame_size(frame, fmt)
+    return draw(to_bgr(frame, fmt, output_size(source_hw, width)), results, source_hw)

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from jetpipe import bundle as bundles
+from jetpipe.errors import worth_logging
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines import preview
 from jetpipe.pipelines.batcher import Batcher, Packet
@@ -343,9 +344,7 @@ class Pipeline:
                 try:
                     sink.offer(packet.stream, packet.frame, record, self.runtime.frame_to_host)
                 except Exception as exc:  # a sink that fails never fails the batch
-                    sink.failures += 1
-                    if sink.failures in (1, 10, 100) or sink.failures % 1000 == 0:
-                        log.error("sink %s failed %d time(s): %s", sink.describe(), sink.failures, exc)
+                    sink.fail(exc)
             self.records.put(record)
         for packet in packets:
             packet.release()
@@ -362,9 +361,8 @@ class Pipeline:
                     sink.write(record)
                 except Exception as exc:  # one sink failing must not stop the others
                     self.sink_failures[i] += 1
-                    failures = self.sink_failures[i]
-                    if failures in (1, 10, 100) or failures % 1000 == 0:  # log, but not every frame
-                        log.error("sink %s failed %d time(s): %s", sink.describe(), failures, exc)
+                    if worth_logging(self.sink_failures[i]):
+                        log.error("sink %s failed %d time(s): %s", sink.describe(), self.sink_failures[i], exc)
 
     # --- reporting -------------------------------------------------------------------------------
     def status_line(self) -> str:

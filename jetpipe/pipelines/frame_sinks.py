@@ -6,10 +6,11 @@ the drawn frames (default: the source's size), `?fps=N` (default 30). `jpeg:FOLD
 `s{stream}_{frame}.jpg` (`?every=N`: every Nth frame). With several streams a video path gets `-s{stream}`
 before its suffix unless it holds `{stream}` itself.
 
-These sinks run in their own thread: the post stage only copies the frame (still YUV) into one of the
-sink's preallocated buffers; conversion, drawing and encoding happen here. When all buffers are busy the
-frame is dropped (counted in `dropped`), never slowing inference. close() finishes every file: the
-encoders get end-of-stream and write their container's index (a SIGTERM'd daemon leaves playable files).
+These sinks draw in a thread per stream: the post stage only copies the frame (still YUV; from GPU memory
+for NVDEC streams) into one of the sink's preallocated buffers; conversion, drawing and encoding happen
+there. When all buffers are busy the frame is dropped (counted in `dropped`), never slowing inference.
+close() finishes every file: the encoders get end-of-stream and write their container's index (a
+SIGTERM'd daemon leaves playable files).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
-from jetpipe.errors import JetpipeError
+from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.frames import frame_shape
 from jetpipe.lazy import lazy_import
+from jetpipe.outputs import check_writable
 from jetpipe.pipelines import annotate
 
 cv2 = lazy_import("cv2")
@@ -122,11 +124,15 @@ class FrameSink:
             try:
                 self.consume(stream, buffer, fmt, record)
             except Exception as exc:  # a full disk, an encoder that died: counted, the others go on
-                self.failures += 1
-                if self.failures in (1, 10, 100) or self.failures % 1000 == 0:
-                    log.error("sink %s failed %d time(s): %s", self.describe(), self.failures, exc)
+                self.fail(exc)
             finally:
                 self._free[stream].put(buffer)
+
+    def fail(self, exc: Exception) -> None:
+        """Count a failure of this sink (logged now and then); the pipeline and the other sinks go on."""
+        self.failures += 1
+        if worth_logging(self.failures):
+            log.error("sink %s failed %d time(s): %s", self.describe(), self.failures, exc)
 
     def consume(self, stream: int, frame: np.ndarray, fmt: str, record: dict) -> None:
         raise NotImplementedError
@@ -166,10 +172,8 @@ class VideoSink(FrameSink):
         super().__init__(spec, max_batch, max_fps=self.fps)
 
     def consume(self, stream, frame, fmt, record) -> None:
-        source_hw = annotate.frame_hw(frame, fmt)
-        size = annotate.output_size(source_hw, self.width)
-        image = annotate.draw(annotate.to_bgr(frame, fmt, size), record["results"], source_hw)
-        encoder = self.encoders.get(stream) or self._start(stream, size)
+        image = annotate.render(frame, fmt, record["results"], self.width)
+        encoder = self.encoders.get(stream) or self._start(stream, image.shape[:2])
         encoder.stdin.write(image.data)
 
     def _start(self, stream: int, size_hw: tuple[int, int]) -> subprocess.Popen:
@@ -209,7 +213,7 @@ class JpegSink(FrameSink):
         self.folder = Path(path)
         if not path or not self.folder.is_dir():
             raise JetpipeError(f"sink {spec}: {path!r} is not a folder: create it first")
-        _check_writable(spec, self.folder / ".jetpipe-probe")
+        _check_writable(spec, self.folder / "frame.jpg")
         self.every = max(1, int(options.get("every", 1)))
         self.width = int(options["width"]) if "width" in options else None
         super().__init__(spec, max_batch)
@@ -218,9 +222,7 @@ class JpegSink(FrameSink):
         return record["frame"] % self.every == 0
 
     def consume(self, stream, frame, fmt, record) -> None:
-        source_hw = annotate.frame_hw(frame, fmt)
-        image = annotate.draw(annotate.to_bgr(frame, fmt, annotate.output_size(source_hw, self.width)),
-                              record["results"], source_hw)
+        image = annotate.render(frame, fmt, record["results"], self.width)
         path = self.folder / f"s{stream}_{record['frame']:06d}.jpg"
         if not cv2.imwrite(str(path), image):
             raise OSError(f"could not write {path}")
@@ -233,15 +235,10 @@ def _stream_path(path: Path, stream: int, streams: int) -> Path:
 
 
 def _check_writable(spec: str, path: Path) -> None:
+    """The file's folder must exist (FFmpeg and OpenCV create none) and be writable (the project's probe)."""
     if not path.parent.is_dir():
         raise JetpipeError(f"sink {spec}: folder {path.parent} does not exist")
-    try:
-        with open(path, "ab"):
-            pass
-        if path.stat().st_size == 0:
-            path.unlink()
-    except OSError as exc:
-        raise JetpipeError(f"sink {spec}: cannot write {path} ({exc.strerror}): choose a writable path") from None
+    check_writable(path, f"sink {spec}")
 
 
 def open_frame_sink(spec: str, streams: int, max_batch: int = 8):

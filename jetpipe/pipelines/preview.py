@@ -41,9 +41,7 @@ class Preview(FrameSink):
         return super().offer(stream, frame, record, to_host)
 
     def consume(self, stream: int, frame: np.ndarray, fmt: str, record: dict) -> None:
-        source_hw = annotate.frame_hw(frame, fmt)
-        image = annotate.draw(annotate.to_bgr(frame, fmt, annotate.output_size(source_hw, WIDTH)),
-                              record["results"], source_hw)
+        image = annotate.render(frame, fmt, record["results"], WIDTH)
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 80])
         if ok:
             self.latest[stream] = jpeg.tobytes()

@@ -173,7 +173,7 @@ class Tracker:
                 filters.append(track.kalman)
                 measured.append(boxes[det])
             if track.track_id is None and track.hits >= 2:
-                track.track_id, self.next_id = self.next_id, self.next_id + 1
+                self._confirm(track)
             ids[det] = track.track_id
             matched.add(id(track))
             used.add(det)
@@ -184,9 +184,13 @@ class Tracker:
     def _start(self, box, ids, det) -> None:
         track = _Track(box, KalmanBox(box) if self.kind == "bytetrack" else None)
         if self.frames == 0:  # the stream's first frame: nothing to confirm against
-            track.track_id, self.next_id = self.next_id, self.next_id + 1
-            ids[det] = track.track_id
+            ids[det] = self._confirm(track)
         self.tracks.append(track)
+
+    def _confirm(self, track: _Track) -> int:
+        """Give a track the stream's next ID (IDs are never reused)."""
+        track.track_id, self.next_id = self.next_id, self.next_id + 1
+        return track.track_id
 
     def __post_init__(self):
         if self.kind not in ("iou", "bytetrack"):

@@ -16,7 +16,7 @@ import logging
 import time
 from collections import deque
 
-from jetpipe.errors import JetpipeError
+from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.uri import NETWORK_SCHEMES, SourceURI
 from jetpipe.video import EndOfStream, FrameInfo, SourceError
 
@@ -141,7 +141,7 @@ class NvdecSource:
                     self._pending.extend(self._decoder.Decode(packet))
             except Exception as exc:  # a corrupt packet: counted, the stream goes on
                 self.decode_errors += 1
-                if self.decode_errors in (1, 10, 100) or self.decode_errors % 1000 == 0:
+                if worth_logging(self.decode_errors):
                     log.warning("%s: decode error #%d: %s", self.describe(), self.decode_errors, exc)
         return self._pending.popleft()
 

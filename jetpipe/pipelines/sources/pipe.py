@@ -19,6 +19,7 @@ from collections import deque
 
 import numpy as np
 
+from jetpipe.errors import worth_logging
 from jetpipe.frames import frame_shape
 from jetpipe.pipelines.sources.base import EndOfStream, FrameInfo, SourceError
 
@@ -52,7 +53,7 @@ class DecoderProcess:
                 continue
             self.errors += 1
             self.recent.append(line)
-            if self.errors in (1, 10, 100) or self.errors % 1000 == 0:
+            if worth_logging(self.errors):
                 log.warning("%s: decode error #%d: %s", self.name, self.errors, line[:200])
 
     def read_frame(self, slot: np.ndarray) -> bool:
