@@ -45,6 +45,19 @@ def _options(spec: str) -> tuple[str, dict[str, str]]:
     return path, {k: v[-1] for k, v in parse_qs(parsed.query).items()}
 
 
+def _positive(spec: str, options: dict[str, str], key: str, kind=int, default=None):
+    """?key=N as a number above 0 (`default` when absent), or one line naming the sink and the key."""
+    if key not in options:
+        return default
+    try:
+        value = kind(options[key])
+    except ValueError:
+        value = None
+    if value is None or not value > 0:
+        raise JetpipeError(f"sink {spec}: {key}={options[key]!r}: give a number above 0")
+    return value
+
+
 class FrameSink:
     """Base: per-stream frame buffers, a worker thread, drop-when-busy."""
 
@@ -159,8 +172,8 @@ class VideoSink(FrameSink):
         if codec not in CODECS:
             raise JetpipeError(f"sink {spec}: codec {codec!r}: choose h264 or hevc")
         self.encoder = options.get("encoder", CODECS[codec])
-        self.width = int(options["width"]) if "width" in options else None
-        self.fps = float(options.get("fps", 30))
+        self.width = _positive(spec, options, "width")
+        self.fps = _positive(spec, options, "fps", float, 30.0)
         if shutil.which("ffmpeg") is None:
             raise JetpipeError(f"sink {spec}: needs ffmpeg to encode video: apt install ffmpeg")
         self.paths = [_stream_path(Path(path), i, streams) for i in range(streams)]
@@ -214,8 +227,8 @@ class JpegSink(FrameSink):
         if not path or not self.folder.is_dir():
             raise JetpipeError(f"sink {spec}: {path!r} is not a folder: create it first")
         _check_writable(spec, self.folder / "frame.jpg")
-        self.every = max(1, int(options.get("every", 1)))
-        self.width = int(options["width"]) if "width" in options else None
+        self.every = _positive(spec, options, "every", default=1)
+        self.width = _positive(spec, options, "width")
         super().__init__(spec, max_batch)
 
     def wants(self, record: dict) -> bool:

@@ -91,6 +91,9 @@ def test_a_sigterm_leaves_a_finished_video(det_bundle, tmp_path):
     ("video:{tmp}/exists.mp4", "exists.mp4 exists: name a new file"),
     ("video:{tmp}/out.mp4?codec=av1", "codec 'av1': choose h264 or hevc"),
     ("jpeg:{tmp}/nofolder", "is not a folder: create it first"),
+    ("video:{tmp}/out.mp4?width=abc", "width='abc': give a number above 0"),
+    ("video:{tmp}/out.mp4?fps=0", "fps='0': give a number above 0"),
+    ("jpeg:{tmp}?every=-2", "every='-2': give a number above 0"),
 ])
 def test_bad_frame_sinks_are_one_line_at_start(det_bundle, tmp_path, capsys, sink, message):
     (tmp_path / "exists.mp4").write_bytes(b"a user's video")
