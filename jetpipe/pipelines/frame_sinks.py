@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import shutil
 import subprocess
 import threading
@@ -36,6 +37,7 @@ cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
 
 CODECS = {"h264": "libx264", "hevc": "libx265"}
+JPEG_NAME = re.compile(r"s\d+_\d{6,}\.jpg")  # what a jpeg: sink writes, s{stream}_{frame:06d}.jpg
 SPARE_BUFFERS = 2  # per stream, beyond a whole batch: one being drawn, one waiting
 
 
@@ -226,6 +228,10 @@ class JpegSink(FrameSink):
         self.folder = Path(path)
         if not path or not self.folder.is_dir():
             raise JetpipeError(f"sink {spec}: {path!r} is not a folder: create it first")
+        earlier = sorted(p.name for p in self.folder.iterdir() if JPEG_NAME.fullmatch(p.name))
+        if earlier:  # the names this sink writes: never overwrite them
+            raise JetpipeError(f"sink {spec}: {self.folder} holds frames already ({earlier[0]}, ...): name an "
+                               "empty folder (a sink never overwrites files)")
         _check_writable(spec, self.folder / "frame.jpg")
         self.every = _positive(spec, options, "every", default=1)
         self.width = _positive(spec, options, "width")

@@ -104,6 +104,16 @@ def test_bad_frame_sinks_are_one_line_at_start(det_bundle, tmp_path, capsys, sin
     assert (tmp_path / "exists.mp4").read_bytes() == b"a user's video"
 
 
+def test_a_jpeg_sink_never_overwrites_frames_in_its_folder(det_bundle, tmp_path, capsys):
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    (folder / "s0_000000.jpg").write_bytes(b"a frame from before")
+    assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "2", "--metrics", "",
+                 "--sink", f"jpeg:{folder}"]) == 2
+    assert "holds frames already (s0_000000.jpg, ...): name an empty folder" in capsys.readouterr().err
+    assert (folder / "s0_000000.jpg").read_bytes() == b"a frame from before"
+
+
 def test_a_missing_encoder_is_one_line_at_start(det_bundle, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no ffmpeg on it
     assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "1", "--metrics", "",
