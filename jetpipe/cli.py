@@ -191,7 +191,9 @@ def _add_serve(sub) -> None:
                    help="auto (default): NVDEC into GPU memory for video files with the GPU runtime "
                         "(jetpipe[nvdec]), GStreamer/nvv4l2decoder on a Jetson, else FFmpeg into raw YUV; "
                         "opencv: decode and convert to BGR on the CPU")
-    p.add_argument("--sink", action="append", metavar="SPEC", help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC")
+    p.add_argument("--sink", action="append", metavar="SPEC",
+                   help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4[?width=W&fps=N&codec=hevc] "
+                        "(results drawn on the frames), jpeg:FOLDER[?every=N]")
     p.add_argument("--max-batch", type=int, help="frames per GPU batch (default: the bundle's)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
@@ -205,7 +207,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--postprocess", choices=POSTPROCESS_PLACES,
                    help="where postprocessing runs: gpu (only compact results leave the GPU), cpu, or auto "
                         "(default: gpu with the GPU runtime)")
-    p.add_argument("--metrics", metavar="HOST:PORT", help="Prometheus /metrics and /healthz ('' disables)")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="Prometheus /metrics, /healthz and the live preview page / ('' disables)")
     p.set_defaults(run=_run_serve)
 
 
