@@ -47,10 +47,14 @@ BATCH = 8
 
 
 def serve(bundle: Path, streams: int, fps: float, seconds: float, sample=None, postprocess: str = "gpu",
-          still: bool = False, sinks=(), tracker: str = "none", watch: bool = False) -> dict:
+          still: bool = False, sinks=(), tracker: str = "none", watch: bool = False, clip: Path | None = None) -> dict:
+    """clip: real encoded video instead of the synthetic camera, every stream looping it (decoder auto:
+    NVDEC on the GPU machine), paced at 30 fps unless `still` (saturated: as fast as it decodes)."""
     uri = f"synthetic://1920x1080@{fps:g}/nv12" + ("/still" if still else "")
+    sources = [SourceConfig(uri) for _ in range(streams)] if clip is None else \
+        [SourceConfig(str(clip), loop=True, realtime=not still) for _ in range(streams)]
     listen = f"127.0.0.1:{_free_port()}" if watch else ""
-    config = validate(PipelineConfig(bundle=bundle, sources=[SourceConfig(uri) for _ in range(streams)],
+    config = validate(PipelineConfig(bundle=bundle, sources=sources,
                                      duration=seconds, max_batch=BATCH, backend="onnxruntime-cuda",
                                      metrics_listen=listen, log_every_s=1e9, batch_timeout_ms=20, queue_depth=4,
                                      postprocess=postprocess, sinks=list(sinks), tracker=tracker))
@@ -90,12 +94,17 @@ def see(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         bundle = next(iter(make_bundles(Path(tmp), resnet=False).values()))
+        clip = None
+        if args.video:
+            from bench_video import encode
+
+            clip = encode(Path(tmp), "h264", 10)
         for fps, still in ((30, False), (args.saturate_fps, True)):
-            mode = "real time" if not still else "saturated"
-            plain = _brief(serve(bundle, args.streams, fps, args.seconds, still=still))
+            mode = ("real time" if not still else "saturated") + (", H.264 files" if clip else ", synthetic")
+            plain = _brief(serve(bundle, args.streams, fps, args.seconds, still=still, clip=clip))
             video = Path(tmp) / f"annotated-{fps:g}-{{stream}}.mp4"
             summary = serve(bundle, args.streams, fps, args.seconds, still=still, tracker="bytetrack", watch=True,
-                            sinks=[f"video:{video}?width=960"])
+                            sinks=[f"video:{video}?width=960"], clip=clip)
             watched = {**_brief(summary), "sink_frames_dropped": summary["sink_frames_dropped"]}
             row = {"mode": mode, "streams": args.streams, "plain": plain, "watched": watched,
                    "throughput_change": watched["fps"] / plain["fps"] - 1}
@@ -224,6 +233,8 @@ def main() -> None:
     c.add_argument("--streams", type=int, default=8)
     c.add_argument("--seconds", type=float, default=20)
     c.add_argument("--saturate-fps", type=float, default=200, help="per-stream rate beyond the GPU's")
+    c.add_argument("--video", action="store_true",
+                   help="real encoded 1080p30 H.264 files (NVDEC where installed) instead of the synthetic camera")
     for p in (a, b, c):
         p.add_argument("--json", type=Path)
     args = parser.parse_args()
