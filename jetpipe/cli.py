@@ -18,7 +18,7 @@ from jetpipe import __version__, bundle
 from jetpipe.calibration.accuracy import AccuracyOptions, run_accuracy
 from jetpipe.calibration.latency import LatencyOptions, run_latency
 from jetpipe.calibration.search import excluded_from_report
-from jetpipe.cli_values import parse_batches, parse_channel_values, parse_size, parse_targets, positive_seconds
+from jetpipe.cli_values import parse_batches, parse_channel_values, parse_input_size, parse_targets, positive_seconds
 from jetpipe.convert import ConvertOptions, convert
 from jetpipe.convert.pipeline import ENGINE_MODES, PRECISIONS
 from jetpipe.convert.prune import ALLOCATIONS
@@ -62,7 +62,8 @@ def _add_convert(sub) -> None:
                    help="keep the nodes a `jetpipe calibrate accuracy --budget` search chose in float")
     s = p.add_argument_group("input and preprocessing")
     s.add_argument("--max-batch", type=int, default=8, help="largest batch the bundle and engine take (1-256)")
-    s.add_argument("--input-size", metavar="HxW", help="for models with dynamic height/width")
+    s.add_argument("--input-size", metavar="HxW", help="for models with dynamic height/width; HxMIN:OPT:MAX keeps "
+                   "a dynamic width in that range (text recognizers; the engine's profile), e.g. 48x80:320:960")
     s.add_argument("--preset", choices=sorted(PRESETS), help="named preprocessing preset")
     s.add_argument("--scale", type=float, help="pixel scale before mean/std (default 1/255)")
     s.add_argument("--mean", help="R,G,B mean, after scaling (one value for a 1-channel gray network)")
@@ -113,7 +114,8 @@ def _convert_options(args):
     order = args.channel_order or ("gray" if single and all(single) else None)  # one value: a gray network
     spec = spec.replace(scale=args.scale, channel_order=order, resize=args.resize, pad_value=args.pad_value,
                         mean=mean, std=std)
-    size = parse_size(args.input_size) if args.input_size else (builtin.input_size if builtin else None)
+    size, widths = parse_input_size(args.input_size) if args.input_size else \
+        ((builtin.input_size if builtin else None), None)
     exclude, auto_exclude = tuple(args.exclude), not args.no_auto_exclude
     if args.exclude_from:
         # the report lists everything to keep in float, measured sensitive layers included
@@ -121,7 +123,7 @@ def _convert_options(args):
     return ConvertOptions(
         model=model_path, output=args.output, precision=args.precision, calib=args.calib,
         calib_size=args.calib_size, calib_method=args.calib_method, calib_batch=max(1, args.calib_batch),
-        calib_cache=args.calib_cache, max_batch=args.max_batch, input_size=size, spec=spec,
+        calib_cache=args.calib_cache, max_batch=args.max_batch, input_size=size, input_width_range=widths, spec=spec,
         exclude=exclude, auto_exclude=auto_exclude, engine=args.engine, prune=args.prune,
         engine_family=args.engine_family, rtx_targets=parse_targets(args.rtx_targets),
         prune_method=args.prune_method, prune_allocation=args.prune_allocation, prune_align=args.prune_align,

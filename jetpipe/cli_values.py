@@ -32,6 +32,25 @@ def parse_size(text: str) -> tuple[int, int]:
     return h, w
 
 
+def parse_input_size(text: str) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """'48x320' -> ((48, 320), None); '48x80:320:960' (width min:opt:max, TensorRT's profile, for text
+    recognizers that take any width) -> ((48, 320), (80, 960))."""
+    height, _, width = text.lower().partition("x")
+    widths = width.split(":")
+    if len(widths) == 1:
+        return parse_size(text), None
+    try:
+        low, opt, high = (int(w) for w in widths)
+        h = int(height)
+    except ValueError:
+        raise JetpipeError(f"--input-size {text!r} must look like HxW or HxMIN:OPT:MAX (a width range), "
+                           "e.g. 48x320 or 48x80:320:960") from None
+    if h <= 0 or not 0 < low <= opt <= high:
+        raise JetpipeError(f"--input-size {text!r}: the height and widths must be positive, with "
+                           "MIN <= OPT <= MAX")
+    return (h, opt), (low, high)
+
+
 def parse_batches(text: str) -> tuple[int, ...]:
     """'1,2,4,8' -> (1, 2, 4, 8)."""
     try:

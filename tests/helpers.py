@@ -187,3 +187,55 @@ def wide_cnn(size: int = 16, seed: int = 0) -> onnx.ModelProto:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])
     graph = helper.make_graph(nodes, "wide", [x], [y], inits)
     return _model(graph, 17)
+
+
+def c2f_sppf_net(dead: dict | None = None, size: int = 16, seed: int = 0, split: str = "input") -> onnx.ModelProto:
+    """YOLOv8's blocks in small, as exported and cleaned up: SiLU as Sigmoid + Mul; C2f (cv1 -> Split in
+    halves -> a bottleneck with a residual Add on the second half -> Concat of both halves and the
+    bottleneck -> cv2); SPPF (cv1 -> three chained MaxPools -> Concat of all four -> cv2); a head Conv.
+    Every bias is zero and all are one initializer (as onnxslim leaves fresh BatchNorms fused).
+    dead: {conv name: output channels whose weights are zero} (such channels are 0 after SiLU).
+    split: how the Split gets its sizes: "input" (opset 13+), "attribute" (opset 11), "equal" (opset 18,
+    num_outputs)."""
+    rng = np.random.default_rng(seed)
+    shapes = {"conv0": (32, 3), "c2f_cv1": (32, 32), "m1": (16, 16), "m2": (16, 16), "c2f_cv2": (32, 48),
+              "sppf_cv1": (16, 32), "sppf_cv2": (32, 64), "head": (4, 32)}
+    inits = [_init("zeros", np.zeros(32)), _init("zeros16", np.zeros(16)), _init("zeros4", np.zeros(4)),
+             numpy_helper.from_array(np.array([16, 16], np.int64), "halves")]
+    for name, (k, c) in shapes.items():
+        kernel = (3, 3) if name in ("conv0", "m1", "m2") else (1, 1)
+        w = rng.standard_normal((k, c, *kernel)) * (1.5 / np.sqrt(c))
+        w[list((dead or {}).get(name, ()))] = 0
+        inits.append(_init(f"w_{name}", w))
+    bias = {32: "zeros", 16: "zeros16", 4: "zeros4"}
+    nodes = []
+
+    def conv(name, x, silu=True):
+        k = shapes[name][0]
+        pads = [1, 1, 1, 1] if name in ("conv0", "m1", "m2") else [0, 0, 0, 0]
+        nodes.append(helper.make_node("Conv", [x, f"w_{name}", bias[k]], [f"{name}_c"], pads=pads, name=name))
+        if not silu:
+            return f"{name}_c"
+        nodes.append(helper.make_node("Sigmoid", [f"{name}_c"], [f"{name}_s"], name=f"{name}_sigmoid"))
+        nodes.append(helper.make_node("Mul", [f"{name}_c", f"{name}_s"], [f"{name}_y"], name=f"{name}_silu"))
+        return f"{name}_y"
+
+    c1 = conv("c2f_cv1", conv("conv0", "x"))
+    sizes = {"input": {"inputs": [c1, "halves"]}, "attribute": {"inputs": [c1], "split": [16, 16]},
+             "equal": {"inputs": [c1], "num_outputs": 2}}[split]
+    nodes.append(helper.make_node("Split", outputs=["a", "b"], axis=1, name="c2f_split", **sizes))
+    nodes.append(helper.make_node("Add", ["b", conv("m2", conv("m1", "b"))], ["bm"], name="bottleneck_add"))
+    nodes.append(helper.make_node("Concat", ["a", "b", "bm"], ["cat"], axis=1, name="c2f_concat"))
+    s = conv("sppf_cv1", conv("c2f_cv2", "cat"))
+    pooled = [s]
+    for i in range(3):
+        nodes.append(helper.make_node("MaxPool", [pooled[-1]], [f"pool{i}"], kernel_shape=[5, 5],
+                                      pads=[2, 2, 2, 2], strides=[1, 1], name=f"sppf_pool{i}"))
+        pooled.append(f"pool{i}")
+    nodes.append(helper.make_node("Concat", pooled, ["sppf_cat"], axis=1, name="sppf_concat"))
+    y = conv("head", conv("sppf_cv2", "sppf_cat"), silu=False)
+    graph = helper.make_graph(nodes, "c2f_sppf",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, size, size])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["batch", 4, size, size])],
+                              inits)
+    return _model(graph, {"input": 17, "attribute": 11, "equal": 18}[split])

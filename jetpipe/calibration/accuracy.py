@@ -66,7 +66,9 @@ def prepare_context(opts: AccuracyOptions) -> Context:
     source = Path(opts.reference or manifest["source"]["path"])
     if not source.is_file():
         raise JetpipeError(f"reference model {source} not found: pass --reference MODEL.onnx (the FP32 model)")
-    prepared = prepare(source, manifest["precision"], tuple(manifest["input_size"]), manifest["batch"]["max"])
+    widths = manifest.get("input_width_range")
+    prepared = prepare(source, manifest["precision"], tuple(manifest["input_size"]), manifest["batch"]["max"],
+                       tuple(widths) if widths else None)
     _check_same_io(prepared.model, manifest, source)
     spec = PreprocessSpec.from_dict(manifest["preprocess"])
     data = open_source(opts.data, tuple(prepared.input.dims), tuple(manifest["input_size"]), spec, opts.samples)

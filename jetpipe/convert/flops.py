@@ -10,11 +10,15 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from jetpipe.convert.graph import GraphIndex
+from jetpipe.convert.graph import GraphIndex, expose_outputs
 from jetpipe.convert.ops import policy
+from jetpipe.runtime.sessions import cpu_session
 
 
-def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
+def _shapes(model: onnx.ModelProto, size_hw=None) -> dict[str, tuple]:
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    if size_hw is not None and any(not d.HasField("dim_value") for d in dims[2:]):
+        return _measured_shapes(model, size_hw)
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {}
     for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
@@ -23,10 +27,22 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
     return shapes
 
 
-def layer_costs(model: onnx.ModelProto) -> list[dict]:
-    """Per compute node: weight parameters (non-zero and total) and FLOPs for one sample."""
+def _measured_shapes(model: onnx.ModelProto, size_hw) -> dict[str, tuple]:
+    """Shapes of the compute nodes' tensors from one run at `size_hw` (a dynamic input size, such as a width
+    range, leaves shape inference with expressions it cannot always carry through Shape -> Reshape)."""
+    names = list(dict.fromkeys(t for n in model.graph.node if policy(n.op_type).weights is not None
+                               for t in (n.input[0], n.output[0])))
+    x = model.graph.input[0]
+    sample = np.zeros((1, x.type.tensor_type.shape.dim[1].dim_value, *size_hw), np.float32)
+    values = cpu_session(expose_outputs(model, names)).run(names, {x.name: sample})
+    return {name: value.shape for name, value in zip(names, values)}
+
+
+def layer_costs(model: onnx.ModelProto, size_hw: tuple[int, int] | None = None) -> list[dict]:
+    """Per compute node: weight parameters (non-zero and total) and FLOPs for one sample (of `size_hw`,
+    where the input's height or width is dynamic)."""
     inits = GraphIndex(model.graph).initializers
-    shapes = _shapes(model)
+    shapes = _shapes(model, size_hw)
     rows = []
     for node in model.graph.node:
         if policy(node.op_type).weights is None:

@@ -92,8 +92,13 @@ def image_input(model: onnx.ModelProto) -> InputInfo:
     return InputInfo(inputs[0].name, dims)
 
 
-def fix_input_size(model: onnx.ModelProto, size_hw: tuple[int, int] | None) -> onnx.ModelProto:
-    """Set dynamic H/W to `size_hw`; refuse a size that contradicts fixed H/W."""
+WIDTH = "width"  # the symbolic input width a width range keeps
+
+
+def fix_input_size(model: onnx.ModelProto, size_hw: tuple[int, int] | None,
+                   width_range: tuple[int, int] | None = None) -> onnx.ModelProto:
+    """Set dynamic H/W to `size_hw`; refuse a size that contradicts fixed H/W. With `width_range`, the
+    width stays dynamic (named WIDTH) and must be dynamic in the model."""
     info = image_input(model)
     hw = info.dims[2:]
     dynamic = [isinstance(d, str) for d in hw]
@@ -103,13 +108,20 @@ def fix_input_size(model: onnx.ModelProto, size_hw: tuple[int, int] | None) -> o
                 f"input {info.name!r} has dynamic height/width {list(hw)}: pass --input-size HxW"
             )
         return model
+    if width_range is not None and not dynamic[1]:
+        raise ModelError(f"--input-size {size_hw[0]}x{width_range[0]}:{size_hw[1]}:{width_range[1]}: a width "
+                         f"range needs a dynamic input width, and this model's is fixed at {hw[1]}: pass "
+                         f"{hw[0]}x{hw[1]}, or re-export with a dynamic width axis")
     for axis, (current, wanted, is_dyn) in enumerate(zip(hw, size_hw, dynamic), start=2):
         if not is_dyn and current != wanted:
             raise ModelError(
                 f"--input-size {size_hw[0]}x{size_hw[1]} contradicts the model's fixed input "
                 f"{hw[0]}x{hw[1]}: drop --input-size or pass {hw[0]}x{hw[1]}"
             )
-        _input_dim(model, info.name, axis).dim_value = wanted
+        if axis == 3 and width_range is not None:
+            _input_dim(model, info.name, axis).dim_param = WIDTH
+        else:
+            _input_dim(model, info.name, axis).dim_value = wanted
     return model
 
 

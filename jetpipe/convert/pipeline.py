@@ -52,6 +52,7 @@ class ConvertOptions:
     calib_cache: Path | None = None
     max_batch: int = 8
     input_size: tuple[int, int] | None = None
+    input_width_range: tuple[int, int] | None = None  # (min, max): the width stays dynamic; input_size has opt
     spec: PreprocessSpec = field(default_factory=PreprocessSpec)
     exclude: tuple[str, ...] = ()
     auto_exclude: bool = True
@@ -83,6 +84,7 @@ class Prepared:
     source_sha256: str
     cleanup: dict = field(default_factory=dict)       # whether onnxslim's clean-up was kept, and why not
     batch_layout: dict = field(default_factory=dict)  # rewritten batch literals, outputs' batch axes moved
+    width_range: tuple[int, int] | None = None        # (min, max) of a dynamic input width; size_hw has opt
 
     @property
     def channels(self) -> int:
@@ -93,16 +95,16 @@ def convert(opts: ConvertOptions) -> dict:
     """Run the whole conversion; returns the manifest written into the bundle."""
     _validate(opts)
     bundles.check_destination(opts.output, opts.force)
-    prepared = prepare(opts.model, opts.precision, opts.input_size, opts.max_batch)
+    prepared = prepare(opts.model, opts.precision, opts.input_size, opts.max_batch, opts.input_width_range)
     opts = dataclasses.replace(opts, spec=opts.spec.for_channels(prepared.channels))  # gray for 1 channel
     source = _calibration_source(opts, prepared)
     first_batch = next(source.batches(_step_batch(opts.calib_batch, prepared))) if source is not None else None
     batch_proof = _prove_batch(prepared, first_batch)  # before pruning, which can take minutes
     checks = _CheckSamples(*source.held_out(CHECK_SAMPLES)) if source is not None else _CheckSamples(None, False)
-    cost = {"source": flops.totals(flops.layer_costs(prepared.model))}
+    cost = {"source": flops.totals(flops.layer_costs(prepared.model, prepared.size_hw))}
     pruning = _apply_pruning(opts, prepared, source, cost["source"], checks)
     sparsity = _apply_sparsity(opts, prepared)
-    cost["processed"] = flops.totals(flops.layer_costs(prepared.model))
+    cost["processed"] = flops.totals(flops.layer_costs(prepared.model, prepared.size_hw))
     _check_node_names(prepared.model, opts.exclude)
     if opts.engine != "never":
         check_tensorrt_ops(prepared.model)
@@ -143,12 +145,12 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
     unpruned = prepared.model
     prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude),
                                    align=opts.prune_align, allocation=opts.prune_allocation,
-                                   samples=samples, input_name=prepared.input.name,
+                                   samples=samples, input_name=prepared.input.name, size_hw=prepared.size_hw,
                                    progress=lambda total, what, unit: bar(total, what, unit, opts.progress))
     graph.check(prepared.model, "the pruned model")
     _check_runs(prepared.model, prepared.input, prepared.size_hw,
                 _random_sample(prepared.channels, prepared.size_hw))
-    layers = flops.layer_costs(prepared.model)
+    layers = flops.layer_costs(prepared.model, prepared.size_hw)
     after = flops.totals(layers)
     log.info("pruned %d channel group(s): params %.2f M -> %.2f M, GFLOPs %.2f -> %.2f", len(report["pruned"]),
              before["params"] / 1e6, after["params"] / 1e6, before["flops"] / 1e9, after["flops"] / 1e9)
@@ -206,26 +208,49 @@ def _validate_engine(opts: ConvertOptions) -> None:
                           "(pip install 'jetpipe[rtx]'), or use --engine auto|never")
 
 
-def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None, max_batch: int) -> Prepared:
+def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None, max_batch: int,
+            width_range: tuple[int, int] | None = None) -> Prepared:
     """Load, check, upgrade opset (INT8), fix input size and batch axis, clean up: the FP32 base a bundle
-    is made from (and the reference `calibrate accuracy` compares it with)."""
+    is made from (and the reference `calibrate accuracy` compares it with). With `width_range` the input
+    width stays dynamic and `input_size`'s width is the one calibration and checks use."""
     model = graph.load(model_path)
     source_sha = bundles.sha256_file(model_path)
     _refuse_requantizing(model, precision)
     if precision == "int8":
         model = graph.upgrade_opset(model)
-    model = graph.fix_input_size(model, input_size)
+    model = graph.fix_input_size(model, input_size, width_range)
     info = graph.image_input(model)
     if info.dims[1] not in (1, 3):
         raise ModelError(f"input {info.name!r} has {info.dims[1]} channels; jetpipe feeds 3-channel (colour) "
                          "or 1-channel (gray) images")
-    size_hw = (int(info.dims[2]), int(info.dims[3]))
+    size_hw = (int(info.dims[2]), int(input_size[1] if width_range else info.dims[3]))
     sample = _random_sample(info.dims[1], size_hw)
     reference = _check_runs(model, info, size_hw, sample)
+    _check_width_range(model, info, size_hw[0], width_range)
     dynamic = graph.make_batch_dynamic(model) if max_batch > 1 else False
+    exported = graph.clone(model)
     model, cleanup = graph.clean_up(model, sample, reference)
+    if cleanup["applied"] and width_range and not _runs_at_widths(model, info, size_hw[0], width_range):
+        log.warning("graph clean-up (onnxslim) fixed the input width: the bundle keeps the graph as exported")
+        model, cleanup = graph.with_shapes(exported), {"applied": False, "reason": "it fixed the input width"}
     layout = batch.batch_layout(model, sample, dynamic) if max_batch > 1 else {}
-    return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout)
+    return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout, width_range)
+
+
+def _check_width_range(model: onnx.ModelProto, info: graph.InputInfo, height: int, width_range) -> None:
+    """The model runs at both ends of a --input-size width range."""
+    if width_range is None:
+        return
+    for width in width_range:
+        _check_runs(model, info, (height, width), _random_sample(info.dims[1], (height, width)))
+
+
+def _runs_at_widths(model: onnx.ModelProto, info: graph.InputInfo, height: int, width_range) -> bool:
+    try:
+        _check_width_range(model, info, height, width_range)
+    except ModelError:
+        return False
+    return True
 
 
 def _refuse_requantizing(model: onnx.ModelProto, precision: str) -> None:
@@ -443,6 +468,7 @@ def _build_engine(opts, prepared: Prepared, folder: Path) -> dict:
         return {"built": False, "reason": "TensorRT not installed on the converting machine"}
     build = trt_builder.BuildOptions(
         input_name=prepared.input.name, input_chw=(prepared.channels, *prepared.size_hw), max_batch=opts.max_batch,
+        width_range=prepared.width_range,
         workspace_bytes=opts.workspace_mb * (1 << 20) if opts.workspace_mb else None,
         timing_cache=opts.timing_cache, sparse_weights=opts.sparsity is not None, dla_core=opts.dla_core,
         family=family, targets=tuple(opts.rtx_targets) if family == "tensorrt-rtx" else ())
@@ -455,7 +481,10 @@ def _io(model: onnx.ModelProto) -> dict:
 
     def describe(v):
         t = v.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+        # a symbolic dim is kept by name; shape inference's expressions of one ("((width - 1)//2) + 1...")
+        # are shown as "?"
+        dims = [d.dim_value if d.HasField("dim_value") else
+                (d.dim_param if d.dim_param.replace(".", "_").isidentifier() else "?") for d in t.shape.dim]
         return {"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
                 "shape": dims}
 
@@ -479,7 +508,7 @@ def _manifest(opts, prepared, model, excluded, calibration, check, engine, batch
     return {
         "format": bundles.FORMAT_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "source": {"path": str(opts.model), "sha256": prepared.source_sha256},
+        "source": {"path": str(Path(opts.model).resolve()), "sha256": prepared.source_sha256},
         "model": bundles.MODEL_FILE,
         "task": opts.task,
         "precision": opts.precision,
@@ -489,6 +518,7 @@ def _manifest(opts, prepared, model, excluded, calibration, check, engine, batch
                   **({"moved_batch_axes": moved} if (moved := prepared.batch_layout.get("moved_batch_axes")) else {})},
         "cleanup": prepared.cleanup,
         "input_size": list(prepared.size_hw),
+        **({"input_width_range": list(prepared.width_range)} if prepared.width_range else {}),
         "preprocess": opts.spec.to_dict(),
         "calibration": calibration.summary() if calibration is not None else None,
         "accuracy_check": check,

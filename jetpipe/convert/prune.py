@@ -1,21 +1,14 @@
 """Structured channel pruning on ONNX: remove whole output channels of Conv layers.
 
-Channel spaces are followed through the graph: a Conv (group 1) creates one;
-channel-wise ops (activations, per-channel constants, pooling, Resize) pass it
-on; a binary op between two activations (a residual Add, an SE block's Mul)
-makes both sides one group that must be pruned alike; a depthwise Conv slices
-its weights and passes the space on; a group-1 Conv consumes it (its input
-channels are sliced). A space that reaches anything else (Concat, Reshape,
-Gemm, a graph output...) is left alone, and the report says why.
-
-How many channels each group keeps: prune_alloc (a FLOPs target, uniform or by
-measured sensitivity). Which ones, and the refit: prune_refit.
+Which channels must go together: prune_spaces (channel groups through residual
+Adds, depthwise Convs, Concat and Split). How many channels each group keeps:
+prune_alloc (a FLOPs target, uniform or by measured sensitivity). Which ones,
+and the refit: prune_refit.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -24,150 +17,16 @@ from onnx import numpy_helper
 from jetpipe.convert import flops, prune_alloc
 from jetpipe.convert import prune_refit as refit
 from jetpipe.convert.graph import GraphIndex, attribute, clone
-from jetpipe.convert.ops import policy
+from jetpipe.convert.prune_spaces import Space, analyse, conv_channels, kept_channels, resize_splits, unshare
 from jetpipe.errors import ModelError
 from jetpipe.progress import silent
 
 log = logging.getLogger(__name__)
 
-@dataclass
-class Space:
-    """One channel space: producers (Conv outputs), channel count, consumers and tensors to slice."""
-
-    channels: int
-    producers: list[str] = field(default_factory=list)        # Conv nodes whose output channels these are
-    consumers: list[tuple[str, int]] = field(default_factory=list)  # (Conv node, input-channel axis of W)
-    depthwise: list[str] = field(default_factory=list)        # depthwise Convs in the space
-    constants: list[tuple[str, int]] = field(default_factory=list)  # (initializer, channel axis)
-    blocked: str | None = None
-
-
-class _Groups:
-    """Union-find over channel spaces."""
-
-    def __init__(self):
-        self.parent: dict[int, int] = {}
-        self.spaces: dict[int, Space] = {}
-
-    def new(self, channels: int) -> int:
-        key = len(self.parent)
-        self.parent[key], self.spaces[key] = key, Space(channels)
-        return key
-
-    def find(self, key: int) -> int:
-        while self.parent[key] != key:
-            self.parent[key] = self.parent[self.parent[key]]
-            key = self.parent[key]
-        return key
-
-    def union(self, a: int, b: int) -> int:
-        ra, rb = self.find(a), self.find(b)
-        if ra == rb:
-            return ra
-        sa, sb = self.spaces[ra], self.spaces.pop(rb)
-        self.parent[rb] = ra
-        if sa.channels != sb.channels:
-            sa.blocked = sa.blocked or f"channel counts {sa.channels} and {sb.channels} meet"
-        for name in ("producers", "consumers", "depthwise", "constants"):
-            getattr(sa, name).extend(getattr(sb, name))
-        sa.blocked = sa.blocked or sb.blocked
-        return ra
-
-
-def analyse(model: onnx.ModelProto) -> dict[int, Space]:
-    """Channel spaces of the graph (root key -> Space)."""
-    walk = _ChannelWalk(GraphIndex(model.graph))
-    for node in model.graph.node:
-        if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in walk.index.initializers:
-            walk.conv(node)
-        else:
-            walk.other(node)
-    return walk.finish()
-
-
-class _ChannelWalk:
-    """Follows channel spaces through the graph in topological order (see the module docstring)."""
-
-    def __init__(self, index: GraphIndex):
-        self.index, self.groups = index, _Groups()
-        self.space_of: dict[str, int] = {}  # tensor -> key of the space its channels belong to
-
-    def space(self, key: int) -> Space:
-        return self.groups.spaces[self.groups.find(key)]
-
-    def conv(self, node: onnx.NodeProto) -> None:
-        k, c = self.index.initializers[node.input[1]].dims[:2]
-        group = attribute(node, "group", 1)
-        src = self.space_of.get(node.input[0])
-        if group == 1:
-            if src is not None:
-                self.space(src).consumers.append((node.name, 1))
-            key = self.groups.new(k)
-            self.groups.spaces[key].producers.append(node.name)
-            self.space_of[node.output[0]] = key
-        elif group == k and c == 1 and src is not None:  # depthwise: the same space continues
-            self.space(src).depthwise.append(node.name)
-            self.space_of[node.output[0]] = self.groups.find(src)
-        elif src is not None:
-            self.space(src).blocked = f"grouped conv {node.name}"
-
-    def other(self, node: onnx.NodeProto) -> None:
-        inputs = [i for i in node.input if i]
-        acts = [i for i in inputs if i not in self.index.initializers]
-        keys = [self.space_of[i] for i in acts if i in self.space_of]
-        if not keys:
-            return
-        rule = policy(node.op_type)
-        if not (rule.channelwise or (rule.elementwise and len(acts) <= 2)):
-            for key in keys:
-                self.space(key).blocked = f"{node.op_type} {node.name}"
-            return
-        root = keys[0]
-        for other in keys[1:]:
-            root = self.groups.union(self.groups.find(root), other)
-        space = self.space(root)
-        if rule.elementwise and len(acts) == 2 and len(keys) == 1:
-            space.blocked = f"{node.op_type} {node.name} mixes a pruned and an unpruned tensor"
-        for name in inputs:
-            if name in self.index.initializers:
-                self._constant(node, name, space)
-        self.space_of[node.output[0]] = self.groups.find(root)
-
-    def _constant(self, node: onnx.NodeProto, name: str, space: Space) -> None:
-        """A constant operand of a channel-wise op: sliced with the space, or it blocks it."""
-        shape = list(self.index.initializers[name].dims)
-        if len(shape) >= 3 and shape[-3] == space.channels:
-            space.constants.append((name, len(shape) - 3))
-        elif np.prod(shape) <= 1 or node.op_type in ("Resize", "Pad"):
-            return  # a scalar, or sizes and scales rather than per-channel values
-        elif node.op_type == "BatchNormalization":
-            space.constants.append((name, 0))
-        else:
-            space.blocked = f"constant {name} of {node.op_type} {node.name}"
-
-    def finish(self) -> dict[int, Space]:
-        for name, key in self.space_of.items():
-            if name in self.index.outputs:
-                self.space(key).blocked = f"graph output {name}"
-        spaces = {k: self.groups.spaces[k] for k in {self.groups.find(k) for k in self.groups.spaces}}
-        for space in spaces.values():
-            space.constants = list(dict.fromkeys(space.constants))  # one slice per tensor
-            names = _weights_of(space, self.index) + [c for c, _ in space.constants]
-            shared = [n for n in names if self.index.uses(n) > 1]
-            if shared:
-                space.blocked = space.blocked or f"initializer {shared[0]} is shared by several nodes"
-        return spaces
-
-
-def _weights_of(space: Space, index: GraphIndex) -> list[str]:
-    names = set(space.producers) | set(space.depthwise) | {c for c, _ in space.consumers}
-    return [i for n in names for i in index.nodes[n].input[1:3] if i]
-
-
 def _importance_l1(space: Space, weights: dict[str, np.ndarray], convs: dict[str, onnx.NodeProto]) -> np.ndarray:
     score = np.zeros(space.channels)
-    for name in space.producers:
-        w = weights[convs[name].input[1]]
+    for name, offset in space.producers:
+        w = weights[convs[name].input[1]][offset:offset + space.channels]
         per = np.abs(w).reshape(w.shape[0], -1).sum(axis=1)
         score += per / max(per.mean(), 1e-12)  # producers weigh alike
     return score
@@ -180,16 +39,18 @@ ALLOCATIONS = ("uniform", "sensitivity")
 def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set[str] = frozenset(),
           min_channels: int = 8, samples: np.ndarray | None = None, input_name: str | None = None,
           align: int = 8, allocation: str | None = None, max_share: float = 0.75,
-          progress=silent) -> tuple[onnx.ModelProto, dict]:
+          progress=silent, size_hw: tuple[int, int] | None = None) -> tuple[onnx.ModelProto, dict]:
     """Remove `ratio` of the model's FLOPs by removing whole channels; returns (model, report).
 
     l1: rank by weight L1 norm. reconstruct: choose the channels the consumers can best do without on
     the calibration `samples` (least squares), then refit each consumer so its output is preserved.
     allocation (how many channels each group keeps): uniform (default for l1) or sensitivity
     (measured on `samples`, default for reconstruct); see prune_alloc.
-    progress(total, what, unit): a bar for each long step (jetpipe.progress.bar)."""
+    progress(total, what, unit): a bar for each long step (jetpipe.progress.bar). size_hw: the input size
+    FLOPs are counted at, where the model's is dynamic."""
     allocation = allocation or ("sensitivity" if method == "reconstruct" else "uniform")
     _check_arguments(ratio, method, allocation, samples, align)
+    model = unshare(model)
     spaces = analyse(model)
     options, skipped = _options(spaces, set(exclude), min_channels, align, max_share)
     if not options:
@@ -208,7 +69,7 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
         ranking[key] = _ranking(spaces[key], weights, convs, acts, options[key][-1])
         steps.update(1)
     steps.close()
-    flop_model = _flop_model(model, spaces, options)
+    flop_model = _flop_model(model, spaces, options, size_hw)
     errors = None
     if allocation == "uniform":
         kept = prune_alloc.uniform(flop_model, options, ratio)
@@ -221,8 +82,9 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
     keeps = {key: np.sort(ranking[key][:k]) for key, k in kept.items() if k < spaces[key].channels}
     pruned = apply(model, spaces, keeps)
     if method == "reconstruct":
-        steps = progress(len({c for k in keeps for c, _ in spaces[k].consumers}), "pruning: refit", "layer")
-        pruned = refit.reconstruct(weights, pruned, spaces, keeps, acts, samples, input_name, steps)
+        keep_in, keep_out = conv_channels(model, kept_channels(model, spaces, keeps))
+        steps = progress(len(keep_in), "pruning: refit", "layer")
+        pruned = refit.reconstruct(weights, pruned, keep_in, keep_out, acts, samples, input_name, steps)
         steps.close()
     return pruned, _report(spaces, options, kept, skipped, errors, ratio, allocation, align, method, keeps)
 
@@ -249,39 +111,40 @@ def _check_arguments(ratio, method, allocation, samples, align) -> None:
         raise ModelError(f"--prune-align {align}: must be 1 (any count) or more, e.g. 8")
 
 
-def _label(space: Space) -> str:
-    return ",".join(space.producers) or "?"
-
-
 def _options(spaces, exclude, min_channels, align, max_share) -> tuple[dict, dict]:
     """Kept-count options of every prunable group, and why the others are left alone."""
     options, skipped = {}, {}
     for key, space in spaces.items():
         if space.blocked or not space.producers:
-            skipped[_label(space)] = space.blocked or "no producer"
-        elif set(space.producers) & exclude:
-            skipped[_label(space)] = "excluded"
+            skipped[space.label] = space.blocked or "no producer"
+        elif {conv for conv, _ in space.producers} & exclude:
+            skipped[space.label] = "excluded"
         elif space.channels < min_channels:
-            skipped[_label(space)] = f"{space.channels} channels (< {min_channels})"
+            skipped[space.label] = f"{space.channels} channels (< {min_channels})"
         else:
             ks = prune_alloc.candidates(space.channels, align, min_channels, max_share)
             if len(ks) > 1:
                 options[key] = ks
             else:
-                skipped[_label(space)] = f"{space.channels} channels: no smaller multiple of {align} " \
+                skipped[space.label] = f"{space.channels} channels: no smaller multiple of {align} " \
                                          f"(>= {min_channels})"
     return options, skipped
 
 
-def _flop_model(model, spaces, options) -> prune_alloc.FlopModel:
-    out_group, in_group = {}, {}
+def _flop_model(model, spaces, options, size_hw) -> prune_alloc.FlopModel:
+    """Each Conv's FLOPs scale with the kept share of its output and of its input channels; a group
+    holds the fraction (its channels / the Conv's) of either."""
+    dims = {n.name: GraphIndex(model.graph).initializers[n.input[1]].dims
+            for n in model.graph.node if n.op_type == "Conv" and len(n.input) > 1}
+    out_parts, in_parts = {}, {}
     for key in options:
-        for name in [*spaces[key].producers, *spaces[key].depthwise]:
-            out_group[name] = key
-        for name, _ in spaces[key].consumers:
-            in_group[name] = key
-    layers = [(row["flops"], out_group.get(row["node"]), in_group.get(row["node"]))
-              for row in flops.layer_costs(model)]
+        space = spaces[key]
+        for name, _ in [*space.producers, *space.depthwise]:
+            out_parts.setdefault(name, []).append((key, space.channels / dims[name][0]))
+        for name, _ in space.consumers:
+            in_parts.setdefault(name, []).append((key, space.channels / dims[name][1]))
+    layers = [(row["flops"], tuple(out_parts.get(row["node"], ())), tuple(in_parts.get(row["node"], ())))
+              for row in flops.layer_costs(model, size_hw)]
     return prune_alloc.FlopModel(layers, {key: spaces[key].channels for key in options})
 
 
@@ -293,34 +156,34 @@ def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_
     for key, ks in options.items():
         space, errors[key] = spaces[key], {}
         for k in prune_alloc.probe_points(ks):
-            keep = np.sort(ranking[key][:k])
-            candidate = apply(model, spaces, {key: keep})
+            keep = {key: np.sort(ranking[key][:k])}
+            candidate = apply(model, spaces, keep)
             if acts is not None:
                 nodes = GraphIndex(candidate.graph).nodes
-                keep_out = {p: keep for p in space.producers}
-                for name, _ in space.consumers:
+                keep_in, keep_out = conv_channels(model, kept_channels(model, spaces, keep))
+                for name, cut in keep_in.items():
                     x = acts[nodes[name].input[0]]
-                    refit.refit_node(candidate, nodes[name], weights, x, x[:, keep], keep, keep_out, rng)
+                    refit.refit_node(candidate, nodes[name], weights, x, x[:, cut], cut, keep_out, rng)
             errors[key][k] = refit.normalized_mse(reference, refit.outputs(candidate, samples, input_name))
             steps.update(1)
-        log.debug("sensitivity %s: %s", _label(space), errors[key])
+        log.debug("sensitivity %s: %s", space.label, errors[key])
     return errors
 
 
 def apply(model: onnx.ModelProto, spaces: dict, keeps: dict) -> onnx.ModelProto:
     """A copy of `model` with each group in `keeps` cut to those channel indices."""
+    kept = kept_channels(model, spaces, keeps)
     model = clone(model)
     g, index = model.graph, GraphIndex(model.graph)
-    weights = {name: index.weight(name) for name in index.initializers}
-    convs = index.of_type("Conv")
-    changed = set()
-    for key, keep in keeps.items():
-        changed |= _slice_space(spaces[key], keep, weights, convs)
-    for name in changed:
-        index.initializers[name].CopyFrom(numpy_helper.from_array(weights[name], name))
+    weights = {name: index.weight(name) for name, _ in kept}
+    for (name, axis), indices in kept.items():
+        weights[name] = np.take(weights[name], indices, axis=axis)
+    for name, array in weights.items():
+        index.initializers[name].CopyFrom(numpy_helper.from_array(array, name))
+    resize_splits(model, spaces, keeps)
     for node in g.node:  # depthwise group counts follow their channels
         if node.op_type == "Conv" and attribute(node, "group", 1) > 1:
-            k = weights[node.input[1]].shape[0]
+            k = index.initializers[node.input[1]].dims[0]
             for a in node.attribute:
                 if a.name == "group":
                     a.i = k
@@ -335,22 +198,7 @@ def _report(spaces, options, kept, skipped, errors, ratio, allocation, align, me
         entry = {"channels": spaces[key].channels, "kept": int(kept[key])}
         if errors is not None:
             entry["sensitivity"] = {str(k): round(v, 6) for k, v in errors[key].items()}
-        report["pruned" if key in keeps else "unchanged"][_label(spaces[key])] = entry
+        report["pruned" if key in keeps else "unchanged"][spaces[key].label] = entry
     if method == "reconstruct":
         report["refit"] = sorted({c for k in keeps for c, _ in spaces[k].consumers})
     return report
-
-
-def _slice_space(space: Space, keep, weights, convs) -> set[str]:
-    """Cut every tensor of the group to the `keep` channels; returns the initializer names changed."""
-    changed = set()
-    for name in [*space.producers, *space.depthwise]:
-        node = convs[name]
-        for tensor in node.input[1:3]:
-            if tensor in weights:
-                weights[tensor] = weights[tensor][keep]
-                changed.add(tensor)
-    for tensor, axis in [(convs[name].input[1], axis) for name, axis in space.consumers] + space.constants:
-        weights[tensor] = np.take(weights[tensor], keep, axis=axis)
-        changed.add(tensor)
-    return changed

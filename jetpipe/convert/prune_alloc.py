@@ -34,14 +34,16 @@ def candidates(channels: int, align: int, min_channels: int, max_share: float) -
 class FlopModel:
     """FLOPs of the model as a function of the kept count of every group.
 
-    A Conv's FLOPs scale with the kept share of its output group and of its input group."""
+    A Conv's FLOPs scale with the kept share of its output channels and of its input channels; each
+    side is a tuple of (group key, the group's fraction of that side's channels), empty where no
+    group is pruned there (Concat and Split make a Conv read or write several groups)."""
 
-    layers: list[tuple[int, object, object]]  # (dense FLOPs, output group key or None, input group key or None)
+    layers: list[tuple[int, tuple, tuple]]  # (dense FLOPs, output groups, input groups)
     channels: dict
 
     def total(self, kept: dict) -> float:
-        def share(key):
-            return 1.0 if key is None else kept.get(key, self.channels[key]) / self.channels[key]
+        def share(parts):
+            return 1.0 - sum(f * (1 - kept.get(key, self.channels[key]) / self.channels[key]) for key, f in parts)
 
         return sum(flops * share(out) * share(inp) for flops, out, inp in self.layers)
 

@@ -32,13 +32,13 @@ def normalized_mse(reference: list[np.ndarray], candidate: list[np.ndarray]) -> 
                      for r, c in zip(reference, candidate)))
 
 
-def reconstruct(old: dict, model, spaces, keeps, acts, samples, input_name, steps=None) -> onnx.ModelProto:
-    """Refit every consumer of a pruned space, in graph order, on the pruned model's own inputs.
+def reconstruct(old: dict, model, keep_in: dict, keep_out: dict, acts, samples, input_name,
+                steps=None) -> onnx.ModelProto:
+    """Refit every Conv whose input channels were cut, in graph order, on the pruned model's own inputs.
 
-    old: the dense model's initializers as arrays."""
+    old: the dense model's initializers as arrays; keep_in / keep_out: each Conv's kept input / output
+    channels (prune_spaces.conv_channels)."""
     rng = np.random.default_rng(0)
-    keep_in = {c: keeps[k] for k in keeps for c, _ in spaces[k].consumers}
-    keep_out = {p: keeps[k] for k in keeps for p in spaces[k].producers}
     for node in list(model.graph.node):
         if node.name not in keep_in:
             continue
@@ -141,7 +141,8 @@ def obs_ranking(space, weights: dict, convs: dict, acts: dict, keep_at_least: in
     the block S of a channel and refitting the rest costs dE = b_S^T (G^-1_SS)^-1 b_S, where b are the
     consumer's weights; the channel with the least cost over all consumers (each normalized by its
     output energy) goes first, and G^-1 and b are updated as if the refit had been done."""
-    states = [_obs_state(convs[name], weights, acts, rng) for name, _ in space.consumers]
+    states = [_obs_state(convs[name], weights, acts, rng, slice(offset, offset + space.channels))
+              for name, offset in space.consumers]
     alive, removed = list(range(space.channels)), []
     while len(alive) > keep_at_least:
         cost = sum(_obs_costs(*state) for state in states)
@@ -152,11 +153,13 @@ def obs_ranking(space, weights: dict, convs: dict, acts: dict, keep_at_least: in
     return np.array(alive + removed[::-1])
 
 
-def _obs_state(node, weights, acts, rng) -> list:
-    w = weights[node.input[1]].astype(np.float64)
+def _obs_state(node, weights, acts, rng, channels: slice) -> list:
+    """The consumer's Gram inverse and weights over the group's `channels` of its input (the rest of its
+    input, where it reads other groups too, is left out of this group's ranking)."""
+    w = weights[node.input[1]][:, channels].astype(np.float64)
     k, c, kh, kw = w.shape
     b = weights[node.input[2]] if len(node.input) > 2 and node.input[2] else np.zeros(k)
-    x = acts[node.input[0]]
+    x = acts[node.input[0]][:, channels]
     a = _design(x, node, (kh, kw), _positions(node, x.shape, (kh, kw), rng))
     beta = np.concatenate([w.reshape(k, -1).T, np.asarray(b, np.float64)[None]], axis=0)  # (c*kk + 1, k)
     energy = max(float(((a @ beta) ** 2).sum()), 1e-12)

@@ -67,6 +67,7 @@ class BuildOptions:
     dla_core: int | None = None
     family: str = "tensorrt"
     targets: tuple[str, ...] = ()  # TensorRT-RTX: compute capabilities to build for (ahead of time)
+    width_range: tuple[int, int] | None = None  # a dynamic input width: (min, max); input_chw holds opt
 
 
 def make_logger(trt):
@@ -170,8 +171,9 @@ def _configure(trt, builder, config, opts: BuildOptions):
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_bytes)
     profile = builder.create_optimization_profile()
     c, h, w = opts.input_chw
+    low_w, high_w = opts.width_range or (w, w)
     opt_batch = max(1, opts.max_batch // 2)
-    profile.set_shape(opts.input_name, (1, c, h, w), (opt_batch, c, h, w), (opts.max_batch, c, h, w))
+    profile.set_shape(opts.input_name, (1, c, h, low_w), (opt_batch, c, h, w), (opts.max_batch, c, h, high_w))
     config.add_optimization_profile(profile)
     if opts.sparse_weights:
         config.set_flag(trt.BuilderFlag.SPARSE_WEIGHTS)

@@ -127,3 +127,17 @@ def test_unreachable_budget_is_a_verdict_not_a_crash(tmp_path, det_model_path, c
     assert report["precision_search"]["met"] is False
     assert "out of reach" in report["precision_search"]["why"]
     assert "budget not reachable" in (report_dir / "report.md").read_text()
+
+
+def test_accuracy_from_another_folder_finds_the_source_model(tmp_path, monkeypatch, capsys):
+    # convert run with a relative model path; calibrate run elsewhere, with no --reference
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir(), elsewhere.mkdir()
+    save(residual_cnn(batch=1), work / "tiny.onnx")
+    write_text_images(work / "imgs", 3, size_hw=(48, 64))
+    monkeypatch.chdir(work)
+    assert main(["convert", "tiny.onnx", "-o", "b", "--max-batch", "2", "--quiet"]) == 0
+    monkeypatch.chdir(elsewhere)
+    assert main(["calibrate", "accuracy", str(work / "b"), "--data", str(work / "imgs"), "--task",
+                 "classification", "--report", "acc"]) == 0, capsys.readouterr().err
+    assert json.loads((work / "b" / "manifest.json").read_text())["source"]["path"] == str(work / "tiny.onnx")

@@ -6,12 +6,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from jetpipe.cli import main
-from jetpipe.convert import prune_alloc
+from jetpipe.convert import flops, prune_alloc
 from jetpipe.convert.graph import simplify
-from jetpipe.convert.prune import analyse, prune
+from jetpipe.convert.prune import analyse, apply, prune
+from jetpipe.convert.prune_spaces import unshare
 from jetpipe.errors import ModelError
 from jetpipe.runtime.sessions import cpu_session
-from tests.helpers import _init, _model, save, upsample_net, wide_cnn
+from tests.helpers import _init, _model, c2f_sppf_net, save, upsample_net, wide_cnn
 
 
 def residual_block(zero_channels=(), seed=0) -> onnx.ModelProto:
@@ -58,11 +59,11 @@ def _run(model, x):
 
 def test_groups_follow_residual_add_se_mul_and_depthwise():
     spaces = analyse(residual_block())
-    group = next(s for s in spaces.values() if "conv1" in s.producers)
-    assert set(group.producers) == {"conv1", "conv2", "se_expand"} and group.blocked is None
-    assert set(group.depthwise) == {"depthwise"}
+    group = next(s for s in spaces.values() if ("conv1", 0) in s.producers)
+    assert set(group.producers) == {("conv1", 0), ("conv2", 0), ("se_expand", 0)} and group.blocked is None
+    assert group.depthwise == [("depthwise", 0)]
     assert {c for c, _ in group.consumers} == {"conv2", "se_reduce", "conv_out"}
-    out = next(s for s in spaces.values() if "conv_out" in s.producers)
+    out = next(s for s in spaces.values() if s.label == "conv_out")
     assert out.blocked == "graph output y"
 
 
@@ -184,7 +185,8 @@ def test_kept_counts_are_aligned_and_allocation_follows_sensitivity():
     assert prune_alloc.candidates(42, 8, 8, 0.75) == [42, 40, 32, 24, 16]
     assert prune_alloc.candidates(12, 8, 8, 0.75) == [12, 8]
     assert prune_alloc.candidates(16, 1, 8, 0.25) == [16, 15, 14, 13, 12]
-    flop_model = prune_alloc.FlopModel([(100.0, "a", None), (100.0, "b", None)], {"a": 32, "b": 32})
+    flop_model = prune_alloc.FlopModel([(100.0, (("a", 1.0),), ()), (100.0, (("b", 1.0),), ())],
+                                      {"a": 32, "b": 32})
     options = {"a": [32, 24, 16, 8], "b": [32, 24, 16, 8]}
     errors = {"a": {24: 0.5, 16: 1.0, 8: 2.0}, "b": {24: 0.01, 16: 0.02, 8: 0.5}}
     assert prune_alloc.greedy(flop_model, options, errors, 0.3) == {"a": 32, "b": 8}
@@ -218,3 +220,68 @@ def test_reconstruct_reports_progress_for_each_long_step():
     prune(residual_block(seed=4), 0.2, "reconstruct", samples=calib, input_name="x", align=4, progress=Recorder)
     assert [b.what for b in bars] == ["pruning: ranking channels", "pruning: sensitivity", "pruning: refit"]
     assert all(b.done == b.total > 0 and b.closed for b in bars), [(b.what, b.done, b.total) for b in bars]
+
+
+C2F_DEAD = {"conv0": [3, 20], "c2f_cv1": [2, 9, 17, 30], "m2": [1, 14], "m1": [5], "c2f_cv2": [0, 31],
+            "sppf_cv1": [4, 7], "sppf_cv2": [8]}
+
+
+def _live(model, spaces, dead):
+    """For every prunable group: the channels none of its producers zeroed (every producer's dead
+    channels, at their offsets, are dead in the group)."""
+    keeps = {}
+    for key, space in spaces.items():
+        if space.blocked:
+            continue
+        gone = set(range(space.channels))
+        for conv, offset in space.producers:
+            gone &= {c - offset for c in dead.get(conv, ()) if offset <= c < offset + space.channels}
+        keeps[key] = np.array(sorted(set(range(space.channels)) - gone))
+    return keeps
+
+
+@pytest.mark.parametrize("split", ["input", "attribute", "equal"])
+def test_groups_follow_split_and_concat_and_dead_channels_go_exactly(split):
+    model = c2f_sppf_net(C2F_DEAD, split=split)
+    spaces = analyse(unshare(model))
+    labels = {s.label: s for s in spaces.values()}
+    # C2f: cv1's halves are two groups; the second is one with the bottleneck's residual; both reach cv2
+    assert set(labels) == {"conv0", "c2f_cv1[0:16]", "c2f_cv1[16:32],m2", "m1", "c2f_cv2", "sppf_cv1",
+                           "sppf_cv2", "head"}
+    assert labels["c2f_cv1[16:32],m2"].consumers == [("m1", 0), ("c2f_cv2", 16), ("c2f_cv2", 32)]
+    assert labels["sppf_cv1"].consumers == [("sppf_cv2", o) for o in (0, 16, 32, 48)]  # four times
+    assert [s.label for s in spaces.values() if s.blocked] == ["head"]
+    keeps = _live(model, spaces, C2F_DEAD)
+    pruned = apply(unshare(model), spaces, keeps)
+    onnx.checker.check_model(pruned)
+    weights = {t.name: numpy_helper.to_array(t) for t in pruned.graph.initializer}
+    assert weights["w_c2f_cv1"].shape == (28, 30, 1, 1)  # 2 of each half go (m2's dead 1, 14 = cv1's 17, 30)
+    assert weights["w_c2f_cv2"].shape == (30, 42, 1, 1)  # cv2 reads 14 + 14 + 14
+    assert weights["w_sppf_cv2"].shape == (31, 56, 1, 1)  # 4 x (16 - 2)
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(_run(pruned, x), _run(model, x), rtol=1e-4, atol=2e-4)  # outputs reach 20
+
+
+def test_yolov8_blocks_prune_to_the_flops_target():
+    model = c2f_sppf_net()
+    pruned, report = prune(model, 0.3, align=4)
+    onnx.checker.check_model(pruned)
+    assert {"c2f_cv1[0:16]", "c2f_cv1[16:32],m2", "sppf_cv1"} <= set(report["pruned"])
+    assert report["skipped"] == {"head": "graph output head_c"}
+    before, after = (sum(r["flops"] for r in flops.layer_costs(m)) for m in (model, pruned))
+    assert 0.3 <= 1 - after / before < 0.4
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    assert _run(pruned, x).shape == (1, 4, 16, 16)
+
+
+def test_reconstruct_through_split_and_concat_beats_plain_removal():
+    model = c2f_sppf_net(seed=3)
+    rng = np.random.default_rng(4)
+    calib, held_out = (rng.standard_normal((n, 3, 16, 16)).astype(np.float32) for n in (8, 4))
+    reference = _run(model, held_out)
+    errors = {}
+    for method in ("l1", "reconstruct"):
+        pruned, report = prune(model, 0.3, method, samples=calib, input_name="x", align=4)
+        errors[method] = float(np.linalg.norm(_run(pruned, held_out) - reference) / np.linalg.norm(reference))
+    assert {"c2f_cv2", "sppf_cv2"} <= set(report["refit"])  # Convs reading concatenated groups are refit
+    assert errors["reconstruct"] < 0.8 * errors["l1"], errors
