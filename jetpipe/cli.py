@@ -85,6 +85,9 @@ def _add_convert(sub) -> None:
                         "(needs --calib; default for reconstruct)")
     r.add_argument("--prune-align", type=int, default=8, metavar="N",
                    help="kept channel counts are multiples of N (default 8: tensor-core friendly; 1: any)")
+    r.add_argument("--prune-budget", type=float, default=15, metavar="MINUTES",
+                   help="where measuring every group's sensitivity would take longer (estimated from the first "
+                        "measurement), allocate uniformly instead and say so (default 15)")
     e = p.add_argument_group("engine")
     e.add_argument("--engine", default="auto", choices=ENGINE_MODES,
                    help="auto: build where TensorRT is installed; require: fail without it")
@@ -127,6 +130,7 @@ def _convert_options(args):
         exclude=exclude, auto_exclude=auto_exclude, engine=args.engine, prune=args.prune,
         engine_family=args.engine_family, rtx_targets=parse_targets(args.rtx_targets),
         prune_method=args.prune_method, prune_allocation=args.prune_allocation, prune_align=args.prune_align,
+        prune_budget_min=args.prune_budget,
         workspace_mb=args.workspace, timing_cache=args.timing_cache, sparsity=args.sparsity,
         dla_core=args.dla, force=args.force, task=builtin.task if builtin else None,
         progress=not args.quiet)

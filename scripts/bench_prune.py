@@ -48,6 +48,8 @@ def accuracy(args) -> list[dict]:
     inputs, letterboxes, truths = eval_set(args.images, det.input_size, preset(det.preset), EVAL_SEED)
     rows, reference = [], None
     for name, extra in VARIANTS.items():
+        if args.variants and name not in args.variants and name != "dense":
+            continue
         out = args.out / name
         started = time.perf_counter()
         pruning = {"prune": args.ratio, "calib": "synthetic", **extra} if extra else {}
@@ -111,6 +113,8 @@ def main() -> None:
     a.add_argument("--out", type=Path, required=True)
     a.add_argument("--ratio", type=float, default=0.2)
     a.add_argument("--images", type=int, default=128)
+    a.add_argument("--variants", type=lambda s: s.split(","), help=f"a subset of {', '.join(VARIANTS)} (dense runs "
+                   "always: the reference)")
     a.set_defaults(run=accuracy)
     t = sub.add_parser("latency", help="time every bundle of a folder on ONNX Runtime CUDA EP")
     t.add_argument("bundles", type=Path)

@@ -20,9 +20,11 @@ from onnx import numpy_helper
 from jetpipe.convert.graph import (
     GraphIndex,
     attribute,
+    clone,
     drop_unused_initializers,
     expose_outputs,
     image_input,
+    make_batch_dynamic,
     relative_difference,
     with_shapes,
 )
@@ -115,10 +117,11 @@ def move_batch_to_front(model: onnx.ModelProto, axes: dict[str, tuple[int, int]]
     return moved
 
 
-def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool) -> dict:
+def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool, announce: bool = True) -> dict:
     """Make a model batch on axis 0 of every output, changing `model` in place: a batch-1 export made
     dynamic gets its literal batch 1s freed where it does not run at batch N, and time-major outputs
-    get their batch axis moved first. Refuses (naming the node) what cannot batch."""
+    get their batch axis moved first. Refuses (naming the node) what cannot batch. announce: log the
+    changes (not for a probe)."""
     axes, problem = output_batch_axes(model, sample)
     rewritten: list[str] = []
     if problem and made_dynamic:
@@ -127,9 +130,10 @@ def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool)
         rewritten = free_batch_literals(candidate)
         if rewritten:
             axes, problem = output_batch_axes(candidate, sample)
-            if problem is None:
+            if problem is None and announce:
                 log.info("batch axis: the export's literal batch 1 rewritten in %d Reshape target(s): %s",
                          len(rewritten), ", ".join(rewritten[:5]) + (" ..." if len(rewritten) > 5 else ""))
+            if problem is None:
                 model.CopyFrom(candidate)
     if problem:
         culprit = node_dropping_batch(candidate if rewritten else model, sample)
@@ -145,10 +149,33 @@ def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool)
         dims = output.type.tensor_type.shape.dim
         if dims and isinstance(batch_name, str):
             dims[0].dim_param = batch_name
-    if moved:
-        log.info("batch axis: output(s) %s carry the batch on another axis (time-major); a Transpose puts it "
-                 "first", ", ".join(f"{n} (axis {a})" for n, a in moved.items()))
+    if moved and announce:
+        _announce_moved(moved)
     return {"rewritten_reshapes": rewritten, "moved_batch_axes": moved}
+
+
+def _announce_moved(moved: dict[str, int]) -> None:
+    log.info("batch axis: output(s) %s carry the batch on another axis (time-major); a Transpose puts it first",
+             ", ".join(f"{n} (axis {a})" for n, a in moved.items()))
+
+
+def batch_one_layout(model: onnx.ModelProto, sample: np.ndarray) -> dict:
+    """--max-batch 1 keeps the model's batch as it is, but a time-major output still gets its batch axis
+    first (the runtime takes a frame's result from axis 0 of each output). The axis is found on a copy
+    made to batch; where the copy cannot batch, nothing is moved (a batch of 1 shows no axis)."""
+    probe = clone(model)
+    make_batch_dynamic(probe)
+    try:
+        found = batch_layout(probe, sample, made_dynamic=True, announce=False)["moved_batch_axes"]
+    except ModelError:
+        return {}
+    if not found:
+        return {}
+    values = cpu_session(model, quiet=True).run(None, {image_input(model).name: sample[:1]})
+    ranks = {o.name: v.ndim for o, v in zip(model.graph.output, values)}
+    moved = move_batch_to_front(model, {name: (axis, ranks[name]) for name, axis in found.items()})
+    _announce_moved(moved)
+    return {"rewritten_reshapes": [], "moved_batch_axes": moved}
 
 
 def node_dropping_batch(model: onnx.ModelProto, sample: np.ndarray, batch: int = PROOF_BATCH) -> str | None:

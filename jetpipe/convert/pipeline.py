@@ -67,6 +67,7 @@ class ConvertOptions:
     prune_method: str = "l1"
     prune_allocation: str | None = None  # uniform | sensitivity (default: by method)
     prune_align: int = 8             # kept channel counts are multiples of this
+    prune_budget_min: float = 15     # sensitivity measured only where it fits in this time (else uniform)
     dla_core: int | None = None
     force: bool = False
     task: str | None = None
@@ -108,7 +109,7 @@ def convert(opts: ConvertOptions) -> dict:
     _check_node_names(prepared.model, opts.exclude)
     if opts.engine != "never":
         check_tensorrt_ops(prepared.model)
-    calibration = _calibrate(opts, prepared, source)
+    calibration = _calibrate(opts, prepared, source, pruning)
     model, excluded, check = _apply_precision(opts, prepared, calibration, first_batch, checks)
     with outputs.staging(opts.output) as tmp:
         onnx.save(model, str(tmp / bundles.MODEL_FILE))
@@ -146,6 +147,7 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
     prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude),
                                    align=opts.prune_align, allocation=opts.prune_allocation,
                                    samples=samples, input_name=prepared.input.name, size_hw=prepared.size_hw,
+                                   budget_s=60 * opts.prune_budget_min,
                                    progress=lambda total, what, unit: bar(total, what, unit, opts.progress))
     graph.check(prepared.model, "the pruned model")
     _check_runs(prepared.model, prepared.input, prepared.size_hw,
@@ -185,6 +187,8 @@ def _validate(opts: ConvertOptions) -> None:
         raise JetpipeError(f"--calib-method {opts.calib_method!r}: choose one of {', '.join(stats.METHODS)}")
     if opts.sparsity not in (None, "2:4"):
         raise JetpipeError(f"--sparsity {opts.sparsity!r}: only 2:4 is supported")
+    if not opts.prune_budget_min > 0:
+        raise JetpipeError(f"--prune-budget {opts.prune_budget_min:g}: minutes above 0, e.g. 15")
     if not 1 <= opts.max_batch <= MAX_BATCH:
         raise JetpipeError(f"--max-batch {opts.max_batch} must be from 1 to {MAX_BATCH}")
     if opts.precision == "int8" and opts.calib is None and opts.calib_cache is None:
@@ -233,7 +237,7 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
     if cleanup["applied"] and width_range and not _runs_at_widths(model, info, size_hw[0], width_range):
         log.warning("graph clean-up (onnxslim) fixed the input width: the bundle keeps the graph as exported")
         model, cleanup = graph.with_shapes(exported), {"applied": False, "reason": "it fixed the input width"}
-    layout = batch.batch_layout(model, sample, dynamic) if max_batch > 1 else {}
+    layout = batch.batch_layout(model, sample, dynamic) if max_batch > 1 else batch.batch_one_layout(model, sample)
     return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout, width_range)
 
 
@@ -312,13 +316,13 @@ def _prove_batch(prepared: Prepared, first_batch) -> dict | None:
             "rewritten_reshapes": prepared.batch_layout["rewritten_reshapes"]}
 
 
-def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None) -> CalibrationResult | None:
+def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None,
+               pruning: dict | None) -> CalibrationResult | None:
     if opts.precision == "fp32" or source is None and opts.calib_cache is None:
         return None
     # calibration results are only valid for the same weights: sparsity is part of the model's key
     model_key = prepared.source_sha256 + (f"+sparsity={opts.sparsity}" if opts.sparsity else "") + \
-        (f"+prune={opts.prune}:{opts.prune_method}:{opts.prune_allocation or 'default'}:{opts.prune_align}"
-         if opts.prune else "")
+        (f"+prune={opts.prune}:{opts.prune_method}:{pruning['allocation']}:{opts.prune_align}" if pruning else "")
     wanted = {"model_sha256": model_key, "method": opts.calib_method,
               "data_fingerprint": source.fingerprint() if source is not None else None}
     hist = set()

@@ -9,6 +9,7 @@ and the refit: prune_refit.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import onnx
@@ -38,8 +39,9 @@ ALLOCATIONS = ("uniform", "sensitivity")
 
 def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set[str] = frozenset(),
           min_channels: int = 8, samples: np.ndarray | None = None, input_name: str | None = None,
-          align: int = 8, allocation: str | None = None, max_share: float = 0.75,
-          progress=silent, size_hw: tuple[int, int] | None = None) -> tuple[onnx.ModelProto, dict]:
+          align: int = 8, allocation: str | None = None, max_share: float = 0.5,
+          progress=silent, size_hw: tuple[int, int] | None = None,
+          budget_s: float | None = None) -> tuple[onnx.ModelProto, dict]:
     """Remove `ratio` of the model's FLOPs by removing whole channels; returns (model, report).
 
     l1: rank by weight L1 norm. reconstruct: choose the channels the consumers can best do without on
@@ -47,7 +49,8 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
     allocation (how many channels each group keeps): uniform (default for l1) or sensitivity
     (measured on `samples`, default for reconstruct); see prune_alloc.
     progress(total, what, unit): a bar for each long step (jetpipe.progress.bar). size_hw: the input size
-    FLOPs are counted at, where the model's is dynamic."""
+    FLOPs are counted at, where the model's is dynamic. budget_s: where measuring every group's
+    sensitivity would take longer (estimated from the first probe), uniform allocation is used instead."""
     allocation = allocation or ("sensitivity" if method == "reconstruct" else "uniform")
     _check_arguments(ratio, method, allocation, samples, align)
     model = unshare(model)
@@ -62,7 +65,8 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
     acts = None
     if method == "reconstruct":
         names = sorted({convs[c].input[0] for key in options for c, _ in spaces[key].consumers})
-        acts = refit.activations(model, names, samples, input_name)
+        fit_samples = _within_memory(model, names, samples, input_name)
+        acts = refit.activations(model, names, fit_samples, input_name)
     ranking = {}
     steps = progress(len(options), "pruning: ranking channels", "group")
     for key in options:
@@ -70,23 +74,50 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
         steps.update(1)
     steps.close()
     flop_model = _flop_model(model, spaces, options, size_hw)
-    errors = None
+    errors, note = None, None
+    if allocation == "sensitivity":
+        steps = progress(sum(len(prune_alloc.probe_points(ks)) for ks in options.values()),
+                         "pruning: sensitivity", "probe")
+        try:
+            errors = _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name, steps,
+                                  budget_s)
+        except _OverBudget as over:
+            allocation = "uniform"
+            note = (f"measuring sensitivity would take about {over.args[0] / 60:.0f} min, over the "
+                    f"{budget_s / 60:g} min budget: uniform allocation instead (raise --prune-budget to measure)")
+            log.warning("pruning: %s", note)
+        steps.close()
     if allocation == "uniform":
         kept = prune_alloc.uniform(flop_model, options, ratio)
     else:
-        steps = progress(sum(len(prune_alloc.probe_points(ks)) for ks in options.values()),
-                         "pruning: sensitivity", "probe")
-        errors = _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name, steps)
-        steps.close()
         kept = prune_alloc.greedy(flop_model, options, errors, ratio)
     keeps = {key: np.sort(ranking[key][:k]) for key, k in kept.items() if k < spaces[key].channels}
     pruned = apply(model, spaces, keeps)
     if method == "reconstruct":
         keep_in, keep_out = conv_channels(model, kept_channels(model, spaces, keeps))
         steps = progress(len(keep_in), "pruning: refit", "layer")
-        pruned = refit.reconstruct(weights, pruned, keep_in, keep_out, acts, samples, input_name, steps)
+        pruned, too_wide = refit.reconstruct(weights, pruned, keep_in, keep_out, acts, fit_samples, input_name,
+                                             steps)
         steps.close()
-    return pruned, _report(spaces, options, kept, skipped, errors, ratio, allocation, align, method, keeps)
+    report = _report(spaces, options, kept, skipped, errors, ratio, allocation, align, method, keeps)
+    if method == "reconstruct":
+        report["refit"] = [name for name in report["refit"] if name not in too_wide]
+        report["refit_too_wide"] = too_wide
+    return pruned, {**report, **({"allocation_note": note} if note else {})}
+
+
+ACTIVATION_BUDGET = 2 << 30  # bytes of layer inputs kept for the ranking and the refit
+
+
+def _within_memory(model, names, samples: np.ndarray, input_name) -> np.ndarray:
+    """The calibration samples whose layer inputs fit ACTIVATION_BUDGET (at least 2): a 512x512 DeepLabV3
+    keeps about 0.4 GB of them per sample."""
+    per_sample = sum(a.nbytes for a in refit.activations(model, names, samples[:1], input_name).values())
+    count = int(np.clip(ACTIVATION_BUDGET // max(per_sample, 1), 2, len(samples)))
+    if count < len(samples):
+        log.info("pruning: the least-squares steps use %d of %d samples (their layer inputs take %.1f GB each)",
+                 count, len(samples), per_sample / 2**30)
+    return samples[:count]
 
 
 def _ranking(space, weights, convs, acts, keep_at_least) -> np.ndarray:
@@ -148,22 +179,39 @@ def _flop_model(model, spaces, options, size_hw) -> prune_alloc.FlopModel:
     return prune_alloc.FlopModel(layers, {key: spaces[key].channels for key in options})
 
 
-def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name, steps) -> dict:
-    """Output error with one group alone pruned to each probe count (its consumers refit when acts are given)."""
+class _OverBudget(Exception):
+    pass
+
+
+ESTIMATE_AFTER = 3  # probes timed before the sensitivity step's duration is estimated (the first is slower)
+
+
+def _sensitivity(model, spaces, options, ranking, weights, acts, samples, input_name, steps,
+                 budget_s: float | None = None) -> dict:
+    """Output error with one group alone pruned to each probe count (its consumers refit when acts are given).
+
+    Raises _OverBudget (with the estimate) as soon as the probes done so far (at least ESTIMATE_AFTER) say
+    that all of them would take over budget_s."""
     reference = refit.outputs(model, samples, input_name)
     rng = np.random.default_rng(0)
-    errors = {}
+    errors, probes = {}, sum(len(prune_alloc.probe_points(ks)) for ks in options.values())
+    done, started = 0, time.monotonic()
     for key, ks in options.items():
         space, errors[key] = spaces[key], {}
         for k in prune_alloc.probe_points(ks):
+            estimate = (time.monotonic() - started) / max(done, 1) * probes
+            if budget_s is not None and done >= ESTIMATE_AFTER and estimate > budget_s:
+                raise _OverBudget(estimate)
+            done += 1
             keep = {key: np.sort(ranking[key][:k])}
             candidate = apply(model, spaces, keep)
             if acts is not None:
                 nodes = GraphIndex(candidate.graph).nodes
                 keep_in, keep_out = conv_channels(model, kept_channels(model, spaces, keep))
                 for name, cut in keep_in.items():
-                    x = acts[nodes[name].input[0]]
-                    refit.refit_node(candidate, nodes[name], weights, x, x[:, cut], cut, keep_out, rng)
+                    if refit.refittable(nodes[name], weights, cut):
+                        x = acts[nodes[name].input[0]]
+                        refit.refit_node(candidate, nodes[name], weights, x, x[:, cut], cut, keep_out, rng)
             errors[key][k] = refit.normalized_mse(reference, refit.outputs(candidate, samples, input_name))
             steps.update(1)
         log.debug("sensitivity %s: %s", space.label, errors[key])

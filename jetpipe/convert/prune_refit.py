@@ -33,20 +33,33 @@ def normalized_mse(reference: list[np.ndarray], candidate: list[np.ndarray]) -> 
 
 
 def reconstruct(old: dict, model, keep_in: dict, keep_out: dict, acts, samples, input_name,
-                steps=None) -> onnx.ModelProto:
-    """Refit every Conv whose input channels were cut, in graph order, on the pruned model's own inputs.
+                steps=None) -> tuple[onnx.ModelProto, list[str]]:
+    """Refit every Conv whose input channels were cut, in graph order, on the pruned model's own inputs;
+    returns the model and the Convs too wide to refit (see `refittable`).
 
     old: the dense model's initializers as arrays; keep_in / keep_out: each Conv's kept input / output
     channels (prune_spaces.conv_channels)."""
     rng = np.random.default_rng(0)
+    too_wide = []
     for node in list(model.graph.node):
         if node.name not in keep_in:
             continue
-        x_new = activations(model, [node.input[0]], samples, input_name)[node.input[0]]
-        refit_node(model, node, old, acts[node.input[0]], x_new, keep_in[node.name], keep_out, rng)
+        if refittable(node, old, keep_in[node.name]):
+            x_new = activations(model, [node.input[0]], samples, input_name)[node.input[0]]
+            refit_node(model, node, old, acts[node.input[0]], x_new, keep_in[node.name], keep_out, rng)
+        else:
+            too_wide.append(node.name)
         if steps is not None:
             steps.update(1)
-    return model
+    return model, too_wide
+
+
+def refittable(node, old: dict, keep_in) -> bool:
+    """Least squares are solved for Convs up to MAX_OBS_COLUMNS wide (kept input channels x kernel taps):
+    a wider one (a 2048-channel 3x3 ASPP branch: 18432 columns, more than the MAX_POSITIONS positions
+    sampled, and a 2.7 GB Gram matrix) keeps its plainly sliced weights."""
+    kh, kw = old[node.input[1]].shape[2:]
+    return len(keep_in) * kh * kw <= MAX_OBS_COLUMNS
 
 
 def refit_node(model, node, old: dict, x_old, x_new, keep_in, keep_out: dict, rng) -> None:
@@ -87,6 +100,8 @@ def _patches(x: np.ndarray, node, kernel, positions) -> np.ndarray:
 
 RIDGE = 1e-2  # relative to the mean eigenvalue of the Gram matrix (measured: 1e-4 overfits 8 images)
 MAX_POSITIONS = 8192
+MAX_OBS_COLUMNS = 4608  # a Conv's im2col width (input channels x kernel taps) up to which its Gram matrix is
+# formed and inverted, for the ranking and the refit: 512 channels of a 3x3 Conv (170 MB of float64)
 
 
 def _positions(node, x_shape, kernel, rng) -> tuple:
@@ -134,23 +149,43 @@ def _refit(node, w_old, b_old, x_old, x_new, keep_in, keep_out, rng):
     return w_new, solution[-1].astype(np.float32)
 
 
+OBS_STEPS = 32  # the greedy elimination removes about 1/32 of the remaining channels per step
+
+
 def obs_ranking(space, weights: dict, convs: dict, acts: dict, keep_at_least: int, rng) -> np.ndarray:
     """Channels most important first, by greedy elimination with least-squares compensation.
 
     Optimal-brain-surgeon at channel level, on each consumer's im2col Gram matrix G (ridge): removing
     the block S of a channel and refitting the rest costs dE = b_S^T (G^-1_SS)^-1 b_S, where b are the
-    consumer's weights; the channel with the least cost over all consumers (each normalized by its
-    output energy) goes first, and G^-1 and b are updated as if the refit had been done."""
-    states = [_obs_state(convs[name], weights, acts, rng, slice(offset, offset + space.channels))
-              for name, offset in space.consumers]
+    consumer's weights; the channels with the least cost over all consumers (each normalized by its
+    output energy) go first, a few at a time (OBS_STEPS), and G^-1 and b are updated as if the refit had
+    been done. Groups whose consumers are too wide for that (MAX_OBS_COLUMNS) are ranked by energy."""
+    windows = [(convs[name], slice(offset, offset + space.channels)) for name, offset in space.consumers]
+    if any(space.channels * np.prod(weights[node.input[1]].shape[2:]) > MAX_OBS_COLUMNS for node, _ in windows):
+        return energy_ranking(windows, weights, acts)
+    states = [_obs_state(node, weights, acts, rng, channels) for node, channels in windows]
     alive, removed = list(range(space.channels)), []
     while len(alive) > keep_at_least:
         cost = sum(_obs_costs(*state) for state in states)
-        j = int(np.argmin(cost))
+        count = min(max(1, len(alive) // OBS_STEPS), len(alive) - keep_at_least)
+        picks = np.argsort(cost, kind="stable")[:count]  # cheapest first
         for state in states:
-            _obs_remove(state, j)
-        removed.append(alive.pop(j))
+            _obs_remove(state, picks)
+        removed.extend(alive[j] for j in picks)
+        alive = [c for i, c in enumerate(alive) if i not in set(picks.tolist())]
     return np.array(alive + removed[::-1])
+
+
+def energy_ranking(windows, weights: dict, acts: dict) -> np.ndarray:
+    """Channels most important first by what they carry into their consumers: the mean square of the
+    channel's input times the squared norm of the consumer weights reading it (each consumer weighs alike)."""
+    score = 0.0
+    for node, channels in windows:
+        w = weights[node.input[1]][:, channels].astype(np.float64)
+        x = acts[node.input[0]][:, channels].astype(np.float64)
+        per = (w ** 2).sum(axis=(0, 2, 3)) * (x ** 2).mean(axis=(0, 2, 3))
+        score = score + per / max(per.sum(), 1e-12)
+    return np.argsort(-score, kind="stable")
 
 
 def _obs_state(node, weights, acts, rng, channels: slice) -> list:
@@ -174,9 +209,10 @@ def _obs_costs(g_inv, beta, energy, kk) -> np.ndarray:
     return np.einsum("nak,nab,nbk->n", b, np.linalg.inv(blocks), b) / energy
 
 
-def _obs_remove(state, j) -> None:
+def _obs_remove(state, picks) -> None:
+    """Remove the channels `picks` (positions among the alive ones) and compensate the rest."""
     g_inv, beta, _, kk = state
-    s = np.arange(j * kk, (j + 1) * kk)
+    s = (np.asarray(picks)[:, None] * kk + np.arange(kk)).ravel()
     rest = np.setdiff1d(np.arange(len(beta)), s)
     inv_ss = np.linalg.inv(g_inv[np.ix_(s, s)])
     g_rs = g_inv[np.ix_(rest, s)]

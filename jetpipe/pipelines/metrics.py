@@ -24,6 +24,7 @@ class Metrics:
         self.captured, self.processed, self.failed, self.reconnects = zeros(), zeros(), zeros(), zeros()
         self.latency = {stage: deque(maxlen=window) for stage in STAGES}
         self.recent = [deque(maxlen=window) for _ in range(streams)]  # result times, for fps
+        self.stream_total = [deque(maxlen=window // 8) for _ in range(streams)]  # each stream's total latency
         self.first_result: list[float | None] = [None] * streams
         self.batches = 0
         self.heartbeat = time.monotonic()
@@ -49,6 +50,8 @@ class Metrics:
                 self.first_result[stream] = now
             for stage, value in latencies.items():
                 self.latency[stage].append(value)
+            if "total" in latencies:
+                self.stream_total[stream].append(latencies["total"])
         for stage, value in latencies.items():
             self.latency_seconds.labels(stage).observe(value / 1000.0)
 
@@ -67,9 +70,11 @@ class Metrics:
             return 0.0
         return count / min(window_s, max(now - first, 1.0))
 
-    def percentiles(self, stage: str) -> dict[float, float]:
+    def percentiles(self, stage: str, stream: int | None = None) -> dict[float, float]:
+        """Latency percentiles of a stage over all streams, or (total only) of one stream."""
         with self.lock:
-            values = np.array(self.latency[stage]) if self.latency[stage] else None
+            recent = self.latency[stage] if stream is None else self.stream_total[stream]
+            values = np.array(recent) if recent else None
         if values is None:
             return {}
         return {q: float(np.quantile(values, q)) for q in QUANTILES}

@@ -82,9 +82,11 @@ frames(); stats(); setInterval(frames, 200); setInterval(stats, 1000);
 
 
 def stats_json(metrics, dropped: list[int]) -> str:
-    latency = metrics.percentiles("total")
-    return json.dumps({
-        "processed": sum(metrics.processed), "dropped": sum(dropped),
-        "streams": [{"fps": metrics.fps(i), "processed": metrics.processed[i], "dropped": dropped[i],
-                     "p50_ms": round(latency.get(0.5, 0.0), 1), "p99_ms": round(latency.get(0.99, 0.0), 1)}
-                    for i in range(len(dropped))]})
+    """Every stream's fps, counters and its own latency percentiles (capture to result)."""
+    def stream(i):
+        latency = metrics.percentiles("total", i)
+        return {"fps": metrics.fps(i), "processed": metrics.processed[i], "dropped": dropped[i],
+                "p50_ms": round(latency.get(0.5, 0.0), 1), "p99_ms": round(latency.get(0.99, 0.0), 1)}
+
+    return json.dumps({"processed": sum(metrics.processed), "dropped": sum(dropped),
+                       "streams": [stream(i) for i in range(len(dropped))]})

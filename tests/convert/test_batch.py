@@ -98,7 +98,8 @@ def test_clean_up_does_not_trust_a_wrong_output_declaration(tmp_path):
                  "--engine", "never", "--quiet"]) == 0
     x = np.random.default_rng(2).standard_normal((1, 3, 8, 32)).astype(np.float32)
     got = cpu_session(str(out / "model.onnx")).run(None, {"x": x})[0]
-    np.testing.assert_allclose(got, cpu_session(source).run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    want = cpu_session(source).run(None, {"x": x})[0].transpose(1, 0, 2)  # [T, 1, C], batch axis put first
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_clean_up_that_changes_outputs_is_not_kept(caplog):
@@ -109,3 +110,18 @@ def test_a_clean_up_that_changes_outputs_is_not_kept(caplog):
     why = graph.outputs_differ(source, changed, _sample(16))
     assert why is not None and why.startswith("output y differs by")
     assert graph.outputs_differ(source, graph.simplify(source), _sample(16)) is None
+
+
+def test_a_time_major_batch_one_export_kept_at_batch_one_gets_its_batch_axis_first(tmp_path):
+    """--max-batch 1 keeps a static batch-1 export's batch, yet [T, 1, C] still becomes [1, T, C]: the
+    runtime takes frame i's result from axis 0."""
+    source = time_major_recognizer(batch=1)
+    out = tmp_path / "b"
+    assert main(["convert", save(source, tmp_path / "rec.onnx"), "-o", str(out), "--max-batch", "1",
+                 "--engine", "never", "--quiet"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["batch"]["moved_batch_axes"] == {"y": 1}
+    assert manifest["io"]["inputs"][0]["shape"][0] == 1 and manifest["io"]["outputs"][0]["shape"] == [1, 32, 16]
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 32)).astype(np.float32)
+    got = cpu_session(str(out / "model.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, cpu_session(source).run(None, {"x": x})[0].transpose(1, 0, 2), rtol=1e-5)

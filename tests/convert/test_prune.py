@@ -146,7 +146,7 @@ def test_pruning_composes_with_precision(tmp_path, precision):
                  "--precision", precision, "--calib", str(images), "--quiet"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["precision"] == precision and manifest["pruning"]["method"] == "reconstruct"
-    assert manifest["calibration"]["model_sha256"].endswith("+prune=0.25:reconstruct:default:8")
+    assert manifest["calibration"]["model_sha256"].endswith("+prune=0.25:reconstruct:sensitivity:8")
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
     assert np.isfinite(cpu_session(str(out / "model.onnx")).run(None, {"x": x})[0]).all()
 
@@ -280,8 +280,39 @@ def test_reconstruct_through_split_and_concat_beats_plain_removal():
     calib, held_out = (rng.standard_normal((n, 3, 16, 16)).astype(np.float32) for n in (8, 4))
     reference = _run(model, held_out)
     errors = {}
-    for method in ("l1", "reconstruct"):
-        pruned, report = prune(model, 0.3, method, samples=calib, input_name="x", align=4)
+    for method in ("l1", "reconstruct"):  # the same channel counts: only the choice and the refit differ
+        pruned, report = prune(model, 0.3, method, samples=calib, input_name="x", align=4, allocation="uniform")
         errors[method] = float(np.linalg.norm(_run(pruned, held_out) - reference) / np.linalg.norm(reference))
     assert {"c2f_cv2", "sppf_cv2"} <= set(report["refit"])  # Convs reading concatenated groups are refit
     assert errors["reconstruct"] < 0.8 * errors["l1"], errors
+
+
+def test_sensitivity_over_the_time_budget_falls_back_to_uniform(tmp_path, capsys):
+    calib = np.random.default_rng(5).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    _, report = prune(c2f_sppf_net(seed=3), 0.2, "reconstruct", samples=calib, input_name="x", align=4,
+                      budget_s=1e-6)  # three probes show that all of them take longer than that
+    assert report["allocation"] == "uniform" and "sensitivity" not in next(iter(report["pruned"].values()))
+    assert "over the 1.66667e-08 min budget: uniform allocation instead" in report["allocation_note"]
+    _, report = prune(c2f_sppf_net(seed=3), 0.2, "reconstruct", samples=calib, input_name="x", align=4,
+                      budget_s=600)
+    assert report["allocation"] == "sensitivity" and "allocation_note" not in report
+    model = save(residual_block(), tmp_path / "block.onnx")
+    assert main(["convert", model, "-o", str(tmp_path / "b"), "--prune", "0.2", "--prune-budget", "0"]) == 2
+    assert "--prune-budget 0: minutes above 0" in capsys.readouterr().err
+
+
+def test_convs_too_wide_for_least_squares_keep_plainly_sliced_weights(monkeypatch):
+    from jetpipe.convert import prune_refit
+
+    calib = np.random.default_rng(5).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    # conv2 reads 16 channels x 3x3 = 144 columns: over a limit of 100 (a 2048-channel 3x3 ASPP branch's
+    # 18432 over the real 4608); ranked by energy, not refit
+    monkeypatch.setattr(prune_refit, "MAX_OBS_COLUMNS", 100)
+    pruned, report = prune(residual_block(seed=4), 0.2, "reconstruct", samples=calib, input_name="x", align=4,
+                           allocation="uniform")
+    assert report["refit_too_wide"] == ["conv2"] and "conv2" not in report["refit"]
+    dense = {t.name: numpy_helper.to_array(t) for t in residual_block(seed=4).graph.initializer}
+    kept = {t.name: numpy_helper.to_array(t) for t in pruned.graph.initializer}
+    keep = [i for i in range(16) if any(np.array_equal(row, dense["w1"][i]) for row in kept["w1"])]
+    assert len(keep) == len(kept["w1"]) < 16  # conv1 produces the group: its rows are sliced, never refit
+    np.testing.assert_array_equal(kept["w2"], dense["w2"][keep][:, keep])

@@ -105,3 +105,16 @@ def _image_top(page: np.ndarray) -> int:
     background = page[2, 2].astype(int)
     varied = np.flatnonzero((np.abs(page.astype(int) - background).sum(axis=2) > 40).sum(axis=1) > 300)
     return int(varied[0]) if len(varied) else 0
+
+
+def test_stats_give_each_stream_its_own_latency():
+    from jetpipe.pipelines.metrics import Metrics
+    from jetpipe.pipelines.preview import stats_json
+
+    metrics = Metrics(streams=2)
+    for i in range(50):  # stream 1 waits ten times longer (a slow camera's frames queue behind a batch)
+        metrics.record_result(0, {"queue": 1.0, "gpu": 5.0, "post": 1.0, "total": 10.0 + i % 3})
+        metrics.record_result(1, {"queue": 90.0, "gpu": 5.0, "post": 1.0, "total": 100.0 + i % 3})
+    streams = json.loads(stats_json(metrics, [0, 4]))["streams"]
+    assert [s["p50_ms"] for s in streams] == [11.0, 101.0] and [s["p99_ms"] for s in streams] == [12.0, 102.0]
+    assert [s["dropped"] for s in streams] == [0, 4] and [s["processed"] for s in streams] == [50, 50]
