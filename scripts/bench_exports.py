@@ -37,10 +37,11 @@ VARIANTS = {
 }
 
 
-def run_child(command: list[str], env: dict) -> dict:
-    """Exit status, wall time, the first `error:` line and the last stderr lines of one child process."""
+def run_child(command: list[str], env: dict, cwd: Path) -> dict:
+    """Exit status, wall time, the first `error:` line and the last stderr lines of one child process
+    (run in the checkout: `python -m` puts the working folder first on sys.path)."""
     started = time.monotonic()
-    child = subprocess.run(command, env=env, capture_output=True, text=True)
+    child = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
     err = child.stderr.splitlines()
     return {"exit": child.returncode, "seconds": round(time.monotonic() - started, 1),
             "error": next((line for line in err if line.startswith("error")), None), "stderr_tail": err[-3:]}
@@ -68,14 +69,15 @@ def batch8_difference(model_path: Path) -> float | None:
 
 
 def convert_one(model: str, size: str | None, variant: str, args, env) -> dict:
-    out = Path(args.out) / f"{Path(model).stem}-{variant}"
+    out = Path(args.out).resolve() / f"{Path(model).stem}-{variant}"
     command = [sys.executable, "-m", "jetpipe", "convert", model, "-o", str(out), "--max-batch", "8", "--force",
                "--quiet", "--engine", "never", *VARIANTS[variant]]
     if size:
         command += ["--input-size", size]
     if variant in ("fp16", "int8") or args.calib_always:
         command += ["--calib", args.calib, "--calib-size", str(args.calib_size)]
-    row = {"model": Path(model).name, "variant": variant, **run_child(["/usr/bin/time", "-f", "%M", *command], env)}
+    row = {"model": Path(model).name, "variant": variant,
+           **run_child(["/usr/bin/time", "-f", "%M", *command], env, Path(env["PYTHONPATH"]))}
     row["peak_rss_gb"] = _peak_rss(row.pop("stderr_tail"))
     if row["exit"] != 0:
         row["error"] = row["error"] or f"exit status {row['exit']}"
@@ -86,7 +88,7 @@ def convert_one(model: str, size: str | None, variant: str, args, env) -> dict:
         "batch_proof": manifest["batch"].get("max_relative_difference"),
         "rewritten_reshapes": len(manifest["batch"].get("rewritten_reshapes") or []),
         "relative_mae": check and round(check["relative_mae"], 4),
-        "held_out": check and check["held_out"],
+        "held_out": check and check.get("held_out"),
         "gflops": round(manifest["cost"]["processed"]["flops"] / 1e9, 2),
         "gflops_source": round(manifest["cost"]["source"]["flops"] / 1e9, 2),
         "pruned_groups": len((manifest.get("pruning") or {}).get("pruned") or {}) or None,
@@ -109,7 +111,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--calib", default="synthetic")
-    parser.add_argument("--calib-size", type=int, default=16)
+    parser.add_argument("--calib-size", type=int, default=64, help="images (default 64, as convert's)")
     parser.add_argument("--calib-always", action="store_true",
                         help="give --calib to fp32 and prune too (the held-out check needs data)")
     parser.add_argument("--jetpipe-root", help="a checkout of jetpipe to run instead of this one")
@@ -120,6 +122,7 @@ def main() -> None:
     rows = []
     for spec in args.models:
         model, _, size = spec.partition(":")
+        model = str(Path(model).resolve())
         for variant in args.variants.split(","):
             row = convert_one(model, size or None, variant, args, env)
             rows.append(row)

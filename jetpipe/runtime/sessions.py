@@ -53,6 +53,8 @@ def run_in_batches(session, inputs, batch: int = 4, names=None) -> list:
     if isinstance(fixed, int) and fixed > 0:
         batch = min(batch, fixed)
     parts = [session.run(names, {meta.name: inputs[i:i + batch]}) for i in range(0, len(inputs), batch)]
+    if len(parts) == 1:
+        return parts[0]  # no copy: pruning's layer inputs of all samples come in one run (GBs)
     return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
 
 
