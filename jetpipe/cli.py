@@ -87,7 +87,7 @@ def _add_convert(sub) -> None:
                    help="kept channel counts are multiples of N (default 8: tensor-core friendly; 1: any)")
     r.add_argument("--prune-budget", type=float, default=15, metavar="MINUTES",
                    help="where measuring every group's sensitivity would take longer (estimated from the first "
-                        "measurement), allocate uniformly instead and say so (default 15)")
+                        "measurements), allocate uniformly instead and say so (default 15)")
     e = p.add_argument_group("engine")
     e.add_argument("--engine", default="auto", choices=ENGINE_MODES,
                    help="auto: build where TensorRT is installed; require: fail without it")

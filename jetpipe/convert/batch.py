@@ -117,11 +117,27 @@ def move_batch_to_front(model: onnx.ModelProto, axes: dict[str, tuple[int, int]]
     return moved
 
 
-def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool, announce: bool = True) -> dict:
+def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool) -> dict:
     """Make a model batch on axis 0 of every output, changing `model` in place: a batch-1 export made
     dynamic gets its literal batch 1s freed where it does not run at batch N, and time-major outputs
-    get their batch axis moved first. Refuses (naming the node) what cannot batch. announce: log the
-    changes (not for a probe)."""
+    get their batch axis moved first. Refuses (naming the node) what cannot batch."""
+    axes, rewritten = _batching_axes(model, sample, made_dynamic)
+    moved = move_batch_to_front(model, axes)
+    batch_name = image_input(model).dims[0]
+    for output in model.graph.output:  # shown above: axis 0 of every output is the batch; name it so
+        dims = output.type.tensor_type.shape.dim
+        if dims and isinstance(batch_name, str):
+            dims[0].dim_param = batch_name
+    if moved:
+        _announce_moved(moved)
+    return {"rewritten_reshapes": rewritten, "moved_batch_axes": moved}
+
+
+def _batching_axes(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool,
+                   announce: bool = True) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """({output: (batch axis, rank)}, the Reshapes whose literal batch was freed, in `model` in place) for a
+    model that batches; refuses (naming the node) one that does not. announce: log the rewrite (not for a
+    probe)."""
     axes, problem = output_batch_axes(model, sample)
     rewritten: list[str] = []
     if problem and made_dynamic:
@@ -143,15 +159,7 @@ def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool,
             "does not keep the batch in its outputs"
         raise ModelError(f"the model {exported} ({culprit or problem}{tried}); re-export it with a dynamic "
                          "batch axis, or convert with --max-batch 1")
-    moved = move_batch_to_front(model, axes)
-    batch_name = image_input(model).dims[0]
-    for output in model.graph.output:  # shown above: axis 0 of every output is the batch; name it so
-        dims = output.type.tensor_type.shape.dim
-        if dims and isinstance(batch_name, str):
-            dims[0].dim_param = batch_name
-    if moved and announce:
-        _announce_moved(moved)
-    return {"rewritten_reshapes": rewritten, "moved_batch_axes": moved}
+    return axes, rewritten
 
 
 def _announce_moved(moved: dict[str, int]) -> None:
@@ -166,15 +174,12 @@ def batch_one_layout(model: onnx.ModelProto, sample: np.ndarray) -> dict:
     probe = clone(model)
     make_batch_dynamic(probe)
     try:
-        found = batch_layout(probe, sample, made_dynamic=True, announce=False)["moved_batch_axes"]
+        axes, _ = _batching_axes(probe, sample, made_dynamic=True, announce=False)
     except ModelError:
         return {}
-    if not found:
-        return {}
-    values = cpu_session(model, quiet=True).run(None, {image_input(model).name: sample[:1]})
-    ranks = {o.name: v.ndim for o, v in zip(model.graph.output, values)}
-    moved = move_batch_to_front(model, {name: (axis, ranks[name]) for name, axis in found.items()})
-    _announce_moved(moved)
+    moved = move_batch_to_front(model, axes)
+    if moved:
+        _announce_moved(moved)
     return {"rewritten_reshapes": [], "moved_batch_axes": moved}
 
 

@@ -232,7 +232,7 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
     reference = _check_runs(model, info, size_hw, sample)
     _check_width_range(model, info, size_hw[0], width_range)
     dynamic = graph.make_batch_dynamic(model) if max_batch > 1 else False
-    exported = graph.clone(model)
+    exported = model  # clean_up returns new models and leaves this one as it is
     model, cleanup = graph.clean_up(model, sample, reference)
     if cleanup["applied"] and width_range and not _runs_at_widths(model, info, size_hw[0], width_range):
         log.warning("graph clean-up (onnxslim) fixed the input width: the bundle keeps the graph as exported")

@@ -50,11 +50,13 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
     (measured on `samples`, default for reconstruct); see prune_alloc.
     progress(total, what, unit): a bar for each long step (jetpipe.progress.bar). size_hw: the input size
     FLOPs are counted at, where the model's is dynamic. budget_s: where measuring every group's
-    sensitivity would take longer (estimated from the first probe), uniform allocation is used instead."""
+    sensitivity would take longer (estimated from the first probes), uniform allocation is used instead."""
     allocation = allocation or ("sensitivity" if method == "reconstruct" else "uniform")
     _check_arguments(ratio, method, allocation, samples, align)
-    model = unshare(model)
     spaces = analyse(model)
+    unshared = unshare(model, spaces)
+    if unshared is not model:  # merged constants copied per reader: the names in the spaces changed
+        model, spaces = unshared, analyse(unshared)
     options, skipped = _options(spaces, set(exclude), min_channels, align, max_share)
     if not options:
         reasons = "; ".join(f"{k}: {v}" for k, v in list(skipped.items())[:3])
@@ -96,13 +98,12 @@ def prune(model: onnx.ModelProto, ratio: float, method: str = "l1", exclude: set
     if method == "reconstruct":
         keep_in, keep_out = conv_channels(model, kept_channels(model, spaces, keeps))
         steps = progress(len(keep_in), "pruning: refit", "layer")
-        pruned, too_wide = refit.reconstruct(weights, pruned, keep_in, keep_out, acts, fit_samples, input_name,
-                                             steps)
+        pruned, not_refit = refit.reconstruct(weights, pruned, keep_in, keep_out, acts, fit_samples, input_name,
+                                              steps)
         steps.close()
-    report = _report(spaces, options, kept, skipped, errors, ratio, allocation, align, method, keeps)
+    report = _report(spaces, options, kept, skipped, errors, ratio, allocation, align, keeps)
     if method == "reconstruct":
-        report["refit"] = [name for name in report["refit"] if name not in too_wide]
-        report["refit_too_wide"] = too_wide
+        report["refit"], report["refit_too_wide"] = sorted(set(keep_in) - set(not_refit)), not_refit
     return pruned, {**report, **({"allocation_note": note} if note else {})}
 
 
@@ -239,7 +240,7 @@ def apply(model: onnx.ModelProto, spaces: dict, keeps: dict) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model)
 
 
-def _report(spaces, options, kept, skipped, errors, ratio, allocation, align, method, keeps) -> dict:
+def _report(spaces, options, kept, skipped, errors, ratio, allocation, align, keeps) -> dict:
     report = {"target_flops_share": ratio, "allocation": allocation, "align": align, "pruned": {},
               "unchanged": {}, "skipped": skipped}
     for key in options:
@@ -247,6 +248,4 @@ def _report(spaces, options, kept, skipped, errors, ratio, allocation, align, me
         if errors is not None:
             entry["sensitivity"] = {str(k): round(v, 6) for k, v in errors[key].items()}
         report["pruned" if key in keeps else "unchanged"][spaces[key].label] = entry
-    if method == "reconstruct":
-        report["refit"] = sorted({c for k in keeps for c, _ in spaces[k].consumers})
     return report

@@ -55,11 +55,16 @@ def reconstruct(old: dict, model, keep_in: dict, keep_out: dict, acts, samples, 
 
 
 def refittable(node, old: dict, keep_in) -> bool:
-    """Least squares are solved for Convs up to MAX_OBS_COLUMNS wide (kept input channels x kernel taps):
-    a wider one (a 2048-channel 3x3 ASPP branch: 18432 columns, more than the MAX_POSITIONS positions
-    sampled, and a 2.7 GB Gram matrix) keeps its plainly sliced weights."""
-    kh, kw = old[node.input[1]].shape[2:]
-    return len(keep_in) * kh * kw <= MAX_OBS_COLUMNS
+    """Least squares are solved for Convs up to MAX_OBS_COLUMNS wide: a wider one (a 2048-channel 3x3 ASPP
+    branch: 18432 columns, more than the MAX_POSITIONS positions sampled, and a 2.7 GB Gram matrix) keeps
+    its plainly sliced weights."""
+    return not too_wide(old[node.input[1]], len(keep_in))
+
+
+def too_wide(weight: np.ndarray, channels: int) -> bool:
+    """Whether a Conv's im2col width over `channels` of its input (channels x kernel taps) is above
+    MAX_OBS_COLUMNS: no Gram matrix is formed for it (ranking or refit)."""
+    return channels * int(np.prod(weight.shape[2:])) > MAX_OBS_COLUMNS
 
 
 def refit_node(model, node, old: dict, x_old, x_new, keep_in, keep_out: dict, rng) -> None:
@@ -161,7 +166,7 @@ def obs_ranking(space, weights: dict, convs: dict, acts: dict, keep_at_least: in
     output energy) go first, a few at a time (OBS_STEPS), and G^-1 and b are updated as if the refit had
     been done. Groups whose consumers are too wide for that (MAX_OBS_COLUMNS) are ranked by energy."""
     windows = [(convs[name], slice(offset, offset + space.channels)) for name, offset in space.consumers]
-    if any(space.channels * np.prod(weights[node.input[1]].shape[2:]) > MAX_OBS_COLUMNS for node, _ in windows):
+    if any(too_wide(weights[node.input[1]], space.channels) for node, _ in windows):
         return energy_ranking(windows, weights, acts)
     states = [_obs_state(node, weights, acts, rng, channels) for node, channels in windows]
     alive, removed = list(range(space.channels)), []
@@ -172,7 +177,8 @@ def obs_ranking(space, weights: dict, convs: dict, acts: dict, keep_at_least: in
         for state in states:
             _obs_remove(state, picks)
         removed.extend(alive[j] for j in picks)
-        alive = [c for i, c in enumerate(alive) if i not in set(picks.tolist())]
+        gone = set(picks.tolist())
+        alive = [c for i, c in enumerate(alive) if i not in gone]
     return np.array(alive + removed[::-1])
 
 

@@ -306,13 +306,15 @@ def sliced_tensors(space: Space, index: GraphIndex) -> list[str]:
     return names + [name for name, _, _ in space.constants]
 
 
-def unshare(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy in which each initializer that pruning would cut has one reader per copy.
+def unshare(model: onnx.ModelProto, spaces: dict[int, Space] | None = None) -> onnx.ModelProto:
+    """A copy in which each initializer that pruning would cut has one reader per copy (`model` itself
+    where none is shared); spaces: analyse(model), where the caller has it.
 
     Exporters and onnxslim merge equal constants (all-zero biases of freshly initialized BatchNorms,
     equal Split sizes), and a tensor two groups cut differently must not be one tensor."""
     index = GraphIndex(model.graph)
-    wanted = {n for space in analyse(model).values() for n in sliced_tensors(space, index) if index.uses(n) > 1}
+    spaces = analyse(model) if spaces is None else spaces
+    wanted = {n for space in spaces.values() for n in sliced_tensors(space, index) if index.uses(n) > 1}
     if not wanted:
         return model
     model = clone(model)
@@ -374,16 +376,21 @@ def resize_splits(model: onnx.ModelProto, spaces: dict[int, Space], keeps: dict)
 
 
 def _set_sizes(model: onnx.ModelProto, node: onnx.NodeProto, sizes: list[int]) -> None:
+    """Sizes as input 1 from opset 13 (replacing opset 18's equal-split `num_outputs`), else the attribute."""
     if opset(model) >= 13:
         name = f"{node.name}__sizes"
         model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(sizes, np.int64), name))
         if len(node.input) < 2:
             node.input.append(name)
-        node.input[1] = name
-        kept = [a for a in node.attribute if a.name != "num_outputs"]
-        del node.attribute[:]
-        node.attribute.extend(kept)
+        else:
+            node.input[1] = name
+        _drop_attribute(node, "num_outputs")
     else:
-        kept = [a for a in node.attribute if a.name != "split"]
-        del node.attribute[:]
-        node.attribute.extend([*kept, onnx.helper.make_attribute("split", sizes)])
+        _drop_attribute(node, "split")
+        node.attribute.append(onnx.helper.make_attribute("split", sizes))
+
+
+def _drop_attribute(node: onnx.NodeProto, name: str) -> None:
+    others = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(others)

@@ -70,10 +70,16 @@ class Metrics:
             return 0.0
         return count / min(window_s, max(now - first, 1.0))
 
-    def percentiles(self, stage: str, stream: int | None = None) -> dict[float, float]:
-        """Latency percentiles of a stage over all streams, or (total only) of one stream."""
+    def percentiles(self, stage: str) -> dict[float, float]:
+        """Latency percentiles of a stage over all streams."""
+        return self._quantiles(self.latency[stage])
+
+    def stream_percentiles(self, stream: int) -> dict[float, float]:
+        """Total latency percentiles of one stream."""
+        return self._quantiles(self.stream_total[stream])
+
+    def _quantiles(self, recent: deque) -> dict[float, float]:
         with self.lock:
-            recent = self.latency[stage] if stream is None else self.stream_total[stream]
             values = np.array(recent) if recent else None
         if values is None:
             return {}

@@ -84,7 +84,7 @@ frames(); stats(); setInterval(frames, 200); setInterval(stats, 1000);
 def stats_json(metrics, dropped: list[int]) -> str:
     """Every stream's fps, counters and its own latency percentiles (capture to result)."""
     def stream(i):
-        latency = metrics.percentiles("total", i)
+        latency = metrics.stream_percentiles(i)
         return {"fps": metrics.fps(i), "processed": metrics.processed[i], "dropped": dropped[i],
                 "p50_ms": round(latency.get(0.5, 0.0), 1), "p99_ms": round(latency.get(0.99, 0.0), 1)}
 

@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from jetpipe.cli import main
-from jetpipe.convert import flops, prune_alloc
+from jetpipe.convert import flops, prune_alloc, prune_refit
 from jetpipe.convert.graph import simplify
 from jetpipe.convert.prune import analyse, apply, prune
 from jetpipe.convert.prune_spaces import unshare
@@ -302,8 +302,6 @@ def test_sensitivity_over_the_time_budget_falls_back_to_uniform(tmp_path, capsys
 
 
 def test_convs_too_wide_for_least_squares_keep_plainly_sliced_weights(monkeypatch):
-    from jetpipe.convert import prune_refit
-
     calib = np.random.default_rng(5).standard_normal((8, 3, 16, 16)).astype(np.float32)
     # conv2 reads 16 channels x 3x3 = 144 columns: over a limit of 100 (a 2048-channel 3x3 ASPP branch's
     # 18432 over the real 4608); ranked by energy, not refit

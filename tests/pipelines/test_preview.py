@@ -16,6 +16,8 @@ import pytest
 from jetpipe.pipelines.annotate import PALETTE, UNTRACKED
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
+from jetpipe.pipelines.metrics import Metrics
+from jetpipe.pipelines.preview import stats_json
 from jetpipe.pipelines.sources import SyntheticCamera
 
 
@@ -108,9 +110,6 @@ def _image_top(page: np.ndarray) -> int:
 
 
 def test_stats_give_each_stream_its_own_latency():
-    from jetpipe.pipelines.metrics import Metrics
-    from jetpipe.pipelines.preview import stats_json
-
     metrics = Metrics(streams=2)
     for i in range(50):  # stream 1 waits ten times longer (a slow camera's frames queue behind a batch)
         metrics.record_result(0, {"queue": 1.0, "gpu": 5.0, "post": 1.0, "total": 10.0 + i % 3})
