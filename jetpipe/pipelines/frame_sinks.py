@@ -1,7 +1,9 @@
 """Sinks that show what the pipeline sees: results drawn on the frames, as video or JPEG files.
 
-`video:PATH.mp4` encodes with FFmpeg (`apt install ffmpeg`): H.264 (libx264) by default, `?codec=hevc`
-for libx265, `?encoder=h264_nvenc` (or any FFmpeg encoder) where the GPU has NVENC; `?width=W` scales
+`video:PATH.mp4` encodes H.264 (`?codec=hevc`: HEVC). The encoder (`?encoder=auto`, the default): on a
+Jetson GStreamer's hardware `nvv4l2h264enc` / `nvv4l2h265enc` (gst-launch-1.0); elsewhere FFmpeg's NVENC
+(`h264_nvenc`) where a one-frame trial encode shows the GPU has one, else libx264 / libx265. Any FFmpeg
+encoder by name (`?encoder=libx264`), any GStreamer element as `?encoder=gst:x264enc`. `?width=W` scales
 the drawn frames (default: the source's size), `?fps=N` (default 30). `jpeg:FOLDER` writes
 `s{stream}_{frame}.jpg` (`?every=N`: every Nth frame). With several streams a video path gets `-s{stream}`
 before its suffix unless it holds `{stream}` itself.
@@ -18,7 +20,6 @@ from __future__ import annotations
 import logging
 import queue
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -31,12 +32,12 @@ from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.frames import frame_shape
 from jetpipe.lazy import lazy_import
 from jetpipe.outputs import check_writable
-from jetpipe.pipelines import annotate
+from jetpipe.pipelines import annotate, encoders
 
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
 
-CODECS = {"h264": "libx264", "hevc": "libx265"}
+CODECS = encoders.SOFTWARE
 JPEG_NAME = re.compile(r"s\d+_\d{6,}\.jpg")  # what a jpeg: sink writes, s{stream}_{frame:06d}.jpg
 SPARE_BUFFERS = 2  # per stream, beyond a whole batch: one being drawn, one waiting
 
@@ -170,14 +171,12 @@ class VideoSink(FrameSink):
         path, options = _options(spec)
         if not path:
             raise JetpipeError(f"sink {spec}: name the file, e.g. video:out.mp4")
-        codec = options.get("codec", "h264")
-        if codec not in CODECS:
-            raise JetpipeError(f"sink {spec}: codec {codec!r}: choose h264 or hevc")
-        self.encoder = options.get("encoder", CODECS[codec])
+        self.codec = options.get("codec", "h264")
+        if self.codec not in CODECS:
+            raise JetpipeError(f"sink {spec}: codec {self.codec!r}: choose h264 or hevc")
         self.width = _positive(spec, options, "width")
         self.fps = _positive(spec, options, "fps", float, 30.0)
-        if shutil.which("ffmpeg") is None:
-            raise JetpipeError(f"sink {spec}: needs ffmpeg to encode video: apt install ffmpeg")
+        self.tool, self.encoder = encoders.choose(spec, self.codec, options.get("encoder", "auto"))
         self.paths = [_stream_path(Path(path), i, streams) for i in range(streams)]
         for p in self.paths:
             if p.exists():
@@ -192,16 +191,10 @@ class VideoSink(FrameSink):
         encoder.stdin.write(image.data)
 
     def _start(self, stream: int, size_hw: tuple[int, int]) -> subprocess.Popen:
-        argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-f", "rawvideo",
-                "-pix_fmt", "bgr24", "-s", f"{size_hw[1]}x{size_hw[0]}", "-r", f"{self.fps:g}", "-i", "pipe:0",
-                "-c:v", self.encoder, "-pix_fmt", "yuv420p"]
-        if self.encoder == "libx264":
-            argv += ["-preset", "veryfast"]
-        if self.encoder == "libx265":
-            argv += ["-preset", "veryfast", "-tag:v", "hvc1", "-x265-params", "log-level=error"]
-        argv.append(str(self.paths[stream]))
-        log.info("sink %s: stream %d -> %s (%s, %dx%d)", self.spec, stream, self.paths[stream], self.encoder,
-                 size_hw[1], size_hw[0])
+        build = encoders.gst_argv if self.tool == "gstreamer" else encoders.ffmpeg_argv
+        argv = build(self.encoder, self.codec, size_hw, self.fps, self.paths[stream])
+        log.info("sink %s: stream %d -> %s (%s %s, %dx%d)", self.spec, stream, self.paths[stream], self.tool,
+                 self.encoder, size_hw[1], size_hw[0])
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.encoders[stream] = process
         return process

@@ -102,8 +102,10 @@ class RuntimeBase:
             raise JetpipeError("device-memory frame rings need the GPU runtime")
         return host_ring(count, max_hw[0] * max_hw[1] * 3)
 
-    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False):
-        """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none)."""
+    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False, feed=None, fallback=None):
+        """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none).
+        feed: a network stream's bytes (start/fill/interrupt/stop); fallback(): a host-memory source for a
+        network stream the hardware turns out not to take."""
         return None
 
     def frame_to_host(self, frame, out) -> None:

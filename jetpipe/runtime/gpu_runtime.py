@@ -236,7 +236,8 @@ class GpuRuntime(RuntimeBase):
         with self.device.active():
             if device:
                 allocations = [self.device.alloc(nbytes) for _ in range(count)]
-                return FrameRing(allocations, [int(a) for a in allocations], pinned=False, device=True)
+                return FrameRing(allocations, [int(a) for a in allocations], pinned=False, device=True,
+                                 slot_bytes=nbytes)
             mapped = self.memory == "mapped"
             arrays = [self.device.pinned((nbytes,), np.uint8, mapped=mapped) for _ in range(count)]
         addresses = [self.device.device_pointer(a) if mapped else None for a in arrays]
@@ -249,10 +250,11 @@ class GpuRuntime(RuntimeBase):
         with self.device.active():
             return self.device.free_memory()
 
-    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False):
-        """An NVDEC source (PyNvVideoCodec) for a video file on this GPU, or None, logged why."""
+    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False, feed=None, fallback=None):
+        """An NVDEC source (PyNvVideoCodec) for a video file, or a network stream given its feed, on this
+        GPU; or None, logged why."""
 
-        return open_nvdec(self.device, uri, loop, realtime)
+        return open_nvdec(self.device, uri, loop, realtime, feed, fallback)
 
     def _stage(self, buffers: _BufferSet, row: int, slot: np.ndarray) -> None:
         if self.memory != "mapped":

@@ -5,9 +5,16 @@ output surface, valid until the next Decode call; the source copies it
 device-to-device into the ring slot the frame goes to (a few microseconds for
 1080p) on its own stream, and the preprocessing kernel reads it there.
 Optional (`pip install pynvvideocodec`): without it, on a Jetson (GStreamer's
-nvv4l2decoder serves there), or for a stream NVDEC cannot take (not 8-bit 4:2:0,
+nvv4l2decoder serves there), or for a file NVDEC cannot take (not 8-bit 4:2:0,
 a codec the GPU lacks), open_nvdec() says why and returns None, and the caller
 decodes with FFmpeg.
+
+Network streams come through a feed: an ffmpeg that only remuxes their packets
+into MPEG-TS, read by PyNvVideoCodec's demuxer through a callback. Nothing is
+opened until open() runs in the stream's capture thread (a camera that does not
+answer never holds up start-up), interrupt() ends a connect that hangs, and a
+stream NVDEC turns out not to take is decoded by the fallback (FFmpeg, host
+memory) and copied into the same device slots, said in the log.
 """
 
 from __future__ import annotations
@@ -16,7 +23,10 @@ import logging
 import time
 from collections import deque
 
+import numpy as np
+
 from jetpipe.errors import JetpipeError, worth_logging
+from jetpipe.frames import frame_shape
 from jetpipe.uri import NETWORK_SCHEMES, SourceURI
 from jetpipe.video import EndOfStream, FrameInfo, SourceError
 
@@ -31,16 +41,10 @@ def import_nvdec():
     return nvc
 
 
-def open_nvdec(device, uri: SourceURI, loop: bool = False, realtime: bool = False):
-    """An NvdecSource for a video file, or None (logged why) where NVDEC cannot serve it.
-
-    Network streams stay with FFmpeg for now: this source opens its demuxer (and decodes the first
-    picture) when it is made, which for a camera that does not answer would block start-up with no
-    way to interrupt it; a live NVDEC source must open in its capture thread first."""
-    if uri.scheme in NETWORK_SCHEMES:
-        log.info("source %s: network streams are decoded by FFmpeg (NVDEC serves files)", uri.text)
-        return None
-    if uri.scheme != "file":
+def open_nvdec(device, uri: SourceURI, loop: bool = False, realtime: bool = False, feed=None, fallback=None):
+    """An NvdecSource for a video file or (given its feed) a network stream, or None (logged why) where
+    NVDEC cannot serve it. A file is opened now, so one NVDEC cannot take falls back at once."""
+    if uri.scheme != "file" and not (uri.scheme in NETWORK_SCHEMES and feed is not None):
         return None
     if device.integrated:
         log.debug("source %s: integrated GPU, NVDEC is reached through GStreamer's nvv4l2decoder", uri.text)
@@ -50,11 +54,21 @@ def open_nvdec(device, uri: SourceURI, loop: bool = False, realtime: bool = Fals
         log.info("source %s: NVDEC needs PyNvVideoCodec (pip install pynvvideocodec): decoding with FFmpeg", uri.text)
         return None
     try:
-        return NvdecSource(device, nvc, uri, loop, realtime)
+        return NvdecSource(device, nvc, uri, loop, realtime, feed=feed, fallback=fallback)
     except Exception as exc:  # unsupported codec / chroma / bit depth, unreadable file: FFmpeg says more
-        log.warning("source %s: NVDEC cannot decode it (%s): decoding with FFmpeg", uri.text,
-                    str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        log.warning("source %s: NVDEC cannot decode it (%s): decoding with FFmpeg", uri.text, _first_line(exc))
         return None
+
+
+def _first_line(exc: Exception) -> str:
+    """What an exception says in one line; PyNvVideoCodec's own say it on an "Error Type :" line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    said = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Error Type")), None)
+    return (said or (lines[0] if lines else type(exc).__name__))[:200]
+
+
+class Unsupported(JetpipeError):
+    """A stream NVDEC cannot decode (chroma, bit depth, codec): FFmpeg should."""
 
 
 def _standard(text: str, height: int) -> str:
@@ -76,27 +90,57 @@ class NvdecSource:
     memory = "device"
     decoder_name = "nvdec"
 
-    def __init__(self, device, nvc, uri: SourceURI, loop: bool = False, realtime: bool = False):
+    def __init__(self, device, nvc, uri: SourceURI, loop: bool = False, realtime: bool = False, feed=None,
+                 fallback=None):
         self.device, self.nvc, self.source_uri, self.uri = device, nvc, uri, uri.text
         self.loop, self.realtime, self.live = loop, realtime, uri.live or realtime
-        self.decode_errors = 0
+        self.feed, self.fallback = feed, fallback
+        self._decode_errors = 0
         self._interrupted = False
         self._decoder = self._demuxer = None
+        self._host = None          # the fallback source, once NVDEC turned out not to take the stream
+        self._staging = None       # pinned host frame the fallback decodes into, copied to the slot
+        self.info = None
         with device.active():
             self._stream = device.stream()
-        self._start()  # a file NVDEC cannot take fails here, and the caller falls back
+        if feed is None:
+            self._start()  # a file NVDEC cannot take fails here, and the caller falls back
+
+    @property
+    def decode_errors(self) -> int:
+        host = self._host.decode_errors if self._host is not None else 0
+        return self._decode_errors + host + (self.feed.errors if self.feed is not None else 0)
 
     # --- opening -------------------------------------------------------------------------------------------
+    def _demux(self):
+        nvc = self.nvc
+        if self.feed is None:
+            return nvc.CreateDemuxer(filename=self.source_uri.location)
+        self.feed.start()
+        try:
+            demuxer = nvc.CreateDemuxer(self.feed.fill)
+            failure = None
+        except Exception as exc:
+            demuxer, failure = None, _first_line(exc)
+        if self._interrupted:
+            raise SourceError(f"{self.uri}: stopped")
+        if demuxer is None or self.feed.received == 0:  # refused, unreachable, not a video stream
+            raise SourceError(f"{self.uri}: cannot open ({self.feed.why()}{'; ' + failure if failure else ''})")
+        return demuxer
+
     def _start(self) -> None:
         nvc, device = self.nvc, self.device
         with device.active():
-            demuxer = nvc.CreateDemuxer(filename=self.source_uri.location)
+            demuxer = self._demux()
             chroma, depth = str(demuxer.ChromaFormat()), int(demuxer.BitDepth())
             if "420" not in chroma or depth != 8:
-                raise JetpipeError(f"NVDEC path takes 8-bit 4:2:0 streams, this one is {chroma} {depth}-bit")
-            self._decoder = nvc.CreateDecoder(gpuid=device.ordinal, codec=demuxer.GetNvCodecId(),
-                                              cudacontext=device.context.handle, cudastream=self._stream.handle,
-                                              usedevicememory=True)
+                raise Unsupported(f"NVDEC path takes 8-bit 4:2:0 streams, this one is {chroma} {depth}-bit")
+            try:
+                self._decoder = nvc.CreateDecoder(gpuid=device.ordinal, codec=demuxer.GetNvCodecId(),
+                                                  cudacontext=device.context.handle,
+                                                  cudastream=self._stream.handle, usedevicememory=True)
+            except Exception as exc:
+                raise Unsupported(_first_line(exc)) from None
         self._demuxer, self._packets = demuxer, iter(demuxer)
         self._pending: deque = deque()
         self._index = 0
@@ -106,21 +150,40 @@ class NvdecSource:
         fps = float(demuxer.FrameRate() or 0)
         self._timebase = demuxer.GetTimebaseNum() / max(1, demuxer.GetTimebaseDen())
         self.info = FrameInfo("nv12", height, width, _standard(str(demuxer.ColorSpace()), height),
-                                     _range(str(demuxer.ColorRange())), fps)
+                              _range(str(demuxer.ColorRange())), fps)
         self._frame_bytes = height * width * 3 // 2
         if int(first.framesize()) != self._frame_bytes:
             raise JetpipeError(f"decoded frame of {first.framesize()} bytes, expected NV12 {width}x{height}")
 
     def describe(self) -> str:
-        return f"{self.uri} (nvdec)"
+        return f"{self.uri} ({'ffmpeg: NVDEC cannot take it' if self._host is not None else 'nvdec'})"
 
     def open(self):
+        if self._host is not None:
+            return self._open_host()
         if self._decoder is None:
-            self._start()
+            try:
+                self._start()
+            except Unsupported as exc:
+                if self.fallback is None:
+                    raise
+                log.warning("source %s: NVDEC cannot decode it (%s): decoding with FFmpeg", self.uri, exc)
+                self._close_decoder()
+                self._host = self.fallback()
+                return self._open_host()
         self._next_time = time.monotonic()
         log.info("source %s: nv12 %dx%d %s via NVDEC (device memory)", self.uri, self.info.width, self.info.height,
                  self.info.standard)
         return self.info
+
+    def _open_host(self):
+        """The fallback decodes into a pinned frame that is copied into the device slot."""
+        self.info = info = self._host.open()
+        shape = frame_shape(info.format, info.height, info.width)
+        if self._staging is None or self._staging.shape != shape:
+            with self.device.active():
+                self._staging = self.device.pinned(shape, np.uint8)  # once per stream size, not per frame
+        return info
 
     # --- frames --------------------------------------------------------------------------------------------
     def _next_frame(self):
@@ -134,15 +197,18 @@ class NvdecSource:
                 continue
             if packet is None:
                 if self.source_uri.live:
-                    raise SourceError(f"{self.uri}: stream ended")
+                    why = f" ({self.feed.why()})" if self.feed is not None else ""
+                    raise SourceError(f"{self.uri}: stream ended{why}")
                 raise EndOfStream(self.uri)
             try:
                 with self.device.active():
                     self._pending.extend(self._decoder.Decode(packet))
             except Exception as exc:  # a corrupt packet: counted, the stream goes on
-                self.decode_errors += 1
-                if worth_logging(self.decode_errors):
-                    log.warning("%s: decode error #%d: %s", self.describe(), self.decode_errors, exc)
+                if self._index == 0 and "not supported" in str(exc).lower():  # its codec/profile: before any frame
+                    raise Unsupported(_first_line(exc)) from None
+                self._decode_errors += 1
+                if worth_logging(self._decode_errors):
+                    log.warning("%s: decode error #%d: %s", self.describe(), self._decode_errors, exc)
         return self._pending.popleft()
 
     def _rewind(self) -> None:
@@ -155,6 +221,8 @@ class NvdecSource:
 
     def read_into(self, slot) -> float | None:
         """Copy the next decoded picture into a DeviceSlot (device to device); return its time."""
+        if self._host is not None:
+            return self._read_host(slot)
         frame = self._next_frame()
         if slot.nbytes != self._frame_bytes:
             raise JetpipeError(f"{self.uri}: ring slot of {slot.nbytes} bytes for a {self._frame_bytes}-byte frame")
@@ -163,23 +231,43 @@ class NvdecSource:
             self._stream.synchronize()  # the surface is the decoder's again at the next Decode
         self._index += 1
         fps = self.info.fps
-        if self.realtime and fps > 0:
+        if self.realtime and fps > 0 and self.feed is None:  # a network stream comes at its own pace
             self._next_time += 1.0 / fps
             delay = self._next_time - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
         return frame.getPTS() * self._timebase  # the stream's presentation time, seconds
 
+    def _read_host(self, slot) -> float | None:
+        pts = self._host.read_into(self._staging)
+        if slot.nbytes != self._staging.nbytes:
+            raise JetpipeError(f"{self.uri}: ring slot of {slot.nbytes} bytes for a {self._staging.nbytes}-byte "
+                               "frame")
+        with self.device.active():
+            self.device.cuda.memcpy_htod_async(slot.address, self._staging, self._stream)
+            self._stream.synchronize()  # the staging frame is written again by the next read
+        return pts
+
     # --- stopping ------------------------------------------------------------------------------------------
     def interrupt(self) -> None:
+        """Unblock a connect or read in progress: the feed's ffmpeg is killed, so the demuxer reads its end."""
         self._interrupted = True
+        if self.feed is not None:
+            self.feed.interrupt()
+        if self._host is not None:
+            self._host.interrupt()
 
     def _close_decoder(self) -> None:
         self._pending = deque()
         self._decoder = self._demuxer = self._packets = None  # PyNvVideoCodec frees them with the objects
+        if self.feed is not None:
+            self.feed.stop()
 
     def close(self) -> None:
+        """Ends this connection (a network stream opens again at the next open(): a reconnect)."""
+        if self._host is not None:
+            self._host.close()
         if self._decoder is not None:
             with self.device.active():
                 self._stream.synchronize()
-            self._close_decoder()
+        self._close_decoder()

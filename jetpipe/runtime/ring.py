@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape
 from jetpipe.runtime.api import Frame
 
@@ -28,9 +29,11 @@ class DeviceSlot:
 
 
 class FrameRing:
-    def __init__(self, buffers: list, addresses: list[int | None], pinned: bool, device: bool = False):
-        """buffers: host arrays, or (device=True) device allocations whose addresses are given."""
+    def __init__(self, buffers: list, addresses: list[int | None], pinned: bool, device: bool = False,
+                 slot_bytes: int | None = None):
+        """buffers: host arrays, or (device=True) device allocations of slot_bytes whose addresses are given."""
         self.buffers, self.addresses, self.pinned, self.device = buffers, addresses, pinned, device
+        self.slot_bytes = slot_bytes if slot_bytes is not None else min(b.nbytes for b in buffers)
         self._free = list(range(len(buffers)))
         self._lock = threading.Lock()
 
@@ -52,6 +55,9 @@ class FrameRing:
     def view(self, slot: int, fmt: str, height: int, width: int):
         """Where a source writes this slot's frame: the bytes as a frame array (no copy), or a DeviceSlot."""
         shape = frame_shape(fmt, height, width)
+        if int(np.prod(shape)) > self.slot_bytes:  # a stream larger than it said, or than the ring was sized for
+            raise JetpipeError(f"a {width}x{height} {fmt} frame does not fit the ring slot of {self.slot_bytes} "
+                               "bytes: raise max_frame_hw (pipeline config) to the stream's size")
         if self.device:
             return DeviceSlot(self.addresses[slot], int(np.prod(shape)), fmt, height, width)
         return self.buffers[slot][:int(np.prod(shape))].reshape(shape)

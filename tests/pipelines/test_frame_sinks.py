@@ -6,12 +6,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
 from jetpipe.cli import main
+from jetpipe.errors import JetpipeError
+from jetpipe.pipelines import encoders
 from jetpipe.pipelines.sources import SyntheticCamera
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None,
@@ -72,18 +75,62 @@ def test_video_and_jpeg_sinks_draw_the_tracked_words(det_bundle, tmp_path):
     assert diff[~near].mean() < 6  # elsewhere: the source, up to compression
 
 
-def test_a_sigterm_leaves_a_finished_video(det_bundle, tmp_path):
-    out = tmp_path / "live.mp4"
+needs_x264enc = pytest.mark.skipif(
+    shutil.which("gst-inspect-1.0") is None or subprocess.run(["gst-inspect-1.0", "x264enc"],
+                                                               capture_output=True).returncode != 0,
+    reason="GStreamer's x264enc not installed (apt install gstreamer1.0-plugins-ugly; .ci/run installs it)")
+
+
+@pytest.mark.parametrize("encoder", ["", pytest.param("?encoder=gst:x264enc", marks=needs_x264enc)])
+def test_a_sigterm_leaves_a_finished_video(det_bundle, tmp_path, encoder):
+    """FFmpeg, and GStreamer as it runs on a Jetson (there with nvv4l2h264enc): a finished file either way."""
+    out = tmp_path / "live with space.mp4"
     proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--source",
                              "synthetic://320x240@15/nv12", "--backend", "onnxruntime-cpu", "--metrics", "",
-                             "--sink", f"video:{out}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--sink", f"video:{out}{encoder}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while not (out.exists() and out.stat().st_size > 0) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-500:]
-    assert int(_probe(out)["nb_read_frames"]) > 0  # the container was finalized: ffprobe reads it
+    video = _probe(out)  # the container was finalized: ffprobe reads it
+    assert int(video["nb_read_frames"]) > 0 and (video["codec_name"], video["width"]) == ("h264", 320)
+
+
+@needs_x264enc
+def test_a_gstreamer_encoder_gets_every_drawn_frame(det_bundle, tmp_path):
+    clip = _text_clip(tmp_path / "in.mp4")
+    out = tmp_path / "out.mkv"
+    assert main(["serve", "--bundle", str(det_bundle), "--source", str(clip), "--decoder", "ffmpeg", "--backend",
+                 "onnxruntime-cpu", "--metrics", "", "--sink", f"video:{out}?encoder=gst:x264enc&width=160"]) == 0
+    video = _probe(out)
+    assert (video["codec_name"], video["width"], video["height"]) == ("h264", 160, 120)
+    assert int(video["nb_read_frames"]) == 24
+
+
+def test_auto_takes_nvenc_only_where_a_trial_encode_works(caplog):
+    """No GPU here: FFmpeg builds that list h264_nvenc (Debian's does) must not be trusted by the list."""
+    caplog.set_level("INFO")
+    encoders.nvenc_works.cache_clear()
+    assert encoders.choose("video:x.mp4", "h264", jetson=False) == ("ffmpeg", "libx264")
+    listed = subprocess.run(["ffmpeg", "-hide_banner", "-encoders"], capture_output=True, text=True).stdout
+    if " h264_nvenc " in listed:
+        assert "h264_nvenc is built into ffmpeg but cannot encode here" in caplog.text
+
+
+def test_on_a_jetson_auto_encodes_in_hardware_through_gstreamer(monkeypatch):
+    """No Jetson here: the pipeline it would run, by its text; and without its plugin, one line."""
+    argv = encoders.gst_argv("nvv4l2h265enc", "hevc", (1080, 1920), 29.97, Path("/videos/cam 1.mp4"))
+    text = " ".join(argv)
+    assert argv[:3] == ["gst-launch-1.0", "-q", "-e"] and "location=/videos/cam 1.mp4" in argv
+    assert ("fdsrc fd=0 ! rawvideoparse format=bgr width=1920 height=1080 framerate=2997/100 ! videoconvert ! "
+            "video/x-raw,format=I420 ! nvvidconv ! video/x-raw(memory:NVMM),format=NV12 ! nvv4l2h265enc ! "
+            "h265parse ! mp4mux ! filesink") in text
+    if shutil.which("gst-inspect-1.0") is None:
+        pytest.skip("gst-inspect-1.0 not installed")
+    with pytest.raises(JetpipeError, match="GStreamer has no element 'nvv4l2h264enc' here"):
+        encoders.choose("video:x.mp4", "h264", jetson=True)
 
 
 @pytest.mark.parametrize("sink, message", [
@@ -94,6 +141,7 @@ def test_a_sigterm_leaves_a_finished_video(det_bundle, tmp_path):
     ("video:{tmp}/out.mp4?width=abc", "width='abc': give a number above 0"),
     ("video:{tmp}/out.mp4?fps=0", "fps='0': give a number above 0"),
     ("jpeg:{tmp}?every=-2", "every='-2': give a number above 0"),
+    ("video:{tmp}/out.mp4?encoder=gst:nosuchenc", "GStreamer has no element 'nosuchenc' here"),
 ])
 def test_bad_frame_sinks_are_one_line_at_start(det_bundle, tmp_path, capsys, sink, message):
     (tmp_path / "exists.mp4").write_bytes(b"a user's video")

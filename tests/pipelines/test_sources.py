@@ -22,10 +22,12 @@ from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
 from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, GstSource, SourceError, open_source
+from jetpipe.pipelines.sources.ffmpeg import RemuxFeed
 from jetpipe.pipelines.sources.gstreamer import caps_of, jetson_pipeline
 from jetpipe.preprocess import preprocess_bgr, preprocess_frame
 from jetpipe.spec import PreprocessSpec
 from tests.helpers import residual_cnn, save
+from tests.stream_server import StreamServer
 
 needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None,
                                   reason="ffmpeg/ffprobe not installed (apt install ffmpeg; .ci/run installs it)")
@@ -232,36 +234,6 @@ def test_loop_restarts_the_file(videos):
 
 # --- live sources: reconnect, stop ----------------------------------------------------------------------------
 
-class StreamServer:
-    """A network camera on 127.0.0.1: sends an MPEG-TS file over and over to every client; can be unplugged."""
-
-    def __init__(self, ts_bytes: bytes, port: int = 0):
-        import socketserver
-
-        data = ts_bytes
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self):
-                try:
-                    while not server.closing:
-                        for at in range(0, len(data), 16384):
-                            self.request.sendall(data[at:at + 16384])
-                            time.sleep(0.002)
-                except OSError:
-                    pass
-
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        server = socketserver.ThreadingTCPServer(("127.0.0.1", port), Handler)
-        server.daemon_threads, server.closing = True, False
-        self.server, self.port = server, server.server_address[1]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-
-    def unplug(self):
-        self.server.closing = True
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @needs_ffmpeg
 def test_a_network_stream_that_drops_is_reconnected(videos, tiny_bundle, tmp_path):
     ts = tmp_path / "cam.ts"
@@ -433,3 +405,64 @@ def test_still_synthetic_camera_writes_each_slot_once():
     camera.read_into(slots[1])
     camera.read_into(slots[0])
     assert (slots[0] == 7).all() and first.any() and not np.array_equal(slots[1], first)
+
+
+def _decoded_md5s(path) -> list[str]:
+    """The MD5 of every decoded frame (timestamps aside): equal lists mean the same pictures."""
+    out = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-map", "0:v:0", "-f", "framemd5", "-"],
+                         check=True, capture_output=True, text=True).stdout
+    return [line.split(",")[-1].strip() for line in out.splitlines() if line and not line.startswith("#")]
+
+
+@needs_ffmpeg
+def test_a_remux_feed_passes_a_network_streams_video_on_undecoded(videos, tmp_path):
+    ts = tmp_path / "cam.ts"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(videos["h264"]), "-c", "copy", "-f", "mpegts", str(ts)],
+                   check=True)
+    server = StreamServer(ts.read_bytes(), once=True)
+    feed = RemuxFeed(uris.parse(server.url))
+    got, buffer = bytearray(), np.empty(4096, np.uint8)
+    try:
+        feed.start()
+        while n := feed.fill(buffer):
+            got += buffer[:n].tobytes()
+    finally:
+        feed.stop()
+        server.unplug()
+    assert feed.received == len(got) > 0 and feed.errors == 0
+    remuxed = tmp_path / "remuxed.ts"
+    remuxed.write_bytes(bytes(got))
+    assert _decoded_md5s(remuxed) == _decoded_md5s(videos["h264"])  # every picture, none re-encoded
+
+
+@needs_ffmpeg
+def test_interrupt_ends_a_remux_feed_whose_connect_hangs():
+    server = StreamServer(hang=True)  # accepts, never sends
+    feed = RemuxFeed(uris.parse(server.url))
+    result = []
+    try:
+        feed.start()
+        reader = threading.Thread(target=lambda: result.append(feed.fill(np.empty(4096, np.uint8))))
+        reader.start()
+        reader.join(1.0)
+        assert reader.is_alive()  # blocked on the hanging stream
+        started = time.monotonic()
+        feed.interrupt()
+        reader.join(5)
+        assert not reader.is_alive() and result == [0] and time.monotonic() - started < 5
+    finally:
+        feed.stop()
+        server.unplug()
+
+
+def test_network_streams_offer_the_hardware_decoder_a_remux_feed_and_a_fallback(monkeypatch):
+    monkeypatch.setattr("jetpipe.pipelines.sources.ffmpeg.tools_available", lambda: None)
+    offered = []
+
+    def hardware(uri, loop, realtime, **kw):  # a runtime that takes nothing: FFmpeg decodes
+        offered.append((uri.scheme, kw))
+
+    assert isinstance(open_source("rtsp://127.0.0.1:9/cam", hardware=hardware), FFmpegSource)
+    scheme, kw = offered[0]
+    assert scheme == "rtsp" and isinstance(kw["feed"], RemuxFeed)
+    assert isinstance(kw["fallback"](), FFmpegSource) and kw["feed"].uri.text == "rtsp://127.0.0.1:9/cam"

@@ -4,6 +4,10 @@ Needs PyCUDA, onnxruntime-gpu, PyNvVideoCodec and ffmpeg (to encode the clips at
 """
 
 import shutil
+import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -12,9 +16,11 @@ from jetpipe import uri as uris
 from jetpipe.frames import frame_shape
 from jetpipe.pipelines.config import SourceConfig
 from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.sources import EndOfStream, FFmpegSource
+from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, SourceError, open_source
+from jetpipe.pipelines.sources.ffmpeg import RemuxFeed, remux_command
 from jetpipe.runtime.api import Frame
 from tests.pipelines.test_sources import _config, encode
+from tests.stream_server import StreamServer
 
 pytestmark = pytest.mark.gpu
 
@@ -140,3 +146,133 @@ def test_nvdec_frames_reach_a_drawing_sink_from_gpu_memory(det_bundle, clips, tm
             assert ok and drawn.shape == expected.shape
             assert np.median(np.abs(drawn.astype(int) - expected)) < 6  # the same picture, boxes aside
     capture.release()
+
+
+# --- network streams: NVDEC through an ffmpeg that only remuxes ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def ts_clips(clips, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gputs")
+    out = {}
+    for name in ("h264", "yuv444"):
+        out[name] = folder / f"{name}.ts"
+        subprocess.run(["ffmpeg", "-v", "error", "-i", str(clips[name]), "-c", "copy", "-f", "mpegts",
+                        str(out[name])], check=True)
+    return out
+
+
+SOCKET_TO_PIPE = """
+import socket, sys
+host, port = sys.argv[1].split("://")[1].split(":")
+with socket.create_connection((host, int(port))) as conn:
+    while data := conn.recv(65536):
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+"""
+
+
+@pytest.fixture
+def network_feed(monkeypatch, ts_clips):
+    """The static ffmpeg on the GPU machines dies (SIGSEGV) on socket input: there the remuxing ffmpeg is
+    replaced by a copy from the socket to the pipe (the test streams are MPEG-TS already). The remux
+    itself runs in the CPU tests (test_sources), with Debian's ffmpeg."""
+    server = StreamServer(ts_clips["h264"].read_bytes(), once=True)
+    trial = subprocess.run(remux_command(uris.parse(server.url)), capture_output=True, timeout=30)
+    server.unplug()
+    if trial.returncode != 0 or not trial.stdout:
+        monkeypatch.setattr("jetpipe.pipelines.sources.ffmpeg.remux_command",
+                            lambda uri: [sys.executable, "-c", SOCKET_TO_PIPE, uri.location])
+        return "socket copy"
+    return "ffmpeg"
+
+
+def _read_device_frames(runtime, source, info, count):
+    ring = runtime.frame_ring(count, (info.height, info.width), device=True)
+    for slot in range(count):
+        source.read_into(ring.view(slot, info.format, info.height, info.width))
+    with runtime.device.active():
+        return [runtime.device.cuda.from_device(a, (info.height * info.width * 3 // 2,), np.uint8)
+                for a in ring.addresses]
+
+
+def test_nvdec_decodes_a_network_stream_like_the_file_and_opens_again(runtime, clips, ts_clips, network_feed):
+    server = StreamServer(ts_clips["h264"].read_bytes(), once=True)
+    source = open_source(server.url, hardware=runtime.hardware_decoder)
+    try:
+        assert source.describe().endswith("(nvdec)") and source.memory == "device" and source.info is None
+        info = source.open()  # connects now, in the caller's thread
+        assert (info.format, info.width, info.height) == ("nv12", 1920, 1080)
+        network = _read_device_frames(runtime, source, info, 24)
+        with pytest.raises(SourceError):  # one pass, then the server hangs up: the stream ended
+            source.read_into(runtime.frame_ring(1, (1080, 1920), device=True).view(0, "nv12", 1080, 1920))
+        source.close()
+        again = _read_device_frames(runtime, source, source.open(), 2)  # a reconnect: from the start
+    finally:
+        source.close()
+        server.unplug()
+    _, file_frames = _nvdec_frames(runtime, clips["h264"], 24)
+    with runtime.device.active():
+        from_file = [runtime.device.cuda.from_device(f.address, (f.nbytes,), np.uint8) for f in file_frames]
+    for ours, theirs in zip(network + again, from_file + from_file[:2]):
+        np.testing.assert_array_equal(ours, theirs)
+    assert source.decode_errors == 0
+
+
+def test_a_network_stream_through_nvdec_uploads_no_pixels_and_reconnects(det_bundle, ts_clips, network_feed):
+    server = StreamServer(ts_clips["h264"].read_bytes(), once=True)  # 24 frames a connection
+    config = _config(det_bundle, [SourceConfig(server.url)], backend="onnxruntime-cuda", max_batch=4,
+                     frames=60, reconnect_max_s=0.2, duration=60)
+    try:
+        pipeline = Pipeline(config)
+        assert pipeline.sources[0].describe().endswith("(nvdec)")
+        summary = pipeline.run()
+    finally:
+        server.unplug()
+    assert summary["reconnects"][0] >= 2 and summary["processed"][0] + summary["dropped"][0] == 60
+    assert pipeline.runtime.frame_bytes_uploaded == 0 and pipeline.runtime.host_frame_copies == 0
+
+
+def test_a_network_stream_nvdec_cannot_take_is_decoded_by_ffmpeg_into_device_slots(runtime, clips, ts_clips,
+                                                                                 network_feed, caplog):
+    server = StreamServer(ts_clips["yuv444"].read_bytes(), once=True)  # 4:4:4: not for NVDEC
+    uri = uris.parse(server.url)
+    # the fallback decodes the same stream from its file: the GPU machines' ffmpeg cannot read a socket
+    # (network_feed); FFmpeg reading network streams is tested on the CPU
+    source = runtime.hardware_decoder(uri, feed=RemuxFeed(uri),
+                                      fallback=lambda: FFmpegSource(uris.parse(str(clips["yuv444"]))))
+    try:
+        info = source.open()
+        frames = _read_device_frames(runtime, source, info, 4)
+    finally:
+        source.close()
+        server.unplug()
+    assert "NVDEC cannot decode it" in caplog.text and "decoding with FFmpeg" in caplog.text
+    assert source.describe().endswith("(ffmpeg: NVDEC cannot take it)") and source.memory == "device"
+    _, host = _ffmpeg_yuv(clips["yuv444"], 4)
+    for ours, theirs in zip(frames, host, strict=True):
+        np.testing.assert_array_equal(ours, theirs.reshape(-1))
+
+
+def test_interrupt_ends_an_nvdec_connect_that_hangs(runtime, network_feed):
+    server = StreamServer(hang=True)
+    source = open_source(server.url, hardware=runtime.hardware_decoder)
+    errors = []
+
+    def connect():
+        try:
+            source.open()
+        except SourceError as exc:
+            errors.append(str(exc))
+
+    opener = threading.Thread(target=connect)
+    try:
+        opener.start()
+        opener.join(1.0)
+        assert opener.is_alive()  # waiting for the camera
+        started = time.monotonic()
+        source.interrupt()
+        opener.join(5)
+        assert not opener.is_alive() and time.monotonic() - started < 5 and errors
+    finally:
+        source.close()
+        server.unplug()

@@ -1,7 +1,9 @@
 """Frame rings: preallocated slots, views without copies, device slots for hardware decoders."""
 
 import numpy as np
+import pytest
 
+from jetpipe.errors import JetpipeError
 from jetpipe.runtime.ring import DeviceSlot, FrameRing, host_ring
 
 
@@ -25,9 +27,20 @@ def test_views_and_frames_share_the_slot_memory():
 
 
 def test_device_slots_describe_where_a_decoder_writes():
-    ring = FrameRing([object(), object()], [0x1000, 0x9000], pinned=False, device=True)
+    ring = FrameRing([object(), object()], [0x1000, 0x9000], pinned=False, device=True, slot_bytes=1920 * 1080 * 3)
     slot = ring.view(1, "nv12", 1080, 1920)
     assert slot == DeviceSlot(0x9000, 1920 * 1080 * 3 // 2, "nv12", 1080, 1920)
     frame = ring.frame(1, "nv12", 1080, 1920, "bt709")
     assert frame.device and frame.data is None and frame.address == 0x9000
     assert frame.size() == (1080, 1920) and frame.nbytes == slot.nbytes
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_a_frame_larger_than_the_slot_is_refused_naming_max_frame_hw(device):
+    """A network stream's size is known only when it connects: a 4K stream into 1080p slots must not
+    write past them (on the device nothing else would stop it)."""
+    ring = (FrameRing([object()], [0x1000], pinned=False, device=True, slot_bytes=1920 * 1080 * 3) if device
+            else host_ring(1, 1920 * 1080 * 3))
+    assert ring.view(0, "nv12", 1080, 1920) is not None
+    with pytest.raises(JetpipeError, match="max_frame_hw"):
+        ring.view(0, "nv12", 2160, 3840)

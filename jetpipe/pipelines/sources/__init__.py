@@ -3,8 +3,9 @@
 Every real source delivers YUV as the decoder produced it, written untouched into
 its ring slot; colour is converted on the GPU (or by the CPU runtime's reference
 path). Which decoder (`decoder = "auto"`):
-  - desktop GPU runtime: NVDEC (PyNvVideoCodec) for video files, NV12 in device memory (the
-    runtime's hardware_decoder); FFmpeg for network streams and where NVDEC cannot take the stream
+  - desktop GPU runtime: NVDEC (PyNvVideoCodec) for video files and network streams (an ffmpeg
+    remuxing their packets, no decoding), NV12 in device memory (the runtime's hardware_decoder);
+    FFmpeg where NVDEC cannot take the stream
   - Jetson: GStreamer (nvarguscamerasrc, nvv4l2decoder, v4l2src raw YUY2)
   - elsewhere: FFmpeg (files, RTSP, V4L2) into raw I420 / NV12 / YUYV
   - OpenCV (BGR, on the CPU) only when asked for, or where no ffmpeg is installed (said in the log)
@@ -51,8 +52,9 @@ def open_source(text: str, loop: bool = False, seed: int = 0, realtime: bool = F
             return ImageFolderSource(uri.location, loop, uri=text)
     if uri.scheme == "gst":
         return GstSource(uri, loop, realtime)
+    threads = max(2, (os.cpu_count() or 2) // max(1, streams)) if streams > 1 else None
     if decoder in ("auto", "nvdec") and not gstreamer.is_jetson():
-        source = hardware(uri, loop, realtime) if hardware is not None else None  # None: says why, or not its kind
+        source = _hardware_source(hardware, uri, loop, realtime, threads)
         if source is not None:
             return source
         if decoder == "nvdec":
@@ -64,8 +66,20 @@ def open_source(text: str, loop: bool = False, seed: int = 0, realtime: bool = F
         return OpenCVSource(uri, loop)
     if chosen == "gstreamer":
         return GstSource(uri, loop, realtime, info=_jetson_info(uri))
-    threads = max(2, (os.cpu_count() or 2) // max(1, streams)) if streams > 1 else None
     return FFmpegSource(uri, loop, realtime, threads=threads)
+
+
+def _hardware_source(hardware, uri: uris.SourceURI, loop: bool, realtime: bool, threads: int | None):
+    """The runtime's hardware decoder for `uri`, or None (it said why, or the URI is not its kind).
+
+    Network streams reach it through an ffmpeg that only remuxes their packets; where it cannot take
+    the stream (learnt only when it connects) an FFmpeg source decodes instead."""
+    if hardware is None:
+        return None
+    if uri.scheme not in uris.NETWORK_SCHEMES or ffmpeg.tools_available() is not None:
+        return hardware(uri, loop, realtime)
+    return hardware(uri, loop, realtime, feed=ffmpeg.RemuxFeed(uri),
+                    fallback=lambda: FFmpegSource(uri, loop, realtime, threads=threads))
 
 
 def _choose_decoder(uri: uris.SourceURI, decoder: str) -> str:

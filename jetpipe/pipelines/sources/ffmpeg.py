@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.sources.base import FrameInfo, SourceError
-from jetpipe.pipelines.sources.pipe import PipeSource
+from jetpipe.pipelines.sources.pipe import DecoderProcess, PipeSource
 from jetpipe.uri import SourceURI
 
 # decoder pixel format -> (jetpipe format, ffmpeg output format, range when the format implies one)
@@ -151,3 +151,58 @@ class FFmpegSource(PipeSource):
             argv += ["-vf", f"crop={info.width}:{info.height}:0:0"]
         argv += ["-vsync", "passthrough", "-f", "rawvideo", "-pix_fmt", stream.output_pix_fmt(), "pipe:1"]
         return argv
+
+
+def remux_command(uri: SourceURI) -> list[str]:
+    """ffmpeg copying a network stream's video packets into MPEG-TS on stdout: no decoding, timestamps kept."""
+    return ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *input_args(uri), "-i", uri.location,
+            "-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy", "-f", "mpegts", "-flush_packets", "1", "pipe:1"]
+
+
+class RemuxFeed:
+    """The bytes of a network stream for a hardware decoder's demuxer, from an ffmpeg that only remuxes.
+
+    FFmpeg speaks the protocol (RTSP over TCP, reconnects are the daemon's); the demuxer reads MPEG-TS
+    through fill(). A connect that hangs blocks in a pipe read (GIL released) that interrupt() ends by
+    killing the process: a demuxer reading the network itself could not be stopped."""
+
+    def __init__(self, uri: SourceURI):
+        self.uri = uri
+        self._process: DecoderProcess | None = None
+        self._past_errors = 0
+        self.received = 0  # bytes of this connection
+
+    def start(self) -> None:
+        self.stop()
+        self.received = 0
+        self._process = DecoderProcess(remux_command(self.uri), 0, f"{self.uri.text} (remux)")
+
+    def fill(self, buffer) -> int:
+        """The demuxer's read callback: bytes written into `buffer`, 0 at the end of the stream."""
+        if self._process is None:
+            return 0
+        try:
+            got = self._process.read_chunk(buffer)
+        except TypeError:  # a buffer without the buffer protocol: read, then copy in
+            data = self._process.proc.stdout.read(len(buffer)) or b""
+            buffer[:len(data)] = data
+            got = len(data)
+        self.received += got
+        return got
+
+    @property
+    def errors(self) -> int:
+        return self._past_errors + (self._process.errors if self._process else 0)
+
+    def why(self) -> str:
+        return self._process.why() if self._process else "not started"
+
+    def interrupt(self) -> None:
+        if self._process is not None:
+            self._process.interrupt()
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._past_errors += self._process.errors
+            self._process.close()
+            self._process = None

@@ -36,7 +36,7 @@ def tools_available() -> str | None:
     return None if shutil.which("gst-launch-1.0") else "gst-launch-1.0 not found (apt install gstreamer1.0-tools)"
 
 
-def _quote(value: str) -> str:
+def quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -57,9 +57,9 @@ def jetson_pipeline(uri: SourceURI, info: FrameInfo) -> str:
         return (f"v4l2src device={uri.location} ! image/jpeg,width={w},height={h} ! nvv4l2decoder mjpeg=1 ! "
                 f"{_nv12_out(w, h)}")  # MJPEG cameras: hardware JPEG decode, no BGR detour
     if uri.scheme == "file":
-        return f"filesrc location={_quote(str(Path(uri.location).resolve()))} ! parsebin ! nvv4l2decoder ! " \
+        return f"filesrc location={quote(str(Path(uri.location).resolve()))} ! parsebin ! nvv4l2decoder ! " \
                f"{_nv12_out(w, h)}"
-    return f"rtspsrc location={_quote(uri.location)} latency=200 ! parsebin ! nvv4l2decoder ! {_nv12_out(w, h)}"
+    return f"rtspsrc location={quote(uri.location)} latency=200 ! parsebin ! nvv4l2decoder ! {_nv12_out(w, h)}"
 
 
 def caps_of(pipeline: str, text: str) -> FrameInfo:

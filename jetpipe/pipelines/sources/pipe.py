@@ -72,6 +72,14 @@ class DecoderProcess:
             self.recent.append(f"last frame truncated ({filled} of {self.frame_bytes} bytes)")
         return False
 
+    def read_chunk(self, buffer) -> int:
+        """Whatever the decoder has written, up to len(buffer) bytes (0 at the end): for byte streams that
+        another parser splits (a hardware decoder's demuxer). The GIL is released while the pipe is empty."""
+        try:
+            return self.proc.stdout.readinto(buffer) or 0
+        except (OSError, ValueError):  # closed under us by interrupt()/close()
+            return 0
+
     def finish(self) -> int | None:
         """Wait for the decoder to exit after the end of its output; its exit code (None: did not exit)."""
         try:

@@ -1,0 +1,103 @@
+"""Which video encoder a `video:` sink runs, and its command: FFmpeg or GStreamer, reading drawn BGR on stdin.
+
+`auto`: on a Jetson the hardware encoder through GStreamer (`nvv4l2h264enc`: nvvidconv moves the frame
+into NVMM memory first); elsewhere FFmpeg's NVENC where a one-frame trial encode works (FFmpeg builds
+list h264_nvenc whether or not a GPU with NVENC is there), else the software encoder. No Jetson is at
+hand here: its pipeline is tested by its text, and the same GStreamer writer runs with x264enc in the tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shlex
+import shutil
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.sources import gstreamer
+
+log = logging.getLogger(__name__)
+
+SOFTWARE = {"h264": "libx264", "hevc": "libx265"}
+NVENC = {"h264": "h264_nvenc", "hevc": "hevc_nvenc"}
+JETSON = {"h264": "nvv4l2h264enc", "hevc": "nvv4l2h265enc"}
+PARSERS = {"h264": "h264parse", "hevc": "h265parse"}
+MUXERS = {".mkv": "matroskamux", ".mov": "qtmux"}  # anything else: mp4mux
+GST_PRESETS = {"x264enc": "speed-preset=veryfast", "x265enc": "speed-preset=veryfast"}
+TRIAL_TIMEOUT_S = 20
+
+
+def choose(spec: str, codec: str, requested: str = "auto", jetson: bool | None = None) -> tuple[str, str]:
+    """(tool, encoder): ("ffmpeg", FFmpeg encoder name) or ("gstreamer", element name); one line naming the
+    sink and the fix when the tool or the element is missing."""
+    jetson = gstreamer.is_jetson() if jetson is None else jetson
+    if requested.startswith("gst:"):
+        return "gstreamer", _gst_element(spec, requested[4:])
+    if requested == "auto" and jetson and gstreamer.tools_available() is None:
+        return "gstreamer", _gst_element(spec, JETSON[codec])
+    if shutil.which("ffmpeg") is None:
+        raise JetpipeError(f"sink {spec}: needs ffmpeg to encode video: apt install ffmpeg")
+    if requested != "auto":
+        return "ffmpeg", requested
+    return "ffmpeg", NVENC[codec] if nvenc_works(codec) else SOFTWARE[codec]
+
+
+@functools.cache
+def nvenc_works(codec: str) -> bool:
+    """Whether FFmpeg's NVENC encodes here: listed, and one small frame encodes (a GPU with NVENC, its driver)."""
+    name = NVENC[codec]
+    listed = subprocess.run(["ffmpeg", "-hide_banner", "-encoders"], capture_output=True, text=True,
+                            timeout=TRIAL_TIMEOUT_S).stdout
+    if f" {name} " not in listed:
+        return False
+    trial = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-f", "lavfi", "-i", "color=s=256x256:d=0.04",
+                            "-frames:v", "1", "-c:v", name, "-f", "null", "-"], capture_output=True, text=True,
+                           timeout=TRIAL_TIMEOUT_S)
+    if trial.returncode != 0:
+        why = (trial.stderr.strip().splitlines() or ["no message"])[0][:160]
+        log.info("video sinks: %s is built into ffmpeg but cannot encode here (%s): using %s", name, why,
+                 SOFTWARE[codec])
+        return False
+    return True
+
+
+def _gst_element(spec: str, element: str) -> str:
+    missing = gstreamer.tools_available()
+    if missing:
+        raise JetpipeError(f"sink {spec}: encoding with GStreamer needs {missing}")
+    if subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode != 0:
+        raise JetpipeError(f"sink {spec}: GStreamer has no element {element!r} here (x264enc: apt install "
+                           "gstreamer1.0-plugins-ugly; nvv4l2h264enc: a Jetson with JetPack)")
+    return element
+
+
+def ffmpeg_argv(encoder: str, codec: str, size_hw: tuple[int, int], fps: float, path: Path) -> list[str]:
+    argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-f", "rawvideo",
+            "-pix_fmt", "bgr24", "-s", f"{size_hw[1]}x{size_hw[0]}", "-r", f"{fps:g}", "-i", "pipe:0",
+            "-c:v", encoder, "-pix_fmt", "yuv420p"]
+    if encoder == "libx264":
+        argv += ["-preset", "veryfast"]
+    if encoder == "libx265":
+        argv += ["-preset", "veryfast", "-x265-params", "log-level=error"]
+    if codec == "hevc":
+        argv += ["-tag:v", "hvc1"]  # what players expect of HEVC in MP4
+    return [*argv, str(path)]
+
+
+def gst_argv(element: str, codec: str, size_hw: tuple[int, int], fps: float, path: Path) -> list[str]:
+    """gst-launch-1.0 reading BGR frames on stdin; -e: an interrupt still ends the file properly."""
+    height, width = size_hw
+    rate = Fraction(fps).limit_denominator(1001)
+    if element in JETSON.values():  # the hardware encoder takes NV12 in NVMM memory
+        encode = f"nvvidconv ! video/x-raw(memory:NVMM),format=NV12 ! {element}"
+    else:
+        encode = f"{element} {GST_PRESETS.get(element, '')}".strip()
+    muxer = MUXERS.get(Path(path).suffix.lower(), "mp4mux")
+    pipeline = (f"fdsrc fd=0 ! rawvideoparse format=bgr width={width} height={height} "
+                f"framerate={rate.numerator}/{rate.denominator} ! videoconvert ! video/x-raw,format=I420 ! "
+                f"{encode} ! {PARSERS[codec]} ! {muxer} ! filesink location={gstreamer.quote(str(path))}")
+    # one argv element per token, as the GStreamer sources run theirs (a quoted location keeps its spaces)
+    return ["gst-launch-1.0", "-q", "-e", *shlex.split(pipeline)]
