@@ -37,7 +37,6 @@ from jetpipe.pipelines import annotate, encoders
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
 
-CODECS = encoders.SOFTWARE
 JPEG_NAME = re.compile(r"s\d+_\d{6,}\.jpg")  # what a jpeg: sink writes, s{stream}_{frame:06d}.jpg
 SPARE_BUFFERS = 2  # per stream, beyond a whole batch: one being drawn, one waiting
 
@@ -172,7 +171,7 @@ class VideoSink(FrameSink):
         if not path:
             raise JetpipeError(f"sink {spec}: name the file, e.g. video:out.mp4")
         self.codec = options.get("codec", "h264")
-        if self.codec not in CODECS:
+        if self.codec not in encoders.SOFTWARE:
             raise JetpipeError(f"sink {spec}: codec {self.codec!r}: choose h264 or hevc")
         self.width = _positive(spec, options, "width")
         self.fps = _positive(spec, options, "fps", float, 30.0)

@@ -104,7 +104,7 @@ class RuntimeBase:
 
     def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False, feed=None, fallback=None):
         """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none).
-        feed: a network stream's bytes (start/fill/interrupt/stop); fallback(): a host-memory source for a
+        feed: a network stream's bytes (ffmpeg.RemuxFeed); fallback(): a host-memory source for a
         network stream the hardware turns out not to take."""
         return None
 

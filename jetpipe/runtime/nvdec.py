@@ -109,7 +109,7 @@ class NvdecSource:
     @property
     def decode_errors(self) -> int:
         host = self._host.decode_errors if self._host is not None else 0
-        return self._decode_errors + host + (self.feed.errors if self.feed is not None else 0)
+        return self._decode_errors + host + (self.feed.decode_errors if self.feed is not None else 0)
 
     # --- opening -------------------------------------------------------------------------------------------
     def _demux(self):

@@ -429,7 +429,7 @@ def test_a_remux_feed_passes_a_network_streams_video_on_undecoded(videos, tmp_pa
     finally:
         feed.stop()
         server.unplug()
-    assert feed.received == len(got) > 0 and feed.errors == 0
+    assert feed.received == len(got) > 0 and feed.decode_errors == 0
     remuxed = tmp_path / "remuxed.ts"
     remuxed.write_bytes(bytes(got))
     assert _decoded_md5s(remuxed) == _decoded_md5s(videos["h264"])  # every picture, none re-encoded

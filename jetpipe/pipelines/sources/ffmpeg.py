@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.sources.base import FrameInfo, SourceError
-from jetpipe.pipelines.sources.pipe import DecoderProcess, PipeSource
+from jetpipe.pipelines.sources.pipe import DecoderProcess, DecoderRuns, PipeSource
 from jetpipe.uri import SourceURI
 
 # decoder pixel format -> (jetpipe format, ffmpeg output format, range when the format implies one)
@@ -159,7 +159,7 @@ def remux_command(uri: SourceURI) -> list[str]:
             "-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy", "-f", "mpegts", "-flush_packets", "1", "pipe:1"]
 
 
-class RemuxFeed:
+class RemuxFeed(DecoderRuns):
     """The bytes of a network stream for a hardware decoder's demuxer, from an ffmpeg that only remuxes.
 
     FFmpeg speaks the protocol (RTSP over TCP, reconnects are the daemon's); the demuxer reads MPEG-TS
@@ -168,31 +168,19 @@ class RemuxFeed:
 
     def __init__(self, uri: SourceURI):
         self.uri = uri
-        self._process: DecoderProcess | None = None
-        self._past_errors = 0
         self.received = 0  # bytes of this connection
 
     def start(self) -> None:
-        self.stop()
+        self._end_process()
         self.received = 0
         self._process = DecoderProcess(remux_command(self.uri), 0, f"{self.uri.text} (remux)")
 
     def fill(self, buffer) -> int:
-        """The demuxer's read callback: bytes written into `buffer`, 0 at the end of the stream."""
-        if self._process is None:
-            return 0
-        try:
-            got = self._process.read_chunk(buffer)
-        except TypeError:  # a buffer without the buffer protocol: read, then copy in
-            data = self._process.proc.stdout.read(len(buffer)) or b""
-            buffer[:len(data)] = data
-            got = len(data)
+        """The demuxer's read callback (PyNvVideoCodec hands it a bytearray): bytes written into `buffer`,
+        0 at the end of the stream."""
+        got = self._process.read_chunk(buffer) if self._process is not None else 0
         self.received += got
         return got
-
-    @property
-    def errors(self) -> int:
-        return self._past_errors + (self._process.errors if self._process else 0)
 
     def why(self) -> str:
         return self._process.why() if self._process else "not started"
@@ -202,7 +190,4 @@ class RemuxFeed:
             self._process.interrupt()
 
     def stop(self) -> None:
-        if self._process is not None:
-            self._past_errors += self._process.errors
-            self._process.close()
-            self._process = None
+        self._end_process()

@@ -111,7 +111,25 @@ class DecoderProcess:
         self._stderr.join(timeout=1)
 
 
-class PipeSource:
+class DecoderRuns:
+    """A decoder subprocess that is started again and again (loops, reconnects): the current run and the
+    errors of the runs that ended."""
+
+    _process: DecoderProcess | None = None
+    _past_errors = 0
+
+    @property
+    def decode_errors(self) -> int:
+        return self._past_errors + (self._process.errors if self._process else 0)
+
+    def _end_process(self) -> None:
+        if self._process is not None:
+            self._past_errors += self._process.errors
+            self._process.close()
+            self._process = None
+
+
+class PipeSource(DecoderRuns):
     """A source whose frames come from a decoder subprocess; subclasses say which command and format.
 
     Files end (EndOfStream) or restart when looping; live sources raise
@@ -126,8 +144,6 @@ class PipeSource:
         self.source_uri, self.uri, self.loop, self.realtime = uri, uri.text, loop, realtime
         self.live = uri.live or realtime  # paced sources drop their oldest frame when processing falls behind
         self.info: FrameInfo | None = None
-        self._process: DecoderProcess | None = None
-        self._past_errors = 0
         self._index = 0
         self._interrupted = False
         self._probe_process = None  # a running probe (ffprobe): killed by interrupt()
@@ -147,10 +163,6 @@ class PipeSource:
     def restarts_itself(self) -> bool:
         """The command loops the file by itself (ffmpeg -stream_loop)."""
         return False
-
-    @property
-    def decode_errors(self) -> int:
-        return self._past_errors + (self._process.errors if self._process else 0)
 
     def describe(self) -> str:
         return f"{self.uri} ({self.decoder_name})"
@@ -195,12 +207,6 @@ class PipeSource:
             self._probe_process.kill()
         if self._process is not None:
             self._process.interrupt()
-
-    def _end_process(self) -> None:
-        if self._process is not None:
-            self._past_errors += self._process.errors
-            self._process.close()
-            self._process = None
 
     def close(self) -> None:
         self._end_process()
