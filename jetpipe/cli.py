@@ -198,8 +198,9 @@ def _add_serve(sub) -> None:
                         "(jetpipe[nvdec]), GStreamer/nvv4l2decoder on a Jetson, else FFmpeg into raw YUV; "
                         "opencv: decode and convert to BGR on the CPU")
     p.add_argument("--sink", action="append", metavar="SPEC",
-                   help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4[?width=W&fps=N&codec=hevc] "
-                        "(results drawn on the frames), jpeg:FOLDER[?every=N]")
+                   help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4[?width=W&fps=N&codec=hevc"
+                        "&encoder=E] (results drawn on the frames; E: auto (nvv4l2h264enc on a Jetson, NVENC where "
+                        "it works, else libx264), an FFmpeg encoder, or gst:ELEMENT), jpeg:FOLDER[?every=N]")
     p.add_argument("--max-batch", type=int, help="frames per GPU batch (default: the bundle's)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")

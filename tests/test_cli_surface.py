@@ -191,3 +191,8 @@ def test_other_libraries_info_lines_stay_quiet(made, capsys):
     assert main(["inspect", made["bundle"]]) == 0
     for name in ("matplotlib", "onnxslim", "PyNvVideoCodec"):
         assert logging.getLogger(name).getEffectiveLevel() >= logging.WARNING, name
+
+
+def test_serve_help_names_the_video_sinks_encoder_choice():
+    text = next(p for p in parsers(build_parser()) if p.prog == "jetpipe serve").format_help()
+    assert "encoder=E" in text and "gst:ELEMENT" in text and "nvv4l2h264enc" in text
