@@ -6,6 +6,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 
 from jetpipe import __version__
 from jetpipe.runtime.probe import probe_gpu
@@ -44,6 +45,24 @@ def _nvcc() -> str:
     return f"{path} ({out[-1] if out else 'unknown version'})"
 
 
+def _package(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _video() -> str:
+    """Which decoders `--decoder auto` can pick from here (nothing is imported or started)."""
+    pyav, nvdec = _package("av"), _package("pynvvideocodec")
+    parts = [f"files in-process: PyAV {pyav}" if pyav else "PyAV not installed (pip install av)",
+             "streams: ffmpeg" if shutil.which("ffmpeg") else "ffmpeg not found (apt install ffmpeg)",
+             f"NVDEC: PyNvVideoCodec {nvdec}" if nvdec else "NVDEC: not installed (pip install 'jetpipe[nvdec]')"]
+    if shutil.which("gst-launch-1.0"):
+        parts.append("GStreamer: gst-launch-1.0")
+    return "; ".join(parts)
+
+
 def run_doctor(trt_selftest: bool = False) -> int:
     _line("jetpipe", __version__)
     _line("python", f"{platform.python_version()} ({sys.executable})")
@@ -57,6 +76,7 @@ def run_doctor(trt_selftest: bool = False) -> int:
     rtx = import_family("tensorrt-rtx")
     _line("tensorrt-rtx", f"{rtx.__version__} (convert --engine-family tensorrt-rtx)" if rtx else "not installed")
     _line("nvcc", _nvcc())
+    _line("video", _video())
     if not trt_selftest:
         return 0
     if trt is None and rtx is None:

@@ -6,8 +6,9 @@
 1080p30 H.264 and HEVC files are encoded with ffmpeg at run time (testsrc2, 10 s).
 For each codec and stream count, each path runs in its own process (so CPU time
 and RSS are its own): jetpipe's NVDEC path (PyNvVideoCodec, NV12 in device
-memory), jetpipe's FFmpeg path (raw YUV on a pipe), and the old OpenCV path (BGR
-on the CPU); files loop and are offered as fast as they go (every frame
+memory), jetpipe's FFmpeg path (raw YUV: files decoded in-process by PyAV; `ffmpeg-pipe`
+forces the ffmpeg subprocess writing to a pipe that network streams use), and the old
+OpenCV path (BGR on the CPU); files loop and are offered as fast as they go (every frame
 processed: saturated throughput). Then N streams paced at 30 fps (--realtime,
 NVDEC): drops and latency against two batch periods. And the engine alone
 (ONNX Runtime CUDA EP on device buffers, batch 8). Model: PP-OCRv4 det 640x640
@@ -33,7 +34,7 @@ root = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(root), str(root / "scripts")]
 
 BATCH = 8
-PATHS = ("nvdec", "ffmpeg", "opencv")
+PATHS = ("nvdec", "ffmpeg", "ffmpeg-pipe", "opencv")
 
 
 def encode(folder: Path, codec: str, seconds: float) -> Path:
@@ -51,8 +52,13 @@ def child(args) -> None:
 
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
     from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.sources import pyav
 
-    sources = [SourceConfig(args.clip, loop=True, realtime=args.realtime, decoder=args.decoder)
+    decoder = args.decoder
+    if decoder == "ffmpeg-pipe":  # files as network streams are decoded: by an ffmpeg process, through a pipe
+        pyav.missing = lambda: "ffmpeg-pipe row of the benchmark"
+        decoder = "ffmpeg"
+    sources = [SourceConfig(args.clip, loop=True, realtime=args.realtime, decoder=decoder)
                for _ in range(args.streams)]
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=sources, duration=args.seconds,
                                      max_batch=BATCH, backend=args.backend, metrics_listen="",

@@ -21,7 +21,7 @@ from jetpipe.frames import ColourMatrix, frame_shape
 from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, GstSource, SourceError, open_source
+from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, GstSource, PyAVSource, SourceError, open_source
 from jetpipe.pipelines.sources.ffmpeg import RemuxFeed
 from jetpipe.pipelines.sources.gstreamer import caps_of, jetson_pipeline
 from jetpipe.preprocess import preprocess_bgr, preprocess_frame
@@ -54,6 +54,7 @@ def videos(tmp_path_factory):
         "mjpeg420": encode(folder / "mjpeg420.avi", "320x240", 10, "mjpeg", "yuvj420p"),
         "odd": encode(folder / "odd.mp4", "641x481", 10, pix_fmt="yuv444p"),
         "portrait": encode(folder / "portrait.mp4", "240x320", 10),
+        "odd420": encode(folder / "odd420.mkv", "641x481", 10, "ffv1"),
     }
 
 
@@ -69,6 +70,15 @@ def ffmpeg_decode(path, pix_fmt, vf=None) -> bytes:
     argv = ["ffmpeg", "-v", "error", "-i", str(path), *(["-vf", vf] if vf else []), "-f", "rawvideo",
             "-pix_fmt", pix_fmt, "pipe:1"]
     return subprocess.run(argv, capture_output=True, check=True).stdout
+
+
+def corrupted_copy(path, out):
+    """The file with 4000 random bytes in its middle (an H.264 stretch the decoder cannot read)."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 4000] = bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))
+    out.write_bytes(bytes(data))
+    return out
 
 
 def read_all(source):
@@ -156,6 +166,89 @@ def test_ffmpeg_delivers_the_decoders_yuv(videos, name, fmt, standard, value_ran
 
 
 @needs_ffmpeg
+@pytest.mark.parametrize("name, fmt, value_range, size, reference, vf", [
+    ("h264", "i420", "limited", (240, 320), "yuv420p", None),
+    ("hevc", "i420", "limited", (720, 1280), "yuv420p", None),
+    # planar 4:2:2 repacked value for value: full range stays full (the pipe path has swscale rescale it)
+    ("mjpeg", "yuyv", "full", (240, 320), "yuyv422", "scale=in_range=pc:out_range=pc"),
+    ("mjpeg420", "i420", "full", (240, 320), "yuvj420p", None),
+    ("portrait", "i420", "limited", (320, 240), "yuv420p", None),
+    ("odd420", "i420", "limited", (480, 640), "yuv420p", "crop=640:480:0:0"),  # 641x481: planes cropped
+])
+def test_in_process_ffmpeg_delivers_the_decoders_planes_bit_exact(videos, name, fmt, value_range, size, reference,
+                                                                   vf):
+    source = PyAVSource(uris.parse(str(videos[name])))
+    info, frames = read_all(source)
+    assert (info.format, info.range, (info.height, info.width)) == (fmt, value_range, size)
+    expected = np.frombuffer(ffmpeg_decode(videos[name], reference, vf), np.uint8)
+    assert np.array_equal(np.concatenate([f.reshape(-1) for f in frames]), expected)
+    assert source.decode_errors == 0
+
+
+@needs_ffmpeg
+def test_in_process_ffmpeg_converts_what_the_kernel_cannot_read_to_nv12(videos):
+    """4:4:4 (and 10-bit) become NV12 through swscale: luma untouched, chroma subsampled. The chroma is
+    compared within a tolerance: FFmpeg builds place subsampled chroma differently (PyAV's FFmpeg 8 against
+    Debian's 5.1: 0 levels at the median, large only on the test pattern's sharp colour edges)."""
+    info, frames = read_all(PyAVSource(uris.parse(str(videos["odd"]))))
+    assert (info.format, info.height, info.width) == ("nv12", 480, 640)
+    expected = np.frombuffer(ffmpeg_decode(videos["odd"], "nv12", "crop=640:480:0:0"), np.uint8).reshape(-1, 720, 640)
+    got = np.stack(frames).astype(np.int16)
+    assert np.array_equal(got[:, :480], expected[:, :480])
+    chroma = np.abs(got[:, 480:] - expected[:, 480:])
+    assert np.median(chroma) == 0 and chroma.mean() < 3 and np.percentile(chroma, 90) <= 4, chroma.mean()
+
+
+@needs_ffmpeg
+def test_in_process_ffmpeg_counts_a_corrupted_stretch_and_goes_on(videos, tmp_path, caplog):
+    broken = corrupted_copy(videos["h264"], tmp_path / "broken.mp4")
+    source = PyAVSource(uris.parse(str(broken)))
+    _, frames = read_all(source)
+    assert source.decode_errors > 0 and 30 < len(frames) < 45
+    assert "decode error #1" in caplog.text
+
+
+@needs_ffmpeg
+def test_in_process_ffmpeg_scales_frames_that_change_size_mid_file_and_counts_it(tmp_path):
+    """The ring slots are sized for the first frames: a file that switches to 160x120 keeps delivering every
+    frame at 320x240 (scaled), and the change is a counted decode error, not a crash or a silent end."""
+    parts = []
+    for size in ("320x240", "160x120"):
+        parts.append(encode(tmp_path / f"{size}.ts", size, 10, extra=("-f", "mpegts")).read_bytes())
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes(b"".join(parts))
+    source = PyAVSource(uris.parse(str(joined)))
+    info, frames = read_all(source)
+    assert (info.width, info.height, len(frames), source.decode_errors) == (320, 240, 20, 1)
+    second = np.frombuffer(ffmpeg_decode(tmp_path / "160x120.ts", "yuv420p"), np.uint8)[:160 * 120].reshape(120, 160)
+    scaled_luma = frames[10][:240].reshape(120, 2, 160, 2).mean(axis=(1, 3))
+    assert np.abs(scaled_luma - second).mean() < 8  # the second part's picture, scaled up
+
+
+@needs_ffmpeg
+def test_in_process_ffmpeg_loops_with_running_timestamps_and_paces_in_realtime(videos):
+    source = PyAVSource(uris.parse(str(videos["mjpeg"])), loop=True, realtime=True)  # 10 frames at 30 fps
+    info = source.open()
+    slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+    started = time.monotonic()
+    pts = [source.read_into(slot) for _ in range(25)]
+    took = time.monotonic() - started
+    source.close()
+    assert pts == pytest.approx([i / 30 for i in range(25)])
+    assert took >= 0.7  # paced: 24 frame periods after the first (0.8 s), not as fast as it decodes
+
+
+@needs_ffmpeg
+def test_files_decode_in_process_and_streams_through_an_ffmpeg_process(videos, monkeypatch, caplog):
+    assert isinstance(open_source(str(videos["h264"])), PyAVSource)
+    assert isinstance(open_source(str(videos["h264"]), decoder="ffmpeg"), PyAVSource)
+    assert isinstance(open_source("rtsp://127.0.0.1:9/cam"), FFmpegSource)
+    monkeypatch.setattr("jetpipe.pipelines.sources.pyav.missing", lambda: "PyAV is not installed (test)")
+    assert isinstance(open_source(str(videos["h264"])), FFmpegSource)
+    assert "PyAV is not installed (test); decoding through an ffmpeg process" in caplog.text
+
+
+@needs_ffmpeg
 @pytest.mark.parametrize("name", ["h264", "hevc", "mjpeg", "mjpeg420"])
 def test_cpu_conversion_of_ffmpeg_yuv_matches_ffmpegs_own_rgb(videos, name):
     """Our colour conversion of the delivered YUV vs FFmpeg's own YUV -> BGR, on the network input."""
@@ -194,11 +287,7 @@ def test_every_frame_of_a_file_is_processed_with_uri_and_pts(videos, tiny_bundle
 
 @needs_ffmpeg
 def test_a_file_corrupted_mid_stream_is_counted_not_a_silent_end(videos, tiny_bundle, tmp_path, caplog):
-    data = bytearray(videos["h264"].read_bytes())
-    middle = len(data) // 2
-    data[middle:middle + 4000] = bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))
-    broken = tmp_path / "broken.mp4"
-    broken.write_bytes(bytes(data))
+    broken = corrupted_copy(videos["h264"], tmp_path / "broken.mp4")
     summary = Pipeline(_config(tiny_bundle, [SourceConfig(str(broken))], task="raw")).run()
     assert summary["decode_errors"][0] > 0
     assert summary["processed"][0] == summary["captured"][0] > 0
@@ -353,6 +442,8 @@ def test_without_ffmpeg_the_opencv_path_is_taken_and_said(videos, monkeypatch, c
     from jetpipe.pipelines.sources import OpenCVSource
 
     monkeypatch.setenv("PATH", "/nonexistent")
+    assert isinstance(open_source(str(videos["h264"])), PyAVSource)  # FFmpeg's libraries need no ffmpeg binary
+    monkeypatch.setattr("jetpipe.pipelines.sources.pyav.missing", lambda: "PyAV is not installed (test)")
     source = open_source(str(videos["h264"]))
     assert isinstance(source, OpenCVSource)
     assert "ffmpeg and ffprobe not found on PATH (apt install ffmpeg); decoding with OpenCV" in caplog.text

@@ -16,7 +16,7 @@ from jetpipe import uri as uris
 from jetpipe.frames import frame_shape
 from jetpipe.pipelines.config import SourceConfig
 from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, SourceError, open_source
+from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, PyAVSource, SourceError, open_source
 from jetpipe.pipelines.sources.ffmpeg import RemuxFeed, remux_command
 from jetpipe.runtime.api import Frame
 from tests.pipelines.test_sources import _config, encode
@@ -63,8 +63,8 @@ def _nvdec_frames(runtime, clip, count, loop=False):
     return info, frames
 
 
-def _ffmpeg_yuv(clip, count):
-    source = FFmpegSource(uris.parse(str(clip)))
+def _ffmpeg_yuv(clip, count, source_class=FFmpegSource):
+    source = source_class(uris.parse(str(clip)))
     info = source.open()
     frames = []
     try:
@@ -89,10 +89,11 @@ def test_nvdec_loops_without_losing_or_repeating_frames(runtime, clips, name):
     assert not np.array_equal(pixels[length - 1], pixels[0])
 
 
+@pytest.mark.parametrize("source_class", [FFmpegSource, PyAVSource])  # an ffmpeg process; in-process
 @pytest.mark.parametrize("name", ["h264", "hevc"])
-def test_nvdec_kernel_output_equals_ffmpeg_yuv_kernel_output(runtime, clips, name):
+def test_nvdec_kernel_output_equals_ffmpeg_yuv_kernel_output(runtime, clips, name, source_class):
     info, device_frames = _nvdec_frames(runtime, clips[name], 4)
-    ff_info, host = _ffmpeg_yuv(clips[name], 4)  # I420, as the decoder gave it
+    ff_info, host = _ffmpeg_yuv(clips[name], 4, source_class)  # I420, as the decoder gave it
     assert (info.height, info.width) == (ff_info.height, ff_info.width)
     # the same colour interpretation for both, so that only the decoders' pixels are compared
     ours = runtime.preprocess_only(device_frames)
@@ -116,7 +117,7 @@ def test_nvdec_pipeline_copies_no_pixels_on_the_host_and_processes_every_frame(d
 def test_a_stream_nvdec_cannot_take_falls_back_to_ffmpeg_and_says_why(det_bundle, clips, caplog):
     config = _config(det_bundle, [SourceConfig(str(clips["yuv444"]))], backend="onnxruntime-cuda", max_batch=4)
     pipeline = Pipeline(config)
-    assert pipeline.sources[0].describe().endswith("(ffmpeg)")
+    assert pipeline.sources[0].describe().endswith("(ffmpeg in-process)")
     assert "NVDEC cannot decode it" in caplog.text and "decoding with FFmpeg" in caplog.text
     summary = pipeline.run()
     assert summary["processed"] == [8]

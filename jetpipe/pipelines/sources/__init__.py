@@ -7,7 +7,8 @@ path). Which decoder (`decoder = "auto"`):
     remuxing their packets, no decoding), NV12 in device memory (the runtime's hardware_decoder);
     FFmpeg where NVDEC cannot take the stream
   - Jetson: GStreamer (nvarguscamerasrc, nvv4l2decoder, v4l2src raw YUY2)
-  - elsewhere: FFmpeg (files, RTSP, V4L2) into raw I420 / NV12 / YUYV
+  - elsewhere: FFmpeg into raw I420 / NV12 / YUYV: files decoded in this process (PyAV, one copy per
+    frame), network streams and V4L2 cameras by an ffmpeg process (killable while a connect hangs)
   - OpenCV (BGR, on the CPU) only when asked for, or where no ffmpeg is installed (said in the log)
 """
 
@@ -18,15 +19,16 @@ import os
 
 from jetpipe import uri as uris
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.sources import ffmpeg, gstreamer
+from jetpipe.pipelines.sources import ffmpeg, gstreamer, pyav
 from jetpipe.pipelines.sources.base import EndOfStream, FrameInfo, Source, SourceError
 from jetpipe.pipelines.sources.ffmpeg import FFmpegSource
 from jetpipe.pipelines.sources.gstreamer import GstSource
 from jetpipe.pipelines.sources.opencv import ImageFolderSource, OpenCVSource
+from jetpipe.pipelines.sources.pyav import PyAVSource
 from jetpipe.pipelines.sources.synthetic import SyntheticCamera
 
 __all__ = ["DECODERS", "EndOfStream", "FFmpegSource", "FrameInfo", "GstSource", "ImageFolderSource",
-           "OpenCVSource", "Source", "SourceError", "SyntheticCamera", "open_source"]
+           "OpenCVSource", "PyAVSource", "Source", "SourceError", "SyntheticCamera", "open_source"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ def open_source(text: str, loop: bool = False, seed: int = 0, realtime: bool = F
         return OpenCVSource(uri, loop)
     if chosen == "gstreamer":
         return GstSource(uri, loop, realtime, info=_jetson_info(uri))
+    if chosen == "pyav":
+        return PyAVSource(uri, loop, realtime, threads=threads)
     return FFmpegSource(uri, loop, realtime, threads=threads)
 
 
@@ -89,6 +93,11 @@ def _choose_decoder(uri: uris.SourceURI, decoder: str) -> str:
         return "gstreamer"
     if decoder == "auto":
         decoder = "gstreamer" if gstreamer.is_jetson() and not gstreamer.tools_available() else "ffmpeg"
+    if decoder == "ffmpeg" and uri.scheme == "file":
+        why_not = pyav.missing()
+        if why_not is None:
+            return "pyav"
+        log.warning("source %s: %s; decoding through an ffmpeg process (more CPU per frame)", uri.text, why_not)
     missing = ffmpeg.tools_available() if decoder == "ffmpeg" else \
         gstreamer.tools_available() if decoder == "gstreamer" else None
     if missing:

@@ -49,8 +49,9 @@ class StreamFormat:
     color_space: str
     color_range: str
 
-    def frame_info(self) -> FrameInfo:
-        fmt, _, implied_range = NATIVE.get(self.pix_fmt, FALLBACK)
+    def frame_info(self, native: dict = NATIVE) -> FrameInfo:
+        """What frames of this stream become; `native`: decoder pixel format -> (format, _, implied range)."""
+        fmt, _, implied_range = native.get(self.pix_fmt, FALLBACK)
         if self.color_space == "bt709":
             standard = "bt709"
         elif self.color_space in BT601_SPACES:
@@ -149,7 +150,9 @@ class FFmpegSource(PipeSource):
         argv += ["-i", self.source_uri.location, "-map", "0:v:0", "-an", "-sn"]
         if (info.width, info.height) != (stream.width, stream.height):
             argv += ["-vf", f"crop={info.width}:{info.height}:0:0"]
-        argv += ["-vsync", "passthrough", "-f", "rawvideo", "-pix_fmt", stream.output_pix_fmt(), "pipe:1"]
+        # avioflags direct: each frame goes to the pipe in one write, not copied through a 32 KiB buffer first
+        argv += ["-vsync", "passthrough", "-f", "rawvideo", "-pix_fmt", stream.output_pix_fmt(),
+                 "-avioflags", "direct", "pipe:1"]
         return argv
 
 

@@ -1,0 +1,251 @@
+"""Video files decoded in this process by FFmpeg's libraries (PyAV): the decoder's YUV planes copied once,
+straight into the ring slot.
+
+An ffmpeg subprocess writing raw frames to a pipe costs, per 1080p frame, a copy
+into its output buffer, two kernel copies through the pipe and the syscalls
+around them: 3-6 ms of CPU on top of decoding (measured on 1080p H.264, see
+docs/benchmarks.md), more than OpenCV spends converting colour. Here the only
+copy is plane -> slot; decoding runs in FFmpeg's threads with the GIL released.
+
+Files only: opening a network stream or a camera can hang inside FFmpeg, and
+PyAV offers no way to interrupt it from another thread; those stay on the ffmpeg
+subprocess, which a stopping daemon kills. Frames stay YUV as decoded (I420,
+NV12, YUYV, UYVY); planar 4:2:2 (MJPEG) is repacked to YUYV without changing a
+value; other layouts (4:4:4, 10-bit) are converted to NV12 by swscale.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from fractions import Fraction
+
+import numpy as np
+
+from jetpipe.errors import JetpipeError, worth_logging
+from jetpipe.pipelines.sources.base import EndOfStream, FrameInfo, SourceError
+from jetpipe.pipelines.sources.ffmpeg import NATIVE, StreamFormat
+from jetpipe.uri import SourceURI
+
+log = logging.getLogger(__name__)
+
+# planar 4:2:2 is repacked here value for value, so full-range MJPEG stays full range (swscale would rescale it)
+PYAV_NATIVE = {**NATIVE, "yuv422p": ("yuyv", "yuv422p", None), "yuvj422p": ("yuyv", "yuvj422p", "full")}
+# AVColorSpace / AVColorRange codes -> the names ffprobe prints (StreamFormat speaks those)
+COLOR_SPACES = {1: "bt709", 4: "fcc", 5: "bt470bg", 6: "smpte170m", 7: "smpte240m"}
+COLOR_RANGES = {1: "tv", 2: "pc"}
+
+
+def missing() -> str | None:
+    """None when PyAV can be imported, else why not (with the fix)."""
+    try:
+        import av  # noqa: F401
+    except ImportError as exc:
+        return f"PyAV is not installed ({exc}): pip install av"
+    return None
+
+
+def _open(location: str, name: str):
+    import av
+
+    try:
+        container = av.open(location, metadata_errors="ignore")
+    except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
+        raise SourceError(f"cannot open {name}: {str(exc)[:200]} (is it a video FFmpeg can read?)") from None
+    if not container.streams.video:
+        container.close()
+        raise SourceError(f"cannot open {name}: no video stream (is it a video FFmpeg can read?)")
+    return container
+
+
+def stream_format(stream) -> StreamFormat:
+    context = stream.codec_context
+    if not context.width or not context.height or context.format is None:
+        raise SourceError("the video stream has no frame size or pixel format")
+    rate = stream.average_rate or stream.guessed_rate or Fraction(0)
+    return StreamFormat(codec=context.name, width=context.width, height=context.height,
+                        pix_fmt=context.format.name, fps=float(rate),
+                        color_space=COLOR_SPACES.get(int(context.colorspace), "unknown"),
+                        color_range=COLOR_RANGES.get(int(context.color_range), "unknown"))
+
+
+class PyAVSource:
+    """A video file decoded in-process; every frame delivered (files wait for room), or paced with realtime."""
+
+    memory = "host"
+    live = False
+
+    def __init__(self, uri: SourceURI, loop: bool = False, realtime: bool = False, threads: int | None = None):
+        """threads: decoder threads (None: FFmpeg's choice, one per core)."""
+        if uri.scheme != "file":
+            raise JetpipeError(f"source {uri.text}: in-process decoding is for files; streams use the ffmpeg process")
+        self.source_uri, self.uri, self.loop, self.realtime, self.threads = uri, uri.text, loop, realtime, threads
+        self.live = realtime  # paced like a camera: drop-oldest when processing falls behind
+        self.decode_errors = 0
+        self._container = self._packets = self._reformatter = None
+        self._pending: list = []  # frames a packet gave beyond the first
+        self._changed_to = None  # the layout frames changed to mid-file (scaled back), if they did
+        self._offset = self._last_pts = 0.0
+        self._clock = None  # realtime: monotonic time of pts 0
+        self._stopped = threading.Event()
+        try:  # a file that cannot be opened fails now, in one line, not in a reconnect loop
+            container = _open(uri.location, uri.text)
+            try:
+                self.stream = stream_format(container.streams.video[0])
+            finally:
+                container.close()
+        except SourceError as exc:
+            raise JetpipeError(str(exc)) from None
+        self.info: FrameInfo = self.stream.frame_info(PYAV_NATIVE)
+        self._writer = _writer_for(self.stream.pix_fmt, self.info)
+
+    def describe(self) -> str:
+        return f"{self.uri} (ffmpeg in-process)"
+
+    def open(self) -> FrameInfo:
+        self.close()
+        self._container = _open(self.source_uri.location, self.uri)
+        stream = self._container.streams.video[0]
+        stream.thread_type = "AUTO"  # frame and slice threads
+        stream.thread_count = self.threads or 0
+        self._packets = self._container.demux(stream)
+        self._start = float(stream.start_time * stream.time_base) if stream.start_time is not None else None
+        log.info("source %s: %s %dx%d %s %s range, decoded in-process by FFmpeg (PyAV, %s threads)", self.uri,
+                 self.info.format, self.info.width, self.info.height, self.info.standard, self.info.range,
+                 self.threads or "auto")
+        return self.info
+
+    def read_into(self, slot: np.ndarray) -> float | None:
+        frame = self._next_frame()
+        if frame is None and self.loop and not self._stopped.is_set():
+            self._offset = self._last_pts + (1.0 / self.info.fps if self.info.fps > 0 else 0.0)
+            self.open()  # decode the file again; timestamps go on from where it ended
+            frame = self._next_frame()
+        if frame is None:
+            raise EndOfStream(self.uri)
+        if (frame.width, frame.height, frame.format.name) != (self.stream.width, self.stream.height,
+                                                               self.stream.pix_fmt):
+            frame = self._as_first_frames(frame)
+        self._writer(frame, slot, self)
+        pts = self._pts(frame)
+        if self.realtime:
+            self._pace(pts)
+        return pts
+
+    def _next_frame(self):
+        """The next decoded frame, None at the end (or when interrupted). Decode errors are counted, not fatal."""
+        import av
+
+        while not self._pending:
+            if self._stopped.is_set() or self._packets is None:
+                return None
+            try:
+                packet = next(self._packets)
+            except StopIteration:
+                self._packets = None
+                return None
+            except av.error.FFmpegError as exc:  # the container itself is damaged: what was read is all
+                self._count(f"demuxing: {exc}")
+                self._packets = None
+                return None
+            try:
+                self._pending = list(packet.decode())  # the last (empty) packet flushes the decoder
+            except av.error.FFmpegError as exc:
+                self._count(str(exc))
+        frame = self._pending.pop(0)
+        if getattr(frame, "is_corrupt", False):
+            self._count("frame decoded with errors (concealed)")
+        return frame
+
+    def _pts(self, frame) -> float | None:
+        if frame.time is None:
+            return None
+        if self._start is None:
+            self._start = frame.time
+        self._last_pts = self._offset + frame.time - self._start
+        return self._last_pts
+
+    def _pace(self, pts: float | None) -> None:
+        if pts is None:
+            return
+        now = time.monotonic()
+        if self._clock is None:
+            self._clock = now - pts
+        self._stopped.wait(max(0.0, self._clock + pts - now))
+
+    def _count(self, why: str) -> None:
+        self.decode_errors += 1
+        if worth_logging(self.decode_errors):
+            log.warning("%s: decode error #%d: %s", self.describe(), self.decode_errors, why[:200])
+
+    def _as_first_frames(self, frame):
+        """A frame whose size or layout changed mid-file, scaled back to the stream's first (the ring slots are
+        sized for it); each change counted once, so that it is seen."""
+        layout = (frame.width, frame.height, frame.format.name)
+        if layout != self._changed_to:
+            self._changed_to = layout
+            self._count(f"frames changed to {frame.width}x{frame.height} {frame.format.name} mid-stream: scaled "
+                        f"to {self.stream.width}x{self.stream.height} {self.stream.pix_fmt}")
+        return self._swscale(frame, format=self.stream.pix_fmt, width=self.stream.width, height=self.stream.height)
+
+    def reformat_to_nv12(self, frame):
+        """Layouts the kernel does not read (4:4:4, 10-bit): NV12 by swscale."""
+        return self._swscale(frame, format="nv12")
+
+    def _swscale(self, frame, **target):
+        if self._reformatter is None:  # its scaling context is kept between frames
+            from av.video.reformatter import VideoReformatter
+
+            self._reformatter = VideoReformatter()
+        return self._reformatter.reformat(frame, interpolation="AREA", **target)
+
+    def interrupt(self) -> None:
+        self._stopped.set()
+
+    def close(self) -> None:
+        self._packets, self._pending = None, []
+        if self._container is not None:
+            self._container.close()
+            self._container = None
+
+
+# --- frame -> slot: the decoder's planes, cropped to even sizes -----------------------------------------------
+
+def _plane(frame, index: int, rows: int, row_bytes: int) -> np.ndarray:
+    plane = frame.planes[index]
+    pitch = plane.line_size
+    return np.frombuffer(plane, np.uint8, count=rows * pitch).reshape(rows, pitch)[:, :row_bytes]
+
+
+def _copy_planes(layout):
+    """A writer copying planes (index, rows, bytes per row) one after another into the flat slot."""
+    def write(frame, slot, _source):
+        flat, at = slot.reshape(-1), 0
+        for index, rows, row_bytes in layout:
+            np.copyto(flat[at:at + rows * row_bytes].reshape(rows, row_bytes), _plane(frame, index, rows, row_bytes))
+            at += rows * row_bytes
+    return write
+
+
+def _repack_422_to_yuyv(h: int, w: int):
+    def write(frame, slot, _source):
+        packed = slot.reshape(h, w // 2, 4)
+        luma = _plane(frame, 0, h, w)
+        packed[..., 0], packed[..., 2] = luma[:, 0::2], luma[:, 1::2]
+        packed[..., 1], packed[..., 3] = _plane(frame, 1, h, w // 2), _plane(frame, 2, h, w // 2)
+    return write
+
+
+def _writer_for(pix_fmt: str, info: FrameInfo):
+    h, w = info.height, info.width
+    if pix_fmt in ("yuv420p", "yuvj420p"):
+        return _copy_planes([(0, h, w), (1, h // 2, w // 2), (2, h // 2, w // 2)])
+    if pix_fmt == "nv12":
+        return _copy_planes([(0, h, w), (1, h // 2, w)])
+    if pix_fmt in ("yuyv422", "uyvy422"):
+        return _copy_planes([(0, h, 2 * w)])
+    if pix_fmt in ("yuv422p", "yuvj422p"):
+        return _repack_422_to_yuyv(h, w)
+    nv12 = _copy_planes([(0, h, w), (1, h // 2, w)])
+    return lambda frame, slot, source: nv12(source.reformat_to_nv12(frame), slot, source)
