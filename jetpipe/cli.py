@@ -197,6 +197,10 @@ def _add_serve(sub) -> None:
                    help="auto (default): NVDEC into GPU memory for video files with the GPU runtime "
                         "(jetpipe[nvdec]), GStreamer/nvv4l2decoder on a Jetson, else FFmpeg into raw YUV; "
                         "opencv: decode and convert to BGR on the CPU")
+    p.add_argument("--hwaccel", metavar="TYPE", default="",
+                   help="FFmpeg hardware decoding for video files on the FFmpeg path (cuda, vaapi, qsv, ...: "
+                        "'jetpipe doctor' lists this FFmpeg's): frames are decoded by the device and downloaded "
+                        "as NV12; streams the hardware cannot decode fall back to software, said in the log")
     p.add_argument("--sink", action="append", metavar="SPEC",
                    help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4[?width=W&fps=N&codec=hevc"
                         "&encoder=E] (results drawn on the frames; E: auto (nvv4l2h264enc on a Jetson, NVENC where "
@@ -235,8 +239,8 @@ def _serve_config(args):
     if args.bundle:
         config.bundle = Path(args.bundle)
     if args.source:
-        config.sources = [SourceConfig(uri, loop=args.loop, realtime=args.realtime, decoder=args.decoder)
-                          for uri in args.source]
+        config.sources = [SourceConfig(uri, loop=args.loop, realtime=args.realtime, decoder=args.decoder,
+                                       hwaccel=args.hwaccel) for uri in args.source]
     if args.sink:
         config.sinks = list(args.sink)
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker"):

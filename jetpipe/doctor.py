@@ -52,10 +52,19 @@ def _package(name: str) -> str | None:
         return None
 
 
+def _hwaccels() -> str:
+    try:
+        from av.codec.hwaccel import hwdevices_available
+    except ImportError as exc:
+        return f"unknown: {exc}"
+    return ", ".join(hwdevices_available()) or "none"
+
+
 def _video() -> str:
     """Which decoders `--decoder auto` can pick from here (nothing is imported or started)."""
     pyav, nvdec = _package("av"), _package("pynvvideocodec")
-    parts = [f"files in-process: PyAV {pyav}" if pyav else "PyAV not installed (pip install av)",
+    parts = [f"files in-process: PyAV {pyav} (hwaccel: {_hwaccels()})" if pyav else
+             "PyAV not installed (pip install av)",
              "streams: ffmpeg" if shutil.which("ffmpeg") else "ffmpeg not found (apt install ffmpeg)",
              f"NVDEC: PyNvVideoCodec {nvdec}" if nvdec else "NVDEC: not installed (pip install 'jetpipe[nvdec]')"]
     if shutil.which("gst-launch-1.0"):

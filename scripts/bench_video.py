@@ -7,7 +7,8 @@
 For each codec and stream count, each path runs in its own process (so CPU time
 and RSS are its own): jetpipe's NVDEC path (PyNvVideoCodec, NV12 in device
 memory), jetpipe's FFmpeg path (raw YUV: files decoded in-process by PyAV; `ffmpeg-pipe`
-forces the ffmpeg subprocess writing to a pipe that network streams use), and the old
+forces the ffmpeg subprocess writing to a pipe that network streams use; `ffmpeg-cuda`, not run
+by default, is the in-process path with `--hwaccel cuda`), and the old
 OpenCV path (BGR on the CPU); files loop and are offered as fast as they go (every frame
 processed: saturated throughput). Then N streams paced at 30 fps (--realtime,
 NVDEC): drops and latency against two batch periods. And the engine alone
@@ -58,7 +59,9 @@ def child(args) -> None:
     if decoder == "ffmpeg-pipe":  # files as network streams are decoded: by an ffmpeg process, through a pipe
         pyav.missing = lambda: "ffmpeg-pipe row of the benchmark"
         decoder = "ffmpeg"
-    sources = [SourceConfig(args.clip, loop=True, realtime=args.realtime, decoder=decoder)
+    hwaccel = decoder.removeprefix("ffmpeg-") if decoder.startswith("ffmpeg-") else ""  # ffmpeg-cuda: --hwaccel
+    decoder = "ffmpeg" if hwaccel else decoder
+    sources = [SourceConfig(args.clip, loop=True, realtime=args.realtime, decoder=decoder, hwaccel=hwaccel)
                for _ in range(args.streams)]
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=sources, duration=args.seconds,
                                      max_batch=BATCH, backend=args.backend, metrics_listen="",

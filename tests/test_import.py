@@ -34,7 +34,7 @@ def test_doctor_reports_missing_gpu_packages():
     assert result.returncode == 0, result.stderr
     assert "pycuda       not installed (pip install 'jetpipe[gpu]')" in result.stdout
     assert "tensorrt     not installed" in result.stdout
-    assert f"video        files in-process: PyAV {__import__('av').__version__}; streams: " in result.stdout
+    assert f"video        files in-process: PyAV {__import__('av').__version__} (hwaccel: " in result.stdout
 
 
 def test_engine_require_without_tensorrt_fails_clearly(tmp_path):

@@ -36,8 +36,9 @@ class SourceConfig:
     loop: bool = False       # files: start again at the end
     realtime: bool = False   # files: pace at the file's frame rate (then dropped like a camera when behind)
     decoder: str = "auto"    # auto | nvdec | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.sources)
+    hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, vaapi, qsv, ...); "" = software
 
-_SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str}
+_SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
 
 
 @dataclass
@@ -171,6 +172,9 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         if src.decoder not in DECODERS:
             raise ConfigError(f"{where}: source {src.uri!r}: decoder = {src.decoder!r}: allowed "
                               f"{' | '.join(DECODERS)}")
+        if src.hwaccel and not src.hwaccel.replace("_", "").isalnum():
+            raise ConfigError(f"{where}: source {src.uri!r}: hwaccel = {src.hwaccel!r}: an FFmpeg hardware device "
+                              "type such as cuda, vaapi or qsv ('jetpipe doctor' lists them)")
     if config.task is not None:
         if config.task not in POSTPROCESSORS:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(POSTPROCESSORS)}")

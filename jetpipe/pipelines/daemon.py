@@ -83,6 +83,7 @@ class Pipeline:
         self.closers.append(self._close_sources)
         for i, s in enumerate(config.sources):
             self.sources.append(open_source(s.uri, s.loop, seed=i, realtime=s.realtime, decoder=s.decoder,
+                                            hwaccel=s.hwaccel,
                                             hardware=runtime.hardware_decoder, streams=len(config.sources)))
             self._check_frame_size(self.sources[-1])
         self.trackers = [Tracker(config.tracker) if config.tracker != "none" else None for _ in self.sources]

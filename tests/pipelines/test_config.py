@@ -12,6 +12,7 @@ HEAD = "[pipeline]\nbundle = 'b'\n"
     (HEAD + "[[source]]\nuri = 'a.mp4'\nrealtime = 1\n", r"realtime = 1: expected true or false"),
     (HEAD + "[[source]]\nuri = 7\n", r"uri = 7: expected a string"),
     (HEAD + "[[source]]\nuri = 'a.mp4'\ndecoder = 'nvidia'\n", r"decoder = 'nvidia': allowed auto \| nvdec \| ffmpeg"),
+    (HEAD + "[[source]]\nuri = 'a.mp4'\nhwaccel = 'cuda --x'\n", r"hwaccel = 'cuda --x': an FFmpeg hardware device"),
     (HEAD + "postprocess = 'fpga'\n[[source]]\nuri = 'synthetic'\n",
      r"postprocess = 'fpga': allowed auto \| gpu \| cpu"),
     (HEAD + "[source]\nuri = 'synthetic'\n", r"\[source\] is one table; write \[\[source\]\]"),
@@ -32,6 +33,8 @@ def test_config_traps_are_named(tmp_path, text, message):
 
 def test_source_options_are_read(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text(HEAD + "[[source]]\nuri = 'a.mp4'\nloop = true\nrealtime = true\ndecoder = 'ffmpeg'\n")
+    path.write_text(HEAD + "[[source]]\nuri = 'a.mp4'\nloop = true\nrealtime = true\ndecoder = 'ffmpeg'\n"
+                    "hwaccel = 'vaapi'\n")
     source = load(path).sources[0]
-    assert (source.uri, source.loop, source.realtime, source.decoder) == ("a.mp4", True, True, "ffmpeg")
+    assert (source.uri, source.loop, source.realtime, source.decoder, source.hwaccel) == \
+        ("a.mp4", True, True, "ffmpeg", "vaapi")

@@ -138,6 +138,31 @@ def test_synthetic_spec_both_spellings():
     assert uris.synthetic_spec(uris.parse("synthetic")) == (640, 480, 30.0, "nv12")
 
 
+@pytest.mark.parametrize("hwaccel, message", [
+    ("warp", r"hwaccel 'warp': PyAV's FFmpeg has .*cuda"),
+    # a real attempt: this machine has no GPU, so FFmpeg cannot create the CUDA device
+    ("cuda", r"hwaccel cuda: cannot use it here \(.+\): check the device and its driver, or leave hwaccel out"),
+])
+def test_a_hwaccel_that_cannot_be_used_is_one_line(videos, tiny_bundle, capsys, hwaccel, message):
+    import re
+
+    from jetpipe.runtime.probe import probe_gpu
+
+    if hwaccel == "cuda" and probe_gpu().usable:
+        pytest.skip("this machine has a GPU: CUDA decoding works here (the GPU test checks it)")
+    argv = ["serve", "--bundle", str(tiny_bundle), "--source", str(videos["h264"]), "--hwaccel", hwaccel,
+            "--metrics", "", "--frames", "1", "--task", "raw"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and re.search(message, err), err
+
+
+def test_hwaccel_for_a_source_ffmpeg_does_not_decode_in_process_is_said_unused(caplog):
+    source = open_source("synthetic://64x48@30/nv12", hwaccel="cuda")
+    assert "hwaccel cuda is for video files decoded in-process by FFmpeg" in caplog.text
+    assert "hwaccel not used" in caplog.text and source.describe() in caplog.text
+
+
 def test_serve_lists_the_schemes_for_an_unknown_one(tiny_bundle, capsys):
     assert main(["serve", "--bundle", str(tiny_bundle), "--source", "webcam://0", "--metrics", ""]) == 2
     err = capsys.readouterr().err

@@ -114,6 +114,33 @@ def test_nvdec_pipeline_copies_no_pixels_on_the_host_and_processes_every_frame(d
     assert pipeline.runtime.frame_bytes_uploaded == 0 and pipeline.runtime.host_frame_copies == 0
 
 
+def _i420_to_nv12(frame: np.ndarray, height: int, width: int) -> np.ndarray:
+    flat = frame.reshape(-1)
+    luma, chroma = flat[:height * width], flat[height * width:].reshape(2, height // 2, width // 2)
+    return np.concatenate([luma, np.stack(chroma, axis=-1).reshape(-1)]).reshape(height * 3 // 2, width)
+
+
+@pytest.mark.parametrize("name", ["h264", "hevc"])
+def test_ffmpeg_hwaccel_cuda_decodes_files_on_the_gpu_into_nv12_equal_to_software(clips, name, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
+    count = {"h264": 24, "hevc": 16}[name]
+    info, frames = _ffmpeg_yuv(clips[name], count, lambda uri: PyAVSource(uri, hwaccel="cuda"))
+    assert info.format == "nv12" and len(frames) == count
+    assert "cuda (hardware)" in caplog.text
+    soft_info, soft = _ffmpeg_yuv(clips[name], count, PyAVSource)  # software: I420
+    for hard, reference in zip(frames, soft):
+        diff = np.abs(hard.astype(np.int16) - _i420_to_nv12(reference, soft_info.height, soft_info.width))
+        assert diff.max() <= 1, diff.max()  # H.264/HEVC decoding is exact: NVDEC and FFmpeg agree
+
+
+def test_ffmpeg_hwaccel_cuda_decodes_what_nvdec_cannot_in_software_and_says_so(clips, caplog):
+    info, frames = _ffmpeg_yuv(clips["yuv444"], 8, lambda uri: PyAVSource(uri, hwaccel="cuda"))
+    assert len(frames) == 8 and info.format == "nv12"  # 4:4:4 decoded in software, then NV12 by swscale
+    assert "software: cuda cannot decode this stream (h264 yuv444p)" in caplog.text
+
+
 def test_a_stream_nvdec_cannot_take_falls_back_to_ffmpeg_and_says_why(det_bundle, clips, caplog):
     config = _config(det_bundle, [SourceConfig(str(clips["yuv444"]))], backend="onnxruntime-cuda", max_batch=4)
     pipeline = Pipeline(config)

@@ -36,11 +36,20 @@ DECODERS = ("auto", "nvdec", "ffmpeg", "gstreamer", "opencv")
 
 
 def open_source(text: str, loop: bool = False, seed: int = 0, realtime: bool = False,
-                decoder: str = "auto", hardware=None, streams: int = 1) -> Source:
+                decoder: str = "auto", hardware=None, streams: int = 1, hwaccel: str = "") -> Source:
     """A source for a URI (files are probed now, so an unreadable one fails here; nothing is decoded yet).
 
     hardware(uri, loop, realtime): the runtime's hardware decoder, returning a source or None.
-    streams: how many sources share this machine (CPU decoders get a share of its cores each)."""
+    streams: how many sources share this machine (CPU decoders get a share of its cores each).
+    hwaccel: FFmpeg hardware decoding for files decoded in-process (elsewhere it is said to be unused)."""
+    source = _open_source(text, loop, seed, realtime, decoder, hardware, streams, hwaccel)
+    if hwaccel and not isinstance(source, PyAVSource):
+        log.warning("source %s: hwaccel %s is for video files decoded in-process by FFmpeg; this source is "
+                    "decoded as %s: hwaccel not used", text, hwaccel, source.describe())
+    return source
+
+
+def _open_source(text, loop, seed, realtime, decoder, hardware, streams, hwaccel) -> Source:
     if decoder not in DECODERS:
         raise JetpipeError(f"decoder {decoder!r}: choose one of {', '.join(DECODERS)}")
     uri = uris.parse(text)
@@ -69,7 +78,7 @@ def open_source(text: str, loop: bool = False, seed: int = 0, realtime: bool = F
     if chosen == "gstreamer":
         return GstSource(uri, loop, realtime, info=_jetson_info(uri))
     if chosen == "pyav":
-        return PyAVSource(uri, loop, realtime, threads=threads)
+        return PyAVSource(uri, loop, realtime, threads=threads, hwaccel=hwaccel)
     return FFmpegSource(uri, loop, realtime, threads=threads)
 
 

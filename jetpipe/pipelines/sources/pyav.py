@@ -12,6 +12,11 @@ PyAV offers no way to interrupt it from another thread; those stay on the ffmpeg
 subprocess, which a stopping daemon kills. Frames stay YUV as decoded (I420,
 NV12, YUYV, UYVY); planar 4:2:2 (MJPEG) is repacked to YUYV without changing a
 value; other layouts (4:4:4, 10-bit) are converted to NV12 by swscale.
+
+hwaccel (FFmpeg's hardware decoding: cuda, vaapi, qsv, ...): the decoder runs on
+the GPU or media engine and each frame is downloaded as NV12 into the slot; a
+stream the hardware cannot decode is decoded in software (said in the log). The
+layout is taken from the first decoded frame, so it is known only after open().
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -46,12 +52,27 @@ def missing() -> str | None:
     return None
 
 
-def _open(location: str, name: str):
+def hwaccels() -> list[str]:
+    """FFmpeg's hardware device types in PyAV's build (those its decoders can use where the hardware is)."""
+    from av.codec.hwaccel import hwdevices_available
+
+    return list(hwdevices_available())
+
+
+def _open(location: str, name: str, hwaccel: str | None = None):
     import av
 
+    extra = {}
+    if hwaccel:
+        from av.codec.hwaccel import HWAccel
+
+        extra["hwaccel"] = HWAccel(hwaccel, allow_software_fallback=True)
     try:
-        container = av.open(location, metadata_errors="ignore")
+        container = av.open(location, metadata_errors="ignore", **extra)
     except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
+        if hwaccel:  # the file itself opened without it (probed first): the device is what failed
+            raise SourceError(f"source {name}: hwaccel {hwaccel}: cannot use it here ({str(exc)[:200]}): check "
+                              f"the device and its driver, or leave hwaccel out") from None
         raise SourceError(f"cannot open {name}: {str(exc)[:200]} (is it a video FFmpeg can read?)") from None
     if not container.streams.video:
         container.close()
@@ -76,45 +97,76 @@ class PyAVSource:
     memory = "host"
     live = False
 
-    def __init__(self, uri: SourceURI, loop: bool = False, realtime: bool = False, threads: int | None = None):
-        """threads: decoder threads (None: FFmpeg's choice, one per core)."""
+    def __init__(self, uri: SourceURI, loop: bool = False, realtime: bool = False, threads: int | None = None,
+                 hwaccel: str | None = None):
+        """threads: decoder threads (None: FFmpeg's choice, one per core); hwaccel: an FFmpeg hardware device
+        type (hwaccels()) to decode with."""
         if uri.scheme != "file":
             raise JetpipeError(f"source {uri.text}: in-process decoding is for files; streams use the ffmpeg process")
         self.source_uri, self.uri, self.loop, self.realtime, self.threads = uri, uri.text, loop, realtime, threads
+        self.hwaccel = hwaccel or None
         self.live = realtime  # paced like a camera: drop-oldest when processing falls behind
         self.decode_errors = 0
         self._container = self._packets = self._reformatter = None
         self._pending: list = []  # frames a packet gave beyond the first
         self._changed_to = None  # the layout frames changed to mid-file (scaled back), if they did
+        self._layout = None  # (width, height, pixel format) of the first frame: what the slots get
         self._offset = self._last_pts = 0.0
         self._clock = None  # realtime: monotonic time of pts 0
         self._stopped = threading.Event()
+        if self.hwaccel and self.hwaccel not in hwaccels():
+            raise JetpipeError(f"source {uri.text}: hwaccel {self.hwaccel!r}: PyAV's FFmpeg has "
+                               f"{', '.join(hwaccels()) or 'none'}")
         try:  # a file that cannot be opened fails now, in one line, not in a reconnect loop
             container = _open(uri.location, uri.text)
             try:
                 self.stream = stream_format(container.streams.video[0])
             finally:
                 container.close()
+            if self.hwaccel:  # and so does a device that cannot be used
+                _open(uri.location, uri.text, self.hwaccel).close()
         except SourceError as exc:
             raise JetpipeError(str(exc)) from None
-        self.info: FrameInfo = self.stream.frame_info(PYAV_NATIVE)
-        self._writer = _writer_for(self.stream.pix_fmt, self.info)
+        self.info: FrameInfo = self.stream.frame_info(PYAV_NATIVE)  # the size; the layout comes with open()
 
     def describe(self) -> str:
-        return f"{self.uri} (ffmpeg in-process)"
+        return f"{self.uri} (ffmpeg in-process{', ' + self.hwaccel if self.hwaccel else ''})"
 
     def open(self) -> FrameInfo:
         self.close()
-        self._container = _open(self.source_uri.location, self.uri)
+        self._container = _open(self.source_uri.location, self.uri, self.hwaccel)
         stream = self._container.streams.video[0]
-        stream.thread_type = "AUTO"  # frame and slice threads
-        stream.thread_count = self.threads or 0
+        if self.hwaccel:  # the device decodes: FFmpeg's frame threads only add hand-offs (halved the H100's rate)
+            stream.thread_count = 1
+        else:
+            stream.thread_type = "AUTO"  # frame and slice threads
+            stream.thread_count = self.threads or 0
         self._packets = self._container.demux(stream)
         self._start = float(stream.start_time * stream.time_base) if stream.start_time is not None else None
-        log.info("source %s: %s %dx%d %s %s range, decoded in-process by FFmpeg (PyAV, %s threads)", self.uri,
-                 self.info.format, self.info.width, self.info.height, self.info.standard, self.info.range,
-                 self.threads or "auto")
+        first = self._next_frame()
+        if first is None:
+            raise EndOfStream(self.uri)  # not one decodable frame (the decode errors say why)
+        self._pending.insert(0, first)
+        if self._layout is None:
+            self._take_layout(first)
         return self.info
+
+    def _take_layout(self, frame) -> None:
+        """The slots' layout is the first frame's (with hwaccel: what the device hands back, usually NV12)."""
+        self._layout = (frame.width, frame.height, frame.format.name)
+        decoded = replace(self.stream, width=frame.width, height=frame.height, pix_fmt=frame.format.name)
+        self.info = decoded.frame_info(PYAV_NATIVE)
+        self._writer = _writer_for(frame.format.name, self.info)
+        # a frame the device decoded was downloaded into another layout (NV12, P010) than the software
+        # decoder's; a stream it could not take comes in the software layout (is_hwaccel only says it was asked)
+        hardware = bool(self.hwaccel) and frame.format.name != self.stream.pix_fmt
+        how = f"{self.hwaccel} (hardware)" if hardware else "software"
+        if self.hwaccel and not hardware:
+            how += f": {self.hwaccel} cannot decode this stream ({self.stream.codec} {self.stream.pix_fmt})"
+        log.log(logging.WARNING if self.hwaccel and not hardware else logging.INFO,
+                "source %s: %s %dx%d %s %s range, decoded in-process by FFmpeg (PyAV, %s threads), %s", self.uri,
+                self.info.format, self.info.width, self.info.height, self.info.standard, self.info.range,
+                1 if self.hwaccel else self.threads or "auto", how)
 
     def read_into(self, slot: np.ndarray) -> float | None:
         frame = self._next_frame()
@@ -124,8 +176,7 @@ class PyAVSource:
             frame = self._next_frame()
         if frame is None:
             raise EndOfStream(self.uri)
-        if (frame.width, frame.height, frame.format.name) != (self.stream.width, self.stream.height,
-                                                               self.stream.pix_fmt):
+        if (frame.width, frame.height, frame.format.name) != self._layout:
             frame = self._as_first_frames(frame)
         self._writer(frame, slot, self)
         pts = self._pts(frame)
@@ -182,12 +233,12 @@ class PyAVSource:
     def _as_first_frames(self, frame):
         """A frame whose size or layout changed mid-file, scaled back to the stream's first (the ring slots are
         sized for it); each change counted once, so that it is seen."""
-        layout = (frame.width, frame.height, frame.format.name)
+        layout, (width, height, pix_fmt) = (frame.width, frame.height, frame.format.name), self._layout
         if layout != self._changed_to:
             self._changed_to = layout
             self._count(f"frames changed to {frame.width}x{frame.height} {frame.format.name} mid-stream: scaled "
-                        f"to {self.stream.width}x{self.stream.height} {self.stream.pix_fmt}")
-        return self._swscale(frame, format=self.stream.pix_fmt, width=self.stream.width, height=self.stream.height)
+                        f"to {width}x{height} {pix_fmt}")
+        return self._swscale(frame, format=pix_fmt, width=width, height=height)
 
     def reformat_to_nv12(self, frame):
         """Layouts the kernel does not read (4:4:4, 10-bit): NV12 by swscale."""
