@@ -198,7 +198,7 @@ def _add_serve(sub) -> None:
                         "(jetpipe[nvdec]), GStreamer/nvv4l2decoder on a Jetson, else FFmpeg into raw YUV; "
                         "opencv: decode and convert to BGR on the CPU")
     p.add_argument("--hwaccel", metavar="TYPE", default="",
-                   help="FFmpeg hardware decoding for video files on the FFmpeg path (cuda, vaapi, qsv, ...: "
+                   help="FFmpeg hardware decoding for video files on the FFmpeg path (cuda, qsv, ...: "
                         "'jetpipe doctor' lists this FFmpeg's): frames are decoded by the device and downloaded "
                         "as NV12; streams the hardware cannot decode fall back to software, said in the log")
     p.add_argument("--sink", action="append", metavar="SPEC",

@@ -6,11 +6,11 @@
 1080p30 H.264 and HEVC files are encoded with ffmpeg at run time (testsrc2, 10 s).
 For each codec and stream count, each path runs in its own process (so CPU time
 and RSS are its own): jetpipe's NVDEC path (PyNvVideoCodec, NV12 in device
-memory), jetpipe's FFmpeg path (raw YUV: files decoded in-process by PyAV; `ffmpeg-pipe`
-forces the ffmpeg subprocess writing to a pipe that network streams use; `ffmpeg-cuda`, not run
-by default, is the in-process path with `--hwaccel cuda`), and the old
-OpenCV path (BGR on the CPU); files loop and are offered as fast as they go (every frame
-processed: saturated throughput). Then N streams paced at 30 fps (--realtime,
+memory), jetpipe's FFmpeg path (raw YUV: files decoded in-process by PyAV;
+`ffmpeg-pipe` forces the ffmpeg subprocess writing to a pipe that network streams
+use; `ffmpeg-cuda`, not run by default, is the in-process path with `--hwaccel
+cuda`), and the old OpenCV path (BGR on the CPU); files loop and are offered as
+fast as they go (every frame processed: saturated throughput). Then N streams paced at 30 fps (--realtime,
 NVDEC): drops and latency against two batch periods. And the engine alone
 (ONNX Runtime CUDA EP on device buffers, batch 8). Model: PP-OCRv4 det 640x640
 FP32 (the built-in), postprocessing included (what users run); every path is

@@ -36,7 +36,7 @@ class SourceConfig:
     loop: bool = False       # files: start again at the end
     realtime: bool = False   # files: pace at the file's frame rate (then dropped like a camera when behind)
     decoder: str = "auto"    # auto | nvdec | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.sources)
-    hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, vaapi, qsv, ...); "" = software
+    hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, qsv, ...); "" = software
 
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
 
@@ -174,7 +174,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
                               f"{' | '.join(DECODERS)}")
         if src.hwaccel and not src.hwaccel.replace("_", "").isalnum():
             raise ConfigError(f"{where}: source {src.uri!r}: hwaccel = {src.hwaccel!r}: an FFmpeg hardware device "
-                              "type such as cuda, vaapi or qsv ('jetpipe doctor' lists them)")
+                              "type such as cuda or qsv ('jetpipe doctor' lists them)")
     if config.task is not None:
         if config.task not in POSTPROCESSORS:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(POSTPROCESSORS)}")

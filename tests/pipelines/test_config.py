@@ -34,7 +34,7 @@ def test_config_traps_are_named(tmp_path, text, message):
 def test_source_options_are_read(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(HEAD + "[[source]]\nuri = 'a.mp4'\nloop = true\nrealtime = true\ndecoder = 'ffmpeg'\n"
-                    "hwaccel = 'vaapi'\n")
+                    "hwaccel = 'qsv'\n")
     source = load(path).sources[0]
     assert (source.uri, source.loop, source.realtime, source.decoder, source.hwaccel) == \
-        ("a.mp4", True, True, "ffmpeg", "vaapi")
+        ("a.mp4", True, True, "ffmpeg", "qsv")

@@ -2,10 +2,11 @@
 straight into the ring slot.
 
 An ffmpeg subprocess writing raw frames to a pipe costs, per 1080p frame, a copy
-into its output buffer, two kernel copies through the pipe and the syscalls
-around them: 3-6 ms of CPU on top of decoding (measured on 1080p H.264, see
-docs/benchmarks.md), more than OpenCV spends converting colour. Here the only
-copy is plane -> slot; decoding runs in FFmpeg's threads with the GIL released.
+into its output packet, two kernel copies through the pipe and the syscalls
+around them: 1.5-3.7 ms of CPU more than decoding in-process (H.264 and HEVC on
+the H100 and H200 hosts, docs/benchmarks.md), as much as OpenCV spends converting
+colour. Here the only copy is plane -> slot; decoding runs in FFmpeg's threads
+with the GIL released.
 
 Files only: opening a network stream or a camera can hang inside FFmpeg, and
 PyAV offers no way to interrupt it from another thread; those stay on the ffmpeg
@@ -13,7 +14,7 @@ subprocess, which a stopping daemon kills. Frames stay YUV as decoded (I420,
 NV12, YUYV, UYVY); planar 4:2:2 (MJPEG) is repacked to YUYV without changing a
 value; other layouts (4:4:4, 10-bit) are converted to NV12 by swscale.
 
-hwaccel (FFmpeg's hardware decoding: cuda, vaapi, qsv, ...): the decoder runs on
+hwaccel (FFmpeg's hardware decoding: cuda, qsv, ... as PyAV's FFmpeg was built): the decoder runs on
 the GPU or media engine and each frame is downloaded as NV12 into the slot; a
 stream the hardware cannot decode is decoded in software (said in the log). The
 layout is taken from the first decoded frame, so it is known only after open().
@@ -111,7 +112,8 @@ class PyAVSource:
         self._pending: list = []  # frames a packet gave beyond the first
         self._changed_to = None  # the layout frames changed to mid-file (scaled back), if they did
         self._layout = None  # (width, height, pixel format) of the first frame: what the slots get
-        self._offset = self._last_pts = 0.0
+        self._offset = self._last_pts = 0.0  # pts: seconds from the file's start, going on across loops
+        self._start = None  # the stream's first timestamp (seconds)
         self._clock = None  # realtime: monotonic time of pts 0
         self._stopped = threading.Event()
         if self.hwaccel and self.hwaccel not in hwaccels():
