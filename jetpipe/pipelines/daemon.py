@@ -11,6 +11,7 @@ in-flight batches, flushes and closes the sinks.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -90,15 +91,15 @@ class Pipeline:
         slots = config.queue_depth + 2 * runtime.max_batch + 2  # queued + two batches in flight + writing
         self.rings = [runtime.frame_ring(slots, self._frame_hw(src), device=src.memory == "device")
                       for src in self.sources]
-        self.sinks = []
+        self.sinks, self.sink_failures, self._closed_sinks = [], [], set()
         for uri in config.sinks:  # registered as each opens: a later sink failing closes the earlier ones
             self.sinks.append(open_sink(uri, len(config.sources), self.runtime.max_batch))
-            self.closers.append(self.sinks[-1].close)
+            self.sink_failures.append(0)
+            self.closers.append(functools.partial(self._close_sink, len(self.sinks) - 1))
         self.frame_sinks = [s for s in self.sinks if s.wants_frames]
         streams = len(self.sources)
         self.batcher = Batcher(streams, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth)
         self.metrics = Metrics(streams)
-        self.sink_failures = [0] * len(self.sinks)
         self.records: queue.Queue = queue.Queue(maxsize=256)
         self.collected: queue.Queue = queue.Queue()  # submitted batches, bounded by the buffer-set semaphore
         self.free_sets = threading.Semaphore(BUFFER_SETS)
@@ -133,6 +134,17 @@ class Pipeline:
             jpeg = self.preview.jpeg(int(stream))
             return (200, jpeg, "image/jpeg") if jpeg else (503, "no frame drawn yet\n", "text/plain")
         return None
+
+    def _close_sink(self, i: int) -> None:
+        """Close sink i once: after the run (so the summary counts its last failures), or at close()."""
+        if i in self._closed_sinks:
+            return
+        self._closed_sinks.add(i)
+        try:
+            self.sinks[i].close()
+        except Exception as exc:
+            self.sink_failures[i] += 1
+            log.error("sink %s failed while closing: %s", self.sinks[i].describe(), exc)
 
     def _close_sources(self) -> None:
         for source in self.sources:
@@ -208,7 +220,10 @@ class Pipeline:
         self.records.put(None)
         writer.join()
         self.thread_cpu_s["process"] = time.process_time() - cpu_started
-        return self.summary(time.monotonic() - started)
+        seconds = time.monotonic() - started
+        for i in range(len(self.sinks)):  # before the summary: what fails while a sink finishes is counted
+            self._close_sink(i)
+        return self.summary(seconds)
 
     def _thread(self, target, role: str, *args) -> threading.Thread:
         """A pipeline thread that adds its CPU time to thread_cpu_s[role] when it ends."""

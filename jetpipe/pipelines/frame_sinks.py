@@ -209,9 +209,9 @@ class VideoSink(FrameSink):
             except subprocess.TimeoutExpired:
                 process.kill()
                 code = process.wait()
-            if code != 0:
+            if code != 0:  # the file may be unfinished: a failure, counted in the summary
                 why = (process.stderr.read().decode(errors="replace").strip().splitlines() or ["?"])[-1]
-                log.error("sink %s: the encoder of stream %d exited with %s: %s", self.spec, stream, code, why)
+                self.fail(JetpipeError(f"the encoder of stream {stream} exited with {code}: {why}"))
 
 
 class JpegSink(FrameSink):

@@ -169,6 +169,34 @@ def test_a_missing_encoder_is_one_line_at_start(det_bundle, tmp_path, capsys, mo
     assert "needs ffmpeg to encode video: apt install ffmpeg" in capsys.readouterr().err
 
 
+def test_an_encoder_that_dies_at_the_end_is_counted_in_the_summary(det_bundle, tmp_path):
+    """The summary comes after the sinks have finished: an encoder killed at the last result (its file left
+    unfinished) is a sink failure, not a log line after a summary that says 0."""
+    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.daemon import Pipeline
+
+    clip = _text_clip(tmp_path / "in.mp4", frames=12)
+    config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(str(clip), decoder="ffmpeg")],
+                                     sinks=[f"video:{tmp_path / 'out.mp4'}?encoder=libx264"], backend="onnxruntime-cpu",
+                                     metrics_listen=""))
+    killed = []
+
+    def kill_the_encoder_at_the_last_result(record):
+        if record["frame"] == 11:
+            sink = pipeline.sinks[0]
+            deadline = time.monotonic() + 20
+            while sink._free[0].qsize() < sink.buffers and time.monotonic() < deadline:
+                time.sleep(0.01)  # every frame it took has been written: only its end can fail now
+            for process in sink.encoders.values():
+                process.kill()
+                killed.append(process)
+
+    pipeline = Pipeline(config, on_result=kill_the_encoder_at_the_last_result)
+    summary = pipeline.run()
+    assert killed and summary["processed"] == [12]
+    assert summary["sink_failures"] == [1]  # its exit code, found when the sink finished
+
+
 @pytest.fixture
 def full_disk(tmp_path):
     """A 256 KB tmpfs: a disk that fills up after a few frames (needs root, as CI runs)."""
