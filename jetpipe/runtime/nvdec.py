@@ -224,8 +224,7 @@ class NvdecSource:
         if self._host is not None:
             return self._read_host(slot)
         frame = self._next_frame()
-        if slot.nbytes != self._frame_bytes:
-            raise JetpipeError(f"{self.uri}: ring slot of {slot.nbytes} bytes for a {self._frame_bytes}-byte frame")
+        self._check_slot(slot, self._frame_bytes)
         with self.device.active():
             self.device.cuda.memcpy_dtod_async(slot.address, frame.GetPtrToPlane(0), slot.nbytes, self._stream)
             self._stream.synchronize()  # the surface is the decoder's again at the next Decode
@@ -240,13 +239,15 @@ class NvdecSource:
 
     def _read_host(self, slot) -> float | None:
         pts = self._host.read_into(self._staging)
-        if slot.nbytes != self._staging.nbytes:
-            raise JetpipeError(f"{self.uri}: ring slot of {slot.nbytes} bytes for a {self._staging.nbytes}-byte "
-                               "frame")
+        self._check_slot(slot, self._staging.nbytes)
         with self.device.active():
             self.device.cuda.memcpy_htod_async(slot.address, self._staging, self._stream)
             self._stream.synchronize()  # the staging frame is written again by the next read
         return pts
+
+    def _check_slot(self, slot, frame_bytes: int) -> None:
+        if slot.nbytes != frame_bytes:
+            raise JetpipeError(f"{self.uri}: ring slot of {slot.nbytes} bytes for a {frame_bytes}-byte frame")
 
     # --- stopping ------------------------------------------------------------------------------------------
     def interrupt(self) -> None:

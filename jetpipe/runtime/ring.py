@@ -55,12 +55,13 @@ class FrameRing:
     def view(self, slot: int, fmt: str, height: int, width: int):
         """Where a source writes this slot's frame: the bytes as a frame array (no copy), or a DeviceSlot."""
         shape = frame_shape(fmt, height, width)
-        if int(np.prod(shape)) > self.slot_bytes:  # a stream larger than it said, or than the ring was sized for
+        nbytes = int(np.prod(shape))
+        if nbytes > self.slot_bytes:  # a stream larger than it said, or than the ring was sized for
             raise JetpipeError(f"a {width}x{height} {fmt} frame does not fit the ring slot of {self.slot_bytes} "
                                "bytes: raise max_frame_hw (pipeline config) to the stream's size")
         if self.device:
-            return DeviceSlot(self.addresses[slot], int(np.prod(shape)), fmt, height, width)
-        return self.buffers[slot][:int(np.prod(shape))].reshape(shape)
+            return DeviceSlot(self.addresses[slot], nbytes, fmt, height, width)
+        return self.buffers[slot][:nbytes].reshape(shape)
 
     def frame(self, slot: int, fmt: str, height: int, width: int, standard="bt601", value_range="limited"):
         if self.device:

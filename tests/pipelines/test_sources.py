@@ -72,6 +72,12 @@ def ffmpeg_decode(path, pix_fmt, vf=None) -> bytes:
     return subprocess.run(argv, capture_output=True, check=True).stdout
 
 
+def as_mpegts(path, out):
+    """The file's streams copied into MPEG-TS (what network cameras send), nothing re-encoded."""
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-c", "copy", "-f", "mpegts", str(out)], check=True)
+    return out
+
+
 def corrupted_copy(path, out):
     """The file with 4000 random bytes in its middle (an H.264 stretch the decoder cannot read)."""
     data = bytearray(path.read_bytes())
@@ -350,9 +356,7 @@ def test_loop_restarts_the_file(videos):
 
 @needs_ffmpeg
 def test_a_network_stream_that_drops_is_reconnected(videos, tiny_bundle, tmp_path):
-    ts = tmp_path / "cam.ts"
-    subprocess.run(["ffmpeg", "-v", "error", "-i", str(videos["h264"]), "-c", "copy", "-f", "mpegts", str(ts)],
-                   check=True)
+    ts = as_mpegts(videos["h264"], tmp_path / "cam.ts")
     camera = StreamServer(ts.read_bytes())
     config = _config(tiny_bundle, [SourceConfig(f"tcp://127.0.0.1:{camera.port}")], task="raw", reconnect_max_s=0.5)
     pipeline = Pipeline(config)
@@ -532,9 +536,7 @@ def _decoded_md5s(path) -> list[str]:
 
 @needs_ffmpeg
 def test_a_remux_feed_passes_a_network_streams_video_on_undecoded(videos, tmp_path):
-    ts = tmp_path / "cam.ts"
-    subprocess.run(["ffmpeg", "-v", "error", "-i", str(videos["h264"]), "-c", "copy", "-f", "mpegts", str(ts)],
-                   check=True)
+    ts = as_mpegts(videos["h264"], tmp_path / "cam.ts")
     server = StreamServer(ts.read_bytes(), once=True)
     feed = RemuxFeed(uris.parse(server.url))
     got, buffer = bytearray(), np.empty(4096, np.uint8)

@@ -38,7 +38,8 @@ from jetpipe.uri import SourceURI
 log = logging.getLogger(__name__)
 
 # planar 4:2:2 is repacked here value for value, so full-range MJPEG stays full range (swscale would rescale it)
-PYAV_NATIVE = {**NATIVE, "yuv422p": ("yuyv", "yuv422p", None), "yuvj422p": ("yuyv", "yuvj422p", "full")}
+REPACKED_422 = {"yuv422p": ("yuyv", "yuv422p", None), "yuvj422p": ("yuyv", "yuvj422p", "full")}
+PYAV_NATIVE = {**NATIVE, **REPACKED_422}
 # AVColorSpace / AVColorRange codes -> the names ffprobe prints (StreamFormat speaks those)
 COLOR_SPACES = {1: "bt709", 4: "fcc", 5: "bt470bg", 6: "smpte170m", 7: "smpte240m"}
 COLOR_RANGES = {1: "tv", 2: "pc"}
@@ -158,7 +159,7 @@ class PyAVSource:
         self._layout = (frame.width, frame.height, frame.format.name)
         decoded = replace(self.stream, width=frame.width, height=frame.height, pix_fmt=frame.format.name)
         self.info = decoded.frame_info(PYAV_NATIVE)
-        self._writer = _writer_for(frame.format.name, self.info)
+        self._writer = _writer_for(frame.format.name, self.info, self._to_nv12)
         # a frame the device decoded was downloaded into another layout (NV12, P010) than the software
         # decoder's; a stream it could not take comes in the software layout (is_hwaccel only says it was asked)
         hardware = bool(self.hwaccel) and frame.format.name != self.stream.pix_fmt
@@ -180,7 +181,7 @@ class PyAVSource:
             raise EndOfStream(self.uri)
         if (frame.width, frame.height, frame.format.name) != self._layout:
             frame = self._as_first_frames(frame)
-        self._writer(frame, slot, self)
+        self._writer(frame, slot)
         pts = self._pts(frame)
         if self.realtime:
             self._pace(pts)
@@ -242,7 +243,7 @@ class PyAVSource:
                         f"to {width}x{height} {pix_fmt}")
         return self._swscale(frame, format=pix_fmt, width=width, height=height)
 
-    def reformat_to_nv12(self, frame):
+    def _to_nv12(self, frame):
         """Layouts the kernel does not read (4:4:4, 10-bit): NV12 by swscale."""
         return self._swscale(frame, format="nv12")
 
@@ -271,9 +272,18 @@ def _plane(frame, index: int, rows: int, row_bytes: int) -> np.ndarray:
     return np.frombuffer(plane, np.uint8, count=rows * pitch).reshape(rows, pitch)[:, :row_bytes]
 
 
+def _planes(fmt: str, h: int, w: int) -> list[tuple[int, int, int]]:
+    """(plane index, rows, bytes per row) of each plane of an h x w frame of this format, in slot order."""
+    if fmt == "i420":
+        return [(0, h, w), (1, h // 2, w // 2), (2, h // 2, w // 2)]
+    if fmt == "nv12":
+        return [(0, h, w), (1, h // 2, w)]
+    return [(0, h, 2 * w)]  # yuyv, uyvy: one packed plane
+
+
 def _copy_planes(layout):
     """A writer copying planes (index, rows, bytes per row) one after another into the flat slot."""
-    def write(frame, slot, _source):
+    def write(frame, slot):
         flat, at = slot.reshape(-1), 0
         for index, rows, row_bytes in layout:
             np.copyto(flat[at:at + rows * row_bytes].reshape(rows, row_bytes), _plane(frame, index, rows, row_bytes))
@@ -282,7 +292,7 @@ def _copy_planes(layout):
 
 
 def _repack_422_to_yuyv(h: int, w: int):
-    def write(frame, slot, _source):
+    def write(frame, slot):
         packed = slot.reshape(h, w // 2, 4)
         luma = _plane(frame, 0, h, w)
         packed[..., 0], packed[..., 2] = luma[:, 0::2], luma[:, 1::2]
@@ -290,15 +300,12 @@ def _repack_422_to_yuyv(h: int, w: int):
     return write
 
 
-def _writer_for(pix_fmt: str, info: FrameInfo):
-    h, w = info.height, info.width
-    if pix_fmt in ("yuv420p", "yuvj420p"):
-        return _copy_planes([(0, h, w), (1, h // 2, w // 2), (2, h // 2, w // 2)])
-    if pix_fmt == "nv12":
-        return _copy_planes([(0, h, w), (1, h // 2, w)])
-    if pix_fmt in ("yuyv422", "uyvy422"):
-        return _copy_planes([(0, h, 2 * w)])
-    if pix_fmt in ("yuv422p", "yuvj422p"):
-        return _repack_422_to_yuyv(h, w)
-    nv12 = _copy_planes([(0, h, w), (1, h // 2, w)])
-    return lambda frame, slot, source: nv12(source.reformat_to_nv12(frame), slot, source)
+def _writer_for(pix_fmt: str, info: FrameInfo, to_nv12):
+    """write(frame, slot) for frames of this pixel format; info.format (PYAV_NATIVE) says what the slot holds;
+    to_nv12(frame): the conversion of layouts it does not know (4:4:4, 10-bit)."""
+    if pix_fmt in REPACKED_422:
+        return _repack_422_to_yuyv(info.height, info.width)
+    copy = _copy_planes(_planes(info.format, info.height, info.width))
+    if pix_fmt in PYAV_NATIVE:
+        return copy
+    return lambda frame, slot: copy(to_nv12(frame), slot)
