@@ -64,17 +64,21 @@ class CalibrationSource:
         if held:
             return np.stack(held), True
         first = next(self.batches(max(1, count)), None)
-        return (first.copy(), False) if first is not None else (None, False)
+        return first, False
 
     def batches(self, batch_size: int) -> Iterator[np.ndarray]:
-        buffer = np.empty((batch_size, self.spec.channels, *self.size_hw), np.float32)
-        filled = 0
+        """Batches the caller owns: each is a new array, never overwritten by the next (calibrate accuracy
+        keeps them all; a reused buffer had every kept batch show the last images). One batch of memory at a
+        time while the caller drops them, as the streaming statistics do."""
+        buffer, filled = None, 0
         for frame in self.frames():
+            if buffer is None:
+                buffer = np.empty((batch_size, self.spec.channels, *self.size_hw), np.float32)
             preprocess_bgr(frame, self.size_hw, self.spec, out=buffer[filled])
             filled += 1
             if filled == batch_size:
                 yield buffer
-                filled = 0
+                buffer, filled = None, 0
         if filled:
             yield buffer[:filled]
 

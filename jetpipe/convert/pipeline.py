@@ -142,7 +142,7 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
 
     samples = None
     if source is not None and (opts.prune_method == "reconstruct" or opts.prune_allocation == "sensitivity"):
-        samples = np.concatenate([b.copy() for b, _ in zip(source.batches(2), range(RECONSTRUCT_SAMPLES // 2))])
+        samples = np.concatenate([b for b, _ in zip(source.batches(2), range(RECONSTRUCT_SAMPLES // 2))])
     unpruned = prepared.model
     prepared.model, report = prune(prepared.model, opts.prune, opts.prune_method, set(opts.exclude),
                                    align=opts.prune_align, allocation=opts.prune_allocation,

@@ -141,3 +141,13 @@ def test_accuracy_from_another_folder_finds_the_source_model(tmp_path, monkeypat
     assert main(["calibrate", "accuracy", str(work / "b"), "--data", str(work / "imgs"), "--task",
                  "classification", "--report", "acc"]) == 0, capsys.readouterr().err
     assert json.loads((work / "b" / "manifest.json").read_text())["source"]["path"] == str(work / "tiny.onnx")
+
+
+def test_accuracy_sees_every_sample_once(tiny, tmp_path):
+    """calibrate accuracy compares on all --samples images, each once (it saw the last batch repeated)."""
+    from jetpipe.calibration.accuracy import AccuracyOptions, prepare_context
+
+    folder, _, images, bundle = tiny
+    ctx = prepare_context(AccuracyOptions(bundle=bundle, data=str(images), report=tmp_path / "r", samples=6,
+                                          batch=4, task="classification"))
+    assert len(ctx.inputs) == 6 and len({s.tobytes() for s in ctx.inputs}) == 6

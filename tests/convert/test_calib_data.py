@@ -48,3 +48,20 @@ def test_synthetic_source_and_bad_inputs(tmp_path):
     (tmp_path / "broken.mp4").write_bytes(b"nope")
     with pytest.raises(CalibrationError, match="cannot read video"):
         open_source(str(tmp_path / "broken.mp4"), (1, 3, 8, 8), (8, 8), PreprocessSpec(), 3)
+
+
+@pytest.mark.parametrize("kind", ["images", "video", "synthetic"])
+def test_every_sample_is_handed_out_once_and_kept(tmp_path, kind):
+    """A consumer may keep every batch it was given (calibrate accuracy concatenates them): no batch may be
+    overwritten by the next one. With a reused buffer every batch held the last images."""
+    size = (32, 32)
+    data = {"images": lambda: str(write_text_images(tmp_path / "imgs", 7, size_hw=size)),
+            "video": lambda: str(_video(tmp_path / "clip.avi", frames=7, size=size)),
+            "synthetic": lambda: "synthetic"}[kind]()
+    source = open_source(data, (1, 3, *size), size, PreprocessSpec(), 7)
+    kept = np.concatenate(list(source.batches(2)))
+    assert len(kept) == 7
+    distinct = {sample.tobytes() for sample in kept}
+    assert len(distinct) == 7, f"{7 - len(distinct)} samples repeated"
+    first_alone = next(source.batches(1))[0]
+    np.testing.assert_array_equal(kept[0], first_alone)

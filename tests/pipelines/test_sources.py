@@ -216,6 +216,16 @@ def test_in_process_ffmpeg_delivers_the_decoders_planes_bit_exact(videos, name, 
     assert source.decode_errors == 0
 
 
+def test_in_process_ffmpeg_opens_files_whose_metadata_is_not_utf8(tmp_path):
+    """A Latin-1 title: PyAV < 19 failed the open without metadata_errors; PyAV 19 refuses that option."""
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg not installed (apt install ffmpeg; .ci/run installs it)")
+    path = encode(tmp_path / "latin1.mkv", "64x48", 5, extra=("-metadata", "title=caf\udce9"))
+    assert b"caf\xe9" in path.read_bytes()
+    info, frames = read_all(PyAVSource(uris.parse(str(path))))
+    assert len(frames) == 5 and (info.height, info.width) == (48, 64)
+
+
 @needs_ffmpeg
 def test_in_process_ffmpeg_converts_what_the_kernel_cannot_read_to_nv12(videos):
     """4:4:4 (and 10-bit) become NV12 through swscale: luma untouched, chroma subsampled. The chroma is

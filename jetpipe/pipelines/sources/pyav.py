@@ -61,16 +61,22 @@ def hwaccels() -> list[str]:
     return list(hwdevices_available())
 
 
+def _metadata_options(version: str) -> dict:
+    """PyAV before 19 decodes metadata strictly as UTF-8 unless told otherwise (a Latin-1 title failed the
+    open); 19 removed the option (a TypeError for every file) and keeps undecodable bytes as surrogates."""
+    return {"metadata_errors": "ignore"} if int(version.split(".")[0]) < 19 else {}
+
+
 def _open(location: str, name: str, hwaccel: str | None = None):
     import av
 
-    extra = {}
+    extra = _metadata_options(av.__version__)
     if hwaccel:
         from av.codec.hwaccel import HWAccel
 
         extra["hwaccel"] = HWAccel(hwaccel, allow_software_fallback=True)
     try:
-        container = av.open(location, metadata_errors="ignore", **extra)
+        container = av.open(location, **extra)
     except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
         if hwaccel:  # the file itself opened without it (probed first): the device is what failed
             raise SourceError(f"source {name}: hwaccel {hwaccel}: cannot use it here ({str(exc)[:200]}): check "
