@@ -18,7 +18,14 @@ from jetpipe import __version__, bundle
 from jetpipe.calibration.accuracy import AccuracyOptions, run_accuracy
 from jetpipe.calibration.latency import LatencyOptions, run_latency
 from jetpipe.calibration.search import excluded_from_report
-from jetpipe.cli_values import parse_batches, parse_channel_values, parse_input_size, parse_targets, positive_seconds
+from jetpipe.cli_values import (
+    parse_batches,
+    parse_channel_values,
+    parse_input_size,
+    parse_targets,
+    positive_seconds,
+    read_labels,
+)
 from jetpipe.convert import ConvertOptions, convert
 from jetpipe.convert.pipeline import ENGINE_MODES, PRECISIONS
 from jetpipe.convert.prune import ALLOCATIONS
@@ -26,7 +33,7 @@ from jetpipe.convert.prune import METHODS as PRUNE_METHODS
 from jetpipe.convert.stats import METHODS
 from jetpipe.doctor import run_doctor
 from jetpipe.errors import JetpipeError
-from jetpipe.models import resolve
+from jetpipe.models import BUILTIN, resolve
 from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
 from jetpipe.pipelines.serve import demo, serve
 from jetpipe.pipelines.sources import DECODERS
@@ -36,13 +43,14 @@ from jetpipe.runtime.cuda import MEMORY_MODES
 from jetpipe.runtime.runtime import BACKENDS
 from jetpipe.runtime.trt_builder import ENGINE_FAMILIES, RTX_DEFAULT_TARGETS, RTX_TARGETS
 from jetpipe.spec import CHANNEL_ORDERS, PRESETS, RESIZE_MODES, preset
+from jetpipe.tasks import TASKS
 
 
 def _add_convert(sub) -> None:
     p = sub.add_parser("convert", help="ONNX -> FP16/INT8 -> TensorRT engine bundle",
                        description="Convert an ONNX model (or a built-in model name, e.g. ppocr-det) "
                                    "into a bundle folder.")
-    p.add_argument("model", help="path of an .onnx file, or a built-in model: ppocr-det")
+    p.add_argument("model", help=f"path of an .onnx file, or a built-in model: {', '.join(BUILTIN)}")
     p.add_argument("-o", "--output", required=True, type=Path, help="bundle folder to write")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="fp16: float16 graph, float32 I/O; int8: explicit Q/DQ (needs --calib)")
@@ -72,7 +80,8 @@ def _add_convert(sub) -> None:
                    help="the network's input channel order (default rgb; gray: a 1-channel network fed the "
                         "luma, chosen by itself for 1-channel inputs)")
     s.add_argument("--resize", choices=RESIZE_MODES,
-                   help="letterbox: keep the aspect ratio and pad; stretch: fill (default letterbox)")
+                   help="letterbox: keep the aspect ratio and pad around; stretch: fill; topleft: letterbox at the "
+                        "top left, padded right and below (text lines) (default letterbox)")
     s.add_argument("--pad-value", type=float, help="letterbox pad, in pixel units")
     r = p.add_argument_group("pruning")
     r.add_argument("--prune", type=float, metavar="RATIO",
@@ -103,6 +112,12 @@ def _add_convert(sub) -> None:
                    help="prune eligible Conv/Gemm weights to 2:4 along input channels (TensorRT sparse "
                         "tensor cores); measure accuracy afterwards")
     e.add_argument("--dla", type=int, metavar="CORE", help="build for DLA core N (TensorRT 10.x)")
+    t = p.add_argument_group("task (what the outputs mean)")
+    t.add_argument("--task", choices=tuple(TASKS),
+                   help="default: recognized from the outputs and the model's metadata (raw where none fits)")
+    t.add_argument("--labels", type=Path, metavar="FILE",
+                   help="class names, or a text recognizer's alphabet, one a line (default: the model's metadata: "
+                        "Ultralytics names, PP-OCR character)")
     p.add_argument("--force", action="store_true", help="replace an existing bundle")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(run=_run_convert)
@@ -118,7 +133,7 @@ def _convert_options(args):
     spec = spec.replace(scale=args.scale, channel_order=order, resize=args.resize, pad_value=args.pad_value,
                         mean=mean, std=std)
     size, widths = parse_input_size(args.input_size) if args.input_size else \
-        ((builtin.input_size if builtin else None), None)
+        ((builtin.input_size, builtin.width_range) if builtin else (None, None))
     exclude, auto_exclude = tuple(args.exclude), not args.no_auto_exclude
     if args.exclude_from:
         # the report lists everything to keep in float, measured sensitive layers included
@@ -132,7 +147,8 @@ def _convert_options(args):
         prune_method=args.prune_method, prune_allocation=args.prune_allocation, prune_align=args.prune_align,
         prune_budget_min=args.prune_budget,
         workspace_mb=args.workspace, timing_cache=args.timing_cache, sparsity=args.sparsity,
-        dla_core=args.dla, force=args.force, task=builtin.task if builtin else None,
+        dla_core=args.dla, force=args.force, task=args.task or (builtin.task if builtin else None),
+        labels=read_labels(args.labels) if args.labels else (builtin.labels if builtin else None),
         progress=not args.quiet)
 
 
@@ -211,7 +227,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--backend", choices=BACKENDS, help="inference backend (default auto: TensorRT > ORT CUDA > CPU)")
     p.add_argument("--memory", choices=MEMORY_MODES,
                    help="frame memory: mapped (zero copy), staged (pinned + async copy), device (default auto)")
-    p.add_argument("--task", help="text-detection | classification | detection-yolo | raw")
+    p.add_argument("--task", choices=tuple(TASKS), help="read the outputs as this task (default: the bundle's; "
+                   "refused at start-up where the outputs do not fit it)")
     p.add_argument("--tracker", choices=TRACKERS,
                    help="track detected boxes per stream: a track_id in every record (bytetrack: Kalman "
                         "prediction, high- then low-score matching; iou: overlap with the last box)")
@@ -275,7 +292,8 @@ def _add_calibrate(sub) -> None:
     a.add_argument("bundle", type=Path, help="bundle folder to measure")
     a.add_argument("--data", required=True, help="image folder, video, .npy of N,C,H,W inputs, or 'synthetic'")
     a.add_argument("--reference", type=Path, help="FP32 model (default: the bundle's source model)")
-    a.add_argument("--task", help="text-detection | classification | detection-yolo | raw (default: the bundle's)")
+    a.add_argument("--task", choices=tuple(TASKS), help="measure as this task, with its metrics (default: the "
+                   "bundle's)")
     a.add_argument("--samples", type=int, default=32, help="inputs to use (default 32)")
     a.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider")
     a.add_argument("--budget", help="e.g. 'f1>=0.99', 'top1_drop<=0.5', 'map>=0.95': verdict + precision search")

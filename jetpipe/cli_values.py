@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from jetpipe.errors import JetpipeError
 
@@ -73,3 +74,24 @@ def positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
     return value
+
+
+MAX_LABELS = 100_000  # class names or alphabet entries (PP-OCR's Chinese alphabet: 6623)
+
+
+def read_labels(path: Path) -> tuple[str, ...]:
+    """--labels FILE: one class name (or recognizer character) a line, UTF-8; a line of one space is a space."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JetpipeError(f"--labels {path}: no such file: pass a text file with one label a line") from None
+    except (UnicodeDecodeError, IsADirectoryError, PermissionError) as exc:
+        raise JetpipeError(f"--labels {path}: cannot read it as UTF-8 text ({exc.__class__.__name__}): pass a text "
+                           "file with one label a line") from None
+    labels = tuple(line.rstrip("\r") for line in text.split("\n"))
+    labels = labels[:-1] if labels and labels[-1] == "" else labels
+    if not labels:
+        raise JetpipeError(f"--labels {path} is empty: one label a line")
+    if len(labels) > MAX_LABELS:
+        raise JetpipeError(f"--labels {path} has {len(labels)} lines; at most {MAX_LABELS}")
+    return labels

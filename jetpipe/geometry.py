@@ -33,6 +33,8 @@ def fit(src_hw: tuple[int, int], dst_hw: tuple[int, int], mode: str) -> tuple[tu
         return (dh, dw), Letterbox(dw / sw, dh / sh, 0, 0)
     r = min(dh / sh, dw / sw)
     nh, nw = max(1, round(sh * r)), max(1, round(sw * r))
+    if mode == "topleft":  # text lines: recognizers read from the left, the pad goes right (and below)
+        return (nh, nw), Letterbox(nw / sw, nh / sh, 0, 0)
     return (nh, nw), Letterbox(nw / sw, nh / sh, (dw - nw) // 2, (dh - nh) // 2)
 
 

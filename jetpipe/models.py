@@ -17,6 +17,8 @@ class BuiltinModel:
     preset: str
     input_size: tuple[int, int]
     task: str
+    width_range: tuple[int, int] | None = None  # (min, max) of a dynamic width; input_size has the opt width
+    labels: tuple[str, ...] | None = None       # where the model's metadata has none
 
     def path(self) -> Path:
         spec = importlib.util.find_spec(self.package)  # locate without importing (it pulls cv2 etc.)
@@ -32,6 +34,12 @@ class BuiltinModel:
 BUILTIN = {
     "ppocr-det": BuiltinModel("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx",
                               preset="ppocr-det", input_size=(640, 640), task="text-detection"),
+    # text lines 48 high, 80 to 960 wide (fed at 320); the alphabet is in the model's metadata
+    "ppocr-rec": BuiltinModel("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx", preset="ppocr-rec",
+                              input_size=(48, 320), task="text-recognition", width_range=(80, 960)),
+    # the direction classifier: is a text line upside down?
+    "ppocr-cls": BuiltinModel("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                              preset="ppocr-rec", input_size=(48, 192), task="classification", labels=("0", "180")),
 }
 DEFAULT_MODEL = "ppocr-det"
 

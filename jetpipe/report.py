@@ -74,8 +74,11 @@ def print_summary(path: Path, manifest: dict) -> None:
 
 
 def _check_text(check: dict) -> str:
-    """'relative MAE 2.24e-02, max abs error 1 on 8 held-out samples' (+ the warning, loud)."""
+    """'text-detection box_f1 1, f1 0.99; relative MAE 2.24e-02, max abs error 1 on 8 held-out samples'
+    (+ the warning, loud): the task's own metrics first (older bundles have none)."""
     kind = "held-out" if check.get("held_out") else "calibration"
-    text = (f"relative MAE {check['relative_mae']:.2e}, max abs error {check['max_abs_error']:.3g} on "
+    metrics = check.get("task_metrics") or {}
+    task = f"{check['task']} " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + "; " if metrics else ""
+    text = (f"{task}relative MAE {check['relative_mae']:.2e}, max abs error {check['max_abs_error']:.3g} on "
             f"{check['samples']} {kind} samples")
     return text + (f"  <- WARNING: {check['warning']}" if check.get("warning") else "")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from jetpipe.errors import JetpipeError
 
 CHANNEL_ORDERS = ("rgb", "bgr", "gray")  # gray: one channel, the frame's luma
-RESIZE_MODES = ("letterbox", "stretch")
+RESIZE_MODES = ("letterbox", "stretch", "topleft")  # topleft: letterbox placed at the top left
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,10 @@ PRESETS: dict[str, PreprocessSpec] = {
     "yolo": PreprocessSpec(pad_value=114.0),
     # PaddleOCR feeds OpenCV's BGR image through ImageNet's RGB-ordered statistics.
     "ppocr-det": PreprocessSpec(**_IMAGENET, channel_order="bgr", pad_value=0.0),
+    # PP-OCR's recognizer and direction classifier: (x / 255 - 0.5) / 0.5 of the BGR line, resized to the
+    # height keeping its aspect, padded on the right with zeros after normalization (127.5 before)
+    "ppocr-rec": PreprocessSpec(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), channel_order="bgr", resize="topleft",
+                                pad_value=127.5),
 }
 
 

@@ -38,11 +38,11 @@ EVAL_SEED = 1000
 
 
 def accuracy(args) -> list[dict]:
-    from jetpipe.calibration.metrics import per_sample_f1
     from jetpipe.calibration.textdet_eval import boxes_of, detection_hmean, eval_set, run_batched
     from jetpipe.convert import ConvertOptions, convert
     from jetpipe.runtime.sessions import cpu_session
     from jetpipe.spec import preset
+    from jetpipe.tasks.metrics import per_sample_f1
 
     det = BUILTIN["ppocr-det"]
     inputs, letterboxes, truths = eval_set(args.images, det.input_size, preset(det.preset), EVAL_SEED)

@@ -239,3 +239,48 @@ def c2f_sppf_net(dead: dict | None = None, size: int = 16, seed: int = 0, split:
                               [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["batch", 4, size, size])],
                               inits)
     return _model(graph, {"input": 17, "attribute": 11, "equal": 18}[split])
+
+
+def yolo_head_net(size: int = 64, classes: int = 2, metadata: dict | None = None, seed: int = 0,
+                  box_gain: float = 1.0) -> onnx.ModelProto:
+    """A YOLOv8-shaped head: one 1x1 Conv per stride (8, 16, 32) on a pooled input, each [N, 4+C, cells],
+    concatenated to [N, 4+C, A] with A the anchor points at `size` (84 at 64x64), mixed by an identity MatMul
+    (a quantizable layer over box and class channels together, as a real head's last layers are); boxes
+    scaled to pixels, class scores through a Sigmoid. `box_gain` > 1 makes the box logits that much larger
+    than the class logits: one INT8 range for both then leaves the class logits a step or two (scores
+    collapse, boxes barely move). `metadata`: the export's metadata_props (Ultralytics: task, names)."""
+    rng = np.random.default_rng(seed)
+    channels, nodes, inits, levels = 4 + classes, [], [], []
+    gain = np.array([box_gain] * 4 + [1.0] * classes)
+    for stride in (8, 16, 32):
+        cells = (size // stride) ** 2
+        inits += [_init(f"w{stride}", rng.standard_normal((channels, 3, 1, 1)) * gain[:, None, None, None]),
+                  _init(f"b{stride}", rng.standard_normal(channels) * gain),
+                  numpy_helper.from_array(np.array([0, channels, cells], np.int64), f"shape{stride}")]
+        nodes += [helper.make_node("AveragePool", ["x"], [f"p{stride}"], kernel_shape=[stride, stride],
+                                   strides=[stride, stride]),
+                  helper.make_node("Conv", [f"p{stride}", f"w{stride}", f"b{stride}"], [f"c{stride}"]),
+                  helper.make_node("Reshape", [f"c{stride}", f"shape{stride}"], [f"l{stride}"])]
+        levels.append(f"l{stride}")
+    inits += [numpy_helper.from_array(np.array([4], np.int64), "split"),
+              numpy_helper.from_array(np.array([classes], np.int64), "rest"),
+              _init("box_scale", np.full((1, 4, 1), size / 2.0))]
+    inits.append(_init("mix", np.eye(channels)))
+    nodes += [helper.make_node("Concat", levels, ["levels"], axis=2),
+              helper.make_node("MatMul", ["mix", "levels"], ["all"], name="mix"),
+              helper.make_node("Split", ["all", "split_sizes"], ["raw_box", "raw_cls"], axis=1),
+              helper.make_node("Sigmoid", ["raw_box"], ["unit_box"]),
+              helper.make_node("Mul", ["unit_box", "box_scale"], ["box"]),
+              helper.make_node("Sigmoid", ["raw_cls"], ["cls"]),
+              helper.make_node("Concat", ["box", "cls"], ["y"], axis=1)]
+    inits.append(numpy_helper.from_array(np.array([4, classes], np.int64), "split_sizes"))
+    anchors = sum((size // s) ** 2 for s in (8, 16, 32))
+    graph = helper.make_graph(nodes, "yolo_head",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, anchors])],
+                              [i for i in inits if i.name not in ("split", "rest")])
+    model = _model(graph, 17)
+    for key, value in (metadata or {}).items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.checker.check_model(model)
+    return model

@@ -44,12 +44,16 @@ CONVERT = [
     (["--engine-family", "tensorrt-lite"], "--engine-family: invalid choice: 'tensorrt-lite'"),
     (["--rtx-targets", "sm90"], "--rtx-targets 'sm90': name one or more of sm75, sm80"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--task", "detection-yolo"], "--task detection-yolo: the model's outputs do not fit: expects one output"),
+    (["--task", "text-recognition"], "--task text-recognition: the model's outputs do not fit: expects one output"),
+    (["--labels", "{tmp}/none.txt"], "--labels .*none.txt: no such file"),
 ]
 
 
 @pytest.mark.parametrize("args, message", CONVERT)
 def test_convert_flags(made, tmp_path, capsys, args, message):
     out = tmp_path / "out"
+    args = [a.format(tmp=tmp_path) for a in args]
     assert _run(["convert", made["model"], "-o", str(out), "--quiet", *args]) == 2
     _assert_one_line(capsys, message)
     assert not out.exists() and list(tmp_path.iterdir()) == []
@@ -64,7 +68,9 @@ SERVE = [
     (["--memory", "shared"], "--memory: invalid choice: 'shared'"),
     (["--decoder", "vlc"], "--decoder: invalid choice: 'vlc'"),
     (["--postprocess", "fpga"], "--postprocess: invalid choice: 'fpga'"),
-    (["--task", "segmentation"], "task = 'segmentation': allowed"),
+    (["--task", "segmentation"], "--task: invalid choice: 'segmentation'"),
+    (["--task", "text-detection"], "task text-detection: the model's outputs do not fit: expects one output "
+                                   "\\[N, 1, H, W\\]"),
     (["--metrics", "notaport"], "metrics listen = 'notaport': write HOST:PORT"),
     (["--metrics", "127.0.0.1:99999"], "metrics listen = '127.0.0.1:99999': write HOST:PORT"),
     (["--sink", "ftp://x"], "sink 'ftp://x': use jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4"),

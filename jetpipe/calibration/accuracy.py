@@ -25,18 +25,11 @@ from jetpipe.calibration.search import search
 from jetpipe.convert.calib_data import open_source
 from jetpipe.convert.pipeline import prepare
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.postprocess import POSTPROCESSORS
 from jetpipe.progress import bar
 from jetpipe.spec import PreprocessSpec
+from jetpipe.tasks import Task, for_bundle
 
 log = logging.getLogger(__name__)
-
-TASKS = tuple(POSTPROCESSORS)  # the tasks the pipeline knows
-# what task_metrics() + compare() report for each task: a --budget must name one of these
-COMMON_METRICS = ("mae", "cosine", "snr_db")
-TASK_METRICS = {"text-detection": ("f1", "f1_min"), "classification": ("top1", "top5", "top1_drop"),
-                "detection-yolo": ("map",), "raw": ()}
-
 
 @dataclass
 class AccuracyOptions:
@@ -59,9 +52,7 @@ class AccuracyOptions:
 
 def prepare_context(opts: AccuracyOptions) -> Context:
     manifest = bundles.load(opts.bundle)
-    task = opts.task or manifest.get("task") or "raw"
-    if task not in TASKS:
-        raise JetpipeError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
+    task, options = for_bundle(manifest, opts.task, "--task")
     _check_budget_metric(opts.budget, task)
     source = Path(opts.reference or manifest["source"]["path"])
     if not source.is_file():
@@ -76,7 +67,7 @@ def prepare_context(opts: AccuracyOptions) -> Context:
     if data.skipped:
         log.warning("%d unreadable items in %s skipped", data.skipped, opts.data)
     return Context(manifest, prepared.model, str(Path(opts.bundle) / bundles.MODEL_FILE), inputs,
-                   prepared.input.name, task, opts.provider)
+                   prepared.input.name, task, options, opts.provider)
 
 
 def _check_same_io(reference: onnx.ModelProto, manifest: dict, source: Path) -> None:
@@ -89,14 +80,14 @@ def _check_same_io(reference: onnx.ModelProto, manifest: dict, source: Path) -> 
                            f"{ref_out}, bundle in {want_in} out {want_out}): pass the model the bundle was made from")
 
 
-def _check_budget_metric(budget: str | None, task: str) -> None:
+def _check_budget_metric(budget: str | None, task: Task) -> None:
     """Before any evaluation: the budget's metric must be one this task reports."""
     if not budget:
         return
     metric = m.parse_budget(budget)[0]
-    allowed = TASK_METRICS.get(task, ()) + COMMON_METRICS
+    allowed = (*task.metrics, *m.COMMON_METRICS)
     if metric not in allowed:
-        raise JetpipeError(f"--budget {budget!r}: task {task} does not report {metric}; it reports "
+        raise JetpipeError(f"--budget {budget!r}: task {task.name} does not report {metric}; it reports "
                            f"{', '.join(allowed)} (or pass --task)")
 
 
@@ -111,7 +102,7 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
     ctx = prepare_context(opts)
     bundle_outputs = run_outputs(ctx.processed_path, ctx)
     per_output, tm = compare(ctx, outputs=bundle_outputs)
-    report = {"bundle": str(opts.bundle), "precision": ctx.manifest["precision"], "task": ctx.task,
+    report = {"bundle": str(opts.bundle), "precision": ctx.manifest["precision"], "task": ctx.task.name,
               "provider": ctx.provider, "data": opts.data, "samples": int(len(ctx.inputs)),
               "outputs": per_output, "task_metrics": tm, "layers": [], "budget": None, "precision_search": None}
     if opts.layers:

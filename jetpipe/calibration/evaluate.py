@@ -10,9 +10,8 @@ import numpy as np
 import onnx
 
 from jetpipe.calibration import metrics as m
-from jetpipe.pipelines.postprocess import YoloDetection
-from jetpipe.preprocess import Letterbox
 from jetpipe.runtime.sessions import ort_session, run_in_batches
+from jetpipe.tasks import Task, TaskOptions
 
 
 @dataclass
@@ -24,7 +23,8 @@ class Context:
     processed_path: str
     inputs: np.ndarray               # N,C,H,W float32 (identical for both models)
     input_name: str
-    task: str
+    task: Task
+    options: TaskOptions
     provider: str
     _reference_outputs: list | None = None
 
@@ -39,23 +39,6 @@ def run_outputs(model, ctx: Context, batch: int = 4) -> list[np.ndarray]:
     return run_in_batches(ort_session(model, ctx.provider), ctx.inputs, batch)
 
 
-def task_metrics(task: str, ref: list[np.ndarray], out: list[np.ndarray], input_hw) -> dict:
-    """The task's agreement metrics of `out` against `ref` (first output)."""
-    r, o = ref[0], out[0]
-    if task == "text-detection":
-        f1 = m.per_sample_f1(r, o)
-        return {"f1": float(f1.mean()), "f1_min": float(f1.min()), "mae": m.mean_abs_error(r, o)}
-    if task == "classification":
-        top1 = m.topk_agreement(r, o, 1)
-        return {"top1": top1, "top5": m.topk_agreement(r, o, 5), "top1_drop": (1 - top1) * 100}
-    if task == "detection-yolo":
-        post = YoloDetection(input_hw=tuple(input_hw))
-        boxes = [Letterbox(1.0, 1.0, 0, 0)] * len(r)
-        sizes = [tuple(input_hw)] * len(r)
-        return {"map": m.detection_map(post({"y": r}, boxes, sizes), post({"y": o}, boxes, sizes))}
-    return {"mae": m.mean_abs_error(r, o), "cosine": m.tensor_errors(r, o)["cosine"]}
-
-
 def compare(ctx: Context, candidate=None, outputs: list[np.ndarray] | None = None) -> tuple[dict, dict]:
     """(per-output errors, task metrics) against FP32 of the bundle, a candidate model, or
     outputs already computed."""
@@ -64,7 +47,7 @@ def compare(ctx: Context, candidate=None, outputs: list[np.ndarray] | None = Non
         run_outputs(candidate if candidate is not None else ctx.processed_path, ctx)
     names = [o.name for o in ctx.reference.graph.output]
     per_output = {n: m.tensor_errors(a, b) for n, a, b in zip(names, ref, out)}
-    tm = task_metrics(ctx.task, ref, out, ctx.manifest["input_size"])
+    tm = ctx.task.metric(ref, out, ctx.options)
     tm["cosine"] = min(v["cosine"] for v in per_output.values())
     tm["snr_db"] = min(v["snr_db"] for v in per_output.values())
     tm.setdefault("mae", float(np.mean([v["mean_abs"] for v in per_output.values()])))

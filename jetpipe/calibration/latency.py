@@ -19,11 +19,11 @@ from jetpipe import bundle as bundles
 from jetpipe.calibration import reports
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape
-from jetpipe.pipelines.postprocess import make_postprocessor
 from jetpipe.pipelines.sources import SyntheticCamera
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.probe import probe_gpu
 from jetpipe.runtime.runtime import open_runtime
+from jetpipe.tasks import for_bundle
 from jetpipe.uri import parse as parse_uri
 
 
@@ -77,11 +77,12 @@ def run_latency(opts: LatencyOptions) -> dict:
     manifest = bundles.load(opts.bundle)
     if max(opts.batches) > manifest["batch"]["max"]:
         raise JetpipeError(f"--batch {max(opts.batches)} exceeds the bundle's max batch {manifest['batch']['max']}")
+    task, options = for_bundle(manifest)
     frames = _frames(opts.source, max(opts.batches))
     rss_before = _rss_mb()
     runtime = open_runtime(opts.bundle, max(opts.batches), opts.backend, opts.memory, profile=True)
     try:
-        post = make_postprocessor(manifest.get("task"), runtime.size_hw)
+        post = task.postprocessor(options)
         rows = [_measure(runtime, post, frames[:b], opts) for b in opts.batches]
         device = runtime.describe()
     finally:

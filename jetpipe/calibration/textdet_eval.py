@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jetpipe.calibration.metrics import mean_abs_error, per_sample_f1
-from jetpipe.pipelines.postprocess import TextDetection
 from jetpipe.preprocess import preprocess_bgr
 from jetpipe.runtime.sessions import run_in_batches
 from jetpipe.spec import PreprocessSpec
 from jetpipe.synth import render_text_image
+from jetpipe.tasks.metrics import match_boxes, mean_abs_error, per_sample_f1
+from jetpipe.tasks.text_detection import TextDetection
 
 
 def eval_set(count: int, size_hw: tuple[int, int], spec: PreprocessSpec, first_seed: int = 0,
@@ -34,15 +34,6 @@ def eval_set(count: int, size_hw: tuple[int, int], spec: PreprocessSpec, first_s
     return np.stack(inputs), boxes, truths
 
 
-def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of xyxy boxes: (len(a), len(b))."""
-    lo = np.maximum(a[:, None, :2], b[None, :, :2])
-    hi = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(hi - lo, 0, None), axis=2)
-    area_a, area_b = np.prod(a[:, 2:] - a[:, :2], axis=1), np.prod(b[:, 2:] - b[:, :2], axis=1)
-    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
-
-
 @dataclass
 class Hmean:
     hmean: float
@@ -54,18 +45,8 @@ class Hmean:
 
 def detection_hmean(predicted: list[np.ndarray], truths: list[np.ndarray], threshold: float = 0.5) -> Hmean:
     """Greedy one-to-one matching by IoU, highest first, over all images."""
-    matched = 0
-    for pred, truth in zip(predicted, truths):
-        if not len(pred) or not len(truth):
-            continue
-        overlap = iou(pred, truth)
-        free_pred, free_truth = np.ones(len(pred), bool), np.ones(len(truth), bool)
-        for i, j in zip(*np.unravel_index(np.argsort(-overlap, axis=None), overlap.shape)):
-            if overlap[i, j] < threshold:
-                break
-            if free_pred[i] and free_truth[j]:
-                free_pred[i] = free_truth[j] = False
-                matched += 1
+    matched = sum(len(match_boxes(pred, truth, threshold)) for pred, truth in zip(predicted, truths)
+                  if len(pred) and len(truth))
     n_pred, n_truth = sum(map(len, predicted)), sum(map(len, truths))
     p, r = matched / max(n_pred, 1), matched / max(n_truth, 1)
     return Hmean(2 * p * r / max(p + r, 1e-12), p, r, n_pred, n_truth)

@@ -32,6 +32,8 @@ from jetpipe.progress import bar
 from jetpipe.runtime import trt_builder
 from jetpipe.runtime.sessions import cpu_session, run_in_batches
 from jetpipe.spec import PreprocessSpec
+from jetpipe.tasks import ModelFacts, Task, TaskOptions, choose, task_labels
+from jetpipe.tasks import get as get_task
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,8 @@ class ConvertOptions:
     prune_budget_min: float = 15     # sensitivity measured only where it fits in this time (else uniform)
     dla_core: int | None = None
     force: bool = False
-    task: str | None = None
+    task: str | None = None          # None: recognized from the outputs and the model's metadata
+    labels: tuple[str, ...] | None = None  # class names / a recognizer's alphabet (--labels FILE)
     progress: bool = True
 
 
@@ -86,6 +89,7 @@ class Prepared:
     cleanup: dict = field(default_factory=dict)       # whether onnxslim's clean-up was kept, and why not
     batch_layout: dict = field(default_factory=dict)  # rewritten batch literals, outputs' batch axes moved
     width_range: tuple[int, int] | None = None        # (min, max) of a dynamic input width; size_hw has opt
+    metadata: dict = field(default_factory=dict)      # the source's metadata_props (task, class names, alphabet)
 
     @property
     def channels(self) -> int:
@@ -97,11 +101,14 @@ def convert(opts: ConvertOptions) -> dict:
     _validate(opts)
     bundles.check_destination(opts.output, opts.force)
     prepared = prepare(opts.model, opts.precision, opts.input_size, opts.max_batch, opts.input_width_range)
-    opts = dataclasses.replace(opts, spec=opts.spec.for_channels(prepared.channels))  # gray for 1 channel
+    task, labels = _choose_task(opts, prepared)
+    opts = dataclasses.replace(opts, spec=opts.spec.for_channels(prepared.channels),  # gray for 1 channel
+                               task=task.name, labels=labels)
     source = _calibration_source(opts, prepared)
     first_batch = next(source.batches(_step_batch(opts.calib_batch, prepared))) if source is not None else None
     batch_proof = _prove_batch(prepared, first_batch)  # before pruning, which can take minutes
-    checks = _CheckSamples(*source.held_out(CHECK_SAMPLES)) if source is not None else _CheckSamples(None, False)
+    held = source.held_out(CHECK_SAMPLES) if source is not None else (None, False)
+    checks = _CheckSamples(*held, task, TaskOptions(prepared.size_hw, labels))
     cost = {"source": flops.totals(flops.layer_costs(prepared.model, prepared.size_hw))}
     pruning = _apply_pruning(opts, prepared, source, cost["source"], checks)
     sparsity = _apply_sparsity(opts, prepared)
@@ -129,10 +136,13 @@ ACCURACY_WARNING = 0.1   # relative MAE against FP32 above which convert warns (
 
 @dataclass
 class _CheckSamples:
-    """Inputs the processed model is compared on with FP32; `held_out`: calibration never saw them."""
+    """Inputs the processed model is compared on with FP32 (`held_out`: calibration never saw them), and the
+    task whose own metric the comparison reports."""
 
     inputs: np.ndarray | None
     held_out: bool
+    task: Task
+    options: TaskOptions
 
 
 def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dict, checks) -> dict | None:
@@ -238,7 +248,9 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
         log.warning("graph clean-up (onnxslim) fixed the input width: the bundle keeps the graph as exported")
         model, cleanup = graph.with_shapes(exported), {"applied": False, "reason": "it fixed the input width"}
     layout = batch.batch_layout(model, sample, dynamic) if max_batch > 1 else batch.batch_one_layout(model, sample)
-    return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout, width_range)
+    metadata = {prop.key: prop.value for prop in exported.metadata_props}
+    return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout, width_range,
+                    metadata)
 
 
 def _check_width_range(model: onnx.ModelProto, info: graph.InputInfo, height: int, width_range) -> None:
@@ -291,7 +303,8 @@ def _calibration_source(opts, prepared: Prepared) -> CalibrationSource | None:
     if opts.calib is None:
         return None
     source = open_source(opts.calib, tuple(prepared.input.dims), prepared.size_hw, opts.spec, opts.calib_size)
-    if isinstance(source, SyntheticText) and opts.task != "text-detection":
+    in_domain = "text-recognition" if isinstance(source, SyntheticText) and source.lines else "text-detection"
+    if isinstance(source, SyntheticText) and opts.task != in_domain:
         h, w = prepared.size_hw
         made_for = ("text recognizers (line-shaped inputs like this one's)" if source.lines else
                     "text detectors")
@@ -299,6 +312,15 @@ def _calibration_source(opts, prepared: Prepared) -> CalibrationSource | None:
                     "data and cost accuracy: calibrate on real %dx%d inputs (a folder of images or a video)",
                     source.describe(), made_for, w, h)
     return source
+
+
+def _choose_task(opts, prepared: Prepared) -> tuple[Task, tuple[str, ...] | None]:
+    """The task the bundle is for (--task checked against the outputs, else recognized) and its labels."""
+    facts = ModelFacts.from_io(_io(prepared.model), prepared.size_hw, prepared.metadata, opts.labels)
+    task = choose(opts.task, facts)
+    labels = task_labels(task, facts)
+    log.info("task: %s%s", task.name, f" ({len(labels)} labels)" if labels else "")
+    return task, labels
 
 
 def _step_batch(wanted: int, prepared: Prepared) -> int:
@@ -395,12 +417,13 @@ def _to_fp16(opts, model, absmax, manual, checks, input_name):
         keep = {**fp16.range_rules(model, absmax, data_max), **manual}
         half = fp16.convert(model, set(keep))
         check = _accuracy_check(model, half, checks, input_name)
-        if check is None or check["relative_mae"] <= FP16_TOLERANCE or data_max <= 256 or not absmax:
+        close = check is None or (check["relative_mae"] <= FP16_TOLERANCE and not _task_misses(check, checks.task))
+        if close or data_max <= 256 or not absmax:
             _warn_if_inaccurate(check, "FP16", opts)
             return half, keep, check
         data_max /= 4  # measured error too high: keep more of the largest-valued nodes in fp32
-        log.info("fp16 output error %.2e: keeping nodes with |x| > %g in fp32",
-                 check["relative_mae"], data_max)
+        log.info("fp16 output error %.2e, %s: keeping nodes with |x| > %g in fp32", check["relative_mae"],
+                 _metric_text(check["task_metrics"]), data_max)
 
 
 def _to_int8(opts, prepared: Prepared, calibration: CalibrationResult, manual, samples, checks):
@@ -441,26 +464,49 @@ def _check_node_names(model, names) -> None:
 
 
 def _accuracy_check(reference, processed, checks: _CheckSamples, input_name) -> dict | None:
-    """Output error of the processed model against `reference` (FP32) on the check samples."""
+    """The processed model against `reference` (FP32) on the check samples: the task's own metrics (boxes
+    found, strings read, top-1, ...) and the relative MAE of each output."""
     if checks.inputs is None:
         return None
     ref = run_in_batches(cpu_session(reference), checks.inputs)
     out = run_in_batches(cpu_session(processed), checks.inputs)
-    return {"samples": int(len(checks.inputs)), "held_out": checks.held_out,
+    names = [o.name for o in reference.graph.output]
+    return {"samples": int(len(checks.inputs)), "held_out": checks.held_out, "task": checks.task.name,
+            "task_metrics": {k: round(float(v), 6) for k, v in checks.task.metric(ref, out, checks.options).items()},
             "relative_mae": sensitivity.relative_mae(ref, out),
+            "outputs": {n: sensitivity.relative_mae([r], [o]) for n, r, o in zip(names, ref, out)},
             "max_abs_error": max(float(np.abs(r - o).max()) for r, o in zip(ref, out))}
 
 
+def _task_misses(check: dict, task: Task) -> list[str]:
+    """The task's check bounds the metrics miss ('box_f1 0.27 < 0.9')."""
+    missed = []
+    for metric, bound in task.check_bounds.items():
+        value, op = check["task_metrics"].get(metric), task.metrics[metric]
+        if value is not None and not (value >= bound if op == ">=" else value <= bound):
+            missed.append(f"{metric} {value:.3g} {'<' if op == '>=' else '>'} {bound:g}")
+    return missed
+
+
+def _metric_text(metrics: dict) -> str:
+    return ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
 def _warn_if_inaccurate(check: dict | None, what: str, opts) -> None:
-    """Say loudly when `what` (a step: INT8, FP16, pruning) moved the outputs far; marks the check."""
-    if check is None or check["relative_mae"] <= ACCURACY_WARNING:
+    """Say loudly when `what` (a step: INT8, FP16, pruning) moved the task's results or the outputs far;
+    marks the check."""
+    if check is None:
+        return
+    reasons = _task_misses(check, get_task(check["task"]))
+    if check["relative_mae"] > ACCURACY_WARNING:
+        reasons.append(f"relative MAE {check['relative_mae']:.3f} > {ACCURACY_WARNING}")
+    if not reasons:
         return
     samples = f"{check['samples']} {'held-out' if check['held_out'] else 'calibration'} samples"
-    log.warning("%s changes the model's outputs by %.0f %% (relative MAE %.3f against FP32 on %s; warned above "
-                "%.2f): check the task's metric with `jetpipe calibrate accuracy %s --data %s --budget ...`, "
-                "which can also keep the worst layers in float", what, 100 * check["relative_mae"],
-                check["relative_mae"], samples, ACCURACY_WARNING, opts.output, opts.calib)
-    check["warning"] = f"relative MAE above {ACCURACY_WARNING}"
+    log.warning("%s changes the model's results against FP32 on %s (%s: %s): check them on your data with "
+                "`jetpipe calibrate accuracy %s --data %s --budget ...`, which can also keep the worst layers in "
+                "float", what, samples, check["task"], "; ".join(reasons), opts.output, opts.calib)
+    check["warning"] = "; ".join(reasons)
 
 
 def _build_engine(opts, prepared: Prepared, folder: Path) -> dict:
@@ -515,6 +561,7 @@ def _manifest(opts, prepared, model, excluded, calibration, check, engine, batch
         "source": {"path": str(Path(opts.model).resolve()), "sha256": prepared.source_sha256},
         "model": bundles.MODEL_FILE,
         "task": opts.task,
+        "labels": list(opts.labels) if opts.labels else None,
         "precision": opts.precision,
         "excluded_nodes": excluded,
         "io": _io(model),

@@ -1,4 +1,5 @@
-"""Results drawn on frames: boxes, scores, classes and track IDs over the source image (CPU, OpenCV).
+"""Results drawn on frames: boxes, scores, class names and track IDs, read text, over the source image
+(CPU, OpenCV).
 
 For sinks a person looks at (annotated video, the preview page). The frame is converted from the ring's
 YUV once, at the size the sink wants, then drawn on in place.
@@ -60,20 +61,29 @@ def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.nda
     scale_y, scale_x = image.shape[0] / source_hw[0], image.shape[1] / source_hw[1]
     boxes = np.asarray(results.get("boxes") or [], np.float64).reshape(-1, 4) * [scale_x, scale_y, scale_x, scale_y]
     scores = results.get("scores") or [None] * len(boxes)
-    classes = results.get("classes") or [None] * len(boxes)
+    classes = _class_names(results) or [None] * len(boxes)
     tracks = results.get("track_ids") or [None] * len(boxes)
     thickness = max(1, round(image.shape[0] / 360))
     for box, score, cls, track in zip(boxes.round().astype(int), scores, classes, tracks):
         color = PALETTE[track % len(PALETTE)] if track is not None else UNTRACKED
         cv2.rectangle(image, (int(box[0]), int(box[1])), (int(box[2]), int(box[3])), color, thickness)
-        label = " ".join(p for p in (f"#{track}" if track is not None else "", f"c{cls}" if cls is not None else "",
+        label = " ".join(p for p in (f"#{track}" if track is not None else "", cls or "",
                                      f"{score:.2f}" if score is not None else "") if p)
         if label:
             _label(image, label, (int(box[0]), int(box[1])), color)
     if "boxes" not in results and results.get("classes"):  # classification: the top classes, top left
-        top = zip(results["classes"][:3], results.get("scores") or [])
-        _label(image, ", ".join(f"c{c}: {s:.2f}" for c, s in top), (4, 4), (255, 255, 255))
+        top = zip(_class_names(results)[:3], results.get("scores") or [])
+        _label(image, ", ".join(f"{c}: {s:.2f}" for c, s in top), (4, 4), (255, 255, 255))
+    if "text" in results:  # a recognizer's line: what it read, top left
+        _label(image, f"{results['text'].strip()} ({results.get('score', 0):.2f})", (4, 4), (255, 255, 255))
     return image
+
+
+def _class_names(results: dict) -> list[str] | None:
+    """What a box or a classification is called on screen: its label where the bundle has names, else c<N>."""
+    if results.get("labels"):
+        return list(results["labels"])
+    return [f"c{c}" for c in results["classes"]] if results.get("classes") else None
 
 
 def _label(image, text, corner, color) -> None:

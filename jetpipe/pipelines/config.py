@@ -11,11 +11,11 @@ from pathlib import Path
 
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH
-from jetpipe.pipelines.postprocess import POSTPROCESSORS
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.runtime.cuda import MEMORY_MODES
 from jetpipe.runtime.runtime import BACKENDS
+from jetpipe.tasks import TASKS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -176,6 +176,6 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
             raise ConfigError(f"{where}: source {src.uri!r}: hwaccel = {src.hwaccel!r}: an FFmpeg hardware device "
                               "type such as cuda or qsv ('jetpipe doctor' lists them)")
     if config.task is not None:
-        if config.task not in POSTPROCESSORS:
-            raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(POSTPROCESSORS)}")
+        if config.task not in TASKS:
+            raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(TASKS)}")
     return config

@@ -26,18 +26,17 @@ from jetpipe.pipelines import preview
 from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.metrics import Metrics, MetricsServer
-from jetpipe.pipelines.postprocess import make_postprocessor
 from jetpipe.pipelines.preview import Preview
 from jetpipe.pipelines.sinks import open_sink
 from jetpipe.pipelines.sources import EndOfStream, open_source
 from jetpipe.pipelines.tracking import Tracker
 from jetpipe.runtime.runtime import open_runtime
+from jetpipe.tasks import for_bundle
 
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
 
 BUFFER_SETS = 4
-TRACKED_TASKS = ("text-detection", "detection-yolo")  # tasks whose results carry boxes and scores
 STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect inside OpenCV) are left behind
 
 
@@ -50,11 +49,12 @@ class Pipeline:
         self._cpu_lock = threading.Lock()
         self.on_result = on_result  # optional callback(record), e.g. for the demo's console output
         manifest = bundles.read_manifest(config.bundle)
-        self.task = config.task or manifest.get("task") or "raw"
-        self.postprocess = make_postprocessor(self.task, tuple(manifest["input_size"]))
-        if config.tracker != "none" and self.task not in TRACKED_TASKS:
-            raise ConfigError(f"tracker = {config.tracker!r} tracks detected boxes; task {self.task} has none "
-                              f"(tracked tasks: {', '.join(TRACKED_TASKS)}): use tracker = 'none'")
+        task, options = for_bundle(manifest, config.task)  # checked against the outputs before any frame
+        self.task = task.name
+        self.postprocess = task.postprocessor(options)
+        if config.tracker != "none" and not task.boxes:
+            raise ConfigError(f"tracker = {config.tracker!r} tracks detected boxes; task {self.task} has none: "
+                              "use tracker = 'none'")
         # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
                                     max_frame_hw=config.max_frame_hw, buffer_sets=BUFFER_SETS,

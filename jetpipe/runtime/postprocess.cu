@@ -5,7 +5,7 @@
 //   topk      classification: row statistics + the k largest values per frame
 //   yolo_*    detection: decode + score filter -> sort by score -> greedy
 //             class-aware NMS, at most K detections per frame
-// The host finishes each (jetpipe/pipelines/postprocess.py) with the same code
+// The host finishes each (the task modules in jetpipe/tasks) with the same code
 // as the CPU postprocessors, so both paths give the same results.
 
 // ---------------------------------------------------------------- DB components

@@ -9,6 +9,7 @@ compute stream); the compact arrays are per set, like the outputs.
               with bounding box, area and probability sum; `limit` per frame
   topk        classification: the k largest values and row statistics
   yolo-nms    YOLO decode + score filter + class-aware NMS; `limit` per frame
+  best-per-step  CTC text recognition: the best class of each time step and its row statistics
 """
 
 from __future__ import annotations
@@ -112,6 +113,32 @@ class TopKReducer(_Reducer):
                                           np.int32(self.k), out["top_index"], out["top_value"], out["stats"])
 
 
+class BestPerStepReducer(_Reducer):
+    """CTC text recognition: the best class of every time step ([N, T, C] -> [N, T]) and its row statistics,
+    by the top-k kernel with k = 1 run on each step's row (one block a step). T * 24 bytes a line come back
+    instead of T * C * 4 (PP-OCRv4 rec at width 320: 960 bytes instead of 1 MB)."""
+
+    kind = "best-per-step"
+
+    def __init__(self, device, module, max_batch: int, sets: int, output):
+        shape = output.sample_shape
+        if len(shape) != 2 or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ReductionUnsupported(f"CTC decoding on the GPU reads a [N, T, C] output of fixed T and C; "
+                                       f"{output.name} is {[None, *shape]}")
+        self.steps, self.classes = shape
+        super().__init__(device, max_batch, sets, {"best": ((self.steps,), np.int32),
+                                                   "best_value": ((self.steps,), np.float32),
+                                                   "stats": ((self.steps, 4), np.float32)})
+        self.function = module.get_function("topk")
+        self.function.prepare("PiiPPP")
+
+    def launch(self, set_index: int, batch: int, output_address: int, stream) -> None:
+        out = self.device_out[set_index]
+        self.function.prepared_async_call((batch * self.steps, 1), (256, 1, 1), stream, output_address,
+                                          np.int32(self.classes), np.int32(1), out["best"], out["best_value"],
+                                          out["stats"])
+
+
 def yolo_layout(sample_shape, requested: str) -> str:
     """The postprocessor's rule: [4 + C, N] (channels first) is YOLOv8, [N, 5 + C] YOLOv5."""
     if requested != "auto":
@@ -167,7 +194,8 @@ class YoloReducer(_Reducer):
                                      out["detections"])
 
 
-REDUCERS = {"components": ComponentsReducer, "topk": TopKReducer, "yolo-nms": YoloReducer}
+REDUCERS = {"components": ComponentsReducer, "topk": TopKReducer, "yolo-nms": YoloReducer,
+            "best-per-step": BestPerStepReducer}
 
 
 def make_reducer(reduction: Reduction, device, module, max_batch: int, sets: int, output):

@@ -63,7 +63,8 @@ def test_latency_report_on_the_cpu(tiny, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--task", "segmentation"], "--task 'segmentation': choose one of"),
+    (["--task", "detection-yolo"], "--task detection-yolo: the model's outputs do not fit: expects one output "
+                                   "\\[N, 4\\+C, A\\]"),
     (["--reference", "{other}"], "different I/O"),
     (["--data", "{bad_npy}"], "needs float32 \\[N, 3, 16, 16\\]"),
     (["--budget", "f1=0.9"], "write METRIC>=VALUE"),

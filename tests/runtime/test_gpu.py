@@ -175,9 +175,9 @@ def test_memory_modes_give_identical_results(det_bundle, memory):
 
 def test_det_cuda_ep_matches_cpu_path(det_bundle):
     _needs_cuda_ep()
-    from jetpipe.calibration.metrics import per_sample_f1
     from jetpipe.runtime.gpu_runtime import GpuRuntime
     from jetpipe.runtime.runtime import CpuRuntime
+    from jetpipe.tasks.metrics import per_sample_f1
 
     frames = _frames(8)
     with GpuRuntime(det_bundle, max_batch=8) as gpu_rt, \
@@ -257,8 +257,8 @@ def test_steady_state_allocates_nothing(det_bundle, memory):
 
 def test_stage_times_with_profiling(det_bundle):
     _needs_cuda_ep()
-    from jetpipe.pipelines.postprocess import TextDetection
     from jetpipe.runtime.gpu_runtime import GpuRuntime
+    from jetpipe.tasks.text_detection import TextDetection
 
     reduction = TextDetection().reduction(required=True)
     with GpuRuntime(det_bundle, max_batch=4, profile=True, reduction=reduction) as rt:

@@ -11,9 +11,11 @@ import pytest
 
 from jetpipe.frames import from_bgr
 from jetpipe.geometry import Letterbox
-from jetpipe.pipelines.postprocess import Classification, TextDetection, YoloDetection
 from jetpipe.runtime.api import Frame, TensorSpec
 from jetpipe.synth import render_text_image
+from jetpipe.tasks.classification import Classification
+from jetpipe.tasks.detection_yolo import YoloDetection
+from jetpipe.tasks.text_detection import TextDetection
 
 pytestmark = pytest.mark.gpu
 
@@ -189,3 +191,30 @@ def test_yolox_grid_decoding_matches_cpu(device, module):
     boxes, sizes = [IDENTITY] * 2, [(640, 640)] * 2
     gpu = post.reduced(_reduce(device, module, post.reduction(), out), boxes, sizes)
     _same_detections(gpu, post({"out": out}, boxes, sizes))
+
+
+def test_ctc_best_per_step_matches_cpu_on_real_recognizer_outputs(device, module):
+    """PP-OCRv4 rec (softmax outputs) on rendered lines, and the same as logits: the GPU's best class per step
+    finished on the host reads the same text with the same scores as the CPU path."""
+    import onnx
+
+    from jetpipe.models import BUILTIN
+    from jetpipe.preprocess import preprocess_bgr
+    from jetpipe.runtime.sessions import cpu_session
+    from jetpipe.spec import preset
+    from jetpipe.synth import render_text_line
+    from jetpipe.tasks.text_recognition import CTCRecognition, alphabet
+
+    source = onnx.load(str(BUILTIN["ppocr-rec"].path()))
+    character = {p.key: p.value for p in source.metadata_props}["character"].splitlines()
+    post = CTCRecognition(alphabet(character, 6625))
+    lines = [render_text_line(seed, (48, 320)).bgr for seed in range(6)]
+    inputs = np.stack([preprocess_bgr(line, (48, 320), preset("ppocr-rec"))[0] for line in lines])
+    probabilities = cpu_session(source).run(None, {"x": inputs})[0]
+    logits = np.log(np.maximum(probabilities, 1e-30)) + 3.0
+    for scores in (probabilities, logits):
+        reduced = _reduce(device, module, post.reduction(), scores)
+        assert reduced["best"].shape == scores.shape[:2]
+        gpu, cpu = post.reduced(reduced, [None] * 6, None), post({"y": scores}, [None] * 6, None)
+        assert [g["text"] for g in gpu] == [c["text"] for c in cpu] and any(c["text"].strip() for c in cpu)
+        np.testing.assert_allclose([g["score"] for g in gpu], [c["score"] for c in cpu], atol=2e-4)

@@ -1,10 +1,12 @@
 import numpy as np
 import pytest
 
-from jetpipe.errors import JetpipeError
 from jetpipe.geometry import Letterbox, fit
-from jetpipe.pipelines.postprocess import Classification, TextDetection, YoloDetection, make_postprocessor
 from jetpipe.runtime.postprocess_gpu import COMPONENT, SUM_SCALE
+from jetpipe.tasks import TaskError, get
+from jetpipe.tasks.classification import Classification
+from jetpipe.tasks.detection_yolo import YoloDetection
+from jetpipe.tasks.text_detection import TextDetection
 
 IDENTITY = Letterbox(1.0, 1.0, 0, 0)
 
@@ -67,8 +69,8 @@ def test_classification_top_k_from_logits_and_probabilities():
 
 
 def test_unknown_task():
-    with pytest.raises(JetpipeError, match="task 'segmentation'"):
-        make_postprocessor("segmentation")
+    with pytest.raises(TaskError, match="task 'segmentation': choose one of text-detection, detection-yolo"):
+        get("segmentation")
 
 
 def test_text_regions_come_in_reading_order():

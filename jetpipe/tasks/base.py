@@ -1,0 +1,129 @@
+"""What a task is: the contract every task module fills. No CUDA here: the GPU reductions a task asks for
+(`Reduction`) are implemented in jetpipe/runtime, which finishes them into the task's compact arrays.
+
+A task answers, for a model:
+- `mismatch(facts)`: why the model's outputs do not fit it (None: they do), in words a user can act on;
+- `recognizes(facts)`: whether convert may pick it without being told (stricter than fitting);
+- `postprocessor(options)`: outputs -> per-frame result records (the CPU path and, where it has one, the
+  GPU reduction's finish, the same code from the compact arrays);
+- `metric(reference, candidate, options)`: its own agreement metrics of a model against FP32;
+- `labels(facts)`: class names or an alphabet from the model's own metadata.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from jetpipe.errors import JetpipeError
+from jetpipe.geometry import Letterbox
+
+
+class TaskError(JetpipeError):
+    """A task that does not fit a model's outputs, or an unknown task."""
+
+
+Shape = tuple  # ints, or names / "?" for dimensions not fixed in the graph
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a task is recognised from: the output shapes (batch first), the network's input size and the
+    model's own metadata (ONNX metadata_props: Ultralytics' task/names/imgsz, PP-OCR's character)."""
+
+    outputs: tuple[tuple[str, Shape], ...]
+    input_hw: tuple[int, int]
+    metadata: dict
+    labels: tuple[str, ...] | None = None  # given by the user (--labels FILE) or stored in the bundle
+
+    @classmethod
+    def from_io(cls, io: dict, input_hw, metadata: dict | None = None, labels=None) -> ModelFacts:
+        """From a manifest's "io" (as convert writes it)."""
+        return cls(tuple((o["name"], tuple(o["shape"])) for o in io["outputs"]), tuple(input_hw),
+                   dict(metadata or {}), tuple(labels) if labels else None)
+
+    def shapes(self) -> str:
+        return ", ".join(f"{name} {list(shape)}" for name, shape in self.outputs)
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """What a task's postprocessing and metric need from the bundle."""
+
+    input_hw: tuple[int, int] = (640, 640)
+    labels: tuple[str, ...] | None = None  # class names by index, or a recognizer's alphabet (blank first)
+
+
+def known(dim) -> bool:
+    return isinstance(dim, int) and dim > 0
+
+
+class Task:
+    """Base: a task that fits nothing and is never picked on its own."""
+
+    name = ""
+    boxes = False            # its results carry boxes and scores (trackers, secondary stages)
+    metrics: dict[str, str] = {}  # metric it reports -> how a budget bounds it (">=" or "<=")
+    check_bounds: dict[str, float] = {}  # convert's check against FP32 warns where a metric misses its bound
+    summary = ""             # one line for --help and the README's task table
+
+    def mismatch(self, facts: ModelFacts) -> str | None:
+        raise NotImplementedError
+
+    def recognizes(self, facts: ModelFacts) -> bool:
+        return self.mismatch(facts) is None
+
+    def labels(self, facts: ModelFacts) -> tuple[str, ...] | None:
+        return None
+
+    def postprocessor(self, options: TaskOptions):
+        raise NotImplementedError
+
+    def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
+        raise NotImplementedError
+
+
+def single_output(facts: ModelFacts, rank: int, what: str) -> tuple | str:
+    """The one output's shape when there is one of `rank` dimensions, else why not."""
+    if len(facts.outputs) != 1:
+        return f"expects one output ({what}), the model has {len(facts.outputs)}: {facts.shapes()}"
+    shape = facts.outputs[0][1]
+    if len(shape) != rank:
+        return f"expects one output {what}, found {facts.shapes()}"
+    return shape
+
+
+def class_names(metadata: dict) -> tuple[str, ...] | None:
+    """Ultralytics' `names` ("{0: 'person', 1: 'bicycle'}") as a tuple by class index."""
+    text = metadata.get("names")
+    if not text:
+        return None
+    try:
+        names = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+    if isinstance(names, dict) and all(isinstance(k, int) for k in names) and sorted(names) == list(range(len(names))):
+        return tuple(str(names[i]) for i in range(len(names)))
+    if isinstance(names, (list, tuple)):
+        return tuple(str(n) for n in names)
+    return None
+
+
+def with_labels(result: dict, labels: tuple[str, ...] | None) -> dict:
+    """A record's "labels" beside its "classes" (names where the bundle has them)."""
+    if labels is not None and "classes" in result:
+        result["labels"] = [labels[c] if 0 <= c < len(labels) else str(c) for c in result["classes"]]
+    return result
+
+
+def boxes_to_source(xyxy, letterbox, height: int, width: int):
+    """Network-input boxes -> source pixels through the letterbox, clipped to the frame."""
+    pts = letterbox.to_source(xyxy.reshape(-1, 2, 2)).reshape(-1, 4)
+    pts[:, 0::2] = pts[:, 0::2].clip(0, width)
+    pts[:, 1::2] = pts[:, 1::2].clip(0, height)
+    return pts
+
+
+def identity_frames(count: int, input_hw) -> tuple[list, list]:
+    """Letterboxes and sizes that leave results in network-input pixels: what metrics compare in."""
+    return [Letterbox(1.0, 1.0, 0, 0)] * count, [tuple(input_hw)] * count

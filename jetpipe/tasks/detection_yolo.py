@@ -1,0 +1,163 @@
+"""detection-yolo: YOLO heads before NMS — YOLOv8/11 [N, 4+C, A], YOLOv5 [N, 3A, 5+C], YOLOX grids.
+
+A = the anchor points of strides 8, 16 and 32 at the input size (8400 at 640x640). Records: "boxes" (x0 y0
+x1 y1, source pixels), "scores", "classes", and "labels" where the bundle has class names (Ultralytics
+exports carry them). GPU: the "yolo-nms" reduction (decode, score threshold, class-aware NMS on the
+device). Metric against FP32: box F1 (same class, IoU 0.5), the score error of matched boxes, and mAP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jetpipe.errors import JetpipeError
+from jetpipe.lazy import lazy_import
+from jetpipe.runtime.api import Reduction
+from jetpipe.tasks import metrics
+from jetpipe.tasks.base import (
+    ModelFacts,
+    Task,
+    TaskOptions,
+    boxes_to_source,
+    class_names,
+    identity_frames,
+    known,
+    single_output,
+    with_labels,
+)
+
+cv2 = lazy_import("cv2")
+
+STRIDES = (8, 16, 32)
+
+
+def anchor_points(input_hw, strides=STRIDES) -> int:
+    return sum((input_hw[0] // s) * (input_hw[1] // s) for s in strides)
+
+
+@dataclass
+class YoloDetection:
+    """YOLOv5 (B,N,5+C), YOLOv8 (B,4+C,N) and YOLOX (B,N,5+C, raw grid outputs) with class-aware NMS."""
+
+    layout: str = "auto"            # yolov5 | yolov8 | yolox | auto (by shape)
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    input_hw: tuple[int, int] = (640, 640)
+    strides: tuple[int, ...] = STRIDES
+    max_detections: int = 300  # per frame, highest scores first (Ultralytics' max_det)
+    labels: tuple[str, ...] | None = None
+
+    def _layout(self, out: np.ndarray) -> str:
+        if self.layout != "auto":
+            return self.layout
+        return "yolov8" if out.shape[1] < out.shape[2] else "yolov5"
+
+    def decode(self, out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One image's output -> (xyxy in network pixels, score, class) before NMS."""
+        layout = self._layout(out[None])
+        if layout == "yolov8":
+            pred = out.T
+            xywh, cls = pred[:, :4], pred[:, 4:]
+            conf = cls
+        else:
+            pred = out.astype(np.float64)
+            if layout == "yolox":
+                pred = pred.copy()
+                grid, stride = self._grids(pred.shape[0])
+                pred[:, :2] = (pred[:, :2] + grid) * stride
+                pred[:, 2:4] = np.exp(pred[:, 2:4]) * stride
+            xywh, obj, cls = pred[:, :4], pred[:, 4:5], pred[:, 5:]
+            conf = obj * cls
+        class_id = conf.argmax(axis=1)
+        score = conf[np.arange(len(conf)), class_id]
+        xyxy = np.concatenate([xywh[:, :2] - xywh[:, 2:4] / 2, xywh[:, :2] + xywh[:, 2:4] / 2], axis=1)
+        return xyxy, score, class_id
+
+    def _grids(self, n: int):
+        h, w = self.input_hw
+        grids, strides = [], []
+        for s in self.strides:
+            gy, gx = np.meshgrid(np.arange(h // s), np.arange(w // s), indexing="ij")
+            grids.append(np.stack([gx.ravel(), gy.ravel()], 1))
+            strides.append(np.full((gx.size, 1), s))
+        grid, stride = np.concatenate(grids), np.concatenate(strides)
+        if len(grid) != n:
+            raise JetpipeError(f"YOLOX output has {n} anchors; strides {self.strides} at {h}x{w} "
+                               f"give {len(grid)}")
+        return grid, stride
+
+    def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        out = next(iter(outputs.values()))
+        results = []
+        for pred, box, hw in zip(out, letterboxes, sizes):
+            xyxy, score, cls = self.decode(pred)
+            keep = score >= self.score_threshold
+            xyxy, score, cls = xyxy[keep], score[keep], cls[keep]
+            if len(score):
+                xywh = np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], axis=1)
+                kept = cv2.dnn.NMSBoxesBatched(xywh.tolist(), score.tolist(), cls.tolist(),
+                                               self.score_threshold, self.iou_threshold)
+                kept = np.asarray(kept, dtype=np.int64).reshape(-1)[:self.max_detections]
+                xyxy, score, cls = xyxy[kept], score[kept], cls[kept]
+            results.append(self._result(xyxy, score, cls, box, hw))
+        return results
+
+    def reduction(self, required: bool = False) -> Reduction:
+        return Reduction("yolo-nms", {"layout": self.layout, "score_threshold": self.score_threshold,
+                                      "iou_threshold": self.iou_threshold, "limit": self.max_detections,
+                                      "input_hw": tuple(self.input_hw), "strides": tuple(self.strides)}, required)
+
+    def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        """Finish from the GPU's detections after NMS (counts [B], detections [B, limit, 6])."""
+        results = []
+        for count, found, box, hw in zip(outputs["counts"], outputs["detections"], letterboxes, sizes):
+            d = found[:int(count)].astype(np.float64)
+            results.append(self._result(d[:, :4], d[:, 4], d[:, 5].astype(np.int64), box, hw))
+        return results
+
+    def _result(self, xyxy, score, cls, box, hw) -> dict:
+        return with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
+                            "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist()}, self.labels)
+
+
+class YoloDetectionTask(Task):
+    name = "detection-yolo"
+    boxes = True
+    metrics = {"box_f1": ">=", "box_f1_min": ">=", "score_mae": "<=", "map": ">="}
+    check_bounds = {"box_f1": 0.9, "score_mae": 0.05}  # scores collapse before boxes move
+    summary = "YOLOv5/v8/11/X heads before NMS -> boxes, classes (names from the export), NMS on the GPU"
+
+    def mismatch(self, facts: ModelFacts) -> str | None:
+        if facts.metadata.get("task") not in (None, "detect"):
+            return f"the model says it is an Ultralytics {facts.metadata['task']!r} model, not a detector"
+        shape = single_output(facts, 3, "[N, 4+C, A] or [N, A, 5+C] (YOLO boxes before NMS)")
+        if isinstance(shape, str):
+            return shape
+        anchors = anchor_points(facts.input_hw)
+        _, a, b = shape
+        if not (known(a) and known(b)):
+            return None  # a dynamic size: nothing to hold against it
+        if (b in (anchors, 3 * anchors) and a >= 5) or (a in (anchors, 3 * anchors) and b >= 6):
+            return None
+        return (f"expects {anchors} (or {3 * anchors}) anchor rows for strides {STRIDES} at "
+                f"{facts.input_hw[0]}x{facts.input_hw[1]}, found {facts.shapes()}")
+
+    def recognizes(self, facts: ModelFacts) -> bool:
+        shape = facts.outputs[0][1] if len(facts.outputs) == 1 else ()
+        return self.mismatch(facts) is None and len(shape) == 3 and known(shape[1]) and known(shape[2])
+
+    def labels(self, facts: ModelFacts) -> tuple[str, ...] | None:
+        return class_names(facts.metadata)
+
+    def postprocessor(self, options: TaskOptions) -> YoloDetection:
+        return YoloDetection(input_hw=tuple(options.input_hw), labels=options.labels)
+
+    def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
+        post = YoloDetection(input_hw=tuple(options.input_hw))
+        boxes, sizes = identity_frames(len(reference[0]), options.input_hw)
+        ref, cand = post({"y": reference[0]}, boxes, sizes), post({"y": candidate[0]}, boxes, sizes)
+        agreement = metrics.box_agreement(ref, cand)
+        return {**{k: agreement[k] for k in ("box_f1", "box_f1_min", "score_mae")},
+                "map": metrics.detection_map(ref, cand)}

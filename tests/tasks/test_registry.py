@@ -1,0 +1,110 @@
+"""The registry: tasks recognized from outputs and metadata, refused where they do not fit, and recorded by
+convert in the bundle so that serve and calibrate read the outputs the same way."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from jetpipe.cli import main
+from jetpipe.geometry import Letterbox
+from jetpipe.tasks import ModelFacts, TaskError, choose, detect, for_bundle
+from tests.helpers import residual_cnn, save, yolo_head_net
+
+NAMES = "{0: 'cat', 1: 'dog'}"
+
+
+def facts(*shapes, hw=(640, 640), **metadata):
+    return ModelFacts(tuple((f"out{i}", tuple(s)) for i, s in enumerate(shapes)), hw, metadata)
+
+
+@pytest.mark.parametrize("shapes, metadata, expected", [
+    ([["N", 1, 640, 640]], {}, "text-detection"),
+    ([["N", 84, 8400]], {}, "detection-yolo"),             # YOLOv8/11
+    ([["N", 25200, 85]], {}, "detection-yolo"),            # YOLOv5: 3 anchors per cell
+    ([["N", 84, 8400]], {"task": "detect"}, "detection-yolo"),
+    ([["N", 1000]], {}, "classification"),
+    ([["N", 1000]], {"task": "classify"}, "classification"),
+    ([["N", 40, 5]], {"character": "a\nb\nc"}, "text-recognition"),  # blank + 3 + space
+    ([["N", 116, 8400], ["N", 32, 160, 160]], {"task": "segment"}, "raw"),  # YOLOv8-seg: no task yet
+    ([["N", 300, 6]], {"task": "detect"}, "raw"),          # end-to-end (NMS-free): no task yet
+    ([["N", 56, 8400]], {"task": "pose"}, "raw"),
+    ([["N", 40, 6625]], {}, "raw"),                        # a recognizer without its alphabet
+    ([["N", 2, 320, 320]], {}, "raw"),
+])
+def test_recognized_from_shapes_and_metadata(shapes, metadata, expected):
+    assert detect(facts(*shapes, **metadata))[0].name == expected
+
+
+def test_a_task_that_does_not_fit_is_refused_with_the_shapes():
+    with pytest.raises(TaskError, match=r"--task detection-yolo: the model's outputs do not fit: expects 8400 "
+                                        r"\(or 25200\) anchor rows .* found out0 \['N', 56, 100\] \(pass --task raw"):
+        choose("detection-yolo", facts(["N", 56, 100]))
+    with pytest.raises(TaskError, match="says it is an Ultralytics 'pose' model, not a detector"):
+        choose("detection-yolo", facts(["N", 56, 8400], task="pose"))
+    with pytest.raises(TaskError, match="needs its alphabet: .* pass --labels FILE"):
+        choose("text-recognition", facts(["N", 40, 6625]))
+    with pytest.raises(TaskError, match="the alphabet has 3 characters, which does not fit 9 classes"):
+        choose("text-recognition", facts(["N", 40, 9], character="a\nb\nc"))
+
+
+def test_nothing_recognized_is_said_and_served_raw(caplog):
+    with caplog.at_level(logging.WARNING):
+        assert choose(None, facts(["N", 2, 320, 320])).name == "raw"
+    assert "no task recognizes the outputs out0 ['N', 2, 320, 320]" in caplog.text
+    assert "pass --task to choose" in caplog.text
+
+
+def _manifest(bundle):
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+def test_convert_records_a_detectors_task_and_class_names_and_serve_reads_them(tmp_path, capsys):
+    model = save(yolo_head_net(metadata={"task": "detect", "names": NAMES}), tmp_path / "det.onnx")
+    assert main(["convert", model, "-o", str(tmp_path / "b"), "--max-batch", "1", "--quiet"]) == 0
+    manifest = _manifest(tmp_path / "b")
+    assert (manifest["task"], manifest["labels"]) == ("detection-yolo", ["cat", "dog"])
+    task, options = for_bundle(manifest)
+    post = task.postprocessor(options)
+    y = np.zeros((1, 6, 84), np.float32)
+    y[0, :4, 3], y[0, 5, 3] = [20, 20, 10, 10], 0.9  # one box of class 1
+    result = post({"y": y}, [Letterbox(1.0, 1.0, 0, 0)], [(64, 64)])[0]
+    assert result["classes"] == [1] and result["labels"] == ["dog"]
+
+
+def test_labels_file_names_the_classes_and_must_fit(tmp_path):
+    model = save(residual_cnn(batch=1), tmp_path / "cls.onnx")
+    (tmp_path / "names.txt").write_text("zero\none\ntwo\nthree\nfour\n")
+    assert main(["convert", model, "-o", str(tmp_path / "b"), "--labels", str(tmp_path / "names.txt"),
+                 "--max-batch", "2", "--quiet"]) == 0
+    manifest = _manifest(tmp_path / "b")
+    assert manifest["task"] == "classification" and manifest["labels"][4] == "four"
+    task, options = for_bundle(manifest)
+    logits = np.array([[0, 0, 0, 5, 1]], np.float32)
+    assert task.postprocessor(options)({"y": logits}, [None], [(1, 1)])[0]["labels"][:2] == ["three", "four"]
+
+
+def test_a_bundle_without_a_recorded_task_is_recognized_when_served(tmp_path):
+    """Bundles of earlier versions recorded none (served raw without a word); now their outputs decide."""
+    model = save(residual_cnn(batch=1), tmp_path / "cls.onnx")
+    assert main(["convert", model, "-o", str(tmp_path / "b"), "--max-batch", "2", "--quiet"]) == 0
+    manifest = _manifest(tmp_path / "b")
+    manifest.pop("task"), manifest.pop("labels")
+    assert for_bundle(manifest)[0].name == "classification"
+
+
+def test_synthetic_calibration_is_said_out_of_domain_by_the_task_not_by_where_the_model_came_from(tmp_path,
+                                                                                                  caplog):
+    """Rendered text fits text models, built-in or from a file; a detector calibrated on it is warned."""
+    warned = "--calib synthetic renders"
+    yolo = save(yolo_head_net(metadata={"task": "detect", "names": NAMES}), tmp_path / "det.onnx")
+    with caplog.at_level(logging.WARNING):
+        assert main(["convert", yolo, "-o", str(tmp_path / "y"), "--max-batch", "1", "--calib", "synthetic",
+                     "--calib-size", "2", "--quiet"]) == 0
+    assert warned in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert main(["convert", "ppocr-rec", "-o", str(tmp_path / "r"), "--max-batch", "2", "--calib", "synthetic",
+                     "--calib-size", "2", "--quiet"]) == 0
+    assert _manifest(tmp_path / "r")["task"] == "text-recognition" and warned not in caplog.text
