@@ -35,6 +35,7 @@ from jetpipe.doctor import run_doctor
 from jetpipe.errors import JetpipeError
 from jetpipe.models import BUILTIN, resolve
 from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
+from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.serve import demo, serve
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
@@ -229,6 +230,10 @@ def _add_serve(sub) -> None:
                    help="frame memory: mapped (zero copy), staged (pinned + async copy), device (default auto)")
     p.add_argument("--task", choices=tuple(TASKS), help="read the outputs as this task (default: the bundle's; "
                    "refused at start-up where the outputs do not fit it)")
+    p.add_argument("--secondary", action="append", metavar="BUNDLE",
+                   help="run this bundle on every box of the primary's results (repeatable): a text recognizer "
+                        "reads each detected line; crops are cut from the frame where it is (GPU memory on the GPU "
+                        "runtime); [[secondary]] tables in the config add classes, min_size, max_per_frame")
     p.add_argument("--tracker", choices=TRACKERS,
                    help="track detected boxes per stream: a track_id in every record (bytetrack: Kalman "
                         "prediction, high- then low-score matching; iou: overlap with the last box)")
@@ -260,6 +265,8 @@ def _serve_config(args):
                                        hwaccel=args.hwaccel) for uri in args.source]
     if args.sink:
         config.sinks = list(args.sink)
+    if args.secondary:
+        config.secondaries = [SecondaryConfig(Path(b)) for b in args.secondary]
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker"):
         value = getattr(args, key)
         if value is not None:

@@ -185,3 +185,33 @@ def from_bgr(bgr: np.ndarray, fmt: str, matrix: ColourMatrix | None = None) -> n
     quads = (np.stack([y_pairs[..., 0], u, y_pairs[..., 1], v], axis=-1) if fmt == "yuyv"
              else np.stack([u, y_pairs[..., 0], v, y_pairs[..., 1]], axis=-1))
     return quads.reshape(h, w * 2)
+
+
+Crop = tuple[int, int, int, int]  # x0, y0, x1, y1 in source pixels (x1, y1 exclusive)
+
+
+def check_crop(crop: Crop, height: int, width: int) -> None:
+    x0, y0, x1, y1 = crop
+    if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
+        raise JetpipeError(f"crop {list(crop)} is not a non-empty rectangle inside the {width}x{height} frame")
+
+
+def crop_native(frame: np.ndarray, fmt: str, height: int, width: int, crop: Crop) -> tuple[np.ndarray, Crop]:
+    """The smallest even-aligned part of a frame, in its own layout, that holds `crop` (a new, tightly packed
+    frame: subsampled chroma keeps whole 2x2 sites), and `crop` relative to that part. Converting only this
+    part costs as much as the crop, not the frame."""
+    x0, y0, x1, y1 = crop
+    if fmt in ("bgr", "rgb"):
+        return frame[y0:y1, x0:x1], (0, 0, x1 - x0, y1 - y0)
+    ex0, ey0 = x0 & ~1, y0 & ~1
+    ex1, ey1 = min(width, x1 + (x1 & 1)), min(height, y1 + (y1 & 1))
+    w, h = ex1 - ex0, ey1 - ey0
+    if fmt in ("yuyv", "uyvy"):  # a macropixel holds two pixels: whole macropixels
+        part = frame[ey0:ey1, 2 * ex0:2 * ex1]
+    elif fmt == "nv12":
+        part = np.concatenate([frame[ey0:ey1, ex0:ex1], frame[height + ey0 // 2:height + ey1 // 2, ex0:ex1]])
+    else:  # i420: each chroma plane is (height/2) x (width/2), packed row after row
+        _, u, v = native_planes(frame, fmt, height, width)
+        chroma = [p[ey0 // 2:ey1 // 2, ex0 // 2:ex1 // 2].reshape(-1) for p in (u, v)]
+        part = np.concatenate([frame[ey0:ey1, ex0:ex1].reshape(-1), *chroma]).reshape(h * 3 // 2, w)
+    return np.ascontiguousarray(part), (x0 - ex0, y0 - ey0, x1 - ex0, y1 - ey0)

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from jetpipe.frames import ColourMatrix, frame_size, native_planes, to_gray_float, to_rgb_float
+from jetpipe.frames import (
+    ColourMatrix,
+    Crop,
+    check_crop,
+    crop_native,
+    frame_size,
+    native_planes,
+    to_gray_float,
+    to_rgb_float,
+)
 from jetpipe.geometry import Letterbox, affine, fit
 from jetpipe.lazy import lazy_import
 from jetpipe.spec import PreprocessSpec
@@ -46,15 +55,24 @@ def preprocess_bgr(image: np.ndarray, size_hw: tuple[int, int], spec: Preprocess
 
 
 def preprocess_frame(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec: PreprocessSpec,
-                     matrix=None, out: np.ndarray | None = None) -> tuple[np.ndarray, Letterbox]:
+                     matrix=None, out: np.ndarray | None = None,
+                     crop: Crop | None = None) -> tuple[np.ndarray, Letterbox]:
     """Any camera frame (see jetpipe.frames) -> network input: the GPU kernel's reference.
 
-    Colour conversion (or luma, for gray) in float at full resolution, then float bilinear resize."""
+    Colour conversion (or luma, for gray) in float at full resolution, then float bilinear resize.
+    crop (x0, y0, x1, y1): only that rectangle becomes the input (its borders replicated by the resize,
+    as the kernel clamps to it); the letterbox then maps network pixels to the crop's."""
     height, width = frame_size(frame, fmt)
+    if crop is not None:
+        check_crop(crop, height, width)
+        frame, crop = crop_native(frame, fmt, height, width, crop)
+        height, width = frame_size(frame, fmt)
     if spec.channel_order == "gray":
         pixels = to_gray_float(frame, fmt, height, width, matrix)
     else:
         pixels = to_rgb_float(frame, fmt, height, width, matrix)
+    if crop is not None:
+        pixels, (height, width) = pixels[crop[1]:crop[3], crop[0]:crop[2]], (crop[3] - crop[1], crop[2] - crop[0])
     (nh, nw), box = fit((height, width), size_hw, spec.resize)
     resized = cv2.resize(pixels, (nw, nh), interpolation=cv2.INTER_LINEAR)
     if spec.channel_order == "bgr":
@@ -78,10 +96,20 @@ def opencv_bgr(frame: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec: PreprocessSpec,
-                          matrix=None, out: np.ndarray | None = None) -> tuple[np.ndarray, Letterbox]:
+                          matrix=None, out: np.ndarray | None = None,
+                          crop: Crop | None = None) -> tuple[np.ndarray, Letterbox]:
     """The CPU runtime's path: OpenCV's integer decoders where they apply (BT.601 limited range,
     what OpenCV implements), then the uint8 resize. Within 1.5 8-bit steps of preprocess_frame (both
-    round to uint8), several times faster; other standards and ranges take the exact float path."""
+    round to uint8), several times faster; other standards and ranges take the exact float path.
+    crop: only the even-aligned part of the frame around it is converted, then the crop is cut from that."""
+    if crop is not None:
+        height, width = frame_size(frame, fmt)
+        check_crop(crop, height, width)
+        opencv_decodes = fmt in ("bgr", "rgb") or matrix is None or matrix == ColourMatrix.of("bt601", "limited")
+        if spec.channel_order == "gray" or not opencv_decodes:
+            return preprocess_frame(frame, fmt, size_hw, spec, matrix, out, crop)
+        part, (x0, y0, x1, y1) = crop_native(frame, fmt, height, width, crop)
+        return preprocess_bgr(opencv_bgr(part, fmt)[y0:y1, x0:x1], size_hw, spec, out)
     if fmt in ("bgr", "rgb"):
         return preprocess_bgr(opencv_bgr(frame, fmt), size_hw, spec, out)
     if spec.channel_order == "gray":

@@ -63,12 +63,13 @@ def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.nda
     scores = results.get("scores") or [None] * len(boxes)
     classes = _class_names(results) or [None] * len(boxes)
     tracks = results.get("track_ids") or [None] * len(boxes)
+    said = _secondary_words(results, len(boxes))
     thickness = max(1, round(image.shape[0] / 360))
-    for box, score, cls, track in zip(boxes.round().astype(int), scores, classes, tracks):
+    for box, score, cls, track, words in zip(boxes.round().astype(int), scores, classes, tracks, said):
         color = PALETTE[track % len(PALETTE)] if track is not None else UNTRACKED
         cv2.rectangle(image, (int(box[0]), int(box[1])), (int(box[2]), int(box[3])), color, thickness)
         label = " ".join(p for p in (f"#{track}" if track is not None else "", cls or "",
-                                     f"{score:.2f}" if score is not None else "") if p)
+                                     f"{score:.2f}" if score is not None else "", words) if p)
         if label:
             _label(image, label, (int(box[0]), int(box[1])), color)
     if "boxes" not in results and results.get("classes"):  # classification: the top classes, top left
@@ -77,6 +78,18 @@ def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.nda
     if "text" in results:  # a recognizer's line: what it read, top left
         _label(image, f"{results['text'].strip()} ({results.get('score', 0):.2f})", (4, 4), (255, 255, 255))
     return image
+
+
+def _secondary_words(results: dict, count: int) -> list[str]:
+    """Per box, what the secondary models said of it: the text read, or the top class."""
+    words = [[] for _ in range(count)]
+    for entries in (results.get("secondary") or {}).values():
+        for said, entry in zip(words, entries):
+            if entry and entry.get("text", "").strip():
+                said.append(repr(entry["text"].strip()))
+            elif entry and entry.get("classes"):
+                said.append((_class_names(entry) or [""])[0])
+    return [" ".join(w) for w in words]
 
 
 def _class_names(results: dict) -> list[str] | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH
+from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.runtime.cuda import MEMORY_MODES
@@ -39,6 +40,7 @@ class SourceConfig:
     hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, qsv, ...); "" = software
 
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
+_SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int}
 
 
 @dataclass
@@ -60,13 +62,14 @@ class PipelineConfig:
     max_frame_hw: tuple[int, int] = (1080, 1920)
     reconnect_max_s: float = 10.0
     log_every_s: float = 5.0
+    secondaries: list[SecondaryConfig] = field(default_factory=list)  # models run on the primary's boxes
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float), "queue_depth": int,
                   "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "log_every_s": (int, float)}
-_TABLES = {"pipeline", "source", "sink", "metrics"}
+_TABLES = {"pipeline", "source", "sink", "metrics", "secondary"}
 
 
 def _check_keys(where: str, table: dict, allowed) -> None:
@@ -105,12 +108,22 @@ def load(path: str | Path) -> PipelineConfig:
             raise ConfigError(f"{where}: uri is required (jsonl:PATH, stdout or mqtt://HOST:PORT/TOPIC)")
         _check_types(where, sink, {"uri": str})
         sinks.append(sink["uri"])
+    secondaries = []
+    for i, table in enumerate(_array_of_tables(path, data, "secondary")):
+        where = f"{path} [[secondary]] #{i + 1}"
+        _check_keys(where, table, _SECONDARY_KEYS)
+        if "bundle" not in table:
+            raise ConfigError(f"{where}: bundle is required (a folder written by `jetpipe convert`)")
+        _check_types(where, table, _SECONDARY_KEYS)
+        secondaries.append(SecondaryConfig(**{**table, "bundle": Path(table["bundle"]),
+                                              "classes": tuple(table.get("classes", ()))}))
     metrics = data.get("metrics", {})
     _check_keys(f"{path} [metrics]", metrics, {"listen"})
     options = {k: v for k, v in pipeline.items() if k != "bundle"}
     if "max_frame_hw" in options:
         options["max_frame_hw"] = tuple(options["max_frame_hw"])
-    config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, **options)
+    config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, secondaries=secondaries,
+                            **options)
     if "listen" in metrics:
         config.metrics_listen = str(metrics["listen"])
     return validate(config, str(path))
@@ -175,6 +188,13 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         if src.hwaccel and not src.hwaccel.replace("_", "").isalnum():
             raise ConfigError(f"{where}: source {src.uri!r}: hwaccel = {src.hwaccel!r}: an FFmpeg hardware device "
                               "type such as cuda or qsv ('jetpipe doctor' lists them)")
+    for secondary in config.secondaries:
+        if any(not isinstance(c, (str, int)) or isinstance(c, bool) for c in secondary.classes):
+            raise ConfigError(f"{where}: secondary {secondary.label!r}: classes = {list(secondary.classes)}: class "
+                              "names (strings) or numbers")
+    if len({s.label for s in config.secondaries}) != len(config.secondaries):
+        raise ConfigError(f"{where}: two secondaries are named alike ({', '.join(s.label for s in config.secondaries)})"
+                          ": give each a name")
     if config.task is not None:
         if config.task not in TASKS:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(TASKS)}")

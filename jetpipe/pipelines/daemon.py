@@ -27,6 +27,8 @@ from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.metrics import Metrics, MetricsServer
 from jetpipe.pipelines.preview import Preview
+from jetpipe.pipelines.secondary import SecondaryStage, frames_read
+from jetpipe.pipelines.secondary import check as check_secondary
 from jetpipe.pipelines.sinks import open_sink
 from jetpipe.pipelines.sources import EndOfStream, open_source
 from jetpipe.pipelines.tracking import Tracker
@@ -55,6 +57,8 @@ class Pipeline:
         if config.tracker != "none" and not task.boxes:
             raise ConfigError(f"tracker = {config.tracker!r} tracks detected boxes; task {self.task} has none: "
                               "use tracker = 'none'")
+        for secondary in config.secondaries:
+            check_secondary(secondary, task, options.labels, "config")
         # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
                                     max_frame_hw=config.max_frame_hw, buffer_sets=BUFFER_SETS,
@@ -63,7 +67,12 @@ class Pipeline:
         self.gpu_stage_ms: dict[str, list[float]] = {}
         self.thread_cpu_s: dict[str, float] = {}  # CPU seconds of each pipeline thread, at its end
         self.closers = [self.runtime.close]
+        self.secondaries = []
         try:
+            for secondary in config.secondaries:  # each registered as it opens: a later failure closes it
+                self.secondaries.append(SecondaryStage(secondary, config.backend, config.memory, config.max_frame_hw,
+                                                       config.postprocess))
+                self.closers.append(self.secondaries[-1].close)
             self._build()
         except BaseException:
             self.close()
@@ -339,6 +348,10 @@ class Pipeline:
         sizes = [_frame_hw(p.frame) for p in used]
         finish = self.postprocess.reduced if result.reduction else self.postprocess
         results = finish(result.outputs, result.letterboxes, sizes, pool=self.pool) if used else []
+        if self.secondaries and used:  # while the batch is held: its frames are still where the kernel read them
+            frames = frames_read(result, [p.frame for p in used])
+            for stage in self.secondaries:
+                stage.run(results, frames)
         for index, reason in result.rejected:
             log.warning("frame %d of stream %d rejected: %s", packets[index].frame_no, packets[index].stream,
                         reason)
@@ -405,7 +418,8 @@ class Pipeline:
                 "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, sum(m.processed))),
                 "cpu_seconds": {k: round(v, 3) for k, v in self.thread_cpu_s.items()},
                 "cpu_cores": round(self.thread_cpu_s.get("process", 0.0) / max(seconds, 1e-9), 2),
-                "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()}}
+                "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()},
+                **({"secondary": {s.name: s.summary() for s in self.secondaries}} if self.secondaries else {})}
 
     def close(self) -> None:
         for close in reversed(self.closers):

@@ -14,6 +14,7 @@ from jetpipe.errors import BundleError
 from jetpipe.models import BUILTIN, DEFAULT_MODEL
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
+from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.spec import preset
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,23 @@ def run_pipeline(config: PipelineConfig, on_result=None) -> dict:
             signal.signal(sig, handler)
 
 
+READER_DIR = "demo-ppocr-rec"  # the demo's recognizer, beside its detector's bundle
+
+
+def _converted(name: str, folder: Path) -> None:
+    """The built-in model `name` converted into `folder`, unless a valid bundle is there already."""
+    model = BUILTIN[name]
+    try:
+        bundles.load(folder)
+    except BundleError as exc:  # none yet, or an older / damaged one: convert replaces only a bundle
+        if (folder / bundles.MANIFEST).is_file():
+            log.info("rebuilding the demo bundle: %s", exc)
+        print(f"converting the built-in {name} model to {folder} ...", file=sys.stderr)
+        convert(ConvertOptions(model=model.path(), output=folder, input_size=model.input_size,
+                               input_width_range=model.width_range, max_batch=8, spec=preset(model.preset),
+                               task=model.task, progress=False, force=True))
+
+
 def serve(config: PipelineConfig) -> int:
     summary = run_pipeline(config)
     print(json.dumps({"summary": summary}), file=sys.stderr)
@@ -48,21 +66,16 @@ def serve(config: PipelineConfig) -> int:
 
 def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-det", sinks=(),
          backend: str | None = None) -> int:
-    """Convert the built-in PP-OCRv4 detector (cached) and serve two synthetic cameras for a while."""
+    """Convert the built-in PP-OCRv4 detector and recognizer (cached) and serve two synthetic cameras for a
+    while: the detector finds the text lines, the recognizer reads each (a secondary stage)."""
 
-    model = BUILTIN[DEFAULT_MODEL]
     bundle = Path(bundle_dir)
-    try:
-        bundles.load(bundle)
-    except BundleError as exc:  # none yet, or an older / damaged one: convert replaces only a bundle
-        if (bundle / bundles.MANIFEST).is_file():
-            log.info("rebuilding the demo bundle: %s", exc)
-        print(f"converting the built-in {DEFAULT_MODEL} model to {bundle} ...", file=sys.stderr)
-        convert(ConvertOptions(model=model.path(), output=bundle, input_size=model.input_size, max_batch=8,
-                               spec=preset(model.preset), task=model.task, progress=False, force=True))
+    reader = bundle.with_name(READER_DIR)
+    for name, folder in ((DEFAULT_MODEL, bundle), ("ppocr-rec", reader)):
+        _converted(name, folder)
     cameras = [SourceConfig("synthetic:1280x720@15:nv12"), SourceConfig("synthetic:640x480@15:yuyv")]
     config = validate(PipelineConfig(
-        bundle=bundle, sources=cameras,
+        bundle=bundle, sources=cameras, secondaries=[SecondaryConfig(reader, name="text")],
         sinks=list(sinks or []), duration=duration, metrics_listen="", log_every_s=1e9,
         backend=backend or "auto"))
     shown = {0: -1.0, 1: -1.0}
@@ -74,9 +87,10 @@ def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-de
         if now - shown[record["stream"]] >= 1.0:  # one line per stream per second
             shown[record["stream"]] = now
             boxes = record["results"]["boxes"]
-            first = ", ".join(f"[{b[0]:.0f},{b[1]:.0f},{b[2]:.0f},{b[3]:.0f}]" for b in boxes[:3])
-            print(f"stream {record['stream']} frame {record['frame']:>4}: {len(boxes)} text boxes "
-                  f"{first}{' ...' if len(boxes) > 3 else ''}  ({record['latency_ms']['total']:.0f} ms)")
+            read = [e["text"].strip() for e in record["results"]["secondary"]["text"] if e and e["text"].strip()]
+            words = " ".join(repr(t) for t in read[:6])
+            print(f"stream {record['stream']} frame {record['frame']:>4}: {len(boxes)} text boxes, read "
+                  f"{words}{' ...' if len(read) > 6 else ''}  ({record['latency_ms']['total']:.0f} ms)")
 
     summary = run_pipeline(config, on_result=show)
     print(f"\n{summary['backend']}: {sum(summary['processed'])} frames in {summary['seconds']} s "

@@ -8,7 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from jetpipe.errors import JetpipeError
-from jetpipe.frames import ColourMatrix, check_frame, frame_shape, frame_size
+from jetpipe.frames import ColourMatrix, check_crop, check_frame, frame_shape, frame_size
 from jetpipe.geometry import Letterbox
 
 
@@ -26,15 +26,19 @@ class Frame:
     pinned: bool = False        # data is page-locked (a ring slot): uploaded without a host copy
     device: bool = False        # the frame is in device memory at `address` (no host copy exists)
     hw: tuple[int, int] | None = None  # (height, width) of a device frame
+    crop: tuple[int, int, int, int] | None = None  # x0, y0, x1, y1: only this part is the input (a secondary's)
 
     def size(self) -> tuple[int, int]:
         if self.device:
             if self.address is None or self.hw is None:
                 raise JetpipeError("a device frame needs its address and (height, width)")
             frame_shape(self.format, *self.hw)  # validates format and even sizes
-            return self.hw
-        height, width = frame_size(self.data, self.format)
-        check_frame(self.data, self.format, height, width)
+            height, width = self.hw
+        else:
+            height, width = frame_size(self.data, self.format)
+            check_frame(self.data, self.format, height, width)
+        if self.crop is not None:
+            check_crop(self.crop, height, width)
         return height, width
 
     @property
@@ -57,6 +61,7 @@ class Ticket:
     frame_indices: list[int]          # input index of each output row
     rejected: list[tuple[int, str]]   # (input index, reason) of frames left out
     timings: dict | None = None       # CPU runtime: wall-clock ms per stage
+    frame_addresses: list[int] | None = None  # GPU runtime: where the kernel read each row's frame
 
 
 @dataclass
@@ -73,6 +78,10 @@ class BatchResult:
     frame_indices: list[int]
     rejected: list[tuple[int, str]] = field(default_factory=list)
     reduction: str | None = None  # set: `outputs` are that reduction's compact arrays, not the model's
+    # GPU runtime: the device-readable address of each row's frame as the kernel read it (a ring slot, or
+    # this batch's staging copy): valid while the batch is held (collect(hold=True) .. release()), so a
+    # secondary model can cut crops from it without the frame crossing the bus again
+    frame_addresses: list[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -193,24 +193,27 @@ class GpuRuntime(RuntimeBase):
         self.rejected_frames += len(rejected)
         with self.device.active():
             self._mark(buffers, "h2d_start", self._upload_stream())
-            boxes = self._upload(buffers, usable)
+            boxes, addresses = self._upload(buffers, usable)
             self._mark(buffers, "h2d_end", self._upload_stream())
-            ticket = Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected)
+            ticket = Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected,
+                            frame_addresses=addresses)
             if usable:
                 self._enqueue(buffers, ticket)
             buffers.done.record(self.compute_stream)
         return ticket
 
-    def _upload(self, buffers: _BufferSet, usable) -> list:
-        """Place every frame and point the kernel at it; the compute stream waits for staged copies."""
-        boxes = []
+    def _upload(self, buffers: _BufferSet, usable) -> tuple[list, list[int]]:
+        """Place every frame and point the kernel at it; the compute stream waits for staged copies.
+        Returns the letterboxes and where each frame was read."""
+        boxes, addresses = [], []
         for row, (_, frame, height, width, matrix) in enumerate(usable):
-            address = self._place(buffers, row, frame)
-            boxes.append(buffers.preprocessor.set_frame(row, frame.format, height, width, address, matrix))
+            addresses.append(self._place(buffers, row, frame))
+            boxes.append(buffers.preprocessor.set_frame(row, frame.format, height, width, addresses[-1], matrix,
+                                                        crop=frame.crop))
         if self.memory == "staged" and usable:
             buffers.copied.record(self.copy_stream)
             self.compute_stream.wait_for_event(buffers.copied)
-        return boxes
+        return boxes, addresses
 
     def _place(self, buffers: _BufferSet, row: int, frame) -> int:
         """Where the kernel reads this frame: in place from a mapped ring slot, or uploaded.
@@ -308,7 +311,8 @@ class GpuRuntime(RuntimeBase):
             outputs = self.reducer.host(ticket.set_index, ticket.batch)
         else:
             outputs = {name: host[:ticket.batch] for name, host in buffers.host_outputs.items()}
-        return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected, self.reduction)
+        return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected, self.reduction,
+                           ticket.frame_addresses)
 
     def frame_to_host(self, frame: Frame, out: np.ndarray) -> None:
         """A device frame (NVDEC's ring slot) copied into host array `out` on a stream of its own (no wait

@@ -8,10 +8,12 @@
 
 struct FrameParams {
     unsigned long long src;   // device-readable address of the frame (device or mapped host)
-    int width, height, pitch, format;
+    int width, height, pitch, format;  // width, height: of what is read (the crop, or the whole frame)
     float scale_x, scale_y;   // source pixels per content pixel
     int pad_x, pad_y, content_w, content_h;
-    float ky, y0, kc, rv, gu, gv, bu, reserved;
+    float ky, y0, kc, rv, gu, gv, bu;
+    int origin_x, origin_y;   // where what is read starts in the frame (a secondary model's crop)
+    int plane_height;         // the frame's height: where its chroma planes start
 };
 
 enum { NV12 = 0, I420 = 1, YUYV = 2, UYVY = 3, BGR = 4, RGB = 5 };
@@ -19,21 +21,24 @@ enum { MODE_RGB = 0, MODE_BGR = 1, MODE_GRAY = 2 };  // the network's channels
 
 __device__ __forceinline__ float clamp255(float v) { return fminf(fmaxf(v, 0.f), 255.f); }
 
+// x, y: in what is read (the crop); the frame's own coordinates add the origin.
 __device__ __forceinline__ float3 fetch_rgb(const FrameParams& f, int x, int y) {
     const unsigned char* base = reinterpret_cast<const unsigned char*>(f.src);
+    x += f.origin_x;
+    y += f.origin_y;
     float Y, U, V;
     switch (f.format) {
     case NV12: {
         Y = base[y * f.pitch + x];
-        const unsigned char* uv = base + f.pitch * f.height + (y >> 1) * f.pitch + (x & ~1);
+        const unsigned char* uv = base + f.pitch * f.plane_height + (y >> 1) * f.pitch + (x & ~1);
         U = uv[0]; V = uv[1];
         break;
     }
     case I420: {
         Y = base[y * f.pitch + x];
         const int cp = f.pitch >> 1;
-        const unsigned char* u = base + f.pitch * f.height;
-        const unsigned char* v = u + cp * (f.height >> 1);
+        const unsigned char* u = base + f.pitch * f.plane_height;
+        const unsigned char* v = u + cp * (f.plane_height >> 1);
         const int ci = (y >> 1) * cp + (x >> 1);
         U = u[ci]; V = v[ci];
         break;
@@ -66,6 +71,8 @@ __device__ __forceinline__ float3 fetch_rgb(const FrameParams& f, int x, int y) 
 // BGR / RGB as OpenCV's COLOR_BGR2GRAY. Mirrors jetpipe.frames.to_gray_float.
 __device__ __forceinline__ float fetch_gray(const FrameParams& f, int x, int y) {
     const unsigned char* base = reinterpret_cast<const unsigned char*>(f.src);
+    x += f.origin_x;
+    y += f.origin_y;
     float Y;
     switch (f.format) {
     case NV12:

@@ -49,6 +49,7 @@ class Classification:
 
 class ClassificationTask(Task):
     name = "classification"
+    class_ids = True
     metrics = {"top1": ">=", "top5": ">=", "top1_drop": "<="}
     check_bounds = {"top1": 0.9}
     summary = "classifiers: [N, C] scores -> top-5 classes (names from the model or --labels)"

@@ -124,6 +124,7 @@ class YoloDetection:
 
 class YoloDetectionTask(Task):
     name = "detection-yolo"
+    class_ids = True
     boxes = True
     metrics = {"box_f1": ">=", "box_f1_min": ">=", "score_mae": "<=", "map": ">="}
     check_bounds = {"box_f1": 0.9, "score_mae": 0.05}  # scores collapse before boxes move

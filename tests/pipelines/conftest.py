@@ -13,3 +13,30 @@ def det_bundle(tmp_path_factory):
     convert(ConvertOptions(model=model.path(), output=out, input_size=model.input_size, max_batch=4,
                            spec=preset(model.preset), task=model.task, engine="never", progress=False))
     return out
+
+
+@pytest.fixture(scope="session")
+def rec_bundle(tmp_path_factory):
+    """PP-OCRv4 rec, FP32, lines 48 high (80 to 960 wide, fed at 320), batch up to 8."""
+    model = BUILTIN["ppocr-rec"]
+    out = tmp_path_factory.mktemp("pipelines") / "rec"
+    convert(ConvertOptions(model=model.path(), output=out, input_size=model.input_size,
+                           input_width_range=model.width_range, max_batch=8, spec=preset(model.preset),
+                           task=model.task, engine="never", progress=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def text_video(tmp_path_factory):
+    """Six 1280x720 frames of rendered words (MJPEG), and the words of each frame."""
+    import cv2
+
+    from jetpipe.synth import render_text_image
+
+    path = tmp_path_factory.mktemp("textvideo") / "text.avi"
+    frames = [render_text_image(100 + i, (720, 1280)) for i in range(6)]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 5, (1280, 720))
+    for frame in frames:
+        writer.write(frame.bgr)
+    writer.release()
+    return path, [frame.words for frame in frames]

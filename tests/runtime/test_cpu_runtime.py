@@ -121,7 +121,7 @@ def test_missing_nvcc_names_the_fix(monkeypatch):
 
 
 def test_kernel_params_layout_matches_the_cuda_struct():
-    """FrameParams in preprocess.cu: 8-byte src, then 18 four-byte fields = 80 bytes."""
+    """FrameParams in preprocess.cu: 8-byte src, then 20 four-byte fields = 88 bytes."""
     import re
 
     from jetpipe.runtime.kernels import PARAMS, SOURCE
@@ -129,7 +129,7 @@ def test_kernel_params_layout_matches_the_cuda_struct():
     struct = re.search(r"struct FrameParams \{(.*?)\};", SOURCE.read_text(), re.S).group(1)
     fields = re.findall(r"(\w+)(?:,|;)", re.sub(r"//.*", "", struct))
     assert fields == list(PARAMS.names)
-    assert PARAMS.itemsize == 80
+    assert PARAMS.itemsize == 88
 
 
 def test_two_batches_in_flight_keep_their_own_outputs(tiny_bundle):

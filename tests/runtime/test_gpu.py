@@ -41,8 +41,8 @@ def _images():
     return [render_text_image(10 + i, hw).bgr for i, hw in enumerate(SIZES)]
 
 
-def _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype):
-    """Frames -> device memory -> one kernel launch -> host array."""
+def _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype, crops=None):
+    """Frames -> device memory -> one kernel launch -> host array (crops: one rectangle per frame)."""
     from jetpipe.runtime.kernels import GpuPreprocessor
 
     with device.active():
@@ -52,7 +52,7 @@ def _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype):
         for i, (frame, buf) in enumerate(zip(frames, buffers)):
             device.cuda.memcpy_htod(buf, frame)
             h, w = frame_size(frame, fmt)
-            pre.set_frame(i, fmt, h, w, int(buf), matrix)
+            pre.set_frame(i, fmt, h, w, int(buf), matrix, crop=crops[i] if crops else None)
         out = device.alloc(len(frames) * spec.channels * size_hw[0] * size_hw[1] * np.dtype(out_dtype).itemsize)
         pre.launch(len(frames), int(out), stream)
         stream.synchronize()
@@ -90,6 +90,22 @@ def test_gray_kernel_matches_the_luma_reference(device, module, fmt, standard, v
     cpu = np.stack([preprocess_frame(f, fmt, (48, 320), spec, matrix)[0] for f in frames])
     assert gpu.shape == cpu.shape == (len(frames), 1, 48, 320)
     assert np.abs(gpu - cpu).max() <= float(affine(spec)[0][0])  # one 8-bit level
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("channel_order", ["bgr", "gray"])
+def test_crops_match_the_cpu_reference(device, module, fmt, channel_order):
+    """A secondary's crops, cut by the kernel from the frame where it is: odd corners, one pixel, the whole
+    frame, a crop at the bottom right (chroma planes located by the frame's height, not the crop's)."""
+    matrix = ColourMatrix.of("bt709", "limited")
+    spec = PRESETS["ppocr-rec"] if channel_order == "bgr" else PreprocessSpec(
+        channel_order="gray", mean=(0.5,), std=(0.5,), resize="topleft", pad_value=127.5)
+    image = render_text_image(3, (720, 1280)).bgr
+    crops = [(101, 37, 331, 85), (0, 0, 1280, 720), (1201, 641, 1280, 720), (7, 9, 8, 10), (640, 11, 1279, 59)]
+    frames = [from_bgr(image, fmt, matrix)] * len(crops)
+    gpu = _run_kernel(device, module, frames, fmt, matrix, spec, (48, 320), np.float32, crops)
+    cpu = np.stack([preprocess_frame(f, fmt, (48, 320), spec, matrix, crop=c)[0] for f, c in zip(frames, crops)])
+    assert np.abs(gpu - cpu).max() <= float(np.max(affine(spec)[0])), fmt
 
 
 def test_stretch_resize_and_rgb_order(device, module):

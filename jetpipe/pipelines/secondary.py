@@ -1,0 +1,150 @@
+"""Secondary models on the primary's boxes: read the text in each detected line, classify each detected object.
+
+For each box of a batch's results (filtered by class, size and count per frame) a crop is cut from the
+frame as the primary read it, batched across frames and streams up to the secondary's max batch, run, and
+finished by the secondary's task. On the GPU runtime the crop is cut from the frame where it already is in
+device memory (NVDEC's slot, or the batch's staging copy, held until the batch is released): the fused
+kernel reads the crop's rectangle straight into the secondary's input, so neither frame nor crop crosses
+the bus again; only the secondary's compact results come back. On the CPU runtime the same crops are cut
+from the host frame (only the part around each box is colour-converted).
+
+Records gain `results["secondary"][NAME]`: one entry per box, the secondary's result, or None where it did
+not run on that box (class filtered, too small, over max_per_frame).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from jetpipe import bundle as bundles
+from jetpipe.errors import JetpipeError
+from jetpipe.runtime.api import Frame
+from jetpipe.runtime.runtime import open_runtime
+from jetpipe.tasks import Task, for_bundle
+
+log = logging.getLogger(__name__)
+
+MAX_PER_FRAME = 1024  # bound of max_per_frame: crops of one frame
+
+
+@dataclass
+class SecondaryConfig:
+    bundle: Path
+    name: str = ""                          # default: the bundle folder's name
+    classes: tuple = ()                     # primary classes it runs on (names or numbers); () = all boxes
+    min_size: int = 8                       # shorter box side, in source pixels, below which it does not run
+    max_per_frame: int = 32                 # boxes per frame it runs on (highest scores first)
+
+    @property
+    def label(self) -> str:
+        return self.name or Path(self.bundle).name
+
+
+def check(config: SecondaryConfig, primary: Task, primary_labels, where: str) -> None:
+    """Start-up checks that need no runtime: the primary has boxes, the classes exist, bounds."""
+    what = f"{where}: secondary {config.label!r}"
+    if not primary.boxes:
+        raise JetpipeError(f"{what}: the primary's task {primary.name} has no boxes to run it on")
+    if not 1 <= config.max_per_frame <= MAX_PER_FRAME:
+        raise JetpipeError(f"{what}: max_per_frame = {config.max_per_frame}: from 1 to {MAX_PER_FRAME}")
+    if not 1 <= config.min_size <= 16384:
+        raise JetpipeError(f"{what}: min_size = {config.min_size}: pixels from 1 to 16384")
+    if config.classes and not primary.class_ids:
+        raise JetpipeError(f"{what}: classes = {list(config.classes)}: the primary's task {primary.name} has no "
+                           "classes; leave classes out")
+    for cls in config.classes:
+        if isinstance(cls, str) and (primary_labels is None or cls not in primary_labels):
+            known = ", ".join(primary_labels[:10]) + (" ..." if len(primary_labels) > 10 else "") \
+                if primary_labels else "none (the primary bundle has no class names: use class numbers)"
+            raise JetpipeError(f"{what}: class {cls!r} is not one of the primary's classes: {known}")
+
+
+class SecondaryStage:
+    """One secondary model: its runtime (allocated here, released by close()) and its task's finish."""
+
+    def __init__(self, config: SecondaryConfig, backend: str, memory: str, max_frame_hw, postprocess: str):
+        self.config, self.name = config, config.label
+        manifest = bundles.load(config.bundle)
+        task, options = for_bundle(manifest)
+        self.task = task
+        self.post = task.postprocessor(options)
+        reduction = None if postprocess == "cpu" else self.post.reduction(required=postprocess == "gpu")
+        self.runtime = open_runtime(config.bundle, None, backend, memory, max_frame_hw=max_frame_hw,
+                                    buffer_sets=2, reduction=reduction)
+        self.classes = set(config.classes)
+        self.crops_run = 0
+        log.info("secondary %s: %s (%s) on the primary's boxes, batches of up to %d, postprocessing on the %s",
+                 self.name, task.name, self.runtime.backend_name, self.runtime.max_batch,
+                 "GPU" if self.runtime.reduction else "CPU")
+
+    def chosen(self, result: dict) -> list[int]:
+        """Indices of the boxes it runs on: class, size, then the highest scores up to max_per_frame."""
+        boxes, scores = result.get("boxes") or [], result.get("scores") or []
+        classes, labels = result.get("classes"), result.get("labels")
+        picked = []
+        for i, (x0, y0, x1, y1) in enumerate(boxes):
+            if self.classes and not ({classes[i] if classes else None, labels[i] if labels else None} & self.classes):
+                continue
+            if min(x1 - x0, y1 - y0) < self.config.min_size:
+                continue
+            picked.append(i)
+        picked.sort(key=lambda i: -(scores[i] if i < len(scores) else 0.0))
+        return sorted(picked[:self.config.max_per_frame])
+
+    def run(self, results: list[dict], frames: list[Frame]) -> None:
+        """Add results["secondary"][name] to each of a batch's results; `frames`: what the primary read."""
+        jobs = []
+        for result, frame in zip(results, frames):
+            entries = [None] * len(result.get("boxes") or [])
+            result.setdefault("secondary", {})[self.name] = entries
+            height, width = frame.size()
+            for i in self.chosen(result):
+                crop = _crop_of(result["boxes"][i], height, width)
+                if crop is not None:
+                    jobs.append((entries, i, replace(frame, crop=crop)))
+        step = self.runtime.max_batch
+        for start in range(0, len(jobs), step):
+            chunk = jobs[start:start + step]
+            found = self.runtime.infer([frame for _, _, frame in chunk])
+            finish = self.post.reduced if found.reduction else self.post
+            sizes = [_crop_hw(chunk[index][2].crop) for index in found.frame_indices]
+            rows = finish(found.outputs, found.letterboxes, sizes)
+            for row, index in enumerate(found.frame_indices):
+                entries, i, _ = chunk[index]
+                entries[i] = rows[row]
+            self.crops_run += len(found.frame_indices)
+
+    def summary(self) -> dict:
+        """Crops run, where, and what crossed the bus for them: frame bytes uploaded (0 where crops were cut
+        in device memory) and the results' bytes downloaded."""
+        return {"crops": self.crops_run, "backend": self.runtime.backend_name,
+                "postprocess": "gpu" if self.runtime.reduction else "cpu",
+                "frame_bytes_uploaded": getattr(self.runtime, "frame_bytes_uploaded", 0),
+                "d2h_bytes_per_crop": round(getattr(self.runtime, "output_bytes_downloaded", 0)
+                                            / max(1, self.crops_run))}
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+def _crop_hw(crop) -> tuple[int, int]:
+    return crop[3] - crop[1], crop[2] - crop[0]
+
+
+def _crop_of(box, height: int, width: int):
+    """A box in source pixels (floats) -> the integer rectangle around it inside the frame (None: empty)."""
+    x0, y0 = max(0, math.floor(box[0])), max(0, math.floor(box[1]))
+    x1, y1 = min(width, math.ceil(box[2])), min(height, math.ceil(box[3]))
+    return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
+
+
+def frames_read(result, packets_frames: list[Frame]) -> list[Frame]:
+    """The frames a secondary cuts its crops from: where the primary's kernel read them on the GPU (held
+    device memory, no copy), else the host frames themselves."""
+    if result.frame_addresses is None:
+        return packets_frames
+    return [replace(f, data=None, address=a, device=True, hw=f.size(), pinned=False)
+            for f, a in zip(packets_frames, result.frame_addresses)]

@@ -1,0 +1,149 @@
+"""Secondary stages: crops cut from frames as decoded (YUV), batched into a second model, results aligned
+with the primary's boxes; the OCR chain PP-OCRv4 det -> rec reading rendered words."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jetpipe.cli import main
+from jetpipe.frames import crop_native, from_bgr, to_rgb_float
+from jetpipe.pipelines.secondary import SecondaryConfig, SecondaryStage
+from jetpipe.preprocess import preprocess_frame, preprocess_frame_fast
+from jetpipe.spec import preset
+from jetpipe.synth import render_text_image
+
+CROPS = [(101, 37, 331, 85), (0, 0, 64, 30), (1, 3, 640, 480), (333, 401, 334, 402)]
+
+
+@pytest.fixture(scope="module")
+def scene():
+    return render_text_image(7, (480, 640)).bgr
+
+
+@pytest.mark.parametrize("fmt", ["nv12", "i420", "yuyv", "uyvy", "bgr", "rgb"])
+def test_the_part_around_a_crop_converts_to_the_same_pixels_as_the_whole_frame(scene, fmt):
+    frame = from_bgr(scene, fmt)
+    whole = to_rgb_float(frame, fmt, 480, 640)
+    for crop in CROPS:
+        part, (x0, y0, x1, y1) = crop_native(frame, fmt, 480, 640, crop)
+        ph, pw = (part.shape[0] * 2 // 3, part.shape[1]) if fmt in ("nv12", "i420") else \
+            (part.shape[0], part.shape[1] // (2 if fmt in ("yuyv", "uyvy") else 1))
+        np.testing.assert_array_equal(to_rgb_float(part, fmt, ph, pw)[y0:y1, x0:x1],
+                                      whole[crop[1]:crop[3], crop[0]:crop[2]])
+
+
+@pytest.mark.parametrize("fmt", ["nv12", "i420", "yuyv", "bgr"])
+def test_a_crop_is_the_rectangle_resized_as_opencv_resizes_it(scene, fmt):
+    """The reference: OpenCV's own decode of the whole frame, the crop sliced, cv2.resize, normalized."""
+    import cv2
+
+    from jetpipe.preprocess import opencv_bgr
+
+    frame = from_bgr(scene, fmt)
+    spec = preset("ppocr-rec")
+    for crop in CROPS[:3]:
+        x0, y0, x1, y1 = crop
+        bgr = opencv_bgr(frame, fmt)[y0:y1, x0:x1]
+        scale = min(48 / (y1 - y0), 320 / (x1 - x0))
+        nh, nw = max(1, round((y1 - y0) * scale)), max(1, round((x1 - x0) * scale))
+        canvas = np.full((48, 320, 3), 127.5, np.float32)
+        canvas[:nh, :nw] = cv2.resize(bgr, (nw, nh), interpolation=cv2.INTER_LINEAR)
+        expected = ((canvas / 255 - 0.5) / 0.5).transpose(2, 0, 1)
+        fast, _ = preprocess_frame_fast(frame, fmt, (48, 320), spec, crop=crop)
+        exact, _ = preprocess_frame(frame, fmt, (48, 320), spec, crop=crop)
+        step = 2 / 255  # one 8-bit level after (x / 255 - 0.5) / 0.5
+        assert np.abs(fast - expected).max() <= 1.01 * step
+        assert np.abs(exact - expected).max() <= 2.51 * step  # float conversion vs OpenCV's integer one
+
+
+def test_a_crop_outside_the_frame_is_refused(scene):
+    from jetpipe.errors import JetpipeError
+    from jetpipe.runtime.api import Frame
+
+    with pytest.raises(JetpipeError, match=r"crop \[600, 0, 700, 10\] is not a non-empty rectangle inside"):
+        Frame(from_bgr(scene, "nv12"), "nv12", crop=(600, 0, 700, 10)).size()
+
+
+def _stage(rec_bundle, **options):
+    return SecondaryStage(SecondaryConfig(rec_bundle, **options), "onnxruntime-cpu", "auto", (720, 1280), "auto")
+
+
+def test_boxes_are_chosen_by_class_size_and_score(rec_bundle):
+    result = {"boxes": [[0, 0, 50, 20], [0, 0, 5, 40], [10, 10, 90, 40], [0, 0, 30, 30]],
+              "scores": [0.5, 0.9, 0.8, 0.7], "classes": [0, 0, 1, 0], "labels": ["line", "line", "sign", "line"]}
+    stage = _stage(rec_bundle, min_size=8, max_per_frame=2)
+    try:
+        assert stage.chosen(result) == [2, 3]  # box 1 is 5 wide; of 0, 2, 3 the two best scores
+        stage.classes = {"line"}
+        assert stage.chosen(result) == [0, 3]
+        stage.classes = {1}
+        assert stage.chosen(result) == [2]
+    finally:
+        stage.close()
+
+
+def test_det_then_rec_reads_the_rendered_words_aligned_with_the_boxes(det_bundle, rec_bundle, text_video, tmp_path):
+    video, words = text_video
+    out = tmp_path / "out.jsonl"
+    assert main(["serve", "--bundle", str(det_bundle), "--secondary", str(rec_bundle), "--source", str(video),
+                 "--sink", f"jsonl:{out}", "--metrics", "", "--backend", "onnxruntime-cpu"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == len(words)
+    found = total = 0
+    for record, truth in zip(records, words):
+        entries = record["results"]["secondary"][rec_bundle.name]
+        assert len(entries) == len(record["results"]["boxes"])
+        read = {w for e in entries if e for w in e["text"].split()}
+        found, total = found + len(set(truth) & read), total + len(truth)
+    assert found / total >= 0.9, (found, total)
+
+
+CONFIG = """
+[pipeline]
+bundle = "{det}"
+[[source]]
+uri = "synthetic"
+[[secondary]]
+bundle = "{rec}"
+{extra}
+"""
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("classes = ['person']", "classes = \\['person'\\]: the primary's task text-detection has no classes"),
+    ("max_per_frame = 0", "max_per_frame = 0: from 1 to 1024"),
+    ("min_size = -2", "min_size = -2: pixels from 1 to 16384"),
+    ("colour = 'red'", "unknown key 'colour'"),
+    ("[[secondary]]\nbundle = '{rec}'", "two secondaries are named alike"),
+    ("", None),
+])
+def test_secondary_settings_are_checked_at_start(det_bundle, rec_bundle, tmp_path, capsys, extra, message):
+    config = tmp_path / "c.toml"
+    config.write_text(CONFIG.format(det=det_bundle, rec=rec_bundle, extra=extra.format(rec=rec_bundle)))
+    code = main(["serve", str(config), "--frames", "1", "--metrics", "", "--backend", "onnxruntime-cpu"])
+    err = capsys.readouterr().err
+    if message is None:
+        assert code == 0, err
+        return
+    assert code == 2 and "Traceback" not in err
+    import re
+
+    assert re.search(message, err), err
+
+
+def test_a_missing_secondary_bundle_is_one_line(det_bundle, tmp_path, capsys):
+    code = main(["serve", "--bundle", str(det_bundle), "--secondary", str(tmp_path / "nope"), "--source",
+                 "synthetic", "--frames", "1", "--metrics", ""])
+    err = capsys.readouterr().err
+    assert code == 2 and "nope" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 3, err
+
+
+def test_secondary_text_is_drawn_beside_its_box():
+    from jetpipe.pipelines.annotate import draw
+
+    box = {"boxes": [[10, 60, 60, 90]], "scores": [0.9]}
+    image = draw(np.zeros((120, 320, 3), np.uint8), {**box, "secondary": {"rec": [{"text": "a long line of text",
+                                                                                  "score": 0.9}]}}, (120, 320))
+    plain = draw(np.zeros((120, 320, 3), np.uint8), box, (120, 320))
+    assert np.count_nonzero(image[52].any(axis=1)) > np.count_nonzero(plain[52].any(axis=1)) + 60
