@@ -60,7 +60,7 @@ def recall(truth: list[str], texts) -> tuple[int, int]:
     return len(set(truth) & read), len(truth)
 
 
-def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int]) -> tuple[Path, Path]:
+def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec_batch: int) -> tuple[Path, Path]:
     from jetpipe.convert import ConvertOptions, convert
     from jetpipe.models import BUILTIN
     from jetpipe.spec import preset
@@ -72,7 +72,8 @@ def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int]) -> 
         calib = "synthetic" if precision == "int8" else None
         size = det_size if name == "ppocr-det" else model.input_size
         convert(ConvertOptions(model=model.path(), output=bundle, precision=precision, calib=calib,
-                               input_size=size, input_width_range=model.width_range, max_batch=8,
+                               input_size=size, input_width_range=model.width_range,
+                               max_batch=8 if name == "ppocr-det" else rec_batch,
                                spec=preset(model.preset), task=model.task, engine="never", progress=False))
         out.append(bundle)
     return out[0], out[1]
@@ -91,13 +92,15 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]])
         found[0], found[1] = found[0] + hit, found[1] + total
 
     config = validate(PipelineConfig(
-        bundle=det, sources=[SourceConfig(str(video), loop=True, decoder=args.decoder) for _ in range(args.streams)],
+        bundle=det, sources=[SourceConfig(str(video), loop=True, realtime=args.realtime, decoder=args.decoder)
+                             for _ in range(args.streams)],
         secondaries=[SecondaryConfig(rec, name="rec", max_per_frame=32)], duration=args.seconds, metrics_listen="",
         log_every_s=1e9, backend=args.backend, batch_timeout_ms=5.0))
     cpu_before = time.process_time()
     summary = Pipeline(config, on_result=count).run()
     processed = sum(summary["processed"])
-    return {"frames": processed, "fps": summary["throughput_fps"], "seconds": summary["seconds"],
+    return {"frames": processed, "dropped": sum(summary["dropped"]), "fps": summary["throughput_fps"],
+            "seconds": summary["seconds"],
             "cpu_ms_per_frame": round(1e3 * (time.process_time() - cpu_before) / max(1, processed), 2),
             "cpu_cores": summary["cpu_cores"], "word_recall": round(found[0] / max(1, found[1]), 4),
             "words": found[1], "backend": summary["backend"], "postprocess": summary["postprocess"],
@@ -185,6 +188,8 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8"))
     parser.add_argument("--det-size", default="736x1312", help="the detector's input HxW (RapidOCR reads a 1080p "
                         "frame at 736 x 1308: its det_limit_side_len 736, limit_type min)")
+    parser.add_argument("--rec-batch", type=int, default=32, help="the recognizer bundle's max batch (crops a run)")
+    parser.add_argument("--realtime", action="store_true", help="pace each stream at 30 fps (drops, latency)")
     parser.add_argument("--peer-workers", type=int, default=0, help="RapidOCR processes (default: every core)")
     parser.add_argument("--peer-frames", type=int, default=64, help="frames RapidOCR reads")
     parser.add_argument("--no-peer", action="store_true")
@@ -193,7 +198,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         video, words = make_video(folder, args.frames)
-        det, rec = convert_bundles(folder, args.precision, tuple(int(v) for v in args.det_size.split("x")))
+        det, rec = convert_bundles(folder, args.precision, tuple(int(v) for v in args.det_size.split("x")),
+                                   args.rec_batch)
         report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "streams": args.streams,
                   "words_per_frame": round(sum(map(len, words)) / len(words), 1)}
         report["jetpipe"] = run_jetpipe(args, det, rec, video, words)
