@@ -92,31 +92,12 @@ def load(path: str | Path) -> PipelineConfig:
     _check_types(f"{path} [pipeline]", pipeline, _PIPELINE_KEYS)
     if "bundle" not in pipeline:
         raise ConfigError(f"{path}: [pipeline] bundle is required (a folder written by `jetpipe convert`)")
-    sources = []
-    for i, src in enumerate(_array_of_tables(path, data, "source")):
-        where = f"{path} [[source]] #{i + 1}"
-        _check_keys(where, src, _SOURCE_KEYS)
-        if "uri" not in src:
-            raise ConfigError(f"{where}: uri is required")
-        _check_types(where, src, _SOURCE_KEYS)
-        sources.append(SourceConfig(**src))
-    sinks = []
-    for i, sink in enumerate(_array_of_tables(path, data, "sink")):
-        where = f"{path} [[sink]] #{i + 1}"
-        _check_keys(where, sink, {"uri"})
-        if "uri" not in sink:
-            raise ConfigError(f"{where}: uri is required (jsonl:PATH, stdout or mqtt://HOST:PORT/TOPIC)")
-        _check_types(where, sink, {"uri": str})
-        sinks.append(sink["uri"])
-    secondaries = []
-    for i, table in enumerate(_array_of_tables(path, data, "secondary")):
-        where = f"{path} [[secondary]] #{i + 1}"
-        _check_keys(where, table, _SECONDARY_KEYS)
-        if "bundle" not in table:
-            raise ConfigError(f"{where}: bundle is required (a folder written by `jetpipe convert`)")
-        _check_types(where, table, _SECONDARY_KEYS)
-        secondaries.append(SecondaryConfig(**{**table, "bundle": Path(table["bundle"]),
-                                              "classes": tuple(table.get("classes", ()))}))
+    sources = [SourceConfig(**t) for t in _tables(path, data, "source", _SOURCE_KEYS, "uri", "")]
+    sinks = [t["uri"] for t in _tables(path, data, "sink", {"uri": str}, "uri",
+                                       " (jsonl:PATH, stdout or mqtt://HOST:PORT/TOPIC)")]
+    secondaries = [SecondaryConfig(**{**t, "bundle": Path(t["bundle"]), "classes": tuple(t.get("classes", ()))})
+                   for t in _tables(path, data, "secondary", _SECONDARY_KEYS, "bundle",
+                                    " (a folder written by `jetpipe convert`)")]
     metrics = data.get("metrics", {})
     _check_keys(f"{path} [metrics]", metrics, {"listen"})
     options = {k: v for k, v in pipeline.items() if k != "bundle"}
@@ -137,6 +118,19 @@ def _check_listen(listen: str, where: str) -> None:
     if not (port.isdigit() and 1 <= int(port) <= 65535):
         raise ConfigError(f"{where}: metrics listen = {listen!r}: write HOST:PORT with a port from 1 to 65535 "
                           "(e.g. 127.0.0.1:9108), or '' to turn the metrics server off")
+
+
+def _tables(path: Path, data: dict, name: str, keys: dict, required: str, hint: str) -> list[dict]:
+    """The [[name]] tables, each checked: known keys, the required one present (`hint` says what it is),
+    value types."""
+    tables = _array_of_tables(path, data, name)
+    for i, table in enumerate(tables):
+        where = f"{path} [[{name}]] #{i + 1}"
+        _check_keys(where, table, keys)
+        if required not in table:
+            raise ConfigError(f"{where}: {required} is required{hint}")
+        _check_types(where, table, keys)
+    return tables
 
 
 def _array_of_tables(path: Path, data: dict, name: str) -> list[dict]:
