@@ -32,7 +32,7 @@ from jetpipe.progress import bar
 from jetpipe.runtime import trt_builder
 from jetpipe.runtime.sessions import cpu_session, run_in_batches
 from jetpipe.spec import PreprocessSpec
-from jetpipe.tasks import ModelFacts, Task, TaskOptions, choose, task_labels
+from jetpipe.tasks import ModelFacts, Task, TaskOptions, choose
 from jetpipe.tasks import get as get_task
 
 log = logging.getLogger(__name__)
@@ -318,7 +318,7 @@ def _choose_task(opts, prepared: Prepared) -> tuple[Task, tuple[str, ...] | None
     """The task the bundle is for (--task checked against the outputs, else recognized) and its labels."""
     facts = ModelFacts.from_io(_io(prepared.model), prepared.size_hw, prepared.metadata, opts.labels)
     task = choose(opts.task, facts)
-    labels = task_labels(task, facts)
+    labels = task.labels(facts)
     log.info("task: %s%s", task.name, f" ({len(labels)} labels)" if labels else "")
     return task, labels
 

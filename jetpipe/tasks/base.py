@@ -75,7 +75,8 @@ class Task:
         return self.mismatch(facts) is None
 
     def labels(self, facts: ModelFacts) -> tuple[str, ...] | None:
-        return None
+        """Class names (or an alphabet): the user's (--labels) or the bundle's, else the model's own metadata."""
+        return facts.labels
 
     def postprocessor(self, options: TaskOptions):
         raise NotImplementedError
@@ -108,6 +109,13 @@ def class_names(metadata: dict) -> tuple[str, ...] | None:
     if isinstance(names, (list, tuple)):
         return tuple(str(n) for n in names)
     return None
+
+
+def labels_misfit(facts: ModelFacts, classes) -> str | None:
+    """Why the given labels do not fit `classes` (None: they do, or none were given, or the count is unknown)."""
+    if facts.labels is None or not known(classes) or len(facts.labels) == classes:
+        return None
+    return f"{len(facts.labels)} labels given for {classes} classes: one label a line, one per class"
 
 
 def with_labels(result: dict, labels: tuple[str, ...] | None) -> dict:

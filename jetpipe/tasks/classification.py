@@ -13,7 +13,7 @@ import numpy as np
 
 from jetpipe.runtime.api import Reduction
 from jetpipe.tasks import metrics
-from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, class_names, single_output, with_labels
+from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, class_names, labels_misfit, single_output, with_labels
 
 
 @dataclass
@@ -58,10 +58,10 @@ class ClassificationTask(Task):
         if facts.metadata.get("task") not in (None, "classify"):
             return f"the model says it is an Ultralytics {facts.metadata['task']!r} model, not a classifier"
         shape = single_output(facts, 2, "[N, C] (class scores)")
-        return shape if isinstance(shape, str) else None
+        return shape if isinstance(shape, str) else labels_misfit(facts, shape[1])
 
     def labels(self, facts: ModelFacts) -> tuple[str, ...] | None:
-        return class_names(facts.metadata)
+        return facts.labels or class_names(facts.metadata)
 
     def postprocessor(self, options: TaskOptions) -> Classification:
         return Classification(labels=options.labels)

@@ -24,6 +24,7 @@ from jetpipe.tasks.base import (
     class_names,
     identity_frames,
     known,
+    labels_misfit,
     single_output,
     with_labels,
 )
@@ -140,8 +141,10 @@ class YoloDetectionTask(Task):
         _, a, b = shape
         if not (known(a) and known(b)):
             return None  # a dynamic size: nothing to hold against it
-        if (b in (anchors, 3 * anchors) and a >= 5) or (a in (anchors, 3 * anchors) and b >= 6):
-            return None
+        if b in (anchors, 3 * anchors) and a >= 5:  # YOLOv8/11: [N, 4 + C, A]
+            return labels_misfit(facts, a - 4)
+        if a in (anchors, 3 * anchors) and b >= 6:  # YOLOv5 / YOLOX: [N, A, 5 + C]
+            return labels_misfit(facts, b - 5)
         return (f"expects {anchors} (or {3 * anchors}) anchor rows for strides {STRIDES} at "
                 f"{facts.input_hw[0]}x{facts.input_hw[1]}, found {facts.shapes()}")
 
@@ -150,7 +153,7 @@ class YoloDetectionTask(Task):
         return self.mismatch(facts) is None and len(shape) == 3 and known(shape[1]) and known(shape[2])
 
     def labels(self, facts: ModelFacts) -> tuple[str, ...] | None:
-        return class_names(facts.metadata)
+        return facts.labels or class_names(facts.metadata)
 
     def postprocessor(self, options: TaskOptions) -> YoloDetection:
         return YoloDetection(input_hw=tuple(options.input_hw), labels=options.labels)

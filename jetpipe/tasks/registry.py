@@ -8,6 +8,7 @@ model's outputs is taken; `raw` fits everything and is never a finding.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from jetpipe.tasks.base import ModelFacts, Task, TaskError, TaskOptions
 from jetpipe.tasks.classification import ClassificationTask
@@ -50,15 +51,14 @@ def choose(name: str | None, facts: ModelFacts, flag: str = "--task") -> Task:
                             "the tensors as they are)")
         return task
     task, reasons = detect(facts)
+    if task.name == RAW and facts.labels is not None:  # labels that do not fit are a mistake, not a raw model
+        unlabelled, _ = detect(replace(facts, labels=None))
+        if unlabelled.name != RAW:
+            raise TaskError(f"--labels for {unlabelled.name}: {unlabelled.mismatch(facts)}")
     if task.name == RAW:
         log.warning("no task recognizes the outputs %s: results will be raw tensors (%s); pass --task to choose",
                     facts.shapes(), reasons)
     return task
-
-
-def task_labels(task: Task, facts: ModelFacts) -> tuple[str, ...] | None:
-    """Class names or alphabet: the user's (completed by the task where it must be) or the model's own."""
-    return task.labels(facts) or facts.labels
 
 
 def budget_metrics() -> dict[str, str]:
@@ -75,4 +75,4 @@ def for_bundle(manifest: dict, name: str | None = None, flag: str = "task") -> t
     stored = manifest.get("labels")
     facts = ModelFacts.from_io(manifest["io"], manifest["input_size"], labels=stored)
     task = choose(name or manifest.get("task"), facts, flag)
-    return task, TaskOptions(tuple(manifest["input_size"]), task_labels(task, facts))
+    return task, TaskOptions(tuple(manifest["input_size"]), task.labels(facts))

@@ -108,3 +108,19 @@ def test_synthetic_calibration_is_said_out_of_domain_by_the_task_not_by_where_th
         assert main(["convert", "ppocr-rec", "-o", str(tmp_path / "r"), "--max-batch", "2", "--calib", "synthetic",
                      "--calib-size", "2", "--quiet"]) == 0
     assert _manifest(tmp_path / "r")["task"] == "text-recognition" and warned not in caplog.text
+
+
+def test_given_labels_come_before_the_models_names_and_must_fit_its_classes(tmp_path, capsys):
+    model = save(yolo_head_net(metadata={"task": "detect", "names": NAMES}), tmp_path / "det.onnx")
+    (tmp_path / "three.txt").write_text("a\nb\nc\n")
+    (tmp_path / "two.txt").write_text("kitten\npuppy\n")
+    assert main(["convert", model, "-o", str(tmp_path / "b"), "--labels", str(tmp_path / "three.txt"), "--quiet",
+                 "--max-batch", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "3 labels given for 2 classes: one label a line, one per class" in err and "Traceback" not in err
+    assert not (tmp_path / "b").exists()
+    assert main(["convert", model, "-o", str(tmp_path / "b"), "--labels", str(tmp_path / "two.txt"), "--quiet",
+                 "--max-batch", "1"]) == 0
+    assert _manifest(tmp_path / "b")["labels"] == ["kitten", "puppy"]
+    with pytest.raises(TaskError, match="6 labels given for 5 classes"):
+        choose("classification", ModelFacts((("y", ("N", 5)),), (16, 16), {}, tuple("abcdef")))
