@@ -141,7 +141,7 @@ def _convert_options(args):
         exclude, auto_exclude = exclude + tuple(excluded_from_report(args.exclude_from)), False
     return ConvertOptions(
         model=model_path, output=args.output, precision=args.precision, calib=args.calib,
-        calib_size=args.calib_size, calib_method=args.calib_method, calib_batch=max(1, args.calib_batch),
+        calib_size=args.calib_size, calib_method=args.calib_method, calib_batch=args.calib_batch,
         calib_cache=args.calib_cache, max_batch=args.max_batch, input_size=size, input_width_range=widths, spec=spec,
         exclude=exclude, auto_exclude=auto_exclude, engine=args.engine, prune=args.prune,
         engine_family=args.engine_family, rtx_targets=parse_targets(args.rtx_targets),

@@ -1,3 +1,5 @@
 """Bounds on sizes users choose, stated once (a batch of 100000 frames is a typo, not a plan)."""
 
 MAX_BATCH = 256  # frames per engine batch: --max-batch of convert and serve, calibrate latency --batch
+MAX_SIDE = 16384  # pixels: frames and network inputs (TensorRT's and NVDEC's limits are below it)
+MAX_QUEUE_DEPTH = 1024  # frames per stream waiting to be batched

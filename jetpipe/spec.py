@@ -45,6 +45,8 @@ class PreprocessSpec:
             raise JetpipeError(f"std {self.std} contains 0: every channel needs a non-zero std")
         if self.scale <= 0:
             raise JetpipeError(f"scale {self.scale} must be positive (default 1/255)")
+        if not 0 <= self.pad_value <= 255:
+            raise JetpipeError(f"pad value {self.pad_value:g} is in pixel units: from 0 to 255 (YOLO's grey: 114)")
 
     @property
     def channels(self) -> int:

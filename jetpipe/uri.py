@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
+from jetpipe.limits import MAX_SIDE
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "rtmp", "http", "https", "udp", "tcp", "srt")
 SCHEMES = ("csi", "v4l2", "file", "synthetic", "gst", *NETWORK_SCHEMES)
@@ -104,7 +105,10 @@ def synthetic_spec(uri: SourceURI) -> tuple[int, int, float, str]:
         raise SourceURIError(f"source {uri.text!r}: write synthetic://WIDTHxHEIGHT@FPS/FORMAT, "
                              "e.g. synthetic://1920x1080@30/nv12")
     w, h, fps, fmt, _still = match.groups()
-    return int(w or 640), int(h or 480), float(fps or 30), (fmt or "nv12").lower()
+    width, height = int(w or 640), int(h or 480)
+    if not (2 <= width <= MAX_SIDE and 2 <= height <= MAX_SIDE):
+        raise SourceURIError(f"source {uri.text!r}: {width}x{height}: width and height from 2 to {MAX_SIDE}")
+    return width, height, float(fps or 30), (fmt or "nv12").lower()
 
 
 def synthetic_still(uri: SourceURI) -> bool:

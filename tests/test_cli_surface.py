@@ -47,6 +47,11 @@ CONVERT = [
     (["--task", "detection-yolo"], "--task detection-yolo: the model's outputs do not fit: expects one output"),
     (["--task", "text-recognition"], "--task text-recognition: the model's outputs do not fit: expects one output"),
     (["--labels", "{tmp}/none.txt"], "--labels .*none.txt: no such file"),
+    (["--calib-batch", "0"], "--calib-batch 0: images per calibration run, from 1 to 256"),
+    (["--workspace", "-1"], "--workspace -1: MiB from 1 to 1048576"),
+    (["--dla", "-1"], "--dla -1: a DLA core number from 0"),
+    (["--pad-value", "1e9"], "pad value 1e\\+09 is in pixel units: from 0 to 255"),
+    (["--input-size", "100000x100000"], "--input-size: sides from 1 to 16384 pixels"),
 ]
 
 
@@ -76,6 +81,8 @@ SERVE = [
     (["--sink", "ftp://x"], "sink 'ftp://x': use jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4"),
     (["--sink", "jsonl:/proc/jetpipe-results.jsonl"], "sink jsonl:/proc/jetpipe-results.jsonl: cannot open it"),
     (["--source", "webcam://0"], "unknown scheme 'webcam'"),
+    (["--source", "synthetic://0x0@30/nv12"], "0x0: width and height from 2 to 16384"),
+    (["--sink", "video:{tmp}/out.mp4?widht=320"], "unknown option 'widht'; this sink takes width, fps, codec, encoder"),
     (["--source", "{tmp}/missing.mp4"], "missing.mp4' not found"),
 ]
 
@@ -102,7 +109,8 @@ CALIBRATE = [
     (["latency", "{bundle}", "--batch", "a,b"], "--batch 'a,b': comma-separated integers"),
     (["latency", "{bundle}", "--batch", "0"], "batch sizes must be >= 1"),
     (["latency", "{bundle}", "--batch", "4"], "--batch 4 exceeds the bundle's max batch 2"),
-    (["latency", "{bundle}", "--iterations", "0"], "--iterations must be at least 1"),
+    (["latency", "{bundle}", "--iterations", "0"], "--iterations must be from 1 to 100000"),
+    (["latency", "{bundle}", "--warmup", "-1"], "--warmup -1: from 0 to 100000 runs"),
     (["latency", "{bundle}", "--batch", "1", "--source", "rtsp://cam/1"], "latency runs use synthetic://"),
     (["latency", "{tmp}/nobundle"], "bundle .*nobundle not found"),
 ]

@@ -68,11 +68,16 @@ def _stats(values) -> dict:
             "p99": float(np.percentile(arr, 99)), "mean": float(arr.mean()), "count": int(arr.size)}
 
 
+MAX_ITERATIONS = 100_000
+
+
 def run_latency(opts: LatencyOptions) -> dict:
     if not opts.batches or min(opts.batches) < 1:
         raise JetpipeError(f"--batch {','.join(map(str, opts.batches))}: batch sizes must be >= 1")
-    if opts.iterations < 1:
-        raise JetpipeError("--iterations must be at least 1")
+    if not 1 <= opts.iterations <= MAX_ITERATIONS:
+        raise JetpipeError(f"--iterations must be from 1 to {MAX_ITERATIONS}")
+    if not 0 <= opts.warmup <= MAX_ITERATIONS:
+        raise JetpipeError(f"--warmup {opts.warmup}: from 0 to {MAX_ITERATIONS} runs")
     reports.check_destination(opts.report, opts.force, opts.bundle)
     manifest = bundles.load(opts.bundle)
     if max(opts.batches) > manifest["batch"]["max"]:

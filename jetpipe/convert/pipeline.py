@@ -27,7 +27,7 @@ from jetpipe.convert.prune import prune
 from jetpipe.convert.sparsity import apply_2_4
 from jetpipe.convert.trt_ops import check_tensorrt_ops
 from jetpipe.errors import CalibrationError, EngineError, JetpipeError, ModelError
-from jetpipe.limits import MAX_BATCH
+from jetpipe.limits import MAX_BATCH, MAX_SIDE
 from jetpipe.progress import bar
 from jetpipe.runtime import trt_builder
 from jetpipe.runtime.sessions import cpu_session, run_in_batches
@@ -201,10 +201,32 @@ def _validate(opts: ConvertOptions) -> None:
         raise JetpipeError(f"--prune-budget {opts.prune_budget_min:g}: minutes above 0, e.g. 15")
     if not 1 <= opts.max_batch <= MAX_BATCH:
         raise JetpipeError(f"--max-batch {opts.max_batch} must be from 1 to {MAX_BATCH}")
+    _check_bounds(opts)
     if opts.precision == "int8" and opts.calib is None and opts.calib_cache is None:
         raise CalibrationError("--precision int8 needs calibration data: pass --calib FOLDER|VIDEO|FILE.npy "
                                "(or --calib synthetic for rendered text images)")
     _validate_engine(opts)
+
+
+MAX_WORKSPACE_MB = 1 << 20  # 1 TiB
+MAX_DLA_CORE = 15           # Orin has cores 0 and 1
+
+
+def _check_bounds(opts: ConvertOptions) -> None:
+    """Every number a user gives, against its bound, before any work."""
+    sides = (*(opts.input_size or ()), *(opts.input_width_range or ()))
+    checks = [
+        (1 <= opts.calib_batch <= MAX_BATCH, f"--calib-batch {opts.calib_batch}: images per calibration run, from 1 "
+                                              f"to {MAX_BATCH}"),
+        (all(1 <= s <= MAX_SIDE for s in sides), f"--input-size: sides from 1 to {MAX_SIDE} pixels"),
+        (opts.workspace_mb is None or 1 <= opts.workspace_mb <= MAX_WORKSPACE_MB,
+         f"--workspace {opts.workspace_mb}: MiB from 1 to {MAX_WORKSPACE_MB}"),
+        (opts.dla_core is None or 0 <= opts.dla_core <= MAX_DLA_CORE,
+         f"--dla {opts.dla_core}: a DLA core number from 0 (Orin has 0 and 1)"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise JetpipeError(message)
 
 
 def _validate_engine(opts: ConvertOptions) -> None:
@@ -238,6 +260,9 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
         raise ModelError(f"input {info.name!r} has {info.dims[1]} channels; jetpipe feeds 3-channel (colour) "
                          "or 1-channel (gray) images")
     size_hw = (int(info.dims[2]), int(input_size[1] if width_range else info.dims[3]))
+    if max(size_hw) > MAX_SIDE:
+        raise ModelError(f"input {info.name!r} is {size_hw[0]}x{size_hw[1]}; jetpipe takes sides up to {MAX_SIDE} "
+                         "pixels: export the model for a smaller input or pass --input-size")
     sample = _random_sample(info.dims[1], size_hw)
     reference = _check_runs(model, info, size_hw, sample)
     _check_width_range(model, info, size_hw[0], width_range)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
-from jetpipe.limits import MAX_BATCH
+from jetpipe.limits import MAX_BATCH, MAX_QUEUE_DEPTH, MAX_SIDE
 from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
@@ -159,16 +159,16 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     checks = [
         (config.max_batch is None or config.max_batch >= 1, "max_batch", "a positive integer"),
         (config.batch_timeout_ms >= 0, "batch_timeout_ms", "a number >= 0"),
-        (config.queue_depth >= 1, "queue_depth", "an integer >= 1"),
+        (1 <= config.queue_depth <= MAX_QUEUE_DEPTH, "queue_depth", f"an integer from 1 to {MAX_QUEUE_DEPTH}"),
         (config.backend in BACKENDS, "backend", " | ".join(BACKENDS)),
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
         (config.postprocess in POSTPROCESS_PLACES, "postprocess", " | ".join(POSTPROCESS_PLACES)),
         (config.tracker in TRACKERS, "tracker", " | ".join(TRACKERS)),
         (config.frames >= 0, "frames", "an integer >= 0"),
         (config.duration >= 0, "duration", "a number >= 0 (seconds)"),
-        (len(config.max_frame_hw) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 16384
+        (len(config.max_frame_hw) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_SIDE
                                                 for v in config.max_frame_hw), "max_frame_hw",
-         "[height, width], two integers from 1 to 16384"),
+         f"[height, width], two integers from 1 to {MAX_SIDE}"),
         (config.max_batch is None or config.max_batch <= MAX_BATCH, "max_batch", f"at most {MAX_BATCH}"),
     ]
     for ok, key, allowed in checks:

@@ -98,6 +98,7 @@ class Pipeline:
             self._check_frame_size(self.sources[-1])
         self.trackers = [Tracker(config.tracker) if config.tracker != "none" else None for _ in self.sources]
         slots = config.queue_depth + 2 * runtime.max_batch + 2  # queued + two batches in flight + writing
+        _check_ring_memory([slots * h * w * 3 for h, w in map(self._frame_hw, self.sources)], slots)
         self.rings = [runtime.frame_ring(slots, self._frame_hw(src), device=src.memory == "device")
                       for src in self.sources]
         self.sinks, self.sink_failures, self._closed_sinks = [], [], set()
@@ -428,6 +429,28 @@ class Pipeline:
             except Exception as exc:
                 log.warning("while closing: %s", exc)
         self.closers = []
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the kernel says are available (MemAvailable), None where it does not say."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_ring_memory(ring_bytes: list[int], slots: int) -> None:
+    """The frame rings fit in the memory available (a Jetson shares it with the GPU): checked before any is
+    allocated, instead of the OOM killer ending the daemon half-started."""
+    available, need = available_memory(), sum(ring_bytes)
+    if available is not None and need > 0.8 * available:
+        raise ConfigError(f"the frame rings would take {need / 2**30:.1f} GiB ({len(ring_bytes)} stream(s) x {slots} "
+                          f"slots: queue_depth + 2 x max_batch + 2), more than 80 % of the {available / 2**30:.1f} GiB "
+                          "available: lower queue_depth, max_batch or max_frame_hw")
 
 
 def _median(values: list[float]) -> float:

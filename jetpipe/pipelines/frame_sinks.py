@@ -41,10 +41,15 @@ JPEG_NAME = re.compile(r"s\d+_\d{6,}\.jpg")  # what a jpeg: sink writes, s{strea
 SPARE_BUFFERS = 2  # per stream, beyond a whole batch: one being drawn, one waiting
 
 
-def _options(spec: str) -> tuple[str, dict[str, str]]:
+def _options(spec: str, known: tuple[str, ...]) -> tuple[str, dict[str, str]]:
+    """(path, ?options) of a sink; an option it does not know is a mistake (a typo was silently ignored)."""
     parsed = urlparse(spec)
     path = spec.split("?", 1)[0].split(":", 1)[1]
-    return path, {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise JetpipeError(f"sink {spec}: unknown option {unknown[0]!r}; this sink takes {', '.join(known)}")
+    return path, options
 
 
 def _positive(spec: str, options: dict[str, str], key: str, kind=int, default=None):
@@ -167,7 +172,7 @@ class FrameSink:
 
 class VideoSink(FrameSink):
     def __init__(self, spec: str, streams: int, max_batch: int = 8):
-        path, options = _options(spec)
+        path, options = _options(spec, ("width", "fps", "codec", "encoder"))
         if not path:
             raise JetpipeError(f"sink {spec}: name the file, e.g. video:out.mp4")
         self.codec = options.get("codec", "h264")
@@ -216,7 +221,7 @@ class VideoSink(FrameSink):
 
 class JpegSink(FrameSink):
     def __init__(self, spec: str, max_batch: int = 8):
-        path, options = _options(spec)
+        path, options = _options(spec, ("every", "width"))
         self.folder = Path(path)
         if not path or not self.folder.is_dir():
             raise JetpipeError(f"sink {spec}: {path!r} is not a folder: create it first")

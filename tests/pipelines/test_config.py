@@ -38,3 +38,24 @@ def test_source_options_are_read(tmp_path):
     source = load(path).sources[0]
     assert (source.uri, source.loop, source.realtime, source.decoder, source.hwaccel) == \
         ("a.mp4", True, True, "ffmpeg", "qsv")
+
+
+def test_queue_depth_and_ring_memory_are_bounded_before_anything_is_allocated(tmp_path, monkeypatch, capsys):
+    """queue_depth = 100000000 took 19 GB and then the OOM killer; now a bound, and the rings' memory is
+    checked against what the machine has before any ring is allocated."""
+    from jetpipe.cli import main
+    from jetpipe.pipelines import daemon
+    from tests.helpers import residual_cnn, save
+
+    model = save(residual_cnn(batch=1), tmp_path / "m.onnx")
+    assert main(["convert", model, "-o", str(tmp_path / "b"), "--max-batch", "2", "--quiet"]) == 0
+    config = tmp_path / "c.toml"
+    config.write_text(f'[pipeline]\nbundle = "{tmp_path / "b"}"\nqueue_depth = 100000000\n'
+                      '[[source]]\nuri = "synthetic"\n')
+    assert main(["serve", str(config), "--frames", "1", "--metrics", ""]) == 2
+    assert "queue_depth = 100000000: allowed an integer from 1 to 1024" in capsys.readouterr().err
+    monkeypatch.setattr(daemon, "available_memory", lambda: 64 * 2**20)  # a machine with 64 MiB free
+    assert main(["serve", "--bundle", str(tmp_path / "b"), "--source", "synthetic://1920x1080@30/nv12", "--frames",
+                 "1", "--metrics", ""]) == 2
+    err = capsys.readouterr().err
+    assert "the frame rings would take 0.1 GiB (1 stream(s) x 10 slots" in err and "Traceback" not in err
