@@ -18,37 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jetpipe.tasks.metrics import greedy_match, iou_matrix
+
 TRACKERS = ("none", "iou", "bytetrack")
-
-
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of every box in a (N x 4, x0 y0 x1 y1) with every box in b (M x 4)."""
-    if len(a) == 0 or len(b) == 0:
-        return np.zeros((len(a), len(b)))
-    x0 = np.maximum(a[:, None, 0], b[None, :, 0])
-    y0 = np.maximum(a[:, None, 1], b[None, :, 1])
-    x1 = np.minimum(a[:, None, 2], b[None, :, 2])
-    y1 = np.minimum(a[:, None, 3], b[None, :, 3])
-    inter = np.clip(x1 - x0, 0, None) * np.clip(y1 - y0, 0, None)
-    area = lambda r: (r[:, 2] - r[:, 0]) * (r[:, 3] - r[:, 1])  # noqa: E731
-    return inter / np.maximum(area(a)[:, None] + area(b)[None, :] - inter, 1e-9)
-
-
-def greedy_match(iou: np.ndarray, threshold: float) -> list[tuple[int, int]]:
-    """(row, column) pairs, best IoU first, each row and column used once, IoU >= threshold."""
-    pairs = []
-    if iou.size == 0:
-        return pairs
-    order = np.dstack(np.unravel_index(np.argsort(-iou, axis=None), iou.shape))[0]
-    rows, cols = set(), set()
-    for r, c in order:
-        if iou[r, c] < threshold:
-            break
-        if r not in rows and c not in cols:
-            pairs.append((int(r), int(c)))
-            rows.add(r)
-            cols.add(c)
-    return pairs
 
 
 class KalmanBox:

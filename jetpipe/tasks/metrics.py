@@ -39,20 +39,28 @@ def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
 
 
+def greedy_match(iou: np.ndarray, threshold: float) -> list[tuple[int, int]]:
+    """(row, column) pairs, best IoU first, each row and column used once, IoU >= threshold."""
+    pairs = []
+    if iou.size == 0:
+        return pairs
+    order = np.dstack(np.unravel_index(np.argsort(-iou, axis=None), iou.shape))[0]
+    rows, cols = set(), set()
+    for r, c in order:
+        if iou[r, c] < threshold:
+            break
+        if r not in rows and c not in cols:
+            pairs.append((int(r), int(c)))
+            rows.add(r)
+            cols.add(c)
+    return pairs
+
+
 def match_boxes(predicted, truth, threshold: float = 0.5, same=None) -> list[tuple[int, int]]:
     """One-to-one matches (predicted index, truth index), highest IoU first, at IoU >= threshold;
     `same` (a bool matrix) restricts the pairs that may match (e.g. the same class)."""
     overlap = iou_matrix(predicted, truth)
-    if same is not None:
-        overlap = np.where(same, overlap, 0.0)
-    pairs, free_pred, free_truth = [], np.ones(overlap.shape[0], bool), np.ones(overlap.shape[1], bool)
-    for i, j in zip(*np.unravel_index(np.argsort(-overlap, axis=None), overlap.shape)):
-        if overlap[i, j] < threshold:
-            break
-        if free_pred[i] and free_truth[j]:
-            free_pred[i] = free_truth[j] = False
-            pairs.append((int(i), int(j)))
-    return pairs
+    return greedy_match(np.where(same, overlap, 0.0) if same is not None else overlap, threshold)
 
 
 def box_agreement(reference: list[dict], candidate: list[dict], iou: float = 0.5) -> dict:

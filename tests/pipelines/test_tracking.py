@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from jetpipe.pipelines.sources import SyntheticCamera
-from jetpipe.pipelines.tracking import Tracker, greedy_match, iou_matrix
+from jetpipe.pipelines.tracking import Tracker
+from jetpipe.tasks.metrics import greedy_match, iou_matrix
 
 
 def _words(camera: SyntheticCamera, index: int):
