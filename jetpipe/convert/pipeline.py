@@ -170,8 +170,26 @@ def _apply_pruning(opts: ConvertOptions, prepared: Prepared, source, before: dic
         log.info("not pruned: %s (%s)", group, why)
     check = _accuracy_check(unpruned, prepared.model, checks, prepared.input.name)
     _warn_if_inaccurate(check, "pruning", opts)
-    return {"method": opts.prune_method, "ratio": opts.prune, **report, "check": check,
-            "layers": {r["node"]: r for r in layers}}
+    removed = 1 - after["flops"] / max(before["flops"], 1)
+    _say_what_pruning_did(opts, removed, check)
+    return {"method": opts.prune_method, "ratio": opts.prune, "flops_removed": round(removed, 4), **report,
+            "check": check, "layers": {r["node"]: r for r in layers}}
+
+
+PRUNE_RATIO_SLACK = 0.03  # FLOPs removed this far from the ratio asked are said, with why
+
+
+def _say_what_pruning_did(opts, removed: float, check: dict | None) -> None:
+    """How far the FLOPs fell against what was asked, and, without data, that nothing was measured."""
+    if abs(removed - opts.prune) > PRUNE_RATIO_SLACK:
+        log.warning("--prune %g removed %.1f %% of the FLOPs, not %.0f %%: channel groups move in steps of "
+                    "--prune-align %d and whole groups stay (the log's 'not pruned' lines say which)", opts.prune,
+                    100 * removed, 100 * opts.prune, opts.prune_align)
+    if check is None:
+        log.warning("pruning (%s) removed %.1f %% of the FLOPs and nothing measured what it cost: pass --calib DATA to "
+                    "compare with the unpruned model by the task's metric (and for --prune-method reconstruct, "
+                    "which keeps accuracy where l1 loses it: PP-OCRv4 det hmean 0.82 against 0.03 at -20 %%)",
+                    opts.prune_method, 100 * removed)
 
 
 def _apply_sparsity(opts: ConvertOptions, prepared: Prepared) -> dict | None:

@@ -314,3 +314,25 @@ def test_convs_too_wide_for_least_squares_keep_plainly_sliced_weights(monkeypatc
     keep = [i for i in range(16) if any(np.array_equal(row, dense["w1"][i]) for row in kept["w1"])]
     assert len(keep) == len(kept["w1"]) < 16  # conv1 produces the group: its rows are sliced, never refit
     np.testing.assert_array_equal(kept["w2"], dense["w2"][keep][:, keep])
+
+
+def test_pruning_says_how_far_the_flops_fell_and_that_l1_without_data_is_unmeasured(tmp_path, caplog):
+    """The block's one prunable group moves in steps of 8 channels: asked for 10 %, it removes far more, and
+    without --calib nothing measured the cost; with --calib the check compares by the task's metric."""
+    import logging
+
+    model = save(residual_block(), tmp_path / "block.onnx")
+    with caplog.at_level(logging.WARNING):
+        assert main(["convert", model, "-o", str(tmp_path / "b"), "--prune", "0.1", "--quiet"]) == 0
+    removed = json.loads((tmp_path / "b" / "manifest.json").read_text())["pruning"]["flops_removed"]
+    assert abs(removed - 0.1) > 0.03
+    text = caplog.text
+    said = f"{100 * removed:.0f}"  # the manifest keeps 4 decimals, the log 1
+    assert f"--prune 0.1 removed {said}" in text and "% of the FLOPs, not 10 %: channel groups move in steps" in text
+    assert f"pruning (l1) removed {said}" in text and "% of the FLOPs and nothing measured what it cost" in text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert main(["convert", model, "-o", str(tmp_path / "c"), "--prune", "0.1", "--calib", "synthetic",
+                     "--calib-size", "4", "--quiet"]) == 0
+    assert "nothing measured what it cost" not in caplog.text
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())["pruning"]["check"]["task_metrics"]
