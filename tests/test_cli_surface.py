@@ -210,3 +210,17 @@ def test_other_libraries_info_lines_stay_quiet(made, capsys):
 def test_serve_help_names_the_video_sinks_encoder_choice():
     text = next(p for p in parsers(build_parser()) if p.prog == "jetpipe serve").format_help()
     assert "encoder=E" in text and "gst:ELEMENT" in text and "nvv4l2h264enc" in text
+
+
+def test_a_metrics_port_in_use_is_one_line(made, capsys):
+    """A second daemon on the same port (the default 9108): one line naming the address, not a traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = _run(["serve", "--bundle", made["bundle"], "--source", "synthetic://64x48@0/nv12", "--frames", "1",
+                     "--metrics", f"127.0.0.1:{port}"])
+    assert code == 2
+    _assert_one_line(capsys, f"metrics listen = '127.0.0.1:{port}': cannot listen there \\(Address already in use\\)")

@@ -12,6 +12,8 @@ import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from jetpipe.errors import JetpipeError
+
 STAGES = ("queue", "gpu", "post", "total")
 QUANTILES = (0.5, 0.9, 0.99)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.033, 0.05, 0.067, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -137,7 +139,11 @@ class MetricsServer:
     def __init__(self, listen: str, render, healthy, pages=None):
         host, _, port = listen.rpartition(":")
         handler = _handler(render, healthy, pages or (lambda path: None))
-        self.server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
+        try:
+            self.server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
+        except OSError as exc:  # in use (a second daemon on the default port), a host this machine is not
+            raise JetpipeError(f"metrics listen = {listen!r}: cannot listen there ({exc.strerror or exc}): choose "
+                               "another HOST:PORT (--metrics), or '' to turn the metrics server off") from None
         self.address = f"{self.server.server_address[0]}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True)
         self.thread.start()
