@@ -41,8 +41,24 @@ def choose(spec: str, codec: str, requested: str = "auto", jetson: bool | None =
     if shutil.which("ffmpeg") is None:
         raise JetpipeError(f"sink {spec}: needs ffmpeg to encode video: apt install ffmpeg")
     if requested != "auto":
+        why = encoder_fails(requested)
+        if why:  # it would fail at the first frame, the sink counting failures from then on
+            raise JetpipeError(f"sink {spec}: encoder {requested!r} cannot encode here ({why}): choose another "
+                               f"?encoder= ({SOFTWARE[codec]}, {NVENC[codec]} where NVENC works) or auto")
         return "ffmpeg", requested
     return "ffmpeg", NVENC[codec] if nvenc_works(codec) else SOFTWARE[codec]
+
+
+@functools.cache
+def encoder_fails(name: str) -> str | None:
+    """Why FFmpeg's encoder `name` cannot encode here (not built in, no device, ...), or None: one small frame
+    is encoded as a trial."""
+    trial = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-f", "lavfi", "-i", "color=s=256x256:d=0.04",
+                            "-frames:v", "1", "-c:v", name, "-f", "null", "-"], capture_output=True, text=True,
+                           timeout=TRIAL_TIMEOUT_S)
+    if trial.returncode == 0:
+        return None
+    return (trial.stderr.strip().splitlines() or ["no message"])[0][:160]
 
 
 @functools.cache
@@ -53,11 +69,8 @@ def nvenc_works(codec: str) -> bool:
                             timeout=TRIAL_TIMEOUT_S).stdout
     if f" {name} " not in listed:
         return False
-    trial = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-f", "lavfi", "-i", "color=s=256x256:d=0.04",
-                            "-frames:v", "1", "-c:v", name, "-f", "null", "-"], capture_output=True, text=True,
-                           timeout=TRIAL_TIMEOUT_S)
-    if trial.returncode != 0:
-        why = (trial.stderr.strip().splitlines() or ["no message"])[0][:160]
+    why = encoder_fails(name)
+    if why:
         log.info("video sinks: %s is built into ffmpeg but cannot encode here (%s): using %s", name, why,
                  SOFTWARE[codec])
         return False

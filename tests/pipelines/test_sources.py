@@ -594,3 +594,13 @@ def test_network_streams_offer_the_hardware_decoder_a_remux_feed_and_a_fallback(
     scheme, kw = offered[0]
     assert scheme == "rtsp" and isinstance(kw["feed"], RemuxFeed)
     assert isinstance(kw["fallback"](), FFmpegSource) and kw["feed"].uri.text == "rtsp://127.0.0.1:9/cam"
+
+
+def test_a_gstreamer_source_without_gst_launch_is_one_line_at_start(tiny_bundle, monkeypatch, capsys):
+    """It retried forever, even with --frames 3."""
+    monkeypatch.setattr("jetpipe.pipelines.sources.gstreamer.tools_available",
+                        lambda: "gst-launch-1.0 not found (apt install gstreamer1.0-tools)")
+    code = main(["serve", "--bundle", str(tiny_bundle), "--source", "gst:videotestsrc ! video/x-raw,format=NV12,"
+                 "width=64,height=48", "--frames", "3", "--metrics", ""])
+    err = capsys.readouterr().err
+    assert code == 2 and "a GStreamer pipeline needs gst-launch-1.0 not found" in err and "Traceback" not in err

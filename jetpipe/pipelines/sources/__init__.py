@@ -62,6 +62,9 @@ def _open_source(text, loop, seed, realtime, decoder, hardware, streams, hwaccel
         if uri.path.is_dir():
             return ImageFolderSource(uri.location, loop, uri=text)
     if uri.scheme == "gst":
+        missing = gstreamer.tools_available()
+        if missing:  # one line now, not a reconnect loop that never ends
+            raise JetpipeError(f"source {uri.text}: a GStreamer pipeline needs {missing}")
         return GstSource(uri, loop, realtime)
     threads = max(2, (os.cpu_count() or 2) // max(1, streams)) if streams > 1 else None
     if decoder in ("auto", "nvdec") and not gstreamer.is_jetson():
