@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from jetpipe.tasks.base import ModelFacts, Task, TaskError, TaskOptions
 from jetpipe.tasks.classification import ClassificationTask
+from jetpipe.tasks.detection_e2e import EndToEndDetectionTask
 from jetpipe.tasks.detection_yolo import YoloDetectionTask
 from jetpipe.tasks.raw import RawTask
 from jetpipe.tasks.text_detection import TextDetectionTask
@@ -20,7 +21,7 @@ from jetpipe.tasks.text_recognition import TextRecognitionTask
 log = logging.getLogger(__name__)
 
 TASKS: dict[str, Task] = {t.name: t for t in (TextDetectionTask(), YoloDetectionTask(), TextRecognitionTask(),
-                                              ClassificationTask(), RawTask())}
+                                              EndToEndDetectionTask(), ClassificationTask(), RawTask())}
 RAW = "raw"
 
 

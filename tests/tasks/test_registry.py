@@ -28,7 +28,10 @@ def facts(*shapes, hw=(640, 640), **metadata):
     ([["N", 1000]], {"task": "classify"}, "classification"),
     ([["N", 40, 5]], {"character": "a\nb\nc"}, "text-recognition"),  # blank + 3 + space
     ([["N", 116, 8400], ["N", 32, 160, 160]], {"task": "segment"}, "raw"),  # YOLOv8-seg: no task yet
-    ([["N", 300, 6]], {"task": "detect"}, "raw"),          # end-to-end (NMS-free): no task yet
+    ([["N", 300, 6]], {"task": "detect"}, "detection-e2e"),  # YOLOv10 / YOLO26 end-to-end
+    ([["N", 300, 6]], {}, "detection-e2e"),
+    ([["N", 300, 84]], {"task": "detect"}, "detection-e2e"),  # RT-DETR: normalized cxcywh + 80 scores
+    ([["N", 300, 84]], {}, "raw"),                           # that shape alone could be a recognizer's
     ([["N", 56, 8400]], {"task": "pose"}, "raw"),
     ([["N", 40, 6625]], {}, "raw"),                        # a recognizer without its alphabet
     ([["N", 2, 320, 320]], {}, "raw"),
