@@ -16,17 +16,26 @@ CHUNK = 16384
 
 
 class StreamServer:
-    def __init__(self, ts_bytes: bytes = b"", port: int = 0, once: bool = False, hang: bool = False):
+    def __init__(self, ts_bytes: bytes = b"", port: int = 0, once: bool = False, hang: bool = False,
+                 stall_after: int = 0, stall_connection: int = 1):
+        """stall_after: connection number `stall_connection` (1: the first) gets that many bytes, then nothing
+        more on a connection left open (a camera that stops sending); the others get the stream as usual."""
         data = ts_bytes
+        connections = iter(range(1, 1 << 30))
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self):
+                stall = stall_after and next(connections) == stall_connection
                 try:
                     while not server.closing:
                         if hang:
                             time.sleep(0.05)
                             continue
                         for at in range(0, len(data), CHUNK):
+                            if stall and at >= stall_after:
+                                while not server.closing:  # silent, but connected
+                                    time.sleep(0.05)
+                                return
                             self.request.sendall(data[at:at + CHUNK])
                             time.sleep(0.002)
                         if once:

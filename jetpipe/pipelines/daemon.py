@@ -39,6 +39,7 @@ cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
 
 BUFFER_SETS = 4
+STALL_MIN_S = 5.0  # a live stream is stalled after max(this, 10 frame periods) without a frame
 STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect inside OpenCV) are left behind
 
 
@@ -97,6 +98,7 @@ class Pipeline:
                                             hardware=runtime.hardware_decoder, streams=len(config.sources)))
             self._check_frame_size(self.sources[-1])
         self.trackers = [Tracker(config.tracker) if config.tracker != "none" else None for _ in self.sources]
+        self._last_frame: list[float | None] = [None] * len(self.sources)  # when each stream last gave a frame
         slots = config.queue_depth + 2 * runtime.max_batch + 2  # queued + two batches in flight + writing
         _check_ring_memory([slots * h * w * 3 for h, w in map(self._frame_hw, self.sources)], slots)
         self.rings = [runtime.frame_ring(slots, self._frame_hw(src), device=src.memory == "device")
@@ -210,6 +212,7 @@ class Pipeline:
             t.start()
         last_log, stopped_at = time.monotonic(), None
         while any(w.is_alive() for w in workers):
+            self._restart_stalled()
             if self.config.duration and time.monotonic() - started >= self.config.duration:
                 self.stop()
             if self.stop_event.is_set():
@@ -235,6 +238,28 @@ class Pipeline:
             self._close_sink(i)
         return self.summary(seconds)
 
+    def _restart_stalled(self) -> None:
+        """A live stream connected but silent for its stall timeout (a camera that stopped sending) is a
+        failure: logged, counted, and its connection ended so that capture reconnects."""
+        now = time.monotonic()
+        for stream, source in enumerate(self.sources):
+            last = self._last_frame[stream]
+            if last is None or not source.live or now - last < self._stall_timeout(source):
+                continue
+            self._last_frame[stream] = None  # once per stall: the next frame (or reconnect) arms it again
+            self.metrics.count("stalls", stream)
+            restart = getattr(source, "restart", None)
+            log.warning("source %d (%s): no frame for %.1f s%s", stream, source.uri, now - last,
+                        "; reconnecting" if restart else "; this source cannot be restarted")
+            if restart is not None:
+                restart()
+
+    def _stall_timeout(self, source) -> float:
+        if self.config.stall_timeout_s:
+            return self.config.stall_timeout_s
+        fps = source.info.fps if source.info is not None and source.info.fps else 0.0
+        return max(STALL_MIN_S, 10 / fps if fps > 0 else 0.0)
+
     def _thread(self, target, role: str, *args) -> threading.Thread:
         """A pipeline thread that adds its CPU time to thread_cpu_s[role] when it ends."""
         def run():
@@ -256,6 +281,7 @@ class Pipeline:
                 if info is None:
                     info = source.open()
                     backoff = 0.5
+                    self._last_frame[stream] = time.monotonic()
                 slot = self._free_slot(stream, source.live)
                 if slot is None:
                     continue
@@ -267,6 +293,7 @@ class Pipeline:
                 self.batcher.put(Packet(stream, frame_no, t_capture, frame, _releaser(ring, slot), pts=pts),
                                  wait=not source.live)
                 self.metrics.count("captured", stream)
+                self._last_frame[stream] = time.monotonic()
                 frame_no += 1
             except EndOfStream:
                 if slot is not None:
@@ -408,7 +435,8 @@ class Pipeline:
         return {"seconds": round(seconds, 2), "backend": self.runtime.backend_name,
                 "captured": list(m.captured), "processed": list(m.processed),
                 "dropped": list(self.batcher.dropped), "failed": list(m.failed),
-                "reconnects": list(m.reconnects), "decode_errors": self._decode_errors(), "batches": m.batches,
+                "reconnects": list(m.reconnects), "stalls": list(m.stalls), "decode_errors": self._decode_errors(),
+                "batches": m.batches,
                 "throughput_fps": round(sum(m.processed) / max(seconds, 1e-9), 2),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},

@@ -24,6 +24,7 @@ class Metrics:
         self.lock = threading.Lock()
         zeros = lambda: [0] * streams  # noqa: E731
         self.captured, self.processed, self.failed, self.reconnects = zeros(), zeros(), zeros(), zeros()
+        self.stalls = zeros()  # live streams that went silent for their stall timeout
         self.latency = {stage: deque(maxlen=window) for stage in STAGES}
         self.recent = [deque(maxlen=window) for _ in range(streams)]  # result times, for fps
         self.stream_total = [deque(maxlen=window // 8) for _ in range(streams)]  # each stream's total latency
@@ -98,7 +99,8 @@ class Metrics:
         dropped, depths, decode_errors = self._exposed
         with self.lock:
             counts = {"captured": list(self.captured), "processed": list(self.processed),
-                      "failed": list(self.failed), "reconnects": list(self.reconnects)}
+                      "failed": list(self.failed), "reconnects": list(self.reconnects),
+                      "stalls": list(self.stalls)}
             batches = self.batches
         streams = len(counts["captured"])
         per_stream = [
@@ -108,6 +110,8 @@ class Metrics:
             (CounterMetricFamily, "jetpipe_frames_failed", "Frames lost to read or processing errors.",
              counts["failed"]),
             (CounterMetricFamily, "jetpipe_source_reconnects", "Source reconnect attempts.", counts["reconnects"]),
+            (CounterMetricFamily, "jetpipe_source_stalls", "Live streams connected but silent for their stall "
+             "timeout (then reconnected).", counts["stalls"]),
             (CounterMetricFamily, "jetpipe_decode_errors", "Decoder errors (corrupt data, truncated frames).",
              decode_errors or [0] * streams),
             (GaugeMetricFamily, "jetpipe_stream_fps", "Results per second over the last 5 s.",

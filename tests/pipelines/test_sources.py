@@ -386,6 +386,29 @@ def test_a_network_stream_that_drops_is_reconnected(videos, tiny_bundle, tmp_pat
     assert pipeline.result["reconnects"][0] >= 1 and pipeline.result["processed"][0] >= 10
 
 
+@needs_ffmpeg
+def test_a_network_stream_that_goes_silent_is_reconnected(videos, tiny_bundle, tmp_path, caplog):
+    """A TCP camera that stays connected but stops sending (it sat at 0 fps with no word): after its stall
+    timeout it is logged, counted and reconnected, and frames flow again."""
+    ts = as_mpegts(videos["h264"], tmp_path / "cam.ts")
+    # connection 1 is the probe (ffprobe), 2 the decoding ffmpeg: it stalls after a third of the stream
+    camera = StreamServer(ts.read_bytes(), stall_after=len(ts.read_bytes()) // 3, stall_connection=2)
+    config = _config(tiny_bundle, [SourceConfig(camera.url)], task="raw", reconnect_max_s=0.5, stall_timeout_s=1.0)
+    pipeline = Pipeline(config)
+    runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
+    runner.start()
+    try:
+        _wait(lambda: pipeline.metrics.stalls[0] >= 1)
+        seen = pipeline.metrics.captured[0]
+        _wait(lambda: pipeline.metrics.captured[0] >= seen + 5)  # the second connection sends the whole stream
+    finally:
+        pipeline.stop()
+        runner.join(timeout=10)
+        camera.unplug()
+    assert pipeline.result["stalls"][0] >= 1 and pipeline.result["reconnects"][0] >= 1
+    assert "no frame for" in caplog.text and "; reconnecting" in caplog.text
+
+
 def _wait(condition, timeout=20.0):
     deadline = time.monotonic() + timeout
     while not condition():

@@ -128,6 +128,13 @@ class DecoderRuns:
             self._process.close()
             self._process = None
 
+    def restart(self) -> None:
+        """End the current run (a live stream that stalled): the read in progress fails and the daemon
+        reconnects. Unlike interrupt(), the source opens again."""
+        process = self._process
+        if process is not None:
+            process.interrupt()
+
 
 class PipeSource(DecoderRuns):
     """A source whose frames come from a decoder subprocess; subclasses say which command and format.
