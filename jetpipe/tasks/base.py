@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from jetpipe.errors import JetpipeError
 from jetpipe.geometry import Letterbox
+from jetpipe.tasks.metrics import box_agreement, detection_map
 
 
 class TaskError(JetpipeError):
@@ -83,6 +84,33 @@ class Task:
 
     def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
         raise NotImplementedError
+
+
+class DetectorTask(Task):
+    """What the box detectors share: boxes with classes (names from --labels or the model), and the box metrics
+    against FP32 of their own postprocessing in network pixels."""
+
+    boxes = True
+    class_ids = True
+    metrics = {"box_f1": ">=", "box_f1_min": ">=", "score_mae": "<=", "map": ">="}
+    check_bounds = {"box_f1": 0.9, "score_mae": 0.05}  # scores collapse before boxes move
+
+    def labels(self, facts: ModelFacts) -> tuple[str, ...] | None:
+        return facts.labels or class_names(facts.metadata)
+
+    @staticmethod
+    def detector_output(facts: ModelFacts, what: str) -> tuple | str:
+        """The one [N, ., .] output's shape where the model may be a detector, else why not."""
+        if facts.metadata.get("task") not in (None, "detect"):
+            return f"the model says it is an Ultralytics {facts.metadata['task']!r} model, not a detector"
+        return single_output(facts, 3, what)
+
+    def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
+        post = self.postprocessor(TaskOptions(tuple(options.input_hw)))
+        boxes, sizes = identity_frames(len(reference[0]), options.input_hw)
+        ref, cand = post({"y": reference[0]}, boxes, sizes), post({"y": candidate[0]}, boxes, sizes)
+        agreement = box_agreement(ref, cand)
+        return {**{k: agreement[k] for k in ("box_f1", "box_f1_min", "score_mae")}, "map": detection_map(ref, cand)}
 
 
 def single_output(facts: ModelFacts, rank: int, what: str) -> tuple | str:

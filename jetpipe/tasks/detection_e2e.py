@@ -16,17 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jetpipe.tasks import metrics
 from jetpipe.tasks.base import (
+    DetectorTask,
     ModelFacts,
-    Task,
     TaskOptions,
     boxes_to_source,
-    class_names,
-    identity_frames,
     known,
     labels_misfit,
-    single_output,
     with_labels,
 )
 from jetpipe.tasks.detection_yolo import anchor_points
@@ -82,18 +78,12 @@ class EndToEndDetection:
         return None  # the head's output is the compact result
 
 
-class EndToEndDetectionTask(Task):
+class EndToEndDetectionTask(DetectorTask):
     name = "detection-e2e"
-    boxes = True
-    class_ids = True
-    metrics = {"box_f1": ">=", "box_f1_min": ">=", "score_mae": "<=", "map": ">="}
-    check_bounds = {"box_f1": 0.9, "score_mae": 0.05}
     summary = "NMS-free detectors: YOLOv10/YOLO26 [N, K, 6], RT-DETR [N, Q, 4+C] -> boxes, classes"
 
     def mismatch(self, facts: ModelFacts) -> str | None:
-        if facts.metadata.get("task") not in (None, "detect"):
-            return f"the model says it is an Ultralytics {facts.metadata['task']!r} model, not a detector"
-        shape = single_output(facts, 3, "[N, K, 6] (x0 y0 x1 y1 score class) or [N, Q, 4+C] (cx cy w h, scores)")
+        shape = self.detector_output(facts, "[N, K, 6] (x0 y0 x1 y1 score class) or [N, Q, 4+C] (cx cy w h, scores)")
         if isinstance(shape, str):
             return shape
         layout = layout_of(shape, facts.input_hw)
@@ -109,16 +99,5 @@ class EndToEndDetectionTask(Task):
             return False
         return layout_of(facts.outputs[0][1], facts.input_hw) == "xyxy" or facts.metadata.get("task") == "detect"
 
-    def labels(self, facts: ModelFacts) -> tuple[str, ...] | None:
-        return facts.labels or class_names(facts.metadata)
-
     def postprocessor(self, options: TaskOptions) -> EndToEndDetection:
         return EndToEndDetection(input_hw=tuple(options.input_hw), labels=options.labels)
-
-    def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
-        post = EndToEndDetection(input_hw=tuple(options.input_hw))
-        boxes, sizes = identity_frames(len(reference[0]), options.input_hw)
-        ref, cand = post({"y": reference[0]}, boxes, sizes), post({"y": candidate[0]}, boxes, sizes)
-        agreement = metrics.box_agreement(ref, cand)
-        return {**{k: agreement[k] for k in ("box_f1", "box_f1_min", "score_mae")},
-                "map": metrics.detection_map(ref, cand)}

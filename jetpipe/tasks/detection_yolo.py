@@ -15,17 +15,13 @@ import numpy as np
 from jetpipe.errors import JetpipeError
 from jetpipe.lazy import lazy_import
 from jetpipe.runtime.api import Reduction
-from jetpipe.tasks import metrics
 from jetpipe.tasks.base import (
+    DetectorTask,
     ModelFacts,
-    Task,
     TaskOptions,
     boxes_to_source,
-    class_names,
-    identity_frames,
     known,
     labels_misfit,
-    single_output,
     with_labels,
 )
 
@@ -123,18 +119,12 @@ class YoloDetection:
                             "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist()}, self.labels)
 
 
-class YoloDetectionTask(Task):
+class YoloDetectionTask(DetectorTask):
     name = "detection-yolo"
-    class_ids = True
-    boxes = True
-    metrics = {"box_f1": ">=", "box_f1_min": ">=", "score_mae": "<=", "map": ">="}
-    check_bounds = {"box_f1": 0.9, "score_mae": 0.05}  # scores collapse before boxes move
     summary = "YOLOv5/v8/11/X heads before NMS -> boxes, classes (names from the export), NMS on the GPU"
 
     def mismatch(self, facts: ModelFacts) -> str | None:
-        if facts.metadata.get("task") not in (None, "detect"):
-            return f"the model says it is an Ultralytics {facts.metadata['task']!r} model, not a detector"
-        shape = single_output(facts, 3, "[N, 4+C, A] or [N, A, 5+C] (YOLO boxes before NMS)")
+        shape = self.detector_output(facts, "[N, 4+C, A] or [N, A, 5+C] (YOLO boxes before NMS)")
         if isinstance(shape, str):
             return shape
         anchors = anchor_points(facts.input_hw)
@@ -152,16 +142,5 @@ class YoloDetectionTask(Task):
         shape = facts.outputs[0][1] if len(facts.outputs) == 1 else ()
         return self.mismatch(facts) is None and len(shape) == 3 and known(shape[1]) and known(shape[2])
 
-    def labels(self, facts: ModelFacts) -> tuple[str, ...] | None:
-        return facts.labels or class_names(facts.metadata)
-
     def postprocessor(self, options: TaskOptions) -> YoloDetection:
         return YoloDetection(input_hw=tuple(options.input_hw), labels=options.labels)
-
-    def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
-        post = YoloDetection(input_hw=tuple(options.input_hw))
-        boxes, sizes = identity_frames(len(reference[0]), options.input_hw)
-        ref, cand = post({"y": reference[0]}, boxes, sizes), post({"y": candidate[0]}, boxes, sizes)
-        agreement = metrics.box_agreement(ref, cand)
-        return {**{k: agreement[k] for k in ("box_f1", "box_f1_min", "score_mae")},
-                "map": metrics.detection_map(ref, cand)}
