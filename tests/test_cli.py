@@ -223,3 +223,21 @@ def test_op_tensorrt_cannot_build_is_named(tmp_path, capsys):
     expected = "node 'make_seq' uses SequenceConstruct, which TensorRT cannot build (and 1 more)"
     assert expected in _error(capsys)
     assert main(["convert", path, "-o", str(tmp_path / "b"), "--engine", "never", "--quiet"]) == 0
+
+
+def test_weights_kept_beside_the_model_load_and_a_missing_data_file_is_named(tmp_path, capsys):
+    """Large exports keep their weights in a data file beside the .onnx: it loads; without the file convert
+    names it (it said the model was truncated or not ONNX)."""
+    import onnx
+
+    from tests.helpers import residual_cnn
+
+    model = residual_cnn(batch=1)
+    onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="m.data", size_threshold=0)
+    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "ok"), "--quiet"]) == 0
+    (tmp_path / "m.data").unlink()
+    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o"), "--quiet"]) == 2
+    err = _error(capsys)
+    assert "keeps its weights in m.data, which is not beside it" in err and "truncated" not in err, err
+    assert not (tmp_path / "o").exists()

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 from onnx import TensorProto
+from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_model, uses_external_data
 
 from jetpipe.errors import ModelError
 from jetpipe.runtime.sessions import cpu_session
@@ -36,16 +37,30 @@ def load(path: str | Path) -> onnx.ModelProto:
     if not path.is_file():
         raise ModelError(f"model file {path} not found: pass the path of an .onnx file")
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError and friends
         raise ModelError(
             f"{path} is not a readable ONNX model ({type(exc).__name__}); "
             "is the file truncated or not ONNX? Re-export it"
         ) from exc
+    _load_external_data(model, path)
     if not model.graph.node:
         raise ModelError(f"{path} holds no graph nodes: is it an ONNX model? Re-export it")
     check(model, str(path))
     return model
+
+
+def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Weights kept beside the .onnx (large exports): each data file must be there (a missing one was called a
+    truncated model)."""
+    files = {ExternalDataInfo(t).location for t in model.graph.initializer if uses_external_data(t)}
+    missing = sorted(f for f in files if not (path.parent / f).is_file())
+    if missing:
+        raise ModelError(f"{path} keeps its weights in {', '.join(missing)}, which is not beside it in "
+                         f"{path.parent}: copy the data file(s) next to the .onnx, or re-export with the weights "
+                         "inside")
+    if files:
+        load_external_data_for_model(model, str(path.parent))
 
 
 def check(model: onnx.ModelProto, what: str = "model") -> None:
