@@ -28,6 +28,7 @@ from jetpipe.errors import JetpipeError
 from jetpipe.progress import bar
 from jetpipe.spec import PreprocessSpec
 from jetpipe.tasks import Task, for_bundle
+from jetpipe.tasks.metrics import meets
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
                                     ctx.input_name, ctx.provider)
     if opts.budget:
         metric, op, bound = m.parse_budget(opts.budget)
-        met = m.meets(tm[metric], op, bound)
+        met = meets(tm[metric], op, bound)
         report["budget"] = {"expression": opts.budget, "metric": metric, "value": tm[metric], "met": met}
         if not met and opts.search and ctx.manifest["precision"] in ("int8", "fp16"):
             result = search(ctx, opts.bundle, opts.budget, opts.max_search_nodes,

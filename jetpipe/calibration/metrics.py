@@ -43,6 +43,3 @@ def parse_budget(text: str) -> tuple[str, str, float]:
         raise JetpipeError(f"--budget {text!r}: {metric} is bounded with {BUDGET_METRICS[metric]}")
     return metric, op, value
 
-
-def meets(value: float, op: str, bound: float) -> bool:
-    return value >= bound if op == ">=" else value <= bound

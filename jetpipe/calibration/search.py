@@ -19,6 +19,7 @@ from jetpipe.calibration.layers import localise
 from jetpipe.convert import calib_cache, fp16, graph, int8, sensitivity
 from jetpipe.errors import JetpipeError
 from jetpipe.progress import silent
+from jetpipe.tasks import metrics as task_metrics
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,12 @@ def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=silent) -
             _, tm = compare(ctx, rebuild.build(set(candidates[:k])))
             trials.update(1)
             cache[k] = tm[metric]
-            result.trials.append({"extra_nodes": k, metric: tm[metric], "met": m.meets(tm[metric], op, bound)})
+            met = task_metrics.meets(tm[metric], op, bound)
+            result.trials.append({"extra_nodes": k, metric: tm[metric], "met": met})
             log.info("precision search: %d extra node(s) in float -> %s = %.5g", k, metric, tm[metric])
         return cache[k]
 
-    k = smallest_meeting(len(candidates), lambda i: m.meets(value_at(i), op, bound))
+    k = smallest_meeting(len(candidates), lambda i: task_metrics.meets(value_at(i), op, bound))
     trials.close()
     if k is None:
         best_k = max(cache, key=lambda i: cache[i] if op == ">=" else -cache[i]) if cache else 0

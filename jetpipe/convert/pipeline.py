@@ -34,6 +34,7 @@ from jetpipe.runtime.sessions import cpu_session, run_in_batches
 from jetpipe.spec import PreprocessSpec
 from jetpipe.tasks import ModelFacts, Task, TaskOptions, choose
 from jetpipe.tasks import get as get_task
+from jetpipe.tasks.metrics import meets, relative_mae
 
 log = logging.getLogger(__name__)
 
@@ -516,8 +517,8 @@ def _accuracy_check(reference, processed, checks: _CheckSamples, input_name) -> 
     names = [o.name for o in reference.graph.output]
     return {"samples": int(len(checks.inputs)), "held_out": checks.held_out, "task": checks.task.name,
             "task_metrics": {k: round(float(v), 6) for k, v in checks.task.metric(ref, out, checks.options).items()},
-            "relative_mae": sensitivity.relative_mae(ref, out),
-            "outputs": {n: sensitivity.relative_mae([r], [o]) for n, r, o in zip(names, ref, out)},
+            "relative_mae": relative_mae(ref, out),
+            "outputs": {n: relative_mae([r], [o]) for n, r, o in zip(names, ref, out)},
             "max_abs_error": max(float(np.abs(r - o).max()) for r, o in zip(ref, out))}
 
 
@@ -526,7 +527,7 @@ def _task_misses(check: dict, task: Task) -> list[str]:
     missed = []
     for metric, bound in task.check_bounds.items():
         value, op = check["task_metrics"].get(metric), task.metrics[metric]
-        if value is not None and not (value >= bound if op == ">=" else value <= bound):
+        if value is not None and not meets(value, op, bound):
             missed.append(f"{metric} {value:.3g} {'<' if op == '>=' else '>'} {bound:g}")
     return missed
 

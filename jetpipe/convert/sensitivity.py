@@ -15,15 +15,9 @@ import onnx
 
 from jetpipe.convert import int8
 from jetpipe.runtime.sessions import cpu_session
+from jetpipe.tasks.metrics import relative_mae
 
 log = logging.getLogger(__name__)
-
-
-def relative_mae(reference: list[np.ndarray], candidate: list[np.ndarray]) -> float:
-    """Mean absolute error over all outputs, relative to the reference's mean magnitude."""
-    num = sum(float(np.abs(r - c).mean()) for r, c in zip(reference, candidate))
-    den = sum(float(np.abs(r).mean()) for r in reference)
-    return num / max(den, 1e-12)
 
 
 def rank_int8_nodes(model: onnx.ModelProto, full: int8.QuantPlan, ranges: dict[str, float],

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
+from jetpipe.limits import MAX_SIDE
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.runtime import open_runtime
 from jetpipe.tasks import Task, for_bundle
@@ -50,8 +51,8 @@ def check(config: SecondaryConfig, primary: Task, primary_labels, where: str) ->
         raise JetpipeError(f"{what}: the primary's task {primary.name} has no boxes to run it on")
     if not 1 <= config.max_per_frame <= MAX_PER_FRAME:
         raise JetpipeError(f"{what}: max_per_frame = {config.max_per_frame}: from 1 to {MAX_PER_FRAME}")
-    if not 1 <= config.min_size <= 16384:
-        raise JetpipeError(f"{what}: min_size = {config.min_size}: pixels from 1 to 16384")
+    if not 1 <= config.min_size <= MAX_SIDE:
+        raise JetpipeError(f"{what}: min_size = {config.min_size}: pixels from 1 to {MAX_SIDE}")
     if config.classes and not primary.class_ids:
         raise JetpipeError(f"{what}: classes = {list(config.classes)}: the primary's task {primary.name} has no "
                            "classes; leave classes out")
@@ -69,7 +70,6 @@ class SecondaryStage:
         self.config, self.name = config, config.label
         manifest = bundles.load(config.bundle)
         task, options = for_bundle(manifest)
-        self.task = task
         self.post = task.postprocessor(options)
         reduction = None if postprocess == "cpu" else self.post.reduction(required=postprocess == "gpu")
         self.runtime = open_runtime(config.bundle, None, backend, memory, max_frame_hw=max_frame_hw,

@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 
+def meets(value: float, op: str, bound: float) -> bool:
+    """Whether a metric's value is within its bound (op: ">=" or "<=", as the task's metrics say)."""
+    return value >= bound if op == ">=" else value <= bound
+
+
 def binary_f1(reference: np.ndarray, candidate: np.ndarray, threshold: float = 0.3) -> float:
     """F1 of the candidate's binarized map against the reference's (1.0 when both are empty)."""
     ref, cand = reference > threshold, candidate > threshold
@@ -16,6 +21,13 @@ def binary_f1(reference: np.ndarray, candidate: np.ndarray, threshold: float = 0
 
 def per_sample_f1(reference: np.ndarray, candidate: np.ndarray, threshold: float = 0.3) -> np.ndarray:
     return np.array([binary_f1(r, c, threshold) for r, c in zip(reference, candidate)])
+
+
+def relative_mae(reference: list[np.ndarray], candidate: list[np.ndarray]) -> float:
+    """Mean absolute error over all outputs, relative to the reference's mean magnitude."""
+    num = sum(float(np.abs(r - c).mean()) for r, c in zip(reference, candidate))
+    den = sum(float(np.abs(r).mean()) for r in reference)
+    return num / max(den, 1e-12)
 
 
 def mean_abs_error(reference: np.ndarray, candidate: np.ndarray) -> float:

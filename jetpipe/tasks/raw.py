@@ -6,9 +6,8 @@ relative mean absolute error of each output (the worst one bounds a budget).
 
 from __future__ import annotations
 
-import numpy as np
-
 from jetpipe.tasks.base import ModelFacts, Task, TaskOptions
+from jetpipe.tasks.metrics import relative_mae
 
 
 class Raw:
@@ -21,10 +20,6 @@ class Raw:
         return [{name: {"shape": list(arr.shape[1:]), "mean": float(arr[i].mean()),
                         "max": float(arr[i].max())} for name, arr in outputs.items()}
                 for i in range(len(letterboxes))]
-
-
-def relative_mae(reference: np.ndarray, candidate: np.ndarray) -> float:
-    return float(np.abs(reference.astype(np.float64) - candidate).mean() / max(np.abs(reference).mean(), 1e-12))
 
 
 class RawTask(Task):
@@ -43,4 +38,4 @@ class RawTask(Task):
         return Raw()
 
     def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
-        return {"rel_mae_max": max(relative_mae(r, c) for r, c in zip(reference, candidate))}
+        return {"rel_mae_max": max(relative_mae([r], [c]) for r, c in zip(reference, candidate))}
