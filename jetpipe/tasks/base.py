@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+import numpy as np
+
 from jetpipe.errors import JetpipeError
 from jetpipe.geometry import Letterbox
 from jetpipe.tasks.metrics import box_agreement, detection_map
@@ -53,6 +55,12 @@ class TaskOptions:
 
     input_hw: tuple[int, int] = (640, 640)
     labels: tuple[str, ...] | None = None  # class names by index, or a recognizer's alphabet (blank first)
+
+
+def probabilities(minimum, total) -> bool:
+    """Whether scores already are probabilities (a softmax ends the model) rather than logits, from each row's
+    smallest value and sum."""
+    return bool(np.min(minimum) >= 0 and np.allclose(total, 1.0, atol=1e-3))
 
 
 def known(dim) -> bool:

@@ -13,7 +13,16 @@ import numpy as np
 
 from jetpipe.runtime.api import Reduction
 from jetpipe.tasks import metrics
-from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, class_names, labels_misfit, single_output, with_labels
+from jetpipe.tasks.base import (
+    ModelFacts,
+    Task,
+    TaskOptions,
+    class_names,
+    labels_misfit,
+    probabilities,
+    single_output,
+    with_labels,
+)
 
 
 @dataclass
@@ -23,9 +32,7 @@ class Classification:
 
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         logits = next(iter(outputs.values())).reshape(len(letterboxes), -1).astype(np.float64)
-        sums = logits.sum(axis=1, keepdims=True)
-        is_prob = (logits.min() >= 0) and np.allclose(sums, 1.0, atol=1e-3)
-        probs = logits if is_prob else np.exp(logits - logits.max(1, keepdims=True))
+        probs = logits if probabilities(logits, logits.sum(axis=1)) else np.exp(logits - logits.max(1, keepdims=True))
         probs = probs / probs.sum(1, keepdims=True)
         k = min(self.top_k, probs.shape[1])
         top = np.argsort(-probs, axis=1)[:, :k]
@@ -38,8 +45,10 @@ class Classification:
         """Finish from the GPU's top-k values and row statistics (max, min, sum, sum of exp(v - max))."""
         stats = outputs["stats"].astype(np.float64)
         values = outputs["top_value"].astype(np.float64)
-        is_prob = (stats[:, 1].min() >= 0) and np.allclose(stats[:, 2], 1.0, atol=1e-3)
-        probs = values / stats[:, 2:3] if is_prob else np.exp(values - stats[:, 0:1]) / stats[:, 3:4]
+        if probabilities(stats[:, 1], stats[:, 2]):
+            probs = values / stats[:, 2:3]
+        else:
+            probs = np.exp(values - stats[:, 0:1]) / stats[:, 3:4]
         return self._results(outputs["top_index"], probs)
 
     def _results(self, top: np.ndarray, scores: np.ndarray) -> list[dict]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from jetpipe.runtime.api import Reduction
 from jetpipe.tasks import metrics
-from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, known, single_output
+from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, known, probabilities, single_output
 
 BLANK = 0  # CTC's blank class: PaddleOCR puts it first
 
@@ -55,7 +55,7 @@ class CTCRecognition:
         scores = next(iter(outputs.values())).astype(np.float32, copy=False)
         best = scores.argmax(axis=2)
         top = np.take_along_axis(scores, best[..., None], axis=2)[..., 0]
-        if not _probabilities(scores.min(axis=2), scores.sum(axis=2, dtype=np.float64)):
+        if not probabilities(scores.min(axis=2), scores.sum(axis=2, dtype=np.float64)):
             top = 1.0 / np.exp(scores - top[..., None]).sum(axis=2)  # logits: the best class's probability
         return ctc_greedy(best, top, self.labels)
 
@@ -66,14 +66,8 @@ class CTCRecognition:
         """Finish from the GPU's best class per step and row statistics (max, min, sum, sum of exp(v - max))."""
         stats = outputs["stats"].astype(np.float64)
         top = outputs["best_value"].astype(np.float64)
-        top = top / stats[..., 2] if _probabilities(stats[..., 1], stats[..., 2]) else 1.0 / stats[..., 3]
+        top = top / stats[..., 2] if probabilities(stats[..., 1], stats[..., 2]) else 1.0 / stats[..., 3]
         return ctc_greedy(outputs["best"], top, self.labels)
-
-
-def _probabilities(minimum: np.ndarray, total: np.ndarray) -> bool:
-    """Whether the steps already hold probabilities (PP-OCR ends in a softmax) rather than logits, from each
-    step's smallest value and sum."""
-    return bool(minimum.min() >= 0 and np.allclose(total, 1.0, atol=1e-3))
 
 
 class TextRecognitionTask(Task):
