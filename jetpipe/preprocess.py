@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jetpipe.errors import JetpipeError
 from jetpipe.frames import (
     ColourMatrix,
     Crop,
@@ -18,7 +19,7 @@ from jetpipe.frames import (
     to_gray_float,
     to_rgb_float,
 )
-from jetpipe.geometry import Letterbox, affine, fit
+from jetpipe.geometry import Letterbox, affine, fit, quad_homography, quad_size
 from jetpipe.lazy import lazy_import
 from jetpipe.spec import PreprocessSpec
 
@@ -56,12 +57,16 @@ def preprocess_bgr(image: np.ndarray, size_hw: tuple[int, int], spec: Preprocess
 
 def preprocess_frame(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec: PreprocessSpec,
                      matrix=None, out: np.ndarray | None = None,
-                     crop: Crop | None = None) -> tuple[np.ndarray, Letterbox]:
+                     crop: Crop | None = None, quad=None) -> tuple[np.ndarray, Letterbox]:
     """Any camera frame (see jetpipe.frames) -> network input: the GPU kernel's reference.
 
     Colour conversion (or luma, for gray) in float at full resolution, then float bilinear resize.
     crop (x0, y0, x1, y1): only that rectangle becomes the input (its borders replicated by the resize,
-    as the kernel clamps to it); the letterbox then maps network pixels to the crop's."""
+    as the kernel clamps to it); the letterbox then maps network pixels to the crop's.
+    quad (with crop = the region that holds it): the quadrilateral is warped upright into the input
+    (see warp_quad); the letterbox maps network pixels to the upright crop's."""
+    if quad is not None:
+        return _preprocess_quad(frame, fmt, size_hw, spec, matrix, out, crop, quad, fast=False)
     height, width = frame_size(frame, fmt)
     if crop is not None:
         check_crop(crop, height, width)
@@ -78,6 +83,54 @@ def preprocess_frame(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec
     if spec.channel_order == "bgr":
         resized = resized[:, :, ::-1]
     return _normalize_into(resized, box, size_hw, spec, out), box
+
+
+def warp_quad(pixels: np.ndarray, homography: np.ndarray, content_hw: tuple[int, int]) -> np.ndarray:
+    """Bilinear samples of `pixels` (H x W [x C] float) at homography(u + 0.5, v + 0.5) - 0.5 for every
+    content pixel (u, v), the border repeated: the GPU kernel's warp, in float64."""
+    nh, nw = content_hw
+    v, u = np.mgrid[0:nh, 0:nw].astype(np.float64) + 0.5
+    m = homography
+    den = m[2, 0] * u + m[2, 1] * v + m[2, 2]
+    sx = (m[0, 0] * u + m[0, 1] * v + m[0, 2]) / den - 0.5
+    sy = (m[1, 0] * u + m[1, 1] * v + m[1, 2]) / den - 0.5
+    x0, x1, ax = _taps(sx, pixels.shape[1])
+    y0, y1, ay = _taps(sy, pixels.shape[0])
+    if pixels.ndim == 3:
+        ax, ay = ax[..., None], ay[..., None]
+    top = pixels[y0, x0] + (pixels[y0, x1] - pixels[y0, x0]) * ax
+    bottom = pixels[y1, x0] + (pixels[y1, x1] - pixels[y1, x0]) * ax
+    return (top + (bottom - top) * ay).astype(np.float32)
+
+
+def _taps(s: np.ndarray, size: int):
+    """The kernel's tap(): floor and fraction, replicated border (no blend past either edge)."""
+    i0 = np.floor(s).astype(np.int64)
+    a = s - i0
+    low, high = i0 < 0, i0 >= size - 1
+    i0 = np.where(low, 0, np.where(high, size - 1, i0))
+    a = np.where(low | high, 0.0, a)
+    return i0, np.minimum(i0 + 1, size - 1), a
+
+
+def _preprocess_quad(frame, fmt, size_hw, spec, matrix, out, crop, quad, fast: bool):
+    """A quadrilateral warped upright into the input: only the region around it (crop) is converted."""
+    if crop is None:
+        raise JetpipeError("a quad crop needs the region that holds it (crop)")
+    height, width = frame_size(frame, fmt)
+    check_crop(crop, height, width)
+    part, (x0, y0, x1, y1) = crop_native(frame, fmt, height, width, crop)
+    part_hw = frame_size(part, fmt)
+    gray = spec.channel_order == "gray"
+    if fast and not gray and (fmt in ("bgr", "rgb") or matrix is None or matrix == ColourMatrix.of("bt601", "limited")):
+        pixels = opencv_bgr(part, fmt)[y0:y1, x0:x1, ::-1].astype(np.float32)
+    else:
+        pixels = (to_gray_float if gray else to_rgb_float)(part, fmt, *part_hw, matrix)[y0:y1, x0:x1]
+    (nh, nw), box = fit(quad_size(quad), size_hw, spec.resize)
+    content = warp_quad(pixels, quad_homography(quad, (nh, nw), crop[:2]), (nh, nw))
+    if spec.channel_order == "bgr":
+        content = content[:, :, ::-1]
+    return _normalize_into(content, box, size_hw, spec, out), box
 
 
 _OPENCV_DECODE = {"nv12": "COLOR_YUV2BGR_NV12", "i420": "COLOR_YUV2BGR_I420",
@@ -97,11 +150,14 @@ def opencv_bgr(frame: np.ndarray, fmt: str) -> np.ndarray:
 
 def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec: PreprocessSpec,
                           matrix=None, out: np.ndarray | None = None,
-                          crop: Crop | None = None) -> tuple[np.ndarray, Letterbox]:
+                          crop: Crop | None = None, quad=None) -> tuple[np.ndarray, Letterbox]:
     """The CPU runtime's path: OpenCV's integer decoders where they apply (BT.601 limited range,
     what OpenCV implements), then the uint8 resize. Within 1.5 8-bit steps of preprocess_frame (both
     round to uint8), several times faster; other standards and ranges take the exact float path.
-    crop: only the even-aligned part of the frame around it is converted, then the crop is cut from that."""
+    crop: only the even-aligned part of the frame around it is converted, then the crop is cut from that.
+    quad: as preprocess_frame's, from that part decoded by OpenCV."""
+    if quad is not None:
+        return _preprocess_quad(frame, fmt, size_hw, spec, matrix, out, crop, quad, fast=True)
     if crop is not None:
         height, width = frame_size(frame, fmt)
         check_crop(crop, height, width)

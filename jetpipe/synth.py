@@ -81,6 +81,41 @@ def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_word
     return result
 
 
+def render_tilted_words(seed: int, size_hw: tuple[int, int] = (720, 1280), count: int = 8,
+                        degrees: tuple[float, float] = (8.0, 25.0)) -> TextImage:
+    """Words of two to three syllable groups, each turned by an angle between degrees[0] and degrees[1]
+    (either way), never overlapping: boxes are the turned words' bounding boxes."""
+    rng = np.random.default_rng(seed)
+    h, w = size_hw
+    canvas = Image.fromarray(_background(rng, h, w))
+    result = TextImage(bgr=np.empty(0))
+    taken = np.zeros((h, w), bool)
+    for _ in range(count * 4):
+        if len(result.words) == count:
+            break
+        word = " ".join(_word(rng) for _ in range(int(rng.integers(1, 3))))
+        font = ImageFont.load_default(size=int(rng.integers(max(16, h // 30), max(24, h // 14))))
+        x0, y0, x1, y1 = ImageDraw.Draw(canvas).textbbox((0, 0), word, font=font)
+        pad = 6
+        glyphs = Image.new("L", (x1 - x0 + 2 * pad, y1 - y0 + 2 * pad), 0)
+        ImageDraw.Draw(glyphs).text((pad - x0, pad - y0), word, font=font, fill=255)
+        angle = float(rng.uniform(*degrees)) * (1 if rng.random() < 0.5 else -1)
+        mask = glyphs.rotate(angle, resample=Image.BICUBIC, expand=True)
+        mw, mh = mask.size
+        if mw >= w - 8 or mh >= h - 8:
+            continue
+        x, y = int(rng.integers(4, w - mw - 4)), int(rng.integers(4, h - mh - 4))
+        if taken[y:y + mh, x:x + mw].any():
+            continue
+        colour = _contrasting(rng, np.asarray(canvas)[y:y + mh, x:x + mw])
+        canvas.paste(Image.new("RGB", mask.size, colour), (x, y), mask)
+        taken[y:y + mh, x:x + mw] = True
+        result.boxes.append((x, y, x + mw, y + mh))
+        result.words.append(word)
+    result.bgr = np.ascontiguousarray(np.asarray(canvas)[:, :, ::-1])
+    return result
+
+
 def render_text_line(seed: int, size_hw: tuple[int, int] = (48, 320)) -> TextImage:
     """One text-line crop, as a recognizer sees it: a few words on one line filling the height, left-aligned
     with a small margin (the words past the right edge are dropped)."""

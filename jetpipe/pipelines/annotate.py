@@ -64,10 +64,15 @@ def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.nda
     classes = _class_names(results) or [None] * len(boxes)
     tracks = results.get("track_ids") or [None] * len(boxes)
     said = _secondary_words(results, len(boxes))
+    quads = results.get("quads") or [None] * len(boxes)
     thickness = max(1, round(image.shape[0] / 360))
-    for box, score, cls, track, words in zip(boxes.round().astype(int), scores, classes, tracks, said):
+    for box, quad, score, cls, track, words in zip(boxes.round().astype(int), quads, scores, classes, tracks, said):
         color = PALETTE[track % len(PALETTE)] if track is not None else UNTRACKED
-        cv2.rectangle(image, (int(box[0]), int(box[1])), (int(box[2]), int(box[3])), color, thickness)
+        if quad is not None:  # a text line's quadrilateral, turned with the line
+            corners = np.round(np.asarray(quad, np.float64) * [scale_x, scale_y]).astype(np.int32)
+            cv2.polylines(image, [corners], True, color, thickness)
+        else:
+            cv2.rectangle(image, (int(box[0]), int(box[1])), (int(box[2]), int(box[3])), color, thickness)
         label = " ".join(p for p in (f"#{track}" if track is not None else "", cls or "",
                                      f"{score:.2f}" if score is not None else "", words) if p)
         if label:

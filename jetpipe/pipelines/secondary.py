@@ -1,7 +1,8 @@
 """Secondary models on the primary's boxes: read the text in each detected line, classify each detected object.
 
 For each box of a batch's results (filtered by class, size and count per frame) a crop is cut from the
-frame as the primary read it, batched across frames and streams up to the secondary's max batch, run, and
+frame as the primary read it (along the box's quadrilateral where the primary gives one, "quads": a tilted
+text line is warped upright), batched across frames and streams up to the secondary's max batch, run, and
 finished by the secondary's task. On the GPU runtime the crop is cut from the frame where it already is in
 device memory (NVDEC's slot, or the batch's staging copy, held until the batch is released): the fused
 kernel reads the crop's rectangle straight into the secondary's input, so neither frame nor crop crosses
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
+from jetpipe.geometry import quad_region, quad_size
 from jetpipe.limits import MAX_SIDE
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.runtime import open_runtime
@@ -83,12 +85,12 @@ class SecondaryStage:
     def chosen(self, result: dict) -> list[int]:
         """Indices of the boxes it runs on: class, size, then the highest scores up to max_per_frame."""
         boxes, scores = result.get("boxes") or [], result.get("scores") or []
-        classes, labels = result.get("classes"), result.get("labels")
+        classes, labels, quads = result.get("classes"), result.get("labels"), result.get("quads")
         picked = []
         for i, (x0, y0, x1, y1) in enumerate(boxes):
             if self.classes and not ({classes[i] if classes else None, labels[i] if labels else None} & self.classes):
                 continue
-            if min(x1 - x0, y1 - y0) < self.config.min_size:
+            if min(quad_size(quads[i]) if quads else (x1 - x0, y1 - y0)) < self.config.min_size:
                 continue
             picked.append(i)
         picked.sort(key=lambda i: -(scores[i] if i < len(scores) else 0.0))
@@ -101,16 +103,18 @@ class SecondaryStage:
             entries = [None] * len(result.get("boxes") or [])
             result.setdefault("secondary", {})[self.name] = entries
             height, width = frame.size()
+            quads = result.get("quads")
             for i in self.chosen(result):
-                crop = _crop_of(result["boxes"][i], height, width)
+                quad = tuple(map(tuple, quads[i])) if quads else None
+                crop = quad_region(quad, height, width) if quad else _crop_of(result["boxes"][i], height, width)
                 if crop is not None:
-                    jobs.append((entries, i, replace(frame, crop=crop)))
+                    jobs.append((entries, i, replace(frame, crop=crop, quad=quad)))
         step = self.runtime.max_batch
         for start in range(0, len(jobs), step):
             chunk = jobs[start:start + step]
             found = self.runtime.infer([frame for _, _, frame in chunk])
             finish = self.post.reduced if found.reduction else self.post
-            sizes = [_crop_hw(chunk[index][2].crop) for index in found.frame_indices]
+            sizes = [_crop_hw(chunk[index][2]) for index in found.frame_indices]
             rows = finish(found.outputs, found.letterboxes, sizes)
             for row, index in enumerate(found.frame_indices):
                 entries, i, _ = chunk[index]
@@ -130,8 +134,12 @@ class SecondaryStage:
         self.runtime.close()
 
 
-def _crop_hw(crop) -> tuple[int, int]:
-    return crop[3] - crop[1], crop[2] - crop[0]
+def _crop_hw(frame: Frame) -> tuple[int, int]:
+    """The size of what the secondary read: the upright quadrilateral's, or the rectangle's."""
+    if frame.quad is not None:
+        return quad_size(frame.quad)
+    x0, y0, x1, y1 = frame.crop
+    return y1 - y0, x1 - x0
 
 
 def _crop_of(box, height: int, width: int):

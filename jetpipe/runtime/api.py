@@ -27,6 +27,7 @@ class Frame:
     device: bool = False        # the frame is in device memory at `address` (no host copy exists)
     hw: tuple[int, int] | None = None  # (height, width) of a device frame
     crop: tuple[int, int, int, int] | None = None  # x0, y0, x1, y1: only this part is the input (a secondary's)
+    quad: tuple | None = None  # four (x, y) corners inside crop's region: warped upright into the input
 
     def size(self) -> tuple[int, int]:
         if self.device:
@@ -39,6 +40,8 @@ class Frame:
             check_frame(self.data, self.format, height, width)
         if self.crop is not None:
             check_crop(self.crop, height, width)
+        if self.quad is not None:
+            check_quad(self.quad, self.crop)
         return height, width
 
     @property
@@ -49,6 +52,15 @@ class Frame:
 
     def matrix(self) -> ColourMatrix:
         return ColourMatrix.of(self.standard, self.range)
+
+
+def check_quad(quad, crop) -> None:
+    """Four finite corners, and the region read around them (the samples outside it repeat its border)."""
+    corners = np.asarray(quad, np.float64)
+    if corners.shape != (4, 2) or not np.isfinite(corners).all():
+        raise JetpipeError(f"quad {quad!r}: four (x, y) corners, finite")
+    if crop is None:
+        raise JetpipeError("a quad needs `crop`: the rectangle of the frame that holds it (geometry.quad_region)")
 
 
 @dataclass

@@ -209,7 +209,7 @@ class GpuRuntime(RuntimeBase):
         for row, (_, frame, height, width, matrix) in enumerate(usable):
             addresses.append(self._place(buffers, row, frame))
             boxes.append(buffers.preprocessor.set_frame(row, frame.format, height, width, addresses[-1], matrix,
-                                                        crop=frame.crop))
+                                                        crop=frame.crop, quad=frame.quad))
         if self.memory == "staged" and usable:
             buffers.copied.record(self.copy_stream)
             self.compute_stream.wait_for_event(buffers.copied)

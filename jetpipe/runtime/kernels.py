@@ -15,22 +15,22 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import FORMAT_CODES, ColourMatrix, frame_shape
-from jetpipe.geometry import Letterbox, affine, fit
+from jetpipe.geometry import Letterbox, affine, fit, quad_homography, quad_size
 from jetpipe.spec import PreprocessSpec
 
 SOURCE = Path(__file__).with_name("preprocess.cu")
 MODES = {"rgb": 0, "bgr": 1, "gray": 2}  # mirrors MODE_* in preprocess.cu
 BLOCK = (32, 8, 1)
 
-# Mirrors struct FrameParams in preprocess.cu (88 bytes, 8-byte aligned).
+# Mirrors struct FrameParams in preprocess.cu (128 bytes, 8-byte aligned).
 PARAMS = np.dtype([
     ("src", np.uint64), ("width", np.int32), ("height", np.int32), ("pitch", np.int32),
     ("format", np.int32), ("scale_x", np.float32), ("scale_y", np.float32), ("pad_x", np.int32),
     ("pad_y", np.int32), ("content_w", np.int32), ("content_h", np.int32), ("ky", np.float32),
     ("y0", np.float32), ("kc", np.float32), ("rv", np.float32), ("gu", np.float32),
     ("gv", np.float32), ("bu", np.float32), ("origin_x", np.int32), ("origin_y", np.int32),
-    ("plane_height", np.int32)], align=True)
-assert PARAMS.itemsize == 88
+    ("plane_height", np.int32), ("hom", np.float32, 9), ("warp", np.int32)], align=True)
+assert PARAMS.itemsize == 128
 
 
 class KernelError(JetpipeError):
@@ -60,14 +60,17 @@ def compile_module(source: Path = SOURCE):
 
 
 def frame_params(record, fmt: str, height: int, width: int, pitch: int, address: int,
-                 size_hw: tuple[int, int], resize: str, matrix: ColourMatrix, crop=None) -> Letterbox:
+                 size_hw: tuple[int, int], resize: str, matrix: ColourMatrix, crop=None, quad=None) -> Letterbox:
     """Fill one FrameParams record; returns the letterbox placement for postprocessing. crop (x0, y0, x1,
     y1): the kernel reads only that rectangle of the frame (its size is what is resized; the frame's height
-    still locates the chroma planes)."""
+    still locates the chroma planes). quad: four corners inside crop, warped upright (preprocess.warp_quad)."""
     x0, y0, x1, y1 = crop if crop is not None else (0, 0, width, height)
     record["origin_x"], record["origin_y"], record["plane_height"] = x0, y0, height
     height, width = y1 - y0, x1 - x0
-    (nh, nw), box = fit((height, width), size_hw, resize)
+    (nh, nw), box = fit(quad_size(quad) if quad is not None else (height, width), size_hw, resize)
+    record["warp"] = quad is not None
+    if quad is not None:
+        record["hom"] = quad_homography(quad, (nh, nw), (x0, y0)).ravel()
     record["src"], record["width"], record["height"] = address, width, height
     record["pitch"], record["format"] = pitch, FORMAT_CODES[fmt]
     record["scale_x"], record["scale_y"] = width / nw, height / nh
@@ -100,10 +103,10 @@ class GpuPreprocessor:
         self._cuda = device.cuda
 
     def set_frame(self, index: int, fmt: str, height: int, width: int, address: int,
-                  matrix: ColourMatrix, pitch: int | None = None, crop=None) -> Letterbox:
+                  matrix: ColourMatrix, pitch: int | None = None, crop=None, quad=None) -> Letterbox:
         return frame_params(self.host_params[index], fmt, height, width,
                             pitch if pitch is not None else pitch_of(fmt, width), address,
-                            self.size_hw, self.spec.resize, matrix, crop)
+                            self.size_hw, self.spec.resize, matrix, crop, quad)
 
     def launch(self, batch: int, out_address: int, stream) -> None:
         """Upload this batch's parameters and run the kernel, both on `stream`."""

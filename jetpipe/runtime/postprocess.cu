@@ -1,7 +1,7 @@
 // Postprocessing reductions on the GPU: the engine's outputs stay in device
 // memory and only compact per-frame results are copied to the host.
 //   db_*      text detection (DB): threshold -> 8-connected components (union-find)
-//             -> per component bounding box, area and probability sum
+//             -> per component bounding box, area, probability sum and pixel moments
 //   topk      classification: row statistics + the k largest values per frame
 //   yolo_*    detection: decode + score filter -> sort by score -> greedy
 //             class-aware NMS, at most K detections per frame
@@ -9,10 +9,12 @@
 // as the CPU postprocessors, so both paths give the same results.
 
 // ---------------------------------------------------------------- DB components
-struct Component {        // 32 bytes; mirrors COMPONENT in postprocess_gpu.py
+struct Component {        // 72 bytes; mirrors COMPONENT in postprocess_gpu.py
     int x0, y0, x1, y1;   // inclusive bounding box in network-input pixels
     int area, reserved;
     unsigned long long sum;  // probability sum in 32.32 fixed point: exact and order-independent
+    // sums of x, y, x*x, y*y, x*y over the pixels (integers: exact): the region's orientation
+    unsigned long long sx, sy, sxx, syy, sxy;
 };
 
 __device__ __forceinline__ int find_root(const int* labels, int i) {
@@ -75,7 +77,7 @@ extern "C" __global__ void db_roots(const int* __restrict__ labels, int* __restr
     int slot = atomicAdd(&counts[frame], 1);
     slots[i] = slot;
     if (slot < limit) {
-        Component c = {0x7fffffff, 0x7fffffff, -1, -1, 0, 0, 0ull};
+        Component c = {0x7fffffff, 0x7fffffff, -1, -1, 0, 0, 0ull, 0ull, 0ull, 0ull, 0ull, 0ull};
         components[frame * limit + slot] = c;
     }
 }
@@ -96,6 +98,12 @@ extern "C" __global__ void db_stats(const float* __restrict__ prob, int* labels,
     atomicMax(&c->y1, y);
     atomicAdd(&c->area, 1);
     atomicAdd(&c->sum, (unsigned long long)__double2ull_rn((double)prob[i] * 4294967296.0));
+    const unsigned long long ux = x, uy = y;
+    atomicAdd(&c->sx, ux);
+    atomicAdd(&c->sy, uy);
+    atomicAdd(&c->sxx, ux * ux);
+    atomicAdd(&c->syy, uy * uy);
+    atomicAdd(&c->sxy, ux * uy);
 }
 
 // ---------------------------------------------------------------- classification top-k

@@ -6,7 +6,7 @@ Scratch memory is shared by the buffer sets (everything runs in order on the
 compute stream); the compact arrays are per set, like the outputs.
 
   components  DB text detection: 8-connected components of (prob > threshold)
-              with bounding box, area and probability sum; `limit` per frame
+              with bounding box, area, probability sum and pixel moments; `limit` per frame
   topk        classification: the k largest values and row statistics
   yolo-nms    YOLO decode + score filter + class-aware NMS; `limit` per frame
   best-per-step  CTC text recognition: the best class of each time step and its row statistics
@@ -22,8 +22,9 @@ from jetpipe.runtime.api import Reduction
 SOURCE_NAME = "postprocess.cu"
 
 COMPONENT = np.dtype([("x0", np.int32), ("y0", np.int32), ("x1", np.int32), ("y1", np.int32),
-                      ("area", np.int32), ("reserved", np.int32), ("sum", np.uint64)])
-assert COMPONENT.itemsize == 32
+                      ("area", np.int32), ("reserved", np.int32), ("sum", np.uint64),
+                      *((name, np.uint64) for name in ("sx", "sy", "sxx", "syy", "sxy"))])
+assert COMPONENT.itemsize == 72
 SUM_SCALE = float(2**32)  # component sums are 32.32 fixed point
 
 YOLO_PARAMS = np.dtype([("layout", np.int32), ("anchors", np.int32), ("classes", np.int32), ("limit", np.int32),

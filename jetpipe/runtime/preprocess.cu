@@ -14,6 +14,8 @@ struct FrameParams {
     float ky, y0, kc, rv, gu, gv, bu;
     int origin_x, origin_y;   // where what is read starts in the frame (a secondary model's crop)
     int plane_height;         // the frame's height: where its chroma planes start
+    float hom[9];             // warp: content (u, v) -> what is read, H(u + 0.5, v + 0.5) - 0.5
+    int warp;                 // 1: sample along hom (a secondary's quadrilateral), 0: resize
 };
 
 enum { NV12 = 0, I420 = 1, YUYV = 2, UYVY = 3, BGR = 4, RGB = 5 };
@@ -91,14 +93,27 @@ __device__ __forceinline__ float fetch_gray(const FrameParams& f, int x, int y) 
     return clamp255((Y - f.y0) * f.ky);
 }
 
-// cv2.resize INTER_LINEAR source coordinate: half-pixel centres, replicated border.
-__device__ __forceinline__ void tap(float pos, float scale, int size, int& i0, int& i1, float& a) {
-    const float s = (pos + 0.5f) * scale - 0.5f;
+// Bilinear taps at source coordinate s (pixel indices), replicated border.
+__device__ __forceinline__ void tap_at(float s, int size, int& i0, int& i1, float& a) {
     i0 = static_cast<int>(floorf(s));
     a = s - i0;
     if (i0 < 0) { i0 = 0; a = 0.f; }
     if (i0 >= size - 1) { i0 = size - 1; a = 0.f; }
     i1 = min(i0 + 1, size - 1);
+}
+
+// cv2.resize INTER_LINEAR source coordinate: half-pixel centres.
+__device__ __forceinline__ void tap(float pos, float scale, int size, int& i0, int& i1, float& a) {
+    tap_at((pos + 0.5f) * scale - 0.5f, size, i0, i1, a);
+}
+
+// A point of the content mapped through the warp's homography (mirrors preprocess.warp_quad).
+__device__ __forceinline__ void warp_taps(const FrameParams& f, int cx, int cy, int& x0, int& x1, float& ax,
+                                          int& y0, int& y1, float& ay) {
+    const float u = cx + 0.5f, v = cy + 0.5f;
+    const float w = f.hom[6] * u + f.hom[7] * v + f.hom[8];
+    tap_at((f.hom[0] * u + f.hom[1] * v + f.hom[2]) / w - 0.5f, f.width, x0, x1, ax);
+    tap_at((f.hom[3] * u + f.hom[4] * v + f.hom[5]) / w - 0.5f, f.height, y0, y1, ay);
 }
 
 __device__ __forceinline__ float3 lerp3(float3 p, float3 q, float a) {
@@ -124,7 +139,9 @@ __device__ void preprocess(const FrameParams* __restrict__ params, T* __restrict
     const bool inside = cx >= 0 && cy >= 0 && cx < f.content_w && cy < f.content_h;
     int x0 = 0, x1 = 0, y0 = 0, y1 = 0;
     float ax = 0.f, ay = 0.f;
-    if (inside) {
+    if (inside && f.warp) {
+        warp_taps(f, cx, cy, x0, x1, ax, y0, y1, ay);
+    } else if (inside) {
         tap(cx, f.scale_x, f.width, x0, x1, ax);
         tap(cy, f.scale_y, f.height, y0, y1, ay);
     }

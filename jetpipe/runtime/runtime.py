@@ -61,7 +61,7 @@ class CpuRuntime(RuntimeBase):
             start = time.perf_counter()
             for row, (_, frame, _, _, matrix) in enumerate(usable):
                 _, box = self._preprocess(frame.data, frame.format, self.size_hw, self.spec, matrix,
-                                          out=inputs[row], crop=frame.crop)
+                                          out=inputs[row], crop=frame.crop, quad=frame.quad)
                 boxes.append(box)
             preprocessed = time.perf_counter()
             if usable:

@@ -57,6 +57,56 @@ def test_a_crop_is_the_rectangle_resized_as_opencv_resizes_it(scene, fmt):
         assert np.abs(exact - expected).max() <= 2.51 * step  # float conversion vs OpenCV's integer one
 
 
+QUADS = [((120.0, 60.5), (330.2, 98.9), (322.4, 141.6), (112.3, 103.3)),   # a line tilted 10 degrees
+         ((400.0, 300.0), (600.0, 280.0), (610.0, 330.0), (395.0, 345.0)),   # a perspective quadrilateral
+         ((-20.0, 400.0), (150.0, 430.0), (140.0, 500.0), (-30.0, 470.0))]   # reaching out of the frame
+
+
+@pytest.mark.parametrize("fmt", ["nv12", "i420", "yuyv", "bgr"])
+def test_a_quadrilateral_crop_is_what_opencv_warps_upright(scene, fmt):
+    """The reference: OpenCV's decode of the whole frame, getPerspectiveTransform + warpPerspective onto the
+    content's size (pixel centres: the quad's corners lie on pixel edges), the border replicated."""
+    import cv2
+
+    from jetpipe.geometry import quad_region, quad_size
+    from jetpipe.preprocess import opencv_bgr
+
+    frame = from_bgr(scene, fmt)
+    spec = preset("ppocr-rec")
+    bgr = opencv_bgr(frame, fmt).astype(np.float32)
+    step = 2 / 255  # one 8-bit level after (x / 255 - 0.5) / 0.5
+    for quad in QUADS:
+        h, w = quad_size(quad)
+        scale = min(48 / h, 320 / w)
+        nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+        edges = np.array([[0, 0], [nw, 0], [nw, nh], [0, nh]], np.float32) - 0.5   # -> pixel-centre coordinates
+        matrix = cv2.getPerspectiveTransform(np.float32(quad) - 0.5, edges)
+        region = quad_region(quad, 480, 640)
+        x0, y0, x1, y1 = region
+        # the region read: samples past it repeat its border, as they do past the frame's
+        shifted = matrix @ np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64)
+        warped = cv2.warpPerspective(bgr[y0:y1, x0:x1], shifted, (nw, nh), flags=cv2.INTER_LINEAR,
+                                     borderMode=cv2.BORDER_REPLICATE)
+        canvas = np.full((48, 320, 3), 127.5, np.float32)
+        canvas[:nh, :nw] = warped
+        expected = ((canvas / 255 - 0.5) / 0.5).transpose(2, 0, 1)
+        fast, _ = preprocess_frame_fast(frame, fmt, (48, 320), spec, crop=region, quad=quad)
+        exact, _ = preprocess_frame(frame, fmt, (48, 320), spec, crop=region, quad=quad)
+        # the same decode: the same samples; the float decode: within one 8-bit level of OpenCV's integer one
+        assert np.abs(fast - expected).max() <= 0.05 * step, quad
+        assert np.abs(exact - expected).max() <= 1.0 * step, quad
+
+
+def test_an_upright_quadrilateral_is_the_rectangle_resized(scene):
+    frame = from_bgr(scene, "nv12")
+    spec = preset("ppocr-rec")
+    x0, y0, x1, y1 = CROPS[0]
+    quad = ((x0, y0), (x1, y0), (x1, y1), (x0, y1))
+    warped, _ = preprocess_frame(frame, "nv12", (48, 320), spec, crop=CROPS[0], quad=quad)
+    resized, _ = preprocess_frame(frame, "nv12", (48, 320), spec, crop=CROPS[0])
+    np.testing.assert_allclose(warped, resized, atol=1e-4)
+
+
 def test_a_crop_outside_the_frame_is_refused(scene):
     from jetpipe.errors import JetpipeError
     from jetpipe.runtime.api import Frame
@@ -97,6 +147,38 @@ def test_det_then_rec_reads_the_rendered_words_aligned_with_the_boxes(det_bundle
         read = {w for e in entries if e for w in e["text"].split()}
         found, total = found + len(set(truth) & read), total + len(truth)
     assert found / total >= 0.9, (found, total)
+
+
+def test_tilted_lines_are_read_along_their_quadrilaterals(det_bundle, rec_bundle):
+    """Words turned 8-25 degrees: the recognizer reads the detector's rotated lines warped upright; the same
+    lines cut as their upright bounding boxes (what the crop was before) read fewer."""
+    from jetpipe import bundle as bundles
+    from jetpipe.runtime.api import Frame
+    from jetpipe.runtime.runtime import open_runtime
+    from jetpipe.synth import render_tilted_words
+    from jetpipe.tasks import for_bundle
+
+    detector = open_runtime(det_bundle, backend="onnxruntime-cpu")
+    task, options = for_bundle(bundles.load(det_bundle))
+    post, stage = task.postprocessor(options), _stage(rec_bundle)
+    read, total = {"quads": 0, "boxes": 0}, 0
+    try:
+        for seed in range(8):
+            image = render_tilted_words(seed, (720, 1280))
+            frame = Frame(image.bgr, "bgr")
+            found = detector.infer([frame])
+            result = post(found.outputs, found.letterboxes, [(720, 1280)])[0]
+            assert any(abs(q[1][1] - q[0][1]) > 5 for q in result["quads"])  # tilted quads, not boxes
+            for crops in read:
+                one = dict(result) if crops == "quads" else {k: v for k, v in result.items() if k != "quads"}
+                stage.run([one], [frame])
+                texts = {e["text"].replace(" ", "") for e in one["secondary"][stage.name] if e}
+                read[crops] += sum(word.replace(" ", "") in texts for word in image.words)
+            total += len(image.words)
+    finally:
+        stage.close()
+        detector.close()
+    assert read["quads"] >= 0.8 * total and read["quads"] >= read["boxes"] + 0.05 * total, (read, total)
 
 
 CONFIG = """
@@ -147,3 +229,12 @@ def test_secondary_text_is_drawn_beside_its_box():
                                                                                   "score": 0.9}]}}, (120, 320))
     plain = draw(np.zeros((120, 320, 3), np.uint8), box, (120, 320))
     assert np.count_nonzero(image[52].any(axis=1)) > np.count_nonzero(plain[52].any(axis=1)) + 60
+
+
+def test_a_tilted_lines_quadrilateral_is_drawn_not_its_box():
+    from jetpipe.pipelines.annotate import draw
+
+    quad = [[40, 60], [200, 20], [210, 50], [50, 90]]
+    image = draw(np.zeros((120, 320, 3), np.uint8), {"boxes": [[40, 20, 210, 90]], "scores": [0.9], "quads": [quad]},
+                 (120, 320))
+    assert not image[30:55, 40].any() and image[74, 44:47].any()  # no box side at x = 40; the quad's left edge

@@ -121,15 +121,16 @@ def test_missing_nvcc_names_the_fix(monkeypatch):
 
 
 def test_kernel_params_layout_matches_the_cuda_struct():
-    """FrameParams in preprocess.cu: 8-byte src, then 20 four-byte fields = 88 bytes."""
+    """FrameParams in preprocess.cu: 8-byte src, 20 four-byte fields, the warp's 9 floats and its flag = 128 bytes."""
     import re
 
     from jetpipe.runtime.kernels import PARAMS, SOURCE
 
     struct = re.search(r"struct FrameParams \{(.*?)\};", SOURCE.read_text(), re.S).group(1)
-    fields = re.findall(r"(\w+)(?:,|;)", re.sub(r"//.*", "", struct))
-    assert fields == list(PARAMS.names)
-    assert PARAMS.itemsize == 88
+    fields = re.findall(r"(\w+)(?:\[(\d+)\])?(?:,|;)", re.sub(r"//.*", "", struct))
+    assert [name for name, _ in fields] == list(PARAMS.names)
+    assert [int(n) for name, n in fields if n] == [PARAMS.fields["hom"][0].shape[0]]
+    assert PARAMS.itemsize == 128
 
 
 def test_two_batches_in_flight_keep_their_own_outputs(tiny_bundle):

@@ -41,8 +41,9 @@ def _images():
     return [render_text_image(10 + i, hw).bgr for i, hw in enumerate(SIZES)]
 
 
-def _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype, crops=None):
-    """Frames -> device memory -> one kernel launch -> host array (crops: one rectangle per frame)."""
+def _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype, crops=None, quads=None):
+    """Frames -> device memory -> one kernel launch -> host array (crops: one rectangle per frame; quads:
+    one quadrilateral per frame inside its crop)."""
     from jetpipe.runtime.kernels import GpuPreprocessor
 
     with device.active():
@@ -52,7 +53,8 @@ def _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype, c
         for i, (frame, buf) in enumerate(zip(frames, buffers)):
             device.cuda.memcpy_htod(buf, frame)
             h, w = frame_size(frame, fmt)
-            pre.set_frame(i, fmt, h, w, int(buf), matrix, crop=crops[i] if crops else None)
+            pre.set_frame(i, fmt, h, w, int(buf), matrix, crop=crops[i] if crops else None,
+                          quad=quads[i] if quads else None)
         out = device.alloc(len(frames) * spec.channels * size_hw[0] * size_hw[1] * np.dtype(out_dtype).itemsize)
         pre.launch(len(frames), int(out), stream)
         stream.synchronize()
@@ -105,6 +107,28 @@ def test_crops_match_the_cpu_reference(device, module, fmt, channel_order):
     frames = [from_bgr(image, fmt, matrix)] * len(crops)
     gpu = _run_kernel(device, module, frames, fmt, matrix, spec, (48, 320), np.float32, crops)
     cpu = np.stack([preprocess_frame(f, fmt, (48, 320), spec, matrix, crop=c)[0] for f, c in zip(frames, crops)])
+    assert np.abs(gpu - cpu).max() <= float(np.max(affine(spec)[0])), fmt
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("channel_order", ["bgr", "gray"])
+def test_quadrilateral_crops_match_the_cpu_reference(device, module, fmt, channel_order):
+    """Tilted and perspective text lines warped upright by the kernel, one reaching out of the frame."""
+    from jetpipe.geometry import quad_region
+
+    matrix = ColourMatrix.of("bt709", "limited")
+    spec = PRESETS["ppocr-rec"] if channel_order == "bgr" else PreprocessSpec(
+        channel_order="gray", mean=(0.5,), std=(0.5,), resize="topleft", pad_value=127.5)
+    image = render_text_image(3, (720, 1280)).bgr
+    quads = [((120.0, 60.5), (330.2, 98.9), (322.4, 141.6), (112.3, 103.3)),
+             ((400.0, 300.0), (900.0, 280.0), (910.0, 330.0), (395.0, 345.0)),
+             ((1200.0, 650.0), (1300.0, 660.0), (1290.0, 730.0), (1190.0, 725.0)),
+             ((7.2, 9.1), (8.0, 9.3), (8.1, 10.0), (7.1, 10.2))]
+    crops = [quad_region(q, 720, 1280) for q in quads]
+    frames = [from_bgr(image, fmt, matrix)] * len(quads)
+    gpu = _run_kernel(device, module, frames, fmt, matrix, spec, (48, 320), np.float32, crops, quads)
+    cpu = np.stack([preprocess_frame(f, fmt, (48, 320), spec, matrix, crop=c, quad=q)[0]
+                    for f, c, q in zip(frames, crops, quads)])
     assert np.abs(gpu - cpu).max() <= float(np.max(affine(spec)[0])), fmt
 
 

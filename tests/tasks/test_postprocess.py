@@ -1,3 +1,4 @@
+import cv2
 import numpy as np
 import pytest
 
@@ -84,9 +85,12 @@ def test_text_regions_come_in_reading_order():
 
 
 def _components(records) -> np.ndarray:
+    """What the GPU's reduction writes for filled rectangles (inclusive corners) with these sums."""
     found = np.zeros(8, COMPONENT)
     for i, (x0, y0, x1, y1, area, total) in enumerate(records):
-        found[i] = (x0, y0, x1, y1, area, 0, round(total * SUM_SCALE))
+        ys, xs = np.mgrid[y0:y1 + 1, x0:x1 + 1]
+        moments = (int(v.sum()) for v in (xs, ys, xs * xs, ys * ys, xs * ys))
+        found[i] = (x0, y0, x1, y1, area, 0, round(total * SUM_SCALE), *moments)
     return found
 
 
@@ -101,6 +105,40 @@ def test_text_detection_from_gpu_components_matches_the_cpu_path():
                          (500, 500, 519, 509, 200, 80.0)])
     gpu = post.reduced({"counts": np.array([3]), "components": found[None]}, [box], [(720, 1280)])
     assert gpu == cpu and len(cpu[0]["boxes"]) == 1
+
+
+def _rotated_line(centre, length, height, degrees, shape=(400, 600)) -> np.ndarray:
+    prob = np.zeros((1, 1, *shape), np.float32)
+    corners = cv2.boxPoints((centre, (length, height), degrees))
+    cv2.fillPoly(prob[0, 0], [np.round(corners * 16).astype(np.int32)], 0.9, shift=4)
+    return prob
+
+
+def test_a_tilted_line_gets_its_rotated_quadrilateral_and_an_upright_one_its_box():
+    post = TextDetection(unclip_ratio=0.0)  # no growth: the quad is the region itself
+    result = post({"p": _rotated_line((300, 200), 240, 30, 20)}, [IDENTITY], [(400, 600)])[0]
+    quad = np.array(result["quads"][0])
+    top = quad[1] - quad[0]
+    assert np.degrees(np.arctan2(top[1], top[0])) == pytest.approx(20, abs=1)
+    assert np.linalg.norm(top) == pytest.approx(240, abs=3)
+    assert np.linalg.norm(quad[3] - quad[0]) == pytest.approx(30, abs=2)
+    np.testing.assert_allclose(quad.mean(axis=0), (300.5, 200.5), atol=1)
+    assert result["boxes"][0] == pytest.approx([*quad.min(axis=0), *quad.max(axis=0)], abs=0.1)
+    upright = TextDetection()({"p": _rotated_line((300, 200), 240, 30, 2)}, [IDENTITY], [(400, 600)])[0]
+    x0, y0, x1, y1 = upright["boxes"][0]
+    assert upright["quads"][0] == [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]
+
+
+def test_tilted_quadrilaterals_from_gpu_moments_match_the_cpu_path():
+    prob = _rotated_line((300, 200), 240, 30, -15)
+    post = TextDetection()
+    cpu = post({"p": prob}, [IDENTITY], [(400, 600)])
+    ys, xs = np.nonzero(prob[0, 0] > post.threshold)
+    found = np.zeros(8, COMPONENT)
+    found[0] = (xs.min(), ys.min(), xs.max(), ys.max(), xs.size, 0, round(float(prob[0, 0][ys, xs].astype(np.float64)
+               .sum()) * SUM_SCALE), *(int(v.sum()) for v in (xs, ys, xs * xs, ys * ys, xs * ys)))
+    gpu = post.reduced({"counts": np.array([1]), "components": found[None]}, [IDENTITY], [(400, 600)])
+    assert gpu[0]["quads"] == cpu[0]["quads"] and gpu[0]["boxes"] == cpu[0]["boxes"]
 
 
 def test_text_detection_counts_frames_with_more_regions_than_the_gpu_list():
