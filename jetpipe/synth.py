@@ -82,9 +82,9 @@ def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_word
 
 
 def render_tilted_words(seed: int, size_hw: tuple[int, int] = (720, 1280), count: int = 8,
-                        degrees: tuple[float, float] = (8.0, 25.0)) -> TextImage:
-    """Words of two to three syllable groups, each turned by an angle between degrees[0] and degrees[1]
-    (either way), never overlapping: boxes are the turned words' bounding boxes."""
+                        degrees: tuple[float, float] = (8.0, 25.0), words: tuple[int, int] = (1, 2)) -> TextImage:
+    """Lines of words[0] to words[1] words, each turned by an angle between degrees[0] and degrees[1]
+    (either way), never overlapping: boxes are the turned lines' bounding boxes."""
     rng = np.random.default_rng(seed)
     h, w = size_hw
     canvas = Image.fromarray(_background(rng, h, w))
@@ -93,7 +93,7 @@ def render_tilted_words(seed: int, size_hw: tuple[int, int] = (720, 1280), count
     for _ in range(count * 4):
         if len(result.words) == count:
             break
-        word = " ".join(_word(rng) for _ in range(int(rng.integers(1, 3))))
+        word = " ".join(_word(rng) for _ in range(int(rng.integers(words[0], words[1] + 1))))
         font = ImageFont.load_default(size=int(rng.integers(max(16, h // 30), max(24, h // 14))))
         x0, y0, x1, y1 = ImageDraw.Draw(canvas).textbbox((0, 0), word, font=font)
         pad = 6

@@ -110,9 +110,11 @@ class SecondaryStage:
                 if crop is not None:
                     jobs.append((entries, i, replace(frame, crop=crop, quad=quad)))
         step = self.runtime.max_batch
+        if len(self.runtime.widths) > 1:  # similar widths batched together, as RapidOCR sorts its lines
+            jobs.sort(key=lambda job: self._width_wanted(job[2]))
         for start in range(0, len(jobs), step):
             chunk = jobs[start:start + step]
-            found = self.runtime.infer([frame for _, _, frame in chunk])
+            found = self.runtime.infer([frame for _, _, frame in chunk], self._width_for(chunk))
             finish = self.post.reduced if found.reduction else self.post
             sizes = [_crop_hw(chunk[index][2]) for index in found.frame_indices]
             rows = finish(found.outputs, found.letterboxes, sizes)
@@ -120,6 +122,17 @@ class SecondaryStage:
                 entries, i, _ = chunk[index]
                 entries[i] = rows[row]
             self.crops_run += len(found.frame_indices)
+
+    def _width_wanted(self, frame: Frame) -> int:
+        """The input width a crop fills at the input's height, its aspect kept."""
+        height, width = _crop_hw(frame)
+        return math.ceil(self.runtime.size_hw[0] * width / height)
+
+    def _width_for(self, chunk) -> int:
+        """The narrowest of the runtime's widths that holds the chunk's longest crop (else the widest): a
+        recognizer with a width range reads a long line at full height instead of squeezed into 320."""
+        wanted = max(self._width_wanted(frame) for _, _, frame in chunk)
+        return next((w for w in self.runtime.widths if w >= wanted), self.runtime.widths[-1])
 
     def summary(self) -> dict:
         """Crops run, where, and what crossed the bus for them: frame bytes uploaded (0 where crops were cut

@@ -74,6 +74,7 @@ class Ticket:
     rejected: list[tuple[int, str]]   # (input index, reason) of frames left out
     timings: dict | None = None       # CPU runtime: wall-clock ms per stage
     frame_addresses: list[int] | None = None  # GPU runtime: where the kernel read each row's frame
+    width: int | None = None          # the input width the batch ran at (one of the runtime's widths)
 
 
 @dataclass
@@ -157,12 +158,14 @@ class Backend(Protocol):
     size; the GPU backends queue the run on `stream` and return without waiting."""
 
     name: str
-    input: TensorSpec
-    outputs: list[TensorSpec]
+    input: TensorSpec            # sample shape at the widest width (what buffers are sized for)
+    outputs: list[TensorSpec]    # likewise
+    widths: tuple[int, ...]      # input widths it runs at
+    output_shapes: dict          # width -> each output's sample shape at that width
 
     def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None: ...
 
-    def run(self, set_index: int, batch: int, stream=None) -> None: ...
+    def run(self, set_index: int, batch: int, stream=None, width: int | None = None) -> None: ...
 
     def warm_batches(self) -> list[int]: ...
 
@@ -181,13 +184,15 @@ class Runtime(Protocol):
     max_batch: int
     size_hw: tuple[int, int]
 
-    def submit(self, frames) -> Ticket: ...
+    widths: tuple[int, ...]  # input widths a batch can run at (submit's width): more than one for a width range
+
+    def submit(self, frames, width: int | None = None) -> Ticket: ...
 
     def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult: ...
 
     def release(self, ticket: Ticket) -> None: ...
 
-    def infer(self, frames) -> BatchResult: ...
+    def infer(self, frames, width: int | None = None) -> BatchResult: ...
 
     def stage_times(self, ticket: Ticket) -> dict[str, float]: ...
 

@@ -6,7 +6,11 @@ buffer the runtime owns, writing outputs into buffers the runtime owns:
   - OrtCudaBackend: ONNX Runtime CUDA EP, I/O bound to our PyCUDA device
     buffers (IOBinding with raw pointers), on our stream.
   - TensorRTBackend (trt_backend.py): execute_async_v3 on our stream.
-Every binding is made at construction for each batch size and buffer set.
+Every binding is made at construction for each batch size, input width and buffer set.
+
+A model with a dynamic input width (a text-line recognizer) runs each batch at one of the runtime's
+widths (`widths`, from the bundle's width range): buffers are sized for the widest, and a batch at a
+narrower width uses the start of each buffer, laid out for that width (`output_shapes[width]`).
 """
 
 from __future__ import annotations
@@ -37,29 +41,43 @@ def ort_tensor_specs(session, input_sample_shape) -> tuple[TensorSpec, list[Tens
     return TensorSpec(inp.name, np.dtype(np.float32), tuple(input_sample_shape)), specs
 
 
+def specs_at_widths(session, input_sample_shape, widths) -> tuple[TensorSpec, list[TensorSpec], dict]:
+    """Specs at the widest width (what buffers are sized for) and each width's output sample shapes."""
+    channels, height = input_sample_shape[:2]
+    shapes = {}
+    for width in widths:
+        inp, outs = ort_tensor_specs(session, (channels, height, width))
+        shapes[width] = [o.sample_shape for o in outs]
+    return inp, outs, shapes
+
+
 class OrtCpuBackend:
     """ONNX Runtime on the CPU, reading and writing the runtime's host buffers in place."""
 
     name = "onnxruntime-cpu"
 
-    def __init__(self, model_path: str, input_sample_shape, max_batch: int):
+    def __init__(self, model_path: str, input_sample_shape, max_batch: int, widths=None):
         self.session = cpu_session(model_path)
-        self.input, self.outputs = ort_tensor_specs(self.session, input_sample_shape)
+        self.widths = tuple(widths or (input_sample_shape[2],))
+        self.input, self.outputs, self.output_shapes = specs_at_widths(self.session, input_sample_shape,
+                                                                       self.widths)
         self.max_batch = max_batch
-        self.bindings: dict[tuple[int, int], object] = {}
+        self.bindings: dict[tuple[int, int, int], object] = {}
 
     def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None:
-        for batch in range(1, self.max_batch + 1):
-            binding = self.session.io_binding()
-            binding.bind_input(self.input.name, "cpu", 0, self.input.dtype, [batch, *self.input.sample_shape],
-                               input_address)
-            for spec in self.outputs:
-                binding.bind_output(spec.name, "cpu", 0, spec.dtype, [batch, *spec.sample_shape],
-                                    output_addresses[spec.name])
-            self.bindings[(set_index, batch)] = binding
+        channels, height = self.input.sample_shape[:2]
+        for width in self.widths:
+            for batch in range(1, self.max_batch + 1):
+                binding = self.session.io_binding()
+                binding.bind_input(self.input.name, "cpu", 0, self.input.dtype, [batch, channels, height, width],
+                                   input_address)
+                for spec, shape in zip(self.outputs, self.output_shapes[width]):
+                    binding.bind_output(spec.name, "cpu", 0, spec.dtype, [batch, *shape],
+                                        output_addresses[spec.name])
+                self.bindings[(set_index, batch, width)] = binding
 
-    def run(self, set_index: int, batch: int, stream=None) -> None:
-        self.session.run_with_iobinding(self.bindings[(set_index, batch)])
+    def run(self, set_index: int, batch: int, stream=None, width: int | None = None) -> None:
+        self.session.run_with_iobinding(self.bindings[(set_index, batch, width or self.widths[0])])
 
     def warm_batches(self) -> list[int]:
         return []  # nothing is planned per shape on the CPU worth a start-up run
@@ -101,20 +119,23 @@ class OrtCudaBackend:
     name = "onnxruntime-cuda"
 
     def __init__(self, model_path: str, input_sample_shape, max_batch: int, stream, device_id: int = 0,
-                 cuda_graph: bool = False):
+                 cuda_graph: bool = False, widths=None):
         import onnxruntime as ort
 
-        self.input, self.outputs = ort_tensor_specs(cpu_session(model_path), input_sample_shape)
+        self.widths = tuple(widths or (input_sample_shape[2],))
+        self.input, self.outputs, self.output_shapes = specs_at_widths(cpu_session(model_path), input_sample_shape,
+                                                                       self.widths)
         self.buckets = batch_buckets(max_batch)
-        self.sessions = {b: ort_session(model_path, "cuda", device_id=device_id, stream=stream)
-                         for b in self.buckets}
-        first = self.sessions[self.buckets[0]]
+        # one session per (batch bucket, width): each sees one shape, so none re-plans
+        self.sessions = {(b, w): ort_session(model_path, "cuda", device_id=device_id, stream=stream)
+                         for b in self.buckets for w in self.widths}
+        first = self.sessions[(self.buckets[0], self.widths[0])]
         if first.get_providers()[0] != "CUDAExecutionProvider":
             raise JetpipeError("onnxruntime did not enable the CUDA execution provider "
                                f"(providers: {first.get_providers()})")
         self.device_id, self.max_batch, self.cuda_graph = device_id, max_batch, cuda_graph
-        self.bindings: dict[tuple[int, int], object] = {}
-        self.graphs: dict[tuple[int, int], object] = {}
+        self.bindings: dict[tuple[int, int, int], object] = {}
+        self.graphs: dict[tuple[int, int, int], object] = {}
         self.run_options = ort.RunOptions()
         # return once the run is queued on our stream, without waiting for the GPU: the runtime
         # waits on its own event after the download, so the next batch is prepared meanwhile
@@ -124,32 +145,33 @@ class OrtCudaBackend:
         return next(b for b in self.buckets if b >= batch)
 
     def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None:
-        for bucket, session in self.sessions.items():
+        channels, height = self.input.sample_shape[:2]
+        for (bucket, width), session in self.sessions.items():
             binding = session.io_binding()
             binding.bind_input(self.input.name, "cuda", self.device_id, np.float32,
-                               [bucket, *self.input.sample_shape], input_address)
-            for spec in self.outputs:
+                               [bucket, channels, height, width], input_address)
+            for spec, shape in zip(self.outputs, self.output_shapes[width]):
                 binding.bind_output(spec.name, "cuda", self.device_id, spec.dtype,
-                                    [bucket, *spec.sample_shape], output_addresses[spec.name])
-            self.bindings[(set_index, bucket)] = binding
+                                    [bucket, *shape], output_addresses[spec.name])
+            self.bindings[(set_index, bucket, width)] = binding
 
-    def run(self, set_index: int, batch: int, stream=None) -> None:
-        key = (set_index, self.bucket(batch))
+    def run(self, set_index: int, batch: int, stream=None, width: int | None = None) -> None:
+        key = (set_index, self.bucket(batch), width or self.widths[0])
         graph = self.graphs.get(key)
         if graph is not None:
             graph.launch(stream)
             return
-        self.sessions[key[1]].run_with_iobinding(self.bindings[key], self.run_options)
+        self.sessions[key[1:]].run_with_iobinding(self.bindings[key], self.run_options)
 
     def capture_graphs(self, stream) -> None:
         """Capture every bound (set, bucket) run (call after warm-up runs, with the stream idle)."""
         if not self.cuda_graph:
             return
         try:
-            for (set_index, bucket), binding in self.bindings.items():
+            for key, binding in self.bindings.items():
                 with CudaGraph.capture(stream) as graph:
-                    self.sessions[bucket].run_with_iobinding(binding, self.run_options)
-                self.graphs[(set_index, bucket)] = graph
+                    self.sessions[key[1:]].run_with_iobinding(binding, self.run_options)
+                self.graphs[key] = graph
         except Exception as exc:  # e.g. an op that synchronizes or allocates during the run
             log.warning("ONNX Runtime run cannot be captured in a CUDA graph (%s): running without graphs",
                         str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)

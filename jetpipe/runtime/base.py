@@ -7,11 +7,31 @@ import platform
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from jetpipe import bundle as bundles
 from jetpipe.errors import BundleError, JetpipeError
 from jetpipe.runtime.api import BatchResult, Ticket
 from jetpipe.runtime.ring import host_ring
 from jetpipe.spec import PreprocessSpec
+
+
+def width_buckets(width: int, width_range) -> tuple[int, ...]:
+    """The input widths a runtime runs a bundle at: its own, and for a dynamic width range (text-line
+    recognizers, 80:320:960) its own doubled up to the range's max, and the max (320, 640, 960): a batch
+    of long lines runs wide enough for the longest, each engine shape planned once at start-up."""
+    if not width_range:
+        return (width,)
+    widths, w = [], width
+    while w < width_range[1]:
+        widths.append(w)
+        w *= 2
+    return (*widths, width_range[1])
+
+
+def at_width(buffer: np.ndarray, batch: int, sample_shape) -> np.ndarray:
+    """The first `batch` samples of a buffer sized for the widest width, laid out at one width."""
+    return buffer.reshape(-1)[:batch * int(np.prod(sample_shape))].reshape(batch, *sample_shape)
 
 
 class RuntimeBase:
@@ -79,8 +99,18 @@ class RuntimeBase:
             raise JetpipeError(f"max_batch {self.max_batch} is outside the bundle's batch range 1..{limit}")
         self.spec = PreprocessSpec.from_dict(self.manifest["preprocess"])
         self.size_hw = tuple(self.manifest["input_size"])
+        self.widths = width_buckets(self.size_hw[1], self.manifest.get("input_width_range"))
         self.model_path = str(self.bundle_dir / bundles.MODEL_FILE)
         self.rejected_frames = 0
+
+    def width_of(self, width: int | None) -> int:
+        """The width a batch runs at: one of `widths` (None: the bundle's own)."""
+        if width is None:
+            return self.size_hw[1]
+        if width not in self.widths:
+            raise JetpipeError(f"input width {width}: this runtime runs the bundle at "
+                               f"{', '.join(map(str, self.widths))}")
+        return width
 
     def check_io(self, input_name: str, output_names) -> None:
         """The manifest's tensors must be the model's: a stale or edited bundle is refused."""
@@ -91,8 +121,8 @@ class RuntimeBase:
                               f"{want_out}, the model has {input_name!r} and {list(output_names)}: "
                               "rebuild the bundle with `jetpipe convert`")
 
-    def infer(self, frames) -> BatchResult:
-        return self.collect(self.submit(frames))
+    def infer(self, frames, width: int | None = None) -> BatchResult:
+        return self.collect(self.submit(frames, width))
 
     def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False):
         """Slots for `count` frames up to max_hw (BGR-sized), allocated now: for one source.

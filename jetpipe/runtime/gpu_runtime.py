@@ -19,7 +19,7 @@ from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
 from jetpipe.runtime.api import BatchResult, Frame, Reduction, Ticket, validate
 from jetpipe.runtime.backends import OrtCudaBackend
-from jetpipe.runtime.base import RuntimeBase
+from jetpipe.runtime.base import RuntimeBase, at_width
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
 from jetpipe.runtime.kernels import SOURCE, GpuPreprocessor, compile_module
 from jetpipe.runtime.nvdec import open_nvdec
@@ -69,7 +69,8 @@ class _BufferSet:
     device_frames: object | None         # allocation of max_batch * capacity bytes (staged/device)
     input: object                        # device NCHW input of the engine
     outputs: dict                        # name -> device allocation
-    host_outputs: dict                   # name -> pinned array [max_batch, ...] (none with a reduction)
+    host_outputs: dict                   # name -> pinned flat array, max_batch samples at the widest width
+    #                                      (none with a reduction)
     preprocessor: object
     copied: object                       # event: frames on the device
     done: object                         # event: outputs in host memory
@@ -141,10 +142,11 @@ class GpuRuntime(RuntimeBase):
             check_engine_compatibility(self.manifest, import_family(backend).__version__,
                                        self.device.compute_capability, str(self.bundle_dir), backend)
             plan = (Path(self.bundle_dir) / self.manifest["engine"]["file"]).read_bytes()
-            return TensorRTBackend(plan, self.max_batch, use_cuda_graphs=cuda_graph, family=backend)
+            return TensorRTBackend(plan, self.max_batch, use_cuda_graphs=cuda_graph, family=backend,
+                                   widths=self.widths)
 
         return OrtCudaBackend(self.model_path, sample, self.max_batch, self.compute_stream,
-                              device_id=self.device.ordinal, cuda_graph=cuda_graph)
+                              device_id=self.device.ordinal, cuda_graph=cuda_graph, widths=self.widths)
 
     def _make_set(self, index: int) -> _BufferSet:
         d, b = self.device, self.max_batch
@@ -161,7 +163,8 @@ class GpuRuntime(RuntimeBase):
         input_buffer = d.alloc(self.backend.input.nbytes(b))
         specs = self.backend.outputs
         outputs = {s.name: d.alloc(s.nbytes(b)) for s in specs}
-        host_outputs = {} if self.reducer else {s.name: d.pinned((b, *s.sample_shape), s.dtype) for s in specs}
+        host_outputs = {} if self.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
+                                                for s in specs}
         self.backend.bind(index, int(input_buffer), {n: int(a) for n, a in outputs.items()})
         pre = GpuPreprocessor(d, self.module, b, self.size_hw, self.spec, out_dtype=input_dtype)
         marks = {name: d.event() for name in STAGE_MARKS} if self.profile else None
@@ -173,39 +176,43 @@ class GpuRuntime(RuntimeBase):
         algorithm search, memory for the shape, TensorRT/ORT CUDA-graph capture) happens now,
         not in the frame loop."""
         for buffers_index in range(self.buffer_sets):
-            for batch in self.backend.warm_batches():
-                self.backend.run(buffers_index, batch, self.compute_stream)
+            for width in self.widths:
+                for batch in self.backend.warm_batches():
+                    self.backend.run(buffers_index, batch, self.compute_stream, width)
         self.compute_stream.synchronize()
         self.backend.capture_graphs(self.compute_stream)
 
-    def submit(self, frames) -> Ticket:
-        """Queue one batch on the GPU's streams and return (collect() waits for it)."""
+    def submit(self, frames, width: int | None = None) -> Ticket:
+        """Queue one batch on the GPU's streams and return (collect() waits for it). width: the input width
+        to run at (one of `widths`; None: the bundle's)."""
+        width = self.width_of(width)
         usable, rejected = validate(frames, self.max_batch, self.capacity)
         set_index = self._claim_set()
         try:
-            return self._submitted(self._submit(set_index, usable, rejected))
+            return self._submitted(self._submit(set_index, usable, rejected, width))
         except BaseException:
             self._unclaim(set_index)
             raise
 
-    def _submit(self, set_index: int, usable, rejected) -> Ticket:
+    def _submit(self, set_index: int, usable, rejected, width: int) -> Ticket:
         buffers = self.sets[set_index]
         self.rejected_frames += len(rejected)
         with self.device.active():
             self._mark(buffers, "h2d_start", self._upload_stream())
-            boxes, addresses = self._upload(buffers, usable)
+            boxes, addresses = self._upload(buffers, usable, width)
             self._mark(buffers, "h2d_end", self._upload_stream())
             ticket = Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected,
-                            frame_addresses=addresses)
+                            frame_addresses=addresses, width=width)
             if usable:
                 self._enqueue(buffers, ticket)
             buffers.done.record(self.compute_stream)
         return ticket
 
-    def _upload(self, buffers: _BufferSet, usable) -> tuple[list, list[int]]:
+    def _upload(self, buffers: _BufferSet, usable, width: int) -> tuple[list, list[int]]:
         """Place every frame and point the kernel at it; the compute stream waits for staged copies.
         Returns the letterboxes and where each frame was read."""
         boxes, addresses = [], []
+        buffers.preprocessor.size_hw = (self.size_hw[0], width)
         for row, (_, frame, height, width, matrix) in enumerate(usable):
             addresses.append(self._place(buffers, row, frame))
             boxes.append(buffers.preprocessor.set_frame(row, frame.format, height, width, addresses[-1], matrix,
@@ -280,16 +287,19 @@ class GpuRuntime(RuntimeBase):
         self._mark(buffers, "pre_start", stream)
         buffers.preprocessor.launch(batch, int(buffers.input), stream)
         self._mark(buffers, "pre_end", stream)
-        self.backend.run(ticket.set_index, batch, stream)
+        self.backend.run(ticket.set_index, batch, stream, ticket.width)
         self._mark(buffers, "infer_end", stream)
+        shapes = self.backend.output_shapes[ticket.width]
         if self.reducer is not None:
-            self.reducer.launch(ticket.set_index, batch, int(buffers.outputs[self.backend.outputs[0].name]), stream)
+            self.reducer.launch(ticket.set_index, batch, int(buffers.outputs[self.backend.outputs[0].name]), stream,
+                                shapes[0])
         self._mark(buffers, "post_end", stream)
         if self.reducer is not None:
-            self.output_bytes_downloaded += self.reducer.download(ticket.set_index, batch, stream)
-        for name, host in buffers.host_outputs.items():
-            self.device.cuda.memcpy_dtoh_async(host[:batch], buffers.outputs[name], stream)
-            self.output_bytes_downloaded += host[:batch].nbytes
+            self.output_bytes_downloaded += self.reducer.download(ticket.set_index, batch, stream, shapes[0])
+        for spec, shape in zip(self.backend.outputs, shapes):
+            host = at_width(buffers.host_outputs[spec.name], batch, shape)
+            self.device.cuda.memcpy_dtoh_async(host, buffers.outputs[spec.name], stream)
+            self.output_bytes_downloaded += host.nbytes
         self._mark(buffers, "d2h_end", stream)
 
     def stage_times(self, ticket: Ticket) -> dict[str, float]:
@@ -307,10 +317,12 @@ class GpuRuntime(RuntimeBase):
         with self.device.active():
             buffers.done.synchronize()
         self._collected(ticket, hold)
+        shapes = self.backend.output_shapes[ticket.width]
         if self.reducer is not None:
-            outputs = self.reducer.host(ticket.set_index, ticket.batch)
+            outputs = self.reducer.host(ticket.set_index, ticket.batch, shapes[0])
         else:
-            outputs = {name: host[:ticket.batch] for name, host in buffers.host_outputs.items()}
+            outputs = {spec.name: at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
+                       for spec, shape in zip(self.backend.outputs, shapes)}
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected, self.reduction,
                            ticket.frame_addresses)
 
@@ -323,19 +335,20 @@ class GpuRuntime(RuntimeBase):
             self.device.cuda.memcpy_dtoh_async(out, frame.address, self.sink_stream)
             self.sink_stream.synchronize()
 
-    def preprocess_only(self, frames) -> np.ndarray:
+    def preprocess_only(self, frames, width: int | None = None) -> np.ndarray:
         """The kernel's output for a batch, copied to a new host array (tests and benchmarks)."""
+        width = self.width_of(width)
         usable, _ = validate(frames, self.max_batch, self.capacity)
         set_index = self._claim_set()
         try:
-            return self._preprocess_only(self.sets[set_index], usable)
+            return self._preprocess_only(self.sets[set_index], usable, width)
         finally:
             self._unclaim(set_index)
 
-    def _preprocess_only(self, buffers: _BufferSet, usable) -> np.ndarray:
-        out = np.empty((len(usable), *self.backend.input.sample_shape), self.backend.input.dtype)
+    def _preprocess_only(self, buffers: _BufferSet, usable, width: int) -> np.ndarray:
+        out = np.empty((len(usable), self.spec.channels, self.size_hw[0], width), self.backend.input.dtype)
         with self.device.active():
-            self._upload(buffers, usable)
+            self._upload(buffers, usable, width)
             buffers.preprocessor.launch(len(usable), int(buffers.input), self.compute_stream)
             self.compute_stream.synchronize()
             self.device.cuda.memcpy_dtoh(out, buffers.input)

@@ -49,15 +49,16 @@ class _Reducer:
         self.host_out = [{name: device.pinned((max_batch, *shape), dtype) for name, (shape, dtype) in layout.items()}
                          for _ in range(sets)]
 
-    def download(self, set_index: int, batch: int, stream) -> int:
+    def download(self, set_index: int, batch: int, stream, sample_shape=None) -> int:
         """Queue the copies of this batch's compact arrays; returns the bytes copied."""
         copied = 0
-        for name, host in self.host_out[set_index].items():
-            self.device.cuda.memcpy_dtoh_async(host[:batch], self.device_out[set_index][name], stream)
-            copied += host[:batch].nbytes
+        for name, host in self.host(set_index, batch, sample_shape).items():
+            self.device.cuda.memcpy_dtoh_async(host, self.device_out[set_index][name], stream)
+            copied += host.nbytes
         return copied
 
-    def host(self, set_index: int, batch: int) -> dict[str, np.ndarray]:
+    def host(self, set_index: int, batch: int, sample_shape=None) -> dict[str, np.ndarray]:
+        """This batch's compact arrays (sample_shape: the model output's at the batch's input width)."""
         return {name: host[:batch] for name, host in self.host_out[set_index].items()}
 
 
@@ -81,7 +82,7 @@ class ComponentsReducer(_Reducer):
         self.roots.prepare("PPPPiii")
         self.stats.prepare("PPPPiii")
 
-    def launch(self, set_index: int, batch: int, output_address: int, stream) -> None:
+    def launch(self, set_index: int, batch: int, output_address: int, stream, sample_shape=None) -> None:
         h, w = self.height, self.width
         total, out = batch * h * w, self.device_out[set_index]
         flat, tiles = ((total + 255) // 256, 1), ((w + 31) // 32, (h + 7) // 8, batch)
@@ -108,7 +109,7 @@ class TopKReducer(_Reducer):
         self.function = module.get_function("topk")
         self.function.prepare("PiiPPP")
 
-    def launch(self, set_index: int, batch: int, output_address: int, stream) -> None:
+    def launch(self, set_index: int, batch: int, output_address: int, stream, sample_shape=None) -> None:
         out = self.device_out[set_index]
         self.function.prepared_async_call((batch, 1), (256, 1, 1), stream, output_address, np.int32(self.classes),
                                           np.int32(self.k), out["top_index"], out["top_value"], out["stats"])
@@ -133,11 +134,18 @@ class BestPerStepReducer(_Reducer):
         self.function = module.get_function("topk")
         self.function.prepare("PiiPPP")
 
-    def launch(self, set_index: int, batch: int, output_address: int, stream) -> None:
+    def launch(self, set_index: int, batch: int, output_address: int, stream, sample_shape=None) -> None:
+        """Rows of the batch's steps (fewer than `steps` at a narrower input width) written one after another."""
+        steps = sample_shape[0] if sample_shape else self.steps
         out = self.device_out[set_index]
-        self.function.prepared_async_call((batch * self.steps, 1), (256, 1, 1), stream, output_address,
+        self.function.prepared_async_call((batch * steps, 1), (256, 1, 1), stream, output_address,
                                           np.int32(self.classes), np.int32(1), out["best"], out["best_value"],
                                           out["stats"])
+
+    def host(self, set_index: int, batch: int, sample_shape=None) -> dict[str, np.ndarray]:
+        steps = sample_shape[0] if sample_shape else self.steps
+        return {name: host.reshape(-1)[:batch * steps * int(np.prod(host.shape[2:]))]
+                .reshape(batch, steps, *host.shape[2:]) for name, host in self.host_out[set_index].items()}
 
 
 def yolo_layout(sample_shape, requested: str) -> str:
@@ -184,7 +192,7 @@ class YoloReducer(_Reducer):
         self.candidates.prepare("PPPPPP")
         self.nms.prepare("PPPPPPPP")
 
-    def launch(self, set_index: int, batch: int, output_address: int, stream) -> None:
+    def launch(self, set_index: int, batch: int, output_address: int, stream, sample_shape=None) -> None:
         out = self.device_out[set_index]
         self.device.cuda.memset_d32_async(self.counts, 0, batch, stream)
         self.candidates.prepared_async_call(((self.anchors + 255) // 256, batch), (256, 1, 1), stream,

@@ -16,7 +16,7 @@ from jetpipe.errors import JetpipeError
 from jetpipe.preprocess import preprocess_frame, preprocess_frame_fast
 from jetpipe.runtime.api import BatchResult, Ticket, validate
 from jetpipe.runtime.backends import OrtCpuBackend
-from jetpipe.runtime.base import RuntimeBase
+from jetpipe.runtime.base import RuntimeBase, at_width
 from jetpipe.runtime.cuda import GpuUnavailable
 from jetpipe.runtime.gpu_runtime import GpuRuntime, pick_gpu_backend
 
@@ -40,38 +40,45 @@ class CpuRuntime(RuntimeBase):
         self._preprocess = preprocess_frame if exact_preprocess else preprocess_frame_fast
 
         self._init_sets(buffer_sets)
-        self.backend = OrtCpuBackend(self.model_path, (self.spec.channels, *self.size_hw), self.max_batch)
+        self.backend = OrtCpuBackend(self.model_path, (self.spec.channels, *self.size_hw), self.max_batch,
+                                     self.widths)
         self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
-        # one input and output buffer per set: a collected batch's outputs stay valid while the next runs
+        # one input and output buffer per set, sized for the widest width (a narrower batch uses their
+        # start): a collected batch's outputs stay valid while the next runs
         b, spec = self.max_batch, self.backend.input
-        self.inputs = [np.zeros((b, *spec.sample_shape), spec.dtype) for _ in range(buffer_sets)]
-        self.outputs = [{o.name: np.zeros((b, *o.sample_shape), o.dtype) for o in self.backend.outputs}
+        self.inputs = [np.zeros(b * int(np.prod(spec.sample_shape)), spec.dtype) for _ in range(buffer_sets)]
+        self.outputs = [{o.name: np.zeros(b * int(np.prod(o.sample_shape)), o.dtype) for o in self.backend.outputs}
                         for _ in range(buffer_sets)]
         for index, (inp, outs) in enumerate(zip(self.inputs, self.outputs)):
             self.backend.bind(index, inp.ctypes.data, {name: out.ctypes.data for name, out in outs.items()})
 
-    def submit(self, frames) -> Ticket:
-        """Preprocess and run now (the CPU has nothing to overlap); results wait in this set's buffers."""
+    def submit(self, frames, width: int | None = None) -> Ticket:
+        """Preprocess and run now (the CPU has nothing to overlap); results wait in this set's buffers.
+        width: the input width to run at (one of `widths`; None: the bundle's)."""
+        width = self.width_of(width)
         usable, rejected = validate(frames, self.max_batch, device_frames=False)
         set_index = self._claim_set()
         try:
             self.rejected_frames += len(rejected)
             boxes = []
-            inputs = self.inputs[set_index]
+            size_hw = (self.size_hw[0], width)
+            inputs = self.inputs[set_index][:self.max_batch * self.spec.channels * size_hw[0] * width] \
+                .reshape(self.max_batch, self.spec.channels, *size_hw)
             start = time.perf_counter()
             for row, (_, frame, _, _, matrix) in enumerate(usable):
-                _, box = self._preprocess(frame.data, frame.format, self.size_hw, self.spec, matrix,
+                _, box = self._preprocess(frame.data, frame.format, size_hw, self.spec, matrix,
                                           out=inputs[row], crop=frame.crop, quad=frame.quad)
                 boxes.append(box)
             preprocessed = time.perf_counter()
             if usable:
-                self.backend.run(set_index, len(usable))
+                self.backend.run(set_index, len(usable), width=width)
             done = time.perf_counter()
         except BaseException:
             self._unclaim(set_index)
             raise
         timings = {"preprocess": (preprocessed - start) * 1e3, "infer": (done - preprocessed) * 1e3}
-        return self._submitted(Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected, timings))
+        return self._submitted(Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected, timings,
+                                      width=width))
 
     def stage_times(self, ticket: Ticket) -> dict[str, float]:
         """Wall-clock milliseconds per stage of a submitted batch."""
@@ -80,8 +87,9 @@ class CpuRuntime(RuntimeBase):
     def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
         self._check_collect(ticket)
         self._collected(ticket, hold)
-        buffers = self.outputs[ticket.set_index]
-        outputs = {name: buf[:ticket.batch] for name, buf in buffers.items()}
+        shapes = self.backend.output_shapes[ticket.width]
+        outputs = {spec.name: at_width(self.outputs[ticket.set_index][spec.name], ticket.batch, shape)
+                   for spec, shape in zip(self.backend.outputs, shapes)}
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected)
 
     def close(self) -> None:

@@ -78,7 +78,8 @@ class TensorRTBackend:
     """Deserialized engine + one execution context, run with execute_async_v3 on our stream.
     family: tensorrt or tensorrt-rtx (the same runtime API)."""
 
-    def __init__(self, plan: bytes, max_batch: int, use_cuda_graphs: bool = True, family: str = "tensorrt"):
+    def __init__(self, plan: bytes, max_batch: int, use_cuda_graphs: bool = True, family: str = "tensorrt",
+                 widths=None):
         trt = import_family(family)
         if trt is None:
             raise EngineError(f"{family} is not installed")
@@ -92,9 +93,13 @@ class TensorRTBackend:
         self.context = self.engine.create_execution_context()
         self.max_batch, self.use_cuda_graphs = max_batch, use_cuda_graphs
         self.input, outputs = self._tensor_specs()
-        self.outputs = self._resolve_outputs(outputs)
+        # a width range's engine: its profile's max is the widest width, each width runs at its own shape
+        self.widths = tuple(widths or (self.input.sample_shape[2],))
+        self.output_shapes = {w: [spec.sample_shape for spec in self._resolve_outputs(outputs, w)]
+                              for w in self.widths}
+        self.outputs = self._resolve_outputs(outputs, self.widths[-1])
         self.addresses: dict[int, tuple[int, dict[str, int]]] = {}
-        self.graphs: dict[tuple[int, int], object] = {}
+        self.graphs: dict[tuple[int, int, int], object] = {}
 
     def _tensor_specs(self):
         trt, engine = self.trt, self.engine
@@ -112,30 +117,30 @@ class TensorRTBackend:
             raise EngineError(f"engine has {len(inputs)} inputs; jetpipe feeds one image input")
         return inputs[0], outputs
 
-    def _resolve_outputs(self, outputs) -> list[TensorSpec]:
-        """Output per-sample shapes once the input shape is set (-1 axes resolved)."""
-        self.context.set_input_shape(self.input.name, (1, *self.input.sample_shape))
+    def _resolve_outputs(self, outputs, width: int) -> list[TensorSpec]:
+        """Output per-sample shapes once the input shape is set at `width` (-1 axes resolved)."""
+        self.context.set_input_shape(self.input.name, (1, *self.input.sample_shape[:2], width))
         return [TensorSpec(name, dtype, tuple(self.context.get_tensor_shape(name))[1:]) for name, dtype, _ in outputs]
 
     def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None:
         self.addresses[set_index] = (input_address, output_addresses)
 
-    def _set(self, set_index: int, batch: int) -> None:
+    def _set(self, set_index: int, batch: int, width: int) -> None:
         input_address, output_addresses = self.addresses[set_index]
-        ok = self.context.set_input_shape(self.input.name, (batch, *self.input.sample_shape))
+        ok = self.context.set_input_shape(self.input.name, (batch, *self.input.sample_shape[:2], width))
         ok &= self.context.set_tensor_address(self.input.name, input_address)
         for name, address in output_addresses.items():
             ok &= self.context.set_tensor_address(name, address)
         if not ok:
             raise EngineError(f"TensorRT rejected the shapes or addresses for batch {batch}")
 
-    def run(self, set_index: int, batch: int, stream=None) -> None:
-        key = (set_index, batch)
+    def run(self, set_index: int, batch: int, stream=None, width: int | None = None) -> None:
+        key = (set_index, batch, width or self.widths[0])
         graph = self.graphs.get(key)
         if graph is not None:
             graph.launch(stream)
             return
-        self._set(set_index, batch)
+        self._set(*key)
         if not self.context.execute_async_v3(stream.handle):
             raise EngineError("TensorRT execute_async_v3 failed")
         if self.use_cuda_graphs:

@@ -40,3 +40,27 @@ def text_video(tmp_path_factory):
         writer.write(frame.bgr)
     writer.release()
     return path, [frame.words for frame in frames]
+
+
+def _detected(det_bundle, images):
+    from jetpipe import bundle as bundles
+    from jetpipe.runtime.api import Frame
+    from jetpipe.runtime.runtime import open_runtime
+    from jetpipe.tasks import for_bundle
+
+    task, options = for_bundle(bundles.load(det_bundle))
+    post = task.postprocessor(options)
+    with open_runtime(det_bundle, backend="onnxruntime-cpu") as detector:
+        frames = [Frame(image.bgr, "bgr") for image in images]
+        found = [detector.infer([frame]) for frame in frames]
+        return frames, [post(f.outputs, f.letterboxes, [frame.size()])[0] for f, frame in zip(found, frames)]
+
+
+@pytest.fixture(scope="session")
+def long_lines(det_bundle):
+    """Frames of upright lines of four to seven words (longer than 320 / 48 wide), and their detections."""
+    from jetpipe.synth import render_tilted_words
+
+    images = [render_tilted_words(seed, (720, 1280), count=6, degrees=(0, 0), words=(4, 7)) for seed in range(4)]
+    frames, results = _detected(det_bundle, images)
+    return images, frames, results

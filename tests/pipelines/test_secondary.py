@@ -181,6 +181,61 @@ def test_tilted_lines_are_read_along_their_quadrilaterals(det_bundle, rec_bundle
     assert read["quads"] >= 0.8 * total and read["quads"] >= read["boxes"] + 0.05 * total, (read, total)
 
 
+def _words_read(stage, frames, results, images) -> tuple[int, int]:
+    read = total = 0
+    for frame, result, image in zip(frames, results, images):
+        one = dict(result)
+        stage.run([one], [frame])
+        said = set(" ".join(e["text"] for e in one["secondary"][stage.name] if e).split())
+        truth = set(" ".join(image.words).split())
+        read, total = read + len(truth & said), total + len(truth)
+    return read, total
+
+
+def test_long_lines_are_read_at_the_width_they_need(rec_bundle, long_lines, tmp_path):
+    """A recognizer with a width range (80:320:960) runs each batch at the narrowest of 320, 640, 960 that
+    holds its longest line at full height; fed at 320 only (what it was before), long lines are squeezed."""
+    from jetpipe.models import BUILTIN
+
+    model = BUILTIN["ppocr-rec"]
+    fixed = tmp_path / "rec320"
+    assert main(["convert", str(model.path()), "-o", str(fixed), "--input-size", "48x320", "--preset", "ppocr-rec",
+                 "--task", "text-recognition", "--max-batch", "8", "--engine", "never", "--quiet"]) == 0
+    counts = {}
+    for bundle in (rec_bundle, fixed):
+        stage = _stage(bundle)
+        try:
+            counts[bundle.name] = _words_read(stage, *long_lines[1:], long_lines[0])
+            widths = stage.runtime.widths
+        finally:
+            stage.close()
+        assert widths == ((320, 640, 960) if bundle == rec_bundle else (320,))
+    (wide, total), (narrow, _) = counts[rec_bundle.name], counts["rec320"]
+    assert wide >= 0.55 * total and wide >= narrow + 0.15 * total, counts
+
+
+def test_a_batch_runs_at_each_of_the_runtimes_widths_as_onnxruntime_runs_that_shape(rec_bundle):
+    import onnxruntime as ort
+
+    from jetpipe.errors import JetpipeError
+    from jetpipe.runtime.api import Frame
+    from jetpipe.runtime.runtime import CpuRuntime
+
+    spec = preset("ppocr-rec")
+    image = render_text_image(5, (96, 900)).bgr
+    session = ort.InferenceSession(str(rec_bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    with CpuRuntime(rec_bundle, exact_preprocess=True) as runtime:
+        assert runtime.widths == (320, 640, 960)
+        for width in runtime.widths:
+            found = runtime.infer([Frame(image)] * 2, width)
+            sample, _ = preprocess_frame(image, "bgr", (48, width), spec)
+            expected = session.run(None, {session.get_inputs()[0].name: np.stack([sample] * 2)})[0]
+            assert found.outputs["softmax_11.tmp_0"].shape == expected.shape == (2, width // 8, 6625)
+            np.testing.assert_allclose(found.outputs["softmax_11.tmp_0"], expected, atol=1e-4)
+        with pytest.raises(JetpipeError, match="input width 500: this runtime runs the bundle at 320, 640, 960"):
+            runtime.infer([Frame(image)], 500)
+
+
 CONFIG = """
 [pipeline]
 bundle = "{det}"

@@ -52,3 +52,33 @@ def test_det_then_rec_on_the_gpu_reads_what_the_cpu_runtime_reads(det_bundle, re
         assert len(gpu) == len(cpu) and same >= 0.95 * len(lines), (decoder, [p for p in lines if p[0] != p[1]])
         read = sum(len(set(w) & {x for t in frame if t for x in t.split()}) for frame, w in zip(gpu, words))
         assert read >= 0.9 * sum(map(len, words)), decoder
+
+
+def test_long_lines_at_the_recognizers_widths_read_on_the_gpu_as_on_the_cpu(rec_bundle, long_lines):
+    """Batches at 640 and 960 wide: the kernel writes each width's layout, the engine runs that shape and
+    the best class per step comes back for that width's steps only."""
+    import onnxruntime as ort
+
+    from jetpipe.pipelines.secondary import SecondaryConfig, SecondaryStage
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+    images, frames, results = long_lines
+    texts = {}
+    for backend in ("onnxruntime-cpu", "onnxruntime-cuda"):
+        stage = SecondaryStage(SecondaryConfig(rec_bundle), backend, "auto", (720, 1280), "auto")
+        try:
+            assert stage.runtime.widths == (320, 640, 960)
+            said = []
+            for frame, result in zip(frames, results):
+                one = dict(result)
+                stage.run([one], [frame])
+                said += [e["text"] if e else None for e in one["secondary"][stage.name]]
+            texts[backend] = said
+            if backend == "onnxruntime-cuda":
+                assert stage.summary()["postprocess"] == "gpu"
+                assert stage.summary()["d2h_bytes_per_crop"] <= 120 * 24  # 960 / 8 steps at most
+        finally:
+            stage.close()
+    pairs = list(zip(texts["onnxruntime-cpu"], texts["onnxruntime-cuda"]))
+    assert sum(c == g for c, g in pairs) >= 0.9 * len(pairs), [p for p in pairs if p[0] != p[1]]
