@@ -2,7 +2,8 @@
 """The OCR chain users run — PP-OCRv4 det -> rec through `jetpipe serve` with a secondary stage — side by
 side with RapidOCR (its det + cls + rec on the CPU, a process per core) on the same video, in one run.
 
-  python scripts/bench_ocr.py [--streams 8] [--seconds 20] [--frames 60] [--decoder nvdec] [--json out.json]
+  python scripts/bench_ocr.py [--streams 8] [--seconds 20] [--frames 60] [--decoder nvdec] [--scene words]
+                              [--json out.json]
 
 The detector reads each frame at `--det-size` (default 736x1312, the size RapidOCR's detector reads a 1080p
 frame at). The video is made at run time: `--frames` 1920x1080 images of rendered words (seeds from 50,000: none of the
@@ -36,16 +37,26 @@ FIRST_SEED = 50_000  # rendered frames no calibration or test set uses
 SIZE_HW = (1080, 1920)
 
 
-def make_video(folder: Path, frames: int) -> tuple[Path, list[list[str]]]:
-    from jetpipe.synth import render_text_image
+def render(seed: int, scene: str):
+    """One frame of the scene: `words` (upright words), `tilted` (lines of one or two words turned 8-25
+    degrees either way), `lines` (upright lines of four to seven words: wider than 320 / 48)."""
+    from jetpipe.synth import render_text_image, render_tilted_words
 
+    if scene == "tilted":
+        return render_tilted_words(seed, SIZE_HW, count=10)
+    if scene == "lines":
+        return render_tilted_words(seed, SIZE_HW, count=8, degrees=(0, 0), words=(4, 7))
+    return render_text_image(seed, SIZE_HW, max_words=14)
+
+
+def make_video(folder: Path, frames: int, scene: str = "words") -> tuple[Path, list[list[str]]]:
     path = folder / "text-1080p30.mp4"
     encoder = subprocess.Popen(["ffmpeg", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "bgr24", "-s",
                                 f"{SIZE_HW[1]}x{SIZE_HW[0]}", "-r", "30", "-i", "pipe:0", "-c:v", "libx264", "-preset",
                                 "veryfast", "-crf", "18", "-pix_fmt", "yuv420p", str(path)], stdin=subprocess.PIPE)
     words = []
     for i in range(frames):
-        image = render_text_image(FIRST_SEED + i, SIZE_HW, max_words=14)
+        image = render(FIRST_SEED + i, scene)
         encoder.stdin.write(image.bgr.tobytes())
         words.append(image.words)
     encoder.stdin.close()
@@ -57,7 +68,8 @@ def make_video(folder: Path, frames: int) -> tuple[Path, list[list[str]]]:
 def recall(truth: list[str], texts) -> tuple[int, int]:
     """(rendered words found among the words read, rendered words) of one frame."""
     read = {word for text in texts if text for word in text.split()}
-    return len(set(truth) & read), len(truth)
+    rendered = {word for line in truth for word in line.split()}  # a rendered line's words, one by one
+    return len(rendered & read), len(rendered)
 
 
 def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec_batch: int) -> tuple[Path, Path]:
@@ -193,11 +205,13 @@ def main() -> None:
     parser.add_argument("--peer-workers", type=int, default=0, help="RapidOCR processes (default: every core)")
     parser.add_argument("--peer-frames", type=int, default=64, help="frames RapidOCR reads")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--scene", default="words", choices=("words", "tilted", "lines"),
+                        help="what the frames show: upright words, tilted lines, long lines")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        video, words = make_video(folder, args.frames)
+        video, words = make_video(folder, args.frames, args.scene)
         det, rec = convert_bundles(folder, args.precision, tuple(int(v) for v in args.det_size.split("x")),
                                    args.rec_batch)
         report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "streams": args.streams,

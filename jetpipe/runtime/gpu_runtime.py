@@ -297,6 +297,8 @@ class GpuRuntime(RuntimeBase):
         if self.reducer is not None:
             self.output_bytes_downloaded += self.reducer.download(ticket.set_index, batch, stream, shapes[0])
         for spec, shape in zip(self.backend.outputs, shapes):
+            if spec.name not in buffers.host_outputs:
+                continue  # reduced on the device: only the reduction's arrays come back
             host = at_width(buffers.host_outputs[spec.name], batch, shape)
             self.device.cuda.memcpy_dtoh_async(host, buffers.outputs[spec.name], stream)
             self.output_bytes_downloaded += host.nbytes
