@@ -109,12 +109,27 @@ class SecondaryStage:
                 crop = quad_region(quad, height, width) if quad else _crop_of(result["boxes"][i], height, width)
                 if crop is not None:
                     jobs.append((entries, i, replace(frame, crop=crop, quad=quad)))
+        for width, group in self._by_width(jobs):
+            self._run_group(group, width)
+
+    def _by_width(self, jobs) -> list[tuple[int, list]]:
+        """Crops grouped by the narrowest of the runtime's widths that holds each at full height: a short
+        word padded out to a long line's width reads worse (measured: 56 of 88 words with one width per
+        frame's crops, 67 batched by width)."""
+        widths = self.runtime.widths
+        if len(widths) == 1:
+            return [(widths[0], jobs)] if jobs else []
+        groups: dict[int, list] = {}
+        for job in jobs:
+            wanted = self._width_wanted(job[2])
+            groups.setdefault(next((w for w in widths if w >= wanted), widths[-1]), []).append(job)
+        return sorted(groups.items())
+
+    def _run_group(self, jobs, width: int) -> None:
         step = self.runtime.max_batch
-        if len(self.runtime.widths) > 1:  # similar widths batched together, as RapidOCR sorts its lines
-            jobs.sort(key=lambda job: self._width_wanted(job[2]))
         for start in range(0, len(jobs), step):
             chunk = jobs[start:start + step]
-            found = self.runtime.infer([frame for _, _, frame in chunk], self._width_for(chunk))
+            found = self.runtime.infer([frame for _, _, frame in chunk], width)
             finish = self.post.reduced if found.reduction else self.post
             sizes = [_crop_hw(chunk[index][2]) for index in found.frame_indices]
             rows = finish(found.outputs, found.letterboxes, sizes)
@@ -127,12 +142,6 @@ class SecondaryStage:
         """The input width a crop fills at the input's height, its aspect kept."""
         height, width = _crop_hw(frame)
         return math.ceil(self.runtime.size_hw[0] * width / height)
-
-    def _width_for(self, chunk) -> int:
-        """The narrowest of the runtime's widths that holds the chunk's longest crop (else the widest): a
-        recognizer with a width range reads a long line at full height instead of squeezed into 320."""
-        wanted = max(self._width_wanted(frame) for _, _, frame in chunk)
-        return next((w for w in self.runtime.widths if w >= wanted), self.runtime.widths[-1])
 
     def summary(self) -> dict:
         """Crops run, where, and what crossed the bus for them: frame bytes uploaded (0 where crops were cut

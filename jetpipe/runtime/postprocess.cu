@@ -9,12 +9,14 @@
 // as the CPU postprocessors, so both paths give the same results.
 
 // ---------------------------------------------------------------- DB components
-struct Component {        // 72 bytes; mirrors COMPONENT in postprocess_gpu.py
+struct Component {        // 88 bytes; mirrors COMPONENT in postprocess_gpu.py
     int x0, y0, x1, y1;   // inclusive bounding box in network-input pixels
     int area, reserved;
     unsigned long long sum;  // probability sum in 32.32 fixed point: exact and order-independent
     // sums of x, y, x*x, y*y, x*y over the pixels (integers: exact): the region's orientation
     unsigned long long sx, sy, sxx, syy, sxy;
+    // extent of the pixel centres along and across that orientation, 1/16 pixel (floor / ceil)
+    int along_min, along_max, across_min, across_max;
 };
 
 __device__ __forceinline__ int find_root(const int* labels, int i) {
@@ -77,7 +79,8 @@ extern "C" __global__ void db_roots(const int* __restrict__ labels, int* __restr
     int slot = atomicAdd(&counts[frame], 1);
     slots[i] = slot;
     if (slot < limit) {
-        Component c = {0x7fffffff, 0x7fffffff, -1, -1, 0, 0, 0ull, 0ull, 0ull, 0ull, 0ull, 0ull};
+        Component c = {0x7fffffff, 0x7fffffff, -1, -1, 0, 0, 0ull, 0ull, 0ull, 0ull, 0ull, 0ull,
+                       0x7fffffff, -0x7fffffff, 0x7fffffff, -0x7fffffff};
         components[frame * limit + slot] = c;
     }
 }
@@ -104,6 +107,38 @@ extern "C" __global__ void db_stats(const float* __restrict__ prob, int* labels,
     atomicAdd(&c->sxx, ux * ux);
     atomicAdd(&c->syy, uy * uy);
     atomicAdd(&c->sxy, ux * uy);
+}
+
+// The text's direction from a region's moments: the covariance's axis nearest horizontal, folded into
+// [-pi/4, pi/4) (mirrors TextDetection's orientation() in jetpipe/tasks/text_detection.py).
+__device__ double orientation(const Component& c) {
+    const double n = c.area > 0 ? (double)c.area : 1.0;
+    const double mx = c.sx / n, my = c.sy / n;
+    const double cxx = c.sxx / n - mx * mx, cyy = c.syy / n - my * my, cxy = c.sxy / n - mx * my;
+    const double quarter = 0.78539816339744830962;
+    double a = 0.5 * atan2(2.0 * cxy, cxx - cyy) + quarter;
+    a = fmod(a, 2.0 * quarter);
+    if (a < 0) a += 2.0 * quarter;
+    return a - quarter;
+}
+
+// After db_stats: each pixel's centre projected on its region's axes; the extremes in 1/16 pixel.
+extern "C" __global__ void db_extents(const int* labels, const int* __restrict__ slots, Component* components,
+                                      int height, int width, int limit) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x >= width || y >= height) return;
+    int i = blockIdx.z * height * width + y * width + x;
+    if (labels[i] < 0) return;
+    int slot = slots[find_root(labels, i)];
+    if (slot >= limit) return;
+    Component* c = components + blockIdx.z * limit + slot;
+    const double a = orientation(*c), cs = cos(a), sn = sin(a);
+    const double px = x + 0.5, py = y + 0.5;
+    const double along = (px * cs + py * sn) * 16.0, across = (py * cs - px * sn) * 16.0;
+    atomicMin(&c->along_min, (int)floor(along));
+    atomicMax(&c->along_max, (int)ceil(along));
+    atomicMin(&c->across_min, (int)floor(across));
+    atomicMax(&c->across_max, (int)ceil(across));
 }
 
 // ---------------------------------------------------------------- classification top-k

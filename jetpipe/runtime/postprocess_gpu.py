@@ -6,7 +6,8 @@ Scratch memory is shared by the buffer sets (everything runs in order on the
 compute stream); the compact arrays are per set, like the outputs.
 
   components  DB text detection: 8-connected components of (prob > threshold)
-              with bounding box, area, probability sum and pixel moments; `limit` per frame
+              with bounding box, area, probability sum, pixel moments and the extents along
+              and across the region's orientation; `limit` per frame
   topk        classification: the k largest values and row statistics
   yolo-nms    YOLO decode + score filter + class-aware NMS; `limit` per frame
   best-per-step  CTC text recognition: the best class of each time step and its row statistics
@@ -23,8 +24,10 @@ SOURCE_NAME = "postprocess.cu"
 
 COMPONENT = np.dtype([("x0", np.int32), ("y0", np.int32), ("x1", np.int32), ("y1", np.int32),
                       ("area", np.int32), ("reserved", np.int32), ("sum", np.uint64),
-                      *((name, np.uint64) for name in ("sx", "sy", "sxx", "syy", "sxy"))])
-assert COMPONENT.itemsize == 72
+                      *((name, np.uint64) for name in ("sx", "sy", "sxx", "syy", "sxy")),
+                      *((name, np.int32) for name in ("along_min", "along_max", "across_min", "across_max"))])
+assert COMPONENT.itemsize == 88
+EXTENT_SCALE = 16.0  # component extents are in 1/16 pixel
 SUM_SCALE = float(2**32)  # component sums are 32.32 fixed point
 
 YOLO_PARAMS = np.dtype([("layout", np.int32), ("anchors", np.int32), ("classes", np.int32), ("limit", np.int32),
@@ -77,6 +80,8 @@ class ComponentsReducer(_Reducer):
         super().__init__(device, max_batch, sets, {"counts": ((), np.int32), "components": ((limit,), COMPONENT)})
         self.init, self.merge = module.get_function("db_init"), module.get_function("db_merge")
         self.roots, self.stats = module.get_function("db_roots"), module.get_function("db_stats")
+        self.extents = module.get_function("db_extents")
+        self.extents.prepare("PPPiii")
         self.init.prepare("PPPiif")
         self.merge.prepare("Pii")
         self.roots.prepare("PPPPiii")
@@ -93,6 +98,8 @@ class ComponentsReducer(_Reducer):
                                        out["components"], np.int32(total), np.int32(h * w), np.int32(self.limit))
         self.stats.prepared_async_call(tiles, (32, 8, 1), stream, output_address, self.labels, self.slots,
                                        out["components"], np.int32(h), np.int32(w), np.int32(self.limit))
+        self.extents.prepared_async_call(tiles, (32, 8, 1), stream, self.labels, self.slots, out["components"],
+                                         np.int32(h), np.int32(w), np.int32(self.limit))
 
 
 class TopKReducer(_Reducer):

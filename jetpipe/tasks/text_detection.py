@@ -17,7 +17,7 @@ import numpy as np
 
 from jetpipe.lazy import lazy_import
 from jetpipe.runtime.api import Reduction
-from jetpipe.runtime.postprocess_gpu import SUM_SCALE
+from jetpipe.runtime.postprocess_gpu import EXTENT_SCALE, SUM_SCALE
 from jetpipe.tasks import metrics
 from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, boxes_to_source, identity_frames, known, single_output
 
@@ -60,7 +60,7 @@ class TextDetection:
         owner = labels.ravel()[on]
         moments = np.stack([np.bincount(owner, weights=v.astype(np.float64), minlength=count)[1:]
                             for v in (xs, ys, xs * xs, ys * ys, xs * ys)], axis=1)
-        return self._boxes(x, y, w, h, area, score, moments, box, hw)
+        return self._boxes(x, y, w, h, area, score, moments, _extents(xs, ys, owner, area, moments), box, hw)
 
     def reduction(self, required: bool = False) -> Reduction:
         return Reduction("components", {"threshold": self.threshold, "limit": self.max_components}, required)
@@ -78,22 +78,23 @@ class TextDetection:
             area = c["area"].astype(np.float64)
             score = c["sum"] / SUM_SCALE / np.maximum(area, 1)
             moments = np.stack([c[k].astype(np.float64) for k in ("sx", "sy", "sxx", "syy", "sxy")], axis=1)
+            extents = np.stack([c[k] for k in ("along_min", "along_max", "across_min", "across_max")], axis=1)
             results.append(self._boxes(c["x0"], c["y0"], c["x1"] - c["x0"] + 1, c["y1"] - c["y0"] + 1, area, score,
-                                       moments, box, hw))
+                                       moments, extents / EXTENT_SCALE, box, hw))
         return results
 
-    def _boxes(self, x, y, w, h, area, score, moments, box, hw) -> dict:
-        """Regions (left, top, width, height, area, mean probability, pixel moments) -> kept, unclipped
-        boxes and quadrilaterals in source pixels, in reading order (top, then left)."""
+    def _boxes(self, x, y, w, h, area, score, moments, extents, box, hw) -> dict:
+        """Regions (left, top, width, height, area, mean probability, pixel moments, extents along and across
+        their orientation) -> kept, unclipped boxes and quadrilaterals in source pixels, in reading order."""
         keep = (area >= self.min_area) & (score >= self.box_threshold)
-        x, y, w, h, area, score, moments = x[keep], y[keep], w[keep], h[keep], area[keep], score[keep], moments[keep]
+        x, y, w, h, area, score, moments, extents = (v[keep] for v in (x, y, w, h, area, score, moments, extents))
         order = np.lexsort((area, w, h, x, y))
-        x, y, w, h, area, score, moments = (v[order] for v in (x, y, w, h, area, score, moments))
+        x, y, w, h, area, score, moments, extents = (v[order] for v in (x, y, w, h, area, score, moments, extents))
         # DB's unclip: grow by area * ratio / perimeter (the shrunk text kernel -> the word)
         d = (w * h * self.unclip_ratio) / (2.0 * (w + h))
         xyxy = np.stack([x - d, y - d, x + w + d, y + h + d], axis=1).astype(np.float64)
         quads = np.stack([xyxy[:, [0, 1]], xyxy[:, [2, 1]], xyxy[:, [2, 3]], xyxy[:, [0, 3]]], axis=1)
-        tilted = self._tilted_quads(area.astype(np.float64), moments)
+        tilted = self._tilted_quads(orientation(area.astype(np.float64), moments), extents)
         for i, quad in tilted.items():
             quads[i] = quad
             xyxy[i] = (*quad.min(axis=0), *quad.max(axis=0))
@@ -101,29 +102,54 @@ class TextDetection:
                 "scores": np.round(score, 4).tolist(),
                 "quads": np.round(box.to_source(quads), 1).tolist()}
 
-    def _tilted_quads(self, area, moments) -> dict[int, np.ndarray]:
-        """The rectangle of each tilted region from its pixel moments, unclipped like the boxes: its axes
-        are the covariance's, and a filled rectangle's side is sqrt(12 * variance + 1) pixels along each
-        (exact for an upright one). Upright regions (within upright_degrees) are left out."""
-        n = np.maximum(area, 1.0)
-        mx, my = moments[:, 0] / n, moments[:, 1] / n
-        cxx, cyy = moments[:, 2] / n - mx * mx, moments[:, 3] / n - my * my
-        cxy = moments[:, 4] / n - mx * my
-        # the axis nearest horizontal is the text's direction: angles folded into [-45, 45) degrees
-        angle = (0.5 * np.arctan2(2.0 * cxy, cxx - cyy) + np.pi / 4) % (np.pi / 2) - np.pi / 4
+    def _tilted_quads(self, angle, extents) -> dict[int, np.ndarray]:
+        """The rectangle of each tilted region along its orientation, around its pixels (extents: the pixel
+        centres' extremes along and across, each pixel half a pixel wide), unclipped like the boxes.
+        Upright regions (within upright_degrees) are left out."""
         tilted = {}
         for i in np.flatnonzero(np.abs(angle) > np.radians(self.upright_degrees)):
             c, s = np.cos(angle[i]), np.sin(angle[i])
             along, across = np.array([c, s]), np.array([-s, c])  # across points down the page
-            var_along = cxx[i] * c * c + 2 * cxy[i] * c * s + cyy[i] * s * s
-            var_across = cxx[i] * s * s - 2 * cxy[i] * c * s + cyy[i] * c * c
-            length, height = np.sqrt(12 * max(var_along, 0.0) + 1), np.sqrt(12 * max(var_across, 0.0) + 1)
+            half_pixel = 0.5 * (abs(c) + abs(s))
+            a0, a1, b0, b1 = extents[i]
+            length, height = a1 - a0 + 2 * half_pixel, b1 - b0 + 2 * half_pixel
             d = length * height * self.unclip_ratio / (2.0 * (length + height))
+            centre = along * (a0 + a1) / 2 + across * (b0 + b1) / 2
             half_l, half_h = along * (length / 2 + d), across * (height / 2 + d)
-            centre = np.array([mx[i] + 0.5, my[i] + 0.5])  # pixel centres
             tilted[int(i)] = np.stack([centre - half_l - half_h, centre + half_l - half_h,
                                        centre + half_l + half_h, centre - half_l + half_h])
         return tilted
+
+
+def orientation(area, moments) -> np.ndarray:
+    """Each region's text direction from its pixel moments: the covariance's axis nearest horizontal, in
+    radians folded into [-pi/4, pi/4) (the GPU's db_extents computes the same)."""
+    n = np.maximum(area, 1.0)
+    mx, my = moments[:, 0] / n, moments[:, 1] / n
+    cxx, cyy = moments[:, 2] / n - mx * mx, moments[:, 3] / n - my * my
+    cxy = moments[:, 4] / n - mx * my
+    return (0.5 * np.arctan2(2.0 * cxy, cxx - cyy) + np.pi / 4) % (np.pi / 2) - np.pi / 4
+
+
+def _extents(xs, ys, owner, area, moments) -> np.ndarray:
+    """[regions, 4]: the pixel centres' extremes along and across each region's orientation, in pixels,
+    floored / ceiled to 1/16 as the GPU keeps them."""
+    count = len(area)
+    angle = orientation(area.astype(np.float64), moments)
+    extents = np.zeros((count, 4))
+    if count == 0 or len(xs) == 0:
+        return extents
+    c, s = np.cos(angle)[owner - 1], np.sin(angle)[owner - 1]
+    px, py = xs + 0.5, ys + 0.5
+    along, across = np.floor((px * c + py * s) * EXTENT_SCALE), np.floor((py * c - px * s) * EXTENT_SCALE)
+    along_up, across_up = np.ceil((px * c + py * s) * EXTENT_SCALE), np.ceil((py * c - px * s) * EXTENT_SCALE)
+    extents[:, 0], extents[:, 2] = np.inf, np.inf
+    extents[:, 1], extents[:, 3] = -np.inf, -np.inf
+    np.minimum.at(extents[:, 0], owner - 1, along)
+    np.maximum.at(extents[:, 1], owner - 1, along_up)
+    np.minimum.at(extents[:, 2], owner - 1, across)
+    np.maximum.at(extents[:, 3], owner - 1, across_up)
+    return extents / EXTENT_SCALE
 
 
 class TextDetectionTask(Task):

@@ -53,6 +53,7 @@ def _same_text_results(gpu: list[dict], cpu: list[dict]) -> None:
         assert len(g["boxes"]) == len(c["boxes"])
         if c["boxes"]:
             np.testing.assert_allclose(g["boxes"], c["boxes"], atol=1.0)
+            np.testing.assert_allclose(g["quads"], c["quads"], atol=1.0)
             np.testing.assert_allclose(g["scores"], c["scores"], atol=1e-3)
 
 
@@ -107,8 +108,11 @@ def test_text_detection_on_real_det_outputs(det_bundle):
     from jetpipe.runtime.gpu_runtime import GpuRuntime
 
     post = TextDetection()
+    from jetpipe.synth import render_tilted_words
+
     sizes = [(1080, 1920), (480, 640), (720, 1280), (480, 640)]
     frames = [Frame(from_bgr(render_text_image(20 + i, hw).bgr, "nv12"), "nv12") for i, hw in enumerate(sizes)]
+    frames[1] = Frame(from_bgr(render_tilted_words(21, (480, 640), count=6).bgr, "nv12"), "nv12")  # turned lines
     frames[3] = Frame(np.full((720, 640), 128, np.uint8), "nv12")  # grey: no text
     with GpuRuntime(det_bundle, max_batch=4) as rt:
         raw = rt.infer(frames)
