@@ -11,7 +11,8 @@
 // ---------------------------------------------------------------- DB components
 struct Component {        // 88 bytes; mirrors COMPONENT in postprocess_gpu.py
     int x0, y0, x1, y1;   // inclusive bounding box in network-input pixels
-    int area, reserved;
+    int area;
+    float angle;          // the direction db_extents measured along (radians; the host builds the quad on it)
     unsigned long long sum;  // probability sum in 32.32 fixed point: exact and order-independent
     // sums of x, y, x*x, y*y, x*y over the pixels (integers: exact): the region's orientation
     unsigned long long sx, sy, sxx, syy, sxy;
@@ -79,7 +80,7 @@ extern "C" __global__ void db_roots(const int* __restrict__ labels, int* __restr
     int slot = atomicAdd(&counts[frame], 1);
     slots[i] = slot;
     if (slot < limit) {
-        Component c = {0x7fffffff, 0x7fffffff, -1, -1, 0, 0, 0ull, 0ull, 0ull, 0ull, 0ull, 0ull,
+        Component c = {0x7fffffff, 0x7fffffff, -1, -1, 0, 0.f, 0ull, 0ull, 0ull, 0ull, 0ull, 0ull,
                        0x7fffffff, -0x7fffffff, 0x7fffffff, -0x7fffffff};
         components[frame * limit + slot] = c;
     }
@@ -133,6 +134,7 @@ extern "C" __global__ void db_extents(const int* labels, const int* __restrict__
     if (slot >= limit) return;
     Component* c = components + blockIdx.z * limit + slot;
     const double a = orientation(*c), cs = cos(a), sn = sin(a);
+    c->angle = (float)a;  // every pixel of the region writes the same value
     const double px = x + 0.5, py = y + 0.5;
     const double along = (px * cs + py * sn) * 16.0, across = (py * cs - px * sn) * 16.0;
     atomicMin(&c->along_min, (int)floor(along));

@@ -23,7 +23,7 @@ from jetpipe.runtime.api import Reduction
 SOURCE_NAME = "postprocess.cu"
 
 COMPONENT = np.dtype([("x0", np.int32), ("y0", np.int32), ("x1", np.int32), ("y1", np.int32),
-                      ("area", np.int32), ("reserved", np.int32), ("sum", np.uint64),
+                      ("area", np.int32), ("angle", np.float32), ("sum", np.uint64),
                       *((name, np.uint64) for name in ("sx", "sy", "sxx", "syy", "sxy")),
                       *((name, np.int32) for name in ("along_min", "along_max", "across_min", "across_max"))])
 assert COMPONENT.itemsize == 88

@@ -60,7 +60,8 @@ class TextDetection:
         owner = labels.ravel()[on]
         moments = np.stack([np.bincount(owner, weights=v.astype(np.float64), minlength=count)[1:]
                             for v in (xs, ys, xs * xs, ys * ys, xs * ys)], axis=1)
-        return self._boxes(x, y, w, h, area, score, moments, _extents(xs, ys, owner, area, moments), box, hw)
+        angle = orientation(area, moments)
+        return self._boxes(x, y, w, h, area, score, angle, _extents(xs, ys, owner, angle), box, hw)
 
     def reduction(self, required: bool = False) -> Reduction:
         return Reduction("components", {"threshold": self.threshold, "limit": self.max_components}, required)
@@ -77,24 +78,24 @@ class TextDetection:
             c = found[:min(int(count), len(found))]
             area = c["area"].astype(np.float64)
             score = c["sum"] / SUM_SCALE / np.maximum(area, 1)
-            moments = np.stack([c[k].astype(np.float64) for k in ("sx", "sy", "sxx", "syy", "sxy")], axis=1)
             extents = np.stack([c[k] for k in ("along_min", "along_max", "across_min", "across_max")], axis=1)
+            # the direction the device measured the extents along (a region at +-45 degrees may fold either way)
             results.append(self._boxes(c["x0"], c["y0"], c["x1"] - c["x0"] + 1, c["y1"] - c["y0"] + 1, area, score,
-                                       moments, extents / EXTENT_SCALE, box, hw))
+                                       c["angle"].astype(np.float64), extents / EXTENT_SCALE, box, hw))
         return results
 
-    def _boxes(self, x, y, w, h, area, score, moments, extents, box, hw) -> dict:
-        """Regions (left, top, width, height, area, mean probability, pixel moments, extents along and across
-        their orientation) -> kept, unclipped boxes and quadrilaterals in source pixels, in reading order."""
+    def _boxes(self, x, y, w, h, area, score, angle, extents, box, hw) -> dict:
+        """Regions (left, top, width, height, area, mean probability, orientation, extents along and across
+        it) -> kept, unclipped boxes and quadrilaterals in source pixels, in reading order."""
         keep = (area >= self.min_area) & (score >= self.box_threshold)
-        x, y, w, h, area, score, moments, extents = (v[keep] for v in (x, y, w, h, area, score, moments, extents))
+        x, y, w, h, area, score, angle, extents = (v[keep] for v in (x, y, w, h, area, score, angle, extents))
         order = np.lexsort((area, w, h, x, y))
-        x, y, w, h, area, score, moments, extents = (v[order] for v in (x, y, w, h, area, score, moments, extents))
+        x, y, w, h, area, score, angle, extents = (v[order] for v in (x, y, w, h, area, score, angle, extents))
         # DB's unclip: grow by area * ratio / perimeter (the shrunk text kernel -> the word)
         d = (w * h * self.unclip_ratio) / (2.0 * (w + h))
         xyxy = np.stack([x - d, y - d, x + w + d, y + h + d], axis=1).astype(np.float64)
         quads = np.stack([xyxy[:, [0, 1]], xyxy[:, [2, 1]], xyxy[:, [2, 3]], xyxy[:, [0, 3]]], axis=1)
-        tilted = self._tilted_quads(orientation(area.astype(np.float64), moments), extents)
+        tilted = self._tilted_quads(angle, extents)
         for i, quad in tilted.items():
             quads[i] = quad
             xyxy[i] = (*quad.min(axis=0), *quad.max(axis=0))
@@ -131,11 +132,10 @@ def orientation(area, moments) -> np.ndarray:
     return (0.5 * np.arctan2(2.0 * cxy, cxx - cyy) + np.pi / 4) % (np.pi / 2) - np.pi / 4
 
 
-def _extents(xs, ys, owner, area, moments) -> np.ndarray:
+def _extents(xs, ys, owner, angle) -> np.ndarray:
     """[regions, 4]: the pixel centres' extremes along and across each region's orientation, in pixels,
     floored / ceiled to 1/16 as the GPU keeps them."""
-    count = len(area)
-    angle = orientation(area.astype(np.float64), moments)
+    count = len(angle)
     extents = np.zeros((count, 4))
     if count == 0 or len(xs) == 0:
         return extents

@@ -53,7 +53,8 @@ def _same_text_results(gpu: list[dict], cpu: list[dict]) -> None:
         assert len(g["boxes"]) == len(c["boxes"])
         if c["boxes"]:
             np.testing.assert_allclose(g["boxes"], c["boxes"], atol=1.0)
-            np.testing.assert_allclose(g["quads"], c["quads"], atol=1.0)
+            # the same rectangles (a region at 45 degrees may name its corners from either side)
+            np.testing.assert_allclose(np.sort(g["quads"], axis=1), np.sort(c["quads"], axis=1), atol=1.0)
             np.testing.assert_allclose(g["scores"], c["scores"], atol=1e-3)
 
 

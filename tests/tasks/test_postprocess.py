@@ -93,7 +93,7 @@ def _record(xs, ys, total) -> tuple:
     angle = (0.5 * np.arctan2(2 * cxy, cxx - cyy) + np.pi / 4) % (np.pi / 2) - np.pi / 4
     along = ((xs + 0.5) * np.cos(angle) + (ys + 0.5) * np.sin(angle)) * 16
     across = ((ys + 0.5) * np.cos(angle) - (xs + 0.5) * np.sin(angle)) * 16
-    return (xs.min(), ys.min(), xs.max(), ys.max(), n, 0, round(total * SUM_SCALE), *sums,
+    return (xs.min(), ys.min(), xs.max(), ys.max(), n, angle, round(total * SUM_SCALE), *sums,
             int(np.floor(along.min())), int(np.ceil(along.max())), int(np.floor(across.min())),
             int(np.ceil(across.max())))
 
