@@ -72,7 +72,8 @@ def recall(truth: list[str], texts) -> tuple[int, int]:
     return len(rendered & read), len(rendered)
 
 
-def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec_batch: int) -> tuple[Path, Path]:
+def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec_batch: int,
+                    rec_range: bool = True) -> tuple[Path, Path]:
     from jetpipe.convert import ConvertOptions, convert
     from jetpipe.models import BUILTIN
     from jetpipe.spec import preset
@@ -84,7 +85,7 @@ def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec
         calib = "synthetic" if precision == "int8" else None
         size = det_size if name == "ppocr-det" else model.input_size
         convert(ConvertOptions(model=model.path(), output=bundle, precision=precision, calib=calib,
-                               input_size=size, input_width_range=model.width_range,
+                               input_size=size, input_width_range=model.width_range if rec_range else None,
                                max_batch=8 if name == "ppocr-det" else rec_batch,
                                spec=preset(model.preset), task=model.task, engine="never", progress=False))
         out.append(bundle)
@@ -205,6 +206,8 @@ def main() -> None:
     parser.add_argument("--peer-workers", type=int, default=0, help="RapidOCR processes (default: every core)")
     parser.add_argument("--peer-frames", type=int, default=64, help="frames RapidOCR reads")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--rec-width", default="range", choices=("range", "fixed"),
+                        help="the recognizer at its width range (batches at 320, 640, 960) or fixed at 320")
     parser.add_argument("--scene", default="words", choices=("words", "tilted", "lines"),
                         help="what the frames show: upright words, tilted lines, long lines")
     parser.add_argument("--json", type=Path)
@@ -213,7 +216,7 @@ def main() -> None:
         folder = Path(tmp)
         video, words = make_video(folder, args.frames, args.scene)
         det, rec = convert_bundles(folder, args.precision, tuple(int(v) for v in args.det_size.split("x")),
-                                   args.rec_batch)
+                                   args.rec_batch, rec_range=args.rec_width == "range")
         report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "streams": args.streams,
                   "words_per_frame": round(sum(map(len, words)) / len(words), 1)}
         report["jetpipe"] = run_jetpipe(args, det, rec, video, words)
