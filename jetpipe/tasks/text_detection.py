@@ -40,6 +40,7 @@ class TextDetection:
     # a line tilted less than this (degrees) keeps its axis-aligned box as its quadrilateral: the
     # bounding box measures a horizontal line exactly, the moments' rectangle only approximately
     upright_degrees: float = 5.0
+    min_line_ratio: float = 1.5  # length / height below which a region keeps its upright box
     truncated_frames: int = field(default=0, init=False)  # GPU frames with more regions than that
 
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
@@ -106,7 +107,8 @@ class TextDetection:
     def _tilted_quads(self, angle, extents) -> dict[int, np.ndarray]:
         """The rectangle of each tilted region along its orientation, around its pixels (extents: the pixel
         centres' extremes along and across, each pixel half a pixel wide), unclipped like the boxes.
-        Upright regions (within upright_degrees) are left out."""
+        Upright regions (within upright_degrees) and squat ones (shorter than min_line_ratio heights) are
+        left out."""
         tilted = {}
         for i in np.flatnonzero(np.abs(angle) > np.radians(self.upright_degrees)):
             c, s = np.cos(angle[i]), np.sin(angle[i])
@@ -114,6 +116,8 @@ class TextDetection:
             half_pixel = 0.5 * (abs(c) + abs(s))
             a0, a1, b0, b1 = extents[i]
             length, height = a1 - a0 + 2 * half_pixel, b1 - b0 + 2 * half_pixel
+            if length < self.min_line_ratio * height:
+                continue  # a short word's or a glyph's direction is noise: its upright box reads as well
             d = length * height * self.unclip_ratio / (2.0 * (length + height))
             centre = along * (a0 + a1) / 2 + across * (b0 + b1) / 2
             half_l, half_h = along * (length / 2 + d), across * (height / 2 + d)
