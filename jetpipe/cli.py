@@ -234,6 +234,9 @@ def _add_serve(sub) -> None:
                    help="run this bundle on every box of the primary's results (repeatable): a text recognizer "
                         "reads each detected line; crops are cut from the frame where it is (GPU memory on the GPU "
                         "runtime); [[secondary]] tables in the config add classes, min_size, max_per_frame")
+    p.add_argument("--direction", metavar="BUNDLE",
+                   help="a direction classifier (classes 0 and 180: convert ppocr-cls) run on every --secondary's "
+                        "crops first: those upside down are turned before the secondary reads them")
     p.add_argument("--tracker", choices=TRACKERS,
                    help="track detected boxes per stream: a track_id in every record (bytetrack: Kalman "
                         "prediction, high- then low-score matching; iou: overlap with the last box)")
@@ -266,7 +269,10 @@ def _serve_config(args):
     if args.sink:
         config.sinks = list(args.sink)
     if args.secondary:
-        config.secondaries = [SecondaryConfig(Path(b)) for b in args.secondary]
+        direction = Path(args.direction) if args.direction else None
+        config.secondaries = [SecondaryConfig(Path(b), direction=direction) for b in args.secondary]
+    elif args.direction:
+        raise JetpipeError("--direction turns the crops of a --secondary: add --secondary BUNDLE")
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker"):
         value = getattr(args, key)
         if value is not None:

@@ -40,7 +40,8 @@ class SourceConfig:
     hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, qsv, ...); "" = software
 
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
-_SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int}
+_SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int,
+                   "direction": str, "direction_threshold": (int, float), "every_track": int}
 
 
 @dataclass
@@ -97,7 +98,8 @@ def load(path: str | Path) -> PipelineConfig:
     sources = [SourceConfig(**t) for t in _tables(path, data, "source", _SOURCE_KEYS, "uri", "")]
     sinks = [t["uri"] for t in _tables(path, data, "sink", {"uri": str}, "uri",
                                        " (jsonl:PATH, stdout or mqtt://HOST:PORT/TOPIC)")]
-    secondaries = [SecondaryConfig(**{**t, "bundle": Path(t["bundle"]), "classes": tuple(t.get("classes", ()))})
+    secondaries = [SecondaryConfig(**{**t, "bundle": Path(t["bundle"]), "classes": tuple(t.get("classes", ())),
+                                      **({"direction": Path(t["direction"])} if "direction" in t else {})})
                    for t in _tables(path, data, "secondary", _SECONDARY_KEYS, "bundle",
                                     " (a folder written by `jetpipe convert`)")]
     metrics = data.get("metrics", {})

@@ -60,6 +60,9 @@ class Pipeline:
                               "use tracker = 'none'")
         for secondary in config.secondaries:
             check_secondary(secondary, task, options.labels, "config")
+            if secondary.every_track and config.tracker == "none":
+                raise ConfigError(f"config: secondary {secondary.label!r}: every_track = {secondary.every_track} "
+                                  "reuses a result while its track lives: add --tracker (bytetrack or iou)")
         # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
                                     max_frame_hw=config.max_frame_hw, buffer_sets=BUFFER_SETS,
@@ -376,19 +379,20 @@ class Pipeline:
         sizes = [_frame_hw(p.frame) for p in used]
         finish = self.postprocess.reduced if result.reduction else self.postprocess
         results = finish(result.outputs, result.letterboxes, sizes, pool=self.pool) if used else []
+        for packet, res in zip(used, results):
+            tracker = self.trackers[packet.stream]
+            if tracker is not None:  # frames of a stream reach this one thread in order
+                res["track_ids"] = tracker.update(res["boxes"], res["scores"])
         if self.secondaries and used:  # while the batch is held: its frames are still where the kernel read them
             frames = frames_read(result, [p.frame for p in used])
             for stage in self.secondaries:
-                stage.run(results, frames)
+                stage.run(results, frames, [p.stream for p in used])
         for index, reason in result.rejected:
             log.warning("frame %d of stream %d rejected: %s", packets[index].frame_no, packets[index].stream,
                         reason)
             self.metrics.count("failed", packets[index].stream)
         t_post = time.monotonic()
         for packet, res in zip(used, results):
-            tracker = self.trackers[packet.stream]
-            if tracker is not None:  # frames of a stream reach this one thread in order
-                res["track_ids"] = tracker.update(res["boxes"], res["scores"])
             latency = {"queue": (t_batch - packet.t_monotonic) * 1e3, "gpu": (t_gpu - t_batch) * 1e3,
                        "post": (t_post - t_gpu) * 1e3, "total": (t_post - packet.t_monotonic) * 1e3}
             self.metrics.record_result(packet.stream, latency)

@@ -11,6 +11,11 @@ from the host frame (only the part around each box is colour-converted).
 
 Records gain `results["secondary"][NAME]`: one entry per box, the secondary's result, or None where it did
 not run on that box (class filtered, too small, over max_per_frame).
+
+`direction`: a direction classifier (PP-OCR's `ppocr-cls`: classes "0" and "180") runs on the same crops
+first; a crop it finds upside down (class "180" at a score of at least direction_threshold, PaddleOCR's
+cls_thresh) is cut again turned half a turn (its quadrilateral's corners named from the other end: the
+kernel does the turn) and its entry says "angle": 180.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from jetpipe.tasks import Task, for_bundle
 log = logging.getLogger(__name__)
 
 MAX_PER_FRAME = 1024  # bound of max_per_frame: crops of one frame
+MAX_EVERY_TRACK = 10_000  # bound of every_track: frames a track's result is reused for
 
 
 @dataclass
@@ -40,6 +46,9 @@ class SecondaryConfig:
     classes: tuple = ()                     # primary classes it runs on (names or numbers); () = all boxes
     min_size: int = 8                       # shorter box side, in source pixels, below which it does not run
     max_per_frame: int = 32                 # boxes per frame it runs on (highest scores first)
+    direction: Path | None = None           # a direction classifier bundle (classes "0" and "180") run first
+    direction_threshold: float = 0.9        # its score at which a crop is turned
+    every_track: int = 0                    # with a tracker: run once per track every N frames, reuse between
 
     @property
     def label(self) -> str:
@@ -55,6 +64,10 @@ def check(config: SecondaryConfig, primary: Task, primary_labels, where: str) ->
         raise JetpipeError(f"{what}: max_per_frame = {config.max_per_frame}: from 1 to {MAX_PER_FRAME}")
     if not 1 <= config.min_size <= MAX_SIDE:
         raise JetpipeError(f"{what}: min_size = {config.min_size}: pixels from 1 to {MAX_SIDE}")
+    if not 0 <= config.every_track <= MAX_EVERY_TRACK:
+        raise JetpipeError(f"{what}: every_track = {config.every_track}: frames from 0 (off) to {MAX_EVERY_TRACK}")
+    if not 0.0 <= config.direction_threshold <= 1.0:
+        raise JetpipeError(f"{what}: direction_threshold = {config.direction_threshold}: from 0 to 1")
     if config.classes and not primary.class_ids:
         raise JetpipeError(f"{what}: classes = {list(config.classes)}: the primary's task {primary.name} has no "
                            "classes; leave classes out")
@@ -77,7 +90,17 @@ class SecondaryStage:
         self.runtime = open_runtime(config.bundle, None, backend, memory, max_frame_hw=max_frame_hw,
                                     buffer_sets=2, reduction=reduction)
         self.classes = set(config.classes)
-        self.crops_run = 0
+        self.crops_run = self.crops_turned = self.crops_reused = 0
+        # every_track: (stream, track id) -> (the result, the stream's frame count when it was read)
+        self.by_track: dict[tuple[int, int], tuple[dict, int]] = {}
+        self.frames_seen: dict[int, int] = {}
+        self.direction = None
+        try:
+            if config.direction is not None:
+                self.direction = _DirectionStage(config, backend, memory, max_frame_hw, postprocess)
+        except BaseException:
+            self.runtime.close()
+            raise
         log.info("secondary %s: %s (%s) on the primary's boxes, batches of up to %d, postprocessing on the %s",
                  self.name, task.name, self.runtime.backend_name, self.runtime.max_batch,
                  "GPU" if self.runtime.reduction else "CPU")
@@ -96,21 +119,52 @@ class SecondaryStage:
         picked.sort(key=lambda i: -(scores[i] if i < len(scores) else 0.0))
         return sorted(picked[:self.config.max_per_frame])
 
-    def run(self, results: list[dict], frames: list[Frame]) -> None:
-        """Add results["secondary"][name] to each of a batch's results; `frames`: what the primary read."""
-        jobs = []
-        for result, frame in zip(results, frames):
+    def run(self, results: list[dict], frames: list[Frame], streams: list[int] | None = None) -> None:
+        """Add results["secondary"][name] to each of a batch's results; `frames`: what the primary read;
+        `streams`: each result's stream (every_track keys its tracks by stream)."""
+        jobs, fresh = [], []
+        for k, (result, frame) in enumerate(zip(results, frames)):
             entries = [None] * len(result.get("boxes") or [])
             result.setdefault("secondary", {})[self.name] = entries
             height, width = frame.size()
             quads = result.get("quads")
-            for i in self.chosen(result):
+            chosen = self.chosen(result)
+            if self.config.every_track and result.get("track_ids") is not None:
+                chosen = self._reuse(entries, chosen, result["track_ids"], streams[k] if streams else 0, fresh)
+            for i in chosen:
                 quad = tuple(map(tuple, quads[i])) if quads else None
                 crop = quad_region(quad, height, width) if quad else _crop_of(result["boxes"][i], height, width)
                 if crop is not None:
                     jobs.append((entries, i, replace(frame, crop=crop, quad=quad)))
+        turned = self._turn_upside_down(jobs) if self.direction is not None else []
         for width, group in self._by_width(jobs):
             self._run_group(group, width)
+        for entries, i in turned:
+            if entries[i] is not None:
+                entries[i]["angle"] = 180
+        for key, entries, i in fresh:  # read now: kept for the track's next frames
+            if entries[i] is not None:
+                self.by_track[key] = (entries[i], self.frames_seen[key[0]])
+
+    def _reuse(self, entries: list, chosen: list[int], track_ids: list, stream: int, fresh: list) -> list[int]:
+        """every_track: boxes of a track read less than every_track frames ago take that result (a copy
+        marked "reused"); the others are returned to be read, those with a track noted in `fresh`."""
+        seen = self.frames_seen[stream] = self.frames_seen.get(stream, 0) + 1
+        stale = [k for k, (_, at) in self.by_track.items() if k[0] == stream and seen - at >= self.config.every_track]
+        for key in stale:  # read again (or the track has ended)
+            del self.by_track[key]
+        to_read = []
+        for i in chosen:
+            track = track_ids[i] if i < len(track_ids) else None
+            kept = self.by_track.get((stream, track)) if track is not None else None
+            if kept is not None:
+                entries[i] = {**kept[0], "reused": True}
+                self.crops_reused += 1
+                continue
+            to_read.append(i)
+            if track is not None:
+                fresh.append(((stream, track), entries, i))
+        return to_read
 
     def _by_width(self, jobs) -> list[tuple[int, list]]:
         """Crops grouped by the narrowest of the runtime's widths that holds each at full height: a short
@@ -138,6 +192,17 @@ class SecondaryStage:
                 entries[i] = rows[row]
             self.crops_run += len(found.frame_indices)
 
+    def _turn_upside_down(self, jobs) -> list:
+        """Run the direction classifier on the jobs' crops; turn those it finds upside down (in place).
+        Returns the (entries, index) of the turned."""
+        turned = []
+        for k in self.direction.upside_down([frame for _, _, frame in jobs]):
+            entries, i, frame = jobs[k]
+            jobs[k] = (entries, i, replace(frame, quad=_half_turn(frame)))
+            turned.append((entries, i))
+        self.crops_turned += len(turned)
+        return turned
+
     def _width_wanted(self, frame: Frame) -> int:
         """The input width a crop fills at the input's height, its aspect kept."""
         height, width = _crop_hw(frame)
@@ -148,12 +213,60 @@ class SecondaryStage:
         in device memory) and the results' bytes downloaded."""
         return {"crops": self.crops_run, "backend": self.runtime.backend_name,
                 "postprocess": "gpu" if self.runtime.reduction else "cpu",
+                **({"crops_turned": self.crops_turned} if self.direction is not None else {}),
+                **({"crops_reused": self.crops_reused} if self.config.every_track else {}),
                 "frame_bytes_uploaded": getattr(self.runtime, "frame_bytes_uploaded", 0),
                 "d2h_bytes_per_crop": round(getattr(self.runtime, "output_bytes_downloaded", 0)
                                             / max(1, self.crops_run))}
 
     def close(self) -> None:
+        if self.direction is not None:
+            self.direction.close()
         self.runtime.close()
+
+
+class _DirectionStage:
+    """A direction classifier on a secondary's crops (PP-OCR's text-line classifier): which are upside down."""
+
+    def __init__(self, config: SecondaryConfig, backend: str, memory: str, max_frame_hw, postprocess: str):
+        manifest = bundles.load(config.direction)
+        task, options = for_bundle(manifest)
+        labels = options.labels or ()
+        if task.name != "classification" or "180" not in labels:
+            raise JetpipeError(f"secondary {config.label!r}: direction {config.direction} is a {task.name} bundle "
+                               f"with classes {list(labels) or 'unnamed'}: it needs a classifier whose classes "
+                               "are named 0 and 180 (convert ppocr-cls)")
+        self.upside, self.threshold = labels.index("180"), config.direction_threshold
+        self.post = task.postprocessor(options)
+        reduction = None if postprocess == "cpu" else self.post.reduction(required=postprocess == "gpu")
+        self.runtime = open_runtime(config.direction, None, backend, memory, max_frame_hw=max_frame_hw,
+                                    buffer_sets=2, reduction=reduction)
+
+    def upside_down(self, frames: list[Frame]) -> list[int]:
+        """Indices of the frames (crops) whose best class is "180" at a score of at least the threshold."""
+        found_upside = []
+        step = self.runtime.max_batch
+        for start in range(0, len(frames), step):
+            found = self.runtime.infer(frames[start:start + step])
+            finish = self.post.reduced if found.reduction else self.post
+            rows = finish(found.outputs, found.letterboxes, [None] * len(found.frame_indices))
+            for row, index in zip(rows, found.frame_indices):
+                if row["classes"][0] == self.upside and row["scores"][0] >= self.threshold:
+                    found_upside.append(start + index)
+        return found_upside
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+def _half_turn(frame: Frame) -> tuple:
+    """The crop's quadrilateral named from its other end: cut by it, the crop comes out turned 180 degrees."""
+    if frame.quad is not None:
+        tl, tr, br, bl = frame.quad
+    else:
+        x0, y0, x1, y1 = frame.crop
+        tl, tr, br, bl = (x0, y0), (x1, y0), (x1, y1), (x0, y1)
+    return (br, bl, tl, tr)
 
 
 def _crop_hw(frame: Frame) -> tuple[int, int]:

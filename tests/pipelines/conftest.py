@@ -51,9 +51,11 @@ def _detected(det_bundle, images):
     task, options = for_bundle(bundles.load(det_bundle))
     post = task.postprocessor(options)
     with open_runtime(det_bundle, backend="onnxruntime-cpu") as detector:
-        frames = [Frame(image.bgr, "bgr") for image in images]
-        found = [detector.infer([frame]) for frame in frames]
-        return frames, [post(f.outputs, f.letterboxes, [frame.size()])[0] for f, frame in zip(found, frames)]
+        frames, results = [Frame(image.bgr, "bgr") for image in images], []
+        for frame in frames:  # each batch's outputs are read before the next overwrites its buffers
+            found = detector.infer([frame])
+            results.append(post(found.outputs, found.letterboxes, [frame.size()])[0])
+        return frames, results
 
 
 @pytest.fixture(scope="session")
@@ -64,3 +66,9 @@ def long_lines(det_bundle):
     images = [render_tilted_words(seed, (720, 1280), count=6, degrees=(0, 0), words=(4, 7)) for seed in range(4)]
     frames, results = _detected(det_bundle, images)
     return images, frames, results
+
+
+@pytest.fixture(scope="session")
+def detect(det_bundle):
+    """images -> (frames, the detector's results), on the CPU runtime."""
+    return lambda images: _detected(det_bundle, images)

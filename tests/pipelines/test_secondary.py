@@ -211,7 +211,7 @@ def test_long_lines_are_read_at_the_width_they_need(rec_bundle, long_lines, tmp_
             stage.close()
         assert widths == ((320, 640, 960) if bundle == rec_bundle else (320,))
     (wide, total), (narrow, _) = counts[rec_bundle.name], counts["rec320"]
-    assert wide >= 0.55 * total and wide >= narrow + 0.15 * total, counts
+    assert wide >= 0.8 * total and wide >= narrow + 0.3 * total, counts
 
 
 def test_a_batch_runs_at_each_of_the_runtimes_widths_as_onnxruntime_runs_that_shape(rec_bundle):
@@ -251,6 +251,8 @@ bundle = "{rec}"
     ("classes = ['person']", "classes = \\['person'\\]: the primary's task text-detection has no classes"),
     ("max_per_frame = 0", "max_per_frame = 0: from 1 to 1024"),
     ("min_size = -2", "min_size = -2: pixels from 1 to 16384"),
+    ("direction_threshold = 2.0", "direction_threshold = 2.0: from 0 to 1"),
+    ("direction = 'nowhere'", "nowhere"),
     ("colour = 'red'", "unknown key 'colour'"),
     ("[[secondary]]\nbundle = '{rec}'", "two secondaries are named alike"),
     ("", None),
@@ -293,3 +295,99 @@ def test_a_tilted_lines_quadrilateral_is_drawn_not_its_box():
     image = draw(np.zeros((120, 320, 3), np.uint8), {"boxes": [[40, 20, 210, 90]], "scores": [0.9], "quads": [quad]},
                  (120, 320))
     assert not image[30:55, 40].any() and image[74, 44:47].any()  # no box side at x = 40; the quad's left edge
+
+
+@pytest.fixture(scope="module")
+def cls_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cls") / "cls"
+    assert main(["convert", "ppocr-cls", "-o", str(out), "--max-batch", "8", "--quiet"]) == 0
+    return out
+
+
+def test_upside_down_lines_are_turned_by_the_direction_classifier_before_they_are_read(detect, rec_bundle,
+                                                                                      cls_bundle):
+    """Lines turned half a turn: the recognizer alone reads few; with the direction classifier first the
+    crops it finds upside down are cut turned (the quad's corners from the other end) and read."""
+    from jetpipe.synth import render_tilted_words
+
+    images = [render_tilted_words(seed, (720, 1280), count=6, degrees=(180, 180)) for seed in range(4)]
+    upright = [render_tilted_words(seed, (720, 1280), count=6, degrees=(0, 0)) for seed in range(4, 6)]
+    frames, results = detect(images + upright)
+    plain, turning = _stage(rec_bundle), _stage(rec_bundle, direction=cls_bundle)
+    try:
+        read_plain, total = _words_read(plain, frames[:4], results[:4], images)
+        read_turned, _ = _words_read(turning, frames[:4], results[:4], images)
+        turned = turning.summary()["crops_turned"]
+        read_upright, upright_total = _words_read(turning, frames[4:], results[4:], upright)
+        turned_upright = turning.summary()["crops_turned"] - turned
+        one = dict(results[0])
+        turning.run([one], [frames[0]])
+    finally:
+        plain.close()
+        turning.close()
+    boxes = sum(len(r["boxes"]) for r in results[:4])
+    assert read_turned >= 0.8 * total and read_plain <= 0.3 * total, (read_turned, read_plain, total)
+    assert turned >= 0.8 * boxes and turned_upright <= 1, (turned, boxes, turned_upright)
+    assert any(e and e.get("angle") == 180 for e in one["secondary"][turning.name])
+    assert read_upright >= 0.8 * upright_total
+
+
+def test_a_direction_bundle_that_is_not_a_direction_classifier_is_refused(rec_bundle):
+    from jetpipe.errors import JetpipeError
+
+    with pytest.raises(JetpipeError, match="needs a classifier whose classes are named 0 and 180"):
+        _stage(rec_bundle, direction=rec_bundle)
+
+
+def test_direction_without_a_secondary_is_one_line(det_bundle, cls_bundle, capsys):
+    code = main(["serve", "--bundle", str(det_bundle), "--direction", str(cls_bundle), "--source", "synthetic",
+                 "--frames", "1", "--metrics", ""])
+    err = capsys.readouterr().err
+    assert code == 2 and "--direction turns the crops of a --secondary" in err and "Traceback" not in err
+
+
+
+def test_every_track_reads_a_tracked_line_once_every_n_frames_and_reuses_it_between(det_bundle, rec_bundle,
+                                                                                     tmp_path, capsys):
+    """Eight frames of the same words: with every_track = 3 a track's text is read on its first tracked
+    frame and every third after, the frames between take that text (marked reused); what is read is what
+    the stage reads without every_track."""
+    import cv2
+
+    clip = tmp_path / "still.avi"
+    image = render_text_image(3, (480, 640), max_words=6).bgr
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"MJPG"), 10, (640, 480))
+    for _ in range(8):
+        writer.write(image)
+    writer.release()
+    runs = {}
+    for every in (0, 3):
+        config, out = tmp_path / f"c{every}.toml", tmp_path / f"r{every}.jsonl"
+        config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\ntracker = "bytetrack"\nmax_batch = 1\n'
+                          f'[[source]]\nuri = "{clip}"\n[[sink]]\nuri = "jsonl:{out}"\n'
+                          f'[[secondary]]\nbundle = "{rec_bundle}"\nname = "text"\nevery_track = {every}\n')
+        capsys.readouterr()
+        assert main(["serve", str(config), "--metrics", "", "--backend", "onnxruntime-cpu"]) == 0
+        summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])["summary"]["secondary"]["text"]
+        runs[every] = ([json.loads(line)["results"] for line in out.read_text().splitlines()], summary)
+    (plain, plain_summary), (reusing, summary) = runs[0], runs[3]
+    boxes = sum(len(r["boxes"]) for r in plain)
+    assert plain_summary["crops"] == boxes and summary["crops"] + summary["crops_reused"] == boxes
+    assert summary["crops_reused"] >= 0.4 * boxes
+    last_read = {}  # track -> (frame it was read in, text)
+    for frame, (a, b) in enumerate(zip(plain, reusing)):
+        for i, (entry, track) in enumerate(zip(b["secondary"]["text"], b["track_ids"])):
+            if track is None or track not in last_read or frame - last_read[track][0] >= 3:
+                assert not entry.get("reused") and entry["text"] == a["secondary"]["text"][i]["text"]
+                if track is not None:
+                    last_read[track] = (frame, entry["text"])
+            else:
+                assert entry.get("reused") and entry["text"] == last_read[track][1]
+
+
+def test_every_track_needs_a_tracker(det_bundle, rec_bundle, tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text(CONFIG.format(det=det_bundle, rec=rec_bundle, extra="every_track = 5"))
+    code = main(["serve", str(config), "--frames", "1", "--metrics", "", "--backend", "onnxruntime-cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and "every_track = 5 reuses a result while its track lives: add --tracker" in err

@@ -82,3 +82,33 @@ def test_long_lines_at_the_recognizers_widths_read_on_the_gpu_as_on_the_cpu(rec_
             stage.close()
     pairs = list(zip(texts["onnxruntime-cpu"], texts["onnxruntime-cuda"]))
     assert sum(c == g for c, g in pairs) >= 0.9 * len(pairs), [p for p in pairs if p[0] != p[1]]
+
+
+def test_upside_down_lines_are_turned_on_the_gpu_as_on_the_cpu(rec_bundle, detect, tmp_path):
+    """The direction classifier on the GPU runtime (top-k on the device) turns the same crops, and the
+    kernel cuts them turned: the same text as the CPU runtime reads."""
+    import onnxruntime as ort
+
+    from jetpipe.pipelines.secondary import SecondaryConfig, SecondaryStage
+    from jetpipe.synth import render_tilted_words
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+    cls = tmp_path / "cls"
+    assert main(["convert", "ppocr-cls", "-o", str(cls), "--max-batch", "8", "--quiet"]) == 0
+    frames, results = detect([render_tilted_words(seed, (720, 1280), count=6, degrees=(180, 180))
+                              for seed in range(3)])
+    said = {}
+    for backend in ("onnxruntime-cpu", "onnxruntime-cuda"):
+        stage = SecondaryStage(SecondaryConfig(rec_bundle, direction=cls), backend, "auto", (720, 1280), "auto")
+        try:
+            copies = [dict(r) for r in results]
+            stage.run(copies, frames)
+            said[backend] = [(e["text"], e.get("angle")) if e else None for r in copies
+                             for e in r["secondary"][stage.name]]
+            turned = stage.summary()["crops_turned"]
+        finally:
+            stage.close()
+        assert turned >= 0.7 * len(said[backend])
+    pairs = list(zip(said["onnxruntime-cpu"], said["onnxruntime-cuda"]))
+    assert sum(c == g for c, g in pairs) >= 0.9 * len(pairs), pairs
