@@ -165,7 +165,10 @@ __device__ double orientation(const Component& c) {
     double a = 0.5 * atan2(2.0 * cxy, cxx - cyy) + quarter;
     a = fmod(a, 2.0 * quarter);
     if (a < 0) a += 2.0 * quarter;
-    return a - quarter;
+    a -= quarter;
+    // a region at 45 degrees folds either way on rounding (the device fuses multiply-adds, numpy does not):
+    // both sides name it -45
+    return a > quarter - 1e-6 ? a - 2.0 * quarter : a;
 }
 
 // After db_stats: each pixel's centre projected on its region's axes; the extremes in 1/16 pixel.
@@ -176,7 +179,8 @@ extern "C" __global__ void db_extents(int* labels, const int* __restrict__ slots
     const bool shared = whole_warp(slot);
     if (slot < 0) return;
     Component* c = components + blockIdx.z * limit + slot;
-    const double a = orientation(*c), cs = cos(a), sn = sin(a);
+    // rounded to float, as it is stored: the host decides and builds on exactly this value
+    const double a = (double)(float)orientation(*c), cs = cos(a), sn = sin(a);
     const double px = x + 0.5, py = y + 0.5;
     const double along = (px * cs + py * sn) * 16.0, across = (py * cs - px * sn) * 16.0;
     int a0 = (int)floor(along), a1 = (int)ceil(along), b0 = (int)floor(across), b1 = (int)ceil(across);

@@ -61,7 +61,7 @@ class TextDetection:
         owner = labels.ravel()[on]
         moments = np.stack([np.bincount(owner, weights=v.astype(np.float64), minlength=count)[1:]
                             for v in (xs, ys, xs * xs, ys * ys, xs * ys)], axis=1)
-        angle = orientation(area, moments)
+        angle = orientation(area, moments).astype(np.float32).astype(np.float64)  # as the GPU stores it
         return self._boxes(x, y, w, h, area, score, angle, _extents(xs, ys, owner, angle), box, hw)
 
     def reduction(self, required: bool = False) -> Reduction:
@@ -133,7 +133,9 @@ def orientation(area, moments) -> np.ndarray:
     mx, my = moments[:, 0] / n, moments[:, 1] / n
     cxx, cyy = moments[:, 2] / n - mx * mx, moments[:, 3] / n - my * my
     cxy = moments[:, 4] / n - mx * my
-    return (0.5 * np.arctan2(2.0 * cxy, cxx - cyy) + np.pi / 4) % (np.pi / 2) - np.pi / 4
+    angle = (0.5 * np.arctan2(2.0 * cxy, cxx - cyy) + np.pi / 4) % (np.pi / 2) - np.pi / 4
+    # a region at 45 degrees folds either way on rounding (the GPU fuses multiply-adds): both name it -45
+    return np.where(angle > np.pi / 4 - 1e-6, angle - np.pi / 2, angle)
 
 
 def _extents(xs, ys, owner, angle) -> np.ndarray:

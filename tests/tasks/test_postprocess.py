@@ -91,6 +91,7 @@ def _record(xs, ys, total) -> tuple:
     mx, my = sums[0] / n, sums[1] / n
     cxx, cyy, cxy = sums[2] / n - mx * mx, sums[3] / n - my * my, sums[4] / n - mx * my
     angle = (0.5 * np.arctan2(2 * cxy, cxx - cyy) + np.pi / 4) % (np.pi / 2) - np.pi / 4
+    angle = float(np.float32(angle - np.pi / 2 if angle > np.pi / 4 - 1e-6 else angle))
     along = ((xs + 0.5) * np.cos(angle) + (ys + 0.5) * np.sin(angle)) * 16
     across = ((ys + 0.5) * np.cos(angle) - (xs + 0.5) * np.sin(angle)) * 16
     return (xs.min(), ys.min(), xs.max(), ys.max(), n, angle, round(total * SUM_SCALE), *sums,
