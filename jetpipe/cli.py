@@ -120,6 +120,9 @@ def _add_convert(sub) -> None:
                    help="class names, or a text recognizer's alphabet, one a line (default: the model's metadata: "
                         "Ultralytics names, PP-OCR character)")
     p.add_argument("--force", action="store_true", help="replace an existing bundle")
+    p.add_argument("--force-synthetic", action="store_true",
+                   help="INT8 with --calib synthetic for a model that does not read text (refused without it: "
+                        "its ranges come from unlike data)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(run=_run_convert)
 
@@ -148,7 +151,8 @@ def _convert_options(args):
         prune_method=args.prune_method, prune_allocation=args.prune_allocation, prune_align=args.prune_align,
         prune_budget_min=args.prune_budget,
         workspace_mb=args.workspace, timing_cache=args.timing_cache, sparsity=args.sparsity,
-        dla_core=args.dla, force=args.force, task=args.task or (builtin.task if builtin else None),
+        dla_core=args.dla, force=args.force, force_synthetic=args.force_synthetic,
+        task=args.task or (builtin.task if builtin else None),
         labels=read_labels(args.labels) if args.labels else (builtin.labels if builtin else None),
         progress=not args.quiet)
 

@@ -76,6 +76,8 @@ def convert_one(model: str, size: str | None, variant: str, args, env) -> dict:
         command += ["--input-size", size]
     if variant in ("fp16", "int8") or args.calib_always:
         command += ["--calib", args.calib, "--calib-size", str(args.calib_size)]
+        if args.force_synthetic:  # INT8 from rendered text for models that do not read text (refused without)
+            command += ["--force-synthetic"]
     row = {"model": Path(model).name, "variant": variant,
            **run_child(["/usr/bin/time", "-f", "%M", *command], env, Path(env["PYTHONPATH"]))}
     row["peak_rss_gb"] = _peak_rss(row.pop("stderr_tail"))
@@ -111,6 +113,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--calib", default="synthetic")
+    parser.add_argument("--force-synthetic", action="store_true",
+                        help="pass --force-synthetic to convert (checkouts from 2026-11-24 on refuse INT8 from "
+                             "--calib synthetic for models that do not read text without it)")
     parser.add_argument("--calib-size", type=int, default=64, help="images (default 64, as convert's)")
     parser.add_argument("--calib-always", action="store_true",
                         help="give --calib to fp32 and prune too (the held-out check needs data)")

@@ -73,6 +73,7 @@ class ConvertOptions:
     prune_budget_min: float = 15     # sensitivity measured only where it fits in this time (else uniform)
     dla_core: int | None = None
     force: bool = False
+    force_synthetic: bool = False  # INT8 ranges from rendered text for a model that does not read text
     task: str | None = None          # None: recognized from the outputs and the model's metadata
     labels: tuple[str, ...] | None = None  # class names / a recognizer's alphabet (--labels FILE)
     progress: bool = True
@@ -352,6 +353,11 @@ def _calibration_source(opts, prepared: Prepared) -> CalibrationSource | None:
         h, w = prepared.size_hw
         made_for = ("text recognizers (line-shaped inputs like this one's)" if source.lines else
                     "text detectors")
+        if opts.precision == "int8" and not opts.force_synthetic:
+            raise CalibrationError(
+                f"--calib synthetic renders {source.describe()}, made for {made_for}; this is a {opts.task} model "
+                f"and INT8 ranges taken from unlike data cost accuracy: calibrate on real {w}x{h} inputs (--calib "
+                "FOLDER|VIDEO|FILE.npy), or add --force-synthetic to use it anyway")
         log.warning("--calib synthetic renders %s, made for %s; for other models its ranges come from unlike "
                     "data and cost accuracy: calibrate on real %dx%d inputs (a folder of images or a video)",
                     source.describe(), made_for, w, h)

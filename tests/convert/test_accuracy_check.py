@@ -18,7 +18,8 @@ def _manifest(out):
 def test_a_large_int8_error_is_warned_about_naming_calibrate_accuracy(tmp_path, capsys, caplog):
     out = tmp_path / "b"
     assert main(["convert", save(int8_hostile_net(), tmp_path / "m.onnx"), "-o", str(out), "--precision", "int8",
-                 "--calib", "synthetic", "--calib-size", "8", "--no-auto-exclude", "--engine", "never"]) == 0
+                 "--calib", "synthetic", "--calib-size", "8", "--no-auto-exclude", "--force-synthetic",
+                 "--engine", "never"]) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("INT8 changes the model's results against FP32 on 8 held-out samples (raw: rel_mae_max" in w and
                f"jetpipe calibrate accuracy {out} --data synthetic --budget" in w for w in warnings), warnings
@@ -30,7 +31,7 @@ def test_a_large_int8_error_is_warned_about_naming_calibrate_accuracy(tmp_path, 
 def test_a_small_error_is_reported_without_a_warning(tmp_path, caplog):
     out = tmp_path / "b"
     assert main(["convert", save(residual_cnn(), tmp_path / "m.onnx"), "-o", str(out), "--precision", "int8",
-                 "--calib", "synthetic", "--calib-size", "8", "--engine", "never"]) == 0
+                 "--calib", "synthetic", "--calib-size", "8", "--force-synthetic", "--engine", "never"]) == 0
     check = _manifest(out)["accuracy_check"]
     assert check["relative_mae"] < 0.1 and "warning" not in check
     assert not any("changes the model's results" in r.getMessage() for r in caplog.records)
@@ -80,7 +81,8 @@ def test_a_detector_whose_scores_collapsed_is_warned_by_its_boxes_not_its_tensor
                  tmp_path / "y.onnx")
     out = tmp_path / "b"
     assert main(["convert", model, "-o", str(out), "--precision", "int8", "--calib", "synthetic", "--calib-size",
-                 "8", "--max-batch", "1", "--no-auto-exclude", "--engine", "never", "--quiet"]) == 0
+                 "8", "--max-batch", "1", "--no-auto-exclude", "--force-synthetic", "--engine", "never",
+                 "--quiet"]) == 0
     check = _manifest(out)["accuracy_check"]
     assert check["task"] == "detection-yolo" and set(check["task_metrics"]) == set(YoloDetectionTask.metrics)
     assert check["relative_mae"] < 1e-2

@@ -48,7 +48,7 @@ def test_the_cpu_runtime_feeds_the_luma_of_any_frame(gray_bundle, fmt):
 def test_int8_calibrates_a_gray_model_on_synthetic_text(tmp_path):
     out = tmp_path / "b"
     assert main(["convert", save(gray_recognizer(), tmp_path / "rec.onnx"), "-o", str(out), "--precision", "int8",
-                 "--calib", "synthetic", "--calib-size", "4", "--engine", "never", "--quiet"]) == 0
+                 "--calib", "synthetic", "--calib-size", "4", "--force-synthetic", "--engine", "never", "--quiet"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["calibration"]["samples"] == 4 and manifest["preprocess"]["channel_order"] == "gray"
 
@@ -80,6 +80,6 @@ def test_synthetic_calibration_for_a_line_shaped_input_renders_text_lines(tmp_pa
     assert ink[: 128 // 2].mean() > 0.3  # one line of words across the crop, not a few scattered words
     out = tmp_path / "b"
     assert main(["convert", save(gray_recognizer(), tmp_path / "rec.onnx"), "-o", str(out), "--precision", "int8",
-                 "--calib", "synthetic", "--calib-size", "4", "--engine", "never", "--quiet"]) == 0
+                 "--calib", "synthetic", "--calib-size", "4", "--force-synthetic", "--engine", "never", "--quiet"]) == 0
     assert any("--calib synthetic renders text lines, made for text recognizers" in r.getMessage()
                for r in caplog.records)

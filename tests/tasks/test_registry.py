@@ -113,6 +113,18 @@ def test_synthetic_calibration_is_said_out_of_domain_by_the_task_not_by_where_th
     assert _manifest(tmp_path / "r")["task"] == "text-recognition" and warned not in caplog.text
 
 
+def test_int8_from_rendered_text_is_refused_for_a_model_that_does_not_read_text_unless_forced(tmp_path, capsys):
+    yolo = save(yolo_head_net(metadata={"task": "detect", "names": NAMES}), tmp_path / "det.onnx")
+    args = ["convert", yolo, "-o", str(tmp_path / "y"), "--max-batch", "1", "--precision", "int8", "--calib",
+            "synthetic", "--calib-size", "2", "--engine", "never", "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "this is a detection-yolo model and INT8 ranges taken from unlike data cost accuracy" in err
+    assert "--force-synthetic" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "y").exists()
+    assert main([*args, "--force-synthetic"]) == 0 and (tmp_path / "y" / "manifest.json").exists()
+
+
 def test_given_labels_come_before_the_models_names_and_must_fit_its_classes(tmp_path, capsys):
     model = save(yolo_head_net(metadata={"task": "detect", "names": NAMES}), tmp_path / "det.onnx")
     (tmp_path / "three.txt").write_text("a\nb\nc\n")
