@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from jetpipe import __version__, bundle
+from jetpipe import __version__, bundle, outputs
 from jetpipe.calibration.accuracy import AccuracyOptions, run_accuracy
 from jetpipe.calibration.latency import LatencyOptions, run_latency
 from jetpipe.calibration.search import excluded_from_report
@@ -412,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        outputs.release_all()  # outputs claimed by a command that stopped before writing them
 
 
 def _run(args) -> int:

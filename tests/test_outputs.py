@@ -260,3 +260,46 @@ def test_a_swapped_model_is_refused_before_loading(made, fresh_bundle, capsys):
     (fresh_bundle / "model.onnx").write_bytes(open(model, "rb").read())
     with pytest.raises(bundle.BundleError, match="model.onnx: sha256 differs"):
         open_runtime(fresh_bundle, backend="onnxruntime-cpu")
+
+
+def test_two_converts_to_one_output_at_once_cannot_both_write_it(made, tmp_path):
+    """Started together: one writes the bundle, the other is refused (being written, or already there); neither
+    replaces the other's bundle unasked. Before the lock both said done and one bundle silently won."""
+    _, model, images = made
+    out = tmp_path / "b"
+    command = [sys.executable, "-m", "jetpipe", "convert", model, "-o", str(out), "--max-batch", "2",
+               "--precision", "fp16", "--calib", str(images), "--quiet"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(run.wait(timeout=300), run.stderr.read()) for run in runs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for code, err in results if code == 2)
+    assert "is being written by another jetpipe run" in refused or "already exists" in refused
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]  # no lock or staging folder left
+
+
+def test_a_lock_of_a_live_run_refuses_and_a_dead_runs_lock_is_taken_over(made, tmp_path, capsys):
+    _, model, _ = made
+    out = tmp_path / "b"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / ".b.lock").write_text(str(sleeper.pid))
+        assert main(["convert", model, "-o", str(out), "--max-batch", "2", "--quiet"]) == 2
+        assert f"is being written by another jetpipe run (pid {sleeper.pid})" in _one_line_error(capsys)
+        assert not out.exists() and (tmp_path / ".b.lock").read_text() == str(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert main(["convert", model, "-o", str(out), "--max-batch", "2", "--quiet"]) == 0  # its run is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def test_an_output_given_as_a_link_is_written_where_it_points(made, tmp_path):
+    _, model, _ = made
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real, target_is_directory=True)
+    for extra in ([], ["--force"]):
+        assert main(["convert", model, "-o", str(link), "--max-batch", "2", "--quiet", *extra]) == 0
+        assert link.is_symlink() and (real / "manifest.json").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # nothing left beside them
