@@ -205,13 +205,22 @@ class NpyTensors(CalibrationSource):
 
     def batches(self, batch_size):
         for start in range(0, len(self), batch_size):
-            yield np.ascontiguousarray(self.array[start:min(start + batch_size, len(self))])
+            yield self._finite(np.ascontiguousarray(self.array[start:min(start + batch_size, len(self))]), start)
 
     def held_out(self, count):
         rest = self.array[len(self):len(self) + count]
         if len(rest):
-            return np.ascontiguousarray(rest), True
-        return np.ascontiguousarray(self.array[max(0, len(self) - count):len(self)]), False
+            return self._finite(np.ascontiguousarray(rest), len(self)), True
+        first = max(0, len(self) - count)
+        return self._finite(np.ascontiguousarray(self.array[first:len(self)]), first), False
+
+    def _finite(self, batch: np.ndarray, first: int) -> np.ndarray:
+        """NaN or infinite inputs give meaningless ranges (a 0.0 input range, NaN errors): refused, named."""
+        bad = ~np.isfinite(batch).reshape(len(batch), -1).all(axis=1)
+        if bad.any():
+            raise CalibrationError(f"{self.path}: sample {first + int(np.argmax(bad))} holds NaN or infinite "
+                                   "values: calibration needs finite network inputs")
+        return batch
 
     def identity(self):
         return "npy:" + sha256_file(self.path)

@@ -86,9 +86,14 @@ def load(path: str | Path) -> PipelineConfig:
     if not path.is_file():
         raise ConfigError(f"config {path} not found")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))  # TOML is UTF-8 whatever the locale says
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+                          "TOML files are UTF-8; save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config {path} cannot be read ({exc.strerror})") from None
     _check_keys(str(path), data, _TABLES)
     pipeline = data.get("pipeline", {})
     _check_keys(f"{path} [pipeline]", pipeline, _PIPELINE_KEYS)

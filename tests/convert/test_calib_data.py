@@ -65,3 +65,19 @@ def test_every_sample_is_handed_out_once_and_kept(tmp_path, kind):
     assert len(distinct) == 7, f"{7 - len(distinct)} samples repeated"
     first_alone = next(source.batches(1))[0]
     np.testing.assert_array_equal(kept[0], first_alone)
+
+
+def test_calibration_tensors_with_nan_are_refused_naming_the_sample(tmp_path, capsys):
+    from jetpipe.cli import main
+    from tests.helpers import residual_cnn, save
+
+    model = save(residual_cnn(batch=1), tmp_path / "tiny.onnx")
+    tensors = np.random.default_rng(0).random((4, 3, 16, 16), dtype=np.float32)
+    tensors[2, 1, 5, 5] = np.nan
+    np.save(tmp_path / "calib.npy", tensors)
+    out = tmp_path / "b"
+    assert main(["convert", model, "-o", str(out), "--precision", "int8", "--calib", str(tmp_path / "calib.npy"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "calib.npy: sample 2 holds NaN or infinite values" in err and "Traceback" not in err
+    assert not out.exists()

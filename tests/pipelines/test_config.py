@@ -59,3 +59,15 @@ def test_queue_depth_and_ring_memory_are_bounded_before_anything_is_allocated(tm
                  "1", "--metrics", ""]) == 2
     err = capsys.readouterr().err
     assert "the frame rings would take 0.1 GiB (1 stream(s) x 10 slots" in err and "Traceback" not in err
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    from jetpipe.cli import main
+
+    config = tmp_path / "latin1.toml"
+    config.write_bytes('[pipeline]\nbundle = "café"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.toml is not UTF-8 text \(byte 0xe9 at offset 24\): TOML files"):
+        load(config)
+    assert main(["serve", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "is not UTF-8 text" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
