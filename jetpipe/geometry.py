@@ -49,7 +49,7 @@ Quad = tuple[tuple[float, float], ...]  # four (x, y) corners in source pixels: 
 #                                         bottom-left along the text (a detector's rotated line)
 
 
-def quad_size(quad) -> tuple[int, int]:
+def quad_size(quad: Quad) -> tuple[int, int]:
     """(height, width) of a quadrilateral's crop: its longer opposite sides, as OCR pipelines cut it."""
     q = np.asarray(quad, np.float64)
     width = max(np.linalg.norm(q[1] - q[0]), np.linalg.norm(q[2] - q[3]))
@@ -57,7 +57,7 @@ def quad_size(quad) -> tuple[int, int]:
     return max(1, round(height)), max(1, round(width))
 
 
-def quad_homography(quad, content_hw: tuple[int, int], origin: tuple[int, int]) -> np.ndarray:
+def quad_homography(quad: Quad, content_hw: tuple[int, int], origin: tuple[int, int]) -> np.ndarray:
     """3x3 map from the resized content's coordinates (pixel edges: [0, w] x [0, h]) to the
     quadrilateral, in the coordinates of the region read (its top-left at `origin` of the frame).
     A pixel (u, v) of the content samples H(u + 0.5, v + 0.5) - 0.5 in pixel indices; for an upright
@@ -73,7 +73,7 @@ def quad_homography(quad, content_hw: tuple[int, int], origin: tuple[int, int]) 
     return np.append(np.linalg.solve(np.array(rows), np.array(rhs)), 1.0).reshape(3, 3)
 
 
-def quad_region(quad, height: int, width: int):
+def quad_region(quad: Quad, height: int, width: int):
     """The integer rectangle (x0, y0, x1, y1) of the frame that holds a quadrilateral's pixels (what is
     read; samples outside it repeat its border), or None where it lies outside the frame."""
     q = np.asarray(quad, np.float64)

@@ -122,7 +122,7 @@ def _preprocess_quad(frame, fmt, size_hw, spec, matrix, out, crop, quad, fast: b
     part, (x0, y0, x1, y1) = crop_native(frame, fmt, height, width, crop)
     part_hw = frame_size(part, fmt)
     gray = spec.channel_order == "gray"
-    if fast and not gray and (fmt in ("bgr", "rgb") or matrix is None or matrix == ColourMatrix.of("bt601", "limited")):
+    if fast and not gray and _opencv_decodes(fmt, matrix):
         pixels = opencv_bgr(part, fmt)[y0:y1, x0:x1, ::-1].astype(np.float32)
     else:
         pixels = (to_gray_float if gray else to_rgb_float)(part, fmt, *part_hw, matrix)[y0:y1, x0:x1]
@@ -131,6 +131,11 @@ def _preprocess_quad(frame, fmt, size_hw, spec, matrix, out, crop, quad, fast: b
     if spec.channel_order == "bgr":
         content = content[:, :, ::-1]
     return _normalize_into(content, box, size_hw, spec, out), box
+
+
+def _opencv_decodes(fmt: str, matrix) -> bool:
+    """OpenCV's integer decoders give this frame's colours: RGB / BGR, or YUV in BT.601 limited range."""
+    return fmt in ("bgr", "rgb") or matrix is None or matrix == ColourMatrix.of("bt601", "limited")
 
 
 _OPENCV_DECODE = {"nv12": "COLOR_YUV2BGR_NV12", "i420": "COLOR_YUV2BGR_I420",
@@ -161,8 +166,7 @@ def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int],
     if crop is not None:
         height, width = frame_size(frame, fmt)
         check_crop(crop, height, width)
-        opencv_decodes = fmt in ("bgr", "rgb") or matrix is None or matrix == ColourMatrix.of("bt601", "limited")
-        if spec.channel_order == "gray" or not opencv_decodes:
+        if spec.channel_order == "gray" or not _opencv_decodes(fmt, matrix):
             return preprocess_frame(frame, fmt, size_hw, spec, matrix, out, crop)
         part, (x0, y0, x1, y1) = crop_native(frame, fmt, height, width, crop)
         return preprocess_bgr(opencv_bgr(part, fmt)[y0:y1, x0:x1], size_hw, spec, out)
@@ -170,7 +174,7 @@ def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int],
         return preprocess_bgr(opencv_bgr(frame, fmt), size_hw, spec, out)
     if spec.channel_order == "gray":
         return _preprocess_luma(frame, fmt, size_hw, spec, matrix or ColourMatrix.of(), out)
-    if matrix is None or matrix == ColourMatrix.of("bt601", "limited"):
+    if _opencv_decodes(fmt, matrix):
         return preprocess_bgr(opencv_bgr(frame, fmt), size_hw, spec, out)
     height, width = frame_size(frame, fmt)
     (nh, nw), _ = fit((height, width), size_hw, spec.resize)

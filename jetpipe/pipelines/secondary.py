@@ -180,17 +180,10 @@ class SecondaryStage:
         return sorted(groups.items())
 
     def _run_group(self, jobs, width: int) -> None:
-        step = self.runtime.max_batch
-        for start in range(0, len(jobs), step):
-            chunk = jobs[start:start + step]
-            found = self.runtime.infer([frame for _, _, frame in chunk], width)
-            finish = self.post.reduced if found.reduction else self.post
-            sizes = [_crop_hw(chunk[index][2]) for index in found.frame_indices]
-            rows = finish(found.outputs, found.letterboxes, sizes)
-            for row, index in enumerate(found.frame_indices):
-                entries, i, _ = chunk[index]
-                entries[i] = rows[row]
-            self.crops_run += len(found.frame_indices)
+        for index, row in _read(self.runtime, self.post, [frame for _, _, frame in jobs], width):
+            entries, i, _ = jobs[index]
+            entries[i] = row
+            self.crops_run += 1
 
     def _turn_upside_down(self, jobs) -> list:
         """Run the direction classifier on the jobs' crops; turn those it finds upside down (in place).
@@ -244,19 +237,25 @@ class _DirectionStage:
 
     def upside_down(self, frames: list[Frame]) -> list[int]:
         """Indices of the frames (crops) whose best class is "180" at a score of at least the threshold."""
-        found_upside = []
-        step = self.runtime.max_batch
-        for start in range(0, len(frames), step):
-            found = self.runtime.infer(frames[start:start + step])
-            finish = self.post.reduced if found.reduction else self.post
-            rows = finish(found.outputs, found.letterboxes, [None] * len(found.frame_indices))
-            for row, index in zip(rows, found.frame_indices):
-                if row["classes"][0] == self.upside and row["scores"][0] >= self.threshold:
-                    found_upside.append(start + index)
-        return found_upside
+        return [index for index, row in _read(self.runtime, self.post, frames)
+                if row["classes"][0] == self.upside and row["scores"][0] >= self.threshold]
 
     def close(self) -> None:
         self.runtime.close()
+
+
+def _read(runtime, post, crops: list[Frame], width: int | None = None) -> list[tuple[int, dict]]:
+    """(index in `crops`, result) of every crop the runtime took, run in batches of its max batch at
+    `width` and finished by the task `post` (on the device's reduction where it ran one)."""
+    read = []
+    step = runtime.max_batch
+    for start in range(0, len(crops), step):
+        found = runtime.infer(crops[start:start + step], width)
+        finish = post.reduced if found.reduction else post
+        sizes = [_crop_hw(crops[start + index]) for index in found.frame_indices]
+        rows = finish(found.outputs, found.letterboxes, sizes)
+        read += [(start + index, row) for index, row in zip(found.frame_indices, rows)]
+    return read
 
 
 def _half_turn(frame: Frame) -> tuple:

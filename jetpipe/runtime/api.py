@@ -9,7 +9,7 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import ColourMatrix, check_crop, check_frame, frame_shape, frame_size
-from jetpipe.geometry import Letterbox
+from jetpipe.geometry import Letterbox, Quad
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Frame:
     device: bool = False        # the frame is in device memory at `address` (no host copy exists)
     hw: tuple[int, int] | None = None  # (height, width) of a device frame
     crop: tuple[int, int, int, int] | None = None  # x0, y0, x1, y1: only this part is the input (a secondary's)
-    quad: tuple | None = None  # four (x, y) corners inside crop's region: warped upright into the input
+    quad: Quad | None = None  # four (x, y) corners inside crop's region: warped upright into the input
 
     def size(self) -> tuple[int, int]:
         if self.device:

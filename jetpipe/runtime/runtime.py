@@ -62,8 +62,7 @@ class CpuRuntime(RuntimeBase):
             self.rejected_frames += len(rejected)
             boxes = []
             size_hw = (self.size_hw[0], width)
-            inputs = self.inputs[set_index][:self.max_batch * self.spec.channels * size_hw[0] * width] \
-                .reshape(self.max_batch, self.spec.channels, *size_hw)
+            inputs = at_width(self.inputs[set_index], self.max_batch, (self.spec.channels, *size_hw))
             start = time.perf_counter()
             for row, (_, frame, _, _, matrix) in enumerate(usable):
                 _, box = self._preprocess(frame.data, frame.format, size_hw, self.spec, matrix,

@@ -95,9 +95,9 @@ class TensorRTBackend:
         self.input, outputs = self._tensor_specs()
         # a width range's engine: its profile's max is the widest width, each width runs at its own shape
         self.widths = tuple(widths or (self.input.sample_shape[2],))
-        self.output_shapes = {w: [spec.sample_shape for spec in self._resolve_outputs(outputs, w)]
-                              for w in self.widths}
-        self.outputs = self._resolve_outputs(outputs, self.widths[-1])
+        specs = {w: self._resolve_outputs(outputs, w) for w in self.widths}
+        self.output_shapes = {w: [spec.sample_shape for spec in specs[w]] for w in self.widths}
+        self.outputs = specs[self.widths[-1]]  # buffers are sized for the widest
         self.addresses: dict[int, tuple[int, dict[str, int]]] = {}
         self.graphs: dict[tuple[int, int, int], object] = {}
 
