@@ -6,9 +6,9 @@ it holds nothing but what the project writes there (`owned` says what that is):
 a user's folder, the current folder and the input being read are refused.
 Staging folders left by a killed run are cleaned up by the next run.
 
-One run writes a folder at a time: check_destination claims it (a `.NAME.lock` file beside it holding the
-run's pid, made with O_EXCL) until staging() has swapped it in; a second run meanwhile is refused with the
-first one's pid, and a lock whose process has died is taken over. An output given as a symbolic link to a
+One run writes a folder at a time: check_destination claims it (an flock on a `.NAME.lock` file beside it,
+which holds the run's pid for the message) until staging() has swapped it in; a second run meanwhile is
+refused with the first one's pid; the kernel drops the lock of a run that died. An output given as a symbolic link to a
 folder is written where the link points (the link stays).
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -53,7 +54,7 @@ def target(out: Path) -> Path:
     return Path(os.path.realpath(out)) if out.is_symlink() else out
 
 
-_claimed: set[Path] = set()  # lock files this process holds
+_held: dict[Path, int] = {}  # lock file -> the descriptor holding its flock, for each output this process claimed
 
 
 def _lock_path(out: Path) -> Path:
@@ -61,47 +62,62 @@ def _lock_path(out: Path) -> Path:
 
 
 def claim(out: Path, flag: str) -> None:
-    """Make this run the one writer of `out` until staging() swaps it in (or the process ends)."""
+    """Make this run the one writer of `out` until staging() swaps it in (or the process ends).
+
+    The claim is an flock on `.NAME.lock`, not the file's existence: the kernel drops it when its process dies
+    however it dies, and there is no moment where a second run sees a lock file not yet holding its pid and
+    takes it for a dead run's (the race a pid-in-a-file lock had; CI found it).
+    """
     lock = _lock_path(out)
-    if lock in _claimed:
+    if lock in _held:
         return
     out.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):  # a second try after taking over a dead run's lock
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                holder = lock.read_text().strip()
-            except OSError:
-                holder = ""
-            if _owner_alive(holder):
-                raise JetpipeError(f"{flag} {out} is being written by another jetpipe run (pid {holder}): wait for "
-                                   f"it to finish or choose another {flag}") from None
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock)  # its run died (or it is this process's own, left by a failed run)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        _claimed.add(lock)
-        return
-    raise JetpipeError(f"{flag} {out}: another run keeps claiming it; try again")
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()  # empty while the holder writes it
+            os.close(fd)
+            by = f" (pid {holder})" if holder.isdigit() else ""
+            raise JetpipeError(f"{flag} {out} is being written by another jetpipe run{by}: wait for it to finish "
+                               f"or choose another {flag}") from None
+        if _still_named(fd, lock):
+            break
+        os.close(fd)  # its holder removed it between our open and our flock: lock the file there now
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _held[lock] = fd
+
+
+def _still_named(fd: int, lock: Path) -> bool:
+    try:
+        named = os.stat(lock)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def release(out: Path) -> None:
-    lock = _lock_path(out)
-    if lock in _claimed:
-        _claimed.discard(lock)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock)
+    _release(_lock_path(out))
+
+
+def _release(lock: Path) -> None:
+    fd = _held.pop(lock, None)
+    if fd is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(lock)  # removed while still locked, so a run that opened it sees it unnamed and retries
+    os.close(fd)
 
 
 @atexit.register
 def release_all() -> None:
     """Give up every output this process claimed (a command that failed before writing its output)."""
-    for lock in list(_claimed):
+    for lock in list(_held):
         with contextlib.suppress(OSError):
-            os.unlink(lock)
-    _claimed.clear()
+            _release(lock)
 
 
 def check_destination(out: Path, force: bool, flag: str, what: str, owned: Owned,

@@ -278,20 +278,66 @@ def test_two_converts_to_one_output_at_once_cannot_both_write_it(made, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]  # no lock or staging folder left
 
 
+_HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, str(os.getpid()).encode())
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
 def test_a_lock_of_a_live_run_refuses_and_a_dead_runs_lock_is_taken_over(made, tmp_path, capsys):
     _, model, _ = made
-    out = tmp_path / "b"
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    out, lock = tmp_path / "b", tmp_path / ".b.lock"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
-        (tmp_path / ".b.lock").write_text(str(sleeper.pid))
+        assert holder.stdout.readline().strip() == "held"
         assert main(["convert", model, "-o", str(out), "--max-batch", "2", "--quiet"]) == 2
-        assert f"is being written by another jetpipe run (pid {sleeper.pid})" in _one_line_error(capsys)
-        assert not out.exists() and (tmp_path / ".b.lock").read_text() == str(sleeper.pid)
+        assert f"is being written by another jetpipe run (pid {holder.pid})" in _one_line_error(capsys)
+        assert not out.exists() and lock.read_text() == str(holder.pid)
     finally:
-        sleeper.kill()
-        sleeper.wait()
-    assert main(["convert", model, "-o", str(out), "--max-batch", "2", "--quiet"]) == 0  # its run is gone
+        holder.kill()
+        holder.wait()
+    assert lock.read_text() == str(holder.pid)  # its file stays; the kernel dropped its lock with it
+    assert main(["convert", model, "-o", str(out), "--max-batch", "2", "--quiet"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+_CLAIM = """
+import sys
+from pathlib import Path
+from jetpipe import outputs
+from jetpipe.errors import JetpipeError
+print("ready", flush=True)
+sys.stdin.readline()  # all three claim together, once every one is ready
+try:
+    outputs.claim(Path(sys.argv[1]), "-o")
+    print("won", flush=True)
+except JetpipeError:
+    print("lost", flush=True)
+sys.stdin.read()  # the winner holds its claim until the test has heard from every run
+"""
+
+
+def test_runs_claiming_one_output_together_have_one_winner(tmp_path):
+    """Three runs claim at once, five times over: exactly one holds it each time. The lock made by O_EXCL and
+    then filled with the pid let a run read it empty, take it for a dead run's and remove it (two winners in
+    23 of 30 tries here)."""
+    for attempt in range(5):
+        out = tmp_path / f"b{attempt}"
+        runs = [subprocess.Popen([sys.executable, "-c", _CLAIM, str(out)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True) for _ in range(3)]
+        assert [run.stdout.readline().strip() for run in runs] == ["ready"] * 3
+        for run in runs:
+            run.stdin.write("go\n")
+            run.stdin.flush()
+        said = sorted(run.stdout.readline().strip() for run in runs)
+        for run in runs:
+            run.communicate("")
+        assert said == ["lost", "lost", "won"], attempt
+    assert not list(tmp_path.glob(".*.lock"))  # the winners released theirs on exit
 
 
 def test_an_output_given_as_a_link_is_written_where_it_points(made, tmp_path):
