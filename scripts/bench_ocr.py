@@ -2,7 +2,7 @@
 """The OCR chain users run — PP-OCRv4 det -> rec through `jetpipe serve` with a secondary stage — side by
 side with RapidOCR (its det + cls + rec on the CPU, a process per core) on the same video, in one run.
 
-  python scripts/bench_ocr.py [--streams 8] [--seconds 20] [--frames 60] [--decoder nvdec] [--scene words]
+  python scripts/bench_ocr.py [--streams 8] [--seconds 20 | --once] [--frames 60] [--decoder nvdec] [--scene words]
                               [--json out.json]
 
 The detector reads each frame at `--det-size` (default 736x1312, the size RapidOCR's detector reads a 1080p
@@ -105,9 +105,10 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]])
         found[0], found[1] = found[0] + hit, found[1] + total
 
     config = validate(PipelineConfig(
-        bundle=det, sources=[SourceConfig(str(video), loop=True, realtime=args.realtime, decoder=args.decoder)
+        bundle=det, sources=[SourceConfig(str(video), loop=not args.once, realtime=args.realtime, decoder=args.decoder)
                              for _ in range(args.streams)],
-        secondaries=[SecondaryConfig(rec, name="rec", max_per_frame=32)], duration=args.seconds, metrics_listen="",
+        secondaries=[SecondaryConfig(rec, name="rec", max_per_frame=32)], duration=0.0 if args.once else args.seconds,
+        metrics_listen="",
         log_every_s=1e9, backend=args.backend, batch_timeout_ms=5.0))
     cpu_before = time.process_time()
     summary = Pipeline(config, on_result=count).run()
@@ -117,7 +118,9 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]])
             "cpu_ms_per_frame": round(1e3 * (time.process_time() - cpu_before) / max(1, processed), 2),
             "cpu_cores": summary["cpu_cores"], "word_recall": round(found[0] / max(1, found[1]), 4),
             "words": found[1], "backend": summary["backend"], "postprocess": summary["postprocess"],
-            "latency_ms": summary["latency_ms"]["total"], "secondary": summary["secondary"]["rec"]}
+            "latency_ms": summary["latency_ms"]["total"], "secondary": summary["secondary"]["rec"],
+            "batches": summary["batches"], "post_thread_ms_per_batch": summary["post_thread_ms_per_batch"],
+            "thread_cpu_s": summary["cpu_seconds"]}
 
 
 _ENGINE = None
@@ -191,6 +194,14 @@ def crop_costs(rec: Path, batch: int = 8) -> dict | None:
             "crop_share": round(median["preprocess"] / median["infer"], 4)}
 
 
+def precisions(text: str) -> list[str]:
+    chosen = text.split(",")
+    for precision in chosen:
+        if precision not in ("fp32", "fp16", "int8"):
+            raise argparse.ArgumentTypeError(f"{precision}: fp32, fp16 or int8")
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=8)
@@ -198,7 +209,11 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=60, help="distinct rendered frames in the clip")
     parser.add_argument("--decoder", default="auto")
     parser.add_argument("--backend", default="auto")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8"))
+    parser.add_argument("--precision", default="fp32", type=precisions,
+                        help="fp32, fp16 or int8 for the detector and recognizer; several, comma-separated, are run "
+                        "one after the other on the same video (with --once: the same frames), e.g. fp32,int8")
+    parser.add_argument("--once", action="store_true", help="each stream plays the clip once (every frame read "
+                        "once, the run ends there) instead of looping for --seconds")
     parser.add_argument("--det-size", default="736x1312", help="the detector's input HxW (RapidOCR reads a 1080p "
                         "frame at 736 x 1308: its det_limit_side_len 736, limit_type min)")
     parser.add_argument("--rec-batch", type=int, default=32, help="the recognizer bundle's max batch (crops a run)")
@@ -215,12 +230,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         video, words = make_video(folder, args.frames, args.scene)
-        det, rec = convert_bundles(folder, args.precision, tuple(int(v) for v in args.det_size.split("x")),
-                                   args.rec_batch, rec_range=args.rec_width == "range")
         report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "streams": args.streams,
                   "words_per_frame": round(sum(map(len, words)) / len(words), 1)}
-        report["jetpipe"] = run_jetpipe(args, det, rec, video, words)
-        print(json.dumps({"jetpipe": report["jetpipe"]}), flush=True)
+        for precision in args.precision:
+            det, rec = convert_bundles(folder / precision, precision,
+                                       tuple(int(v) for v in args.det_size.split("x")), args.rec_batch,
+                                       rec_range=args.rec_width == "range")
+            key = "jetpipe" if precision == args.precision[0] else f"jetpipe_{precision}"
+            report[key] = run_jetpipe(args, det, rec, video, words)
+            report[key]["precision"] = precision
+            print(json.dumps({key: report[key]}), flush=True)
         if not args.no_peer:
             report["rapidocr"] = run_rapidocr(args, video, words)
             print(json.dumps({"rapidocr": report["rapidocr"]}), flush=True)

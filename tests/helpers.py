@@ -125,6 +125,28 @@ def int8_hostile_net(size: int = 16) -> onnx.ModelProto:
     return _model(graph, 17)
 
 
+def hostile_chain_net(blocks: int = 12, hostile: tuple[int, ...] = (3, 7, 10), size: int = 16) -> onnx.ModelProto:
+    """Conv 3->8, then `blocks` x (Mul by a per-channel gain -> Conv 8->8); in the `hostile` blocks one channel
+    is 10^4 times the others before the Conv (int8_hostile_net's pattern), so quantizing that Conv's input
+    loses the other seven channels. The other blocks quantize well."""
+    rng = np.random.default_rng(17)
+    inits = [_init("w0", rng.standard_normal((8, 3, 3, 3)) * 0.3)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1], name="conv0")]
+    for i in range(1, blocks + 1):
+        gain = np.ones((1, 8, 1, 1), np.float32)
+        # near the identity: a well-conditioned chain, where the benign blocks' INT8 errors stay small
+        weight = (np.eye(8) + 0.2 * rng.standard_normal((8, 8))).reshape(8, 8, 1, 1).astype(np.float32)
+        if i in hostile:
+            gain[0, 0], weight[:, 0] = 1e4, weight[:, 0] * 1e-4
+        inits += [_init(f"gain{i}", gain), _init(f"w{i}", weight)]
+        nodes += [helper.make_node("Mul", [f"c{i - 1}", f"gain{i}"], [f"m{i}"], name=f"gain{i}"),
+                  helper.make_node("Conv", [f"m{i}", f"w{i}"], [f"c{i}" if i < blocks else "y"], name=f"conv{i}")]
+    graph = helper.make_graph(nodes, "hostile_chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, size, size])], inits)
+    return _model(graph, 17)
+
+
 def qdq_net(size: int = 16) -> onnx.ModelProto:
     """An already quantized model (Q/DQ in front of a Conv, as ONNX Runtime's quantize_static writes it)."""
     rng = np.random.default_rng(13)

@@ -44,14 +44,15 @@ class Rebuilder:
         if self.precision not in ("int8", "fp16"):
             raise JetpipeError(f"a {self.precision} bundle has nothing to keep in higher precision")
         self.base = dict(ctx.manifest.get("excluded_nodes") or {})
-        self.ranges = {}
+        self.ranges, self.means = {}, {}
         if self.precision == "int8":
-            self.ranges = calib_cache.load(bundle_dir).ranges
+            cached = calib_cache.load(bundle_dir)
+            self.ranges, self.means = cached.ranges, cached.means()
 
     def build(self, extra: set[str]):
         keep = set(self.base) | extra
         if self.precision == "int8":
-            return int8.quantize(self.ctx.reference, int8.plan(self.ctx.reference, keep), self.ranges)
+            return int8.quantize(self.ctx.reference, int8.plan(self.ctx.reference, keep), self.ranges, self.means)
         return fp16.convert(self.ctx.reference, keep)
 
     def ranking(self, progress=silent) -> list[str]:
@@ -61,7 +62,7 @@ class Rebuilder:
             full = int8.plan(self.ctx.reference, set(self.base))
             steps = progress(len(full.nodes), "precision search: ranking", "node")
             errors = sensitivity.rank_int8_nodes(self.ctx.reference, full, self.ranges, sample,
-                                                 self.ctx.input_name, steps)
+                                                 self.ctx.input_name, steps, self.means)
             steps.close()
             return sorted(errors, key=errors.get, reverse=True)
         ranked = localise(self.ctx.reference, self.build(set()), sample, self.ctx.input_name,

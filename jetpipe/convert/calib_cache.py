@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from jetpipe.bundle import CALIBRATION_FILE, write_json
 from jetpipe.errors import CalibrationError
 
@@ -20,14 +22,20 @@ class CalibrationResult:
     ranges: dict[str, float] = field(default_factory=dict)   # INT8 clip value per activation
     absmax: dict[str, float] = field(default_factory=dict)   # every float activation
     auto_excluded: dict[str, str] | None = None               # measured sensitive nodes
+    sensitivity: dict[str, float] = field(default_factory=dict)  # node -> output error when quantized alone
+    channel_means: dict[str, list[float]] = field(default_factory=dict)  # quantized Convs' inputs: bias correction
 
     def key(self) -> dict:
         return {"model_sha256": self.model_sha256, "method": self.method,
                 "data_fingerprint": self.data_fingerprint}
 
+    def means(self) -> dict[str, np.ndarray]:
+        return {name: np.asarray(mean, np.float32) for name, mean in self.channel_means.items()}
+
     def summary(self) -> dict:
         return {**self.key(), "samples": self.samples, "skipped": self.skipped,
                 "int8_ranges": len(self.ranges), "observed_tensors": len(self.absmax),
+                "bias_corrected_inputs": len(self.channel_means),
                 "file": CALIBRATION_FILE}
 
 

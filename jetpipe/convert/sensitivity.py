@@ -21,13 +21,14 @@ log = logging.getLogger(__name__)
 
 
 def rank_int8_nodes(model: onnx.ModelProto, full: int8.QuantPlan, ranges: dict[str, float],
-                    samples: np.ndarray, input_name: str, progress=None) -> dict[str, float]:
+                    samples: np.ndarray, input_name: str, progress=None,
+                    channel_means: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Output error when each quantized node is the only one quantized."""
     reference = cpu_session(model).run(None, {input_name: samples})
     errors = {}
     for name in full.nodes:
         alone = int8.plan(model, set(full.nodes) - {name})
-        quantized = int8.quantize(model, alone, ranges)
+        quantized = int8.quantize(model, alone, ranges, channel_means)
         errors[name] = relative_mae(reference, cpu_session(quantized).run(None, {input_name: samples}))
         if progress is not None:
             progress.update(1)

@@ -31,8 +31,15 @@ class TensorStats:
     hist: np.ndarray | None = None
     count: int = 0
     with_hist: bool = True
+    with_means: bool = False               # the mean of each channel (axis 1): a Conv input's, for bias correction
+    channel_sum: np.ndarray | None = None
+    channel_count: int = 0
 
     def update(self, x: np.ndarray) -> None:
+        if self.with_means and x.ndim >= 3:
+            sums = x.sum(axis=(0, *range(2, x.ndim)), dtype=np.float64)
+            self.channel_sum = sums if self.channel_sum is None else self.channel_sum + sums
+            self.channel_count += x.size // x.shape[1]
         a = np.abs(x.reshape(-1), dtype=np.float32)
         batch_max = float(a.max()) if a.size else 0.0
         if not np.isfinite(batch_max):
@@ -116,6 +123,10 @@ class Statistics:
     def absmax(self) -> dict[str, float]:
         return {n: s.absmax for n, s in self.tensors.items()}
 
+    def channel_means(self) -> dict[str, list[float]]:
+        return {n: [float(v) for v in s.channel_sum / s.channel_count] for n, s in self.tensors.items()
+                if s.channel_sum is not None and s.channel_count}
+
 
 def float_tensors(model: onnx.ModelProto) -> list[str]:
     """Names of float32 activations (node outputs) in graph order."""
@@ -128,19 +139,20 @@ def float_tensors(model: onnx.ModelProto) -> list[str]:
 
 
 def collect(model: onnx.ModelProto, batches: Iterable[np.ndarray], input_name: str,
-            hist_tensors: set[str], all_absmax: bool = True, progress=None) -> Statistics:
+            hist_tensors: set[str], all_absmax: bool = True, progress=None,
+            mean_tensors: frozenset[str] | set[str] = frozenset()) -> Statistics:
     """Run the model over the batches, folding activations into Statistics.
 
-    Histograms are kept for `hist_tensors` (INT8 candidates); with `all_absmax`
-    every float activation's absmax is kept too (FP16 needs those). Only the
-    tensors asked for are exposed as outputs: each one is held until the run ends.
+    Histograms are kept for `hist_tensors` (INT8 candidates), per-channel means for `mean_tensors` (a subset:
+    the inputs of quantized Convs); with `all_absmax` every float activation's absmax is kept too (FP16 needs
+    those). Only the tensors asked for are exposed as outputs: each one is held until the run ends.
     """
 
     names = [n for n in float_tensors(model) if all_absmax or n in hist_tensors]
     session = cpu_session(expose_outputs(model, names), optimize=False, arena=False)
-    stats = Statistics({n: TensorStats(with_hist=n in hist_tensors) for n in names})
-    for name in hist_tensors - set(names):  # graph inputs feeding quantized ops
-        stats.tensors[name] = TensorStats()
+    stats = Statistics({n: TensorStats(with_hist=n in hist_tensors, with_means=n in mean_tensors) for n in names})
+    for name in (set(hist_tensors) | set(mean_tensors)) - set(names):  # graph inputs feeding quantized ops
+        stats.tensors[name] = TensorStats(with_hist=name in hist_tensors, with_means=name in mean_tensors)
     for batch in batches:
         outputs = session.run(names, {input_name: batch})
         for name, value in zip(names, outputs):

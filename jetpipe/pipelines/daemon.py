@@ -69,6 +69,8 @@ class Pipeline:
                                     reduction=self._reduction(), profile=profile)
         self.profile = profile
         self.gpu_stage_ms: dict[str, list[float]] = {}
+        # wall seconds of the post thread by phase: where a batch's time goes when that thread is the limit
+        self.post_phase_s = dict.fromkeys(("wait_gpu", "finish", "secondary", "records"), 0.0)
         self.thread_cpu_s: dict[str, float] = {}  # CPU seconds of each pipeline thread, at its end
         self.closers = [self.runtime.close]
         self.secondaries = []
@@ -362,7 +364,9 @@ class Pipeline:
                 return
             ticket, packets, t_batch = item
             try:
+                t_wait = time.perf_counter()
                 result = self.runtime.collect(ticket, hold=True)  # waits for the GPU (blocking, not spinning)
+                self.post_phase_s["wait_gpu"] += time.perf_counter() - t_wait
                 self.metrics.batches += 1
                 if self.profile:
                     for stage, ms in self.runtime.stage_times(ticket).items():
@@ -375,6 +379,8 @@ class Pipeline:
                 self.free_sets.release()
 
     def _postprocess(self, result, packets: list[Packet], t_batch: float, t_gpu: float) -> None:
+        phase = self.post_phase_s
+        t_finish = time.perf_counter()
         used = [packets[i] for i in result.frame_indices]
         sizes = [_frame_hw(p.frame) for p in used]
         finish = self.postprocess.reduced if result.reduction else self.postprocess
@@ -383,10 +389,14 @@ class Pipeline:
             tracker = self.trackers[packet.stream]
             if tracker is not None:  # frames of a stream reach this one thread in order
                 res["track_ids"] = tracker.update(res["boxes"], res["scores"])
+        t_secondary = time.perf_counter()
+        phase["finish"] += t_secondary - t_finish
         if self.secondaries and used:  # while the batch is held: its frames are still where the kernel read them
             frames = frames_read(result, [p.frame for p in used])
             for stage in self.secondaries:
                 stage.run(results, frames, [p.stream for p in used])
+        t_records = time.perf_counter()
+        phase["secondary"] += t_records - t_secondary
         for index, reason in result.rejected:
             log.warning("frame %d of stream %d rejected: %s", packets[index].frame_no, packets[index].stream,
                         reason)
@@ -409,6 +419,7 @@ class Pipeline:
             self.records.put(record)
         for packet in packets:
             packet.release()
+        phase["records"] += time.perf_counter() - t_records
 
     def _write_sinks(self) -> None:
         while True:
@@ -452,6 +463,8 @@ class Pipeline:
                 "cpu_seconds": {k: round(v, 3) for k, v in self.thread_cpu_s.items()},
                 "cpu_cores": round(self.thread_cpu_s.get("process", 0.0) / max(seconds, 1e-9), 2),
                 "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()},
+                "post_thread_ms_per_batch": {k: round(1e3 * v / max(1, m.batches), 3)
+                                             for k, v in self.post_phase_s.items()},
                 **({"secondary": {s.name: s.summary() for s in self.secondaries}} if self.secondaries else {})}
 
     def close(self) -> None:

@@ -119,3 +119,66 @@ def test_keeping_a_node_in_float_only_removes_quantization():
         assert set(reduced.uses) <= set(full.uses), exclude
         assert set(reduced.activations) <= set(full.activations), exclude
     assert ("add", 0) not in int8.plan(model, {"conv_b"}).uses
+
+
+def _one_conv(group: int, bias: bool):
+    """x (8 channels, mean far from 0) -> Conv 3x3 without padding, so every output reads 9 real pixels."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(11)
+    weight = (rng.standard_normal((8, 8 // group, 3, 3)) * 0.3).astype(np.float32)
+    weight[:, 0, 0, 0] *= 6  # one large weight a channel: its rounding step is coarse
+    inits = [numpy_helper.from_array(weight, "w")]
+    inputs = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(np.linspace(-1, 1, 8).astype(np.float32), "b"))
+        inputs.append("b")
+    node = helper.make_node("Conv", inputs, ["y"], group=group, name="conv")
+    graph = helper.make_graph([node], "one_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                ["batch", 8, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 10, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("group", [1, 8])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bias_correction_takes_the_weights_rounding_shift_out_of_the_output_mean(group, bias):
+    """Weights alone in INT8: the per-channel mean of the output moves by (W_int8 - W) . E[x]; with the input's
+    channel means from calibration data that shift is folded into the bias (one made where the Conv had none),
+    for plain and depthwise (group) Convs."""
+    model = _one_conv(group, bias)
+    rng = np.random.default_rng(2)
+    calib = (rng.standard_normal((8, 8, 12, 12)) + np.arange(1, 9).reshape(1, 8, 1, 1)).astype(np.float32)
+    held = (rng.standard_normal((8, 8, 12, 12)) + np.arange(1, 9).reshape(1, 8, 1, 1)).astype(np.float32)
+    full = int8.plan(model, set())
+    assert int8.conv_inputs(model, full) == {"x"}
+    collected = stats.collect(model, [calib[:4], calib[4:]], "x", set(), mean_tensors={"x"})
+    means = {k: np.asarray(v, np.float32) for k, v in collected.channel_means().items()}
+    np.testing.assert_allclose(means["x"], calib.mean(axis=(0, 2, 3)), rtol=1e-5)
+    weights_only = int8.QuantPlan((), full.weights, full.nodes, ())
+    reference = cpu_session(model).run(None, {"x": held})[0]
+
+    def mean_shift(channel_means):
+        out = cpu_session(int8.quantize(model, weights_only, {}, channel_means)).run(None, {"x": held})[0]
+        return np.abs((out - reference).mean(axis=(0, 2, 3)))
+
+    plain, corrected = mean_shift(None), mean_shift(means)
+    assert corrected.mean() < 0.2 * plain.mean(), (plain, corrected)
+
+
+def test_a_long_tailed_weight_channel_is_clipped_where_that_loses_less():
+    """The clip value of each weight channel is the one with the least squared error (the absmax among those
+    tried): a few large weights of a long-tailed channel no longer set the step for the thousands of others."""
+    rng = np.random.default_rng(4)
+    w = np.stack([rng.laplace(0, 0.01, 4096), rng.uniform(-0.05, 0.05, 4096)]).astype(np.float32)
+    scales = int8._weight_scales(w, axis=0)
+    absmax = np.abs(w).max(axis=1) / 127
+
+    def error(scale):
+        return np.square(np.clip(np.round(w / scale[:, None]), -127, 127) * scale[:, None] - w).sum(axis=1)
+
+    assert scales[0] < absmax[0]  # the long-tailed channel is clipped
+    assert scales[1] == pytest.approx(absmax[1], rel=0.03)  # a uniform one barely
+    assert (error(scales) <= error(absmax)).all() and error(scales)[0] < error(absmax)[0]
