@@ -1,5 +1,5 @@
-"""Results drawn on frames: boxes, scores, class names and track IDs, read text, over the source image
-(CPU, OpenCV).
+"""Results drawn on frames: boxes, scores, class names and track IDs, read text, masks (outlines filled
+translucent), keypoint skeletons, over the source image (CPU, OpenCV).
 
 For sinks a person looks at (annotated video, the preview page). The frame is converted from the ring's
 YUV once, at the size the sink wants, then drawn on in place.
@@ -12,6 +12,7 @@ import numpy as np
 from jetpipe.frames import frame_size, native_planes
 from jetpipe.lazy import lazy_import
 from jetpipe.preprocess import opencv_bgr
+from jetpipe.tasks.pose_yolo import COCO_LIMBS, VISIBLE
 
 cv2 = lazy_import("cv2")
 
@@ -19,6 +20,7 @@ cv2 = lazy_import("cv2")
 PALETTE = [(75, 25, 230), (75, 180, 60), (25, 225, 255), (200, 130, 0), (48, 130, 245), (180, 30, 145),
             (240, 240, 70), (230, 50, 240), (60, 245, 210), (212, 190, 250), (128, 128, 0), (255, 190, 220)]
 UNTRACKED = (0, 255, 0)  # a box that is not (yet) part of a track
+MASK_OPACITY = 0.4
 
 
 def output_size(source_hw: tuple[int, int], width: int | None) -> tuple[int, int]:
@@ -66,6 +68,10 @@ def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.nda
     said = _secondary_words(results, len(boxes))
     quads = results.get("quads") or [None] * len(boxes)
     thickness = max(1, round(image.shape[0] / 360))
+    if results.get("polygons"):
+        _fill_outlines(image, results["polygons"], tracks, (scale_x, scale_y))
+    if results.get("keypoints"):
+        _draw_skeletons(image, results["keypoints"], tracks, (scale_x, scale_y), thickness)
     for box, quad, score, cls, track, words in zip(boxes.round().astype(int), quads, scores, classes, tracks, said):
         color = PALETTE[track % len(PALETTE)] if track is not None else UNTRACKED
         if quad is not None:  # a text line's quadrilateral, turned with the line
@@ -83,6 +89,38 @@ def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.nda
     if "text" in results:  # a recognizer's line: what it read, top left
         _label(image, f"{results['text'].strip()} ({results.get('score', 0):.2f})", (4, 4), (255, 255, 255))
     return image
+
+
+def _object_colour(index: int, track) -> tuple[int, int, int]:
+    """An object's fill / skeleton colour: its track's, else one per object of the frame."""
+    return PALETTE[(track if track is not None else index) % len(PALETTE)]
+
+
+def _fill_outlines(image, polygons, tracks, scale) -> None:
+    """Each object's mask outline filled, blended over the frame once for all of them."""
+    overlay = image.copy()
+    for i, (polygon, track) in enumerate(zip(polygons, tracks)):
+        if len(polygon) >= 3:
+            corners = np.round(np.asarray(polygon, np.float64) * scale).astype(np.int32)
+            cv2.fillPoly(overlay, [corners], _object_colour(i, track))
+    cv2.addWeighted(overlay, MASK_OPACITY, image, 1 - MASK_OPACITY, 0, dst=image)
+
+
+def _draw_skeletons(image, keypoints, tracks, scale, thickness) -> None:
+    """Each object's keypoints (those it sees) and, for COCO's 17, the limbs between them."""
+    radius = thickness + 1
+    for i, (points, track) in enumerate(zip(keypoints, tracks)):
+        points = np.asarray(points, np.float64).reshape(len(points), -1)
+        seen = points[:, 2] >= VISIBLE if points.shape[1] > 2 else np.ones(len(points), bool)
+        xy = np.round(points[:, :2] * scale).astype(int)
+        colour = _object_colour(i, track)
+        if len(points) == 17:
+            for a, b in COCO_LIMBS:
+                if seen[a] and seen[b]:
+                    cv2.line(image, tuple(xy[a]), tuple(xy[b]), colour, thickness, cv2.LINE_AA)
+        for (x, y), visible in zip(xy, seen):
+            if visible:
+                cv2.circle(image, (int(x), int(y)), radius, colour, -1, cv2.LINE_AA)
 
 
 def _secondary_words(results: dict, count: int) -> list[str]:

@@ -13,7 +13,7 @@ A task answers, for a model:
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,6 +55,20 @@ class TaskOptions:
 
     input_hw: tuple[int, int] = (640, 640)
     labels: tuple[str, ...] | None = None  # class names by index, or a recognizer's alphabet (blank first)
+    metadata: dict = field(default_factory=dict)  # the export's own (MODEL_METADATA keys): kpt_shape, task
+    outputs: tuple = ()                    # (name, shape) of each output, as ModelFacts has them
+
+    @classmethod
+    def of(cls, facts: ModelFacts, labels) -> TaskOptions:
+        return cls(tuple(facts.input_hw), labels, dict(facts.metadata), facts.outputs)
+
+
+# the export's metadata a bundle keeps (its manifest's "metadata"): what tasks are recognized and laid out by
+MODEL_METADATA = ("task", "kpt_shape", "imgsz", "stride")
+
+
+def kept_metadata(metadata: dict) -> dict:
+    return {k: str(metadata[k]) for k in MODEL_METADATA if k in metadata}
 
 
 def probabilities(minimum, total) -> bool:

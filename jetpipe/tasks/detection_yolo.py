@@ -34,6 +34,27 @@ def anchor_points(input_hw, strides=STRIDES) -> int:
     return sum((input_hw[0] // s) * (input_hw[1] // s) for s in strides)
 
 
+def nms_yolov8(pred: np.ndarray, classes: int, score_threshold: float, iou_threshold: float,
+               max_detections: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One image's YOLOv8-layout head [4 + classes + extra, A] -> the anchor columns kept (best first) and
+    their xyxy (network pixels), score and class: best class, score threshold, class-aware NMS. The pose and
+    segmentation heads carry their extra rows (keypoints, mask coefficients) along by those columns."""
+    conf = pred[4:4 + classes].T
+    cls = conf.argmax(axis=1)
+    score = conf[np.arange(len(conf)), cls]
+    columns = np.flatnonzero(score >= score_threshold)
+    xywh = pred[:4, columns].T.astype(np.float64)
+    xyxy = np.concatenate([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], axis=1)
+    score, cls = score[columns].astype(np.float64), cls[columns]
+    if len(columns):
+        corner = np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], axis=1)
+        kept = cv2.dnn.NMSBoxesBatched(corner.tolist(), score.tolist(), cls.tolist(), score_threshold,
+                                       iou_threshold)
+        kept = np.asarray(kept, dtype=np.int64).reshape(-1)[:max_detections]
+        columns, xyxy, score, cls = columns[kept], xyxy[kept], score[kept], cls[kept]
+    return columns, xyxy, score, cls
+
+
 @dataclass
 class YoloDetection:
     """YOLOv5 (B,N,5+C), YOLOv8 (B,4+C,N) and YOLOX (B,N,5+C, raw grid outputs) with class-aware NMS."""

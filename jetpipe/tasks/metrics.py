@@ -151,3 +151,33 @@ def text_agreement(reference: list[str], candidate: list[str]) -> dict:
     return {"exact": float(np.mean(exact)) if exact else 1.0,
             "cer": errors / chars if chars else float(sum(len(c) for c in candidate) > 0),
             "lines": len(exact)}
+
+
+# COCO's per-keypoint sigmas (nose, eyes, ears, shoulders, elbows, wrists, hips, knees, ankles)
+COCO_SIGMAS = np.array([.26, .25, .25, .35, .35, .79, .79, .72, .72, .62, .62, 1.07, 1.07, .87, .87, .89, .89]) / 10
+
+
+def keypoint_similarity(reference: list[dict], candidate: list[dict], iou: float = 0.5) -> float:
+    """Mean object keypoint similarity (OKS, as Ultralytics computes it: the object's area taken as 0.53 of
+    its box's) of the candidate's keypoints against the reference's, over boxes matched one-to-one (same class,
+    IoU >= iou); keypoints the reference sees (visibility >= 0.5, or all where there is none) count. COCO's
+    sigmas for 17 points, 1/K otherwise. No reference objects: 1.0; none matched: 0.0."""
+    similarities, objects = [], 0
+    for ref, cand in zip(reference, candidate):
+        rb, cb = (np.asarray(r["boxes"], np.float64).reshape(-1, 4) for r in (ref, cand))
+        objects += len(rb)
+        if not (len(rb) and len(cb)):
+            continue
+        same = np.asarray(cand["classes"])[:, None] == np.asarray(ref["classes"])[None, :]
+        for i, j in match_boxes(cb, rb, iou, same):
+            r, c = np.asarray(ref["keypoints"][j], np.float64), np.asarray(cand["keypoints"][i], np.float64)
+            sigmas = COCO_SIGMAS if len(r) == len(COCO_SIGMAS) else np.full(len(r), 1.0 / len(r))
+            area = 0.53 * (rb[j, 2] - rb[j, 0]) * (rb[j, 3] - rb[j, 1])
+            seen = r[:, 2] >= 0.5 if r.shape[1] > 2 else np.ones(len(r), bool)
+            if not seen.any():
+                continue
+            d2 = np.square(r[:, :2] - c[:, :2]).sum(axis=1)
+            similarities.append(float(np.exp(-d2 / ((2 * sigmas) ** 2 * (area + 1e-9) * 2))[seen].mean()))
+    if not similarities:
+        return 1.0 if objects == 0 else 0.0
+    return float(np.mean(similarities))

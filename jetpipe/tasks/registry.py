@@ -14,14 +14,18 @@ from jetpipe.tasks.base import ModelFacts, Task, TaskError, TaskOptions
 from jetpipe.tasks.classification import ClassificationTask
 from jetpipe.tasks.detection_e2e import EndToEndDetectionTask
 from jetpipe.tasks.detection_yolo import YoloDetectionTask
+from jetpipe.tasks.pose_yolo import PoseYoloTask
 from jetpipe.tasks.raw import RawTask
+from jetpipe.tasks.segmentation_yolo import SegmentationYoloTask
 from jetpipe.tasks.text_detection import TextDetectionTask
 from jetpipe.tasks.text_recognition import TextRecognitionTask
 
 log = logging.getLogger(__name__)
 
-TASKS: dict[str, Task] = {t.name: t for t in (TextDetectionTask(), YoloDetectionTask(), TextRecognitionTask(),
-                                              EndToEndDetectionTask(), ClassificationTask(), RawTask())}
+TASKS: dict[str, Task] = {t.name: t for t in (TextDetectionTask(), SegmentationYoloTask(), PoseYoloTask(),
+                                              YoloDetectionTask(),
+                                              TextRecognitionTask(), EndToEndDetectionTask(), ClassificationTask(),
+                                              RawTask())}
 RAW = "raw"
 
 
@@ -74,6 +78,6 @@ def for_bundle(manifest: dict, name: str | None = None, flag: str = "task") -> t
     """The task a bundle is served or measured as (`name` overrides the manifest's; a bundle with none
     recorded has it recognized from its outputs now), checked against its outputs, with its options."""
     stored = manifest.get("labels")
-    facts = ModelFacts.from_io(manifest["io"], manifest["input_size"], labels=stored)
+    facts = ModelFacts.from_io(manifest["io"], manifest["input_size"], manifest.get("metadata"), labels=stored)
     task = choose(name or manifest.get("task"), facts, flag)
-    return task, TaskOptions(tuple(manifest["input_size"]), task.labels(facts))
+    return task, TaskOptions.of(facts, task.labels(facts))

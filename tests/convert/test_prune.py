@@ -336,3 +336,17 @@ def test_pruning_says_how_far_the_flops_fell_and_that_l1_without_data_is_unmeasu
                      "--calib-size", "4", "--quiet"]) == 0
     assert "nothing measured what it cost" not in caplog.text
     assert json.loads((tmp_path / "c" / "manifest.json").read_text())["pruning"]["check"]["task_metrics"]
+
+
+def test_the_default_method_is_reconstruct_with_data_and_l1_without(tmp_path, caplog):
+    """With --calib, pruning keeps accuracy unasked (l1 was the default and lost real models silently)."""
+    from jetpipe.synth import write_text_images
+
+    model = save(residual_block(), tmp_path / "block.onnx")
+    images = write_text_images(tmp_path / "imgs", 4, size_hw=(32, 32))
+    for name, extra, method in (("data", ["--calib", str(images)], "reconstruct"), ("none", [], "l1"),
+                                ("asked", ["--calib", str(images), "--prune-method", "l1"], "l1")):
+        out = tmp_path / name
+        assert main(["convert", model, "-o", str(out), "--prune", "0.25", "--quiet", *extra]) == 0
+        assert json.loads((out / "manifest.json").read_text())["pruning"]["method"] == method, name
+    assert sum("--prune-method reconstruct: the default with --calib" in r.getMessage() for r in caplog.records) == 1

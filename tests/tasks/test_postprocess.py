@@ -70,7 +70,8 @@ def test_classification_top_k_from_logits_and_probabilities():
 
 
 def test_unknown_task():
-    with pytest.raises(TaskError, match="task 'segmentation': choose one of text-detection, detection-yolo"):
+    with pytest.raises(TaskError, match="task 'segmentation': choose one of text-detection, segmentation-yolo, "
+                                      "pose-yolo, detection-yolo"):
         get("segmentation")
 
 

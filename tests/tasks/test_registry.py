@@ -27,12 +27,13 @@ def facts(*shapes, hw=(640, 640), **metadata):
     ([["N", 1000]], {}, "classification"),
     ([["N", 1000]], {"task": "classify"}, "classification"),
     ([["N", 40, 5]], {"character": "a\nb\nc"}, "text-recognition"),  # blank + 3 + space
-    ([["N", 116, 8400], ["N", 32, 160, 160]], {"task": "segment"}, "raw"),  # YOLOv8-seg: no task yet
+    ([["N", 116, 8400], ["N", 32, 160, 160]], {"task": "segment"}, "segmentation-yolo"),  # YOLOv8-seg
     ([["N", 300, 6]], {"task": "detect"}, "detection-e2e"),  # YOLOv10 / YOLO26 end-to-end
     ([["N", 300, 6]], {}, "detection-e2e"),
     ([["N", 300, 84]], {"task": "detect"}, "detection-e2e"),  # RT-DETR: normalized cxcywh + 80 scores
     ([["N", 300, 84]], {}, "raw"),                           # that shape alone could be a recognizer's
-    ([["N", 56, 8400]], {"task": "pose"}, "raw"),
+    ([["N", 56, 8400]], {"task": "pose"}, "pose-yolo"),
+    ([["N", 55, 8400]], {"task": "pose", "kpt_shape": "[17, 3]"}, "raw"),  # no row left for a class
     ([["N", 40, 6625]], {}, "raw"),                        # a recognizer without its alphabet
     ([["N", 2, 320, 320]], {}, "raw"),
 ])
@@ -139,3 +140,32 @@ def test_given_labels_come_before_the_models_names_and_must_fit_its_classes(tmp_
     assert _manifest(tmp_path / "b")["labels"] == ["kitten", "puppy"]
     with pytest.raises(TaskError, match="6 labels given for 5 classes"):
         choose("classification", ModelFacts((("y", ("N", 5)),), (16, 16), {}, tuple("abcdef")))
+
+
+def _dynamic_size_net(metadata: dict):
+    """Conv -> GAP -> Flatten on an input of dynamic height and width (as `dynamic=True` exports have it)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("GlobalAveragePool", ["c"], ["p"], name="pool"),
+             helper.make_node("Flatten", ["p"], ["y"], name="flatten")]
+    graph = helper.make_graph(nodes, "dynamic", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                              ["N", 3, "height", "width"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for key, value in metadata.items():
+        model.metadata_props.add(key=key, value=value)
+    return model
+
+
+def test_a_dynamic_size_export_is_converted_at_its_own_imgsz_and_the_bundle_keeps_its_metadata(tmp_path, capsys):
+    model = save(_dynamic_size_net({"imgsz": "[32, 48]", "task": "classify", "author": "x"}), tmp_path / "m.onnx")
+    assert main(["convert", model, "-o", str(tmp_path / "b"), "--max-batch", "1", "--quiet"]) == 0
+    manifest = _manifest(tmp_path / "b")
+    assert manifest["input_size"] == [32, 48]
+    assert manifest["metadata"] == {"imgsz": "[32, 48]", "task": "classify"}  # what tasks read, not all of it
+    bare = save(_dynamic_size_net({}), tmp_path / "bare.onnx")
+    assert main(["convert", bare, "-o", str(tmp_path / "c"), "--max-batch", "1", "--quiet"]) == 2
+    assert "has dynamic height/width ['height', 'width']: pass --input-size HxW" in capsys.readouterr().err

@@ -1,0 +1,137 @@
+"""pose-yolo: YOLOv8/11-pose heads before NMS, [N, 4 + C + K*D, A] (C classes, K keypoints of D values).
+
+K and D come from the export's `kpt_shape` metadata (Ultralytics writes "[17, 3]": COCO's 17 body points,
+each x, y and a visibility already through its sigmoid); without it, 17 x 3 where the rows allow. Decoding
+as detection-yolo's YOLOv8 layout (best class, score threshold, class-aware NMS), and each kept box's
+keypoints carried with it. Records: detection-yolo's "boxes", "scores", "classes", "labels", and
+"keypoints": per box, K rows of [x, y] in source pixels (+ visibility where D is 3). Sinks draw the skeleton
+(COCO's limbs for 17 points, else the points alone). Metric against FP32: box F1, score MAE and mAP as
+detectors, and "oks": the mean object keypoint similarity of matched boxes' keypoints (COCO's sigmas).
+GPU: no reduction yet: the head's output comes to the host and this CPU path finishes it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import numpy as np
+
+from jetpipe.tasks.base import (
+    DetectorTask,
+    ModelFacts,
+    TaskOptions,
+    boxes_to_source,
+    identity_frames,
+    known,
+    single_output,
+    with_labels,
+)
+from jetpipe.tasks.detection_yolo import anchor_points, nms_yolov8
+from jetpipe.tasks.metrics import box_agreement, detection_map, keypoint_similarity
+
+COCO_KEYPOINTS = (17, 3)
+# COCO's skeleton (pairs of keypoint indices, 0-based): what sinks draw for 17-point models
+COCO_LIMBS = ((15, 13), (13, 11), (16, 14), (14, 12), (11, 12), (5, 11), (6, 12), (5, 6), (5, 7), (6, 8),
+              (7, 9), (8, 10), (1, 2), (0, 1), (0, 2), (1, 3), (2, 4), (3, 5), (4, 6))
+VISIBLE = 0.5  # a keypoint's visibility at which sinks draw it
+
+
+def keypoint_shape(metadata: dict, rows, classes: int | None) -> tuple[int, int] | None:
+    """(K, D) from the export's kpt_shape, else 17 x 3 where the head's rows leave room for it."""
+    k, d = COCO_KEYPOINTS
+    text = metadata.get("kpt_shape")
+    if text:
+        try:
+            k, d = (int(v) for v in ast.literal_eval(str(text)))
+        except (ValueError, SyntaxError, TypeError):
+            return None
+        if k <= 0 or d not in (2, 3):
+            return None
+    if not known(rows):
+        return (k, d) if text else None
+    left = rows - 4 - k * d  # the class rows
+    return (k, d) if left >= 1 and (classes is None or left == classes) else None
+
+
+@dataclass
+class YoloPose:
+    classes: int = 1
+    keypoints: tuple[int, int] = COCO_KEYPOINTS
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    max_detections: int = 300
+    labels: tuple[str, ...] | None = None
+
+    def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        out = next(iter(outputs.values()))
+        k, d = self.keypoints
+        results = []
+        for pred, box, hw in zip(out, letterboxes, sizes):
+            rows, xyxy, score, cls = nms_yolov8(pred, self.classes, self.score_threshold, self.iou_threshold,
+                                                self.max_detections)
+            points = pred[4 + self.classes:4 + self.classes + k * d, rows].T.reshape(-1, k, d).astype(np.float64)
+            results.append(self._result(xyxy, score, cls, points, box, hw))
+        return results
+
+    def _result(self, xyxy, score, cls, points, box, hw) -> dict:
+        height, width = hw
+        xy = box.to_source(points[..., :2])
+        xy[..., 0] = xy[..., 0].clip(0, width)
+        xy[..., 1] = xy[..., 1].clip(0, height)
+        points = np.concatenate([xy, points[..., 2:]], axis=-1)
+        return with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
+                            "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist(),
+                            "keypoints": np.round(points, 3 if points.shape[-1] > 2 else 1).tolist()}, self.labels)
+
+    def reduction(self, required: bool = False):
+        return None
+
+
+class PoseYoloTask(DetectorTask):
+    name = "pose-yolo"
+    summary = "YOLOv8/11-pose heads [N, 4+C+K*D, A] -> boxes, classes, keypoints (x, y, visibility)"
+    metrics = {**DetectorTask.metrics, "oks": ">="}
+    check_bounds = {**DetectorTask.check_bounds, "oks": 0.9}
+
+    def mismatch(self, facts: ModelFacts) -> str | None:
+        if facts.metadata.get("task") not in (None, "pose"):
+            return f"the model says it is an Ultralytics {facts.metadata['task']!r} model, not a pose model"
+        what = "[N, 4 + C + K*D, A] (YOLO boxes with keypoints, before NMS)"
+        shape = single_output(facts, 3, what)
+        if isinstance(shape, str):
+            return shape
+        _, rows, anchors = shape
+        if known(anchors) and anchors not in (anchor_points(facts.input_hw),):
+            return (f"expects {anchor_points(facts.input_hw)} anchor columns at {facts.input_hw[0]}x"
+                    f"{facts.input_hw[1]}, found {facts.shapes()}")
+        classes = len(facts.labels) if facts.labels else None
+        if keypoint_shape(facts.metadata, rows, classes) is None:
+            return (f"expects {what} with K x D keypoint rows (kpt_shape in the export's metadata, or 17 x 3), "
+                    f"found {facts.shapes()}")
+        return None
+
+    def recognizes(self, facts: ModelFacts) -> bool:
+        """Only where the export says it is a pose model: a detector with 52 classes has 56 rows too."""
+        return facts.metadata.get("task") == "pose" and self.mismatch(facts) is None
+
+    def postprocessor(self, options: TaskOptions) -> YoloPose:
+        return YoloPose(**_layout(options), labels=options.labels)
+
+    def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
+        post = self.postprocessor(options)
+        letterboxes, sizes = identity_frames(len(reference[0]), options.input_hw)
+        ref, cand = post({"y": reference[0]}, letterboxes, sizes), post({"y": candidate[0]}, letterboxes, sizes)
+        agreement = box_agreement(ref, cand)
+        return {**{k: agreement[k] for k in ("box_f1", "box_f1_min", "score_mae")}, "map": detection_map(ref, cand),
+                "oks": keypoint_similarity(ref, cand)}
+
+
+def _layout(options: TaskOptions) -> dict:
+    """Classes and (K, D) of a bundle's head: from its rows, the labels and the stored kpt_shape."""
+    rows = options.outputs[0][1][1] if options.outputs and len(options.outputs[0][1]) == 3 else None
+    classes = len(options.labels) if options.labels else None
+    keypoints = keypoint_shape(options.metadata, rows, classes) or COCO_KEYPOINTS
+    if classes is None:
+        classes = rows - 4 - keypoints[0] * keypoints[1] if known(rows) else 1
+    return {"classes": max(1, classes), "keypoints": keypoints}
