@@ -87,9 +87,10 @@ def _add_convert(sub) -> None:
     r = p.add_argument_group("pruning")
     r.add_argument("--prune", type=float, metavar="RATIO",
                    help="remove this share of the model's FLOPs by removing whole Conv channels (0 < RATIO < 1)")
-    r.add_argument("--prune-method", choices=PRUNE_METHODS, default="l1",
+    r.add_argument("--prune-method", choices=PRUNE_METHODS,
                    help="l1: weight L1 norm; reconstruct: choose channels on calibration activations, then refit "
-                        "the following layers by least squares (needs --calib)")
+                        "the following layers by least squares (needs --calib) (default: reconstruct with --calib, "
+                        "l1 without)")
     r.add_argument("--prune-allocation", choices=ALLOCATIONS,
                    help="channels kept per group: the same share everywhere, or by measured sensitivity "
                         "(needs --calib; default for reconstruct)")
@@ -313,6 +314,9 @@ def _add_calibrate(sub) -> None:
                    "bundle's)")
     a.add_argument("--samples", type=int, default=32, help="inputs to use (default 32)")
     a.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider")
+    a.add_argument("--backend", choices=BACKENDS, help="measure the bundle through this runtime, as serve runs it "
+                   "(its engine, samples as NV12 frames through its preprocessing), instead of its ONNX graph; "
+                   "per-layer errors and the precision search stay on the ONNX graph")
     a.add_argument("--budget", help="e.g. 'f1>=0.99', 'top1_drop<=0.5', 'map>=0.95': verdict + precision search")
     a.add_argument("--no-search", action="store_true", help="report the verdict only")
     a.add_argument("--report", type=Path, required=True,
@@ -336,8 +340,8 @@ def _add_calibrate(sub) -> None:
 def _run_accuracy(args) -> int:
     report = run_accuracy(AccuracyOptions(
         bundle=args.bundle, data=args.data, report=args.report, reference=args.reference, task=args.task,
-        samples=args.samples, provider=args.provider, budget=args.budget, search=not args.no_search,
-        force=args.force))
+        samples=args.samples, provider=args.provider, backend=args.backend, budget=args.budget,
+        search=not args.no_search, force=args.force))
     print((args.report / "report.md").read_text())
     budget = report.get("budget")
     search = report.get("precision_search")

@@ -18,7 +18,7 @@ import onnx
 
 from jetpipe import bundle as bundles
 from jetpipe.calibration import metrics as m
-from jetpipe.calibration import reports
+from jetpipe.calibration import reports, served
 from jetpipe.calibration.evaluate import Context, compare, run_outputs
 from jetpipe.calibration.layers import localise
 from jetpipe.calibration.search import search
@@ -26,6 +26,7 @@ from jetpipe.convert.calib_data import open_source
 from jetpipe.convert.pipeline import prepare
 from jetpipe.errors import JetpipeError
 from jetpipe.progress import bar
+from jetpipe.runtime.runtime import open_runtime
 from jetpipe.spec import PreprocessSpec
 from jetpipe.tasks import Task, for_bundle
 from jetpipe.tasks.metrics import meets
@@ -42,6 +43,7 @@ class AccuracyOptions:
     samples: int = 32
     batch: int = 4
     provider: str = "cpu"          # cpu | cuda
+    backend: str | None = None     # measure the bundle through this runtime (served.py), not its ONNX graph
     budget: str | None = None
     search: bool = True
     force: bool = False            # replace an existing report
@@ -64,11 +66,16 @@ def prepare_context(opts: AccuracyOptions) -> Context:
     _check_same_io(prepared.model, manifest, source)
     spec = PreprocessSpec.from_dict(manifest["preprocess"])
     data = open_source(opts.data, tuple(prepared.input.dims), tuple(manifest["input_size"]), spec, opts.samples)
-    inputs = np.concatenate(list(data.batches(opts.batch)))
+    frames = None
+    if opts.backend is not None:
+        frames = served.served_frames(data)
+        inputs = served.reference_inputs(frames, manifest["input_size"], spec)
+    else:
+        inputs = np.concatenate(list(data.batches(opts.batch)))
     if data.skipped:
         log.warning("%d unreadable items in %s skipped", data.skipped, opts.data)
     return Context(manifest, prepared.model, str(Path(opts.bundle) / bundles.MODEL_FILE), inputs,
-                   prepared.input.name, task, options, opts.provider)
+                   prepared.input.name, task, options, opts.provider, frames=frames)
 
 
 def _check_same_io(reference: onnx.ModelProto, manifest: dict, source: Path) -> None:
@@ -101,10 +108,15 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
         raise JetpipeError(f"--samples {opts.samples} must be at least 1")
     reports.check_destination(opts.report, opts.force, opts.bundle)
     ctx = prepare_context(opts)
-    bundle_outputs = run_outputs(ctx.processed_path, ctx)
+    backend = "onnx graph (ONNX Runtime)"
+    if opts.backend is None:
+        bundle_outputs = run_outputs(ctx.processed_path, ctx)
+    else:
+        bundle_outputs, backend = _served_outputs(opts, ctx)
     per_output, tm = compare(ctx, outputs=bundle_outputs)
     report = {"bundle": str(opts.bundle), "precision": ctx.manifest["precision"], "task": ctx.task.name,
-              "provider": ctx.provider, "data": opts.data, "samples": int(len(ctx.inputs)),
+              "provider": ctx.provider, "measured_through": backend, "data": opts.data,
+              "samples": int(len(ctx.inputs)),
               "outputs": per_output, "task_metrics": tm, "layers": [], "budget": None, "precision_search": None}
     if opts.layers:
         report["layers"] = localise(ctx.reference, onnx.load(ctx.processed_path), ctx.inputs[:1],
@@ -121,6 +133,17 @@ def run_accuracy(opts: AccuracyOptions) -> dict:
     plots = _accuracy_plots(ctx, report, bundle_outputs)
     reports.write(opts.report, report, accuracy_markdown(report, sorted(plots)), plots)
     return report
+
+
+def _served_outputs(opts: AccuracyOptions, ctx: Context) -> tuple[list[np.ndarray], str]:
+    """The bundle's outputs through the runtime serve would use (opts.backend), and what that runtime is."""
+    runtime = open_runtime(opts.bundle, None, opts.backend)
+    try:
+        names = [o.name for o in ctx.reference.graph.output]
+        outputs = served.runtime_outputs(runtime, ctx.frames, names)
+        return outputs, f"{runtime.backend_name} runtime, NV12 frames preprocessed as serve does"
+    finally:
+        runtime.close()
 
 
 def _accuracy_plots(ctx: Context, report: dict, bundle_outputs: list[np.ndarray]) -> dict:
@@ -148,7 +171,8 @@ def accuracy_markdown(report: dict, plots=()) -> str:
     tm = report["task_metrics"]
     lines = [f"# Accuracy: {report['bundle']} ({report['precision']}) vs FP32", "",
              f"Task {report['task']}, {report['samples']} samples from `{report['data']}`, "
-             f"ONNX Runtime {report['provider']}.", "", "| metric | value |", "|---|---|"]
+             f"the bundle measured through its {report.get('measured_through', 'onnx graph')}, "
+             f"ONNX Runtime {report['provider']} for the FP32 reference.", "", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {v:.6g} |" for k, v in tm.items()]
     lines += ["", "| output | max abs | mean abs | cosine | SNR dB |", "|---|---|---|---|---|"]
     lines += [f"| {n} | {e['max_abs']:.4g} | {e['mean_abs']:.4g} | {e['cosine']:.6f} | {e['snr_db']:.1f} |"

@@ -26,6 +26,7 @@ class Context:
     task: Task
     options: TaskOptions
     provider: str
+    frames: list | None = None       # `--backend`: the samples as NV12 frames, what the runtime is fed
     _reference_outputs: list | None = None
 
     def reference_outputs(self) -> list[np.ndarray]:

@@ -49,3 +49,20 @@ def test_latency_stages_from_cuda_events(fp16_bundle, tmp_path):
         # preprocessing, inference and postprocessing run one after another inside each timed call
         assert row["total_ms"]["mean"] >= sum(stages[k]["mean"] for k in ("preprocess", "infer", "postprocess"))
     print((report_dir / "report.md").read_text())
+
+
+def test_accuracy_through_the_gpu_runtime_equals_the_cpu_runtimes(fp16_bundle, tmp_path):
+    """--backend onnxruntime-cuda: the samples as NV12 frames through the fused kernel and the CUDA EP; the
+    same frames through the CPU runtime give the same figures within tolerance."""
+    images = write_text_images(tmp_path / "eval", 8, seed=0, size_hw=(480, 640))
+    figures = {}
+    for backend in ("onnxruntime-cuda", "onnxruntime-cpu"):
+        report_dir = tmp_path / backend
+        assert main(["calibrate", "accuracy", str(fp16_bundle), "--data", str(images), "--backend", backend,
+                     "--no-search", "--report", str(report_dir)]) == 0
+        report = json.loads((report_dir / "report.json").read_text())
+        assert report["measured_through"].startswith(f"{backend} runtime")
+        figures[backend] = report["task_metrics"]
+    gpu, cpu = figures["onnxruntime-cuda"], figures["onnxruntime-cpu"]
+    assert gpu["box_f1"] == pytest.approx(cpu["box_f1"], abs=0.02)
+    assert gpu["f1"] == pytest.approx(cpu["f1"], abs=0.01) and gpu["mae"] <= 2 * cpu["mae"] + 1e-3

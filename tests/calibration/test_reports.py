@@ -152,3 +152,23 @@ def test_accuracy_sees_every_sample_once(tiny, tmp_path):
     ctx = prepare_context(AccuracyOptions(bundle=bundle, data=str(images), report=tmp_path / "r", samples=6,
                                           batch=4, task="classification"))
     assert len(ctx.inputs) == 6 and len({s.tobytes() for s in ctx.inputs}) == 6
+
+
+def test_accuracy_through_the_runtime_that_serves_the_bundle(tiny, tmp_path, capsys):
+    """--backend: the bundle measured through a runtime (here the CPU one), the samples fed as NV12 frames the
+    way sources hand them to serve, the FP32 reference reading the same frames; .npy tensors cannot be."""
+    folder, _, images, bundle = tiny
+    out = tmp_path / "served"
+    assert main(["calibrate", "accuracy", str(bundle), "--data", str(images), "--task", "classification",
+                 "--backend", "onnxruntime-cpu", "--report", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["measured_through"] == "onnxruntime-cpu runtime, NV12 frames preprocessed as serve does"
+    assert report["samples"] == 6 and report["task_metrics"]["top1"] == 1.0
+    assert report["outputs"]["y"]["cosine"] > 0.999
+    assert "measured through its onnxruntime-cpu runtime" in capsys.readouterr().out
+    tensors = tmp_path / "x.npy"
+    np.save(tensors, np.zeros((4, 3, 16, 16), np.float32))
+    assert main(["calibrate", "accuracy", str(bundle), "--data", str(tensors), "--backend", "onnxruntime-cpu",
+                 "--report", str(tmp_path / "npy")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--backend needs images or video frames" in err
