@@ -1,5 +1,5 @@
-"""Results drawn on frames: boxes, scores, class names and track IDs, read text, masks (outlines filled
-translucent), keypoint skeletons, over the source image (CPU, OpenCV).
+"""Results drawn on frames: boxes, scores, class names and track IDs, read text, masks and segmented regions
+(outlines filled translucent), keypoint skeletons, over the source image (CPU, OpenCV).
 
 For sinks a person looks at (annotated video, the preview page). The frame is converted from the ring's
 YUV once, at the size the sink wants, then drawn on in place.
@@ -21,6 +21,7 @@ PALETTE = [(75, 25, 230), (75, 180, 60), (25, 225, 255), (200, 130, 0), (48, 130
             (240, 240, 70), (230, 50, 240), (60, 245, 210), (212, 190, 250), (128, 128, 0), (255, 190, 220)]
 UNTRACKED = (0, 255, 0)  # a box that is not (yet) part of a track
 MASK_OPACITY = 0.4
+REGION_LABELS = 8  # the largest regions of a segmented frame named on it
 
 
 def output_size(source_hw: tuple[int, int], width: int | None) -> tuple[int, int]:
@@ -68,6 +69,14 @@ def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.nda
     said = _secondary_words(results, len(boxes))
     quads = results.get("quads") or [None] * len(boxes)
     thickness = max(1, round(image.shape[0] / 360))
+    if results.get("regions"):  # semantic segmentation: regions of each class, filled in its colour
+        regions = results["regions"]
+        _fill_outlines(image, [r["polygon"] for r in regions], [r["class"] for r in regions], (scale_x, scale_y))
+        for region in regions[:REGION_LABELS]:
+            top = min(region["polygon"], key=lambda p: p[1], default=None)
+            if top is not None:
+                _label(image, region["label"], (int(top[0] * scale_x), int(top[1] * scale_y)),
+                       _object_colour(0, region["class"]))
     if results.get("polygons"):
         _fill_outlines(image, results["polygons"], tracks, (scale_x, scale_y))
     if results.get("keypoints"):

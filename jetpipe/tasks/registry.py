@@ -17,6 +17,7 @@ from jetpipe.tasks.detection_yolo import YoloDetectionTask
 from jetpipe.tasks.pose_yolo import PoseYoloTask
 from jetpipe.tasks.raw import RawTask
 from jetpipe.tasks.segmentation_yolo import SegmentationYoloTask
+from jetpipe.tasks.semantic_segmentation import SemanticSegmentationTask
 from jetpipe.tasks.text_detection import TextDetectionTask
 from jetpipe.tasks.text_recognition import TextRecognitionTask
 
@@ -24,8 +25,8 @@ log = logging.getLogger(__name__)
 
 TASKS: dict[str, Task] = {t.name: t for t in (TextDetectionTask(), SegmentationYoloTask(), PoseYoloTask(),
                                               YoloDetectionTask(),
-                                              TextRecognitionTask(), EndToEndDetectionTask(), ClassificationTask(),
-                                              RawTask())}
+                                              TextRecognitionTask(), EndToEndDetectionTask(),
+                                              SemanticSegmentationTask(), ClassificationTask(), RawTask())}
 RAW = "raw"
 
 

@@ -35,7 +35,8 @@ def facts(*shapes, hw=(640, 640), **metadata):
     ([["N", 56, 8400]], {"task": "pose"}, "pose-yolo"),
     ([["N", 55, 8400]], {"task": "pose", "kpt_shape": "[17, 3]"}, "raw"),  # no row left for a class
     ([["N", 40, 6625]], {}, "raw"),                        # a recognizer without its alphabet
-    ([["N", 2, 320, 320]], {}, "raw"),
+    ([["N", 2, 320, 320]], {}, "semantic-segmentation"),  # a class map at half the input's size
+    ([["N", 2, 300, 300]], {}, "raw"),
 ])
 def test_recognized_from_shapes_and_metadata(shapes, metadata, expected):
     assert detect(facts(*shapes, **metadata))[0].name == expected
@@ -55,8 +56,8 @@ def test_a_task_that_does_not_fit_is_refused_with_the_shapes():
 
 def test_nothing_recognized_is_said_and_served_raw(caplog):
     with caplog.at_level(logging.WARNING):
-        assert choose(None, facts(["N", 2, 320, 320])).name == "raw"
-    assert "no task recognizes the outputs out0 ['N', 2, 320, 320]" in caplog.text
+        assert choose(None, facts(["N", 2, 300, 300])).name == "raw"
+    assert "no task recognizes the outputs out0 ['N', 2, 300, 300]" in caplog.text
     assert "pass --task to choose" in caplog.text
 
 
