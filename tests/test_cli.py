@@ -241,3 +241,24 @@ def test_weights_kept_beside_the_model_load_and_a_missing_data_file_is_named(tmp
     err = _error(capsys)
     assert "keeps its weights in m.data, which is not beside it" in err and "truncated" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_custom_operator_is_named_not_blamed_on_the_input_size(tmp_path, capsys):
+    """ONNX Runtime cannot run an op from a custom domain: the one line names it (it said 'pick an
+    --input-size the network accepts')."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("MyFancyOp", ["r"], ["y"], name="fancy", domain="custom.ops")]
+    graph = helper.make_graph(nodes, "custom", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                             ["N", 3, 32, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 32, 32])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom.ops", 1)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "custom.onnx"))
+    assert main(["convert", str(tmp_path / "custom.onnx"), "-o", str(tmp_path / "b"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "uses the operator custom.ops:MyFancyOp, which ONNX Runtime does not implement" in err
+    assert "--input-size" not in err and not (tmp_path / "b").exists()

@@ -12,6 +12,7 @@ import difflib
 import logging
 import math
 import platform
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -377,11 +378,30 @@ def _check_runs(model: onnx.ModelProto, info: graph.InputInfo, size_hw, sample: 
     try:
         return cpu_session(model).run(None, {info.name: sample})
     except Exception as exc:
+        unknown = _unknown_operator(str(exc))
+        if unknown:
+            raise ModelError(f"the model uses the operator {unknown}, which ONNX Runtime does not implement (a custom "
+                             "op): jetpipe runs and checks models with ONNX Runtime; re-export the model with "
+                             "standard ONNX operators") from None
         raise ModelError(
             f"the model does not run at input size {size_hw[0]}x{size_hw[1]} "
             f"({str(exc).splitlines()[0][:160]}); pick an --input-size the network accepts "
             "(detectors usually need multiples of 32)"
         ) from exc
+
+
+UNKNOWN_OPERATOR = (re.compile(r"(\S+?)\(-?\d+\) is not a registered function/op"),
+                    re.compile(r"Could not find an implementation for (\S+?)\("),
+                    re.compile(r"No Op registered for (\S+) with domain_version"))
+
+
+def _unknown_operator(message: str) -> str | None:
+    """The operator ONNX Runtime's error says it does not know ("custom.ops:MyOp"), if that is the error."""
+    for pattern in UNKNOWN_OPERATOR:
+        found = pattern.search(message)
+        if found:
+            return found.group(1)
+    return None
 
 
 def _calibration_source(opts, prepared: Prepared) -> CalibrationSource | None:

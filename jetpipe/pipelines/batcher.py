@@ -60,6 +60,19 @@ class Batcher:
         with self._cond:
             return [len(q) for q in self.queues]
 
+    def abort(self) -> int:
+        """Drop every queued frame (slots freed, counted as dropped) and close: a second Ctrl-C ends the
+        drain. Returns how many were dropped."""
+        with self._cond:
+            dropped = 0
+            for stream, queue in enumerate(self.queues):
+                while queue:
+                    self._drop(stream)
+                    dropped += 1
+            self.closed = True
+            self._cond.notify_all()
+            return dropped
+
     def close(self) -> None:
         """No more frames will come: next_batch drains what is queued, then returns []."""
         with self._cond:

@@ -64,13 +64,14 @@ class PipelineConfig:
     reconnect_max_s: float = 10.0
     log_every_s: float = 5.0
     stall_timeout_s: float = 0.0       # a live stream without a frame this long reconnects (0: max(5 s, 10 frames))
+    fail_timeout_s: float = 30.0       # every batch failing this long stops serve, exit 1 (0: never)
     secondaries: list[SecondaryConfig] = field(default_factory=list)  # models run on the primary's boxes
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float), "queue_depth": int,
                   "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
-                  "stall_timeout_s": (int, float),
+                  "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
                   "log_every_s": (int, float)}
 _TABLES = {"pipeline", "source", "sink", "metrics", "secondary"}
 
@@ -177,6 +178,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (config.duration >= 0, "duration", "a number >= 0 (seconds)"),
         (0 <= config.stall_timeout_s <= 3600, "stall_timeout_s", "seconds from 0 (auto: max(5, 10 frame periods)) "
                                                                  "to 3600"),
+        (0 <= config.fail_timeout_s <= 86400, "fail_timeout_s", "seconds from 0 (never) to 86400"),
         (len(config.max_frame_hw) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_SIDE
                                                 for v in config.max_frame_hw), "max_frame_hw",
          f"[height, width], two integers from 1 to {MAX_SIDE}"),

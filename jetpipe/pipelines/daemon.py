@@ -49,6 +49,9 @@ class Pipeline:
 
         self.config = config
         self.stop_event = threading.Event()
+        self.interrupted: dict | None = None  # abort(): the second signal, and the queued frames it dropped
+        self.failure: str | None = None       # why it stopped itself: every batch failed for fail_timeout_s
+        self._failing_since: float | None = None  # the first failed batch after the last good one
         self._cpu_lock = threading.Lock()
         self.on_result = on_result  # optional callback(record), e.g. for the demo's console output
         manifest = bundles.read_manifest(config.bundle)
@@ -199,6 +202,16 @@ class Pipeline:
                 source.interrupt()
             except Exception as exc:
                 log.warning("source %s: %s while stopping", source.uri, exc)
+
+    def abort(self, signal_name: str) -> None:
+        """A second stop (Ctrl-C or SIGTERM while draining): drop the queued frames and finish only the
+        batches already on the GPU, then write the summary as usual."""
+        self.stop()
+        dropped = self.batcher.abort()
+        if self.interrupted is None:
+            self.interrupted = {"signal": signal_name, "queued_frames_dropped": 0}
+        self.interrupted["queued_frames_dropped"] += dropped
+        log.warning("%s again: %d queued frame(s) dropped, finishing the batches in flight", signal_name, dropped)
 
     def run(self) -> dict:
         """Run until stopped (signal, duration, frame limit, or every finite source ended); always closes."""
@@ -356,6 +369,15 @@ class Pipeline:
         for p in packets:
             p.release()
             self.metrics.count("failed", p.stream)
+        now, limit = time.monotonic(), self.config.fail_timeout_s
+        if self._failing_since is None:
+            self._failing_since = now
+        elif limit and now - self._failing_since >= limit and self.failure is None:
+            # settings that passed start-up and fail every frame: stop with the reason, not run on at exit 0
+            self.failure = f"every batch failed for {now - self._failing_since:.0f} s (fail_timeout_s {limit:g}); " \
+                           f"the last: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}"
+            log.error("stopping: %s", self.failure)
+            self.stop()
 
     def _post_stage(self) -> None:
         while True:
@@ -372,6 +394,7 @@ class Pipeline:
                     for stage, ms in self.runtime.stage_times(ticket).items():
                         self.gpu_stage_ms.setdefault(stage, []).append(ms)
                 self._postprocess(result, packets, t_batch, time.monotonic())
+                self._failing_since = None
             except Exception as exc:
                 self._fail(packets, exc)
             finally:
@@ -413,7 +436,8 @@ class Pipeline:
                       "task": self.task, "results": res}
             for sink in self.frame_sinks:  # a copy of the frame, before its ring slot is released
                 try:
-                    sink.offer(packet.stream, packet.frame, record, self.runtime.frame_to_host)
+                    sink.offer(packet.stream, packet.frame, record, self.runtime.frame_to_host,
+                               wait=not self.sources[packet.stream].live)  # files: every frame, as inference
                 except Exception as exc:  # a sink that fails never fails the batch
                     sink.fail(exc)
             self.records.put(record)
@@ -465,7 +489,9 @@ class Pipeline:
                 "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()},
                 "post_thread_ms_per_batch": {k: round(1e3 * v / max(1, m.batches), 3)
                                              for k, v in self.post_phase_s.items()},
-                **({"secondary": {s.name: s.summary() for s in self.secondaries}} if self.secondaries else {})}
+                **({"secondary": {s.name: s.summary() for s in self.secondaries}} if self.secondaries else {}),
+                **({"interrupted": dict(self.interrupted)} if self.interrupted else {}),
+                **({"failure": self.failure} if self.failure else {})}
 
     def close(self) -> None:
         for close in reversed(self.closers):

@@ -10,7 +10,9 @@ before its suffix unless it holds `{stream}` itself.
 
 These sinks draw in a thread per stream: the post stage only copies the frame (still YUV; from GPU memory
 for NVDEC streams) into one of the sink's preallocated buffers; conversion, drawing and encoding happen
-there. When all buffers are busy the frame is dropped (counted in `dropped`), never slowing inference.
+there. When all buffers are busy, a live stream's frame is dropped (counted in `dropped`), never slowing
+inference; a file's frame waits for a buffer, as files wait for inference (an annotated video of a file has
+every frame: under load it lost 3 of 24), up to WAIT_S (a sink that stopped drawing drops, counted).
 close() finishes every file: the encoders get end-of-stream and write their container's index (a
 SIGTERM'd daemon leaves playable files).
 """
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 
 JPEG_NAME = re.compile(r"s\d+_\d{6,}\.jpg")  # what a jpeg: sink writes, s{stream}_{frame:06d}.jpg
 SPARE_BUFFERS = 2  # per stream, beyond a whole batch: one being drawn, one waiting
+WAIT_S = 10.0      # a file's frame waits this long for a free buffer before it is dropped
 
 
 def _options(spec: str, known: tuple[str, ...]) -> tuple[str, dict[str, str]]:
@@ -87,9 +90,10 @@ class FrameSink:
     def describe(self) -> str:
         return self.spec
 
-    def offer(self, stream: int, frame, record: dict, to_host=None) -> bool:
+    def offer(self, stream: int, frame, record: dict, to_host=None, wait: bool = False) -> bool:
         """Copy a frame (YUV as it sits in the ring) for drawing; False when it was not taken. A frame in
-        device memory (NVDEC) is copied with to_host(frame, out) (the runtime's frame_to_host)."""
+        device memory (NVDEC) is copied with to_host(frame, out) (the runtime's frame_to_host). wait: a
+        file's frame, which waits for a free buffer rather than being dropped."""
         if not self.wants(record) or (self.period and not self._due_now(stream, record)):
             return False  # not a frame this sink shows, or above its rate: skipped, not a drop
         shape = frame.data.shape if frame.data is not None else frame_shape(frame.format, *frame.hw)
@@ -103,7 +107,7 @@ class FrameSink:
             worker.start()
             self._threads.append(worker)
         try:
-            buffer = free.get_nowait()
+            buffer = free.get(timeout=WAIT_S) if wait else free.get_nowait()
         except queue.Empty:
             self.dropped += 1
             return False

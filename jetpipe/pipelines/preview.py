@@ -35,10 +35,10 @@ class Preview(FrameSink):
     def watched(self) -> bool:
         return time.monotonic() - self.last_request < IDLE_S
 
-    def offer(self, stream: int, frame, record: dict, to_host=None) -> bool:
+    def offer(self, stream: int, frame, record: dict, to_host=None, wait: bool = False) -> bool:
         if not self.watched():
             return False  # nobody looks: no copy, not a drop
-        return super().offer(stream, frame, record, to_host)
+        return super().offer(stream, frame, record, to_host)  # a viewer's frame never waits
 
     def consume(self, stream: int, frame: np.ndarray, fmt: str, record: dict) -> None:
         image = annotate.render(frame, fmt, record["results"], WIDTH)

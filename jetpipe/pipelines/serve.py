@@ -21,16 +21,22 @@ log = logging.getLogger(__name__)
 
 
 def run_pipeline(config: PipelineConfig, on_result=None) -> dict:
-    """Run until done or SIGTERM/SIGINT; the second signal is left to Python (exit at once)."""
+    """Run until done or SIGTERM/SIGINT: the first signal stops the sources and drains what is queued; a second
+    one drops the queued frames and finishes only the batches in flight. Our handler stays until the run
+    returns: Python's own raised KeyboardInterrupt in the main thread while the inference threads ran, and
+    the process aborted (SIGABRT, no summary)."""
 
     pipeline = Pipeline(config, on_result=on_result)
-    previous = {}
+    previous, signals = {}, []
 
     def stop(signum, frame):
-        log.info("signal %d: stopping sources, draining in-flight batches", signum)
-        pipeline.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        name = signal.Signals(signum).name
+        signals.append(name)
+        if len(signals) == 1:
+            log.info("%s: stopping sources, draining queued frames (again to drop them)", name)
+            pipeline.stop()
+        else:
+            pipeline.abort(name)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous[sig] = signal.signal(sig, stop)
@@ -59,9 +65,16 @@ def _converted(name: str, folder: Path) -> None:
 
 
 def serve(config: PipelineConfig) -> int:
+    """0 when the run ended (or one signal stopped it); 1 when every batch failed for fail_timeout_s; 128 + the
+    signal when a second one cut the drain short:
+    the summary says what was processed and written either way."""
     summary = run_pipeline(config)
     print(json.dumps({"summary": summary}), file=sys.stderr)
-    return 0
+    if summary.get("failure"):
+        print(f"error: {summary['failure']}", file=sys.stderr)
+        return 1
+    interrupted = summary.get("interrupted")
+    return 128 + signal.Signals[interrupted["signal"]].value if interrupted else 0
 
 
 def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-det", sinks=(),

@@ -31,7 +31,13 @@ def ort_tensor_specs(session, input_sample_shape) -> tuple[TensorSpec, list[Tens
     """Input and output specs from one batch-1 run (per-sample shapes must be static)."""
     inp = session.get_inputs()[0]
     dummy = np.zeros((1, *input_sample_shape), np.float32)
-    outputs = session.run(None, {inp.name: dummy})
+    try:
+        outputs = session.run(None, {inp.name: dummy})
+    except Exception as exc:  # ONNX Runtime's own error, at start-up: one line, not a traceback
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise JetpipeError(f"the bundle's model fails on a blank {list(input_sample_shape)} input at start-up "
+                           f"({first[:300]}): check it with `jetpipe calibrate accuracy`, or convert it again"
+                           ) from None
     specs = []
     for meta, value in zip(session.get_outputs(), outputs):
         if value.ndim == 0 or value.shape[0] != 1:

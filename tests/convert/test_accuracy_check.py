@@ -113,10 +113,11 @@ def test_int8_keeps_more_nodes_in_float_until_the_task_check_holds(tmp_path, cap
     out, data = tmp_path / "b", tmp_path / "inputs.npy"
     np.save(data, np.random.default_rng(0).uniform(-1, 1, (72, 3, 16, 16)).astype(np.float32))
     assert main(["convert", save(hostile_chain_net(), tmp_path / "m.onnx"), "-o", str(out), "--precision", "int8",
-                 "--calib", str(data), "--calib-size", "8", "--engine", "never"]) == 0
+                 "--calib", str(data), "--calib-size", "8", "--task", "raw", "--engine", "never"]) == 0
     manifest = _manifest(out)
     excluded = manifest["excluded_nodes"]
-    assert set(excluded) == {"c3", "c7", "c10"}, excluded  # the clean-up names nodes by their outputs
+    # onnxslim >= 0.1.4x names nodes by their outputs (c3), older ones keep the export's names (conv3)
+    assert {name.replace("conv", "c") for name in excluded} == {"c3", "c7", "c10"}, excluded
     assert sum("kept for the task's check" in why for why in excluded.values()) >= 1, excluded
     assert "warning" not in manifest["accuracy_check"], manifest["accuracy_check"]
     assert any("keeping 1 more node(s) in float" in r.getMessage() for r in caplog.records)

@@ -236,3 +236,100 @@ def test_summary_reports_where_postprocessing_ran_and_cpu_per_thread(det_bundle)
     assert summary["postprocess"] == "cpu" and summary["d2h_bytes_per_frame"] == 0
     assert {"sources", "gpu", "post", "sinks", "process"} <= set(summary["cpu_seconds"])
     assert summary["cpu_seconds"]["process"] > 0 and summary["cpu_cores"] > 0
+
+
+def test_a_second_ctrl_c_drops_the_queue_and_exits_130_with_the_summary(det_bundle, tmp_path):
+    """The first Ctrl-C drains what is queued; a second one (0.3 s later, while 32 queued frames drain) drops
+    them and finishes only the batches in flight: exit 130 and a summary that counts what was written. It
+    aborted the process (SIGABRT, 'terminate called without an active exception', no summary)."""
+    import cv2
+
+    clip = tmp_path / "long.avi"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"MJPG"), 30, (320, 240))
+    for i in range(300):
+        writer.write(np.full((240, 320, 3), i % 255, np.uint8))
+    writer.release()
+    out = tmp_path / "results.jsonl"
+    config = tmp_path / "c.toml"
+    config.write_text(f"[pipeline]\nbundle = '{det_bundle}'\nqueue_depth = 32\nbackend = 'onnxruntime-cpu'\n"
+                      f"[[source]]\nuri = '{clip}'\n[[sink]]\nuri = 'jsonl:{out}'\n[metrics]\nlisten = ''\n")
+    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and (not out.exists() or not out.read_text()):
+        time.sleep(0.1)
+    assert proc.poll() is None and out.read_text(), proc.communicate(timeout=10) if proc.poll() is not None else ""
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "terminate called" not in err
+    summary = json.loads(err.strip().splitlines()[-1])["summary"]
+    assert summary["interrupted"]["signal"] == "SIGINT" and summary["interrupted"]["queued_frames_dropped"] > 0
+    assert len(_lines(out)) == sum(summary["processed"])
+
+
+def _gather_net(gain: float, offset: float, reduce: str = "ReduceMean"):
+    """y = table[int(reduce(x) * gain + offset)], table of 10: ONNX Runtime fails where the index leaves
+    [-10, 9]. Convert's checks feed random normal inputs (mean -0.018 to 0.08, max about 3), the runtime's
+    start-up a blank one (0), serve real frames normalized to [0, 1] (mean well above 0.25)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.arange(10, dtype=np.float32), "table"),
+             numpy_helper.from_array(np.array(gain, np.float32), "gain"),
+             numpy_helper.from_array(np.array(offset, np.float32), "offset"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    nodes = [helper.make_node(reduce, ["x"], ["mean"], axes=[1, 2, 3], keepdims=0, name="reduce"),
+             helper.make_node("Mul", ["mean", "gain"], ["scaled"], name="scale"),
+             helper.make_node("Add", ["scaled", "offset"], ["shifted"], name="shift"),
+             helper.make_node("Cast", ["shifted"], ["index"], to=TensorProto.INT64, name="cast"),
+             helper.make_node("Gather", ["table", "index"], ["picked"], name="gather"),
+             helper.make_node("Unsqueeze", ["picked", "one"], ["y"], name="unsqueeze")]
+    graph = helper.make_graph(nodes, "gather", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                             ["N", 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _converted(model, folder):
+    import onnx
+
+    onnx.save(model, str(folder / "m.onnx"))
+    assert subprocess.run([sys.executable, "-m", "jetpipe", "convert", str(folder / "m.onnx"), "-o",
+                           str(folder / "b"), "--task", "raw", "--quiet"], capture_output=True).returncode == 0
+    return folder / "b"
+
+
+def test_a_pipeline_whose_every_batch_fails_stops_with_the_reason_and_exit_1(tmp_path):
+    """Settings that pass start-up and fail every frame ran on at 0 fps and exited 0; after fail_timeout_s of
+    nothing but failed batches serve stops, says why in one line and exits 1."""
+    bundle = _converted(_gather_net(40.0, 0.0), tmp_path)  # index 40 x mean: about 0 until real frames
+    config = tmp_path / "c.toml"
+    config.write_text(f"[pipeline]\nbundle = '{bundle}'\nfail_timeout_s = 1\nbackend = 'onnxruntime-cpu'\n"
+                      "[[source]]\nuri = 'synthetic:64x48@30'\n[metrics]\nlisten = ''\n")
+    done = subprocess.run([sys.executable, "-m", "jetpipe", "serve", str(config)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: every batch failed for ") and "(fail_timeout_s 1)" in last
+    assert "indices element out of data bounds" in last  # ONNX Runtime's own reason
+    summary = json.loads(done.stderr.strip().splitlines()[-2])["summary"]
+    assert sum(summary["failed"]) > 0 and sum(summary["processed"]) == 0 and summary["failure"]
+
+
+def test_a_model_that_fails_at_start_up_is_one_line(tmp_path):
+    """The runtime runs the model once on a blank input to learn its outputs: a model ONNX Runtime cannot run
+    there stops serve at start-up in one line, exit 2 (it was a traceback)."""
+    bundle = _converted(_gather_net(1.0, -11.0, "ReduceMax"), tmp_path)  # -11 on zeros; about -8 on the checks
+    done = subprocess.run([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(bundle), "--source",
+                           "synthetic:64x48", "--metrics", "", "--backend", "onnxruntime-cpu"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    err = [line for line in done.stderr.strip().splitlines() if not line.startswith(("INFO", "\x1b"))]
+    assert len(err) == 1 and err[0].startswith("error: the bundle's model fails on a blank [3, 16, 16] input "
+                                               "at start-up (") and "Traceback" not in done.stderr

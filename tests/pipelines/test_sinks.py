@@ -1,11 +1,15 @@
 """Result sinks: one JSON line per record, appended; bad sink specs are one line."""
 
 import json
+import time
 
+import numpy as np
 import pytest
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.frame_sinks import FrameSink
 from jetpipe.pipelines.sinks import open_sink
+from jetpipe.runtime.api import Frame
 
 
 def test_jsonl_appends_one_line_per_record(tmp_path):
@@ -56,3 +60,29 @@ def test_metrics_exposition_is_prometheus_text_with_histograms_and_process_metri
     assert value("jetpipe_latency_seconds_count", stage="total") == 3
     assert value("jetpipe_latency_seconds_bucket", stage="total", le="0.05") == 2  # 8 and 40 ms
     assert value("process_resident_memory_bytes") > 0
+
+
+class _SlowSink(FrameSink):
+    """A frame sink whose drawing takes 50 ms a frame; records what it drew."""
+
+    def __init__(self):
+        super().__init__("slow", max_batch=1)  # 3 buffers
+        self.drawn = []
+
+    def consume(self, stream, frame, fmt, record):
+        time.sleep(0.05)
+        self.drawn.append(record["frame"])
+
+
+def test_a_files_frames_wait_for_a_busy_frame_sink_and_a_cameras_are_dropped():
+    """Files deliver every frame to inference, and to frame sinks too (an annotated video of a file lost 3 of
+    24 frames under load); a camera's frames are dropped when the sink is behind, never slowing inference."""
+    frame = Frame(np.zeros((48, 64, 3), np.uint8), "bgr")
+    for wait in (True, False):
+        sink = _SlowSink()
+        taken = [sink.offer(0, frame, {"frame": i, "pts": None}, wait=wait) for i in range(10)]
+        sink.close()
+        if wait:
+            assert all(taken) and sink.drawn == list(range(10)) and sink.dropped == 0
+        else:
+            assert sink.dropped == taken.count(False) > 0 and sink.drawn == [i for i, t in enumerate(taken) if t]
