@@ -33,6 +33,7 @@ from jetpipe.convert.prune import METHODS as PRUNE_METHODS
 from jetpipe.convert.stats import METHODS
 from jetpipe.doctor import run_doctor
 from jetpipe.errors import JetpipeError
+from jetpipe.export import triton
 from jetpipe.models import BUILTIN, resolve
 from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
 from jetpipe.pipelines.secondary import SecondaryConfig
@@ -337,6 +338,43 @@ def _add_calibrate(sub) -> None:
     lat.set_defaults(run=_run_latency)
 
 
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="a bundle for another server: a Triton model repository")
+    what = p.add_subparsers(dest="what", required=True)
+    t = what.add_parser("triton", help="REPO/NAME/config.pbtxt + REPO/NAME/1/model.onnx (or model.plan)",
+                        description="Write the bundle as a Triton Inference Server model: config.pbtxt from the "
+                                    "manifest (batch, I/O, dynamic batching, instances; task, labels and "
+                                    "preprocessing as parameters) and the model file. The repository's other "
+                                    "models are left alone; REPO/NAME is replaced only if an earlier export "
+                                    "wrote it, with --force.")
+    t.add_argument("bundle", type=Path, help="bundle folder written by `jetpipe convert`")
+    t.add_argument("-o", "--output", type=Path, required=True, help="model repository folder (made if missing)")
+    t.add_argument("--name", help="model name in the repository (default: the bundle folder's name)")
+    t.add_argument("--platform", choices=tuple(triton.PLATFORMS), default="onnxruntime",
+                   help="onnxruntime: the bundle's ONNX model (any server); tensorrt: its engine, as model.plan "
+                        "(needs --server-tensorrt and --server-compute-capability matching the engine's)")
+    t.add_argument("--instance-kind", choices=tuple(triton.INSTANCE_KINDS), default="gpu",
+                   help="where Triton runs the model's instances (default gpu)")
+    t.add_argument("--instances", type=int, default=1, help="model instances (default 1)")
+    t.add_argument("--max-queue-delay-us", type=int, default=500,
+                   help="how long Triton may hold a request to fill a batch (default 500 us)")
+    t.add_argument("--server-tensorrt", help="the server's TensorRT version (--platform tensorrt)")
+    t.add_argument("--server-compute-capability", help="the server GPU's compute capability, e.g. 9.0 "
+                   "(--platform tensorrt)")
+    t.add_argument("--force", action="store_true", help="replace an earlier export of this name")
+    t.set_defaults(run=_run_export_triton)
+
+
+def _run_export_triton(args) -> int:
+    folder = triton.export(triton.TritonExport(
+        bundle=args.bundle, repository=args.output, name=args.name, platform=args.platform,
+        instance_kind=args.instance_kind, instances=args.instances, max_queue_delay_us=args.max_queue_delay_us,
+        server_tensorrt=args.server_tensorrt, server_compute_capability=args.server_compute_capability,
+        force=args.force))
+    print(f"wrote {folder}: config.pbtxt, {triton.VERSION}/{triton.PLATFORMS[args.platform][1]}")
+    return 0
+
+
 def _run_accuracy(args) -> int:
     report = run_accuracy(AccuracyOptions(
         bundle=args.bundle, data=args.data, report=args.report, reference=args.reference, task=args.task,
@@ -396,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_demo(sub)
     _add_calibrate(sub)
+    _add_export(sub)
     for each in parsers(parser):
         each.formatter_class = _HelpFormatter
     return parser

@@ -7,7 +7,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "jetpipe"
 # lower layers first; an import may only point at its own layer or a lower one
-LAYERS = {"base": 0, "runtime": 1, "tasks": 2, "convert": 3, "pipelines": 4, "calibration": 5, "top": 6}
+LAYERS = {"base": 0, "runtime": 1, "tasks": 2, "convert": 3, "export": 3, "pipelines": 4, "calibration": 5,
+          "top": 6}
 TOP = {"jetpipe.cli", "jetpipe.cli_values", "jetpipe.doctor", "jetpipe.__main__"}
 GPU_PACKAGES = {"pycuda", "tensorrt", "tensorrt_rtx", "PyNvVideoCodec", "cupy"}
 

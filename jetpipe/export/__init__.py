@@ -1,0 +1,1 @@
+"""Bundles for other servers: a Triton Inference Server model repository (triton.py)."""
