@@ -8,6 +8,7 @@ drain); --debug shows tracebacks.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -458,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
         outputs.release_all()  # outputs claimed by a command that stopped before writing them
 
 
+# a full disk or quota, a read-only file system, a name too long: the storage's problem, said in one line
+STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG}
+
+
 def _run(args) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(levelname)s: %(message)s", stream=sys.stderr)
@@ -475,6 +480,13 @@ def _run(args) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        if args.debug or exc.errno not in STORAGE_ERRORS:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: {exc.strerror}{where}: free space or choose another place, and run again (outputs are written "
+              "staged: nothing was left half-written)", file=sys.stderr)
+        return 2
     except (KeyboardInterrupt, Terminated) as exc:
         if args.debug:
             raise

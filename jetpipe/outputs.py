@@ -33,11 +33,16 @@ log = logging.getLogger(__name__)
 Owned = Callable[[Path], "set[str] | None"]
 
 
-def check_writable(path: Path, flag: str) -> None:
-    """Fail now, before any work, if `path` could not be created: test its nearest existing ancestor."""
+STAGING_SUFFIX = 40  # what staging adds to an output's name (".NAME.tmp-PID-xxxxxxxx", ".NAME.lock"), at most
+
+
+def check_writable(path: Path, flag: str, staged: bool = False) -> None:
+    """Fail now, before any work, if `path` could not be created: test its nearest existing ancestor, and that
+    every name on the way fits the file system (staged: with room for the staging folder's longer name)."""
     ancestor = Path(os.path.abspath(path)).parent
-    while not ancestor.exists():
+    while not _exists(ancestor):
         ancestor = ancestor.parent
+    _check_name_lengths(Path(os.path.abspath(path)), ancestor, flag, STAGING_SUFFIX if staged else 0)
     if not ancestor.is_dir():
         raise JetpipeError(f"{flag} {path}: {ancestor} is not a folder: choose another {flag}")
     try:
@@ -52,6 +57,35 @@ def check_writable(path: Path, flag: str) -> None:
 def target(out: Path) -> Path:
     """Where an output is written: a symbolic link's folder (the link is kept), else `out` itself."""
     return Path(os.path.realpath(out)) if out.is_symlink() else out
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long to look up: not there
+        return False
+
+
+def _check_name_lengths(path: Path, ancestor: Path, flag: str, extra: int) -> None:
+    """A name longer than the file system takes (255 bytes on most) failed mid-way with a traceback."""
+    try:
+        name_max = os.pathconf(ancestor, "PC_NAME_MAX")
+        path_max = os.pathconf(ancestor, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in path.relative_to(ancestor).parts:
+        room = name_max - (extra if part == path.name else 0)
+        if len(os.fsencode(part)) > room:
+            raise JetpipeError(f"{flag} {_shortened(path)}: a name of {len(os.fsencode(part))} bytes ({part[:24]}...); "
+                               f"names here hold at most {room}: choose a shorter {flag}")
+    if len(os.fsencode(str(path))) + extra > path_max:
+        raise JetpipeError(f"{flag} {_shortened(path)}: the path is {len(os.fsencode(str(path)))} bytes, more than "
+                           f"this file system takes ({path_max - extra}): choose a shorter {flag}")
+
+
+def _shortened(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 80 else f"{text[:40]}...{text[-24:]}"
 
 
 _held: dict[Path, int] = {}  # lock file -> the descriptor holding its flock, for each output this process claimed
@@ -126,6 +160,7 @@ def check_destination(out: Path, force: bool, flag: str, what: str, owned: Owned
 
     Runs first thing, before any work; recovers what a killed run left (clean_stale) before judging.
     """
+    check_writable(out, flag, staged=True)  # names first: a too-long one fails every lookup after
     out = target(out)
     resolved = out.resolve()
     if resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents:
@@ -134,7 +169,7 @@ def check_destination(out: Path, force: bool, flag: str, what: str, owned: Owned
         other = other.resolve()
         if resolved == other or other in resolved.parents or resolved in other.parents:
             raise JetpipeError(f"{flag} {out} overlaps {other}, which this command reads: choose another {flag}")
-    check_writable(out, flag)
+    check_writable(out, flag, staged=True)
     claim(out, flag)
     try:
         _check_existing(out, force, flag, what, owned)

@@ -349,3 +349,35 @@ def test_an_output_given_as_a_link_is_written_where_it_points(made, tmp_path):
         assert main(["convert", model, "-o", str(link), "--max-batch", "2", "--quiet", *extra]) == 0
         assert link.is_symlink() and (real / "manifest.json").exists()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # nothing left beside them
+
+
+@pytest.mark.parametrize("what", ["convert", "report", "video", "jpeg"])
+def test_a_name_too_long_for_the_file_system_is_one_line(made, fresh_bundle, tmp_path, capsys, what):
+    """A 300-byte name (most file systems take 255) was a traceback wherever it was written."""
+    _, model, images = made
+    long = tmp_path / ("x" * 300)
+    serve = ["serve", "--bundle", str(fresh_bundle), "--source", "synthetic:64x48", "--frames", "2", "--metrics", ""]
+    command = {"convert": ["convert", model, "-o", str(long), "--max-batch", "2", "--quiet"],
+               "report": ["calibrate", "accuracy", str(fresh_bundle), "--data", str(images), "--report", str(long)],
+               "video": [*serve, "--sink", f"video:{long}.mp4"],
+               "jpeg": [*serve, "--sink", f"jpeg:{long}"]}[what]
+    assert main(command) == 2
+    assert "names here hold at most" in _one_line_error(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(made, tmp_path, capsys):
+    """ENOSPC while writing the bundle (a 256 KB tmpfs) was a traceback; the staging folder is removed."""
+    _, model, _ = made
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.decode().strip()[:80]}): needs root")
+    try:
+        (small / "filler").write_bytes(b"\0" * 12 * 1024)  # 4 KB left: less than the model
+        assert main(["convert", model, "-o", str(small / "b"), "--max-batch", "2", "--quiet"]) == 2
+        assert "No space left on device" in _one_line_error(capsys)
+        assert sorted(p.name for p in small.iterdir()) == ["filler"]
+    finally:
+        subprocess.run(["umount", str(small)], check=True)

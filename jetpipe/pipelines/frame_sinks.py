@@ -187,9 +187,9 @@ class VideoSink(FrameSink):
         self.tool, self.encoder = encoders.choose(spec, self.codec, options.get("encoder", "auto"))
         self.paths = [_stream_path(Path(path), i, streams) for i in range(streams)]
         for p in self.paths:
+            _check_writable(spec, p)  # first: a name too long for the file system fails every lookup
             if p.exists():
                 raise JetpipeError(f"sink {spec}: {p} exists: name a new file (a sink never overwrites one)")
-            _check_writable(spec, p)
         self.encoders: dict[int, subprocess.Popen] = {}
         super().__init__(spec, max_batch, max_fps=self.fps)
 
@@ -227,13 +227,14 @@ class JpegSink(FrameSink):
     def __init__(self, spec: str, max_batch: int = 8):
         path, options = _options(spec, ("every", "width"))
         self.folder = Path(path)
+        if path:
+            _check_writable(spec, self.folder / "frame.jpg")  # first: a name too long fails every lookup
         if not path or not self.folder.is_dir():
             raise JetpipeError(f"sink {spec}: {path!r} is not a folder: create it first")
         earlier = sorted(p.name for p in self.folder.iterdir() if JPEG_NAME.fullmatch(p.name))
         if earlier:  # the names this sink writes: never overwrite them
             raise JetpipeError(f"sink {spec}: {self.folder} holds frames already ({earlier[0]}, ...): name an "
                                "empty folder (a sink never overwrites files)")
-        _check_writable(spec, self.folder / "frame.jpg")
         self.every = _positive(spec, options, "every", default=1)
         self.width = _positive(spec, options, "width")
         super().__init__(spec, max_batch)
@@ -255,10 +256,11 @@ def _stream_path(path: Path, stream: int, streams: int) -> Path:
 
 
 def _check_writable(spec: str, path: Path) -> None:
-    """The file's folder must exist (FFmpeg and OpenCV create none) and be writable (the project's probe)."""
+    """The file's folder must exist (FFmpeg and OpenCV create none) and be writable (the project's probe), its
+    name fit the file system."""
+    check_writable(path, "sink")
     if not path.parent.is_dir():
         raise JetpipeError(f"sink {spec}: folder {path.parent} does not exist")
-    check_writable(path, f"sink {spec}")
 
 
 def open_frame_sink(spec: str, streams: int, max_batch: int = 8):
