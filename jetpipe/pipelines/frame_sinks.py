@@ -191,12 +191,14 @@ class VideoSink(FrameSink):
             if p.exists():
                 raise JetpipeError(f"sink {spec}: {p} exists: name a new file (a sink never overwrites one)")
         self.encoders: dict[int, subprocess.Popen] = {}
+        self.written: dict[int, int] = {}  # frames handed to each stream's encoder: what its file must hold
         super().__init__(spec, max_batch, max_fps=self.fps)
 
     def consume(self, stream, frame, fmt, record) -> None:
         image = annotate.render(frame, fmt, record["results"], self.width)
         encoder = self.encoders.get(stream) or self._start(stream, image.shape[:2])
         encoder.stdin.write(image.data)
+        self.written[stream] = self.written.get(stream, 0) + 1
 
     def _start(self, stream: int, size_hw: tuple[int, int]) -> subprocess.Popen:
         build = encoders.gst_argv if self.tool == "gstreamer" else encoders.ffmpeg_argv
@@ -221,6 +223,27 @@ class VideoSink(FrameSink):
             if code != 0:  # the file may be unfinished: a failure, counted in the summary
                 why = (process.stderr.read().decode(errors="replace").strip().splitlines() or ["?"])[-1]
                 self.fail(JetpipeError(f"the encoder of stream {stream} exited with {code}: {why}"))
+                continue
+            why = _unplayable(self.paths[stream], self.written.get(stream, 0))
+            if why:  # ffmpeg 5.1 exits 0 after failing to write the trailer (a full disk): look at the file
+                self.fail(JetpipeError(f"{self.paths[stream]}: {why}"))
+
+
+def _unplayable(path: Path, written: int) -> str | None:
+    """Why a finished video file is not what was written (None: it opens and holds every frame)."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            streams = container.streams.video
+            frames = streams[0].frames if streams else 0
+    except (OSError, av.FFmpegError) as exc:
+        return f"unplayable ({str(exc).strip()[:120]}): the disk may be full"
+    if not streams:
+        return "holds no video stream"
+    if frames and frames < written:
+        return f"holds {frames} of the {written} frames written: the disk may be full"
+    return None
 
 
 class JpegSink(FrameSink):
