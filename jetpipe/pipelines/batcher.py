@@ -80,7 +80,9 @@ class Batcher:
             self._cond.notify_all()
 
     def next_batch(self, poll_s: float = 0.1) -> list[Packet] | None:
-        """Up to max_batch frames, round robin over streams; waits up to timeout_s for a full batch.
+        """Up to max_batch frames, round robin over streams; waits for a full batch until the oldest queued
+        frame has waited timeout_s (counted from its capture: a frame that queued while the GPU was busy has
+        used up its wait already; counting from now added a whole timeout to the latency tail).
 
         Returns [] when nothing arrived within poll_s (caller checks for shutdown),
         None when closed and drained."""
@@ -89,7 +91,7 @@ class Batcher:
                 return []
             if self._total() == 0:
                 return None
-            deadline = time.monotonic() + self.timeout_s
+            deadline = min(q[0].t_monotonic for q in self.queues if q) + self.timeout_s
             while self._total() < self.max_batch and not self.closed:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._cond.wait(timeout=remaining):

@@ -47,3 +47,16 @@ def test_close_drains_then_signals_the_end():
     b.close()
     assert len(b.next_batch()) == 2 and len(b.next_batch()) == 1
     assert b.next_batch() is None
+
+
+def test_a_frame_that_queued_while_the_gpu_was_busy_does_not_wait_again():
+    """The wait for a full batch counts from the oldest frame's capture: a frame that has waited longer than
+    the timeout already goes at once (it waited a whole timeout more: 20 s here)."""
+    b = Batcher(streams=1, max_batch=4, timeout_s=20.0, depth=10)
+    old = _packet(0, 0, [])
+    old.t_monotonic -= 25.0  # captured 25 s ago, while the GPU stage was busy
+    b.put(old)
+    batches, done = [], threading.Event()
+    threading.Thread(target=lambda: (batches.append(b.next_batch()), done.set()), daemon=True).start()
+    assert done.wait(10), "the batcher held a frame older than its timeout"
+    assert [p.frame_no for p in batches[0]] == [0]
