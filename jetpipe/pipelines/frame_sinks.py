@@ -251,7 +251,7 @@ class JpegSink(FrameSink):
         path, options = _options(spec, ("every", "width"))
         self.folder = Path(path)
         if path:
-            _check_writable(spec, self.folder / "frame.jpg")  # first: a name too long fails every lookup
+            check_writable(self.folder / "frame.jpg", "sink")  # names first: a too-long one fails every lookup
         if not path or not self.folder.is_dir():
             raise JetpipeError(f"sink {spec}: {path!r} is not a folder: create it first")
         earlier = sorted(p.name for p in self.folder.iterdir() if JPEG_NAME.fullmatch(p.name))
