@@ -1,4 +1,4 @@
-"""`jetpipe convert | inspect | doctor | serve | demo | calibrate`.
+"""`jetpipe convert | inspect | doctor | serve | demo | calibrate | export`.
 
 User mistakes (JetpipeError) print one line and exit 2; Ctrl-C exits 130 and
 SIGTERM 143, both with nothing half-written (`serve` handles both itself, to
