@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 BUFFER_SETS = 4
 STALL_MIN_S = 5.0  # a live stream is stalled after max(this, 10 frame periods) without a frame
 STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect inside OpenCV) are left behind
+OVERLOAD_LOG_S = 60.0  # the overload warning, at most this often
 
 
 class Pipeline:
@@ -229,6 +230,7 @@ class Pipeline:
         for t in (*workers, gpu, post, writer):
             t.start()
         last_log, stopped_at = time.monotonic(), None
+        self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
         while any(w.is_alive() for w in workers):
             self._restart_stalled()
             if self.config.duration and time.monotonic() - started >= self.config.duration:
@@ -243,6 +245,7 @@ class Pipeline:
             if time.monotonic() - last_log >= self.config.log_every_s:
                 log.info(self.status_line())
                 last_log = time.monotonic()
+            self._say_overload()
             time.sleep(0.05)
         self.batcher.close()  # sources are done: drain what is queued
         gpu.join()
@@ -461,6 +464,19 @@ class Pipeline:
                         log.error("sink %s failed %d time(s): %s", sink.describe(), self.sink_failures[i], exc)
 
     # --- reporting -------------------------------------------------------------------------------
+    def _say_overload(self) -> None:
+        """A warning (at most once a minute) while live streams drop frames: the offered rate is more than the
+        pipeline processes, and the drops keep its latency bounded (a file waits instead)."""
+        dropped, now = sum(self.batcher.dropped), time.monotonic()
+        said, at = self._overload_said
+        if dropped > said and now - at >= OVERLOAD_LOG_S:
+            captured = max(1, sum(self.metrics.captured))
+            log.warning("overloaded: %d frame(s) dropped so far (%.1f %% of those captured): the streams offer more "
+                        "than the pipeline processes; the oldest queued frames go so that latency stays bounded "
+                        "(fewer streams, a lower rate or a lighter model would keep them)", dropped,
+                        100 * dropped / captured)
+            self._overload_said = (dropped, now)
+
     def status_line(self) -> str:
         m = self.metrics
         fps = " ".join(f"{m.fps(i):.1f}" for i in range(len(self.sources)))
@@ -477,6 +493,9 @@ class Pipeline:
                 "reconnects": list(m.reconnects), "stalls": list(m.stalls), "decode_errors": self._decode_errors(),
                 "batches": m.batches,
                 "throughput_fps": round(sum(m.processed) / max(seconds, 1e-9), 2),
+                # live streams dropped frames because processing fell behind (files wait instead)
+                "overloaded": sum(self.batcher.dropped) > 0,
+                "dropped_share": round(sum(self.batcher.dropped) / max(1, sum(m.captured)), 4),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},
                 "sink_failures": [n + (s.failures if s.wants_frames else 0) for n, s in zip(self.sink_failures,

@@ -333,3 +333,27 @@ def test_a_model_that_fails_at_start_up_is_one_line(tmp_path):
     err = [line for line in done.stderr.strip().splitlines() if not line.startswith(("INFO", "\x1b"))]
     assert len(err) == 1 and err[0].startswith("error: the bundle's model fails on a blank [3, 16, 16] input "
                                                "at start-up (") and "Traceback" not in done.stderr
+
+
+def test_a_live_stream_faster_than_processing_says_it_is_overloaded(det_bundle, tmp_path, caplog):
+    """60 frames offered at 60 fps to PP-OCRv4 det on the CPU (a few frames a second): the oldest queued frames
+    are dropped, every frame is accounted for, and the pipeline says it is overloaded (once, in the log, and in
+    the summary); a file (every frame, backpressure) is never overloaded."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        live = Pipeline(_config(det_bundle, ["synthetic:320x240@60"], frames=60, metrics_listen="",
+                                backend="onnxruntime-cpu", queue_depth=2)).run()
+    assert live["overloaded"] and live["dropped"][0] > 0 and 0 < live["dropped_share"] < 1
+    assert live["captured"][0] == live["processed"][0] + live["dropped"][0] + live["failed"][0]
+    assert sum("overloaded:" in r.getMessage() for r in caplog.records) == 1
+    import cv2
+
+    clip = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"MJPG"), 60, (320, 240))
+    for i in range(30):
+        writer.write(np.full((240, 320, 3), 8 * i, np.uint8))
+    writer.release()
+    whole = Pipeline(_config(det_bundle, [str(clip)], metrics_listen="", backend="onnxruntime-cpu",
+                             queue_depth=2)).run()
+    assert not whole["overloaded"] and whole["dropped"] == [0] and whole["processed"] == [30]
