@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -306,3 +309,21 @@ def yolo_head_net(size: int = 64, classes: int = 2, metadata: dict | None = None
         model.metadata_props.add(key=key, value=value)
     onnx.checker.check_model(model)
     return model
+
+
+@contextlib.contextmanager
+def nearly_full_disk(folder, size_kb: int, free_kb: int):
+    """A tmpfs of `size_kb` mounted at `folder` (made here), all but `free_kb` of it taken by a file named
+    "filler": writes there run out of space. Skips the test where mounting is not allowed (it needs root)."""
+    import pytest
+
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(folder)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.decode().strip()[:80]}): needs root")
+    try:
+        (folder / "filler").write_bytes(b"\0" * (size_kb - free_kb) * 1024)
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)

@@ -108,14 +108,13 @@ def convert(opts: ConvertOptions) -> dict:
     opts = dataclasses.replace(opts, prune_method=_prune_method(opts))
     bundles.check_destination(opts.output, opts.force)
     prepared = prepare(opts.model, opts.precision, opts.input_size, opts.max_batch, opts.input_width_range)
-    task, labels = _choose_task(opts, prepared)
+    task, labels, facts = _choose_task(opts, prepared)
     opts = dataclasses.replace(opts, spec=opts.spec.for_channels(prepared.channels),  # gray for 1 channel
                                task=task.name, labels=labels)
     source = _calibration_source(opts, prepared)
     first_batch = next(source.batches(_step_batch(opts.calib_batch, prepared))) if source is not None else None
     batch_proof = _prove_batch(prepared, first_batch)  # before pruning, which can take minutes
     held = source.held_out(check_sample_count(prepared.size_hw)) if source is not None else (None, False)
-    facts = ModelFacts.from_io(_io(prepared.model), prepared.size_hw, prepared.metadata)
     checks = _CheckSamples(*held, task, TaskOptions.of(facts, labels))
     cost = {"source": flops.totals(flops.layer_costs(prepared.model, prepared.size_hw))}
     pruning = _apply_pruning(opts, prepared, source, cost["source"], checks)
@@ -424,13 +423,14 @@ def _calibration_source(opts, prepared: Prepared) -> CalibrationSource | None:
     return source
 
 
-def _choose_task(opts, prepared: Prepared) -> tuple[Task, tuple[str, ...] | None]:
-    """The task the bundle is for (--task checked against the outputs, else recognized) and its labels."""
+def _choose_task(opts, prepared: Prepared) -> tuple[Task, tuple[str, ...] | None, ModelFacts]:
+    """The task the bundle is for (--task checked against the outputs, else recognized), its labels, and the
+    facts it was chosen by (the accuracy check's task options read them too)."""
     facts = ModelFacts.from_io(_io(prepared.model), prepared.size_hw, prepared.metadata, opts.labels)
     task = choose(opts.task, facts)
     labels = task.labels(facts)
     log.info("task: %s%s", task.name, f" ({len(labels)} labels)" if labels else "")
-    return task, labels
+    return task, labels, facts
 
 
 def _step_batch(wanted: int, prepared: Prepared) -> int:

@@ -123,16 +123,28 @@ class DetectorTask(Task):
     @staticmethod
     def detector_output(facts: ModelFacts, what: str) -> tuple | str:
         """The one [N, ., .] output's shape where the model may be a detector, else why not."""
-        if facts.metadata.get("task") not in (None, "detect"):
-            return f"the model says it is an Ultralytics {facts.metadata['task']!r} model, not a detector"
-        return single_output(facts, 3, what)
+        return ultralytics_misfit(facts, "detect", "a detector") or single_output(facts, 3, what)
 
     def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
-        post = self.postprocessor(TaskOptions(tuple(options.input_hw)))
+        """Box metrics of the task's own postprocessing in network pixels, and what object_metrics adds."""
+        post = self.postprocessor(options)
         boxes, sizes = identity_frames(len(reference[0]), options.input_hw)
-        ref, cand = post({"y": reference[0]}, boxes, sizes), post({"y": candidate[0]}, boxes, sizes)
+        names = [f"o{i}" for i in range(len(reference))]
+        ref = post(dict(zip(names, reference)), boxes, sizes)
+        cand = post(dict(zip(names, candidate)), boxes, sizes)
         agreement = box_agreement(ref, cand)
-        return {**{k: agreement[k] for k in ("box_f1", "box_f1_min", "score_mae")}, "map": detection_map(ref, cand)}
+        return {**{k: agreement[k] for k in ("box_f1", "box_f1_min", "score_mae")}, "map": detection_map(ref, cand),
+                **self.object_metrics(ref, cand, options)}
+
+    def object_metrics(self, reference: list[dict], candidate: list[dict], options: TaskOptions) -> dict:
+        """What a head adds per matched object (keypoints, masks) to the box metrics."""
+        return {}
+
+
+def ultralytics_misfit(facts: ModelFacts, task: str, what: str) -> str | None:
+    """Why an export whose metadata names another Ultralytics task is not `what` (None: it names none or this)."""
+    said = facts.metadata.get("task")
+    return None if said in (None, task) else f"the model says it is an Ultralytics {said!r} model, not {what}"
 
 
 def single_output(facts: ModelFacts, rank: int, what: str) -> tuple | str:

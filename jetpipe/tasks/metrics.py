@@ -153,6 +153,20 @@ def text_agreement(reference: list[str], candidate: list[str]) -> dict:
             "lines": len(exact)}
 
 
+def matched_objects(reference: list[dict], candidate: list[dict], iou: float = 0.5) -> tuple[list, int]:
+    """Every pair of boxes matched one-to-one (same class, IoU >= iou) as (reference record, candidate record,
+    reference index, candidate index), and how many objects the reference has: what the per-object metrics
+    (keypoints, masks) compare."""
+    pairs, objects = [], 0
+    for ref, cand in zip(reference, candidate):
+        rb, cb = (np.asarray(r["boxes"], np.float64).reshape(-1, 4) for r in (ref, cand))
+        objects += len(rb)
+        if len(rb) and len(cb):
+            same = np.asarray(cand["classes"])[:, None] == np.asarray(ref["classes"])[None, :]
+            pairs += [(ref, cand, j, i) for i, j in match_boxes(cb, rb, iou, same)]
+    return pairs, objects
+
+
 # COCO's per-keypoint sigmas (nose, eyes, ears, shoulders, elbows, wrists, hips, knees, ankles)
 COCO_SIGMAS = np.array([.26, .25, .25, .35, .35, .79, .79, .72, .72, .62, .62, 1.07, 1.07, .87, .87, .89, .89]) / 10
 
@@ -162,22 +176,18 @@ def keypoint_similarity(reference: list[dict], candidate: list[dict], iou: float
     its box's) of the candidate's keypoints against the reference's, over boxes matched one-to-one (same class,
     IoU >= iou); keypoints the reference sees (visibility >= 0.5, or all where there is none) count. COCO's
     sigmas for 17 points, 1/K otherwise. No reference objects: 1.0; none matched: 0.0."""
-    similarities, objects = [], 0
-    for ref, cand in zip(reference, candidate):
-        rb, cb = (np.asarray(r["boxes"], np.float64).reshape(-1, 4) for r in (ref, cand))
-        objects += len(rb)
-        if not (len(rb) and len(cb)):
+    pairs, objects = matched_objects(reference, candidate, iou)
+    similarities = []
+    for ref, cand, j, i in pairs:
+        r, c = np.asarray(ref["keypoints"][j], np.float64), np.asarray(cand["keypoints"][i], np.float64)
+        sigmas = COCO_SIGMAS if len(r) == len(COCO_SIGMAS) else np.full(len(r), 1.0 / len(r))
+        x0, y0, x1, y1 = ref["boxes"][j]
+        area = 0.53 * (x1 - x0) * (y1 - y0)
+        seen = r[:, 2] >= 0.5 if r.shape[1] > 2 else np.ones(len(r), bool)
+        if not seen.any():
             continue
-        same = np.asarray(cand["classes"])[:, None] == np.asarray(ref["classes"])[None, :]
-        for i, j in match_boxes(cb, rb, iou, same):
-            r, c = np.asarray(ref["keypoints"][j], np.float64), np.asarray(cand["keypoints"][i], np.float64)
-            sigmas = COCO_SIGMAS if len(r) == len(COCO_SIGMAS) else np.full(len(r), 1.0 / len(r))
-            area = 0.53 * (rb[j, 2] - rb[j, 0]) * (rb[j, 3] - rb[j, 1])
-            seen = r[:, 2] >= 0.5 if r.shape[1] > 2 else np.ones(len(r), bool)
-            if not seen.any():
-                continue
-            d2 = np.square(r[:, :2] - c[:, :2]).sum(axis=1)
-            similarities.append(float(np.exp(-d2 / ((2 * sigmas) ** 2 * (area + 1e-9) * 2))[seen].mean()))
+        d2 = np.square(r[:, :2] - c[:, :2]).sum(axis=1)
+        similarities.append(float(np.exp(-d2 / ((2 * sigmas) ** 2 * (area + 1e-9) * 2))[seen].mean()))
     if not similarities:
         return 1.0 if objects == 0 else 0.0
     return float(np.mean(similarities))

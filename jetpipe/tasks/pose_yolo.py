@@ -22,13 +22,13 @@ from jetpipe.tasks.base import (
     ModelFacts,
     TaskOptions,
     boxes_to_source,
-    identity_frames,
     known,
     single_output,
+    ultralytics_misfit,
     with_labels,
 )
 from jetpipe.tasks.detection_yolo import anchor_points, nms_yolov8
-from jetpipe.tasks.metrics import box_agreement, detection_map, keypoint_similarity
+from jetpipe.tasks.metrics import keypoint_similarity
 
 COCO_KEYPOINTS = (17, 3)
 # COCO's skeleton (pairs of keypoint indices, 0-based): what sinks draw for 17-point models
@@ -95,8 +95,9 @@ class PoseYoloTask(DetectorTask):
     check_bounds = {**DetectorTask.check_bounds, "oks": 0.9}
 
     def mismatch(self, facts: ModelFacts) -> str | None:
-        if facts.metadata.get("task") not in (None, "pose"):
-            return f"the model says it is an Ultralytics {facts.metadata['task']!r} model, not a pose model"
+        said = ultralytics_misfit(facts, "pose", "a pose model")
+        if said:
+            return said
         what = "[N, 4 + C + K*D, A] (YOLO boxes with keypoints, before NMS)"
         shape = single_output(facts, 3, what)
         if isinstance(shape, str):
@@ -118,13 +119,8 @@ class PoseYoloTask(DetectorTask):
     def postprocessor(self, options: TaskOptions) -> YoloPose:
         return YoloPose(**_layout(options), labels=options.labels)
 
-    def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
-        post = self.postprocessor(options)
-        letterboxes, sizes = identity_frames(len(reference[0]), options.input_hw)
-        ref, cand = post({"y": reference[0]}, letterboxes, sizes), post({"y": candidate[0]}, letterboxes, sizes)
-        agreement = box_agreement(ref, cand)
-        return {**{k: agreement[k] for k in ("box_f1", "box_f1_min", "score_mae")}, "map": detection_map(ref, cand),
-                "oks": keypoint_similarity(ref, cand)}
+    def object_metrics(self, reference: list[dict], candidate: list[dict], options: TaskOptions) -> dict:
+        return {"oks": keypoint_similarity(reference, candidate)}
 
 
 def _layout(options: TaskOptions) -> dict:

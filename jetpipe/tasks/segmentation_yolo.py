@@ -25,13 +25,13 @@ from jetpipe.tasks.base import (
     ModelFacts,
     TaskOptions,
     boxes_to_source,
-    identity_frames,
     known,
     labels_misfit,
+    ultralytics_misfit,
     with_labels,
 )
 from jetpipe.tasks.detection_yolo import anchor_points, nms_yolov8
-from jetpipe.tasks.metrics import box_agreement, detection_map, match_boxes
+from jetpipe.tasks.metrics import matched_objects
 
 cv2 = lazy_import("cv2")
 
@@ -125,17 +125,12 @@ def polygon_mask(polygon, hw: tuple[int, int]) -> np.ndarray:
 def mask_agreement(reference: list[dict], candidate: list[dict], input_hw, iou: float = 0.5) -> float:
     """Mean IoU of the masks (outlines rasterized) of boxes matched one-to-one (same class, box IoU >= iou).
     No reference objects: 1.0; none matched: 0.0."""
-    ious, objects = [], 0
-    for ref, cand in zip(reference, candidate):
-        rb, cb = (np.asarray(r["boxes"], np.float64).reshape(-1, 4) for r in (ref, cand))
-        objects += len(rb)
-        if not (len(rb) and len(cb)):
-            continue
-        same = np.asarray(cand["classes"])[:, None] == np.asarray(ref["classes"])[None, :]
-        for i, j in match_boxes(cb, rb, iou, same):
-            a, b = polygon_mask(ref["polygons"][j], input_hw), polygon_mask(cand["polygons"][i], input_hw)
-            union = np.logical_or(a, b).sum()
-            ious.append(float(np.logical_and(a, b).sum() / union) if union else 1.0)
+    pairs, objects = matched_objects(reference, candidate, iou)
+    ious = []
+    for ref, cand, j, i in pairs:
+        a, b = polygon_mask(ref["polygons"][j], input_hw), polygon_mask(cand["polygons"][i], input_hw)
+        union = np.logical_or(a, b).sum()
+        ious.append(float(np.logical_and(a, b).sum() / union) if union else 1.0)
     if not ious:
         return 1.0 if objects == 0 else 0.0
     return float(np.mean(ious))
@@ -148,8 +143,9 @@ class SegmentationYoloTask(DetectorTask):
     check_bounds = {**DetectorTask.check_bounds, "mask_iou": 0.9}
 
     def mismatch(self, facts: ModelFacts) -> str | None:
-        if facts.metadata.get("task") not in (None, "segment"):
-            return f"the model says it is an Ultralytics {facts.metadata['task']!r} model, not a segmentation model"
+        said = ultralytics_misfit(facts, "segment", "a segmentation model")
+        if said:
+            return said
         expected = "[N, 4 + C + M, A] (boxes with M mask coefficients) and [N, M, H/4, W/4] (prototypes)"
         shapes = [shape for _, shape in facts.outputs]
         split = split_outputs(shapes) if len(shapes) == 2 else None
@@ -181,12 +177,5 @@ class SegmentationYoloTask(DetectorTask):
             layout = {"classes": shapes[split[0]][1] - 4 - coefficients, "coefficients": coefficients}
         return YoloSegmentation(**layout, input_hw=tuple(options.input_hw), labels=options.labels)
 
-    def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
-        post = self.postprocessor(options)
-        letterboxes, sizes = identity_frames(len(reference[0]), options.input_hw)
-        names = [f"o{i}" for i in range(len(reference))]
-        ref = post(dict(zip(names, reference)), letterboxes, sizes)
-        cand = post(dict(zip(names, candidate)), letterboxes, sizes)
-        agreement = box_agreement(ref, cand)
-        return {**{k: agreement[k] for k in ("box_f1", "box_f1_min", "score_mae")}, "map": detection_map(ref, cand),
-                "mask_iou": mask_agreement(ref, cand, tuple(options.input_hw))}
+    def object_metrics(self, reference: list[dict], candidate: list[dict], options: TaskOptions) -> dict:
+        return {"mask_iou": mask_agreement(reference, candidate, tuple(options.input_hw))}

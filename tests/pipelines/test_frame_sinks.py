@@ -235,20 +235,14 @@ def test_a_full_disk_fails_the_sink_and_nothing_else(det_bundle, tmp_path, full_
 def test_a_video_left_unplayable_by_a_full_disk_is_a_counted_failure(det_bundle, tmp_path):
     """ffmpeg 5.1 exits 0 after failing to write the trailer on a full disk: the sink opens its file when it
     closes, and a file that does not play is a failure in the summary (it said sink_failures [0])."""
-    small = tmp_path / "small"
-    small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.decode().strip()[:80]}): needs root")
-    try:
-        (small / "filler").write_bytes(b"\0" * 56 * 1024)  # 8 KB left: less than the video
+    from tests.helpers import nearly_full_disk
+
+    with nearly_full_disk(tmp_path / "small", 64, free_kb=8) as small:  # less than the video
         done = subprocess.run([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--source",
                                "synthetic:640x480", "--frames", "40", "--metrics", "", "--backend", "onnxruntime-cpu",
                                "--sink", f"video:{small / 'out.mp4'}?encoder=libx264"],
                               capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        summary = json.loads(done.stderr.strip().splitlines()[-1])["summary"]
-        assert summary["sink_failures"] == [1], summary["sink_failures"]
-        assert "unplayable" in done.stderr and "the disk may be full" in done.stderr
-    finally:
-        subprocess.run(["umount", str(small)], check=True)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stderr.strip().splitlines()[-1])["summary"]
+    assert summary["sink_failures"] == [1], summary["sink_failures"]
+    assert "unplayable" in done.stderr and "the disk may be full" in done.stderr
