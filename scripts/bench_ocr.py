@@ -82,6 +82,9 @@ def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec
     for name in ("ppocr-det", "ppocr-rec"):
         model = BUILTIN[name]
         bundle = folder / name
+        if (bundle / "manifest.json").exists():  # --bundles: converted by an earlier run
+            out.append(bundle)
+            continue
         calib = "synthetic" if precision == "int8" else None
         size = det_size if name == "ppocr-det" else model.input_size
         convert(ConvertOptions(model=model.path(), output=bundle, precision=precision, calib=calib,
@@ -120,6 +123,7 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]])
             "words": found[1], "backend": summary["backend"], "postprocess": summary["postprocess"],
             "latency_ms": summary["latency_ms"]["total"], "secondary": summary["secondary"]["rec"],
             "batches": summary["batches"], "post_thread_ms_per_batch": summary["post_thread_ms_per_batch"],
+            "secondary_thread_ms_per_batch": summary.get("secondary_thread_ms_per_batch"),
             "thread_cpu_s": summary["cpu_seconds"]}
 
 
@@ -226,6 +230,8 @@ def main() -> None:
     parser.add_argument("--scene", default="words", choices=("words", "tilted", "lines"),
                         help="what the frames show: upright words, tilted lines, long lines")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--bundles", type=Path, help="keep the converted bundles here and reuse them in later runs "
+                        "(default: converted again in a temporary folder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -233,7 +239,8 @@ def main() -> None:
         report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "streams": args.streams,
                   "words_per_frame": round(sum(map(len, words)) / len(words), 1)}
         for precision in args.precision:
-            det, rec = convert_bundles(folder / precision, precision,
+            kept = f"{precision}-{args.det_size}-b{args.rec_batch}-{args.rec_width}"  # what the bundles depend on
+            det, rec = convert_bundles((args.bundles or folder) / kept, precision,
                                        tuple(int(v) for v in args.det_size.split("x")), args.rec_batch,
                                        rec_range=args.rec_width == "range")
             key = "jetpipe" if precision == args.precision[0] else f"jetpipe_{precision}"

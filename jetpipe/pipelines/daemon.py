@@ -3,7 +3,10 @@
 Threads: one per source (capture into its ring), one GPU stage (submits each
 batch as it forms), one postprocess stage (collects each batch as the GPU
 finishes it and reads its outputs in place while later batches run: the runtime
-holds that buffer set until it is released), one sink writer. Queues are
+holds that buffer set until it is released), with secondary models one secondary
+stage (reads the crops of a batch while the postprocess stage finishes the next
+one; the batch's frames stay where the kernel read them until it is done), one
+sink writer. Queues are
 bounded: when the GPU falls behind, frames are dropped at the batcher (counted),
 never accumulated. stop() (SIGTERM/SIGINT) stops the sources, drains queued and
 in-flight batches, flushes and closes the sinks.
@@ -38,7 +41,8 @@ from jetpipe.tasks import for_bundle
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
 
-BUFFER_SETS = 4
+BUFFER_SETS = 4  # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
+CHAINED_SETS = 1  # with secondaries: + 1 batch whose crops are being read (a second may wait in the handoff)
 STALL_MIN_S = 5.0  # a live stream is stalled after max(this, 10 frame periods) without a frame
 STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect inside OpenCV) are left behind
 OVERLOAD_LOG_S = 60.0  # the overload warning, at most this often
@@ -67,14 +71,17 @@ class Pipeline:
             if secondary.every_track and config.tracker == "none":
                 raise ConfigError(f"config: secondary {secondary.label!r}: every_track = {secondary.every_track} "
                                   "reuses a result while its track lives: add --tracker (bytetrack or iou)")
-        # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
+        buffer_sets = BUFFER_SETS + (CHAINED_SETS if config.secondaries else 0)
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
-                                    max_frame_hw=config.max_frame_hw, buffer_sets=BUFFER_SETS,
+                                    max_frame_hw=config.max_frame_hw, buffer_sets=buffer_sets,
                                     reduction=self._reduction(), profile=profile)
         self.profile = profile
         self.gpu_stage_ms: dict[str, list[float]] = {}
-        # wall seconds of the post thread by phase: where a batch's time goes when that thread is the limit
-        self.post_phase_s = dict.fromkeys(("wait_gpu", "finish", "secondary", "records"), 0.0)
+        # wall seconds of the post (and secondary) thread by phase: where a batch's time goes when a thread
+        # is the limit; "handoff": the post thread waiting for the secondary thread to take a batch
+        self.post_phase_s = dict.fromkeys(("wait_gpu", "finish", "handoff") if config.secondaries else
+                                          ("wait_gpu", "finish", "records"), 0.0)
+        self.secondary_phase_s = dict.fromkeys(("secondary", "records"), 0.0)
         self.thread_cpu_s: dict[str, float] = {}  # CPU seconds of each pipeline thread, at its end
         self.closers = [self.runtime.close]
         self.secondaries = []
@@ -108,7 +115,8 @@ class Pipeline:
             self._check_frame_size(self.sources[-1])
         self.trackers = [Tracker(config.tracker) if config.tracker != "none" else None for _ in self.sources]
         self._last_frame: list[float | None] = [None] * len(self.sources)  # when each stream last gave a frame
-        slots = config.queue_depth + 2 * runtime.max_batch + 2  # queued + two batches in flight + writing
+        # queued + two batches in flight + writing (+ one whose crops are read)
+        slots = config.queue_depth + (3 if self.secondaries else 2) * runtime.max_batch + 2
         _check_ring_memory([slots * h * w * 3 for h, w in map(self._frame_hw, self.sources)], slots)
         self.rings = [runtime.frame_ring(slots, self._frame_hw(src), device=src.memory == "device")
                       for src in self.sources]
@@ -123,7 +131,8 @@ class Pipeline:
         self.metrics = Metrics(streams)
         self.records: queue.Queue = queue.Queue(maxsize=256)
         self.collected: queue.Queue = queue.Queue()  # submitted batches, bounded by the buffer-set semaphore
-        self.free_sets = threading.Semaphore(BUFFER_SETS)
+        self.chained: queue.Queue = queue.Queue(maxsize=1)  # finished batches for the secondary stage
+        self.free_sets = threading.Semaphore(runtime.buffer_sets)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
@@ -226,8 +235,9 @@ class Pipeline:
         workers = [self._thread(self._capture, "sources", i) for i in range(len(self.sources))]
         gpu = self._thread(self._gpu_stage, "gpu")
         post = self._thread(self._post_stage, "post")
+        chained = self._thread(self._secondary_stage, "secondary") if self.secondaries else None
         writer = self._thread(self._write_sinks, "sinks")
-        for t in (*workers, gpu, post, writer):
+        for t in (*workers, gpu, post, *([chained] if chained else []), writer):
             t.start()
         last_log, stopped_at = time.monotonic(), None
         self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
@@ -251,6 +261,9 @@ class Pipeline:
         gpu.join()
         self.collected.put(None)
         post.join()
+        if chained is not None:
+            self.chained.put(None)
+            chained.join()
         self.records.put(None)
         writer.join()
         self.thread_cpu_s["process"] = time.process_time() - cpu_started
@@ -388,6 +401,7 @@ class Pipeline:
             if item is None:
                 return
             ticket, packets, t_batch = item
+            handed = False
             try:
                 t_wait = time.perf_counter()
                 result = self.runtime.collect(ticket, hold=True)  # waits for the GPU (blocking, not spinning)
@@ -396,16 +410,49 @@ class Pipeline:
                 if self.profile:
                     for stage, ms in self.runtime.stage_times(ticket).items():
                         self.gpu_stage_ms.setdefault(stage, []).append(ms)
-                self._postprocess(result, packets, t_batch, time.monotonic())
+                t_gpu = time.monotonic()
+                results = self._finish(result, packets)
                 self._failing_since = None
+                if self.secondaries:  # the secondary thread reads its crops, writes its records and releases it
+                    t_handoff = time.perf_counter()
+                    self.chained.put((ticket, result, packets, results, t_batch, t_gpu))
+                    self.post_phase_s["handoff"] += time.perf_counter() - t_handoff
+                    handed = True
+                else:
+                    self._emit(result, packets, results, t_batch, t_gpu, self.post_phase_s)
+            except Exception as exc:
+                self._fail(packets, exc)
+            finally:
+                if not handed:
+                    self.runtime.release(ticket)
+                    self.free_sets.release()
+
+    def _secondary_stage(self) -> None:
+        """The secondaries on each finished batch, while the post thread finishes the next one: the batch's
+        frames are still where the primary's kernel read them (its buffer set is held until here)."""
+        phase = self.secondary_phase_s
+        while True:
+            item = self.chained.get()
+            if item is None:
+                return
+            ticket, result, packets, results, t_batch, t_gpu = item
+            try:
+                t_secondary = time.perf_counter()
+                if results:
+                    frames = frames_read(result, [packets[i].frame for i in result.frame_indices])
+                    streams = [packets[i].stream for i in result.frame_indices]
+                    for stage in self.secondaries:
+                        stage.run(results, frames, streams)
+                phase["secondary"] += time.perf_counter() - t_secondary
+                self._emit(result, packets, results, t_batch, t_gpu, phase)
             except Exception as exc:
                 self._fail(packets, exc)
             finally:
                 self.runtime.release(ticket)
                 self.free_sets.release()
 
-    def _postprocess(self, result, packets: list[Packet], t_batch: float, t_gpu: float) -> None:
-        phase = self.post_phase_s
+    def _finish(self, result, packets: list[Packet]) -> list[dict]:
+        """The primary's results of a collected batch (its task's finish, then each stream's tracker)."""
         t_finish = time.perf_counter()
         used = [packets[i] for i in result.frame_indices]
         sizes = [_frame_hw(p.frame) for p in used]
@@ -415,14 +462,14 @@ class Pipeline:
             tracker = self.trackers[packet.stream]
             if tracker is not None:  # frames of a stream reach this one thread in order
                 res["track_ids"] = tracker.update(res["boxes"], res["scores"])
-        t_secondary = time.perf_counter()
-        phase["finish"] += t_secondary - t_finish
-        if self.secondaries and used:  # while the batch is held: its frames are still where the kernel read them
-            frames = frames_read(result, [p.frame for p in used])
-            for stage in self.secondaries:
-                stage.run(results, frames, [p.stream for p in used])
+        self.post_phase_s["finish"] += time.perf_counter() - t_finish
+        return results
+
+    def _emit(self, result, packets: list[Packet], results: list[dict], t_batch: float, t_gpu: float,
+              phase: dict) -> None:
+        """Records of a finished batch to the frame sinks and the writer; the batch's ring slots released."""
         t_records = time.perf_counter()
-        phase["secondary"] += t_records - t_secondary
+        used = [packets[i] for i in result.frame_indices]
         for index, reason in result.rejected:
             log.warning("frame %d of stream %d rejected: %s", packets[index].frame_no, packets[index].stream,
                         reason)
@@ -506,8 +553,9 @@ class Pipeline:
                 "cpu_seconds": {k: round(v, 3) for k, v in self.thread_cpu_s.items()},
                 "cpu_cores": round(self.thread_cpu_s.get("process", 0.0) / max(seconds, 1e-9), 2),
                 "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()},
-                "post_thread_ms_per_batch": {k: round(1e3 * v / max(1, m.batches), 3)
-                                             for k, v in self.post_phase_s.items()},
+                "post_thread_ms_per_batch": _per_batch(self.post_phase_s, m.batches),
+                **({"secondary_thread_ms_per_batch": _per_batch(self.secondary_phase_s, m.batches)}
+                   if self.secondaries else {}),
                 **({"secondary": {s.name: s.summary() for s in self.secondaries}} if self.secondaries else {}),
                 **({"interrupted": dict(self.interrupted)} if self.interrupted else {}),
                 **({"failure": self.failure} if self.failure else {})}
@@ -541,6 +589,10 @@ def _check_ring_memory(ring_bytes: list[int], slots: int) -> None:
         raise ConfigError(f"the frame rings would take {need / 2**30:.1f} GiB ({len(ring_bytes)} stream(s) x {slots} "
                           f"slots: queue_depth + 2 x max_batch + 2), more than 80 % of the {available / 2**30:.1f} GiB "
                           "available: lower queue_depth, max_batch or max_frame_hw")
+
+
+def _per_batch(phase_s: dict[str, float], batches: int) -> dict[str, float]:
+    return {k: round(1e3 * v / max(1, batches), 3) for k, v in phase_s.items()}
 
 
 def _median(values: list[float]) -> float:

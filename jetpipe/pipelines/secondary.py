@@ -137,8 +137,7 @@ class SecondaryStage:
                 if crop is not None:
                     jobs.append((entries, i, replace(frame, crop=crop, quad=quad)))
         turned = self._turn_upside_down(jobs) if self.direction is not None else []
-        for width, group in self._by_width(jobs):
-            self._run_group(group, width)
+        self._run_groups(self._by_width(jobs))
         for entries, i in turned:
             if entries[i] is not None:
                 entries[i]["angle"] = 180
@@ -179,11 +178,14 @@ class SecondaryStage:
             groups.setdefault(next((w for w in widths if w >= wanted), widths[-1]), []).append(job)
         return sorted(groups.items())
 
-    def _run_group(self, jobs, width: int) -> None:
-        for index, row in _read(self.runtime, self.post, [frame for _, _, frame in jobs], width):
-            entries, i, _ = jobs[index]
-            entries[i] = row
-            self.crops_run += 1
+    def _run_groups(self, groups: list[tuple[int, list]]) -> None:
+        read = _read_groups(self.runtime, self.post, [(width, [frame for _, _, frame in jobs])
+                                                      for width, jobs in groups])
+        for (_, jobs), rows in zip(groups, read):
+            for index, row in rows:
+                entries, i, _ = jobs[index]
+                entries[i] = row
+                self.crops_run += 1
 
     def _turn_upside_down(self, jobs) -> list:
         """Run the direction classifier on the jobs' crops; turn those it finds upside down (in place).
@@ -245,17 +247,37 @@ class _DirectionStage:
 
 
 def _read(runtime, post, crops: list[Frame], width: int | None = None) -> list[tuple[int, dict]]:
-    """(index in `crops`, result) of every crop the runtime took, run in batches of its max batch at
-    `width` and finished by the task `post` (on the device's reduction where it ran one)."""
-    read = []
-    step = runtime.max_batch
-    for start in range(0, len(crops), step):
-        found = runtime.infer(crops[start:start + step], width)
-        finish = post.reduced if found.reduction else post
-        sizes = [_crop_hw(crops[start + index]) for index in found.frame_indices]
-        rows = finish(found.outputs, found.letterboxes, sizes)
-        read += [(start + index, row) for index, row in zip(found.frame_indices, rows)]
+    """(index in `crops`, result) of every crop the runtime took, run at `width` and finished by the task
+    `post` (on the device's reduction where it ran one)."""
+    return _read_groups(runtime, post, [(width, crops)])[0]
+
+
+def _read_groups(runtime, post, groups: list[tuple[int | None, list[Frame]]]) -> list[list[tuple[int, dict]]]:
+    """_read for several (width, crops) groups, in batches of the runtime's max batch, with as many batches
+    in flight as it has buffer sets: the next batch's crops are cut and run while the last one is finished."""
+    read: list[list[tuple[int, dict]]] = [[] for _ in groups]
+    step, pending = runtime.max_batch, []
+    chunks = [(g, start, width, crops[start:start + step]) for g, (width, crops) in enumerate(groups)
+              for start in range(0, len(crops), step)]
+    try:
+        for g, start, width, chunk in chunks:
+            if len(pending) == runtime.buffer_sets:
+                _finish_chunk(runtime, post, pending.pop(0), read)
+            pending.append((g, start, chunk, runtime.submit(chunk, width)))
+        while pending:
+            _finish_chunk(runtime, post, pending.pop(0), read)
+    finally:
+        for *_, ticket in pending:  # a failed batch: the others in flight are collected and dropped
+            runtime.collect(ticket)
     return read
+
+
+def _finish_chunk(runtime, post, submitted, read) -> None:
+    g, start, chunk, ticket = submitted
+    found = runtime.collect(ticket)  # its set is reused only by a later submit, after this finish
+    finish = post.reduced if found.reduction else post
+    rows = finish(found.outputs, found.letterboxes, [_crop_hw(chunk[index]) for index in found.frame_indices])
+    read[g] += [(start + index, row) for index, row in zip(found.frame_indices, rows)]
 
 
 def _half_turn(frame: Frame) -> tuple:

@@ -2,6 +2,7 @@
 with the primary's boxes; the OCR chain PP-OCRv4 det -> rec reading rendered words."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -397,3 +398,74 @@ def test_every_track_needs_a_tracker(det_bundle, rec_bundle, tmp_path, capsys):
     code = main(["serve", str(config), "--frames", "1", "--metrics", "", "--backend", "onnxruntime-cpu"])
     err = capsys.readouterr().err
     assert code == 2 and "every_track = 5 reuses a result while its track lives: add --tracker" in err
+
+
+def test_the_next_batch_is_finished_while_the_secondary_reads_the_crops_of_the_last(det_bundle, rec_bundle,
+                                                                                     text_video, tmp_path):
+    """The secondary runs in a thread of its own: while it reads batch 1's crops (held here), the post thread
+    collects and finishes batch 2 (before, it ran the secondary itself and batch 2 waited: a batch period of
+    latency more at real time). Records still come out complete and in order."""
+    import threading
+
+    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.daemon import Pipeline
+
+    video, words = text_video
+    out = tmp_path / "out.jsonl"
+    config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(str(video))], sinks=[f"jsonl:{out}"],
+                                     max_batch=1, backend="onnxruntime-cpu", metrics_listen="",
+                                     secondaries=[SecondaryConfig(rec_bundle, name="text")]))
+    pipeline = Pipeline(config)
+    finished, go_on = [], threading.Event()
+    finish, run = pipeline.postprocess, pipeline.secondaries[0].run
+
+    def counting_finish(*args, **kwargs):
+        results = finish(*args, **kwargs)
+        finished.append(len(results))
+        return results
+
+    def held_run(*args, **kwargs):
+        go_on.wait(120)  # the first batch's crops wait until the test has seen the next batch finished
+        return run(*args, **kwargs)
+
+    pipeline.postprocess, pipeline.secondaries[0].run = counting_finish, held_run
+    summaries = []
+    serving = threading.Thread(target=lambda: summaries.append(pipeline.run()))
+    serving.start()
+    try:
+        deadline = time.monotonic() + 120
+        while len(finished) < 2 and time.monotonic() < deadline and serving.is_alive():
+            time.sleep(0.01)
+        assert len(finished) >= 2, "the post thread did not finish batch 2 while batch 1's crops were read"
+    finally:
+        go_on.set()
+        serving.join(300)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["frame"] for r in records] == list(range(len(words)))
+    assert all(len(r["results"]["secondary"]["text"]) == len(r["results"]["boxes"]) for r in records)
+    assert summaries[0]["secondary"]["text"]["crops"] > 0 and "secondary_thread_ms_per_batch" in summaries[0]
+
+
+def test_a_stages_batches_overlap_as_many_as_its_buffer_sets_and_read_as_one_at_a_time(rec_bundle, scene):
+    """20 crops at batch 8: the second batch is submitted before the first is collected (cut and run while
+    the first is finished), never more in flight than the runtime's buffer sets; each crop's result is the
+    one it gets read alone."""
+    from jetpipe.pipelines.secondary import _read_groups
+    from jetpipe.runtime.api import Frame
+
+    crops = [Frame(scene, "bgr", crop=(20 * (k % 10), 40 * (k // 10), 20 * (k % 10) + 300, 40 * (k // 10) + 40))
+             for k in range(20)]
+    stage = _stage(rec_bundle)
+    runtime, events = stage.runtime, []
+    submit, collect = runtime.submit, runtime.collect
+    runtime.submit = lambda *a, **k: events.append("submit") or submit(*a, **k)
+    runtime.collect = lambda *a, **k: events.append("collect") or collect(*a, **k)
+    try:
+        (together,) = _read_groups(runtime, stage.post, [(320, crops)])
+        assert events == ["submit", "submit", "collect", "submit", "collect", "collect"]
+        for index, row in together[::7]:
+            [[(_, alone)]] = _read_groups(runtime, stage.post, [(320, [crops[index]])])
+            assert alone["text"] == row["text"]
+        assert [index for index, _ in together] == list(range(20))
+    finally:
+        stage.close()
