@@ -12,6 +12,7 @@ float math clamped to [0, 255]: the GPU kernel does exactly this per tap.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,16 +44,21 @@ class ColourMatrix:
 
     @classmethod
     def of(cls, standard: str = "bt601", value_range: str = "limited") -> ColourMatrix:
-        if standard not in _KR_KB:
-            raise JetpipeError(f"colour standard {standard!r}: choose one of {', '.join(STANDARDS)}")
-        if value_range not in RANGES:
-            raise JetpipeError(f"range {value_range!r}: choose one of {', '.join(RANGES)}")
-        kr, kb = _KR_KB[standard]
-        kg = 1.0 - kr - kb
-        limited = value_range == "limited"
-        return cls(ky=255.0 / 219.0 if limited else 1.0, y0=16.0 if limited else 0.0,
-                   kc=255.0 / 224.0 if limited else 1.0,
-                   rv=2 * (1 - kr), gu=-2 * (1 - kb) * kb / kg, gv=-2 * (1 - kr) * kr / kg, bu=2 * (1 - kb))
+        return _colour_matrix(cls, standard, value_range)
+
+
+@functools.cache  # asked for every frame and every crop of a batch; a handful exist
+def _colour_matrix(cls, standard: str, value_range: str) -> ColourMatrix:
+    if standard not in _KR_KB:
+        raise JetpipeError(f"colour standard {standard!r}: choose one of {', '.join(STANDARDS)}")
+    if value_range not in RANGES:
+        raise JetpipeError(f"range {value_range!r}: choose one of {', '.join(RANGES)}")
+    kr, kb = _KR_KB[standard]
+    kg = 1.0 - kr - kb
+    limited = value_range == "limited"
+    return cls(ky=255.0 / 219.0 if limited else 1.0, y0=16.0 if limited else 0.0,
+               kc=255.0 / 224.0 if limited else 1.0,
+               rv=2 * (1 - kr), gu=-2 * (1 - kb) * kb / kg, gv=-2 * (1 - kr) * kr / kg, bu=2 * (1 - kb))
 
 
 def frame_shape(fmt: str, height: int, width: int) -> tuple[int, ...]:

@@ -3,6 +3,7 @@ reference (jetpipe.preprocess), the fused GPU kernel and postprocessing all foll
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,9 +52,9 @@ Quad = tuple[tuple[float, float], ...]  # four (x, y) corners in source pixels: 
 
 def quad_size(quad: Quad) -> tuple[int, int]:
     """(height, width) of a quadrilateral's crop: its longer opposite sides, as OCR pipelines cut it."""
-    q = np.asarray(quad, np.float64)
-    width = max(np.linalg.norm(q[1] - q[0]), np.linalg.norm(q[2] - q[3]))
-    height = max(np.linalg.norm(q[3] - q[0]), np.linalg.norm(q[2] - q[1]))
+    (x0, y0), (x1, y1), (x2, y2), (x3, y3) = quad  # plain floats: called for every crop of a batch
+    width = max(math.hypot(x1 - x0, y1 - y0), math.hypot(x2 - x3, y2 - y3))
+    height = max(math.hypot(x3 - x0, y3 - y0), math.hypot(x2 - x1, y2 - y1))
     return max(1, round(height)), max(1, round(width))
 
 
@@ -61,22 +62,30 @@ def quad_homography(quad: Quad, content_hw: tuple[int, int], origin: tuple[int, 
     """3x3 map from the resized content's coordinates (pixel edges: [0, w] x [0, h]) to the
     quadrilateral, in the coordinates of the region read (its top-left at `origin` of the frame).
     A pixel (u, v) of the content samples H(u + 0.5, v + 0.5) - 0.5 in pixel indices; for an upright
-    quad that is cv2.resize's INTER_LINEAR sampling of the rectangle."""
+    quad that is cv2.resize's INTER_LINEAR sampling of the rectangle.
+
+    The unit square's map to the quad in closed form (Heckbert, "Fundamentals of Texture Mapping", 1989),
+    scaled to the content's size: what solving the four corner pairs gives, without a solve per crop."""
     h, w = content_hw
-    src = np.array([[0, 0], [w, 0], [w, h], [0, h]], np.float64)
-    dst = np.asarray(quad, np.float64) - np.asarray(origin, np.float64)
-    # the 8 unknowns of the projective map (h22 = 1) from the four corner pairs
-    rows, rhs = [], []
-    for (u, v), (x, y) in zip(src, dst):
-        rows += [[u, v, 1, 0, 0, 0, -u * x, -v * x], [0, 0, 0, u, v, 1, -u * y, -v * y]]
-        rhs += [x, y]
-    return np.append(np.linalg.solve(np.array(rows), np.array(rhs)), 1.0).reshape(3, 3)
+    (x0, y0), (x1, y1), (x2, y2), (x3, y3) = ((x - origin[0], y - origin[1]) for x, y in quad)
+    sx, sy = x0 - x1 + x2 - x3, y0 - y1 + y2 - y3
+    if sx == 0 and sy == 0:  # a parallelogram: affine
+        g = k = 0.0
+    else:
+        dx1, dx2, dy1, dy2 = x1 - x2, x3 - x2, y1 - y2, y3 - y2
+        den = dx1 * dy2 - dx2 * dy1
+        if den == 0:
+            raise ValueError(f"quadrilateral {quad} is degenerate: three corners on a line")
+        g, k = (sx * dy2 - dx2 * sy) / den, (dx1 * sy - sx * dy1) / den
+    return np.array([[(x1 - x0 + g * x1) / w, (x3 - x0 + k * x3) / h, x0],
+                     [(y1 - y0 + g * y1) / w, (y3 - y0 + k * y3) / h, y0],
+                     [g / w, k / h, 1.0]])
 
 
 def quad_region(quad: Quad, height: int, width: int):
     """The integer rectangle (x0, y0, x1, y1) of the frame that holds a quadrilateral's pixels (what is
     read; samples outside it repeat its border), or None where it lies outside the frame."""
-    q = np.asarray(quad, np.float64)
-    x0, y0 = max(0, int(np.floor(q[:, 0].min()))), max(0, int(np.floor(q[:, 1].min())))
-    x1, y1 = min(width, int(np.ceil(q[:, 0].max()))), min(height, int(np.ceil(q[:, 1].max())))
+    xs, ys = [x for x, _ in quad], [y for _, y in quad]
+    x0, y0 = max(0, math.floor(min(xs))), max(0, math.floor(min(ys)))
+    x1, y1 = min(width, math.ceil(max(xs))), min(height, math.ceil(max(ys)))
     return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None

@@ -90,3 +90,23 @@ def test_fast_cpu_path_for_hd_video_standards_stays_close_to_the_reference(fmt, 
     assert box_fast == box_exact
     steps = np.abs(fast - exact) / float(np.max(affine(spec)[0]))
     assert steps.mean() <= 0.5 and np.percentile(steps, 99) <= 3.0  # rounding and chroma siting at edges
+
+
+def test_a_quads_homography_maps_the_contents_corners_onto_its_corners():
+    """Tilted, perspective and upright quads (the closed form, and its parallelogram case): the content's
+    corners (0, 0), (w, 0), (w, h), (0, h) land on the quad's corners, relative to the region's origin."""
+    from jetpipe.geometry import quad_homography, quad_region
+
+    rng = np.random.default_rng(3)
+    quads = [((10.0, 20.0), (210.0, 20.0), (210.0, 70.0), (10.0, 70.0)),  # upright
+             ((50.0, 80.0), (250.0, 120.0), (240.0, 170.0), (40.0, 130.0))]  # parallelogram
+    for _ in range(50):
+        corners = np.array([[0, 0], [300, 0], [300, 60], [0, 60]]) + rng.normal(0, 12, (4, 2)) + [400, 300]
+        quads.append(tuple(map(tuple, corners.tolist())))
+    for quad in quads:
+        origin = quad_region(quad, 1080, 1920)[:2]
+        h, w = 48, 240
+        H = quad_homography(quad, (h, w), origin)
+        for (u, v), (x, y) in zip([(0, 0), (w, 0), (w, h), (0, h)], quad):
+            px, py, pw = H @ [u, v, 1.0]
+            np.testing.assert_allclose([px / pw, py / pw], [x - origin[0], y - origin[1]], atol=1e-9)

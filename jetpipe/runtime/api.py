@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,7 +48,7 @@ class Frame:
     @property
     def nbytes(self) -> int:
         if self.device:
-            return int(np.prod(frame_shape(self.format, *self.hw)))
+            return math.prod(frame_shape(self.format, *self.hw))
         return self.data.nbytes
 
     def matrix(self) -> ColourMatrix:
@@ -56,8 +57,11 @@ class Frame:
 
 def check_quad(quad, crop) -> None:
     """Four finite corners, and the region read around them (the samples outside it repeat its border)."""
-    corners = np.asarray(quad, np.float64)
-    if corners.shape != (4, 2) or not np.isfinite(corners).all():
+    try:  # plain Python: checked for every crop of a batch
+        finite = len(quad) == 4 and all(len(c) == 2 and math.isfinite(c[0]) and math.isfinite(c[1]) for c in quad)
+    except TypeError:
+        finite = False
+    if not finite:
         raise JetpipeError(f"quad {quad!r}: four (x, y) corners, finite")
     if crop is None:
         raise JetpipeError("a quad needs `crop`: the rectangle of the frame that holds it (geometry.quad_region)")

@@ -59,25 +59,23 @@ def compile_module(source: Path = SOURCE):
         raise KernelError(f"compiling {source.name} failed: {str(exc).strip()[:400]}") from exc
 
 
-def frame_params(record, fmt: str, height: int, width: int, pitch: int, address: int,
-                 size_hw: tuple[int, int], resize: str, matrix: ColourMatrix, crop=None, quad=None) -> Letterbox:
-    """Fill one FrameParams record; returns the letterbox placement for postprocessing. crop (x0, y0, x1,
-    y1): the kernel reads only that rectangle of the frame (its size is what is resized; the frame's height
-    still locates the chroma planes). quad: four corners inside crop, warped upright (preprocess.warp_quad)."""
+def frame_params(fmt: str, height: int, width: int, pitch: int, address: int, size_hw: tuple[int, int],
+                 resize: str, matrix: ColourMatrix, crop=None, quad=None) -> tuple[tuple, Letterbox]:
+    """One FrameParams record's values (in PARAMS' order, assigned at once: a secondary sets one per crop)
+    and the letterbox placement for postprocessing. crop (x0, y0, x1, y1): the kernel reads only that
+    rectangle of the frame (its size is what is resized; the frame's height still locates the chroma
+    planes). quad: four corners inside crop, warped upright (preprocess.warp_quad)."""
     x0, y0, x1, y1 = crop if crop is not None else (0, 0, width, height)
-    record["origin_x"], record["origin_y"], record["plane_height"] = x0, y0, height
-    height, width = y1 - y0, x1 - x0
+    plane_height, height, width = height, y1 - y0, x1 - x0
     (nh, nw), box = fit(quad_size(quad) if quad is not None else (height, width), size_hw, resize)
-    record["warp"] = quad is not None
-    if quad is not None:
-        record["hom"] = quad_homography(quad, (nh, nw), (x0, y0)).ravel()
-    record["src"], record["width"], record["height"] = address, width, height
-    record["pitch"], record["format"] = pitch, FORMAT_CODES[fmt]
-    record["scale_x"], record["scale_y"] = width / nw, height / nh
-    record["pad_x"], record["pad_y"], record["content_w"], record["content_h"] = box.pad_x, box.pad_y, nw, nh
-    for key in ("ky", "y0", "kc", "rv", "gu", "gv", "bu"):
-        record[key] = getattr(matrix, key)
-    return box
+    hom = quad_homography(quad, (nh, nw), (x0, y0)).ravel() if quad is not None else _NO_WARP
+    values = (address, width, height, pitch, FORMAT_CODES[fmt], width / nw, height / nh, box.pad_x, box.pad_y,
+              nw, nh, matrix.ky, matrix.y0, matrix.kc, matrix.rv, matrix.gu, matrix.gv, matrix.bu, x0, y0,
+              plane_height, hom, quad is not None)
+    return values, box
+
+
+_NO_WARP = np.zeros(9)
 
 
 def pitch_of(fmt: str, width: int) -> int:
@@ -104,9 +102,10 @@ class GpuPreprocessor:
 
     def set_frame(self, index: int, fmt: str, height: int, width: int, address: int,
                   matrix: ColourMatrix, pitch: int | None = None, crop=None, quad=None) -> Letterbox:
-        return frame_params(self.host_params[index], fmt, height, width,
-                            pitch if pitch is not None else pitch_of(fmt, width), address,
-                            self.size_hw, self.spec.resize, matrix, crop, quad)
+        values, box = frame_params(fmt, height, width, pitch if pitch is not None else pitch_of(fmt, width),
+                                   address, self.size_hw, self.spec.resize, matrix, crop, quad)
+        self.host_params[index] = values
+        return box
 
     def launch(self, batch: int, out_address: int, stream) -> None:
         """Upload this batch's parameters and run the kernel, both on `stream`."""

@@ -36,11 +36,12 @@ def ctc_greedy(best: np.ndarray, scores: np.ndarray, labels: tuple[str, ...]) ->
     """Best class and its probability per step ([B, T] each) -> text and mean score per line."""
     keep = best != BLANK
     keep[:, 1:] &= best[:, 1:] != best[:, :-1]
-    results = []
-    for row, row_scores, row_keep in zip(best, scores, keep):
-        kept = row[row_keep]
-        results.append({"text": "".join(labels[i] if i < len(labels) else "" for i in kept),
-                        "score": round(float(row_scores[row_keep].mean()) if kept.size else 0.0, 4)})
+    sums, counts = np.where(keep, scores, 0.0).sum(axis=1), keep.sum(axis=1)
+    results, known = [], len(labels)
+    for row, row_keep, total, count in zip(best.tolist(), keep.tolist(), sums.tolist(), counts.tolist()):
+        # plain lists: a secondary decodes every crop of a batch here
+        text = "".join(labels[i] for i, k in zip(row, row_keep) if k and i < known)
+        results.append({"text": text, "score": round(total / count, 4) if count else 0.0})
     return results
 
 
