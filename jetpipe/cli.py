@@ -43,11 +43,19 @@ from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.report import print_summary
 from jetpipe.runtime.cuda import MEMORY_MODES
-from jetpipe.runtime.runtime import BACKENDS
+from jetpipe.runtime.runtime import BACKEND_HELP, check_backend
 from jetpipe.runtime.trt_builder import ENGINE_FAMILIES, RTX_DEFAULT_TARGETS, RTX_TARGETS
 from jetpipe.spec import CHANNEL_ORDERS, PRESETS, RESIZE_MODES, preset
 from jetpipe.tasks import TASKS
 
+
+def _backend(value: str) -> str:
+    """--backend: a name, or triton://HOST:PORT/NAME (argparse prints the reason, exit 2)."""
+    try:
+        return check_backend(value)
+    except JetpipeError as exc:
+        reason = str(exc).removeprefix(f"backend {value!r}: ")
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} ({reason})") from None
 
 def _add_convert(sub) -> None:
     p = sub.add_parser("convert", help="ONNX -> FP16/INT8 -> TensorRT engine bundle",
@@ -232,7 +240,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-batch", type=int, help="frames per GPU batch (default: the bundle's)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
-    p.add_argument("--backend", choices=BACKENDS, help="inference backend (default auto: TensorRT > ORT CUDA > CPU)")
+    p.add_argument("--backend", type=_backend, metavar="BACKEND",
+                   help=f"inference backend: {BACKEND_HELP} (default auto: TensorRT > ORT CUDA > CPU)")
     p.add_argument("--memory", choices=MEMORY_MODES,
                    help="frame memory: mapped (zero copy), staged (pinned + async copy), device (default auto)")
     p.add_argument("--task", choices=tuple(TASKS), help="read the outputs as this task (default: the bundle's; "
@@ -294,7 +303,8 @@ def _add_demo(sub) -> None:
     p.add_argument("--duration", type=positive_seconds, default=10.0, help="seconds to serve")
     p.add_argument("--bundle-dir", default="bundles/demo-ppocr-det", help="where the converted model goes")
     p.add_argument("--sink", action="append", metavar="SPEC", help="also write results here")
-    p.add_argument("--backend", choices=BACKENDS, help="inference backend (default auto)")
+    p.add_argument("--backend", type=_backend, metavar="BACKEND", help=f"inference backend: {BACKEND_HELP} "
+                   "(default auto)")
     p.set_defaults(run=_run_demo)
 
 
@@ -316,7 +326,8 @@ def _add_calibrate(sub) -> None:
                    "bundle's)")
     a.add_argument("--samples", type=int, default=32, help="inputs to use (default 32)")
     a.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider")
-    a.add_argument("--backend", choices=BACKENDS, help="measure the bundle through this runtime, as serve runs it "
+    a.add_argument("--backend", type=_backend, metavar="BACKEND",
+                   help="measure the bundle through this runtime, as serve runs it "
                    "(its engine, samples as NV12 frames through its preprocessing), instead of its ONNX graph; "
                    "per-layer errors and the precision search stay on the ONNX graph")
     a.add_argument("--budget", help="e.g. 'f1>=0.99', 'top1_drop<=0.5', 'map>=0.95': verdict + precision search")
@@ -331,7 +342,8 @@ def _add_calibrate(sub) -> None:
     lat.add_argument("--iterations", type=int, default=100, help="timed batches per batch size")
     lat.add_argument("--warmup", type=int, default=10, help="untimed batches first")
     lat.add_argument("--source", default="synthetic:1920x1080:nv12", help="synthetic[:WxH:FORMAT] frames")
-    lat.add_argument("--backend", choices=BACKENDS, default="auto", help="inference backend")
+    lat.add_argument("--backend", type=_backend, metavar="BACKEND", default="auto",
+                     help=f"inference backend: {BACKEND_HELP}")
     lat.add_argument("--memory", choices=MEMORY_MODES, default="auto", help="frame memory mode (GPU runtime)")
     lat.add_argument("--report", type=Path, required=True,
                      help="report folder to write (a new or empty folder; an existing report needs --force)")

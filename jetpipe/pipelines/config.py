@@ -15,7 +15,8 @@ from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.runtime.cuda import MEMORY_MODES
-from jetpipe.runtime.runtime import BACKENDS
+from jetpipe.runtime.runtime import BACKEND_HELP, BACKENDS, check_backend
+from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import TASKS
 
 if sys.version_info >= (3, 11):
@@ -170,7 +171,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (config.max_batch is None or config.max_batch >= 1, "max_batch", "a positive integer"),
         (config.batch_timeout_ms >= 0, "batch_timeout_ms", "a number >= 0"),
         (1 <= config.queue_depth <= MAX_QUEUE_DEPTH, "queue_depth", f"an integer from 1 to {MAX_QUEUE_DEPTH}"),
-        (config.backend in BACKENDS, "backend", " | ".join(BACKENDS)),
+        (config.backend in BACKENDS or is_triton(config.backend), "backend", BACKEND_HELP),
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
         (config.postprocess in POSTPROCESS_PLACES, "postprocess", " | ".join(POSTPROCESS_PLACES)),
         (config.tracker in TRACKERS, "tracker", " | ".join(TRACKERS)),
@@ -188,6 +189,12 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         if not ok:
             raise ConfigError(f"{where}: {key} = {getattr(config, key)!r}: allowed {allowed}")
     _check_listen(config.metrics_listen, where)
+    if is_triton(config.backend):
+        check_backend(config.backend)
+        if config.secondaries:
+            raise ConfigError(f"{where}: backend = {config.backend!r} with a secondary: secondaries do not run "
+                              "through Triton yet; serve the primary through Triton without secondaries, or run "
+                              "both locally")
     for src in config.sources:
         if src.decoder not in DECODERS:
             raise ConfigError(f"{where}: source {src.uri!r}: decoder = {src.decoder!r}: allowed "

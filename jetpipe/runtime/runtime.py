@@ -19,29 +19,45 @@ from jetpipe.runtime.backends import OrtCpuBackend
 from jetpipe.runtime.base import RuntimeBase, at_width
 from jetpipe.runtime.cuda import GpuUnavailable
 from jetpipe.runtime.gpu_runtime import GpuRuntime, pick_gpu_backend
+from jetpipe.runtime.triton_backend import TritonBackend, is_triton, parse_uri
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "onnxruntime-cuda", "onnxruntime-cpu")
+BACKEND_HELP = " | ".join(BACKENDS) + " | triton://HOST:PORT/NAME"
+
+
+def check_backend(backend: str) -> str:
+    """A backend name, or a Triton server's model (triton://HOST:PORT/NAME); anything else is one line."""
+    if is_triton(backend):
+        parse_uri(backend)
+    elif backend not in BACKENDS:
+        raise JetpipeError(f"backend {backend!r}: choose one of {BACKEND_HELP}")
+    return backend
 _CPU_CANNOT_REDUCE = ("postprocessing on the GPU needs the GPU runtime: use postprocess auto or cpu "
                       "(--postprocess) with the CPU runtime")
 
 
 class CpuRuntime(RuntimeBase):
-    """OpenCV preprocessing + ONNX Runtime CPU into preallocated buffers."""
+    """OpenCV preprocessing + ONNX Runtime CPU (or a Triton server's model) into preallocated buffers."""
 
     backend_name = "onnxruntime-cpu"
 
     def __init__(self, bundle_dir, max_batch: int | None = None, buffer_sets: int = 2,
-                 exact_preprocess: bool = False):
+                 exact_preprocess: bool = False, backend: str = "onnxruntime-cpu"):
         """exact_preprocess: the float reference conversion the GPU kernel matches, instead of
-        OpenCV's integer decoders (several times faster, within 1.5 8-bit steps)."""
+        OpenCV's integer decoders (several times faster, within 1.5 8-bit steps). backend:
+        onnxruntime-cpu, or triton://HOST:PORT/NAME (the model runs on that server)."""
         super().__init__(bundle_dir, max_batch)
         self._preprocess = preprocess_frame if exact_preprocess else preprocess_frame_fast
 
         self._init_sets(buffer_sets)
-        self.backend = OrtCpuBackend(self.model_path, (self.spec.channels, *self.size_hw), self.max_batch,
-                                     self.widths)
+        sample = (self.spec.channels, *self.size_hw)
+        if is_triton(backend):
+            self.backend = TritonBackend(backend, sample, self.max_batch, self.widths)
+        else:
+            self.backend = OrtCpuBackend(self.model_path, sample, self.max_batch, self.widths)
+        self.backend_name = self.backend.name
         self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
         # one input and output buffer per set, sized for the widest width (a narrower batch uses their
         # start): a collected batch's outputs stay valid while the next runs
@@ -100,14 +116,13 @@ class CpuRuntime(RuntimeBase):
 def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto", memory: str = "auto",
                  **gpu_options):
     """The best runtime this machine offers for the bundle (or the one asked for); logs the choice."""
-    if backend not in BACKENDS:
-        raise JetpipeError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    check_backend(backend)
     cpu_options = {k: v for k, v in gpu_options.items() if k == "buffer_sets"}
     reduction = gpu_options.get("reduction")
-    if reduction is not None and reduction.required and backend == "onnxruntime-cpu":
+    if reduction is not None and reduction.required and (backend == "onnxruntime-cpu" or is_triton(backend)):
         raise JetpipeError(_CPU_CANNOT_REDUCE)
-    if backend == "onnxruntime-cpu":
-        return _chosen(CpuRuntime(bundle_dir, max_batch, **cpu_options), "requested")
+    if backend == "onnxruntime-cpu" or is_triton(backend):
+        return _chosen(CpuRuntime(bundle_dir, max_batch, backend=backend, **cpu_options), "requested")
     try:
         gpu_backend = pick_gpu_backend(bundle_dir, backend)
         return _chosen(GpuRuntime(bundle_dir, max_batch, backend=gpu_backend, memory=memory, **gpu_options),

@@ -1,0 +1,173 @@
+"""A Triton Inference Server as a runtime's backend: `--backend triton://HOST:PORT/NAME`.
+
+Frames are preprocessed here as with the local backends (the CPU path); each batch's input goes to the
+server's model NAME over gRPC (tritonclient) and its outputs come back into the runtime's preallocated
+output buffers, then the same postprocessing. The model is what `jetpipe export triton BUNDLE` writes, so
+its tensors are the bundle's (checked at start-up against the manifest, with each output's sample shape
+from one blank batch-1 request per input width: no local copy of the model runs).
+
+A server down or a model missing at start-up is one line (exit 2). Lost while serving: the batch fails (the
+daemon counts its frames failed and goes on), later batches fail at once without a request until a backoff
+(0.5 s doubling to 10 s) has passed, then the next batch tries again; the first that succeeds logs the
+reconnection. Plain gRPC only in this version: no shared memory, one request at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from jetpipe.errors import JetpipeError
+from jetpipe.runtime.api import TensorSpec
+from jetpipe.runtime.base import at_width
+
+log = logging.getLogger(__name__)
+
+SCHEME = "triton://"
+BACKOFF_S = (0.5, 10.0)  # first and longest wait before a lost server is asked again
+TIMEOUT_S = 10.0         # one request's deadline: a hung server fails the batch instead of the pipeline
+_DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8,
+           "BOOL": np.bool_}
+
+
+def is_triton(backend: str) -> bool:
+    return isinstance(backend, str) and backend.startswith(SCHEME)
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """triton://HOST:PORT/NAME -> ("HOST:PORT", NAME); a malformed one is one line naming the form."""
+    parts = urlsplit(uri)
+    name = parts.path.strip("/")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "triton" or not parts.hostname or port is None or not name or "/" in name:
+        raise JetpipeError(f"backend {uri!r}: a Triton backend is triton://HOST:PORT/NAME (gRPC port, model name), "
+                           "e.g. triton://127.0.0.1:8001/det")
+    return f"{parts.hostname}:{port}", name
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+class TritonBackend:
+    """The backend interface of backends.py, served by a Triton model (host buffers, like OrtCpuBackend)."""
+
+    def __init__(self, uri: str, input_sample_shape, max_batch: int, widths=None):
+        self.address, self.model = parse_uri(uri)
+        self.name = f"triton ({self.address}/{self.model})"
+        try:
+            import tritonclient.grpc as grpcclient
+        except ImportError:
+            raise JetpipeError("the Triton backend needs tritonclient: pip install 'tritonclient[grpc]'") from None
+        self._grpc = grpcclient
+        self.client = grpcclient.InferenceServerClient(self.address)
+        self.widths = tuple(widths or (input_sample_shape[2],))
+        self.max_batch = max_batch
+        self._check_server()
+        metadata = self.client.get_model_metadata(self.model, client_timeout=TIMEOUT_S)
+        served_batch = self.client.get_model_config(self.model, client_timeout=TIMEOUT_S).config.max_batch_size
+        if served_batch < max_batch:
+            raise JetpipeError(f"Triton model {self.model!r} at {self.address} takes batches of up to {served_batch}, "
+                               f"this runtime sends {max_batch}: lower --max-batch, or export the bundle again")
+        (inp,) = metadata.inputs
+        self.input = TensorSpec(inp.name, np.dtype(np.float32), tuple(input_sample_shape))
+        self._output_types = {o.name: o.datatype for o in metadata.outputs}
+        self.output_shapes, dtypes = self._probe_shapes()
+        widest = self.widths[-1]
+        self.outputs = [TensorSpec(name, dtypes[name], shape)
+                        for name, shape in zip(self._output_types, self.output_shapes[widest])]
+        self.views: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+        self.failures, self._retry_at, self._backoff, self._lost = 0, 0.0, BACKOFF_S[0], False
+
+    def _check_server(self) -> None:
+        where = f"Triton server {self.address}"
+        try:
+            live = self.client.is_server_live(client_timeout=TIMEOUT_S)
+            ready = live and self.client.is_model_ready(self.model, client_timeout=TIMEOUT_S)
+        except Exception as exc:  # tritonclient's InferenceServerException: refused, unknown host, deadline
+            raise JetpipeError(f"{where} does not answer ({_first_line(exc)}): start it, or check --backend") from None
+        if not live:
+            raise JetpipeError(f"{where} is not live: check the server's log")
+        if not ready:
+            raise JetpipeError(f"{where} has no ready model {self.model!r}: load it (jetpipe export triton BUNDLE -o "
+                               f"REPO --name {self.model}, then tritonserver --model-repository REPO)")
+
+    def _probe_shapes(self) -> tuple[dict[int, list[tuple]], dict[str, np.dtype]]:
+        """Each output's sample shape at each width, from one blank batch-1 request."""
+        shapes, dtypes = {}, {}
+        for width in self.widths:
+            blank = np.zeros((1, *self.input.sample_shape[:2], width), np.float32)
+            try:
+                result = self._infer(blank)
+            except Exception as exc:
+                raise JetpipeError(f"Triton model {self.model!r} at {self.address} fails on a blank "
+                                   f"{list(blank.shape)} input ({_first_line(exc)}): is it this bundle's model?"
+                                   ) from None
+            found = [result.as_numpy(name) for name in self._output_types]
+            for name, value in zip(self._output_types, found):
+                if value is None or value.ndim == 0 or value.shape[0] != 1:
+                    raise JetpipeError(f"Triton model {self.model!r}: output {name} is not batched on axis 0")
+                dtypes[name] = value.dtype
+            shapes[width] = [tuple(value.shape[1:]) for value in found]
+        return shapes, dtypes
+
+    def _infer(self, batch: np.ndarray):
+        request = self._grpc.InferInput(self.input.name, list(batch.shape), "FP32")
+        request.set_data_from_numpy(batch)
+        wanted = [self._grpc.InferRequestedOutput(name) for name in self._output_types]
+        return self.client.infer(self.model, [request], outputs=wanted, client_timeout=TIMEOUT_S)
+
+    def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None:
+        """Host views of the runtime's buffers (addresses of numpy arrays it owns, sized for the widest)."""
+        def view(address: int, dtype, sample_shape) -> np.ndarray:
+            count = self.max_batch * int(np.prod(sample_shape))
+            memory = (np.ctypeslib.ctypes.c_byte * (count * np.dtype(dtype).itemsize)).from_address(address)
+            return np.frombuffer(memory, dtype)
+
+        self.views[set_index] = (view(input_address, self.input.dtype, self.input.sample_shape),
+                                 {o.name: view(output_addresses[o.name], o.dtype, o.sample_shape)
+                                  for o in self.outputs})
+
+    def run(self, set_index: int, batch: int, stream=None, width: int | None = None) -> None:
+        width = width or self.widths[0]
+        now = time.monotonic()
+        if self._lost and now < self._retry_at:
+            raise JetpipeError(f"Triton server {self.address} lost; asking again in {self._retry_at - now:.1f} s")
+        inputs, outputs = self.views[set_index]
+        sample = (*self.input.sample_shape[:2], width)
+        try:
+            result = self._infer(at_width(inputs, batch, sample))
+        except Exception as exc:
+            raise self._lose(exc) from None
+        for spec, shape in zip(self.outputs, self.output_shapes[width]):
+            np.copyto(at_width(outputs[spec.name], batch, shape), result.as_numpy(spec.name), casting="same_kind")
+        if self._lost:
+            log.info("Triton server %s answers again after %d failed batch(es)", self.address, self.failures)
+        self._lost, self._backoff = False, BACKOFF_S[0]
+
+    def _lose(self, exc: Exception) -> JetpipeError:
+        """Count a failed request and start (or lengthen) the backoff; the error that fails the batch."""
+        self.failures += 1
+        self._retry_at = time.monotonic() + self._backoff
+        wait, self._backoff, self._lost = self._backoff, min(self._backoff * 2, BACKOFF_S[1]), True
+        return JetpipeError(f"Triton server {self.address}: {_first_line(exc)} (asking again in {wait:.1f} s)")
+
+    def warm_batches(self) -> list[int]:
+        return []
+
+    def capture_graphs(self, stream) -> None:
+        """No CUDA graphs: the server runs the model."""
+
+    def close(self) -> None:
+        self.views.clear()
+        try:
+            self.client.close()
+        except Exception as exc:  # closing a channel to a server already gone
+            log.debug("closing the Triton client: %s", exc)

@@ -1,0 +1,158 @@
+"""`--backend triton://HOST:PORT/NAME` against a real Triton server (nvidia-pytriton's tritonserver, hosting the
+bundle's ONNX through ONNX Runtime in its Python backend; tests/triton_server.py): the same results as the
+local ONNX Runtime backend frame by frame, one line when the server or model is not there, and a server
+lost mid-run counted, asked again and served on."""
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from jetpipe.cli import main
+
+ROOT = Path(__file__).parents[2]
+TRITON_PYTHON = Path(os.environ.get("JETPIPE_TRITON_PYTHON", ROOT / ".venv-triton" / "bin" / "python"))
+SERVER = ROOT / "tests" / "triton_server.py"
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class TritonServer:
+    """tests/triton_server.py in the Triton venv, on free ports; start() waits until it serves."""
+
+    def __init__(self, bundle: Path, name: str, log: Path):
+        self.bundle, self.name, self.log = bundle, name, log
+        self.ports = _free_ports(3)
+        self.process = None
+
+    @property
+    def uri(self) -> str:
+        return f"triton://127.0.0.1:{self.ports[0]}/{self.name}"
+
+    def start(self) -> None:
+        seen = self.log.stat().st_size if self.log.exists() else 0  # a restart: only what it says now counts
+        out = self.log.open("a")
+        self.process = subprocess.Popen([str(TRITON_PYTHON), str(SERVER), str(self.bundle), self.name,
+                                         *map(str, self.ports)], stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + 180
+        while "ready" not in self.log.read_text()[seen:].split():
+            assert self.process.poll() is None, f"the Triton server exited: {self.log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"the Triton server did not start: {self.log.read_text()[-2000:]}"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, 9)  # the server and the tritonserver it started
+            self.process.wait(60)
+
+
+def _needs_triton() -> None:
+    usable = TRITON_PYTHON.exists() and subprocess.run(
+        [str(TRITON_PYTHON), "-c", "import pytriton, onnxruntime"], capture_output=True).returncode == 0
+    if not usable:
+        pytest.skip(f"no Triton server venv (nvidia-pytriton + onnxruntime) at {TRITON_PYTHON}: .ci/run makes it "
+                    "with /usr/bin/python3 -m venv .venv-triton && .venv-triton/bin/pip install nvidia-pytriton "
+                    "onnxruntime")
+    pytest.importorskip("tritonclient.grpc", reason="the Triton backend's client: pip install 'tritonclient[grpc]'")
+
+
+@pytest.fixture
+def server(det_bundle, tmp_path):
+    _needs_triton()
+    triton = TritonServer(det_bundle, "det", tmp_path / "triton.log")
+    triton.start()
+    yield triton
+    triton.stop()
+
+
+def _serve(bundle, backend, source, out, *extra) -> int:
+    return main(["serve", "--bundle", str(bundle), "--backend", backend, "--source", str(source), "--sink",
+                 f"jsonl:{out}", "--metrics", "", *extra])
+
+
+def test_serving_through_triton_gives_the_local_backends_results_frame_by_frame(det_bundle, server, text_video,
+                                                                                tmp_path):
+    video, words = text_video
+    runs = {}
+    for name, backend in (("triton", server.uri), ("local", "onnxruntime-cpu")):
+        out = tmp_path / f"{name}.jsonl"
+        assert _serve(det_bundle, backend, video, out) == 0
+        runs[name] = [json.loads(line)["results"] for line in out.read_text().splitlines()]
+    assert len(runs["triton"]) == len(words)
+    assert runs["triton"] == runs["local"]
+    assert all(r["boxes"] for r in runs["triton"])
+
+
+def test_a_server_that_is_not_there_or_a_missing_model_is_one_line(det_bundle, server, tmp_path, capsys):
+    (closed,) = _free_ports(1)
+    for backend, message in ((f"triton://127.0.0.1:{closed}/det", f"Triton server 127.0.0.1:{closed} does not answer"),
+                             (server.uri.replace("/det", "/rec"), "has no ready model 'rec'")):
+        capsys.readouterr()
+        assert _serve(det_bundle, backend, "synthetic", tmp_path / "x.jsonl", "--frames", "2") == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_malformed_backend_uri_is_refused_before_anything_starts(det_bundle, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:  # argparse's own exit for a bad flag value
+        _serve(det_bundle, "triton://127.0.0.1/det", "synthetic", tmp_path / "x.jsonl")
+    assert exited.value.code == 2
+    assert "a Triton backend is triton://HOST:PORT/NAME" in capsys.readouterr().err
+
+
+def test_a_server_lost_mid_run_fails_its_batches_and_is_served_again_once_back(det_bundle, server, tmp_path):
+    """The server killed while a live stream runs: batches fail (counted) instead of the pipeline, the
+    backend asks again after its backoff, and once the server is back frames are processed again."""
+    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.daemon import Pipeline
+
+    out = tmp_path / "out.jsonl"
+    config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig("synthetic://320x240@10/nv12")],
+                                     sinks=[f"jsonl:{out}"], backend=server.uri, metrics_listen="", max_batch=1,
+                                     fail_timeout_s=0.0))
+    pipeline = Pipeline(config)
+    summaries = []
+    serving = threading.Thread(target=lambda: summaries.append(pipeline.run()))
+    serving.start()
+
+    def wait_for(condition, what: str, seconds: float = 180) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition():
+            assert serving.is_alive() and time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.1)
+
+    try:
+        wait_for(lambda: sum(pipeline.metrics.processed) >= 3, "frames served")
+        server.stop()
+        wait_for(lambda: sum(pipeline.metrics.failed) >= 2, "failed batches while the server is gone")
+        server.start()
+        back_at = sum(pipeline.metrics.processed)
+        wait_for(lambda: sum(pipeline.metrics.processed) >= back_at + 3, "frames served again")
+    finally:
+        pipeline.stop()
+        serving.join(120)
+    summary = summaries[0]
+    assert summary["failed"][0] >= 2 and summary["processed"][0] >= 6
+    assert not summary.get("failure")
+    assert len(out.read_text().splitlines()) == summary["processed"][0]
+
+
+def test_secondaries_through_triton_are_refused_at_start(det_bundle, rec_bundle, tmp_path, capsys):
+    code = main(["serve", "--bundle", str(det_bundle), "--backend", "triton://127.0.0.1:8001/det", "--secondary",
+                 str(rec_bundle), "--source", "synthetic", "--frames", "1", "--metrics", ""])
+    err = capsys.readouterr().err
+    assert code == 2 and "secondaries do not run through Triton yet" in err and "Traceback" not in err, err
