@@ -14,6 +14,7 @@ reconnection. Plain gRPC only in this version: no shared memory, one request at 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from urllib.parse import urlsplit
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 SCHEME = "triton://"
 BACKOFF_S = (0.5, 10.0)  # first and longest wait before a lost server is asked again
-TIMEOUT_S = 10.0         # one request's deadline: a hung server fails the batch instead of the pipeline
+TIMEOUT_S = 30.0         # one request's deadline: a hung server fails the batch instead of the pipeline
 _DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8,
            "BOOL": np.bool_}
 
@@ -128,7 +129,7 @@ class TritonBackend:
         """Host views of the runtime's buffers (addresses of numpy arrays it owns, sized for the widest)."""
         def view(address: int, dtype, sample_shape) -> np.ndarray:
             count = self.max_batch * int(np.prod(sample_shape))
-            memory = (np.ctypeslib.ctypes.c_byte * (count * np.dtype(dtype).itemsize)).from_address(address)
+            memory = (ctypes.c_byte * (count * np.dtype(dtype).itemsize)).from_address(address)
             return np.frombuffer(memory, dtype)
 
         self.views[set_index] = (view(input_address, self.input.dtype, self.input.sample_shape),
