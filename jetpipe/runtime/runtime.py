@@ -101,6 +101,13 @@ class CpuRuntime(RuntimeBase):
 
     def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
         self._check_collect(ticket)
+        finish = getattr(self.backend, "finish", None)  # a remote backend (Triton) answers asynchronously
+        if finish is not None and ticket.batch:
+            try:
+                ticket.timings["infer"] += finish(ticket.set_index) * 1e3
+            except BaseException:
+                self._collected(ticket, False)  # the failed batch's set is free again
+                raise
         self._collected(ticket, hold)
         shapes = self.backend.output_shapes[ticket.width]
         outputs = {spec.name: at_width(self.outputs[ticket.set_index][spec.name], ticket.batch, shape)

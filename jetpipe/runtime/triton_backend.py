@@ -9,13 +9,17 @@ from one blank batch-1 request per input width: no local copy of the model runs)
 A server down or a model missing at start-up is one line (exit 2). Lost while serving: the batch fails (the
 daemon counts its frames failed and goes on), later batches fail at once without a request until a backoff
 (0.5 s doubling to 10 s) has passed, then the next batch tries again; the first that succeeds logs the
-reconnection. Plain gRPC only in this version: no shared memory, one request at a time.
+reconnection. Requests are asynchronous: run() sends a batch and returns, finish() waits for its answer,
+so with the daemon's buffer sets several batches are in flight and the round trip overlaps the capture and
+preprocessing of the next ones. Plain gRPC only in this version: no shared memory.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -85,6 +89,8 @@ class TritonBackend:
         self.outputs = [TensorSpec(name, dtypes[name], shape)
                         for name, shape in zip(self._output_types, self.output_shapes[widest])]
         self.views: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+        # per buffer set: the request in flight (batch, width, answered event, [result, error])
+        self.pending: dict[int, tuple[int, int, threading.Event, list]] = {}
         self.failures, self._retry_at, self._backoff, self._lost = 0, 0.0, BACKOFF_S[0], False
 
     def _check_server(self) -> None:
@@ -119,11 +125,14 @@ class TritonBackend:
             shapes[width] = [tuple(value.shape[1:]) for value in found]
         return shapes, dtypes
 
-    def _infer(self, batch: np.ndarray):
+    def _infer(self, batch: np.ndarray, callback=None):
+        """One request: answered here, or with `callback(result, error)` from the client's thread."""
         request = self._grpc.InferInput(self.input.name, list(batch.shape), "FP32")
         request.set_data_from_numpy(batch)
         wanted = [self._grpc.InferRequestedOutput(name) for name in self._output_types]
-        return self.client.infer(self.model, [request], outputs=wanted, client_timeout=TIMEOUT_S)
+        if callback is None:
+            return self.client.infer(self.model, [request], outputs=wanted, client_timeout=TIMEOUT_S)
+        return self.client.async_infer(self.model, [request], callback, outputs=wanted, client_timeout=TIMEOUT_S)
 
     def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None:
         """Host views of the runtime's buffers (addresses of numpy arrays it owns, sized for the widest)."""
@@ -137,21 +146,38 @@ class TritonBackend:
                                   for o in self.outputs})
 
     def run(self, set_index: int, batch: int, stream=None, width: int | None = None) -> None:
+        """Send the set's batch (its input is copied into the request: the buffer is free again at once);
+        finish(set_index) waits for the answer."""
         width = width or self.widths[0]
         now = time.monotonic()
         if self._lost and now < self._retry_at:
             raise JetpipeError(f"Triton server {self.address} lost; asking again in {self._retry_at - now:.1f} s")
-        inputs, outputs = self.views[set_index]
-        sample = (*self.input.sample_shape[:2], width)
+        inputs, _ = self.views[set_index]
+        answer, answered = [None, None], threading.Event()
         try:
-            result = self._infer(at_width(inputs, batch, sample))
+            self._infer(at_width(inputs, batch, (*self.input.sample_shape[:2], width)),
+                        callback=functools.partial(_answered, answer, answered))
         except Exception as exc:
             raise self._lose(exc) from None
+        self.pending[set_index] = (batch, width, answered, answer)
+
+    def finish(self, set_index: int) -> float:
+        """Wait for the set's answer and copy its outputs into the set's buffers; returns the seconds waited.
+        A failed request raises (the batch fails) and starts the backoff."""
+        batch, width, answered, answer = self.pending.pop(set_index)
+        started = time.perf_counter()
+        if not answered.wait(TIMEOUT_S + 5.0):  # the client's own deadline should have answered first
+            raise self._lose(TimeoutError(f"no answer in {TIMEOUT_S + 5.0:.0f} s"))
+        result, error = answer
+        if error is not None:
+            raise self._lose(error)
+        _, outputs = self.views[set_index]
         for spec, shape in zip(self.outputs, self.output_shapes[width]):
             np.copyto(at_width(outputs[spec.name], batch, shape), result.as_numpy(spec.name), casting="same_kind")
         if self._lost:
             log.info("Triton server %s answers again after %d failed batch(es)", self.address, self.failures)
         self._lost, self._backoff = False, BACKOFF_S[0]
+        return time.perf_counter() - started
 
     def _lose(self, exc: Exception) -> JetpipeError:
         """Count a failed request and start (or lengthen) the backoff; the error that fails the batch."""
@@ -167,8 +193,17 @@ class TritonBackend:
         """No CUDA graphs: the server runs the model."""
 
     def close(self) -> None:
+        for _, _, answered, _ in self.pending.values():  # requests still out: their answers are not wanted
+            answered.wait(TIMEOUT_S)
+        self.pending.clear()
         self.views.clear()
         try:
             self.client.close()
         except Exception as exc:  # closing a channel to a server already gone
             log.debug("closing the Triton client: %s", exc)
+
+
+def _answered(answer: list, answered: threading.Event, result, error) -> None:
+    """tritonclient's callback (its own thread): keep the answer, wake finish()."""
+    answer[0], answer[1] = result, error
+    answered.set()

@@ -156,3 +156,23 @@ def test_secondaries_through_triton_are_refused_at_start(det_bundle, rec_bundle,
                  str(rec_bundle), "--source", "synthetic", "--frames", "1", "--metrics", ""])
     err = capsys.readouterr().err
     assert code == 2 and "secondaries do not run through Triton yet" in err and "Traceback" not in err, err
+
+
+def test_two_batches_in_flight_through_triton_each_get_their_own_answer(det_bundle, server):
+    """The runtime API with two buffer sets: both batches are sent before either is collected (requests are
+    asynchronous), and each comes back with its own frames' outputs, equal to the local backend's."""
+    import numpy as np
+
+    from jetpipe.runtime.runtime import CpuRuntime
+    from jetpipe.synth import render_text_image
+
+    frames = [[render_text_image(seed, (480, 640)).bgr] for seed in (11, 12)]
+    with CpuRuntime(det_bundle, 1, buffer_sets=2, backend=server.uri) as remote, \
+            CpuRuntime(det_bundle, 1, buffer_sets=2) as local:
+        tickets = [remote.submit(f) for f in frames]
+        assert len(remote.backend.pending) == 2  # both out before either answer is read
+        for ticket, f in zip(tickets, frames):
+            got = remote.collect(ticket).outputs
+            want = local.infer(f).outputs
+            for name in want:
+                np.testing.assert_allclose(got[name], want[name], atol=1e-5)
