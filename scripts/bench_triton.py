@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""`jetpipe serve` through a Triton server on the same host against the local backend, in one run.
+
+  python scripts/bench_triton.py BUNDLE [--streams 8] [--seconds 20] [--size 1920x1080] [--local onnxruntime-cpu]
+                                 [--triton-python .venv-triton/bin/python] [--json out.json]
+
+The server is tests/triton_server.py (nvidia-pytriton's tritonserver hosting the bundle's ONNX through ONNX
+Runtime in its Python backend) in the Triton venv; both runs serve `--streams` synthetic NV12 streams
+offered as fast as they go (saturated) for `--seconds`, results to a JSONL file; frames/s, p50/p99 latency
+and the client's CPU per frame are printed for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+root = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(root)]
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def start_server(python: Path, bundle: Path, log: Path) -> tuple[subprocess.Popen, int]:
+    ports = free_ports(3)
+    process = subprocess.Popen([str(python), str(root / "tests" / "triton_server.py"), str(bundle), "model",
+                                *map(str, ports)], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    deadline = time.monotonic() + 180
+    while "ready" not in log.read_text().split():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the Triton server did not start: {log.read_text()[-1500:]}")
+        time.sleep(0.2)
+    return process, ports[0]
+
+
+def serve(bundle: Path, backend: str, args, folder: Path) -> dict:
+    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.daemon import Pipeline
+
+    width, height = args.size.split("x")
+    config = validate(PipelineConfig(
+        bundle=bundle, sources=[SourceConfig(f"synthetic://{width}x{height}@0/nv12") for _ in range(args.streams)],
+        sinks=[f"jsonl:{folder / 'out.jsonl'}"], backend=backend, duration=args.seconds, metrics_listen="",
+        log_every_s=1e9, max_frame_hw=(int(height), int(width))))
+    cpu = time.process_time()
+    summary = Pipeline(config).run()
+    processed = sum(summary["processed"])
+    return {"backend": summary["backend"], "frames": processed, "fps": summary["throughput_fps"],
+            "failed": sum(summary["failed"]), "latency_ms": summary["latency_ms"]["total"],
+            "client_cpu_ms_per_frame": round(1e3 * (time.process_time() - cpu) / max(1, processed), 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--size", default="1920x1080")
+    parser.add_argument("--local", default="onnxruntime-cpu", help="the local backend compared")
+    parser.add_argument("--triton-python", type=Path, default=root / ".venv-triton" / "bin" / "python")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "cores": os.cpu_count()}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        report["local"] = serve(args.bundle, args.local, args, folder)
+        print(json.dumps({"local": report["local"]}), flush=True)
+        process, port = start_server(args.triton_python, args.bundle, folder / "triton.log")
+        try:
+            report["triton"] = serve(args.bundle, f"triton://127.0.0.1:{port}/model", args, folder)
+        finally:
+            os.killpg(process.pid, 9)
+            process.wait(60)
+        print(json.dumps({"triton": report["triton"]}), flush=True)
+    report["triton_vs_local"] = round(report["triton"]["fps"] / max(1e-9, report["local"]["fps"]), 3)
+    print(json.dumps({"triton_vs_local": report["triton_vs_local"]}))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
