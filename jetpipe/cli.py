@@ -57,6 +57,7 @@ def _backend(value: str) -> str:
         reason = str(exc).removeprefix(f"backend {value!r}: ")
         raise argparse.ArgumentTypeError(f"invalid choice: {value!r} ({reason})") from None
 
+
 def _add_convert(sub) -> None:
     p = sub.add_parser("convert", help="ONNX -> FP16/INT8 -> TensorRT engine bundle",
                        description="Convert an ONNX model (or a built-in model name, e.g. ppocr-det) "

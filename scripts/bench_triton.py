@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,29 +22,6 @@ from pathlib import Path
 
 root = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(root)]
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def start_server(python: Path, bundle: Path, log: Path) -> tuple[subprocess.Popen, int]:
-    ports = free_ports(3)
-    process = subprocess.Popen([str(python), str(root / "tests" / "triton_server.py"), str(bundle), "model",
-                                *map(str, ports)], stdout=log.open("w"), stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    deadline = time.monotonic() + 180
-    while "ready" not in log.read_text().split():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the Triton server did not start: {log.read_text()[-1500:]}")
-        time.sleep(0.2)
-    return process, ports[0]
 
 
 def serve(bundle: Path, backend: str, args, folder: Path) -> dict:
@@ -81,12 +56,14 @@ def main() -> None:
         folder = Path(tmp)
         report["local"] = serve(args.bundle, args.local, args, folder)
         print(json.dumps({"local": report["local"]}), flush=True)
-        process, port = start_server(args.triton_python, args.bundle, folder / "triton.log")
+        from tests.triton_server import TritonServer
+
+        server = TritonServer(args.bundle, "model", folder / "triton.log", args.triton_python)
+        server.start()
         try:
-            report["triton"] = serve(args.bundle, f"triton://127.0.0.1:{port}/model", args, folder)
+            report["triton"] = serve(args.bundle, server.uri, args, folder)
         finally:
-            os.killpg(process.pid, 9)
-            process.wait(60)
+            server.stop()
         print(json.dumps({"triton": report["triton"]}), flush=True)
     report["triton_vs_local"] = round(report["triton"]["fps"] / max(1e-9, report["local"]["fps"]), 3)
     print(json.dumps({"triton_vs_local": report["triton_vs_local"]}))

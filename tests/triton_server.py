@@ -1,23 +1,73 @@
 """A real Triton server (nvidia-pytriton's tritonserver + Python backend) hosting a bundle's ONNX model
-through ONNX Runtime: what tests of the `triton://` backend talk to. Run with the Triton venv's Python:
+through ONNX Runtime: what the tests and scripts/bench_triton.py run the `triton://` backend against.
+
+`TritonServer` (imported in the project's venv) starts this file as a script in the Triton venv, which
+prints "ready" once the model is served and serves until killed:
 
     .venv-triton/bin/python tests/triton_server.py BUNDLE NAME GRPC_PORT HTTP_PORT METRICS_PORT
-
-Prints "ready" once the model is served; serves until killed.
 """
 
 import json
+import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
-from pytriton.decorators import batch
-from pytriton.model_config import ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
+ROOT = Path(__file__).parents[1]
+TRITON_PYTHON = Path(os.environ.get("JETPIPE_TRITON_PYTHON", ROOT / ".venv-triton" / "bin" / "python"))
+START_S = 180  # a loaded 2-core machine starts tritonserver in seconds; this only bounds a broken start
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class TritonServer:
+    """This file run in the Triton venv on free ports; start() waits until it serves, stop() kills it."""
+
+    def __init__(self, bundle: Path, name: str, log: Path, python: Path = TRITON_PYTHON):
+        self.bundle, self.name, self.log, self.python = bundle, name, log, python
+        self.ports = free_ports(3)
+        self.process = None
+
+    @property
+    def uri(self) -> str:
+        return f"triton://127.0.0.1:{self.ports[0]}/{self.name}"
+
+    def start(self) -> None:
+        seen = self.log.stat().st_size if self.log.exists() else 0  # a restart: only what it says now counts
+        out = self.log.open("a")
+        self.process = subprocess.Popen([str(self.python), __file__, str(self.bundle), self.name,
+                                         *map(str, self.ports)], stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + START_S
+        while "ready" not in self.log.read_text()[seen:].split():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the Triton server did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, 9)  # the server and the tritonserver it started
+            self.process.wait(60)
 
 
 def main() -> None:
+    import numpy as np  # the Triton venv's (numpy < 2)
+    import onnxruntime as ort
+    from pytriton.decorators import batch
+    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
     bundle, name, grpc_port, http_port, metrics_port = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
     manifest = json.loads((Path(bundle) / "manifest.json").read_text())
     session = ort.InferenceSession(str(Path(bundle) / "model.onnx"), providers=["CPUExecutionProvider"])

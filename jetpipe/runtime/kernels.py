@@ -59,6 +59,9 @@ def compile_module(source: Path = SOURCE):
         raise KernelError(f"compiling {source.name} failed: {str(exc).strip()[:400]}") from exc
 
 
+_NO_WARP = np.zeros(9)  # the homography of a frame read without a quadrilateral (warp = 0: never used)
+
+
 def frame_params(fmt: str, height: int, width: int, pitch: int, address: int, size_hw: tuple[int, int],
                  resize: str, matrix: ColourMatrix, crop=None, quad=None) -> tuple[tuple, Letterbox]:
     """One FrameParams record's values (in PARAMS' order, assigned at once: a secondary sets one per crop)
@@ -73,9 +76,6 @@ def frame_params(fmt: str, height: int, width: int, pitch: int, address: int, si
               nw, nh, matrix.ky, matrix.y0, matrix.kc, matrix.rv, matrix.gu, matrix.gv, matrix.bu, x0, y0,
               plane_height, hom, quad is not None)
     return values, box
-
-
-_NO_WARP = np.zeros(9)
 
 
 def pitch_of(fmt: str, width: int) -> int:

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "onnxruntime-cuda", "onnxruntime-cpu")
 BACKEND_HELP = " | ".join(BACKENDS) + " | triton://HOST:PORT/NAME"
+_CPU_CANNOT_REDUCE = ("postprocessing on the GPU needs the GPU runtime: use postprocess auto or cpu "
+                      "(--postprocess) with the CPU runtime")
 
 
 def check_backend(backend: str) -> str:
@@ -34,8 +36,6 @@ def check_backend(backend: str) -> str:
     elif backend not in BACKENDS:
         raise JetpipeError(f"backend {backend!r}: choose one of {BACKEND_HELP}")
     return backend
-_CPU_CANNOT_REDUCE = ("postprocessing on the GPU needs the GPU runtime: use postprocess auto or cpu "
-                      "(--postprocess) with the CPU runtime")
 
 
 class CpuRuntime(RuntimeBase):

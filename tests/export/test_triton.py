@@ -3,7 +3,6 @@
 refusals."""
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -11,9 +10,7 @@ import pytest
 
 from jetpipe.cli import main
 from tests.helpers import residual_cnn, save
-
-ROOT = Path(__file__).parents[2]
-TRITON_PYTHON = Path(os.environ.get("JETPIPE_TRITON_PYTHON", ROOT / ".venv-triton" / "bin" / "python"))
+from tests.triton_server import TRITON_PYTHON
 
 PARSE = """
 import json, sys

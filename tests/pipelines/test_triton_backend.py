@@ -4,60 +4,14 @@ local ONNX Runtime backend frame by frame, one line when the server or model is 
 lost mid-run counted, asked again and served on."""
 
 import json
-import os
-import socket
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from jetpipe.cli import main
-
-ROOT = Path(__file__).parents[2]
-TRITON_PYTHON = Path(os.environ.get("JETPIPE_TRITON_PYTHON", ROOT / ".venv-triton" / "bin" / "python"))
-SERVER = ROOT / "tests" / "triton_server.py"
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-class TritonServer:
-    """tests/triton_server.py in the Triton venv, on free ports; start() waits until it serves."""
-
-    def __init__(self, bundle: Path, name: str, log: Path):
-        self.bundle, self.name, self.log = bundle, name, log
-        self.ports = _free_ports(3)
-        self.process = None
-
-    @property
-    def uri(self) -> str:
-        return f"triton://127.0.0.1:{self.ports[0]}/{self.name}"
-
-    def start(self) -> None:
-        seen = self.log.stat().st_size if self.log.exists() else 0  # a restart: only what it says now counts
-        out = self.log.open("a")
-        self.process = subprocess.Popen([str(TRITON_PYTHON), str(SERVER), str(self.bundle), self.name,
-                                         *map(str, self.ports)], stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        deadline = time.monotonic() + 180
-        while "ready" not in self.log.read_text()[seen:].split():
-            assert self.process.poll() is None, f"the Triton server exited: {self.log.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"the Triton server did not start: {self.log.read_text()[-2000:]}"
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, 9)  # the server and the tritonserver it started
-            self.process.wait(60)
+from tests.triton_server import TRITON_PYTHON, TritonServer, free_ports
 
 
 def _needs_triton() -> None:
@@ -98,7 +52,7 @@ def test_serving_through_triton_gives_the_local_backends_results_frame_by_frame(
 
 
 def test_a_server_that_is_not_there_or_a_missing_model_is_one_line(det_bundle, server, tmp_path, capsys):
-    (closed,) = _free_ports(1)
+    (closed,) = free_ports(1)
     for backend, message in ((f"triton://127.0.0.1:{closed}/det", f"Triton server 127.0.0.1:{closed} does not answer"),
                              (server.uri.replace("/det", "/rec"), "has no ready model 'rec'")):
         capsys.readouterr()
