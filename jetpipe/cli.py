@@ -262,6 +262,12 @@ def _add_serve(sub) -> None:
                         "(default: gpu with the GPU runtime)")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="Prometheus /metrics, /healthz and the live preview page / ('' disables)")
+    p.add_argument("--control", action="store_true",
+                   help="streams added and removed while serving: GET/POST/DELETE /streams on the metrics server "
+                        "(a bearer token in $JETPIPE_CONTROL_TOKEN, required beyond 127.0.0.1)")
+    p.add_argument("--max-streams", type=int, metavar="N",
+                   help="with --control: streams served at once, their memory allocated at start-up (default: the "
+                        "sources given)")
     p.set_defaults(run=_run_serve)
 
 
@@ -296,6 +302,12 @@ def _serve_config(args):
             setattr(config, key, value)
     if args.metrics is not None:
         config.metrics_listen = args.metrics
+    if args.control:
+        config.control.enabled = True
+    if args.max_streams is not None:
+        if not (args.control or config.control.enabled):
+            raise ConfigError("--max-streams is the control API's capacity: add --control")
+        config.control.max_streams = args.max_streams
     return validate(config, args.config or "flags")
 
 

@@ -56,6 +56,11 @@ class Batcher:
         old.release()
         self.dropped[stream] += 1
 
+    def reset(self, stream: int) -> None:
+        """A new stream takes this queue (the control API reuses a slot): its drops count from zero."""
+        with self._cond:
+            self.dropped[stream] = 0
+
     def depths(self) -> list[int]:
         with self._cond:
             return [len(q) for q in self.queues]

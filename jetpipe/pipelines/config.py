@@ -5,12 +5,14 @@ Errors name the key, the bad value and what is allowed.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
-from jetpipe.limits import MAX_BATCH, MAX_QUEUE_DEPTH, MAX_SIDE
+from jetpipe.limits import MAX_BATCH, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
 from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
@@ -26,6 +28,8 @@ else:  # Python 3.10 (JetPack 6)
 
 
 POSTPROCESS_PLACES = ("auto", "gpu", "cpu")
+TOKEN_ENV = "JETPIPE_CONTROL_TOKEN"  # the control API's bearer token, kept out of files and process lists
+MIN_TOKEN_CHARS = 16  # a shorter bearer token is guessable
 
 
 class ConfigError(JetpipeError):
@@ -40,7 +44,18 @@ class SourceConfig:
     decoder: str = "auto"    # auto | nvdec | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.sources)
     hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, qsv, ...); "" = software
 
+
+@dataclass
+class ControlConfig:
+    """Streams added and removed while serving (GET/POST/DELETE /streams on the metrics server)."""
+
+    enabled: bool = False
+    max_streams: int = 0   # streams served at once, allocated at start-up (0: the sources given)
+    token: str = ""        # Authorization: Bearer TOKEN on every control request; required off loopback
+
+
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
+_CONTROL_KEYS = {"enabled": bool, "max_streams": int, "token": str}
 _SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int,
                    "direction": str, "direction_threshold": (int, float), "every_track": int}
 
@@ -67,6 +82,7 @@ class PipelineConfig:
     stall_timeout_s: float = 0.0       # a live stream without a frame this long reconnects (0: max(5 s, 10 frames))
     fail_timeout_s: float = 30.0       # every batch failing this long stops serve, exit 1 (0: never)
     secondaries: list[SecondaryConfig] = field(default_factory=list)  # models run on the primary's boxes
+    control: ControlConfig = field(default_factory=ControlConfig)
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float), "queue_depth": int,
@@ -74,7 +90,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
                   "log_every_s": (int, float)}
-_TABLES = {"pipeline", "source", "sink", "metrics", "secondary"}
+_TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control"}
 
 
 def _check_keys(where: str, table: dict, allowed) -> None:
@@ -111,11 +127,14 @@ def load(path: str | Path) -> PipelineConfig:
                                     " (a folder written by `jetpipe convert`)")]
     metrics = data.get("metrics", {})
     _check_keys(f"{path} [metrics]", metrics, {"listen"})
+    control = data.get("control", {})
+    _check_keys(f"{path} [control]", control, _CONTROL_KEYS)
+    _check_types(f"{path} [control]", control, _CONTROL_KEYS)
     options = {k: v for k, v in pipeline.items() if k != "bundle"}
     if "max_frame_hw" in options:
         options["max_frame_hw"] = tuple(options["max_frame_hw"])
     config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, secondaries=secondaries,
-                            **options)
+                            control=ControlConfig(**control), **options)
     if "listen" in metrics:
         config.metrics_listen = str(metrics["listen"])
     return validate(config, str(path))
@@ -129,6 +148,20 @@ def _check_listen(listen: str, where: str) -> None:
     if not (port.isdigit() and 1 <= int(port) <= 65535):
         raise ConfigError(f"{where}: metrics listen = {listen!r}: write HOST:PORT with a port from 1 to 65535 "
                           "(e.g. 127.0.0.1:9108), or '' to turn the metrics server off")
+
+
+def source_from_table(table, where: str) -> SourceConfig:
+    """A source spec given as a table (a POST /streams body): the keys and types a [[source]] takes, then the
+    same checks as the config's sources. ConfigError names what is wrong."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected an object with a uri, e.g. {{\"uri\": \"rtsp://camera/stream\"}}")
+    _check_keys(where, table, _SOURCE_KEYS)
+    if "uri" not in table:
+        raise ConfigError(f"{where}: uri is required")
+    _check_types(where, table, _SOURCE_KEYS)
+    source = SourceConfig(**table)
+    _check_source(source, where)
+    return source
 
 
 def _tables(path: Path, data: dict, name: str, keys: dict, required: str, hint: str) -> list[dict]:
@@ -164,8 +197,54 @@ def _kind_name(kind) -> str:
     return names.get(kind, str(kind))
 
 
+def _check_source(src: SourceConfig, where: str) -> None:
+    if not src.uri.strip():
+        raise ConfigError(f"{where}: source uri is empty: write a video file, a camera or a stream URI")
+    if src.decoder not in DECODERS:
+        raise ConfigError(f"{where}: source {src.uri!r}: decoder = {src.decoder!r}: allowed {' | '.join(DECODERS)}")
+    if src.hwaccel and not src.hwaccel.replace("_", "").isalnum():
+        raise ConfigError(f"{where}: source {src.uri!r}: hwaccel = {src.hwaccel!r}: an FFmpeg hardware device "
+                          "type such as cuda or qsv ('jetpipe doctor' lists them)")
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether HOST:PORT listens on this machine only ('' and 0.0.0.0 listen everywhere)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def _check_control(config: PipelineConfig, where: str) -> None:
+    control = config.control
+    control.token = control.token or os.environ.get(TOKEN_ENV, "")
+    if not 0 <= control.max_streams <= MAX_STREAMS:
+        raise ConfigError(f"{where}: control max_streams = {control.max_streams}: from 0 (the sources given) to "
+                          f"{MAX_STREAMS}")
+    if control.token and len(control.token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"{where}: the control token has {len(control.token)} characters: use at least "
+                          f"{MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 16`)")
+    if not control.enabled:
+        return
+    if control.max_streams and control.max_streams < len(config.sources):
+        raise ConfigError(f"{where}: control max_streams = {control.max_streams} is fewer than the "
+                          f"{len(config.sources)} sources given: raise it, or leave it 0 (the sources given)")
+    if not (control.max_streams or config.sources):
+        raise ConfigError(f"{where}: the control API with no source needs room for one: set [control] max_streams "
+                          "(or --max-streams N)")
+    if not config.metrics_listen:
+        raise ConfigError(f"{where}: the control API is served by the metrics server, which is off: set "
+                          "--metrics HOST:PORT ([metrics] listen)")
+    if not control.token and not is_loopback(config.metrics_listen):
+        raise ConfigError(f"{where}: the control API on {config.metrics_listen} (not loopback) needs a bearer "
+                          f"token: set {TOKEN_ENV} (or [control] token), or listen on 127.0.0.1")
+
+
 def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
-    if not config.sources:
+    if not config.sources and not config.control.enabled:
         raise ConfigError(f"{where}: no source: add a [[source]] uri (or --source), e.g. synthetic")
     checks = [
         (config.max_batch is None or config.max_batch >= 1, "max_batch", "a positive integer"),
@@ -189,6 +268,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         if not ok:
             raise ConfigError(f"{where}: {key} = {getattr(config, key)!r}: allowed {allowed}")
     _check_listen(config.metrics_listen, where)
+    _check_control(config, where)
     if is_triton(config.backend):
         check_backend(config.backend)
         if config.secondaries:
@@ -196,12 +276,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
                               "through Triton yet; serve the primary through Triton without secondaries, or run "
                               "both locally")
     for src in config.sources:
-        if src.decoder not in DECODERS:
-            raise ConfigError(f"{where}: source {src.uri!r}: decoder = {src.decoder!r}: allowed "
-                              f"{' | '.join(DECODERS)}")
-        if src.hwaccel and not src.hwaccel.replace("_", "").isalnum():
-            raise ConfigError(f"{where}: source {src.uri!r}: hwaccel = {src.hwaccel!r}: an FFmpeg hardware device "
-                              "type such as cuda or qsv ('jetpipe doctor' lists them)")
+        _check_source(src, where)
     for secondary in config.secondaries:
         if any(not isinstance(c, (str, int)) or isinstance(c, bool) for c in secondary.classes):
             raise ConfigError(f"{where}: secondary {secondary.label!r}: classes = {list(secondary.classes)}: class "

@@ -23,17 +23,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from jetpipe import bundle as bundles
-from jetpipe.errors import worth_logging
+from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines import preview
 from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
-from jetpipe.pipelines.metrics import Metrics, MetricsServer
+from jetpipe.pipelines.control import Control
+from jetpipe.pipelines.metrics import COUNTERS, Metrics, MetricsServer
 from jetpipe.pipelines.preview import Preview
 from jetpipe.pipelines.secondary import SecondaryStage, frames_read
 from jetpipe.pipelines.secondary import check as check_secondary
 from jetpipe.pipelines.sinks import open_sink
 from jetpipe.pipelines.sources import EndOfStream, open_source
+from jetpipe.pipelines.streams import ControlError, Stream, Streams
 from jetpipe.pipelines.tracking import Tracker
 from jetpipe.runtime.runtime import open_runtime
 from jetpipe.tasks import for_bundle
@@ -46,6 +48,7 @@ CHAINED_SETS = 1  # with secondaries: + 1 batch whose crops are being read (a se
 STALL_MIN_S = 5.0  # a live stream is stalled after max(this, 10 frame periods) without a frame
 STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect inside OpenCV) are left behind
 OVERLOAD_LOG_S = 60.0  # the overload warning, at most this often
+REMOVE_WAIT_S = 30.0  # DELETE /streams/ID answers when the stream's frames are through, or after this (202)
 
 
 class Pipeline:
@@ -106,29 +109,32 @@ class Pipeline:
     def _build(self) -> None:
         config, runtime = self.config, self.runtime
         log.info("postprocessing %s on the %s", self.task, "GPU" if runtime.reduction else "CPU")
-        self.sources = []
+        self.control = config.control.enabled
+        capacity = (config.control.max_streams or len(config.sources)) if self.control else len(config.sources)
+        self.streams = Streams(capacity)
         self.closers.append(self._close_sources)
+        sources = []
         for i, s in enumerate(config.sources):
-            self.sources.append(open_source(s.uri, s.loop, seed=i, realtime=s.realtime, decoder=s.decoder,
-                                            hwaccel=s.hwaccel,
-                                            hardware=runtime.hardware_decoder, streams=len(config.sources)))
-            self._check_frame_size(self.sources[-1])
-        self.trackers = [Tracker(config.tracker) if config.tracker != "none" else None for _ in self.sources]
-        self._last_frame: list[float | None] = [None] * len(self.sources)  # when each stream last gave a frame
-        # queued + two batches in flight + writing (+ one whose crops are read)
-        slots = config.queue_depth + (3 if self.secondaries else 2) * runtime.max_batch + 2
-        _check_ring_memory([slots * h * w * 3 for h, w in map(self._frame_hw, self.sources)], slots)
-        self.rings = [runtime.frame_ring(slots, self._frame_hw(src), device=src.memory == "device")
-                      for src in self.sources]
+            sources.append(self._open_source(s, i))
+            self.closers.append(sources[-1].close)
+            self._check_frame_size(sources[-1])
+        self.trackers = [self._tracker() for _ in range(capacity)]
+        self._last_frame: list[float | None] = [None] * capacity  # when each stream last gave a frame
+        self._allocate_rings(sources, capacity)
+        for i, (spec, source) in enumerate(zip(config.sources, sources)):
+            self.streams.take(i, self.streams.choices[i][0], spec, source)
         self.sinks, self.sink_failures, self._closed_sinks = [], [], set()
+        # with the control API, files are numbered by stream ID from the start (streams come and go)
+        numbered = max(2, capacity) if self.control else len(config.sources)
         for uri in config.sinks:  # registered as each opens: a later sink failing closes the earlier ones
-            self.sinks.append(open_sink(uri, len(config.sources), self.runtime.max_batch))
+            self.sinks.append(open_sink(uri, numbered, self.runtime.max_batch))
             self.sink_failures.append(0)
             self.closers.append(functools.partial(self._close_sink, len(self.sinks) - 1))
         self.frame_sinks = [s for s in self.sinks if s.wants_frames]
-        streams = len(self.sources)
-        self.batcher = Batcher(streams, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth)
-        self.metrics = Metrics(streams)
+        self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth)
+        self.metrics = Metrics(capacity)
+        for slot in range(len(sources), capacity):
+            self.metrics.labels[slot] = None  # spare: no stream yet
         self.records: queue.Queue = queue.Queue(maxsize=256)
         self.collected: queue.Queue = queue.Queue()  # submitted batches, bounded by the buffer-set semaphore
         self.chained: queue.Queue = queue.Queue(maxsize=1)  # finished batches for the secondary stage
@@ -136,6 +142,7 @@ class Pipeline:
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
+        self.metrics.gauges["jetpipe_streams"] = lambda: len(self.streams.live())
         if runtime.backend_name != "onnxruntime-cpu":
             # on the CPU only drawing (sinks, preview) and postprocessing use OpenCV, each in a thread of its
             # own; OpenCV's pool of a thread per core inside every call made them fight (measured: 4.6 cores
@@ -143,23 +150,56 @@ class Pipeline:
             cv2.setNumThreads(1)
         self.server, self.preview = None, None
         if config.metrics_listen:
-            self.preview = Preview(len(self.sources), runtime.max_batch)  # draws only while watched
+            self.preview = Preview(capacity, runtime.max_batch)  # draws only while watched
             self.closers.append(self.preview.close)
             self.frame_sinks.append(self.preview)
-            self.server = MetricsServer(config.metrics_listen, self._render_metrics, self._health, self._pages)
+            control = Control(self, config.control.token) if self.control else None
+            self.server = MetricsServer(config.metrics_listen, self._render_metrics, self._health, self._pages,
+                                        control)
             self.closers.append(self.server.close)
-            log.info("metrics on http://%s/metrics, live preview on http://%s/", self.server.address,
-                     self.server.address)
+            log.info("metrics on http://%s/metrics, live preview on http://%s/%s", self.server.address,
+                     self.server.address, f", streams on http://{self.server.address}/streams (up to {capacity})"
+                     if control else "")
+
+    @property
+    def sources(self) -> list:
+        """The source of each stream in a slot now."""
+        return [s.source for s in self.streams.live()]
+
+    def _open_source(self, spec, seed: int):
+        return open_source(spec.uri, spec.loop, seed=seed, realtime=spec.realtime, decoder=spec.decoder,
+                           hwaccel=spec.hwaccel, hardware=self.runtime.hardware_decoder,
+                           streams=self.streams.capacity)
+
+    def _tracker(self):
+        return Tracker(self.config.tracker) if self.config.tracker != "none" else None
+
+    def _allocate_rings(self, sources: list, capacity: int) -> None:
+        """Every slot's frame rings, now: one per source given (its frame size and memory), and for each spare
+        slot of the control API a host ring of max_frame_hw, and a device ring too where NVDEC decodes into
+        GPU memory (a stream added later takes whichever its decoder writes)."""
+        runtime, config = self.runtime, self.config
+        # queued + two batches in flight + writing (+ one whose crops are read)
+        count = config.queue_depth + (3 if self.secondaries else 2) * runtime.max_batch + 2
+        wanted = [[(self._frame_hw(src), src.memory == "device")] for src in sources]
+        spare = [(config.max_frame_hw, False)] + ([(config.max_frame_hw, True)] if runtime.decodes_to_device else [])
+        wanted += [spare] * (capacity - len(sources))
+        _check_ring_memory([count * h * w * 3 for rings in wanted for (h, w), _ in rings], count)
+        for slot, rings in enumerate(wanted):
+            self.streams.choices[slot] = [runtime.frame_ring(count, hw, device=device) for hw, device in rings]
+        self.streams.rings[:len(sources)] = [choices[0] for choices in self.streams.choices[:len(sources)]]
 
     def _pages(self, path: str):
         """The preview page, its frames and counters (None: not a page here)."""
+        live = self.streams.live()
         if path in ("/", "/index.html"):
-            return 200, preview.page([s.uri for s in self.sources]), "text/html; charset=utf-8"
+            return 200, preview.page([(s.id, s.spec.uri) for s in live]), "text/html; charset=utf-8"
         if path == "/stats.json":
-            return 200, preview.stats_json(self.metrics, self.batcher.dropped), "application/json"
+            shown = [(s.slot, s.id, s.spec.uri) for s in live]
+            return 200, preview.stats_json(self.metrics, self.batcher.dropped, shown), "application/json"
         if path.startswith("/preview/") and path.endswith(".jpg"):
             stream = path[len("/preview/"):-len(".jpg")]
-            if not stream.isdigit() or int(stream) >= len(self.sources):
+            if not stream.isdigit() or all(s.id != int(stream) for s in live):
                 return None
             jpeg = self.preview.jpeg(int(stream))
             return (200, jpeg, "image/jpeg") if jpeg else (503, "no frame drawn yet\n", "text/plain")
@@ -177,8 +217,8 @@ class Pipeline:
             log.error("sink %s failed while closing: %s", self.sinks[i].describe(), exc)
 
     def _close_sources(self) -> None:
-        for source in self.sources:
-            source.close()
+        for stream in self.streams.live():
+            stream.source.close()
 
     def _check_frame_size(self, source) -> None:
         info, (max_h, max_w) = source.info, self.config.max_frame_hw
@@ -195,7 +235,9 @@ class Pipeline:
         return self.metrics.prometheus(self.batcher.dropped, self.batcher.depths(), self._decode_errors())
 
     def _decode_errors(self) -> list[int]:
-        return [source.decode_errors for source in self.sources]
+        """Per slot (vacant: 0)."""
+        slots = self.streams.slots
+        return [s.source.decode_errors if s is not None else 0 for s in list(slots)]
 
     def _health(self) -> tuple[bool, str]:
         if self.stop_event.is_set():
@@ -207,11 +249,15 @@ class Pipeline:
     def stop(self) -> None:
         """Stop the sources (a blocked read or open is interrupted), then drain (see run())."""
         self.stop_event.set()
-        for source in self.sources:
-            try:
-                source.interrupt()
-            except Exception as exc:
-                log.warning("source %s: %s while stopping", source.uri, exc)
+        for stream in self.streams.live():
+            self._interrupt(stream)
+
+    @staticmethod
+    def _interrupt(stream: Stream) -> None:
+        try:
+            stream.source.interrupt()
+        except Exception as exc:
+            log.warning("source %s: %s while stopping", stream.spec.uri, exc)
 
     def abort(self, signal_name: str) -> None:
         """A second stop (Ctrl-C or SIGTERM while draining): drop the queued frames and finish only the
@@ -232,23 +278,27 @@ class Pipeline:
 
     def _run(self) -> dict:
         started, cpu_started = time.monotonic(), time.process_time()
-        workers = [self._thread(self._capture, "sources", i) for i in range(len(self.sources))]
         gpu = self._thread(self._gpu_stage, "gpu")
         post = self._thread(self._post_stage, "post")
         chained = self._thread(self._secondary_stage, "secondary") if self.secondaries else None
         writer = self._thread(self._write_sinks, "sinks")
-        for t in (*workers, gpu, post, *([chained] if chained else []), writer):
+        for t in (gpu, post, *([chained] if chained else []), writer):
             t.start()
+        with self.streams.lock:
+            for stream in self.streams.live():
+                self._start_capture(stream)
         last_log, stopped_at = time.monotonic(), None
         self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
-        while any(w.is_alive() for w in workers):
+        # with the control API the daemon serves until stopped (streams may be added at any time)
+        while self._capturing() or (self.control and not self.stop_event.is_set()):
             self._restart_stalled()
+            self._free_removed()
             if self.config.duration and time.monotonic() - started >= self.config.duration:
                 self.stop()
             if self.stop_event.is_set():
                 stopped_at = stopped_at or time.monotonic()
                 if time.monotonic() - stopped_at > STOP_GRACE_S:
-                    stuck = [self.sources[i].uri for i, w in enumerate(workers) if w.is_alive()]
+                    stuck = [s.spec.uri for s in self.streams.live() if s.thread and s.thread.is_alive()]
                     log.warning("source(s) %s did not stop within %.0f s: left behind", ", ".join(stuck),
                                 STOP_GRACE_S)
                     break
@@ -264,6 +314,7 @@ class Pipeline:
         if chained is not None:
             self.chained.put(None)
             chained.join()
+        self._free_removed()  # streams whose removal was asked: their frames are through now
         self.records.put(None)
         writer.join()
         self.thread_cpu_s["process"] = time.process_time() - cpu_started
@@ -272,18 +323,26 @@ class Pipeline:
             self._close_sink(i)
         return self.summary(seconds)
 
+    def _capturing(self) -> bool:
+        return any(s.thread is not None and s.thread.is_alive() for s in self.streams.live())
+
+    def _start_capture(self, stream: Stream) -> None:
+        stream.thread = self._thread(self._capture, "sources", stream)
+        stream.thread.start()
+
     def _restart_stalled(self) -> None:
         """A live stream connected but silent for its stall timeout (a camera that stopped sending) is a
         failure: logged, counted, and its connection ended so that capture reconnects."""
         now = time.monotonic()
-        for stream, source in enumerate(self.sources):
-            last = self._last_frame[stream]
+        for stream in self.streams.live():
+            slot, source = stream.slot, stream.source
+            last = self._last_frame[slot]
             if last is None or not source.live or now - last < self._stall_timeout(source):
                 continue
-            self._last_frame[stream] = None  # once per stall: the next frame (or reconnect) arms it again
-            self.metrics.count("stalls", stream)
+            self._last_frame[slot] = None  # once per stall: the next frame (or reconnect) arms it again
+            self.metrics.count("stalls", slot)
             restart = getattr(source, "restart", None)
-            log.warning("source %d (%s): no frame for %.1f s%s", stream, source.uri, now - last,
+            log.warning("source %d (%s): no frame for %.1f s%s", stream.id, source.uri, now - last,
                         "; reconnecting" if restart else "; this source cannot be restarted")
             if restart is not None:
                 restart()
@@ -303,13 +362,14 @@ class Pipeline:
                 with self._cpu_lock:
                     self.thread_cpu_s[role] = self.thread_cpu_s.get(role, 0.0) + time.thread_time()
 
-        name = f"{role}-{args[0]}" if args else role
+        name = f"{role}-{getattr(args[0], 'id', args[0])}" if args else role
         return threading.Thread(target=run, name=name, daemon=True)
 
-    def _capture(self, stream: int) -> None:
-        source, ring, config = self.sources[stream], self.rings[stream], self.config
+    def _capture(self, handle: Stream) -> None:
+        stream, source, ring, config = handle.slot, handle.source, self.streams.rings[handle.slot], self.config
         backoff, frame_no, info = 0.5, 0, None
-        while not self.stop_event.is_set() and not (config.frames and frame_no >= config.frames):
+        running = lambda: not (self.stop_event.is_set() or handle.stop.is_set())  # noqa: E731
+        while running() and not (config.frames and frame_no >= config.frames):
             slot = None
             try:
                 if info is None:
@@ -332,27 +392,28 @@ class Pipeline:
             except EndOfStream:
                 if slot is not None:
                     ring.release(slot)
-                log.info("source %d (%s) ended after %d frames, %d decode error(s)", stream, source.describe(),
+                log.info("source %d (%s) ended after %d frames, %d decode error(s)", handle.id, source.describe(),
                          frame_no, source.decode_errors)
                 source.close()
+                handle.state = "ended" if handle.state == "running" else handle.state
                 return
             except Exception as exc:  # disconnect, decode error, device gone: back off and reconnect
                 if slot is not None:
                     ring.release(slot)
                 source.close()
-                if self.stop_event.is_set():  # stop() interrupted it: an end, not a failure
+                if not running():  # stop() or a removal interrupted it: an end, not a failure
                     break
                 self.metrics.count("failed", stream)
                 self.metrics.count("reconnects", stream)
-                log.warning("source %d (%s): %s; reconnecting in %.1f s", stream, source.describe(), exc,
+                log.warning("source %d (%s): %s; reconnecting in %.1f s", handle.id, source.describe(), exc,
                             backoff)
                 info = None
-                self.stop_event.wait(backoff)
+                handle.stop.wait(backoff)
                 backoff = min(backoff * 2, config.reconnect_max_s)
         source.close()
 
     def _free_slot(self, stream: int, live: bool):
-        ring = self.rings[stream]
+        ring = self.streams.rings[stream]
         slot = ring.acquire()
         if slot is None and live and self.batcher.drop_oldest(stream):
             slot = ring.acquire()
@@ -440,7 +501,7 @@ class Pipeline:
                 t_secondary = time.perf_counter()
                 if results:
                     frames = frames_read(result, [packets[i].frame for i in result.frame_indices])
-                    streams = [packets[i].stream for i in result.frame_indices]
+                    streams = [self.streams.id_of(packets[i].stream) for i in result.frame_indices]
                     for stage in self.secondaries:
                         stage.run(results, frames, streams)
                 phase["secondary"] += time.perf_counter() - t_secondary
@@ -479,15 +540,16 @@ class Pipeline:
             latency = {"queue": (t_batch - packet.t_monotonic) * 1e3, "gpu": (t_gpu - t_batch) * 1e3,
                        "post": (t_post - t_gpu) * 1e3, "total": (t_post - packet.t_monotonic) * 1e3}
             self.metrics.record_result(packet.stream, latency)
-            record = {"stream": packet.stream, "source": self.sources[packet.stream].uri, "frame": packet.frame_no,
+            stream = self.streams.slots[packet.stream]  # in its slot until its frames are through
+            record = {"stream": stream.id, "source": stream.source.uri, "frame": packet.frame_no,
                       "pts": None if packet.pts is None else round(packet.pts, 6),
                       "t_capture": round(packet.t_capture, 6), "t_result": round(time.time(), 6),
                       "latency_ms": {k: round(v, 3) for k, v in latency.items()},
                       "task": self.task, "results": res}
             for sink in self.frame_sinks:  # a copy of the frame, before its ring slot is released
                 try:
-                    sink.offer(packet.stream, packet.frame, record, self.runtime.frame_to_host,
-                               wait=not self.sources[packet.stream].live)  # files: every frame, as inference
+                    sink.offer(stream.id, packet.frame, record, self.runtime.frame_to_host,
+                               wait=not stream.source.live)  # files: every frame, as inference
                 except Exception as exc:  # a sink that fails never fails the batch
                     sink.fail(exc)
             self.records.put(record)
@@ -510,14 +572,143 @@ class Pipeline:
                     if worth_logging(self.sink_failures[i]):
                         log.error("sink %s failed %d time(s): %s", sink.describe(), self.sink_failures[i], exc)
 
+    # --- the control API: streams added and removed while serving --------------------------------
+    def list_streams(self) -> dict:
+        return {"max_streams": self.streams.capacity, "streams": [self._describe(s) for s in self.streams.live()]}
+
+    def describe_stream(self, stream_id: int) -> dict:
+        stream = self.streams.find(stream_id)
+        if stream is not None:
+            return self._describe(stream)
+        with self.streams.lock:
+            retired = self.streams.retired.get(stream_id)
+        if retired is None:
+            raise ControlError(404, f"no stream {stream_id}: GET /streams lists them")
+        return {"id": stream_id, **retired}
+
+    def add_stream(self, spec) -> dict:
+        """Serve one more source in a free slot (its rings allocated at start-up). ControlError: the source
+        cannot be opened or is too large (422), no free slot takes it (409), the daemon is stopping (503)."""
+        if self.stop_event.is_set():
+            raise ControlError(503, "the daemon is stopping: no stream can be added")
+        try:  # outside the lock: a file is probed now, a network stream only named
+            source = self._open_source(spec, seed=self.streams.next_id)
+        except JetpipeError as exc:
+            raise ControlError(422, str(exc)) from None
+        try:
+            stream = self._place(spec, source)
+        except BaseException:
+            source.close()
+            raise
+        log.info("stream %d added: %s (slot %d)", stream.id, spec.uri, stream.slot)
+        return self._describe(stream)
+
+    def _place(self, spec, source) -> Stream:
+        try:
+            self._check_frame_size(source)
+        except ConfigError as exc:
+            raise ControlError(422, str(exc)) from None
+        h, w = self._frame_hw(source)
+        device = source.memory == "device"
+        with self.streams.lock:
+            place = self.streams.ring_for(h * w * 3, device)
+            if place is None and self._free_ended():
+                place = self.streams.ring_for(h * w * 3, device)
+            if place is None:
+                raise ControlError(409, self._no_room(source, device, (h, w)))
+            if self.stop_event.is_set():
+                raise ControlError(503, "the daemon is stopping: no stream can be added")
+            slot, ring = place
+            self.metrics.assign(slot, str(self.streams.next_id))
+            self.batcher.reset(slot)
+            self.trackers[slot], self._last_frame[slot] = self._tracker(), None
+            stream = self.streams.take(slot, ring, spec, source)
+            self._start_capture(stream)
+        return stream
+
+    def _no_room(self, source, device: bool, hw: tuple[int, int]) -> str:
+        live = self.streams.live()
+        if len(live) == self.streams.capacity:
+            return (f"all {self.streams.capacity} stream slots are taken (max_streams): remove a stream first "
+                    "(DELETE /streams/ID), or restart with a larger [control] max_streams")
+        return (f"no free stream slot takes {hw[1]}x{hw[0]} frames in {'device' if device else 'host'} memory "
+                f"({source.describe()}); free slots take {self.streams.describe_free()}: choose another decoder, "
+                "or restart with a larger max_frame_hw")
+
+    def remove_stream(self, stream_id: int, wait_s: float = REMOVE_WAIT_S) -> tuple[int, dict]:
+        """Stop a stream's source; its queued and in-flight frames finish and reach the sinks, then its slot is
+        free. (200, the stream's final counters) once that is done, (202, ...) if it takes longer than wait_s."""
+        stream = self.streams.find(stream_id)
+        if stream is None:
+            with self.streams.lock:
+                gone = stream_id in self.streams.retired
+            raise ControlError(404, f"stream {stream_id} was removed already" if gone else
+                               f"no stream {stream_id}: GET /streams lists them")
+        stream.state = "stopping"
+        stream.stop.set()
+        self._interrupt(stream)
+        with self.streams.changed:
+            done = self.streams.changed.wait_for(lambda: stream.state == "removed", timeout=wait_s)
+        return (200 if done else 202), self.describe_stream(stream_id)
+
+    def _drained(self, stream: Stream) -> bool:
+        """Its capture ended and every frame it captured is through (its ring's slots all free again)."""
+        ring = self.streams.rings[stream.slot]
+        return not (stream.thread is not None and stream.thread.is_alive()) and ring.free_slots() == len(ring)
+
+    def _free_removed(self) -> None:
+        """Streams whose removal was asked and whose frames are all through leave their slots."""
+        for stream in self.streams.live():
+            if stream.state == "stopping" and self._drained(stream):
+                self._retire(stream)
+
+    def _free_ended(self) -> bool:
+        """A slot for a new stream: the longest-ended stream (its source ended; all its frames through)."""
+        ended = [s for s in self.streams.live() if s.state == "ended" and self._drained(s)]
+        if ended:
+            self._retire(min(ended, key=lambda s: s.id))
+        return bool(ended)
+
+    def _retire(self, stream: Stream) -> None:
+        counts = self._live_counts(stream)
+        self.metrics.vacate(stream.slot)
+        stream.source.close()
+        for sink in self.frame_sinks:  # its last frame was offered before its ring slot was released
+            sink.end_stream(stream.id)
+        self.streams.free(stream, counts)
+        log.info("stream %d removed (%s): %d captured, %d processed, %d dropped, %d failed", stream.id,
+                 stream.spec.uri, counts["captured"], counts["processed"], counts["dropped"], counts["failed"])
+
+    def _live_counts(self, stream: Stream) -> dict:
+        m, slot = self.metrics, stream.slot
+        with m.lock:
+            counts = {name: getattr(m, name)[slot] for name in COUNTERS}
+        return {**counts, "dropped": self.batcher.dropped[slot], "decode_errors": stream.source.decode_errors}
+
+    def _describe(self, stream: Stream) -> dict:
+        return {"id": stream.id, "uri": stream.spec.uri, "state": stream.state,
+                "fps": round(self.metrics.fps(stream.slot), 2), **self._live_counts(stream)}
+
+    def _stream_counts(self) -> list[dict]:
+        """Every stream's counters by ID: those in slots now, and those removed as they were then."""
+        with self.streams.lock:
+            live = {s.id: s for s in self.streams.live()}
+            retired = dict(self.streams.retired)
+        return [retired[i] if i in retired else {"uri": live[i].spec.uri, "state": live[i].state,
+                                                 **self._live_counts(live[i])}
+                for i in sorted([*live, *retired])]
+
     # --- reporting -------------------------------------------------------------------------------
+    def _total(self, name: str) -> int:
+        return sum(c[name] for c in self._stream_counts())
+
     def _say_overload(self) -> None:
         """A warning (at most once a minute) while live streams drop frames: the offered rate is more than the
         pipeline processes, and the drops keep its latency bounded (a file waits instead)."""
-        dropped, now = sum(self.batcher.dropped), time.monotonic()
+        dropped, now = self._total("dropped"), time.monotonic()
         said, at = self._overload_said
         if dropped > said and now - at >= OVERLOAD_LOG_S:
-            captured = max(1, sum(self.metrics.captured))
+            captured = max(1, self._total("captured"))
             log.warning("overloaded: %d frame(s) dropped so far (%.1f %% of those captured): the streams offer more "
                         "than the pipeline processes; the oldest queued frames go so that latency stays bounded "
                         "(fewer streams, a lower rate or a lighter model would keep them)", dropped,
@@ -526,30 +717,35 @@ class Pipeline:
 
     def status_line(self) -> str:
         m = self.metrics
-        fps = " ".join(f"{m.fps(i):.1f}" for i in range(len(self.sources)))
+        fps = " ".join(f"{m.fps(s.slot):.1f}" for s in self.streams.live())
         p = m.percentiles("total")
         lat = f"p50 {p[0.5]:.0f} ms p99 {p[0.99]:.0f} ms" if p else "no results yet"
-        return (f"fps per stream [{fps}], processed {sum(m.processed)}, "
-                f"dropped {sum(self.batcher.dropped)}, failed {sum(m.failed)}, latency {lat}")
+        counts = self._stream_counts()
+        total = {name: sum(c[name] for c in counts) for name in ("processed", "dropped", "failed")}
+        return (f"fps per stream [{fps}], processed {total['processed']}, "
+                f"dropped {total['dropped']}, failed {total['failed']}, latency {lat}")
 
     def summary(self, seconds: float) -> dict:
-        m = self.metrics
+        m, counts = self.metrics, self._stream_counts()
+        per_stream = {name: [c[name] for c in counts] for name in (*COUNTERS, "dropped", "decode_errors")}
+        processed, dropped = sum(per_stream["processed"]), sum(per_stream["dropped"])
         return {"seconds": round(seconds, 2), "backend": self.runtime.backend_name,
-                "captured": list(m.captured), "processed": list(m.processed),
-                "dropped": list(self.batcher.dropped), "failed": list(m.failed),
-                "reconnects": list(m.reconnects), "stalls": list(m.stalls), "decode_errors": self._decode_errors(),
+                # by stream ID (= the records' "stream"): with the control API removed streams too
+                **{name: per_stream[name] for name in ("captured", "processed", "dropped", "failed", "reconnects",
+                                                       "stalls", "decode_errors")},
+                **({"streams": [{"uri": c["uri"], "state": c["state"]} for c in counts]} if self.control else {}),
                 "batches": m.batches,
-                "throughput_fps": round(sum(m.processed) / max(seconds, 1e-9), 2),
+                "throughput_fps": round(processed / max(seconds, 1e-9), 2),
                 # live streams dropped frames because processing fell behind (files wait instead)
-                "overloaded": sum(self.batcher.dropped) > 0,
-                "dropped_share": round(sum(self.batcher.dropped) / max(1, sum(m.captured)), 4),
+                "overloaded": dropped > 0,
+                "dropped_share": round(dropped / max(1, sum(per_stream["captured"])), 4),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},
                 "sink_failures": [n + (s.failures if s.wants_frames else 0) for n, s in zip(self.sink_failures,
                                                                                              self.sinks)],
                 "sink_frames_dropped": [s.dropped if s.wants_frames else 0 for s in self.sinks],
                 "postprocess": "gpu" if self.runtime.reduction else "cpu",
-                "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, sum(m.processed))),
+                "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, processed)),
                 "cpu_seconds": {k: round(v, 3) for k, v in self.thread_cpu_s.items()},
                 "cpu_cores": round(self.thread_cpu_s.get("process", 0.0) / max(seconds, 1e-9), 2),
                 "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()},

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 JPEG_NAME = re.compile(r"s\d+_\d{6,}\.jpg")  # what a jpeg: sink writes, s{stream}_{frame:06d}.jpg
 SPARE_BUFFERS = 2  # per stream, beyond a whole batch: one being drawn, one waiting
 WAIT_S = 10.0      # a file's frame waits this long for a free buffer before it is dropped
+_END = object()    # a removed stream's last work item
 
 
 def _options(spec: str, known: tuple[str, ...]) -> tuple[str, dict[str, str]]:
@@ -139,10 +140,27 @@ class FrameSink:
     def write(self, record: dict) -> None:
         """Frame sinks take their records with the frames (offer)."""
 
+    def end_stream(self, stream: int) -> None:
+        """The stream was removed (its last frame was offered already): its worker finishes what it holds,
+        ends the stream's output (finish_stream) and returns the stream's buffers."""
+        work = self._work.get(stream)
+        if work is not None:
+            work.put(_END)
+
+    def finish_stream(self, stream: int) -> None:
+        """What a removed stream's output needs at its end (a video file's trailer)."""
+
     def _run(self, stream: int) -> None:
         while True:
             item = self._work[stream].get()
             if item is None:
+                return
+            if item is _END:
+                try:
+                    self.finish_stream(stream)
+                except Exception as exc:
+                    self.fail(exc)
+                self._free.pop(stream), self._work.pop(stream), self._due.pop(stream, None)  # buffers go with it
                 return
             buffer, fmt, record = item
             try:
@@ -162,7 +180,7 @@ class FrameSink:
         raise NotImplementedError
 
     def close(self) -> None:
-        for work in self._work.values():
+        for work in list(self._work.values()):
             work.put(None)
         for worker in self._threads:
             worker.join()
@@ -185,8 +203,9 @@ class VideoSink(FrameSink):
         self.width = _positive(spec, options, "width")
         self.fps = _positive(spec, options, "fps", float, 30.0)
         self.tool, self.encoder = encoders.choose(spec, self.codec, options.get("encoder", "auto"))
-        self.paths = [_stream_path(Path(path), i, streams) for i in range(streams)]
-        for p in self.paths:
+        self.template, self.numbered = Path(path), streams > 1
+        self.paths = {i: _stream_path(self.template, i, streams) for i in range(streams)}
+        for p in self.paths.values():
             _check_writable(spec, p)  # first: a name too long for the file system fails every lookup
             if p.exists():
                 raise JetpipeError(f"sink {spec}: {p} exists: name a new file (a sink never overwrites one)")
@@ -200,33 +219,52 @@ class VideoSink(FrameSink):
         encoder.stdin.write(image.data)
         self.written[stream] = self.written.get(stream, 0) + 1
 
+    def _path(self, stream: int) -> Path:
+        """Stream `stream`'s file; one added while serving (an ID beyond those checked at start) is checked now."""
+        if stream not in self.paths:
+            path = _stream_path(self.template, stream, 2 if self.numbered else 1)
+            if path.exists() or path in self.paths.values():
+                raise JetpipeError(f"sink {self.spec}: {path} exists: stream {stream} is not drawn (a sink never "
+                                   "overwrites a file)")
+            self.paths[stream] = path
+        return self.paths[stream]
+
     def _start(self, stream: int, size_hw: tuple[int, int]) -> subprocess.Popen:
         build = encoders.gst_argv if self.tool == "gstreamer" else encoders.ffmpeg_argv
-        argv = build(self.encoder, self.codec, size_hw, self.fps, self.paths[stream])
-        log.info("sink %s: stream %d -> %s (%s %s, %dx%d)", self.spec, stream, self.paths[stream], self.tool,
+        path = self._path(stream)
+        argv = build(self.encoder, self.codec, size_hw, self.fps, path)
+        log.info("sink %s: stream %d -> %s (%s %s, %dx%d)", self.spec, stream, path, self.tool,
                  self.encoder, size_hw[1], size_hw[0])
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.encoders[stream] = process
         return process
 
+    def finish_stream(self, stream: int) -> None:
+        process = self.encoders.pop(stream, None)
+        if process is not None:
+            self._finish_file(stream, process)
+
     def finish(self) -> None:
-        for stream, process in self.encoders.items():
-            try:
-                process.stdin.close()  # end of stream: the encoder flushes and writes the container's index
-            except OSError:
-                pass
-            try:
-                code = process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                code = process.wait()
-            if code != 0:  # the file may be unfinished: a failure, counted in the summary
-                why = (process.stderr.read().decode(errors="replace").strip().splitlines() or ["?"])[-1]
-                self.fail(JetpipeError(f"the encoder of stream {stream} exited with {code}: {why}"))
-                continue
-            why = _unplayable(self.paths[stream], self.written.get(stream, 0))
-            if why:  # ffmpeg 5.1 exits 0 after failing to write the trailer (a full disk): look at the file
-                self.fail(JetpipeError(f"{self.paths[stream]}: {why}"))
+        for stream, process in list(self.encoders.items()):
+            self._finish_file(stream, process)
+
+    def _finish_file(self, stream: int, process: subprocess.Popen) -> None:
+        try:
+            process.stdin.close()  # end of stream: the encoder flushes and writes the container's index
+        except OSError:
+            pass
+        try:
+            code = process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait()
+        if code != 0:  # the file may be unfinished: a failure, counted in the summary
+            why = (process.stderr.read().decode(errors="replace").strip().splitlines() or ["?"])[-1]
+            self.fail(JetpipeError(f"the encoder of stream {stream} exited with {code}: {why}"))
+            return
+        why = _unplayable(self.paths[stream], self.written.get(stream, 0))
+        if why:  # ffmpeg 5.1 exits 0 after failing to write the trailer (a full disk): look at the file
+            self.fail(JetpipeError(f"{self.paths[stream]}: {why}"))
 
 
 def _unplayable(path: Path, written: int) -> str | None:

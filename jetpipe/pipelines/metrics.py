@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from jetpipe.errors import JetpipeError
 
 STAGES = ("queue", "gpu", "post", "total")
+COUNTERS = ("captured", "processed", "failed", "reconnects", "stalls")  # per stream
 QUANTILES = (0.5, 0.9, 0.99)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.033, 0.05, 0.067, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -29,6 +30,7 @@ class Metrics:
         self.recent = [deque(maxlen=window) for _ in range(streams)]  # result times, for fps
         self.stream_total = [deque(maxlen=window // 8) for _ in range(streams)]  # each stream's total latency
         self.first_result: list[float | None] = [None] * streams
+        self.labels: list[str | None] = [str(i) for i in range(streams)]  # each slot's stream ID; None: vacant
         self.batches = 0
         self.heartbeat = time.monotonic()
         self.gauges: dict[str, callable] = {}
@@ -57,6 +59,22 @@ class Metrics:
                 self.stream_total[stream].append(latencies["total"])
         for stage, value in latencies.items():
             self.latency_seconds.labels(stage).observe(value / 1000.0)
+
+    def assign(self, slot: int, label: str) -> None:
+        """A new stream in `slot` (added while serving): its counters start from zero under its own label."""
+        with self.lock:
+            for name in COUNTERS:
+                getattr(self, name)[slot] = 0
+            self.recent[slot].clear()
+            self.stream_total[slot].clear()
+            self.first_result[slot] = None
+            self.labels[slot] = label
+
+    def vacate(self, slot: int) -> dict[str, int]:
+        """The stream in `slot` is gone: its counters as they ended; the slot is no longer exposed."""
+        with self.lock:
+            self.labels[slot] = None
+            return {name: getattr(self, name)[slot] for name in COUNTERS}
 
     def beat(self) -> None:
         self.heartbeat = time.monotonic()
@@ -98,11 +116,9 @@ class Metrics:
         """prometheus-client's collector protocol: the current per-stream values as metric families."""
         dropped, depths, decode_errors = self._exposed
         with self.lock:
-            counts = {"captured": list(self.captured), "processed": list(self.processed),
-                      "failed": list(self.failed), "reconnects": list(self.reconnects),
-                      "stalls": list(self.stalls)}
-            batches = self.batches
-        streams = len(counts["captured"])
+            counts = {name: list(getattr(self, name)) for name in COUNTERS}
+            batches, labels = self.batches, list(self.labels)
+        streams = len(labels)
         per_stream = [
             (CounterMetricFamily, "jetpipe_frames_captured", "Frames produced by the source.", counts["captured"]),
             (CounterMetricFamily, "jetpipe_frames_processed", "Frames with results.", counts["processed"]),
@@ -120,8 +136,9 @@ class Metrics:
         ]
         for kind, name, text, values in per_stream:
             family = kind(name, text, labels=["stream"])
-            for i, value in enumerate(values):
-                family.add_metric([str(i)], value)
+            for label, value in zip(labels, values):
+                if label is not None:  # a vacant slot (the control API's spare capacity) is no stream
+                    family.add_metric([label], value)
             yield family
         quantiles = GaugeMetricFamily("jetpipe_latency_ms", "Per-stage latency percentiles over the last "
                                       "results, milliseconds.", labels=["stage", "quantile"])
@@ -138,16 +155,18 @@ class Metrics:
 
 class MetricsServer:
     """/metrics and /healthz on host:port (127.0.0.1 unless configured otherwise); `pages(path)` may answer
-    other paths with (status, body bytes, content type), or None (404)."""
+    other paths with (status, body bytes, content type), or None (404); `control` (control.Control) answers
+    /streams and /streams/ID."""
 
-    def __init__(self, listen: str, render, healthy, pages=None):
+    def __init__(self, listen: str, render, healthy, pages=None, control=None):
         host, _, port = listen.rpartition(":")
-        handler = _handler(render, healthy, pages or (lambda path: None))
+        handler = _handler(render, healthy, pages or (lambda path: None), control)
         try:
             self.server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
         except OSError as exc:  # in use (a second daemon on the default port), a host this machine is not
             raise JetpipeError(f"metrics listen = {listen!r}: cannot listen there ({exc.strerror or exc}): choose "
                                "another HOST:PORT (--metrics), or '' to turn the metrics server off") from None
+        self.server.daemon_threads = True  # a DELETE waiting for its stream's frames never holds up the exit
         self.address = f"{self.server.server_address[0]}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True)
         self.thread.start()
@@ -157,24 +176,57 @@ class MetricsServer:
         self.server.server_close()
 
 
-def _handler(render, healthy, pages):
+MAX_BODY = 64 * 1024  # bytes of a control request's body (a source spec)
+
+
+def _handler(render, healthy, pages, control):
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
+            path = self.path.split("?", 1)[0]
             if self.path == "/metrics":
                 self._reply(200, render(), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":
                 ok, why = healthy()
                 self._reply(200 if ok else 503, why + "\n", "text/plain")
-            elif (answer := pages(self.path.split("?", 1)[0])) is not None:
+            elif control is not None and control.handles(path):
+                self._control("GET", path, b"")
+            elif (answer := pages(path)) is not None:
                 self._reply(*answer)
             else:
                 self._reply(404, "try /, /metrics or /healthz\n", "text/plain")
 
-        def _reply(self, code, body, ctype):
+        def do_POST(self):  # noqa: N802
+            self._write_method("POST")
+
+        def do_DELETE(self):  # noqa: N802
+            self._write_method("DELETE")
+
+        def _write_method(self, method: str) -> None:
+            path = self.path.split("?", 1)[0]
+            if control is None or not control.handles(path):
+                self._reply(404 if control is None else 405,
+                            "no control API here (serve --control turns it on)\n" if control is None
+                            else f"{method} is for /streams\n", "text/plain")
+                return
+            length = self.headers.get("Content-Length", "0")
+            if not length.isdigit() or int(length) > MAX_BODY:  # refused unread: nothing of it is kept
+                self.close_connection = True
+                self._reply(413, f"a body of at most {MAX_BODY} bytes with its Content-Length\n", "text/plain")
+                return
+            self._control(method, path, self.rfile.read(int(length)))
+
+        def _control(self, method: str, path: str, body: bytes) -> None:
+            status, text, ctype = control.handle(method, path, self.headers.get("Authorization", ""), body)
+            extra = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+            self._reply(status, text, ctype, extra)
+
+        def _reply(self, code, body, ctype, headers=None):
             data = body if isinstance(body, bytes) else body.encode()
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
             self.end_headers()
             self.wfile.write(data)
 

@@ -47,32 +47,53 @@ class Preview(FrameSink):
             self.latest[stream] = jpeg.tobytes()
             self.drawn += 1
 
+    def finish_stream(self, stream: int) -> None:
+        self.latest.pop(stream, None)  # a removed stream's last frame is not shown
+
     def jpeg(self, stream: int) -> bytes | None:
         """The stream's latest drawn frame; asking for it is what keeps the preview drawing."""
         self.last_request = time.monotonic()
         return self.latest.get(stream)
 
 
-def page(sources: list[str]) -> str:
-    figures = "\n".join(
-        f'<figure><img id="s{i}" alt="stream {i}" width="{WIDTH}"><figcaption>{i}: {html.escape(uri)} '
-        f'<span id="t{i}"></span></figcaption></figure>' for i, uri in enumerate(sources))
+def page(streams: list[tuple[int, str]]) -> str:
+    """streams: (ID, URI) of each stream now; the page follows streams added and removed (stats.json lists
+    them) without a reload."""
+    figures = "\n".join(_figure(i, uri) for i, uri in streams)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>jetpipe preview</title>
 <style>body{{font:14px sans-serif;margin:8px;background:#222;color:#ddd}} figure{{display:inline-block;margin:4px}}
 img{{display:block;background:#000;min-height:120px}}</style></head>
 <body><div id="summary">jetpipe</div>
+<div id="streams">
 {figures}
+</div>
 <script>
-const streams = {len(sources)};
+let ids = {json.dumps([i for i, _ in streams])};
 function frames() {{
-  for (let i = 0; i < streams; i++) document.getElementById("s" + i).src = "/preview/" + i + ".jpg?t=" + Date.now();
+  for (const i of ids) document.getElementById("s" + i).src = "/preview/" + i + ".jpg?t=" + Date.now();
+}}
+function follow(streams) {{
+  const now = streams.map(t => t.id);
+  for (const i of ids) if (!now.includes(i)) document.getElementById("f" + i).remove();
+  for (const t of streams) if (!ids.includes(t.id)) {{
+    const f = document.createElement("figure");
+    f.id = "f" + t.id;
+    f.innerHTML = `<img id="s${{t.id}}" alt="stream ${{t.id}}" width="{WIDTH}"><figcaption></figcaption>`;
+    f.querySelector("figcaption").textContent = t.id + ": " + t.uri + " ";
+    const span = document.createElement("span");
+    span.id = "t" + t.id;
+    f.querySelector("figcaption").appendChild(span);
+    document.getElementById("streams").appendChild(f);
+  }}
+  ids = now;
 }}
 async function stats() {{
   try {{
     const s = await (await fetch("/stats.json")).json();
+    follow(s.streams);
     document.getElementById("summary").textContent = `processed ${{s.processed}} dropped ${{s.dropped}}`;
-    s.streams.forEach((t, i) => document.getElementById("t" + i).textContent =
+    s.streams.forEach(t => document.getElementById("t" + t.id).textContent =
       `${{t.fps.toFixed(1)}} fps, p50 ${{t.p50_ms}} ms, p99 ${{t.p99_ms}} ms, dropped ${{t.dropped}}`);
   }} catch (e) {{}}
 }}
@@ -81,12 +102,21 @@ frames(); stats(); setInterval(frames, 200); setInterval(stats, 1000);
 """
 
 
-def stats_json(metrics, dropped: list[int]) -> str:
-    """Every stream's fps, counters and its own latency percentiles (capture to result)."""
-    def stream(i):
-        latency = metrics.stream_percentiles(i)
-        return {"fps": metrics.fps(i), "processed": metrics.processed[i], "dropped": dropped[i],
-                "p50_ms": round(latency.get(0.5, 0.0), 1), "p99_ms": round(latency.get(0.99, 0.0), 1)}
+def _figure(stream: int, uri: str) -> str:
+    return (f'<figure id="f{stream}"><img id="s{stream}" alt="stream {stream}" width="{WIDTH}"><figcaption>'
+            f'{stream}: {html.escape(uri)} <span id="t{stream}"></span></figcaption></figure>')
 
-    return json.dumps({"processed": sum(metrics.processed), "dropped": sum(dropped),
-                       "streams": [stream(i) for i in range(len(dropped))]})
+
+def stats_json(metrics, dropped: list[int], streams: list[tuple[int, int, str]] | None = None) -> str:
+    """Every stream's fps, counters and its own latency percentiles (capture to result). streams: (slot, ID,
+    URI) of each stream now (default: one per slot, ID = slot)."""
+    def stream(slot, stream_id, uri):
+        latency = metrics.stream_percentiles(slot)
+        return {"id": stream_id, "uri": uri, "fps": metrics.fps(slot), "processed": metrics.processed[slot],
+                "dropped": dropped[slot], "p50_ms": round(latency.get(0.5, 0.0), 1),
+                "p99_ms": round(latency.get(0.99, 0.0), 1)}
+
+    streams = streams if streams is not None else [(i, i, "") for i in range(len(dropped))]
+    shown = [stream(*s) for s in streams]
+    return json.dumps({"processed": sum(s["processed"] for s in shown), "dropped": sum(s["dropped"] for s in shown),
+                       "streams": shown})

@@ -22,7 +22,7 @@ from jetpipe.runtime.backends import OrtCudaBackend
 from jetpipe.runtime.base import RuntimeBase, at_width
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
 from jetpipe.runtime.kernels import SOURCE, GpuPreprocessor, compile_module
-from jetpipe.runtime.nvdec import open_nvdec
+from jetpipe.runtime.nvdec import import_nvdec, open_nvdec
 from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, make_reducer
 from jetpipe.runtime.probe import probe_gpu
 from jetpipe.runtime.ring import FrameRing
@@ -259,6 +259,10 @@ class GpuRuntime(RuntimeBase):
     def gpu_free_memory(self) -> int:
         with self.device.active():
             return self.device.free_memory()
+
+    @property
+    def decodes_to_device(self) -> bool:
+        return not self.device.integrated and import_nvdec() is not None
 
     def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False, feed=None, fallback=None):
         """An NVDEC source (PyNvVideoCodec) for a video file, or a network stream given its feed, on this

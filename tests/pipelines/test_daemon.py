@@ -88,7 +88,7 @@ def test_failing_source_reconnects_and_others_keep_going(det_bundle):
     config = _config(det_bundle, ["synthetic:320x240@0:nv12", "synthetic:320x240@0:nv12"], frames=10,
                      reconnect_max_s=0.05)
     pipeline = Pipeline(config)
-    pipeline.sources[0] = FlakySynthetic(320, 240, 0, "nv12")
+    pipeline.streams.slots[0].source = FlakySynthetic(320, 240, 0, "nv12")
     summary = pipeline.run()
     assert summary["reconnects"] == [2, 0] and summary["failed"][0] == 2
     assert summary["captured"] == [10, 10]

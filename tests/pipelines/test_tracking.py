@@ -94,7 +94,7 @@ def test_the_daemon_gives_each_detected_word_one_track_id(det_bundle, tmp_path):
     pipeline = Pipeline(config)
     camera = SyntheticCamera(640, 480, 0, "nv12", seed=0, step=4)
     camera.live = False  # a file's backpressure: every frame is processed, in order
-    pipeline.sources[0] = camera
+    pipeline.streams.slots[0].source = camera
     pipeline.run()
     ids_of, records = {}, [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["frame"] for r in records] == list(range(48))

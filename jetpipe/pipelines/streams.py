@@ -1,0 +1,94 @@
+"""The daemon's streams in slots whose capacity is allocated at start-up.
+
+A slot holds one stream at a time and owns what the frame loop needs for it: frame rings (allocated
+at start-up: a slot of the control API's spare capacity gets a host ring and, where NVDEC decodes into
+GPU memory, a device ring), a batcher queue, counters, a tracker. Adding a stream takes a free slot and
+allocates nothing on the GPU; removing one stops its source, lets its queued and in-flight frames finish
+(its ring drains), then frees the slot. A stream's ID is never reused: records, /metrics labels and sink
+file names keep apart the streams a slot held one after another.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.config import SourceConfig
+
+STATES = ("running", "ended", "stopping", "removed")
+
+
+class ControlError(JetpipeError):
+    """A control request that cannot be done; `status` is the HTTP status that says why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Stream:
+    id: int
+    spec: SourceConfig
+    source: object
+    slot: int
+    state: str = "running"  # running | ended (its source ended; the slot is kept until removed or needed)
+    stop: threading.Event = field(default_factory=threading.Event)  # removal asked: capture ends
+    thread: threading.Thread | None = None
+
+
+class Streams:
+    def __init__(self, capacity: int):
+        self.slots: list[Stream | None] = [None] * capacity
+        self.rings: list = [None] * capacity  # the ring the slot's stream writes
+        self.choices: list[list] = [[] for _ in range(capacity)]  # the rings allocated for each slot
+        self.retired: dict[int, dict] = {}  # removed streams: their counters when they were removed
+        self.next_id = 0
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)  # a stream was removed (its slot freed)
+
+    @property
+    def capacity(self) -> int:
+        return len(self.slots)
+
+    def live(self) -> list[Stream]:
+        """The streams in slots now (a copy: safe to iterate while others are added or removed)."""
+        with self.lock:
+            return [s for s in self.slots if s is not None]
+
+    def find(self, stream_id: int) -> Stream | None:
+        with self.lock:
+            return next((s for s in self.slots if s is not None and s.id == stream_id), None)
+
+    def id_of(self, slot: int) -> int:
+        return self.slots[slot].id
+
+    def ring_for(self, slot_bytes: int, device: bool) -> tuple[int, object] | None:
+        """A free slot with a ring of this memory that holds frames of slot_bytes: the smallest that fits."""
+        fits = [(ring.slot_bytes, slot, ring) for slot, stream in enumerate(self.slots) if stream is None
+                for ring in self.choices[slot] if ring.device == device and ring.slot_bytes >= slot_bytes]
+        if not fits:
+            return None
+        _, slot, ring = min(fits, key=lambda f: f[0])
+        return slot, ring
+
+    def describe_free(self) -> str:
+        """What the free slots take, for a 409's reason."""
+        kinds = sorted({f"{'device' if r.device else 'host'} memory up to {r.slot_bytes // 3} pixels"
+                        for slot, s in enumerate(self.slots) if s is None for r in self.choices[slot]})
+        return "; ".join(kinds) if kinds else "none"
+
+    def take(self, slot: int, ring, spec: SourceConfig, source) -> Stream:
+        stream = Stream(self.next_id, spec, source, slot)
+        self.next_id += 1
+        self.slots[slot], self.rings[slot] = stream, ring
+        return stream
+
+    def free(self, stream: Stream, counts: dict) -> None:
+        """The stream is gone: its slot is free, its counters kept for the summary."""
+        with self.lock:
+            self.retired[stream.id] = {"uri": stream.spec.uri, "state": "removed", **counts}
+            self.slots[stream.slot] = None
+            stream.state = "removed"
+            self.changed.notify_all()

@@ -1,0 +1,241 @@
+"""The control API: streams added to and removed from a running daemon (GET/POST/DELETE /streams), with a
+real daemon (PP-OCRv4 det on ONNX Runtime's CPU backend) and real HTTP requests."""
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import av
+import pytest
+
+from jetpipe.pipelines.config import ConfigError, ControlConfig, PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.daemon import Pipeline
+
+CAMERA = "synthetic://320x240@3/nv12"  # slow enough that the 2-core machine keeps up with four of them
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _request(base, method, path, body=None, token=None):
+    data = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
+    request = urllib.request.Request(base + path, data=data, method=method)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _json(base, method, path, body=None, token=None):
+    status, text = _request(base, method, path, body, token)
+    return status, json.loads(text)
+
+
+def _wait_for(condition, timeout=120.0):
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+class Serving:
+    """A daemon in a thread with its control API; stop() drains it and returns its summary."""
+
+    def __init__(self, bundle, sources, sinks=(), max_streams=4, listen_host="127.0.0.1", token="",
+                 max_frame_hw=(1080, 1920), backend="onnxruntime-cpu"):
+        port = _port()
+        self.config = validate(PipelineConfig(
+            bundle=bundle, sources=[SourceConfig(uri) for uri in sources], sinks=list(sinks),
+            metrics_listen=f"{listen_host}:{port}", backend=backend, max_frame_hw=max_frame_hw,
+            control=ControlConfig(enabled=True, max_streams=max_streams, token=token)))
+        self.pipeline = Pipeline(self.config)
+        self.base = f"http://127.0.0.1:{port}"
+        self.summary = None
+        self.runner = threading.Thread(target=self._run)
+        self.runner.start()
+
+    def _run(self):
+        self.summary = self.pipeline.run()
+
+    def processed(self, stream_id):
+        status, stream = _json(self.base, "GET", f"/streams/{stream_id}")
+        return stream["processed"] if status == 200 else -1
+
+    def stop(self):
+        self.pipeline.stop()
+        self.runner.join(120)
+        assert not self.runner.is_alive()
+        return self.summary
+
+
+@pytest.fixture
+def serving(det_bundle):
+    started = []
+
+    def start(*args, **kwargs):
+        started.append(Serving(det_bundle, *args, **kwargs))
+        return started[-1]
+
+    yield start
+    for s in started:
+        if s.runner.is_alive():
+            s.stop()
+
+
+def test_streams_added_and_removed_while_serving_lose_no_frame(serving, tmp_path):
+    out = tmp_path / "results.jsonl"
+    daemon = serving([CAMERA], sinks=[f"jsonl:{out}"])
+    added = []
+    for _ in range(3):
+        status, stream = _json(daemon.base, "POST", "/streams", {"uri": CAMERA})
+        assert status == 201 and stream["state"] == "running", stream
+        added.append(stream["id"])
+    assert added == [1, 2, 3]
+    status, listing = _json(daemon.base, "GET", "/streams")
+    assert status == 200 and listing["max_streams"] == 4 and [s["id"] for s in listing["streams"]] == [0, 1, 2, 3]
+    assert _wait_for(lambda: all(daemon.processed(i) >= 3 for i in added))
+    status, metrics = _request(daemon.base, "GET", "/metrics")
+    assert 'jetpipe_frames_processed_total{stream="3"}' in metrics
+    removed = {}
+    for stream_id in (1, 3):
+        status, stream = _json(daemon.base, "DELETE", f"/streams/{stream_id}")
+        assert status == 200 and stream["state"] == "removed", stream
+        removed[stream_id] = stream
+    status, listing = _json(daemon.base, "GET", "/streams")
+    assert [s["id"] for s in listing["streams"]] == [0, 2]
+    status, metrics = _request(daemon.base, "GET", "/metrics")
+    assert 'stream="3"' not in metrics and 'jetpipe_frames_processed_total{stream="2"}' in metrics
+    stats = json.loads(_request(daemon.base, "GET", "/stats.json")[1])
+    assert [s["id"] for s in stats["streams"]] == [0, 2]
+    time.sleep(1.0)  # the daemon runs on: nothing more may come from the removed streams
+    summary = daemon.stop()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    for stream_id, final in removed.items():
+        frames = [r["frame"] for r in records if r["stream"] == stream_id]
+        # every frame it captured was processed (or counted dropped / failed) and reached the sink
+        assert final["processed"] == len(frames) > 0
+        assert final["captured"] == final["processed"] + final["dropped"] + final["failed"]
+        assert len(set(frames)) == len(frames)
+        assert summary["processed"][stream_id] == final["processed"]
+    assert [s["state"] for s in summary["streams"]] == ["running", "removed", "running", "removed"]
+    assert summary["processed"] == [sum(r["stream"] == i for r in records) for i in range(4)]
+
+
+def test_bad_specs_are_refused_with_the_reason_and_change_nothing(serving, tmp_path):
+    daemon = serving([CAMERA], max_streams=2)
+    bad = [
+        (b"{not json", 400, "not JSON"),
+        ({"url": "synthetic"}, 400, "unknown key 'url'"),
+        ({"loop": True}, 400, "uri is required"),
+        ({"uri": CAMERA, "decoder": "vlc"}, 400, "decoder = 'vlc'"),
+        ({"uri": CAMERA, "loop": "yes"}, 400, "expected true or false"),
+        ({"uri": str(tmp_path / "missing.mp4")}, 422, "not found"),
+        (["synthetic"], 400, "expected an object"),
+    ]
+    for body, status, reason in bad:
+        got, answer = _json(daemon.base, "POST", "/streams", body)
+        assert got == status and reason in answer["error"], (body, got, answer)
+    status, listing = _json(daemon.base, "GET", "/streams")
+    assert [s["id"] for s in listing["streams"]] == [0]
+    assert _request(daemon.base, "GET", "/streams/7")[0] == 404
+    assert _request(daemon.base, "DELETE", "/streams/x")[0] == 404
+    assert _request(daemon.base, "PUT", "/streams")[0] == 501  # http.server: no such method at all
+    status, stream = _json(daemon.base, "POST", "/streams", {"uri": CAMERA})
+    assert status == 201 and stream["id"] == 1  # the refusals took no ID and no slot
+
+
+def test_capacity_is_fixed_at_start_and_a_freed_slot_is_reused_under_a_new_id(serving):
+    daemon = serving([CAMERA], max_streams=2)
+    assert _json(daemon.base, "POST", "/streams", {"uri": CAMERA})[0] == 201
+    status, answer = _json(daemon.base, "POST", "/streams", {"uri": CAMERA})
+    assert status == 409 and "all 2 stream slots are taken" in answer["error"]
+    assert _json(daemon.base, "DELETE", "/streams/0")[0] == 200
+    status, stream = _json(daemon.base, "POST", "/streams", {"uri": CAMERA})
+    assert status == 201 and stream["id"] == 2  # IDs are never reused
+    assert _wait_for(lambda: daemon.processed(2) >= 2)
+    status, gone = _json(daemon.base, "GET", "/streams/0")
+    assert status == 200 and gone["state"] == "removed"
+    assert _json(daemon.base, "DELETE", "/streams/0")[0] == 404
+
+
+def test_a_frame_larger_than_the_free_slots_is_refused(serving):
+    daemon = serving([CAMERA], max_streams=2, max_frame_hw=(240, 320))
+    status, answer = _json(daemon.base, "POST", "/streams", {"uri": "synthetic://640x480@3/nv12"})
+    assert status == 422 and "larger than max_frame_hw" in answer["error"]
+
+
+def test_a_token_is_required_off_loopback_and_checked(serving, det_bundle, monkeypatch):
+    monkeypatch.delenv("JETPIPE_CONTROL_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="needs a bearer token"):
+        validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(CAMERA)], metrics_listen="0.0.0.0:9999",
+                                control=ControlConfig(enabled=True)))
+    with pytest.raises(ConfigError, match="at least 16"):
+        validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(CAMERA)], metrics_listen="0.0.0.0:9999",
+                                control=ControlConfig(enabled=True, token="short")))
+    with pytest.raises(ConfigError, match="metrics server, which is off"):
+        validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(CAMERA)], metrics_listen="",
+                                control=ControlConfig(enabled=True)))
+    token = "0123456789abcdef0123"
+    daemon = serving([CAMERA], listen_host="0.0.0.0", token=token)
+    assert _request(daemon.base, "GET", "/streams")[0] == 401
+    assert _request(daemon.base, "GET", "/streams", token="0123456789abcdef0124")[0] == 401
+    assert _request(daemon.base, "POST", "/streams", {"uri": CAMERA})[0] == 401
+    assert _json(daemon.base, "GET", "/streams")[1]["error"].startswith("the control API needs")
+    assert _request(daemon.base, "GET", "/streams", token=token)[0] == 200
+    assert _request(daemon.base, "GET", "/metrics")[0] == 200  # metrics stay as they were
+    status, listing = _json(daemon.base, "GET", "/streams", token=token)
+    assert len(listing["streams"]) == 1
+
+
+def test_a_daemon_may_start_with_no_stream_and_a_removed_streams_video_is_finished_at_once(serving, tmp_path):
+    video = tmp_path / "out.mp4"
+    daemon = serving([], sinks=[f"video:{video}?fps=3"], max_streams=1)
+    status, listing = _json(daemon.base, "GET", "/streams")
+    assert status == 200 and listing["streams"] == []
+    assert _json(daemon.base, "POST", "/streams", {"uri": CAMERA})[0] == 201
+    assert _wait_for(lambda: daemon.processed(0) >= 4)
+    status, final = _json(daemon.base, "DELETE", "/streams/0")
+    path = tmp_path / "out-s0.mp4"
+    assert status == 200 and _wait_for(lambda: _frames_in(path) > 0, timeout=60)  # playable while serving
+    summary = daemon.stop()
+    assert summary["processed"] == [final["processed"]] and summary["sink_failures"] == [0]
+
+
+def _frames_in(path) -> int:
+    try:
+        with av.open(str(path)) as container:
+            return sum(1 for _ in container.decode(video=0))
+    except (OSError, av.FFmpegError):
+        return 0
+
+
+@pytest.mark.gpu
+def test_adding_streams_allocates_no_gpu_memory(serving):
+    """On the GPU runtime: GPU memory free is the same before and after three streams are added and served
+    (their rings were allocated at start-up; the first stream, unpaced, has filled every batch already)."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+    daemon = serving(["synthetic://640x480@0/nv12"], backend="onnxruntime-cuda")
+    runtime = daemon.pipeline.runtime
+    assert runtime.backend_name == "onnxruntime-cuda"
+    assert _wait_for(lambda: daemon.processed(0) >= 100)
+    before = runtime.gpu_free_memory()
+    for _ in range(3):
+        assert _json(daemon.base, "POST", "/streams", {"uri": "synthetic://1280x720@30/nv12"})[0] == 201
+    assert _wait_for(lambda: all(daemon.processed(i) >= 30 for i in (1, 2, 3)))
+    after = runtime.gpu_free_memory()
+    print(json.dumps({"gpu_free_before_mb": before / 2**20, "gpu_free_after_mb": after / 2**20}))
+    assert after == before
