@@ -2,7 +2,9 @@
 real daemon (PP-OCRv4 det on ONNX Runtime's CPU backend) and real HTTP requests."""
 
 import json
+import shutil
 import socket
+import subprocess
 import threading
 import time
 import urllib.error
@@ -218,6 +220,29 @@ def _frames_in(path) -> int:
             return sum(1 for _ in container.decode(video=0))
     except (OSError, av.FFmpegError):
         return 0
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed (apt install chromium)")
+def test_the_preview_page_follows_streams_as_they_come_and_go(serving, monkeypatch):
+    """In a real headless browser: the page opened with stream 0; while it is open, stream 0 is removed and
+    stream 1 added (at its first counters request); without a reload its figures follow."""
+    from jetpipe.pipelines import preview
+
+    daemon = serving([CAMERA], max_streams=2)
+    changed, stats_json = [], preview.stats_json
+
+    def change_once(*args):
+        if not changed:
+            changed.append(daemon.pipeline.remove_stream(0)[0])
+            changed.append(daemon.pipeline.add_stream(SourceConfig(CAMERA))["id"])
+        return stats_json(*args)
+
+    monkeypatch.setattr(preview, "stats_json", change_once)
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          "--dump-dom", daemon.base + "/"], capture_output=True, text=True, timeout=120).stdout
+    assert changed == [200, 1]
+    assert 'id="f1"' in dom and 'id="s1"' in dom and 'id="f0"' not in dom, dom[-1500:]
+    assert f"1: {CAMERA}" in dom
 
 
 @pytest.mark.gpu
