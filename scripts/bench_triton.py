@@ -2,12 +2,13 @@
 """`jetpipe serve` through a Triton server on the same host against the local backend, in one run.
 
   python scripts/bench_triton.py BUNDLE [--streams 8] [--seconds 20] [--size 1920x1080] [--local onnxruntime-cpu]
-                                 [--triton-python .venv-triton/bin/python] [--json out.json]
+                                 [--triton-python .venv-triton/bin/python] [--server-instances 1] [--json out.json]
 
 The server is tests/triton_server.py (nvidia-pytriton's tritonserver hosting the bundle's ONNX through ONNX
-Runtime in its Python backend) in the Triton venv; both runs serve `--streams` synthetic NV12 streams
-offered as fast as they go (saturated) for `--seconds`, results to a JSONL file; frames/s, p50/p99 latency
-and the client's CPU per frame are printed for each.
+Runtime in its Python backend) in the Triton venv, reached through system shared memory and through plain
+gRPC (`?shm=off`); each run serves `--streams` synthetic NV12 streams offered as fast as they go (saturated)
+for `--seconds`, results to a JSONL file; frames/s, p50/p99 latency and the client's CPU per frame are
+printed for each.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--size", default="1920x1080")
     parser.add_argument("--local", default="onnxruntime-cpu", help="the local backend compared")
     parser.add_argument("--triton-python", type=Path, default=root / ".venv-triton" / "bin" / "python")
+    parser.add_argument("--server-instances", type=int, default=1, help="model instances on the server")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "cores": os.cpu_count()}
@@ -58,15 +60,18 @@ def main() -> None:
         print(json.dumps({"local": report["local"]}), flush=True)
         from tests.triton_server import TritonServer
 
-        server = TritonServer(args.bundle, "model", folder / "triton.log", args.triton_python)
+        server = TritonServer(args.bundle, "model", folder / "triton.log", args.triton_python, gpu=True,
+                              instances=args.server_instances)
         server.start()
         try:
-            report["triton"] = serve(args.bundle, server.uri, args, folder)
+            for name, uri in (("triton_shm", server.uri + "?shm=system"), ("triton_grpc", server.uri + "?shm=off")):
+                report[name] = serve(args.bundle, uri, args, folder)
+                print(json.dumps({name: report[name]}), flush=True)
         finally:
             server.stop()
-        print(json.dumps({"triton": report["triton"]}), flush=True)
-    report["triton_vs_local"] = round(report["triton"]["fps"] / max(1e-9, report["local"]["fps"]), 3)
-    print(json.dumps({"triton_vs_local": report["triton_vs_local"]}))
+    for name in ("triton_shm", "triton_grpc"):
+        report[f"{name}_vs_local"] = round(report[name]["fps"] / max(1e-9, report["local"]["fps"]), 3)
+    print(json.dumps({k: v for k, v in report.items() if k.endswith("_vs_local")}))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

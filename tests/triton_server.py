@@ -33,8 +33,13 @@ def free_ports(count: int) -> list[int]:
 class TritonServer:
     """This file run in the Triton venv on free ports; start() waits until it serves, stop() kills it."""
 
-    def __init__(self, bundle: Path, name: str, log: Path, python: Path = TRITON_PYTHON):
+    def __init__(self, bundle: Path, name: str, log: Path, python: Path = TRITON_PYTHON, restrict_shm: bool = False,
+                 gpu: bool = False, instances: int = 1):
+        """restrict_shm: shared-memory registration needs an access-token header (`--grpc-restricted-protocol`,
+        pytriton's default); otherwise open, as a plain tritonserver. gpu: the model runs on ONNX Runtime's
+        CUDA provider where the Triton venv has it (else on the CPU: bit-equal to the local onnxruntime-cpu)."""
         self.bundle, self.name, self.log, self.python = bundle, name, log, python
+        self.restrict_shm, self.gpu, self.instances = restrict_shm, gpu, instances  # instances: of the model
         self.ports = free_ports(3)
         self.process = None
 
@@ -46,8 +51,10 @@ class TritonServer:
         seen = self.log.stat().st_size if self.log.exists() else 0  # a restart: only what it says now counts
         out = self.log.open("a")
         self.process = subprocess.Popen([str(self.python), __file__, str(self.bundle), self.name,
-                                         *map(str, self.ports)], stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                                         *map(str, self.ports), str(int(self.restrict_shm)), str(int(self.gpu)),
+                                         str(self.instances)],
+                                        stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_S
         while "ready" not in self.log.read_text()[seen:].split():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -66,22 +73,29 @@ def main() -> None:
     import onnxruntime as ort
     from pytriton.decorators import batch
     from pytriton.model_config import ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig
+    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
     bundle, name, grpc_port, http_port, metrics_port = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+    restricted = ["shared-memory"] if sys.argv[6] == "1" else []
+    wanted = ("CUDAExecutionProvider", "CPUExecutionProvider") if sys.argv[7] == "1" else ("CPUExecutionProvider",)
     manifest = json.loads((Path(bundle) / "manifest.json").read_text())
-    session = ort.InferenceSession(str(Path(bundle) / "model.onnx"), providers=["CPUExecutionProvider"])
+    providers = [p for p in wanted if p in ort.get_available_providers()]
+    sessions = [ort.InferenceSession(str(Path(bundle) / "model.onnx"), providers=providers)
+                for _ in range(int(sys.argv[8]))]
+    session = sessions[0]
     input_name = session.get_inputs()[0].name
     output_names = [o.name for o in session.get_outputs()]
 
-    @batch
-    def infer(**inputs):
-        return dict(zip(output_names, session.run(None, {input_name: inputs[input_name]})))
+    def instance(own):
+        @batch
+        def infer(**inputs):
+            return dict(zip(output_names, own.run(None, {input_name: inputs[input_name]})))
+        return infer
 
     sample = tuple(session.get_inputs()[0].shape[1:])
     config = TritonConfig(grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port)
-    with Triton(config=config) as triton:
-        triton.bind(model_name=name, infer_func=infer,
+    with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=restricted)) as triton:
+        triton.bind(model_name=name, infer_func=[instance(s) for s in sessions],  # a list: one model instance each
                     inputs=[Tensor(name=input_name, dtype=np.float32,
                                    shape=tuple(d if isinstance(d, int) else -1 for d in sample))],
                     outputs=[Tensor(name=n, dtype=np.float32, shape=(-1,) * (len(o.shape) - 1))

@@ -10,6 +10,8 @@ can show the frame loop allocates nothing.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 
 import numpy as np
@@ -84,6 +86,19 @@ class CudaDevice:
         self._owned.append(array)
         return array
 
+    def register_host(self, array: np.ndarray) -> np.ndarray:
+        """Page-lock memory allocated elsewhere (a shared-memory region) for asynchronous copies to and from
+        it; unregistered by close(). Through the driver API itself: PyCUDA's register_host_memory fails under
+        NumPy 2 ("Cannot set the NumPy array 'base' dependency more than once")."""
+        driver = _libcuda()
+        address = array.ctypes.data
+        status = driver.cuMemHostRegister_v2(ctypes.c_void_p(address), ctypes.c_size_t(array.nbytes), 0)
+        if status != 0:
+            raise JetpipeError(f"cuMemHostRegister of {array.nbytes} bytes failed with CUDA error {status}")
+        self.allocations += 1
+        self._owned.append(_Registered(driver, address, array))
+        return array
+
     @staticmethod
     def device_pointer(mapped_array: np.ndarray) -> int:
         return int(mapped_array.base.get_device_pointer())
@@ -122,6 +137,8 @@ class CudaDevice:
                     item.free()
                 elif hasattr(item, "base") and hasattr(item.base, "free"):
                     item.base.free()
+                elif isinstance(item, _Registered):
+                    item.unregister()
             self._owned.clear()
         self.context.detach()
         self.context = None
@@ -131,3 +148,18 @@ class CudaDevice:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Registered:
+    """Host memory page-locked by register_host: unpinned at close (the array keeps the memory alive)."""
+
+    def __init__(self, driver, address: int, array: np.ndarray):
+        self.driver, self.address, self.array = driver, address, array
+
+    def unregister(self) -> None:
+        self.driver.cuMemHostUnregister(ctypes.c_void_p(self.address))
+
+
+@functools.cache
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")

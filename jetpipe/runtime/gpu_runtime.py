@@ -26,6 +26,7 @@ from jetpipe.runtime.nvdec import import_nvdec, open_nvdec
 from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, make_reducer
 from jetpipe.runtime.probe import probe_gpu
 from jetpipe.runtime.ring import FrameRing
+from jetpipe.runtime.triton_backend import TritonBackend, is_triton
 from jetpipe.runtime.trt_backend import TensorRTBackend, check_engine_compatibility, engine_backend
 from jetpipe.runtime.trt_builder import import_family
 
@@ -75,6 +76,7 @@ class _BufferSet:
     copied: object                       # event: frames on the device
     done: object                         # event: outputs in host memory
     marks: dict | None = None            # stage events when profiling
+    host_input: np.ndarray | None = None  # a remote backend (Triton): the batch's input sent from here
 
 
 class GpuRuntime(RuntimeBase):
@@ -94,6 +96,7 @@ class GpuRuntime(RuntimeBase):
         self.frame_bytes_uploaded = 0   # frame bytes copied host -> device (0 for NVDEC and mapped frames)
         self.output_bytes_downloaded = 0  # bytes of outputs (or compact reductions) copied device -> host
         self.reducer = None
+        self.remote = is_triton(backend)  # the model runs on a Triton server: the input goes there from host memory
         self._init_sets(buffer_sets)
         self.device = CudaDevice(device)
         try:
@@ -102,6 +105,9 @@ class GpuRuntime(RuntimeBase):
                 self.capacity = max_frame_hw[0] * max_frame_hw[1] * 3
                 self.compute_stream, self.copy_stream = self.device.stream(), self.device.stream()
                 self.sink_stream = self.device.stream()  # device frames to host for drawing sinks
+                # a remote backend's answers: uploaded and reduced in the post thread, apart from the batches
+                # being preprocessed on the compute stream
+                self.answer_stream = self.device.stream() if self.remote else None
                 self.module = compile_module()
                 self.backend = self._make_backend(backend, cuda_graph)
                 self.backend_name = self.backend.name
@@ -138,6 +144,8 @@ class GpuRuntime(RuntimeBase):
 
     def _make_backend(self, backend: str, cuda_graph: bool):
         sample = (self.spec.channels, *self.size_hw)
+        if self.remote:
+            return TritonBackend(backend, sample, self.max_batch, self.widths, self.buffer_sets)
         if backend in ENGINE_BACKENDS:
             check_engine_compatibility(self.manifest, import_family(backend).__version__,
                                        self.device.compute_capability, str(self.bundle_dir), backend)
@@ -163,13 +171,34 @@ class GpuRuntime(RuntimeBase):
         input_buffer = d.alloc(self.backend.input.nbytes(b))
         specs = self.backend.outputs
         outputs = {s.name: d.alloc(s.nbytes(b)) for s in specs}
-        host_outputs = {} if self.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
-                                                for s in specs}
-        self.backend.bind(index, int(input_buffer), {n: int(a) for n, a in outputs.items()})
+        host_input = None
+        if self.remote:
+            host_input, host_outputs = self._remote_buffers(index)
+        else:
+            host_outputs = {} if self.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
+                                                    for s in specs}
+            self.backend.bind(index, int(input_buffer), {n: int(a) for n, a in outputs.items()})
         pre = GpuPreprocessor(d, self.module, b, self.size_hw, self.spec, out_dtype=input_dtype)
         marks = {name: d.event() for name in STAGE_MARKS} if self.profile else None
         return _BufferSet(host_frames, addresses, device_frames, input_buffer, outputs, host_outputs, pre,
-                          d.event(), d.event(blocking=True), marks)
+                          d.event(), d.event(blocking=True), marks, host_input)
+
+    def _remote_buffers(self, index: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Host memory a Triton server reads the set's input from and writes its outputs to: its shared-memory
+        region (page-locked here, so the copies to and from the GPU are asynchronous DMA), or pinned arrays
+        the gRPC messages are filled from and answered into."""
+        d, b = self.device, self.max_batch
+        held = self.backend.buffers(index)
+        if held is not None:
+            host_input = d.register_host(held[0])
+            host_outputs = {name: d.register_host(array) for name, array in held[1].items()}
+        else:
+            spec = self.backend.input
+            host_input = d.pinned((b * int(np.prod(spec.sample_shape)),), spec.dtype)
+            host_outputs = {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
+                            for s in self.backend.outputs}
+        self.backend.bind(index, host_input.ctypes.data, {n: a.ctypes.data for n, a in host_outputs.items()})
+        return host_input, host_outputs
 
     def _warm_up(self) -> None:
         """Run every batch size on every buffer set once: the backend's per-shape work (cuDNN
@@ -291,6 +320,9 @@ class GpuRuntime(RuntimeBase):
         self._mark(buffers, "pre_start", stream)
         buffers.preprocessor.launch(batch, int(buffers.input), stream)
         self._mark(buffers, "pre_end", stream)
+        if self.remote:
+            self._send(buffers, ticket)
+            return
         self.backend.run(ticket.set_index, batch, stream, ticket.width)
         self._mark(buffers, "infer_end", stream)
         shapes = self.backend.output_shapes[ticket.width]
@@ -308,6 +340,33 @@ class GpuRuntime(RuntimeBase):
             self.output_bytes_downloaded += host.nbytes
         self._mark(buffers, "d2h_end", stream)
 
+    def _send(self, buffers: _BufferSet, ticket: Ticket) -> None:
+        """The preprocessed batch to host memory, then to the Triton server (the request is asynchronous:
+        collect() waits for its answer). The stage marks after preprocessing say nothing of the server."""
+        stream, sample = self.compute_stream, (self.spec.channels, self.size_hw[0], ticket.width)
+        host = at_width(buffers.host_input, ticket.batch, sample)
+        self.device.cuda.memcpy_dtoh_async(host, buffers.input, stream)
+        stream.synchronize()  # the request may go once the input is in host memory
+        self.backend.run(ticket.set_index, ticket.batch, stream, ticket.width)
+        for mark in ("infer_end", "post_end", "d2h_end"):
+            self._mark(buffers, mark, stream)
+
+    def _answer(self, ticket: Ticket, buffers: _BufferSet) -> dict[str, np.ndarray]:
+        """Wait for the server's outputs (in host memory); with a reduction, uploaded and reduced here."""
+        self.backend.finish(ticket.set_index)
+        shapes = self.backend.output_shapes[ticket.width]
+        if self.reducer is None:
+            return {spec.name: at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
+                    for spec, shape in zip(self.backend.outputs, shapes)}
+        stream, first = self.answer_stream, self.backend.outputs[0]
+        with self.device.active():
+            host = at_width(buffers.host_outputs[first.name], ticket.batch, shapes[0])
+            self.device.cuda.memcpy_htod_async(buffers.outputs[first.name], host, stream)
+            self.reducer.launch(ticket.set_index, ticket.batch, int(buffers.outputs[first.name]), stream, shapes[0])
+            self.output_bytes_downloaded += self.reducer.download(ticket.set_index, ticket.batch, stream, shapes[0])
+            stream.synchronize()
+        return self.reducer.host(ticket.set_index, ticket.batch, shapes[0])
+
     def stage_times(self, ticket: Ticket) -> dict[str, float]:
         """GPU milliseconds per stage of a collected batch (open the runtime with profile=True)."""
         marks = self.sets[ticket.set_index].marks
@@ -322,6 +381,15 @@ class GpuRuntime(RuntimeBase):
         buffers = self.sets[ticket.set_index]
         with self.device.active():
             buffers.done.synchronize()
+        if self.remote:
+            try:
+                outputs = self._answer(ticket, buffers) if ticket.batch else {}
+            except BaseException:
+                self._collected(ticket, False)  # the failed batch's set is free again
+                raise
+            self._collected(ticket, hold)
+            return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected, self.reduction,
+                               ticket.frame_addresses)
         self._collected(ticket, hold)
         shapes = self.backend.output_shapes[ticket.width]
         if self.reducer is not None:

@@ -19,12 +19,12 @@ from jetpipe.runtime.backends import OrtCpuBackend
 from jetpipe.runtime.base import RuntimeBase, at_width
 from jetpipe.runtime.cuda import GpuUnavailable
 from jetpipe.runtime.gpu_runtime import GpuRuntime, pick_gpu_backend
-from jetpipe.runtime.triton_backend import TritonBackend, is_triton, parse_uri
+from jetpipe.runtime.triton_backend import TritonBackend, is_triton, parse_uri, preprocess_place
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "onnxruntime-cuda", "onnxruntime-cpu")
-BACKEND_HELP = " | ".join(BACKENDS) + " | triton://HOST:PORT/NAME"
+BACKEND_HELP = " | ".join(BACKENDS) + " | triton://HOST:PORT/NAME[?shm=auto|system|off&preprocess=auto|gpu|cpu]"
 _CPU_CANNOT_REDUCE = ("postprocessing on the GPU needs the GPU runtime: use postprocess auto or cpu "
                       "(--postprocess) with the CPU runtime")
 
@@ -54,7 +54,7 @@ class CpuRuntime(RuntimeBase):
         self._init_sets(buffer_sets)
         sample = (self.spec.channels, *self.size_hw)
         if is_triton(backend):
-            self.backend = TritonBackend(backend, sample, self.max_batch, self.widths)
+            self.backend = TritonBackend(backend, sample, self.max_batch, self.widths, buffer_sets)
         else:
             self.backend = OrtCpuBackend(self.model_path, sample, self.max_batch, self.widths)
         self.backend_name = self.backend.name
@@ -62,9 +62,11 @@ class CpuRuntime(RuntimeBase):
         # one input and output buffer per set, sized for the widest width (a narrower batch uses their
         # start): a collected batch's outputs stay valid while the next runs
         b, spec = self.max_batch, self.backend.input
-        self.inputs = [np.zeros(b * int(np.prod(spec.sample_shape)), spec.dtype) for _ in range(buffer_sets)]
-        self.outputs = [{o.name: np.zeros(b * int(np.prod(o.sample_shape)), o.dtype) for o in self.backend.outputs}
-                        for _ in range(buffer_sets)]
+        # a backend may hold them itself (Triton's shared memory: the server reads and writes them in place)
+        held = [getattr(self.backend, "buffers", lambda _: None)(i) for i in range(buffer_sets)]
+        self.inputs = [h[0] if h else np.zeros(b * int(np.prod(spec.sample_shape)), spec.dtype) for h in held]
+        self.outputs = [h[1] if h else {o.name: np.zeros(b * int(np.prod(o.sample_shape)), o.dtype)
+                                        for o in self.backend.outputs} for h in held]
         for index, (inp, outs) in enumerate(zip(self.inputs, self.outputs)):
             self.backend.bind(index, inp.ctypes.data, {name: out.ctypes.data for name, out in outs.items()})
 
@@ -115,6 +117,7 @@ class CpuRuntime(RuntimeBase):
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected)
 
     def close(self) -> None:
+        self.inputs, self.outputs = [], []  # before the backend: its shared memory unmaps once nothing views it
         if self.backend is not None:
             self.backend.close()
             self.backend = None
@@ -126,10 +129,12 @@ def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto"
     check_backend(backend)
     cpu_options = {k: v for k, v in gpu_options.items() if k == "buffer_sets"}
     reduction = gpu_options.get("reduction")
-    if reduction is not None and reduction.required and (backend == "onnxruntime-cpu" or is_triton(backend)):
+    if reduction is not None and reduction.required and backend == "onnxruntime-cpu":
         raise JetpipeError(_CPU_CANNOT_REDUCE)
-    if backend == "onnxruntime-cpu" or is_triton(backend):
+    if backend == "onnxruntime-cpu":
         return _chosen(CpuRuntime(bundle_dir, max_batch, backend=backend, **cpu_options), "requested")
+    if is_triton(backend):
+        return _remote(bundle_dir, max_batch, backend, memory, gpu_options, cpu_options)
     try:
         gpu_backend = pick_gpu_backend(bundle_dir, backend)
         return _chosen(GpuRuntime(bundle_dir, max_batch, backend=gpu_backend, memory=memory, **gpu_options),
@@ -140,6 +145,25 @@ def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto"
         if reduction is not None and reduction.required:
             raise JetpipeError(f"{_CPU_CANNOT_REDUCE} ({exc})") from None
         return _chosen(CpuRuntime(bundle_dir, max_batch, **cpu_options), f"auto; no GPU runtime: {exc}")
+
+
+def _remote(bundle_dir, max_batch, backend: str, memory: str, gpu_options: dict, cpu_options: dict):
+    """A Triton server's model, the frames preprocessed by the GPU runtime's kernel where this machine has a
+    GPU (PyCUDA), else on the CPU path (?preprocess=gpu|cpu decides)."""
+    place = preprocess_place(backend)
+    try:
+        if place == "cpu":
+            raise GpuUnavailable("?preprocess=cpu")
+        return _chosen(GpuRuntime(bundle_dir, max_batch, backend=backend, memory=memory, **gpu_options),
+                       "requested; frames preprocessed on this GPU")
+    except GpuUnavailable as exc:
+        if place == "gpu":
+            raise
+        reduction = gpu_options.get("reduction")
+        if reduction is not None and reduction.required:
+            raise JetpipeError(f"{_CPU_CANNOT_REDUCE} ({exc})") from None
+        return _chosen(CpuRuntime(bundle_dir, max_batch, backend=backend, **cpu_options),
+                       f"requested; frames preprocessed on the CPU: {exc}")
 
 
 def _chosen(runtime, why: str):

@@ -11,17 +11,30 @@ daemon counts its frames failed and goes on), later batches fail at once without
 (0.5 s doubling to 10 s) has passed, then the next batch tries again; the first that succeeds logs the
 reconnection. Requests are asynchronous: run() sends a batch and returns, finish() waits for its answer,
 so with the daemon's buffer sets several batches are in flight and the round trip overlaps the capture and
-preprocessing of the next ones. Plain gRPC only in this version: no shared memory.
+preprocessing of the next ones.
+
+Transport (`?shm=auto|system|off`, chosen at start-up and logged): with a server on this host (a loopback
+address; auto) each buffer set is one POSIX shared-memory region registered with the server (system shared
+memory): the runtime's input and output buffers live in it, so the frames are preprocessed straight into
+what the server reads and the server writes its outputs where postprocessing reads them; a request carries
+only names and offsets. Otherwise plain gRPC (the tensors in the messages). A server that cannot open the
+regions (in a container without the host's /dev/shm) falls back to plain gRPC under auto, said in the log;
+`shm=system` makes that an error. A server restarted while serving has forgotten the regions: they are
+registered again before the first request after a failure.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import ipaddress
 import logging
+import mmap
+import os
 import threading
 import time
-from urllib.parse import urlsplit
+from multiprocessing import shared_memory
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
@@ -34,6 +47,9 @@ log = logging.getLogger(__name__)
 SCHEME = "triton://"
 BACKOFF_S = (0.5, 10.0)  # first and longest wait before a lost server is asked again
 TIMEOUT_S = 30.0         # one request's deadline: a hung server fails the batch instead of the pipeline
+SHM_MODES = ("auto", "system", "off")
+PREPROCESS_PLACES = ("auto", "gpu", "cpu")  # where frames are preprocessed before they go to the server
+ALIGN = mmap.PAGESIZE  # where each tensor starts in a set's region: no two share a page (each may be page-locked)
 _DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8,
            "BOOL": np.bool_}
 
@@ -43,7 +59,7 @@ def is_triton(backend: str) -> bool:
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
-    """triton://HOST:PORT/NAME -> ("HOST:PORT", NAME); a malformed one is one line naming the form."""
+    """triton://HOST:PORT/NAME[?shm=MODE] -> ("HOST:PORT", NAME); a malformed one is one line naming the form."""
     parts = urlsplit(uri)
     name = parts.path.strip("/")
     try:
@@ -53,7 +69,40 @@ def parse_uri(uri: str) -> tuple[str, str]:
     if parts.scheme != "triton" or not parts.hostname or port is None or not name or "/" in name:
         raise JetpipeError(f"backend {uri!r}: a Triton backend is triton://HOST:PORT/NAME (gRPC port, model name), "
                            "e.g. triton://127.0.0.1:8001/det")
+    shm_mode(uri)
     return f"{parts.hostname}:{port}", name
+
+
+def shm_mode(uri: str) -> str:
+    """The URI's ?shm= (auto when absent)."""
+    return _query(uri)["shm"]
+
+
+def preprocess_place(uri: str) -> str:
+    """The URI's ?preprocess=: auto (the GPU runtime's kernel where there is a GPU), gpu or cpu."""
+    return _query(uri)["preprocess"]
+
+
+def _query(uri: str) -> dict[str, str]:
+    """?shm=auto|system|off&preprocess=auto|gpu|cpu; anything else is a mistake, said in one line."""
+    query = {k: v[-1] for k, v in parse_qs(urlsplit(uri).query, keep_blank_values=True).items()}
+    known = {"shm": SHM_MODES, "preprocess": PREPROCESS_PLACES}
+    for key, value in query.items():
+        if key not in known or value not in known[key]:
+            raise JetpipeError(f"backend {uri!r}: the query takes shm={'|'.join(SHM_MODES)} (shared memory with a "
+                               "server on this host: auto uses it on a loopback address) and preprocess="
+                               f"{'|'.join(PREPROCESS_PLACES)}")
+    return {key: query.get(key, values[0]) for key, values in known.items()}
+
+
+def _loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _first_line(exc: BaseException) -> str:
@@ -64,9 +113,11 @@ def _first_line(exc: BaseException) -> str:
 class TritonBackend:
     """The backend interface of backends.py, served by a Triton model (host buffers, like OrtCpuBackend)."""
 
-    def __init__(self, uri: str, input_sample_shape, max_batch: int, widths=None):
+    def __init__(self, uri: str, input_sample_shape, max_batch: int, widths=None, buffer_sets: int = 2):
         self.address, self.model = parse_uri(uri)
         self.name = f"triton ({self.address}/{self.model})"
+        self.regions: list[shared_memory.SharedMemory] = []  # one per buffer set, with shared memory
+        self._still_viewed: list[shared_memory.SharedMemory] = []  # closed while arrays viewed them
         try:
             import tritonclient.grpc as grpcclient
         except ImportError:
@@ -92,6 +143,78 @@ class TritonBackend:
         # per buffer set: the request in flight (batch, width, answered event, [result, error])
         self.pending: dict[int, tuple[int, int, threading.Event, list]] = {}
         self.failures, self._retry_at, self._backoff, self._lost = 0, 0.0, BACKOFF_S[0], False
+        self.transport = self._choose_transport(shm_mode(uri), buffer_sets)
+        self.name = f"triton ({self.address}/{self.model}, {self.transport})"
+
+    # --- shared memory ---------------------------------------------------------------------------
+    def _layout(self) -> tuple[int, dict[str, int]]:
+        """Bytes of a set's region, and where each output starts in it (the input at 0)."""
+        def size(spec: TensorSpec) -> int:
+            raw = self.max_batch * int(np.prod(spec.sample_shape)) * np.dtype(spec.dtype).itemsize
+            return -(-raw // ALIGN) * ALIGN
+
+        offsets, end = {}, size(self.input)
+        for spec in self.outputs:
+            offsets[spec.name], end = end, end + size(spec)
+        return end, offsets
+
+    def _choose_transport(self, mode: str, buffer_sets: int) -> str:
+        if mode == "off" or (mode == "auto" and not _loopback(self.address)):
+            why = "shm=off" if mode == "off" else "the server is not on a loopback address"
+            log.info("Triton server %s: plain gRPC (%s)", self.address, why)
+            return "gRPC"
+        size, self.offsets = self._layout()
+        tag = f"jetpipe-{os.getpid()}-{id(self):x}"
+        try:
+            for index in range(buffer_sets):
+                self.regions.append(shared_memory.SharedMemory(f"{tag}-{index}", create=True, size=size))
+            self._register()
+        except Exception as exc:  # /dev/shm full or absent; a server that cannot open the regions
+            self._drop_regions()
+            if mode == "system":
+                raise JetpipeError(f"Triton server {self.address}: shared memory failed ({_first_line(exc)}): run the "
+                                   "server on this host with access to its /dev/shm, or use ?shm=off") from None
+            log.warning("Triton server %s: shared memory failed (%s): plain gRPC", self.address, _first_line(exc))
+            return "gRPC"
+        log.info("Triton server %s: system shared memory, %d region(s) of %.1f MB", self.address, buffer_sets,
+                 size / 1e6)
+        return "shared memory"
+
+    def _register(self) -> None:
+        """(Again) tell the server about every region: a restarted server has forgotten them."""
+        for region in self.regions:
+            try:
+                self.client.unregister_system_shared_memory(region.name, client_timeout=TIMEOUT_S)
+            except Exception as exc:  # not registered (a new or restarted server): nothing to undo
+                log.debug("unregistering %s: %s", region.name, exc)
+            self.client.register_system_shared_memory(region.name, "/" + region.name, region.size,
+                                                      client_timeout=TIMEOUT_S)
+
+    def _drop_regions(self) -> None:
+        for region in self.regions:
+            try:
+                self.client.unregister_system_shared_memory(region.name, client_timeout=5.0)
+            except Exception as exc:  # a server already gone
+                log.debug("unregistering %s: %s", region.name, exc)
+            region.unlink()
+            try:
+                region.close()
+            except BufferError:  # arrays still view it (a caller kept a result): unmapped when they go
+                self._still_viewed.append(region)
+        self.regions = []
+
+    def buffers(self, set_index: int):
+        """The set's input and output arrays inside its region (the runtime uses them as its own buffers), or
+        None with plain gRPC (the runtime allocates its own)."""
+        if not self.regions:
+            return None
+        memory = self.regions[set_index].buf
+
+        def array(spec: TensorSpec, offset: int) -> np.ndarray:
+            count = self.max_batch * int(np.prod(spec.sample_shape))
+            return np.ndarray((count,), spec.dtype, buffer=memory, offset=offset)
+
+        return array(self.input, 0), {o.name: array(o, self.offsets[o.name]) for o in self.outputs}
 
     def _check_server(self) -> None:
         where = f"Triton server {self.address}"
@@ -125,11 +248,19 @@ class TritonBackend:
             shapes[width] = [tuple(value.shape[1:]) for value in found]
         return shapes, dtypes
 
-    def _infer(self, batch: np.ndarray, callback=None):
-        """One request: answered here, or with `callback(result, error)` from the client's thread."""
+    def _infer(self, batch: np.ndarray, callback=None, region: int | None = None, width: int | None = None):
+        """One request: answered here, or with `callback(result, error)` from the client's thread. region: the
+        buffer set whose shared memory holds the input and takes the outputs."""
         request = self._grpc.InferInput(self.input.name, list(batch.shape), "FP32")
-        request.set_data_from_numpy(batch)
         wanted = [self._grpc.InferRequestedOutput(name) for name in self._output_types]
+        if region is None:
+            request.set_data_from_numpy(batch)
+        else:
+            name = self.regions[region].name
+            request.set_shared_memory(name, batch.nbytes, offset=0)
+            for output, spec, shape in zip(wanted, self.outputs, self.output_shapes[width]):
+                nbytes = len(batch) * int(np.prod(shape)) * np.dtype(spec.dtype).itemsize
+                output.set_shared_memory(name, nbytes, offset=self.offsets[spec.name])
         if callback is None:
             return self.client.infer(self.model, [request], outputs=wanted, client_timeout=TIMEOUT_S)
         return self.client.async_infer(self.model, [request], callback, outputs=wanted, client_timeout=TIMEOUT_S)
@@ -155,8 +286,11 @@ class TritonBackend:
         inputs, _ = self.views[set_index]
         answer, answered = [None, None], threading.Event()
         try:
+            if self._lost and self.regions:
+                self._register()
             self._infer(at_width(inputs, batch, (*self.input.sample_shape[:2], width)),
-                        callback=functools.partial(_answered, answer, answered))
+                        callback=functools.partial(_answered, answer, answered),
+                        region=set_index if self.regions else None, width=width)
         except Exception as exc:
             raise self._lose(exc) from None
         self.pending[set_index] = (batch, width, answered, answer)
@@ -173,7 +307,9 @@ class TritonBackend:
             raise self._lose(error)
         _, outputs = self.views[set_index]
         for spec, shape in zip(self.outputs, self.output_shapes[width]):
-            np.copyto(at_width(outputs[spec.name], batch, shape), result.as_numpy(spec.name), casting="same_kind")
+            if not self.regions:  # with shared memory the server wrote them where they belong
+                np.copyto(at_width(outputs[spec.name], batch, shape), result.as_numpy(spec.name),
+                          casting="same_kind")
         if self._lost:
             log.info("Triton server %s answers again after %d failed batch(es)", self.address, self.failures)
         self._lost, self._backoff = False, BACKOFF_S[0]
@@ -197,6 +333,7 @@ class TritonBackend:
             answered.wait(TIMEOUT_S)
         self.pending.clear()
         self.views.clear()
+        self._drop_regions()
         try:
             self.client.close()
         except Exception as exc:  # closing a channel to a server already gone

@@ -26,8 +26,19 @@ def _needs_triton() -> None:
 
 @pytest.fixture
 def server(det_bundle, tmp_path):
+    """The model on the server's CPU: its outputs bit-equal to the local onnxruntime-cpu backend's."""
     _needs_triton()
     triton = TritonServer(det_bundle, "det", tmp_path / "triton.log")
+    triton.start()
+    yield triton
+    triton.stop()
+
+
+@pytest.fixture
+def gpu_server(det_bundle, tmp_path):
+    """The model on the server's GPU (ONNX Runtime's CUDA provider in the Triton venv, where it has one)."""
+    _needs_triton()
+    triton = TritonServer(det_bundle, "det", tmp_path / "triton.log", gpu=True)
     triton.start()
     yield triton
     triton.stop()
@@ -39,16 +50,24 @@ def _serve(bundle, backend, source, out, *extra) -> int:
 
 
 def test_serving_through_triton_gives_the_local_backends_results_frame_by_frame(det_bundle, server, text_video,
-                                                                                tmp_path):
+                                                                                tmp_path, capsys):
+    """Through shared memory (auto: the server is on this host) and plain gRPC (?shm=off), each frame's results
+    equal the local backend's; the summary names the transport."""
     video, words = text_video
     runs = {}
-    for name, backend in (("triton", server.uri), ("local", "onnxruntime-cpu")):
+    cpu = "preprocess=cpu"  # the CPU path on any machine: what the local onnxruntime-cpu backend runs
+    for name, backend in (("shm", f"{server.uri}?{cpu}"), ("grpc", f"{server.uri}?shm=off&{cpu}"),
+                          ("local", "onnxruntime-cpu")):
         out = tmp_path / f"{name}.jsonl"
+        capsys.readouterr()
         assert _serve(det_bundle, backend, video, out) == 0
+        summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])["summary"]
+        transport = {"shm": ", shared memory)", "grpc": ", gRPC)", "local": "onnxruntime-cpu"}[name]
+        assert summary["backend"].endswith(transport), summary["backend"]
         runs[name] = [json.loads(line)["results"] for line in out.read_text().splitlines()]
-    assert len(runs["triton"]) == len(words)
-    assert runs["triton"] == runs["local"]
-    assert all(r["boxes"] for r in runs["triton"])
+    assert len(runs["shm"]) == len(words)
+    assert runs["shm"] == runs["local"] and runs["grpc"] == runs["local"]
+    assert all(r["boxes"] for r in runs["shm"])
 
 
 def test_a_server_that_is_not_there_or_a_missing_model_is_one_line(det_bundle, server, tmp_path, capsys):
@@ -61,16 +80,44 @@ def test_a_server_that_is_not_there_or_a_missing_model_is_one_line(det_bundle, s
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_a_malformed_backend_uri_is_refused_before_anything_starts(det_bundle, tmp_path, capsys):
+MALFORMED = [("triton://127.0.0.1/det", "a Triton backend is triton://HOST:PORT/NAME"),
+             ("triton://127.0.0.1:8001/det?shm=cuda", "the query takes shm=auto|system|off"),
+             ("triton://127.0.0.1:8001/det?preprocess=npu", "preprocess=auto|gpu|cpu"),
+             ("triton://127.0.0.1:8001/det?timeout=3", "the query takes shm=")]
+
+
+def test_a_server_that_refuses_shared_memory_is_served_by_grpc_or_refused_when_it_was_asked_for(det_bundle, tmp_path,
+                                                                                               capsys):
+    """A server restricting shared-memory registration (an access-token header, as pytriton's default): auto
+    falls back to plain gRPC and says so; ?shm=system is one line, exit 2."""
+    _needs_triton()
+    triton = TritonServer(det_bundle, "det", tmp_path / "triton.log", restrict_shm=True)
+    triton.start()
+    try:
+        out = tmp_path / "out.jsonl"
+        capsys.readouterr()
+        assert _serve(det_bundle, triton.uri, "synthetic://320x240@0/nv12", out, "--frames", "3") == 0
+        summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])["summary"]
+        assert summary["backend"].endswith(", gRPC)") and summary["processed"] == [3]
+        assert _serve(det_bundle, triton.uri + "?shm=system", "synthetic", out, "--frames", "1") == 2
+        err = capsys.readouterr().err
+        assert "shared memory failed" in err and "?shm=off" in err and len(err.strip().splitlines()) == 1, err
+    finally:
+        triton.stop()
+
+
+@pytest.mark.parametrize("uri, message", MALFORMED)
+def test_a_malformed_backend_uri_is_refused_before_anything_starts(det_bundle, tmp_path, capsys, uri, message):
     with pytest.raises(SystemExit) as exited:  # argparse's own exit for a bad flag value
-        _serve(det_bundle, "triton://127.0.0.1/det", "synthetic", tmp_path / "x.jsonl")
+        _serve(det_bundle, uri, "synthetic", tmp_path / "x.jsonl")
     assert exited.value.code == 2
-    assert "a Triton backend is triton://HOST:PORT/NAME" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_a_server_lost_mid_run_fails_its_batches_and_is_served_again_once_back(det_bundle, server, tmp_path):
     """The server killed while a live stream runs: batches fail (counted) instead of the pipeline, the
-    backend asks again after its backoff, and once the server is back frames are processed again."""
+    backend asks again after its backoff, and once the server is back frames are processed again (through
+    shared memory: the restarted server is told of the regions again)."""
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
     from jetpipe.pipelines.daemon import Pipeline
 
@@ -79,6 +126,7 @@ def test_a_server_lost_mid_run_fails_its_batches_and_is_served_again_once_back(d
                                      sinks=[f"jsonl:{out}"], backend=server.uri, metrics_listen="", max_batch=1,
                                      fail_timeout_s=0.0))
     pipeline = Pipeline(config)
+    assert pipeline.runtime.backend.transport == "shared memory"
     summaries = []
     serving = threading.Thread(target=lambda: summaries.append(pipeline.run()))
     serving.start()
@@ -123,6 +171,7 @@ def test_two_batches_in_flight_through_triton_each_get_their_own_answer(det_bund
     frames = [[render_text_image(seed, (480, 640)).bgr] for seed in (11, 12)]
     with CpuRuntime(det_bundle, 1, buffer_sets=2, backend=server.uri) as remote, \
             CpuRuntime(det_bundle, 1, buffer_sets=2) as local:
+        assert remote.backend.transport == "shared memory"
         tickets = [remote.submit(f) for f in frames]
         assert len(remote.backend.pending) == 2  # both out before either answer is read
         for ticket, f in zip(tickets, frames):
@@ -130,3 +179,36 @@ def test_two_batches_in_flight_through_triton_each_get_their_own_answer(det_bund
             want = local.infer(f).outputs
             for name in want:
                 np.testing.assert_allclose(got[name], want[name], atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_runtime_reads(det_bundle, gpu_server,
+                                                                                         text_video, tmp_path):
+    """On the GPU machine: frames preprocessed by our kernel, the batch through the server's shared memory,
+    the outputs reduced on the GPU (postprocess auto): the boxes of every frame are the local GPU runtime's
+    (onnxruntime-cuda) within a pixel (the server's ONNX Runtime is another process, maybe another provider)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.daemon import Pipeline
+
+    video, words = text_video
+    runs = {}
+    for name, backend in (("triton", gpu_server.uri), ("local", "onnxruntime-cuda")):
+        out = tmp_path / f"{name}.jsonl"
+        config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(str(video), decoder="ffmpeg")],
+                                         sinks=[f"jsonl:{out}"], backend=backend, metrics_listen=""))
+        pipeline = Pipeline(config)
+        assert type(pipeline.runtime).__name__ == "GpuRuntime"
+        summary = pipeline.run()
+        assert summary["postprocess"] == "gpu" and sum(summary["failed"]) == 0
+        runs[name] = [json.loads(line)["results"] for line in out.read_text().splitlines()]
+        if name == "triton":
+            assert summary["backend"].endswith(", shared memory)"), summary["backend"]
+    assert len(runs["triton"]) == len(runs["local"]) == len(words)
+    for got, want in zip(runs["triton"], runs["local"]):
+        assert len(got["boxes"]) == len(want["boxes"]) > 0
+        np.testing.assert_allclose(got["boxes"], want["boxes"], atol=1.0)
