@@ -57,7 +57,7 @@ class ControlConfig:
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
 _CONTROL_KEYS = {"enabled": bool, "max_streams": int, "token": str}
 _SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int,
-                   "direction": str, "direction_threshold": (int, float), "every_track": int}
+                   "direction": str, "direction_threshold": (int, float), "every_track": int, "backend": str}
 
 
 @dataclass
@@ -271,10 +271,16 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     _check_control(config, where)
     if is_triton(config.backend):
         check_backend(config.backend)
-        if config.secondaries:
-            raise ConfigError(f"{where}: backend = {config.backend!r} with a secondary: secondaries do not run "
-                              "through Triton yet; serve the primary through Triton without secondaries, or run "
-                              "both locally")
+    for secondary in config.secondaries:
+        if secondary.backend:
+            if not (secondary.backend in BACKENDS or is_triton(secondary.backend)):
+                raise ConfigError(f"{where}: secondary {secondary.label!r}: backend = {secondary.backend!r}: allowed "
+                                  f"{BACKEND_HELP}")
+            check_backend(secondary.backend)
+        elif is_triton(config.backend):
+            raise ConfigError(f"{where}: secondary {secondary.label!r}: the primary runs on a Triton server "
+                              f"({config.backend}); give the secondary its own backend in its [[secondary]] table: "
+                              "backend = 'triton://HOST:PORT/NAME' (its model on a server) or 'auto' (run it here)")
     for src in config.sources:
         _check_source(src, where)
     for secondary in config.secondaries:

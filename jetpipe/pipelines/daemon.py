@@ -90,13 +90,22 @@ class Pipeline:
         self.secondaries = []
         try:
             for secondary in config.secondaries:  # each registered as it opens: a later failure closes it
-                self.secondaries.append(SecondaryStage(secondary, config.backend, config.memory, config.max_frame_hw,
-                                                       config.postprocess))
+                self.secondaries.append(SecondaryStage(secondary, secondary.backend or config.backend, config.memory,
+                                                       config.max_frame_hw, config.postprocess))
                 self.closers.append(self.secondaries[-1].close)
+                self._check_frames_reach(self.secondaries[-1])
             self._build()
         except BaseException:
             self.close()
             raise
+
+    def _check_frames_reach(self, stage) -> None:
+        """A secondary cuts its crops where the primary read the frames: in GPU memory with the GPU runtime,
+        which a secondary on the CPU path cannot read."""
+        if self.runtime.device_frames and not stage.runtime.device_frames:
+            raise ConfigError(f"secondary {stage.name!r} runs on the CPU path ({stage.runtime.backend_name}) and the "
+                              "primary's frames are in GPU memory: run it on the GPU too (its backend, or "
+                              "?preprocess=gpu for a Triton model)")
 
     def _reduction(self):
         """What the GPU runtime should reduce on the device (None: postprocess on the CPU)."""

@@ -31,6 +31,7 @@ from jetpipe.geometry import quad_region, quad_size
 from jetpipe.limits import MAX_SIDE
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.runtime import open_runtime
+from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import Task, for_bundle
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class SecondaryConfig:
     direction: Path | None = None           # a direction classifier bundle (classes "0" and "180") run first
     direction_threshold: float = 0.9        # its score at which a crop is turned
     every_track: int = 0                    # with a tracker: run once per track every N frames, reuse between
+    backend: str = ""                       # "" = the pipeline's; triton://HOST:PORT/NAME: its model on a server
 
     @property
     def label(self) -> str:
@@ -96,8 +98,9 @@ class SecondaryStage:
         self.frames_seen: dict[int, int] = {}
         self.direction = None
         try:
-            if config.direction is not None:
-                self.direction = _DirectionStage(config, backend, memory, max_frame_hw, postprocess)
+            if config.direction is not None:  # a local model: a Triton secondary's classifier runs here
+                local = "auto" if is_triton(backend) else backend
+                self.direction = _DirectionStage(config, local, memory, max_frame_hw, postprocess)
         except BaseException:
             self.runtime.close()
             raise

@@ -44,6 +44,7 @@ class RuntimeBase:
 
     backend_name = "?"
     decodes_to_device = False  # a hardware decoder writes frames into GPU memory (NVDEC on a discrete GPU)
+    device_frames = False  # reads frames (and crops of them) in GPU memory
     reduction = None  # the CPU runtime returns the model's outputs; the GPU one may reduce them
     output_bytes_downloaded = 0  # device -> host bytes of outputs (none on the CPU)
     memory = "host"  # where frames wait: host, or the GPU runtime's mapped / staged / device

@@ -289,6 +289,8 @@ class GpuRuntime(RuntimeBase):
         with self.device.active():
             return self.device.free_memory()
 
+    device_frames = True
+
     @property
     def decodes_to_device(self) -> bool:
         return not self.device.integrated and import_nvdec() is not None
