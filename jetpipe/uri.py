@@ -14,6 +14,7 @@ unknown scheme), so it is testable anywhere.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,3 +117,15 @@ def synthetic_still(uri: SourceURI) -> bool:
     is (benchmarks: the source costs no per-frame copy)."""
     match = _SYNTHETIC.match(uri.location)
     return bool(match and match.group(5))
+
+
+def is_loopback(address: str) -> bool:
+    """Whether HOST:PORT is on this machine only (a loopback address or localhost; '' and 0.0.0.0 are every
+    interface, a host name may resolve to any)."""
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

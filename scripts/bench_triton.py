@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--local", default="onnxruntime-cpu", help="the local backend compared")
     parser.add_argument("--triton-python", type=Path, default=root / ".venv-triton" / "bin" / "python")
     parser.add_argument("--server-instances", type=int, default=1, help="model instances on the server")
+    parser.add_argument("--transports", default="system,off",
+                        help="?shm= values to run (cuda: CUDA shared memory, with the GPU runtime)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "cores": os.cpu_count()}
@@ -64,12 +66,13 @@ def main() -> None:
                               instances=args.server_instances)
         server.start()
         try:
-            for name, uri in (("triton_shm", server.uri + "?shm=system"), ("triton_grpc", server.uri + "?shm=off")):
+            for shm in args.transports.split(","):
+                name, uri = f"triton_{shm}", f"{server.uri}?shm={shm}"
                 report[name] = serve(args.bundle, uri, args, folder)
                 print(json.dumps({name: report[name]}), flush=True)
         finally:
             server.stop()
-    for name in ("triton_shm", "triton_grpc"):
+    for name in (f"triton_{shm}" for shm in args.transports.split(",")):
         report[f"{name}_vs_local"] = round(report[name]["fps"] / max(1e-9, report["local"]["fps"]), 3)
     print(json.dumps({k: v for k, v in report.items() if k.endswith("_vs_local")}))
     if args.json:

@@ -5,7 +5,6 @@ Errors name the key, the bad value and what is allowed.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import sys
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from jetpipe.runtime.cuda import MEMORY_MODES
 from jetpipe.runtime.runtime import BACKEND_HELP, BACKENDS, check_backend
 from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import TASKS
+from jetpipe.uri import is_loopback
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -205,17 +205,6 @@ def _check_source(src: SourceConfig, where: str) -> None:
     if src.hwaccel and not src.hwaccel.replace("_", "").isalnum():
         raise ConfigError(f"{where}: source {src.uri!r}: hwaccel = {src.hwaccel!r}: an FFmpeg hardware device "
                           "type such as cuda or qsv ('jetpipe doctor' lists them)")
-
-
-def is_loopback(listen: str) -> bool:
-    """Whether HOST:PORT listens on this machine only ('' and 0.0.0.0 listen everywhere)."""
-    host = listen.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to any interface
-        return False
 
 
 def _check_control(config: PipelineConfig, where: str) -> None:

@@ -99,6 +99,15 @@ class CudaDevice:
         self._owned.append(_Registered(driver, address, array))
         return array
 
+    def ipc_handle(self, allocation: int) -> bytes:
+        """The CUDA IPC handle of a device allocation (its base address): another process on this machine (a
+        Triton server) opens it and reads and writes the allocation in place."""
+        handle = (ctypes.c_ubyte * 64)()  # CUipcMemHandle
+        status = _libcuda().cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(int(allocation)))
+        if status != 0:
+            raise JetpipeError(f"cuIpcGetMemHandle failed with CUDA error {status}")
+        return bytes(handle)
+
     @staticmethod
     def device_pointer(mapped_array: np.ndarray) -> int:
         return int(mapped_array.base.get_device_pointer())

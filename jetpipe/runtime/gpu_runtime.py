@@ -114,6 +114,7 @@ class GpuRuntime(RuntimeBase):
                 self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
                 self.reducer = self._make_reducer(reduction)
                 self.sets = [self._make_set(i) for i in range(self.buffer_sets)]
+                self.backend_name = self.backend.name  # a remote backend settles its transport as sets are shared
                 self._warm_up()
         except BaseException:
             if getattr(self, "backend", None) is not None:
@@ -145,7 +146,7 @@ class GpuRuntime(RuntimeBase):
     def _make_backend(self, backend: str, cuda_graph: bool):
         sample = (self.spec.channels, *self.size_hw)
         if self.remote:
-            return TritonBackend(backend, sample, self.max_batch, self.widths, self.buffer_sets)
+            return TritonBackend(backend, sample, self.max_batch, self.widths, self.buffer_sets, device=self.device)
         if backend in ENGINE_BACKENDS:
             check_engine_compatibility(self.manifest, import_family(backend).__version__,
                                        self.device.compute_capability, str(self.bundle_dir), backend)
@@ -172,7 +173,12 @@ class GpuRuntime(RuntimeBase):
         specs = self.backend.outputs
         outputs = {s.name: d.alloc(s.nbytes(b)) for s in specs}
         host_input = None
-        if self.remote:
+        if self.remote and self.backend.share(index, int(input_buffer), {n: int(a) for n, a in outputs.items()}):
+            # CUDA shared memory: the server reads and writes these device buffers; outputs come to the host
+            # only where the task is finished on the CPU
+            host_outputs = {} if self.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
+                                                    for s in specs}
+        elif self.remote:
             host_input, host_outputs = self._remote_buffers(index)
         else:
             host_outputs = {} if self.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
@@ -346,9 +352,10 @@ class GpuRuntime(RuntimeBase):
         """The preprocessed batch to host memory, then to the Triton server (the request is asynchronous:
         collect() waits for its answer). The stage marks after preprocessing say nothing of the server."""
         stream, sample = self.compute_stream, (self.spec.channels, self.size_hw[0], ticket.width)
-        host = at_width(buffers.host_input, ticket.batch, sample)
-        self.device.cuda.memcpy_dtoh_async(host, buffers.input, stream)
-        stream.synchronize()  # the request may go once the input is in host memory
+        if buffers.host_input is not None:  # not with CUDA shared memory: the server reads the device buffer
+            host = at_width(buffers.host_input, ticket.batch, sample)
+            self.device.cuda.memcpy_dtoh_async(host, buffers.input, stream)
+        stream.synchronize()  # the request may go once the input is where the server reads it
         self.backend.run(ticket.set_index, ticket.batch, stream, ticket.width)
         for mark in ("infer_end", "post_end", "d2h_end"):
             self._mark(buffers, mark, stream)
@@ -357,13 +364,23 @@ class GpuRuntime(RuntimeBase):
         """Wait for the server's outputs (in host memory); with a reduction, uploaded and reduced here."""
         self.backend.finish(ticket.set_index)
         shapes = self.backend.output_shapes[ticket.width]
+        on_device = buffers.host_input is None  # CUDA shared memory: the outputs are in the device buffers
         if self.reducer is None:
-            return {spec.name: at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
-                    for spec, shape in zip(self.backend.outputs, shapes)}
+            outputs = {spec.name: at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
+                       for spec, shape in zip(self.backend.outputs, shapes)}
+            if on_device:
+                with self.device.active():
+                    for spec in self.backend.outputs:
+                        self.device.cuda.memcpy_dtoh_async(outputs[spec.name], buffers.outputs[spec.name],
+                                                           self.answer_stream)
+                        self.output_bytes_downloaded += outputs[spec.name].nbytes
+                    self.answer_stream.synchronize()
+            return outputs
         stream, first = self.answer_stream, self.backend.outputs[0]
         with self.device.active():
-            host = at_width(buffers.host_outputs[first.name], ticket.batch, shapes[0])
-            self.device.cuda.memcpy_htod_async(buffers.outputs[first.name], host, stream)
+            if not on_device:
+                host = at_width(buffers.host_outputs[first.name], ticket.batch, shapes[0])
+                self.device.cuda.memcpy_htod_async(buffers.outputs[first.name], host, stream)
             self.reducer.launch(ticket.set_index, ticket.batch, int(buffers.outputs[first.name]), stream, shapes[0])
             self.output_bytes_downloaded += self.reducer.download(ticket.set_index, ticket.batch, stream, shapes[0])
             stream.synchronize()

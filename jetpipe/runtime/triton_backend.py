@@ -13,21 +13,25 @@ reconnection. Requests are asynchronous: run() sends a batch and returns, finish
 so with the daemon's buffer sets several batches are in flight and the round trip overlaps the capture and
 preprocessing of the next ones.
 
-Transport (`?shm=auto|system|off`, chosen at start-up and logged): with a server on this host (a loopback
-address; auto) each buffer set is one POSIX shared-memory region registered with the server (system shared
-memory): the runtime's input and output buffers live in it, so the frames are preprocessed straight into
-what the server reads and the server writes its outputs where postprocessing reads them; a request carries
-only names and offsets. Otherwise plain gRPC (the tensors in the messages). A server that cannot open the
-regions (in a container without the host's /dev/shm) falls back to plain gRPC under auto, said in the log;
-`shm=system` makes that an error. A server restarted while serving has forgotten the regions: they are
-registered again before the first request after a failure.
+Transport (`?shm=auto|cuda|system|off`, chosen at start-up and logged), with a server on this host (a
+loopback address; auto):
+  - CUDA shared memory (the GPU runtime): each buffer set's device input and outputs are registered with the
+    server by their CUDA IPC handles; the server reads the preprocessed batch and writes its outputs in this
+    GPU's memory, where the GPU postprocessing reads them. Nothing crosses the host.
+  - system shared memory: each buffer set is one POSIX shared-memory region; the runtime's input and output
+    buffers live in it (the GPU runtime copies its input there and page-locks it for the DMA), so a request
+    carries only names and offsets.
+Otherwise plain gRPC (the tensors in the messages). Under auto a server that refuses a kind (in a container
+without the host's /dev/shm or GPU, or restricting the shared-memory API) is reached by the next one, said in
+the log; `shm=cuda` or `shm=system` makes that an error. A server restarted while serving has forgotten the
+regions: they are registered again before the first request after a failure.
 """
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import functools
-import ipaddress
 import logging
 import mmap
 import os
@@ -41,13 +45,14 @@ import numpy as np
 from jetpipe.errors import JetpipeError
 from jetpipe.runtime.api import TensorSpec
 from jetpipe.runtime.base import at_width
+from jetpipe.uri import is_loopback
 
 log = logging.getLogger(__name__)
 
 SCHEME = "triton://"
 BACKOFF_S = (0.5, 10.0)  # first and longest wait before a lost server is asked again
 TIMEOUT_S = 30.0         # one request's deadline: a hung server fails the batch instead of the pipeline
-SHM_MODES = ("auto", "system", "off")
+SHM_MODES = ("auto", "system", "cuda", "off")
 PREPROCESS_PLACES = ("auto", "gpu", "cpu")  # where frames are preprocessed before they go to the server
 ALIGN = mmap.PAGESIZE  # where each tensor starts in a set's region: no two share a page (each may be page-locked)
 _DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8,
@@ -95,16 +100,6 @@ def _query(uri: str) -> dict[str, str]:
     return {key: query.get(key, values[0]) for key, values in known.items()}
 
 
-def _loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
@@ -113,10 +108,16 @@ def _first_line(exc: BaseException) -> str:
 class TritonBackend:
     """The backend interface of backends.py, served by a Triton model (host buffers, like OrtCpuBackend)."""
 
-    def __init__(self, uri: str, input_sample_shape, max_batch: int, widths=None, buffer_sets: int = 2):
+    def __init__(self, uri: str, input_sample_shape, max_batch: int, widths=None, buffer_sets: int = 2,
+                 device=None):
+        """device: the GPU runtime's CudaDevice, whose device buffers may be shared with the server (CUDA
+        shared memory: share())."""
         self.address, self.model = parse_uri(uri)
         self.name = f"triton ({self.address}/{self.model})"
         self.regions: list[shared_memory.SharedMemory] = []  # one per buffer set, with shared memory
+        # CUDA shared memory: per buffer set, each tensor's (region name, IPC handle, bytes)
+        self.cuda_regions: dict[int, dict[str, tuple[str, bytes, int]]] = {}
+        self.device, self.buffer_sets = device, buffer_sets
         self._still_viewed: list[shared_memory.SharedMemory] = []  # closed while arrays viewed them
         try:
             import tritonclient.grpc as grpcclient
@@ -143,8 +144,53 @@ class TritonBackend:
         # per buffer set: the request in flight (batch, width, answered event, [result, error])
         self.pending: dict[int, tuple[int, int, threading.Event, list]] = {}
         self.failures, self._retry_at, self._backoff, self._lost = 0, 0.0, BACKOFF_S[0], False
-        self.transport = self._choose_transport(shm_mode(uri), buffer_sets)
+        self.mode = shm_mode(uri)
+        cuda = device is not None and (self.mode == "cuda" or (self.mode == "auto" and is_loopback(self.address)))
+        if self.mode == "cuda" and device is None:
+            raise JetpipeError(f"backend {uri!r}: CUDA shared memory needs the GPU runtime (a GPU and PyCUDA here); "
+                               "use ?shm=system")
+        # CUDA shared memory is tried as the GPU runtime shares its first buffer set (share())
+        self.transport = "CUDA shared memory" if cuda else self._choose_transport(self.mode, buffer_sets)
         self.name = f"triton ({self.address}/{self.model}, {self.transport})"
+
+    def share(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> bool:
+        """Register a buffer set's device input and outputs with the server as CUDA shared memory: the server
+        reads the preprocessed batch and writes its outputs in this GPU's memory, no copy through the host.
+        False: not used (another transport, or the server refused it under auto: system shared memory
+        then, said in the log)."""
+        if self.transport != "CUDA shared memory":
+            return False
+        tag = f"jetpipe-{os.getpid()}-{id(self):x}-{set_index}"
+        regions = {self.input.name: (f"{tag}-in", self.device.ipc_handle(input_address),
+                                     self.max_batch * self.input.nbytes(1))}
+        for spec in self.outputs:
+            regions[spec.name] = (f"{tag}-{len(regions)}", self.device.ipc_handle(output_addresses[spec.name]),
+                                  self.max_batch * spec.nbytes(1))
+        self.cuda_regions[set_index] = regions
+        try:
+            self._register_cuda(regions)
+        except Exception as exc:
+            del self.cuda_regions[set_index]
+            self._drop_regions()
+            if self.mode == "cuda":
+                raise JetpipeError(f"Triton server {self.address}: CUDA shared memory failed ({_first_line(exc)}): "
+                                   "the server must run on this machine's GPU; or use ?shm=system") from None
+            log.warning("Triton server %s: CUDA shared memory failed (%s)", self.address, _first_line(exc))
+            self.transport = self._choose_transport("auto", self.buffer_sets)
+            self.name = f"triton ({self.address}/{self.model}, {self.transport})"
+            return False
+        if set_index == 0:
+            log.info("Triton server %s: CUDA shared memory on device %d", self.address, self.device.ordinal)
+        return True
+
+    def _register_cuda(self, regions: dict[str, tuple[str, bytes, int]]) -> None:
+        for name, handle, nbytes in regions.values():
+            try:
+                self.client.unregister_cuda_shared_memory(name, client_timeout=TIMEOUT_S)
+            except Exception as exc:  # not registered (a new or restarted server): nothing to undo
+                log.debug("unregistering %s: %s", name, exc)
+            self.client.register_cuda_shared_memory(name, base64.b64encode(handle), self.device.ordinal, nbytes,
+                                                    client_timeout=TIMEOUT_S)
 
     # --- shared memory ---------------------------------------------------------------------------
     def _layout(self) -> tuple[int, dict[str, int]]:
@@ -159,7 +205,7 @@ class TritonBackend:
         return end, offsets
 
     def _choose_transport(self, mode: str, buffer_sets: int) -> str:
-        if mode == "off" or (mode == "auto" and not _loopback(self.address)):
+        if mode == "off" or (mode == "auto" and not is_loopback(self.address)):
             why = "shm=off" if mode == "off" else "the server is not on a loopback address"
             log.info("Triton server %s: plain gRPC (%s)", self.address, why)
             return "gRPC"
@@ -182,6 +228,8 @@ class TritonBackend:
 
     def _register(self) -> None:
         """(Again) tell the server about every region: a restarted server has forgotten them."""
+        for regions in self.cuda_regions.values():
+            self._register_cuda(regions)
         for region in self.regions:
             try:
                 self.client.unregister_system_shared_memory(region.name, client_timeout=TIMEOUT_S)
@@ -191,6 +239,13 @@ class TritonBackend:
                                                       client_timeout=TIMEOUT_S)
 
     def _drop_regions(self) -> None:
+        for regions in self.cuda_regions.values():
+            for name, _, _ in regions.values():
+                try:
+                    self.client.unregister_cuda_shared_memory(name, client_timeout=5.0)
+                except Exception as exc:  # a server already gone
+                    log.debug("unregistering %s: %s", name, exc)
+        self.cuda_regions = {}
         for region in self.regions:
             try:
                 self.client.unregister_system_shared_memory(region.name, client_timeout=5.0)
@@ -250,17 +305,28 @@ class TritonBackend:
 
     def _infer(self, batch: np.ndarray, callback=None, region: int | None = None, width: int | None = None):
         """One request: answered here, or with `callback(result, error)` from the client's thread. region: the
-        buffer set whose shared memory holds the input and takes the outputs."""
+        buffer set whose shared memory (system or CUDA) holds the input and takes the outputs; `batch` then
+        gives the shape only."""
         request = self._grpc.InferInput(self.input.name, list(batch.shape), "FP32")
         wanted = [self._grpc.InferRequestedOutput(name) for name in self._output_types]
         if region is None:
             request.set_data_from_numpy(batch)
+            return self._send(request, wanted, callback)
+        nbytes = [len(batch) * int(np.prod(shape)) * np.dtype(spec.dtype).itemsize
+                  for spec, shape in zip(self.outputs, self.output_shapes[width])]
+        if region in self.cuda_regions:
+            names = self.cuda_regions[region]
+            request.set_shared_memory(names[self.input.name][0], batch.nbytes, offset=0)
+            for output, spec, size in zip(wanted, self.outputs, nbytes):
+                output.set_shared_memory(names[spec.name][0], size, offset=0)
         else:
             name = self.regions[region].name
             request.set_shared_memory(name, batch.nbytes, offset=0)
-            for output, spec, shape in zip(wanted, self.outputs, self.output_shapes[width]):
-                nbytes = len(batch) * int(np.prod(shape)) * np.dtype(spec.dtype).itemsize
-                output.set_shared_memory(name, nbytes, offset=self.offsets[spec.name])
+            for output, spec, size in zip(wanted, self.outputs, nbytes):
+                output.set_shared_memory(name, size, offset=self.offsets[spec.name])
+        return self._send(request, wanted, callback)
+
+    def _send(self, request, wanted, callback):
         if callback is None:
             return self.client.infer(self.model, [request], outputs=wanted, client_timeout=TIMEOUT_S)
         return self.client.async_infer(self.model, [request], callback, outputs=wanted, client_timeout=TIMEOUT_S)
@@ -283,14 +349,18 @@ class TritonBackend:
         now = time.monotonic()
         if self._lost and now < self._retry_at:
             raise JetpipeError(f"Triton server {self.address} lost; asking again in {self._retry_at - now:.1f} s")
-        inputs, _ = self.views[set_index]
+        shared = bool(self.regions or self.cuda_regions)
+        sample = (*self.input.sample_shape[:2], width)
+        if set_index in self.cuda_regions:  # the input is on the GPU: only its shape is needed here
+            inputs = np.broadcast_to(np.float32(0), (batch, *sample))
+        else:
+            inputs = at_width(self.views[set_index][0], batch, sample)
         answer, answered = [None, None], threading.Event()
         try:
-            if self._lost and self.regions:
+            if self._lost and shared:
                 self._register()
-            self._infer(at_width(inputs, batch, (*self.input.sample_shape[:2], width)),
-                        callback=functools.partial(_answered, answer, answered),
-                        region=set_index if self.regions else None, width=width)
+            self._infer(inputs, callback=functools.partial(_answered, answer, answered),
+                        region=set_index if shared else None, width=width)
         except Exception as exc:
             raise self._lose(exc) from None
         self.pending[set_index] = (batch, width, answered, answer)
@@ -305,9 +375,9 @@ class TritonBackend:
         result, error = answer
         if error is not None:
             raise self._lose(error)
-        _, outputs = self.views[set_index]
-        for spec, shape in zip(self.outputs, self.output_shapes[width]):
-            if not self.regions:  # with shared memory the server wrote them where they belong
+        if not (self.regions or self.cuda_regions):  # with shared memory the server wrote them where they belong
+            _, outputs = self.views[set_index]
+            for spec, shape in zip(self.outputs, self.output_shapes[width]):
                 np.copyto(at_width(outputs[spec.name], batch, shape), result.as_numpy(spec.name),
                           casting="same_kind")
         if self._lost:

@@ -73,7 +73,8 @@ def test_serving_through_triton_gives_the_local_backends_results_frame_by_frame(
 def test_a_server_that_is_not_there_or_a_missing_model_is_one_line(det_bundle, server, tmp_path, capsys):
     (closed,) = free_ports(1)
     for backend, message in ((f"triton://127.0.0.1:{closed}/det", f"Triton server 127.0.0.1:{closed} does not answer"),
-                             (server.uri.replace("/det", "/rec"), "has no ready model 'rec'")):
+                             (server.uri.replace("/det", "/rec"), "has no ready model 'rec'"),
+                             (server.uri + "?shm=cuda&preprocess=cpu", "CUDA shared memory needs the GPU runtime")):
         capsys.readouterr()
         assert _serve(det_bundle, backend, "synthetic", tmp_path / "x.jsonl", "--frames", "2") == 2
         err = capsys.readouterr().err
@@ -81,7 +82,7 @@ def test_a_server_that_is_not_there_or_a_missing_model_is_one_line(det_bundle, s
 
 
 MALFORMED = [("triton://127.0.0.1/det", "a Triton backend is triton://HOST:PORT/NAME"),
-             ("triton://127.0.0.1:8001/det?shm=cuda", "the query takes shm=auto|system|off"),
+             ("triton://127.0.0.1:8001/det?shm=nvlink", "the query takes shm=auto|system|cuda|off"),
              ("triton://127.0.0.1:8001/det?preprocess=npu", "preprocess=auto|gpu|cpu"),
              ("triton://127.0.0.1:8001/det?timeout=3", "the query takes shm=")]
 
@@ -126,7 +127,7 @@ def test_a_server_lost_mid_run_fails_its_batches_and_is_served_again_once_back(d
                                      sinks=[f"jsonl:{out}"], backend=server.uri, metrics_listen="", max_batch=1,
                                      fail_timeout_s=0.0))
     pipeline = Pipeline(config)
-    assert pipeline.runtime.backend.transport == "shared memory"
+    assert pipeline.runtime.backend.transport.endswith("shared memory")  # CUDA's with the GPU runtime
     summaries = []
     serving = threading.Thread(target=lambda: summaries.append(pipeline.run()))
     serving.start()
@@ -222,9 +223,10 @@ def test_two_batches_in_flight_through_triton_each_get_their_own_answer(det_bund
 @pytest.mark.gpu
 def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_runtime_reads(det_bundle, gpu_server,
                                                                                          text_video, tmp_path):
-    """On the GPU machine: frames preprocessed by our kernel, the batch through the server's shared memory,
-    the outputs reduced on the GPU (postprocess auto): the boxes of every frame are the local GPU runtime's
-    (onnxruntime-cuda) within a pixel (the server's ONNX Runtime is another process, maybe another provider)."""
+    """On the GPU machine: frames preprocessed by our kernel, the batch through CUDA shared memory (auto: the
+    server reads our device buffer in place) and through system shared memory, the outputs reduced on the
+    GPU (postprocess auto): the boxes of every frame are the local GPU runtime's (onnxruntime-cuda) within a
+    pixel (the server's ONNX Runtime is another process)."""
     import numpy as np
     import onnxruntime as ort
 
@@ -235,7 +237,8 @@ def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_run
 
     video, words = text_video
     runs = {}
-    for name, backend in (("triton", gpu_server.uri), ("local", "onnxruntime-cuda")):
+    for name, backend in (("cuda", gpu_server.uri), ("system", gpu_server.uri + "?shm=system"),
+                          ("local", "onnxruntime-cuda")):
         out = tmp_path / f"{name}.jsonl"
         config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(str(video), decoder="ffmpeg")],
                                          sinks=[f"jsonl:{out}"], backend=backend, metrics_listen=""))
@@ -244,12 +247,14 @@ def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_run
         summary = pipeline.run()
         assert summary["postprocess"] == "gpu" and sum(summary["failed"]) == 0
         runs[name] = [json.loads(line)["results"] for line in out.read_text().splitlines()]
-        if name == "triton":
-            assert summary["backend"].endswith(", shared memory)"), summary["backend"]
-    assert len(runs["triton"]) == len(runs["local"]) == len(words)
-    for got, want in zip(runs["triton"], runs["local"]):
-        assert len(got["boxes"]) == len(want["boxes"]) > 0
-        np.testing.assert_allclose(got["boxes"], want["boxes"], atol=1.0)
+        transport = {"cuda": ", CUDA shared memory)", "system": "(127.0.0.1", "local": "onnxruntime-cuda"}[name]
+        assert transport in summary["backend"] and summary["backend"].endswith(
+            {"cuda": "CUDA shared memory)", "system": ", shared memory)", "local": "cuda"}[name]), summary["backend"]
+    assert len(runs["cuda"]) == len(runs["system"]) == len(runs["local"]) == len(words)
+    for name in ("cuda", "system"):
+        for got, want in zip(runs[name], runs["local"]):
+            assert len(got["boxes"]) == len(want["boxes"]) > 0
+            np.testing.assert_allclose(got["boxes"], want["boxes"], atol=1.0)
 
 
 @pytest.mark.gpu
