@@ -239,6 +239,10 @@ def _add_serve(sub) -> None:
                         "&encoder=E] (results drawn on the frames; E: auto (nvv4l2h264enc on a Jetson, NVENC where "
                         "it works, else libx264), an FFmpeg encoder, or gst:ELEMENT), jpeg:FOLDER[?every=N]")
     p.add_argument("--max-batch", type=int, help="frames per GPU batch (default: the bundle's)")
+    p.add_argument("--latency-budget-ms", type=float, metavar="MS",
+                   help="capture to results: a batch is cut at the latest moment that keeps its oldest frame within "
+                        "MS, from the measured engine time per batch size and frame arrival rate (default 0: off, "
+                        "batches wait for batch_timeout_ms)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",
@@ -296,7 +300,8 @@ def _serve_config(args):
         config.secondaries = [SecondaryConfig(Path(b), direction=direction) for b in args.secondary]
     elif args.direction:
         raise JetpipeError("--direction turns the crops of a --secondary: add --secondary BUNDLE")
-    for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker"):
+    for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker",
+                "latency_budget_ms"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

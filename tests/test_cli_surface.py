@@ -84,6 +84,7 @@ SERVE = [
     (["--source", "synthetic://0x0@30/nv12"], "0x0: width and height from 2 to 16384"),
     (["--sink", "video:{tmp}/out.mp4?widht=320"], "unknown option 'widht'; this sink takes width, fps, codec, encoder"),
     (["--source", "{tmp}/missing.mp4"], "missing.mp4' not found"),
+    (["--latency-budget-ms", "-1"], "latency_budget_ms = -1.0: allowed milliseconds from 0 \\(off\\) to 60000"),
     (["--control"], "the control API is served by the metrics server, which is off"),
     (["--max-streams", "4"], "--max-streams is the control API's capacity: add --control"),
     (["--control", "--max-streams", "999"], "control max_streams = 999: from 0"),

@@ -2,14 +2,22 @@
 
 Memory cannot grow: each stream's queue holds at most `depth` frames; a new
 frame pushes out the stream's oldest (counted as dropped, its ring slot freed).
+
+When to cut a batch: at once when it is full; otherwise when its oldest frame has waited timeout_s, or,
+with a latency budget, at the latest moment that still leaves the oldest frame its budget once one more
+frame's batch has run (the engine's time per batch size and the frames' arrival rate are measured while
+serving: cut_deadline()). A frame not expected before that moment is not waited for.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+
+EMA = 0.2  # weight of the newest measurement in the engine-time and arrival averages
 
 
 @dataclass
@@ -23,9 +31,30 @@ class Packet:
     t_monotonic: float = field(default_factory=time.monotonic)
 
 
+def cut_deadline(oldest: float, queued: int, max_batch: int, timeout_s: float, budget_s: float | None,
+                 engine_s, next_arrival: float) -> float:
+    """When to cut a batch of `queued` frames whose oldest was queued at `oldest` (monotonic seconds): -inf
+    (now) when it is full; else oldest + timeout_s, and with a budget no later than the moment that leaves the
+    oldest frame its budget after a batch of one more frame ran (engine_s(n): seconds for a batch of n); when
+    the next frame is expected after that moment (next_arrival), now: waiting would only add latency."""
+    if queued >= max_batch:
+        return -math.inf
+    deadline = oldest + timeout_s
+    if budget_s is not None:
+        deadline = min(deadline, oldest + budget_s - engine_s(queued + 1))
+        if next_arrival > deadline:
+            return -math.inf
+    return deadline
+
+
 class Batcher:
-    def __init__(self, streams: int, max_batch: int, timeout_s: float, depth: int):
+    def __init__(self, streams: int, max_batch: int, timeout_s: float, depth: int, budget_s: float | None = None):
+        """budget_s: the latency budget from a frame's capture to its results (None: cut by timeout_s only)."""
         self.max_batch, self.timeout_s, self.depth = max_batch, timeout_s, depth
+        self.budget_s = budget_s
+        self.engine_s = [0.0] * (max_batch + 1)  # measured seconds per batch size (0: not yet)
+        self.interval_s = 0.0  # the average time between two arriving frames (all streams)
+        self._last_put: float | None = None
         self.queues = [deque() for _ in range(streams)]
         self.dropped = [0] * streams
         self._cond = threading.Condition()
@@ -35,6 +64,7 @@ class Batcher:
     def put(self, packet: Packet, wait: bool = False) -> None:
         """Queue a frame; when the stream's queue is full, wait for room (files) or drop its oldest (cameras)."""
         with self._cond:
+            self._arrived(packet.t_monotonic)
             queue = self.queues[packet.stream]
             while wait and len(queue) >= self.depth and not self.closed:
                 self._cond.wait(timeout=0.1)
@@ -55,6 +85,26 @@ class Batcher:
         old = self.queues[stream].popleft()
         old.release()
         self.dropped[stream] += 1
+
+    def _arrived(self, now: float) -> None:
+        if self._last_put is not None:
+            gap = max(0.0, now - self._last_put)
+            self.interval_s = gap if self.interval_s == 0.0 else self.interval_s + EMA * (gap - self.interval_s)
+        self._last_put = now
+
+    def record_batch(self, size: int, seconds: float) -> None:
+        """A batch of `size` frames took `seconds` from submission to results (the budget's engine time)."""
+        with self._cond:
+            known = self.engine_s[size]
+            self.engine_s[size] = seconds if known == 0.0 else known + EMA * (seconds - known)
+
+    def _engine(self, size: int) -> float:
+        """Measured seconds for a batch of `size`, else of the nearest larger size measured, else of the largest
+        smaller one (0 before any batch ran)."""
+        size = min(size, self.max_batch)
+        larger = [t for t in self.engine_s[size:] if t > 0.0]
+        smaller = [t for t in self.engine_s[:size] if t > 0.0]
+        return larger[0] if larger else (smaller[-1] if smaller else 0.0)
 
     def reset(self, stream: int) -> None:
         """A new stream takes this queue (the control API reuses a slot): its drops count from zero."""
@@ -96,12 +146,18 @@ class Batcher:
                 return []
             if self._total() == 0:
                 return None
-            deadline = min(q[0].t_monotonic for q in self.queues if q) + self.timeout_s
-            while self._total() < self.max_batch and not self.closed:
+            while not self.closed:
+                deadline = self._deadline()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._cond.wait(timeout=remaining):
                     break
             return self._take()
+
+    def _deadline(self) -> float:
+        oldest = min(q[0].t_monotonic for q in self.queues if q)
+        expected = (self._last_put or oldest) + self.interval_s if self.interval_s > 0 else math.inf
+        return cut_deadline(oldest, self._total(), self.max_batch, self.timeout_s, self.budget_s, self._engine,
+                            expected)
 
     def _total(self) -> int:
         return sum(len(q) for q in self.queues)

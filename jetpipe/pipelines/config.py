@@ -30,6 +30,7 @@ else:  # Python 3.10 (JetPack 6)
 POSTPROCESS_PLACES = ("auto", "gpu", "cpu")
 TOKEN_ENV = "JETPIPE_CONTROL_TOKEN"  # the control API's bearer token, kept out of files and process lists
 MIN_TOKEN_CHARS = 16  # a shorter bearer token is guessable
+MAX_BUDGET_MS = 60_000  # a latency budget beyond a minute is a typo
 
 
 class ConfigError(JetpipeError):
@@ -67,6 +68,7 @@ class PipelineConfig:
     sinks: list[str] = field(default_factory=list)
     max_batch: int | None = None       # default: the bundle's
     batch_timeout_ms: float = 5.0      # 16 x 1080p30 on an H100: p99 25.8 ms at 5, 42 ms at 20 (benchmarks.md)
+    latency_budget_ms: float = 0.0     # capture to results: batches cut to keep it (0: off, batch_timeout_ms only)
     queue_depth: int = 4               # frames per stream waiting to be batched
     backend: str = "auto"
     memory: str = "auto"
@@ -85,7 +87,8 @@ class PipelineConfig:
     control: ControlConfig = field(default_factory=ControlConfig)
 
 
-_PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float), "queue_depth": int,
+_PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
+                  "latency_budget_ms": (int, float), "queue_depth": int,
                   "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
@@ -238,6 +241,8 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     checks = [
         (config.max_batch is None or config.max_batch >= 1, "max_batch", "a positive integer"),
         (config.batch_timeout_ms >= 0, "batch_timeout_ms", "a number >= 0"),
+        (0 <= config.latency_budget_ms <= MAX_BUDGET_MS, "latency_budget_ms",
+         f"milliseconds from 0 (off) to {MAX_BUDGET_MS}"),
         (1 <= config.queue_depth <= MAX_QUEUE_DEPTH, "queue_depth", f"an integer from 1 to {MAX_QUEUE_DEPTH}"),
         (config.backend in BACKENDS or is_triton(config.backend), "backend", BACKEND_HELP),
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),

@@ -140,7 +140,8 @@ class Pipeline:
             self.sink_failures.append(0)
             self.closers.append(functools.partial(self._close_sink, len(self.sinks) - 1))
         self.frame_sinks = [s for s in self.sinks if s.wants_frames]
-        self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth)
+        self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
+                               budget_s=config.latency_budget_ms / 1000 or None)
         self.metrics = Metrics(capacity)
         for slot in range(len(sources), capacity):
             self.metrics.labels[slot] = None  # spare: no stream yet
@@ -477,6 +478,7 @@ class Pipeline:
                 result = self.runtime.collect(ticket, hold=True)  # waits for the GPU (blocking, not spinning)
                 self.post_phase_s["wait_gpu"] += time.perf_counter() - t_wait
                 self.metrics.batches += 1
+                self.batcher.record_batch(len(packets), time.monotonic() - t_batch)
                 if self.profile:
                     for stage, ms in self.runtime.stage_times(ticket).items():
                         self.gpu_stage_ms.setdefault(stage, []).append(ms)
@@ -744,6 +746,7 @@ class Pipeline:
                                                        "stalls", "decode_errors")},
                 **({"streams": [{"uri": c["uri"], "state": c["state"]} for c in counts]} if self.control else {}),
                 "batches": m.batches,
+                **({"latency_budget_ms": self.config.latency_budget_ms} if self.config.latency_budget_ms else {}),
                 "throughput_fps": round(processed / max(seconds, 1e-9), 2),
                 # live streams dropped frames because processing fell behind (files wait instead)
                 "overloaded": dropped > 0,

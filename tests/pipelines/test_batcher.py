@@ -60,3 +60,63 @@ def test_a_frame_that_queued_while_the_gpu_was_busy_does_not_wait_again():
     threading.Thread(target=lambda: (batches.append(b.next_batch()), done.set()), daemon=True).start()
     assert done.wait(10), "the batcher held a frame older than its timeout"
     assert [p.frame_no for p in batches[0]] == [0]
+
+
+def test_the_cut_keeps_the_oldest_frame_within_its_budget_on_a_simulated_clock():
+    from jetpipe.pipelines.batcher import cut_deadline
+
+    engine = {1: 0.008, 2: 0.010, 3: 0.012, 4: 0.014}.__getitem__  # seconds per batch size
+    # a full batch is never held
+    assert cut_deadline(100.0, 4, 4, 0.5, 0.066, engine, 100.001) == float("-inf")
+    # frames every 2 ms (16 cameras at 30 fps): wait while one more frame's batch still fits the budget
+    assert cut_deadline(100.0, 2, 4, 0.5, 0.066, engine, 100.002) == 100.0 + 0.066 - 0.012
+    # the next frame is not expected before that moment: cut now, waiting would only add latency
+    assert cut_deadline(100.0, 1, 4, 0.5, 0.066, engine, 100.033) == 100.0 + 0.066 - 0.010  # 100.033 comes first
+    assert cut_deadline(100.0, 1, 4, 0.5, 0.030, engine, 100.033) == float("-inf")
+    # batch_timeout stays the upper bound; without a budget it alone decides (as before)
+    assert cut_deadline(100.0, 1, 4, 0.005, 0.066, engine, 100.001) == 100.005
+    assert cut_deadline(100.0, 1, 4, 0.005, None, engine, 1e9) == 100.005
+    # an engine slower than the budget: cut at once
+    assert cut_deadline(100.0, 1, 4, 0.5, 0.066, {2: 0.1}.__getitem__, 100.001) == float("-inf")
+
+
+def test_a_budgeted_batcher_cuts_a_partial_batch_when_no_frame_would_come_in_time():
+    released = []
+    b = Batcher(streams=1, max_batch=4, timeout_s=60.0, depth=10, budget_s=1.0)
+    b.record_batch(2, 0.1)
+    now = time.monotonic()
+    for age in (20.0, 10.0):  # frames 10 s apart: the arrival rate the batcher learns
+        b.put(Packet(0, int(age), time.time(), None, lambda: None, t_monotonic=now - age))
+        assert len(b.next_batch()) == 1
+    b.put(Packet(0, 3, time.time(), None, lambda: released.append(3), t_monotonic=time.monotonic()))
+    start = time.monotonic()
+    batch = b.next_batch()
+    # the next frame is 10 s away and the budget 1 s: cut now, not after the 60 s timeout
+    assert [p.frame_no for p in batch] == [3] and time.monotonic() - start < 30
+
+
+def test_a_budgeted_batcher_waits_for_frames_that_arrive_within_the_budget():
+    b = Batcher(streams=2, max_batch=4, timeout_s=60.0, depth=10, budget_s=30.0)
+    b.record_batch(4, 0.1)
+    now = time.monotonic()
+    for n in range(2):  # frames 10 ms apart: the rate it learns; the next is due long before the budget ends
+        b.put(Packet(0, n, time.time(), None, lambda: None, t_monotonic=now - 0.01 + 0.01 * n))
+    got = []
+    taker = threading.Thread(target=lambda: got.append(b.next_batch()))
+    taker.start()
+    for n in range(2):
+        b.put(Packet(1, n, time.time(), None, lambda: None))
+    taker.join(60)
+    assert sorted((p.stream, p.frame_no) for p in got[0]) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # full, not 2
+
+
+def test_the_daemon_learns_its_engine_times_under_a_budget(det_bundle):
+    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.daemon import Pipeline
+
+    config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig("synthetic://320x240@10/nv12")],
+                                     frames=12, metrics_listen="", backend="onnxruntime-cpu", latency_budget_ms=500))
+    pipeline = Pipeline(config)
+    summary = pipeline.run()
+    assert summary["latency_budget_ms"] == 500 and sum(summary["processed"]) + sum(summary["dropped"]) == 12
+    assert any(t > 0 for t in pipeline.batcher.engine_s)  # measured from the batches it ran
