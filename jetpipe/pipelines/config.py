@@ -267,10 +267,10 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         check_backend(config.backend)
     for secondary in config.secondaries:
         if secondary.backend:
-            if not (secondary.backend in BACKENDS or is_triton(secondary.backend)):
-                raise ConfigError(f"{where}: secondary {secondary.label!r}: backend = {secondary.backend!r}: allowed "
-                                  f"{BACKEND_HELP}")
-            check_backend(secondary.backend)
+            try:
+                check_backend(secondary.backend)
+            except JetpipeError as exc:
+                raise ConfigError(f"{where}: secondary {secondary.label!r}: {exc}") from None
         elif is_triton(config.backend):
             raise ConfigError(f"{where}: secondary {secondary.label!r}: the primary runs on a Triton server "
                               f"({config.backend}); give the secondary its own backend in its [[secondary]] table: "

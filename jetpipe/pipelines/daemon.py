@@ -197,7 +197,6 @@ class Pipeline:
         _check_ring_memory([count * h * w * 3 for rings in wanted for (h, w), _ in rings], count)
         for slot, rings in enumerate(wanted):
             self.streams.choices[slot] = [runtime.frame_ring(count, hw, device=device) for hw, device in rings]
-        self.streams.rings[:len(sources)] = [choices[0] for choices in self.streams.choices[:len(sources)]]
 
     def _pages(self, path: str):
         """The preview page, its frames and counters (None: not a page here)."""
@@ -710,16 +709,18 @@ class Pipeline:
                 for i in sorted([*live, *retired])]
 
     # --- reporting -------------------------------------------------------------------------------
-    def _total(self, name: str) -> int:
-        return sum(c[name] for c in self._stream_counts())
+    def _totals(self) -> dict[str, int]:
+        """Each counter summed over every stream, removed ones included."""
+        counts = self._stream_counts()
+        return {name: sum(c[name] for c in counts) for name in (*COUNTERS, "dropped")}
 
     def _say_overload(self) -> None:
         """A warning (at most once a minute) while live streams drop frames: the offered rate is more than the
         pipeline processes, and the drops keep its latency bounded (a file waits instead)."""
-        dropped, now = self._total("dropped"), time.monotonic()
-        said, at = self._overload_said
+        totals, now = self._totals(), time.monotonic()
+        dropped, said, at = totals["dropped"], *self._overload_said
         if dropped > said and now - at >= OVERLOAD_LOG_S:
-            captured = max(1, self._total("captured"))
+            captured = max(1, totals["captured"])
             log.warning("overloaded: %d frame(s) dropped so far (%.1f %% of those captured): the streams offer more "
                         "than the pipeline processes; the oldest queued frames go so that latency stays bounded "
                         "(fewer streams, a lower rate or a lighter model would keep them)", dropped,
@@ -731,8 +732,7 @@ class Pipeline:
         fps = " ".join(f"{m.fps(s.slot):.1f}" for s in self.streams.live())
         p = m.percentiles("total")
         lat = f"p50 {p[0.5]:.0f} ms p99 {p[0.99]:.0f} ms" if p else "no results yet"
-        counts = self._stream_counts()
-        total = {name: sum(c[name] for c in counts) for name in ("processed", "dropped", "failed")}
+        total = self._totals()
         return (f"fps per stream [{fps}], processed {total['processed']}, "
                 f"dropped {total['dropped']}, failed {total['failed']}, latency {lat}")
 

@@ -70,11 +70,10 @@ class Metrics:
             self.first_result[slot] = None
             self.labels[slot] = label
 
-    def vacate(self, slot: int) -> dict[str, int]:
-        """The stream in `slot` is gone: its counters as they ended; the slot is no longer exposed."""
+    def vacate(self, slot: int) -> None:
+        """The stream in `slot` is gone: the slot is no longer exposed (assign() zeroes it for the next)."""
         with self.lock:
             self.labels[slot] = None
-            return {name: getattr(self, name)[slot] for name in COUNTERS}
 
     def beat(self) -> None:
         self.heartbeat = time.monotonic()

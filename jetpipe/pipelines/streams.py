@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.config import SourceConfig
 
-STATES = ("running", "ended", "stopping", "removed")
-
 
 class ControlError(JetpipeError):
     """A control request that cannot be done; `status` is the HTTP status that says why."""
@@ -33,7 +31,7 @@ class Stream:
     spec: SourceConfig
     source: object
     slot: int
-    state: str = "running"  # running | ended (its source ended; the slot is kept until removed or needed)
+    state: str = "running"  # running | ended (source ended; slot kept until removed or needed) | stopping | removed
     stop: threading.Event = field(default_factory=threading.Event)  # removal asked: capture ends
     thread: threading.Thread | None = None
 

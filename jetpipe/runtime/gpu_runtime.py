@@ -172,18 +172,17 @@ class GpuRuntime(RuntimeBase):
         input_buffer = d.alloc(self.backend.input.nbytes(b))
         specs = self.backend.outputs
         outputs = {s.name: d.alloc(s.nbytes(b)) for s in specs}
+        addresses_out = {n: int(a) for n, a in outputs.items()}
+        # CUDA shared memory: a Triton server reads and writes these device buffers as a local backend does
+        on_device = not self.remote or self.backend.share(index, int(input_buffer), addresses_out)
         host_input = None
-        if self.remote and self.backend.share(index, int(input_buffer), {n: int(a) for n, a in outputs.items()}):
-            # CUDA shared memory: the server reads and writes these device buffers; outputs come to the host
-            # only where the task is finished on the CPU
+        if on_device:  # outputs come to the host only where the task is finished on the CPU
             host_outputs = {} if self.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
                                                     for s in specs}
-        elif self.remote:
-            host_input, host_outputs = self._remote_buffers(index)
+            if not self.remote:
+                self.backend.bind(index, int(input_buffer), addresses_out)
         else:
-            host_outputs = {} if self.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
-                                                    for s in specs}
-            self.backend.bind(index, int(input_buffer), {n: int(a) for n, a in outputs.items()})
+            host_input, host_outputs = self._remote_buffers(index)
         pre = GpuPreprocessor(d, self.module, b, self.size_hw, self.spec, out_dtype=input_dtype)
         marks = {name: d.event() for name in STAGE_MARKS} if self.profile else None
         return _BufferSet(host_frames, addresses, device_frames, input_buffer, outputs, host_outputs, pre,

@@ -19,12 +19,20 @@ from jetpipe.runtime.backends import OrtCpuBackend
 from jetpipe.runtime.base import RuntimeBase, at_width
 from jetpipe.runtime.cuda import GpuUnavailable
 from jetpipe.runtime.gpu_runtime import GpuRuntime, pick_gpu_backend
-from jetpipe.runtime.triton_backend import TritonBackend, is_triton, parse_uri, preprocess_place
+from jetpipe.runtime.triton_backend import (
+    PREPROCESS_PLACES,
+    SHM_MODES,
+    TritonBackend,
+    is_triton,
+    parse_uri,
+    preprocess_place,
+)
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "onnxruntime-cuda", "onnxruntime-cpu")
-BACKEND_HELP = " | ".join(BACKENDS) + " | triton://HOST:PORT/NAME[?shm=auto|system|off&preprocess=auto|gpu|cpu]"
+BACKEND_HELP = (" | ".join(BACKENDS) + f" | triton://HOST:PORT/NAME[?shm={'|'.join(SHM_MODES)}"
+                f"&preprocess={'|'.join(PREPROCESS_PLACES)}]")
 _CPU_CANNOT_REDUCE = ("postprocessing on the GPU needs the GPU runtime: use postprocess auto or cpu "
                       "(--postprocess) with the CPU runtime")
 

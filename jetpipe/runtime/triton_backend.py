@@ -64,7 +64,7 @@ def is_triton(backend: str) -> bool:
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
-    """triton://HOST:PORT/NAME[?shm=MODE] -> ("HOST:PORT", NAME); a malformed one is one line naming the form."""
+    """triton://HOST:PORT/NAME[?QUERY] -> ("HOST:PORT", NAME); a malformed one is one line naming the form."""
     parts = urlsplit(uri)
     name = parts.path.strip("/")
     try:
@@ -89,7 +89,7 @@ def preprocess_place(uri: str) -> str:
 
 
 def _query(uri: str) -> dict[str, str]:
-    """?shm=auto|system|off&preprocess=auto|gpu|cpu; anything else is a mistake, said in one line."""
+    """?shm=auto|system|cuda|off&preprocess=auto|gpu|cpu; anything else is a mistake, said in one line."""
     query = {k: v[-1] for k, v in parse_qs(urlsplit(uri).query, keep_blank_values=True).items()}
     known = {"shm": SHM_MODES, "preprocess": PREPROCESS_PLACES}
     for key, value in query.items():
@@ -185,10 +185,7 @@ class TritonBackend:
 
     def _register_cuda(self, regions: dict[str, tuple[str, bytes, int]]) -> None:
         for name, handle, nbytes in regions.values():
-            try:
-                self.client.unregister_cuda_shared_memory(name, client_timeout=TIMEOUT_S)
-            except Exception as exc:  # not registered (a new or restarted server): nothing to undo
-                log.debug("unregistering %s: %s", name, exc)
+            self._unregister(self.client.unregister_cuda_shared_memory, name, TIMEOUT_S)
             self.client.register_cuda_shared_memory(name, base64.b64encode(handle), self.device.ordinal, nbytes,
                                                     client_timeout=TIMEOUT_S)
 
@@ -231,26 +228,25 @@ class TritonBackend:
         for regions in self.cuda_regions.values():
             self._register_cuda(regions)
         for region in self.regions:
-            try:
-                self.client.unregister_system_shared_memory(region.name, client_timeout=TIMEOUT_S)
-            except Exception as exc:  # not registered (a new or restarted server): nothing to undo
-                log.debug("unregistering %s: %s", region.name, exc)
+            self._unregister(self.client.unregister_system_shared_memory, region.name, TIMEOUT_S)
             self.client.register_system_shared_memory(region.name, "/" + region.name, region.size,
                                                       client_timeout=TIMEOUT_S)
+
+    @staticmethod
+    def _unregister(unregister, name: str, timeout: float) -> None:
+        """Unregister a region the server may not hold (a new or restarted server, or one already gone)."""
+        try:
+            unregister(name, client_timeout=timeout)
+        except Exception as exc:
+            log.debug("unregistering %s: %s", name, exc)
 
     def _drop_regions(self) -> None:
         for regions in self.cuda_regions.values():
             for name, _, _ in regions.values():
-                try:
-                    self.client.unregister_cuda_shared_memory(name, client_timeout=5.0)
-                except Exception as exc:  # a server already gone
-                    log.debug("unregistering %s: %s", name, exc)
+                self._unregister(self.client.unregister_cuda_shared_memory, name, 5.0)
         self.cuda_regions = {}
         for region in self.regions:
-            try:
-                self.client.unregister_system_shared_memory(region.name, client_timeout=5.0)
-            except Exception as exc:  # a server already gone
-                log.debug("unregistering %s: %s", region.name, exc)
+            self._unregister(self.client.unregister_system_shared_memory, region.name, 5.0)
             region.unlink()
             try:
                 region.close()
