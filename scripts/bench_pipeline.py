@@ -4,6 +4,7 @@
   python scripts/bench_pipeline.py p3 [--streams 8] [--seconds 20] [--json out.json]
   python scripts/bench_pipeline.py soak [--streams 8] [--seconds 570] [--json out.json]
   python scripts/bench_pipeline.py see [--streams 8] [--seconds 20] [--json out.json]
+  python scripts/bench_pipeline.py heads MODEL.onnx ... [--objects 30] [--streams 8] [--seconds 15] [--json out.json]
 
 P3, per model (PP-OCRv4 det; ResNet-50 with random weights where torch exists),
 one run, postprocessing on the CPU (before) and on the GPU (after):
@@ -17,6 +18,15 @@ one run, postprocessing on the CPU (before) and on the GPU (after):
   - the naive pipeline users write (OpenCV on the CPU + one session.run per frame).
 Each pipeline run reports device -> host bytes per frame, CPU cores used, CPU
 seconds per pipeline thread and CUDA-event milliseconds per GPU stage (per batch).
+Heads: the task heads' GPU postprocessing (pose, instance and semantic segmentation) against the engine alone
+and against the same pipeline postprocessing on the CPU. Each export (an Ultralytics -seg / -pose export, a
+torchvision segmentation model) is converted (FP32, max batch 8); an Ultralytics export made from its yaml has
+random weights, which leave every class score at its initial bias (nothing found), so it first gets a fixed
+[1, C, A] tensor added before the class scores' Sigmoid that puts --objects boxes of random classes at random
+anchors on every frame, and a -seg export's prototypes get fixed blobs added (flat otherwise: every mask
+empty); the boxes, keypoints and coefficients stay the network's own. Per model:
+engine-only frames/s, saturated frames/s with postprocessing on the CPU and on the GPU, device -> host bytes
+per frame, objects per frame, and whether GPU and CPU postprocessing give the same records on one batch.
 Soak: N streams of PP-OCRv4 det for S seconds; free GPU memory and RSS every 10 s.
 See: what watching costs — PP-OCRv4 det on N synthetic 1080p streams (real time at 30 fps, and
 saturated), plain, then with the tracker, an annotated `video:` sink (960 wide, H.264) and the preview
@@ -181,6 +191,121 @@ def p3(args) -> list[dict]:
     return rows
 
 
+def busy_head(model: Path, objects: int, out: Path, seed: int = 0) -> Path:
+    """An Ultralytics export with `objects` anchors a frame scored 0.57-0.999 (see the module's doc)."""
+    import ast
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from jetpipe.tasks.detection_yolo import anchor_points
+
+    graph_model = onnx.load(str(model))
+    meta = {p.key: p.value for p in graph_model.metadata_props}
+    classes, imgsz = len(ast.literal_eval(meta["names"])), ast.literal_eval(meta["imgsz"])
+    producer = {name: node for node in graph_model.graph.node for name in node.output}
+    final = producer[graph_model.graph.output[0].name]  # Concat(boxes, Sigmoid(class logits), extra rows)
+    sigmoid = next(producer[i] for i in final.input if i in producer and producer[i].op_type == "Sigmoid")
+    rng = np.random.default_rng(seed)
+    anchors = anchor_points(imgsz)
+    offsets = np.zeros((1, classes, anchors), np.float32)
+    chosen = rng.choice(anchors, objects, replace=False)
+    offsets[0, rng.integers(0, classes, objects), chosen] = 12 + rng.uniform(0, 4, objects)
+    graph_model.graph.initializer.append(numpy_helper.from_array(offsets, "busy_offsets"))
+    at = list(graph_model.graph.node).index(sigmoid)  # nodes stay in topological order
+    graph_model.graph.node.insert(at, onnx.helper.make_node("Add", [sigmoid.input[0], "busy_offsets"], ["busy_logits"]))
+    sigmoid.input[0] = "busy_logits"
+    if len(graph_model.graph.output) == 2:  # a -seg export: blobs added to its (flat) prototypes, so masks have shapes
+        protos = graph_model.graph.output[1].name
+        producer[protos].output[0] = "busy_protos"
+        side = imgsz[0] // 4 // 16, imgsz[1] // 4 // 16
+        blobs = np.kron(rng.normal(0, 3, (1, 32, *side)), np.ones((16, 16))).astype(np.float32)
+        graph_model.graph.initializer.append(numpy_helper.from_array(blobs, "busy_blobs"))
+        graph_model.graph.node.append(onnx.helper.make_node("Add", ["busy_protos", "busy_blobs"], [protos]))
+    onnx.save(graph_model, str(out))
+    return out
+
+
+def _convert(model: Path, out: Path) -> Path:
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "jetpipe", "convert", str(model), "-o", str(out), "--max-batch",
+                    str(BATCH), "--engine", "never"], check=True, cwd=root)
+    return out
+
+
+def _same_records(bundle: Path) -> dict:
+    """One batch of 8 synthetic frames through the GPU runtime twice: the model's outputs finished on the CPU,
+    and the task's reduction finished from its compact arrays; objects per frame and whether they agree."""
+    import numpy as np
+
+    from jetpipe import bundle as bundle_io
+    from jetpipe.runtime.api import Frame
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+    from jetpipe.synth import render_text_image
+    from jetpipe.tasks import for_bundle
+
+    task, options = for_bundle(bundle_io.read_manifest(bundle))
+    post = task.postprocessor(options)
+    frames = [Frame(render_text_image(i, (1080, 1920)).bgr, "bgr") for i in range(BATCH)]
+    with GpuRuntime(bundle, max_batch=BATCH) as rt:
+        raw = rt.infer(frames)
+        cpu = post(raw.outputs, raw.letterboxes, [(1080, 1920)] * BATCH)
+    with GpuRuntime(bundle, max_batch=BATCH, reduction=post.reduction(required=True)) as rt:
+        reduced = rt.infer(frames)
+        gpu = post.reduced(reduced.outputs, reduced.letterboxes, [(1080, 1920)] * BATCH)
+    objects = [len(r.get("boxes", r.get("regions", []))) for r in cpu]
+    same = all(len(g.get("boxes", [])) == len(c.get("boxes", [])) for g, c in zip(gpu, cpu))
+    if "boxes" in cpu[0]:
+        same = same and all(np.allclose(g["boxes"], c["boxes"], atol=0.5) for g, c in zip(gpu, cpu) if c["boxes"])
+    if "regions" in cpu[0]:
+        same = all(g["class_shares"] == c["class_shares"] for g, c in zip(gpu, cpu))
+    return {"task": task.name, "objects_per_frame": objects, "gpu_equals_cpu": bool(same)}
+
+
+def heads(args) -> list[dict]:
+    from jetpipe import bundle as bundle_io
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            model = Path(model)
+            meta = _metadata(model)
+            if meta.get("task") in ("segment", "pose", "detect") and args.objects:
+                model = busy_head(model, args.objects, Path(tmp) / f"busy-{model.name}")
+            bundle = _convert(model, Path(tmp) / f"b-{model.stem}")
+            sample = (3, *bundle_io.read_manifest(bundle)["input_size"])
+            engine = {"plain": BATCH * 1000 / bare_backend(str(bundle / "model.onnx"), sample, BATCH, 200),
+                      "cuda_graph": BATCH * 1000 / bare_backend(str(bundle / "model.onnx"), sample, BATCH, 200,
+                                                                cuda_graph=True)}
+            row = {"model": Path(args.models[len(rows)]).name, "input": sample[1:], "engine_only_fps": engine,
+                   **_same_records(bundle)}
+            best = max(engine.values())
+            for where in ("cpu", "gpu"):
+                saturated = _brief(serve(bundle, args.streams, args.saturate_fps, args.seconds, postprocess=where,
+                                         still=True))
+                row[where] = {**saturated, "vs_engine": saturated["fps"] / best}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    for r in rows:
+        print(f"{r['model']} ({r['task']}, {r['input'][0]}x{r['input'][1]}): engine-only "
+              f"{r['engine_only_fps']['plain']:.0f} fps ({r['engine_only_fps']['cuda_graph']:.0f} with CUDA graphs); "
+              f"objects/frame {r['objects_per_frame']}; GPU == CPU records: {r['gpu_equals_cpu']}")
+        for where in ("cpu", "gpu"):
+            x = r[where]
+            print(f"  postprocess {where}: saturated {x['fps']:.0f} fps = {100 * x['vs_engine']:.0f} % of engine-only, "
+                  f"{x['d2h_bytes_per_frame']} B/frame to the host, {x['cpu_cores']:.2f} cores, "
+                  f"GPU ms/batch {x['gpu_stage_ms']}")
+    return rows
+
+
+def _metadata(model: Path) -> dict:
+    import onnx
+
+    return {p.key: p.value for p in onnx.load(str(model), load_external_data=False).metadata_props}
+
+
 def _brief(summary: dict) -> dict:
     total = summary["latency_ms"]["total"]
     return {"fps": summary["throughput_fps"], "p50_ms": total.get("0.5"), "p99_ms": total.get("0.99"),
@@ -235,10 +360,16 @@ def main() -> None:
     c.add_argument("--saturate-fps", type=float, default=200, help="per-stream rate beyond the GPU's")
     c.add_argument("--video", action="store_true",
                    help="real encoded 1080p30 H.264 files (NVDEC where installed) instead of the synthetic camera")
-    for p in (a, b, c):
+    d = sub.add_parser("heads")
+    d.add_argument("models", nargs="+", help="ONNX exports (Ultralytics -seg / -pose, torchvision segmentation)")
+    d.add_argument("--objects", type=int, default=30, help="boxes a frame on random-weight Ultralytics exports")
+    d.add_argument("--streams", type=int, default=8)
+    d.add_argument("--seconds", type=float, default=15)
+    d.add_argument("--saturate-fps", type=float, default=200, help="per-stream rate beyond the GPU's")
+    for p in (a, b, c, d):
         p.add_argument("--json", type=Path)
     args = parser.parse_args()
-    result = {"p3": p3, "soak": soak, "see": see}[args.what](args)
+    result = {"p3": p3, "soak": soak, "see": see, "heads": heads}[args.what](args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

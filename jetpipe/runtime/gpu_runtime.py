@@ -136,7 +136,7 @@ class GpuRuntime(RuntimeBase):
         try:
             module = compile_module(SOURCE.with_name(SOURCE_NAME))
             return make_reducer(reduction, self.device, module, self.max_batch, self.buffer_sets,
-                                self.backend.outputs[0])
+                                self.backend.outputs)
         except ReductionUnsupported as exc:
             if reduction.required:
                 raise
@@ -334,8 +334,7 @@ class GpuRuntime(RuntimeBase):
         self._mark(buffers, "infer_end", stream)
         shapes = self.backend.output_shapes[ticket.width]
         if self.reducer is not None:
-            self.reducer.launch(ticket.set_index, batch, int(buffers.outputs[self.backend.outputs[0].name]), stream,
-                                shapes[0])
+            self.reducer.launch(ticket.set_index, batch, self._output_addresses(buffers), stream, shapes[0])
         self._mark(buffers, "post_end", stream)
         if self.reducer is not None:
             self.output_bytes_downloaded += self.reducer.download(ticket.set_index, batch, stream, shapes[0])
@@ -375,15 +374,24 @@ class GpuRuntime(RuntimeBase):
                         self.output_bytes_downloaded += outputs[spec.name].nbytes
                     self.answer_stream.synchronize()
             return outputs
-        stream, first = self.answer_stream, self.backend.outputs[0]
+        stream = self.answer_stream
         with self.device.active():
             if not on_device:
-                host = at_width(buffers.host_outputs[first.name], ticket.batch, shapes[0])
-                self.device.cuda.memcpy_htod_async(buffers.outputs[first.name], host, stream)
-            self.reducer.launch(ticket.set_index, ticket.batch, int(buffers.outputs[first.name]), stream, shapes[0])
+                for spec, shape in zip(self.backend.outputs, shapes):
+                    host = at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
+                    self.device.cuda.memcpy_htod_async(buffers.outputs[spec.name], host, stream)
+            self.reducer.launch(ticket.set_index, ticket.batch, self._output_addresses(buffers), stream, shapes[0])
             self.output_bytes_downloaded += self.reducer.download(ticket.set_index, ticket.batch, stream, shapes[0])
             stream.synchronize()
-        return self.reducer.host(ticket.set_index, ticket.batch, shapes[0])
+        return self._reduced(ticket, shapes[0])
+
+    def _output_addresses(self, buffers: _BufferSet) -> list[int]:
+        return [int(buffers.outputs[spec.name]) for spec in self.backend.outputs]
+
+    def _reduced(self, ticket: Ticket, sample_shape) -> dict[str, np.ndarray]:
+        """The reduction's arrays of a finished batch; what its kernels wrote into mapped memory counted."""
+        self.output_bytes_downloaded += self.reducer.written(ticket.set_index, ticket.batch)
+        return self.reducer.host(ticket.set_index, ticket.batch, sample_shape)
 
     def stage_times(self, ticket: Ticket) -> dict[str, float]:
         """GPU milliseconds per stage of a collected batch (open the runtime with profile=True)."""
@@ -411,7 +419,7 @@ class GpuRuntime(RuntimeBase):
         self._collected(ticket, hold)
         shapes = self.backend.output_shapes[ticket.width]
         if self.reducer is not None:
-            outputs = self.reducer.host(ticket.set_index, ticket.batch, shapes[0])
+            outputs = self._reduced(ticket, shapes[0])
         else:
             outputs = {spec.name: at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
                        for spec, shape in zip(self.backend.outputs, shapes)}

@@ -4,7 +4,11 @@
 //             -> per component bounding box, area, probability sum and pixel moments
 //   topk      classification: row statistics + the k largest values per frame
 //   yolo_*    detection: decode + score filter -> sort by score -> greedy
-//             class-aware NMS, at most K detections per frame
+//             class-aware NMS, at most K detections per frame; yolo_carry gathers
+//             each kept box's extra rows (pose keypoints)
+//   seg_masks instance segmentation: each kept box's mask (coefficients x prototypes,
+//             sampled up to network pixels, cut to its box), bit-packed
+//   argmax    semantic segmentation: the best class of every pixel
 // The host finishes each (the task modules in jetpipe/tasks) with the same code
 // as the CPU postprocessors, so both paths give the same results.
 
@@ -286,11 +290,12 @@ struct YoloParams {       // mirrors YOLO_PARAMS in postprocess_gpu.py
     int input_h, input_w;
     int strides[4];
     int levels, keys_per_frame;
+    int channels;         // rows a YOLOv8 anchor has (4 + classes + carried rows), values a YOLOv5 anchor has
 };
 
 __device__ __forceinline__ float channel(const float* out, const YoloParams& p, int anchor, int ch) {
-    if (p.layout == YOLOV8) return out[(size_t)ch * p.anchors + anchor];      // [4 + C, N]
-    return out[(size_t)anchor * (5 + p.classes) + ch];                          // [N, 5 + C]
+    if (p.layout == YOLOV8) return out[(size_t)ch * p.anchors + anchor];      // [4 + C (+ carried), N]
+    return out[(size_t)anchor * p.channels + ch];                               // [N, 5 + C]
 }
 
 __device__ float best_class(const float* out, const YoloParams& p, int anchor, int* cls) {
@@ -330,7 +335,7 @@ extern "C" __global__ void yolo_candidates(const float* __restrict__ outputs, co
     const YoloParams p = *params;
     int anchor = blockIdx.x * blockDim.x + threadIdx.x, frame = blockIdx.y;
     if (anchor >= p.anchors) return;
-    const float* out = outputs + (size_t)frame * p.anchors * (p.layout == YOLOV8 ? 4 + p.classes : 5 + p.classes);
+    const float* out = outputs + (size_t)frame * p.anchors * p.channels;
     int cls;
     float score = best_class(out, p, anchor, &cls);
     if (!(score > p.score_threshold)) return;  // OpenCV's NMS keeps scores above the threshold
@@ -345,16 +350,16 @@ extern "C" __global__ void yolo_candidates(const float* __restrict__ outputs, co
 #define NMS_THREADS 1024
 
 // One block per frame: bitonic sort of its keys (in global memory), then greedy NMS.
-// detections: [limit, 6] x0 y0 x1 y1 score class.
+// detections: [limit, 6] x0 y0 x1 y1 score class; kept_anchors: [limit] the anchor of each.
 extern "C" __global__ void yolo_nms(const float* __restrict__ outputs, const YoloParams* params, const int* counts,
                                     unsigned long long* keys, const int* classes, const float* scores,
-                                    int* kept_counts, float* detections) {
+                                    int* kept_counts, float* detections, int* kept_anchors) {
     const YoloParams p = *params;
     __shared__ float4 kept_box[NMS_THREADS];
     __shared__ int kept_class[NMS_THREADS];
     int frame = blockIdx.x, count = counts[frame];
     unsigned long long* k = keys + (size_t)frame * p.keys_per_frame;
-    const float* out = outputs + (size_t)frame * p.anchors * (p.layout == YOLOV8 ? 4 + p.classes : 5 + p.classes);
+    const float* out = outputs + (size_t)frame * p.anchors * p.channels;
     int padded = 1;
     while (padded < count) padded <<= 1;
     for (int i = count + threadIdx.x; i < padded; i += NMS_THREADS) k[i] = ~0ull;
@@ -394,9 +399,140 @@ extern "C" __global__ void yolo_nms(const float* __restrict__ outputs, const Yol
             kept_class[kept] = cls;
             float* d = detections + ((size_t)frame * p.limit + kept) * 6;
             d[0] = b.x; d[1] = b.y; d[2] = b.z; d[3] = b.w; d[4] = scores[at]; d[5] = (float)cls;
+            kept_anchors[(size_t)frame * p.limit + kept] = anchor;
         }
         kept++;
         __syncthreads();
     }
     if (threadIdx.x == 0) kept_counts[frame] = kept;
+}
+
+// One block per (kept box, frame): rows first .. first + carry - 1 of the box's anchor (YOLOv8 layout) to
+// carried[frame, box, :]. `carried` is mapped host memory: only the kept boxes' rows cross the bus.
+extern "C" __global__ void yolo_carry(const float* __restrict__ outputs, const YoloParams* params,
+                                      const int* kept_counts, const int* kept_anchors, int first, int carry,
+                                      float* carried) {
+    const YoloParams p = *params;
+    int box = blockIdx.x, frame = blockIdx.y;
+    if (box >= kept_counts[frame]) return;
+    const float* out = outputs + (size_t)frame * p.anchors * p.channels;
+    int anchor = kept_anchors[(size_t)frame * p.limit + box];
+    float* row = carried + ((size_t)frame * p.limit + box) * carry;
+    for (int i = threadIdx.x; i < carry; i += blockDim.x) row[i] = channel(out, p, anchor, first + i);
+}
+
+// ---------------------------------------------------------------- instance masks (YOLOv8/11-seg)
+struct SegParams {        // mirrors SEG_PARAMS in postprocess_gpu.py
+    int coefficients, proto_h, proto_w, first;  // first: the head's row of the first mask coefficient
+    int cap_words;        // mask words a frame holds; boxes past it get no mask (the host says so)
+    float scale_x, scale_y;  // prototype pixels per network pixel
+};
+
+#define SEG_THREADS 256   // 8 warps: a tile of 32 x 8 network pixels, one mask word per warp
+#define SEG_MAX_COEFFICIENTS 64
+#define SEG_WINDOW 64     // prototype pixels a tile reads (10 x 4 at a quarter of the input's size)
+
+// A box's region in network pixels (floor / ceil of its corners inside the input) and its mask words
+// (32 pixels a word, rows padded to whole words): the rule the host lays the words out by, too.
+__device__ int region_words(const float* d, const YoloParams& p, int* x0, int* y0, int* x1, int* y1) {
+    *x0 = (int)floorf(fminf(fmaxf(d[0], 0.f), (float)p.input_w));
+    *y0 = (int)floorf(fminf(fmaxf(d[1], 0.f), (float)p.input_h));
+    *x1 = (int)ceilf(fminf(fmaxf(d[2], 0.f), (float)p.input_w));
+    *y1 = (int)ceilf(fminf(fmaxf(d[3], 0.f), (float)p.input_h));
+    if (*x1 <= *x0 || *y1 <= *y0) return 0;
+    return (*y1 - *y0) * ((*x1 - *x0 + 31) / 32);
+}
+
+__device__ __forceinline__ int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// Grid (limit, frames, parts): the parts of a box's block share its tiles. Each box's mask is
+// coefficients . prototypes at prototype pixels (a tile's window of them in shared memory), sampled
+// bilinearly at the network pixels' centres (half-pixel, edges replicated), above 0 and inside the box.
+// Words laid out box after box in NMS order from frame * cap_words; used[frame]: the words written.
+extern "C" __global__ void seg_masks(const float* __restrict__ head, const float* __restrict__ protos,
+                                     const YoloParams* params, const SegParams* seg_params, const int* kept_counts,
+                                     const int* kept_anchors, const float* __restrict__ detections,
+                                     unsigned* words, int* used) {
+    const YoloParams p = *params;
+    const SegParams s = *seg_params;
+    __shared__ float coefficient[SEG_MAX_COEFFICIENTS];
+    __shared__ float logit[SEG_WINDOW];
+    __shared__ int start;
+    int box = blockIdx.x, frame = blockIdx.y, lane = threadIdx.x & 31, row = threadIdx.x >> 5;
+    if (box >= kept_counts[frame]) return;
+    const float* dets = detections + (size_t)frame * p.limit * 6;
+    int x0, y0, x1, y1;
+    if (threadIdx.x < 32) {  // the words of the boxes before this one
+        int sum = 0;
+        for (int i = lane; i < box; i += 32) sum += region_words(dets + i * 6, p, &x0, &y0, &x1, &y1);
+        for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffff, sum, offset);
+        if (lane == 0) start = sum;
+    }
+    int anchor = kept_anchors[(size_t)frame * p.limit + box];
+    const float* out = head + (size_t)frame * p.anchors * p.channels;
+    for (int i = threadIdx.x; i < s.coefficients; i += SEG_THREADS) coefficient[i] = channel(out, p, anchor, s.first + i);
+    __syncthreads();
+    const float* d = dets + box * 6;
+    int count = region_words(d, p, &x0, &y0, &x1, &y1);
+    if (count == 0 || start + count > s.cap_words) return;
+    if (blockIdx.z == 0 && threadIdx.x == 0) atomicMax(&used[frame], start + count);
+    const size_t plane = (size_t)s.proto_h * s.proto_w;
+    const float* proto = protos + (size_t)frame * s.coefficients * plane;
+    unsigned* mask = words + (size_t)frame * s.cap_words + start;
+    int per_row = (x1 - x0 + 31) / 32, tiles_x = per_row, tiles = tiles_x * ((y1 - y0 + 7) / 8);
+    for (int tile = blockIdx.z; tile < tiles; tile += gridDim.z) {
+        int tx = x0 + (tile % tiles_x) * 32, ty = y0 + (tile / tiles_x) * 8;
+        int wx0 = clampi((int)floorf((tx + 0.5f) * s.scale_x - 0.5f), 0, s.proto_w - 1);
+        int wx1 = clampi((int)floorf((tx + 31.5f) * s.scale_x - 0.5f) + 1, 0, s.proto_w - 1);
+        int wy0 = clampi((int)floorf((ty + 0.5f) * s.scale_y - 0.5f), 0, s.proto_h - 1);
+        int wy1 = clampi((int)floorf((ty + 7.5f) * s.scale_y - 0.5f) + 1, 0, s.proto_h - 1);
+        int ww = wx1 - wx0 + 1, wh = wy1 - wy0 + 1;
+        for (int i = threadIdx.x; i < ww * wh; i += SEG_THREADS) {
+            const float* at = proto + (size_t)(wy0 + i / ww) * s.proto_w + wx0 + i % ww;
+            float v = 0.f;
+            for (int m = 0; m < s.coefficients; m++) v = fmaf(coefficient[m], at[m * plane], v);
+            logit[i] = v;
+        }
+        __syncthreads();
+        int px = tx + lane, py = ty + row;
+        bool on = false;
+        if (px < x1 && py < y1 && (float)px >= d[0] && (float)px < d[2] && (float)py >= d[1] && (float)py < d[3]) {
+            float sx = (px + 0.5f) * s.scale_x - 0.5f, sy = (py + 0.5f) * s.scale_y - 0.5f;
+            float fx = floorf(sx), fy = floorf(sy), ax = sx - fx, ay = sy - fy;
+            int ix0 = clampi((int)fx, 0, s.proto_w - 1) - wx0, ix1 = clampi((int)fx + 1, 0, s.proto_w - 1) - wx0;
+            int iy0 = clampi((int)fy, 0, s.proto_h - 1) - wy0, iy1 = clampi((int)fy + 1, 0, s.proto_h - 1) - wy0;
+            float top = (1.f - ax) * logit[iy0 * ww + ix0] + ax * logit[iy0 * ww + ix1];
+            float bottom = (1.f - ax) * logit[iy1 * ww + ix0] + ax * logit[iy1 * ww + ix1];
+            on = (1.f - ay) * top + ay * bottom > 0.f;
+        }
+        unsigned bits = __ballot_sync(0xffffffff, on);
+        if (lane == 0 && py < y1) mask[(size_t)(py - y0) * per_row + (tx - x0) / 32] = bits;
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------- semantic segmentation
+// [N, C, h, w] logits -> [N, h, w] best class (the first of equal values, as numpy's argmax); one byte a
+// pixel up to 256 classes, two above.
+template <typename T>
+__device__ void best_class_of_pixel(const float* __restrict__ logits, int classes, int pixels, int total, T* best) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    int frame = i / pixels, pixel = i - frame * pixels;
+    const float* at = logits + (size_t)frame * classes * pixels + pixel;
+    float top = at[0];
+    int index = 0;
+    for (int c = 1; c < classes; c++) {
+        float v = at[(size_t)c * pixels];
+        if (v > top) { top = v; index = c; }
+    }
+    best[i] = (T)index;
+}
+
+extern "C" __global__ void argmax_u8(const float* logits, int classes, int pixels, int total, unsigned char* best) {
+    best_class_of_pixel(logits, classes, pixels, total, best);
+}
+
+extern "C" __global__ void argmax_u16(const float* logits, int classes, int pixels, int total, unsigned short* best) {
+    best_class_of_pixel(logits, classes, pixels, total, best);
 }

@@ -9,8 +9,14 @@ compute stream); the compact arrays are per set, like the outputs.
               with bounding box, area, probability sum, pixel moments and the extents along
               and across the region's orientation; `limit` per frame
   topk        classification: the k largest values and row statistics
-  yolo-nms    YOLO decode + score filter + class-aware NMS; `limit` per frame
+  yolo-nms    YOLO decode + score filter + class-aware NMS; `limit` per frame; with `carry`, each kept
+              box's rows after the classes (pose keypoints) written to mapped host memory
+  yolo-seg    yolo-nms on a segmentation head, then each kept box's mask from the prototypes, bit-packed
+              over its box region into mapped host memory (only the words of the kept boxes cross)
+  argmax      semantic segmentation: the best class of each pixel (one byte a pixel up to 256 classes)
   best-per-step  CTC text recognition: the best class of each time step and its row statistics
+
+A reducer's launch() reads the addresses of all the model's outputs (in the backend's order).
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ SUM_SCALE = float(2**32)  # component sums are 32.32 fixed point
 YOLO_PARAMS = np.dtype([("layout", np.int32), ("anchors", np.int32), ("classes", np.int32), ("limit", np.int32),
                         ("score_threshold", np.float32), ("iou_threshold", np.float32), ("input_h", np.int32),
                         ("input_w", np.int32), ("strides", np.int32, 4), ("levels", np.int32),
-                        ("keys_per_frame", np.int32)])
+                        ("keys_per_frame", np.int32), ("channels", np.int32)])
+SEG_PARAMS = np.dtype([("coefficients", np.int32), ("proto_h", np.int32), ("proto_w", np.int32), ("first", np.int32),
+                       ("cap_words", np.int32), ("scale_x", np.float32), ("scale_y", np.float32)])
+SEG_THREADS = 256
+SEG_PARTS = 16        # blocks sharing one box's mask tiles
+SEG_MAX_COEFFICIENTS = 64
+MASK_AREAS = 8        # mask words a frame holds: its input area 8 times over (boxes past it get no mask)
 YOLO_LAYOUTS = {"yolov8": 0, "yolov5": 1, "yolox": 2}
 NMS_THREADS = 1024  # the NMS kernel keeps up to one detection per thread
 
@@ -42,33 +54,49 @@ class ReductionUnsupported(JetpipeError):
     """This reduction does not fit the model's output (the reason says why)."""
 
 
-class _Reducer:
-    """Per-set compact outputs (device + pinned host) and their download."""
+Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
 
-    def __init__(self, device, max_batch: int, sets: int, layout: dict[str, tuple[tuple[int, ...], np.dtype]]):
+
+class _Reducer:
+    """Per-set compact outputs: device arrays copied to pinned host arrays (`layout`), and mapped host arrays
+    the kernels write into themselves (`mapped`: variable-size results, only what is written crosses)."""
+
+    reads = "first"  # the outputs it reads: the model's first, or all of them
+
+    def __init__(self, device, max_batch: int, sets: int, layout: Layout, mapped: Layout | None = None):
         self.device, self.max_batch = device, max_batch
         self.device_out = [{name: device.alloc(max_batch * int(np.prod(shape)) * np.dtype(dtype).itemsize)
                             for name, (shape, dtype) in layout.items()} for _ in range(sets)]
         self.host_out = [{name: device.pinned((max_batch, *shape), dtype) for name, (shape, dtype) in layout.items()}
                          for _ in range(sets)]
+        self.mapped_out = [{name: device.pinned((max_batch, *shape), dtype, mapped=True)
+                            for name, (shape, dtype) in (mapped or {}).items()} for _ in range(sets)]
+        self.mapped_address = [{name: device.device_pointer(array) for name, array in arrays.items()}
+                               for arrays in self.mapped_out]
 
     def download(self, set_index: int, batch: int, stream, sample_shape=None) -> int:
         """Queue the copies of this batch's compact arrays; returns the bytes copied."""
-        copied = 0
-        for name, host in self.host(set_index, batch, sample_shape).items():
+        copied, views = 0, self.host(set_index, batch, sample_shape)
+        for name in self.host_out[set_index]:  # not the mapped arrays: the kernels wrote them where the host reads
+            host = views[name]
             self.device.cuda.memcpy_dtoh_async(host, self.device_out[set_index][name], stream)
             copied += host.nbytes
         return copied
 
     def host(self, set_index: int, batch: int, sample_shape=None) -> dict[str, np.ndarray]:
         """This batch's compact arrays (sample_shape: the model output's at the batch's input width)."""
-        return {name: host[:batch] for name, host in self.host_out[set_index].items()}
+        return {name: host[:batch] for name, host in {**self.host_out[set_index], **self.mapped_out[set_index]}.items()}
+
+    def written(self, set_index: int, batch: int) -> int:
+        """Bytes the kernels wrote into mapped host memory for the batch (read once it is done)."""
+        return 0
 
 
 class ComponentsReducer(_Reducer):
     kind = "components"
 
-    def __init__(self, device, module, max_batch: int, sets: int, output, threshold: float, limit: int = 1000):
+    def __init__(self, device, module, max_batch: int, sets: int, outputs, threshold: float, limit: int = 1000):
+        output = outputs[0]
         shape = output.sample_shape
         if len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
             raise ReductionUnsupported(f"text detection on the GPU reads a [N, 1, H, W] probability map; "
@@ -87,8 +115,8 @@ class ComponentsReducer(_Reducer):
         self.roots.prepare("PPPPiii")
         self.stats.prepare("PPPPiii")
 
-    def launch(self, set_index: int, batch: int, output_address: int, stream, sample_shape=None) -> None:
-        h, w = self.height, self.width
+    def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
+        output_address, (h, w) = addresses[0], (self.height, self.width)
         total, out = batch * h * w, self.device_out[set_index]
         flat, tiles = ((total + 255) // 256, 1), ((w + 31) // 32, (h + 7) // 8, batch)
         self.init.prepared_async_call(flat, (256, 1, 1), stream, output_address, self.labels, out["counts"],
@@ -105,8 +133,8 @@ class ComponentsReducer(_Reducer):
 class TopKReducer(_Reducer):
     kind = "topk"
 
-    def __init__(self, device, module, max_batch: int, sets: int, output, k: int = 5):
-        self.classes = int(np.prod(output.sample_shape))
+    def __init__(self, device, module, max_batch: int, sets: int, outputs, k: int = 5):
+        self.classes = int(np.prod(outputs[0].sample_shape))
         self.k = min(int(k), self.classes)
         if not 1 <= self.k <= 64:
             raise ReductionUnsupported(f"top-k on the GPU takes k from 1 to 64, not {k}")
@@ -116,9 +144,9 @@ class TopKReducer(_Reducer):
         self.function = module.get_function("topk")
         self.function.prepare("PiiPPP")
 
-    def launch(self, set_index: int, batch: int, output_address: int, stream, sample_shape=None) -> None:
+    def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
         out = self.device_out[set_index]
-        self.function.prepared_async_call((batch, 1), (256, 1, 1), stream, output_address, np.int32(self.classes),
+        self.function.prepared_async_call((batch, 1), (256, 1, 1), stream, addresses[0], np.int32(self.classes),
                                           np.int32(self.k), out["top_index"], out["top_value"], out["stats"])
 
 
@@ -129,7 +157,8 @@ class BestPerStepReducer(_Reducer):
 
     kind = "best-per-step"
 
-    def __init__(self, device, module, max_batch: int, sets: int, output):
+    def __init__(self, device, module, max_batch: int, sets: int, outputs):
+        output = outputs[0]
         shape = output.sample_shape
         if len(shape) != 2 or not all(isinstance(d, int) and d > 0 for d in shape):
             raise ReductionUnsupported(f"CTC decoding on the GPU reads a [N, T, C] output of fixed T and C; "
@@ -141,11 +170,11 @@ class BestPerStepReducer(_Reducer):
         self.function = module.get_function("topk")
         self.function.prepare("PiiPPP")
 
-    def launch(self, set_index: int, batch: int, output_address: int, stream, sample_shape=None) -> None:
+    def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
         """Rows of the batch's steps (fewer than `steps` at a narrower input width) written one after another."""
         steps = sample_shape[0] if sample_shape else self.steps
         out = self.device_out[set_index]
-        self.function.prepared_async_call((batch * steps, 1), (256, 1, 1), stream, output_address,
+        self.function.prepared_async_call((batch * steps, 1), (256, 1, 1), stream, addresses[0],
                                           np.int32(self.classes), np.int32(1), out["best"], out["best_value"],
                                           out["stats"])
 
@@ -163,11 +192,17 @@ def yolo_layout(sample_shape, requested: str) -> str:
 
 
 class YoloReducer(_Reducer):
+    """`extra_rows`: rows of a YOLOv8 head after the classes (pose keypoints: K x D, mask coefficients);
+    `carry`: each kept box takes them along, back as "carried" [limit, extra_rows], written by a kernel into
+    mapped host memory (only the kept boxes' rows cross the bus)."""
+
     kind = "yolo-nms"
 
-    def __init__(self, device, module, max_batch: int, sets: int, output, layout: str = "auto",
+    def __init__(self, device, module, max_batch: int, sets: int, outputs, layout: str = "auto",
                  score_threshold: float = 0.25, iou_threshold: float = 0.45, limit: int = 300,
-                 input_hw=(640, 640), strides=(8, 16, 32)):
+                 input_hw=(640, 640), strides=(8, 16, 32), extra_rows: int = 0, carry: bool = False,
+                 head: int = 0, mapped: Layout | None = None):
+        output = outputs[head]
         shape = output.sample_shape
         if len(shape) != 2:
             raise ReductionUnsupported(f"YOLO on the GPU reads a [N, anchors, 5 + C] or [N, 4 + C, anchors] "
@@ -175,8 +210,10 @@ class YoloReducer(_Reducer):
         layout = yolo_layout(shape, layout)
         if layout not in YOLO_LAYOUTS:
             raise ReductionUnsupported(f"YOLO layout {layout!r}: choose one of {', '.join(YOLO_LAYOUTS)}")
+        if extra_rows and layout != "yolov8":
+            raise ReductionUnsupported(f"rows after the classes are read from a YOLOv8 layout, not {layout}")
         anchors, channels = (shape[1], shape[0]) if layout == "yolov8" else shape
-        classes = channels - (4 if layout == "yolov8" else 5)
+        classes = channels - (4 if layout == "yolov8" else 5) - extra_rows
         if classes < 1 or not 1 <= limit <= NMS_THREADS or len(strides) > 4:
             raise ReductionUnsupported(f"YOLO on the GPU: {classes} classes, limit {limit} (1..{NMS_THREADS}), "
                                        f"{len(strides)} strides (at most 4)")
@@ -187,39 +224,141 @@ class YoloReducer(_Reducer):
         params["score_threshold"], params["iou_threshold"] = score_threshold, iou_threshold
         params["input_h"], params["input_w"] = input_hw
         params["strides"][:len(strides)], params["levels"] = strides, len(strides)
-        params["keys_per_frame"] = keys_per_frame
-        self.anchors, self.limit = anchors, limit
+        params["keys_per_frame"], params["channels"] = keys_per_frame, channels
+        self.anchors, self.limit, self.head = anchors, limit, head
+        self.carry = extra_rows if carry else 0
+        self.first_carried = 4 + classes
         self.params = device.alloc(YOLO_PARAMS.itemsize)
         device.cuda.memcpy_htod(self.params, params)
         self.counts = device.alloc(4 * max_batch)
         self.keys = device.alloc(8 * max_batch * keys_per_frame)
         self.classes, self.scores = device.alloc(4 * max_batch * anchors), device.alloc(4 * max_batch * anchors)
-        super().__init__(device, max_batch, sets, {"counts": ((), np.int32), "detections": ((limit, 6), np.float32)})
+        self.kept_anchors = device.alloc(4 * max_batch * limit)
+        mapped = dict(mapped or {})
+        if self.carry:
+            mapped["carried"] = ((limit, self.carry), np.float32)
+        super().__init__(device, max_batch, sets, {"counts": ((), np.int32), "detections": ((limit, 6), np.float32)},
+                         mapped)
         self.candidates, self.nms = module.get_function("yolo_candidates"), module.get_function("yolo_nms")
         self.candidates.prepare("PPPPPP")
-        self.nms.prepare("PPPPPPPP")
+        self.nms.prepare("PPPPPPPPP")
+        self.gather = module.get_function("yolo_carry")
+        self.gather.prepare("PPPPiiP")
 
-    def launch(self, set_index: int, batch: int, output_address: int, stream, sample_shape=None) -> None:
-        out = self.device_out[set_index]
+    def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
+        out, head = self.device_out[set_index], addresses[self.head]
         self.device.cuda.memset_d32_async(self.counts, 0, batch, stream)
         self.candidates.prepared_async_call(((self.anchors + 255) // 256, batch), (256, 1, 1), stream,
-                                            output_address, self.params, self.counts, self.keys, self.classes,
-                                            self.scores)
-        self.nms.prepared_async_call((batch, 1), (NMS_THREADS, 1, 1), stream, output_address, self.params,
+                                            head, self.params, self.counts, self.keys, self.classes, self.scores)
+        self.nms.prepared_async_call((batch, 1), (NMS_THREADS, 1, 1), stream, head, self.params,
                                      self.counts, self.keys, self.classes, self.scores, out["counts"],
-                                     out["detections"])
+                                     out["detections"], self.kept_anchors)
+        if self.carry:
+            self.gather.prepared_async_call((self.limit, batch), (64, 1, 1), stream, head, self.params, out["counts"],
+                                            self.kept_anchors, np.int32(self.first_carried), np.int32(self.carry),
+                                            self.mapped_address[set_index]["carried"])
+
+    def written(self, set_index: int, batch: int) -> int:
+        return 4 * self.carry * int(self.host_out[set_index]["counts"][:batch].sum())
+
+
+class SegmentationReducer(YoloReducer):
+    """yolo-nms on a YOLOv8/11-seg head (the [N, 4 + C + M, A] output), then each kept box's mask from the
+    prototypes ([N, M, H/4, W/4]) over its box region in network pixels, one bit a pixel, rows padded to
+    32-bit words, box after box in NMS order ("masks" [cap_words] a frame; "mask_words": the words used;
+    boxes past the capacity get none). The layout rule is segmentation_yolo.mask_regions'."""
+
+    kind = "yolo-seg"
+    reads = "all"
+
+    def __init__(self, device, module, max_batch: int, sets: int, outputs, coefficients: int = 32,
+                 input_hw=(640, 640), **options):
+        shapes = [tuple(o.sample_shape) for o in outputs]
+        ranks = sorted(len(shape) for shape in shapes)
+        if ranks != [2, 3]:
+            raise ReductionUnsupported(f"masks on the GPU read a [N, 4 + C + M, A] head and [N, M, h, w] "
+                                       f"prototypes; the outputs are {[[None, *s] for s in shapes]}")
+        head = [len(shape) for shape in shapes].index(2)
+        proto_m, proto_h, proto_w = shapes[1 - head]
+        height, width = input_hw
+        if proto_m != coefficients or not 1 <= coefficients <= SEG_MAX_COEFFICIENTS or \
+                (proto_h * 4, proto_w * 4) != (height, width):
+            raise ReductionUnsupported(f"masks on the GPU: {coefficients} coefficients (1..{SEG_MAX_COEFFICIENTS}) "
+                                       f"and prototypes of a quarter of the input's {height}x{width}; "
+                                       f"found {[None, *shapes[1 - head]]}")
+        self.cap_words = MASK_AREAS * height * ((width + 31) // 32)
+        # the coefficients stay on the device: the mask kernel reads them from the head
+        super().__init__(device, module, max_batch, sets, outputs, layout="yolov8", input_hw=input_hw, head=head,
+                         extra_rows=coefficients, mapped={"masks": ((self.cap_words,), np.uint32)}, **options)
+        seg = np.zeros((), SEG_PARAMS)
+        seg["coefficients"], seg["proto_h"], seg["proto_w"] = coefficients, proto_h, proto_w
+        seg["first"], seg["cap_words"] = self.first_carried, self.cap_words
+        seg["scale_x"], seg["scale_y"] = proto_w / width, proto_h / height
+        self.seg_params = device.alloc(SEG_PARAMS.itemsize)
+        device.cuda.memcpy_htod(self.seg_params, seg)
+        self.used = [device.alloc(4 * max_batch) for _ in range(sets)]
+        self.used_host = [device.pinned((max_batch,), np.int32) for _ in range(sets)]
+        self.masks = module.get_function("seg_masks")
+        self.masks.prepare("PPPPPPPPP")
+
+    def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
+        super().launch(set_index, batch, addresses, stream, sample_shape)
+        out = self.device_out[set_index]
+        self.device.cuda.memset_d32_async(self.used[set_index], 0, batch, stream)
+        self.masks.prepared_async_call((self.limit, batch, SEG_PARTS), (SEG_THREADS, 1, 1), stream,
+                                       addresses[self.head], addresses[1 - self.head], self.params, self.seg_params,
+                                       out["counts"], self.kept_anchors, out["detections"],
+                                       self.mapped_address[set_index]["masks"], self.used[set_index])
+
+    def download(self, set_index: int, batch: int, stream, sample_shape=None) -> int:
+        host = self.used_host[set_index][:batch]
+        self.device.cuda.memcpy_dtoh_async(host, self.used[set_index], stream)
+        return super().download(set_index, batch, stream, sample_shape) + host.nbytes
+
+    def host(self, set_index: int, batch: int, sample_shape=None) -> dict[str, np.ndarray]:
+        return {**super().host(set_index, batch, sample_shape), "mask_words": self.used_host[set_index][:batch]}
+
+    def written(self, set_index: int, batch: int) -> int:
+        return 4 * int(self.used_host[set_index][:batch].sum())
+
+
+class ArgmaxReducer(_Reducer):
+    """Semantic segmentation: [N, C, h, w] logits -> "best" [N, h, w], uint8 up to 256 classes, else uint16
+    (the logits are C x 4 bytes a pixel: 84 for 21 classes)."""
+
+    kind = "argmax"
+
+    def __init__(self, device, module, max_batch: int, sets: int, outputs):
+        shape = outputs[0].sample_shape
+        if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ReductionUnsupported(f"argmax on the GPU reads a [N, C, h, w] output of fixed sizes; "
+                                       f"{outputs[0].name} is {[None, *shape]}")
+        self.classes, height, width = shape
+        self.pixels = height * width
+        wide = self.classes > 256
+        super().__init__(device, max_batch, sets, {"best": ((height, width), np.uint16 if wide else np.uint8)})
+        self.function = module.get_function("argmax_u16" if wide else "argmax_u8")
+        self.function.prepare("PiiiP")
+
+    def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
+        total = batch * self.pixels
+        self.function.prepared_async_call(((total + 255) // 256, 1), (256, 1, 1), stream, addresses[0],
+                                          np.int32(self.classes), np.int32(self.pixels), np.int32(total),
+                                          self.device_out[set_index]["best"])
 
 
 REDUCERS = {"components": ComponentsReducer, "topk": TopKReducer, "yolo-nms": YoloReducer,
-            "best-per-step": BestPerStepReducer}
+            "yolo-seg": SegmentationReducer, "argmax": ArgmaxReducer, "best-per-step": BestPerStepReducer}
 
 
-def make_reducer(reduction: Reduction, device, module, max_batch: int, sets: int, output):
-    """The reducer for `reduction` on the model's first output; ReductionUnsupported if it does not fit."""
+def make_reducer(reduction: Reduction, device, module, max_batch: int, sets: int, outputs):
+    """The reducer for `reduction` on the model's outputs (specs, in the backend's order); ReductionUnsupported
+    if it does not fit."""
     if reduction.kind not in REDUCERS:
         raise ReductionUnsupported(f"no GPU postprocessing named {reduction.kind!r} "
                                    f"(there are {', '.join(REDUCERS)})")
-    if np.dtype(output.dtype) != np.float32:
-        raise ReductionUnsupported(f"GPU postprocessing reads float32 outputs; {output.name} is "
-                                   f"{np.dtype(output.dtype).name}")
-    return REDUCERS[reduction.kind](device, module, max_batch, sets, output, **reduction.options)
+    for output in outputs if REDUCERS[reduction.kind].reads == "all" else outputs[:1]:
+        if np.dtype(output.dtype) != np.float32:
+            raise ReductionUnsupported(f"GPU postprocessing reads float32 outputs; {output.name} is "
+                                       f"{np.dtype(output.dtype).name}")
+    return REDUCERS[reduction.kind](device, module, max_batch, sets, list(outputs), **reduction.options)

@@ -7,7 +7,8 @@ keypoints carried with it. Records: detection-yolo's "boxes", "scores", "classes
 "keypoints": per box, K rows of [x, y] in source pixels (+ visibility where D is 3). Sinks draw the skeleton
 (COCO's limbs for 17 points, else the points alone). Metric against FP32: box F1, score MAE and mAP as
 detectors, and "oks": the mean object keypoint similarity of matched boxes' keypoints (COCO's sigmas).
-GPU: no reduction yet: the head's output comes to the host and this CPU path finishes it.
+GPU: the "yolo-nms" reduction with the keypoint rows carried: NMS on the device, and only the kept boxes'
+keypoints cross the bus (K x D floats a box), finished by the same code as the CPU path.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jetpipe.runtime.api import Reduction
 from jetpipe.tasks.base import (
     DetectorTask,
     ModelFacts,
@@ -84,8 +86,23 @@ class YoloPose:
                             "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist(),
                             "keypoints": np.round(points, 3 if points.shape[-1] > 2 else 1).tolist()}, self.labels)
 
-    def reduction(self, required: bool = False):
-        return None
+    def reduction(self, required: bool = False) -> Reduction:
+        k, d = self.keypoints
+        return Reduction("yolo-nms", {"layout": "yolov8", "score_threshold": self.score_threshold,
+                                      "iou_threshold": self.iou_threshold, "limit": self.max_detections,
+                                      "extra_rows": k * d, "carry": True}, required)
+
+    def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        """Finish from the GPU's kept boxes (counts [B], detections [B, limit, 6]) and their keypoint rows
+        (carried [B, limit, K * D])."""
+        k, d = self.keypoints
+        results = []
+        for count, found, carried, box, hw in zip(outputs["counts"], outputs["detections"], outputs["carried"],
+                                                  letterboxes, sizes):
+            kept = found[:int(count)].astype(np.float64)
+            points = carried[:int(count)].reshape(-1, k, d).astype(np.float64)
+            results.append(self._result(kept[:, :4], kept[:, 4], kept[:, 5].astype(np.int64), points, box, hw))
+        return results
 
 
 class PoseYoloTask(DetectorTask):

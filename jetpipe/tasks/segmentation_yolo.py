@@ -2,24 +2,27 @@
 prototypes [N, M, H/4, W/4].
 
 Decoding as detection-yolo's YOLOv8 layout (best class, score threshold, class-aware NMS); each kept object's
-mask is coefficients x prototypes, sampled up to network pixels bilinearly (half-pixel centres, as
-Ultralytics' upsampling), cut to its box and taken where the logit is above 0 (sigmoid above 0.5), as
-Ultralytics' process_mask does. Records: detection-yolo's "boxes", "scores", "classes", "labels", and per
-object its outline, "polygons" (the largest outer contour of its mask, [x, y] points in source pixels; []
-where the mask is empty), and "mask_areas" (its mask's area in source pixels); never a full-resolution mask.
-Sinks fill the outlines translucent. Metric against FP32: box F1, score MAE and mAP as detectors, and
-"mask_iou": the mean IoU of matched objects' masks. GPU: no reduction yet: both outputs come to the host and
-this CPU path finishes them.
+mask is coefficients x prototypes, sampled up to network pixels bilinearly (half-pixel centres, edges
+replicated: Ultralytics' upsampling, F.interpolate without align_corners), cut to its box and taken where the
+logit is above 0 (sigmoid above 0.5), as Ultralytics' process_mask does. Records: detection-yolo's "boxes",
+"scores", "classes", "labels", and per object its outline, "polygons" (the largest outer contour of its mask,
+[x, y] points in source pixels; [] where the mask is empty), and "mask_areas" (its mask's area in source
+pixels); never a full-resolution mask. Sinks fill the outlines translucent. Metric against FP32: box F1,
+score MAE and mAP as detectors, and "mask_iou": the mean IoU of matched objects' masks. GPU: the "yolo-seg"
+reduction: NMS and every kept box's mask on the device; only the boxes and the masks' bits inside them cross
+the bus (one bit a network pixel of each box's region, laid out by mask_region / region_words), and the host
+traces the outlines as the CPU path does.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from jetpipe.lazy import lazy_import
+from jetpipe.runtime.api import Reduction
 from jetpipe.tasks.base import (
     DetectorTask,
     ModelFacts,
@@ -34,6 +37,7 @@ from jetpipe.tasks.detection_yolo import anchor_points, nms_yolov8
 from jetpipe.tasks.metrics import matched_objects
 
 cv2 = lazy_import("cv2")
+log = logging.getLogger(__name__)
 
 PROTO_STRIDE = 4  # prototypes are a quarter of the input's size (Ultralytics' Proto module)
 
@@ -55,6 +59,7 @@ class YoloSegmentation:
     iou_threshold: float = 0.45
     max_detections: int = 300
     labels: tuple[str, ...] | None = None
+    truncated: bool = field(default=False, init=False)  # a frame's masks overflowed the GPU's words (said once)
 
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         values = list(outputs.values())
@@ -70,18 +75,21 @@ class YoloSegmentation:
         return results
 
     def object_mask(self, coefficients: np.ndarray, proto: np.ndarray, xyxy) -> tuple[np.ndarray, int, int]:
-        """The object's mask over its box in network pixels: (binary [h, w], x0, y0 of its corner)."""
-        height, width = self.input_hw
-        x0, y0 = max(0, math.floor(xyxy[0])), max(0, math.floor(xyxy[1]))
-        x1, y1 = min(width, math.ceil(xyxy[2])), min(height, math.ceil(xyxy[3]))
+        """The object's mask over its box region in network pixels: (binary [h, w], x0, y0 of its corner).
+        In float32, in the order the GPU's seg_masks kernel computes it."""
+        x0, y0, x1, y1 = mask_region(xyxy, self.input_hw)
         if x1 <= x0 or y1 <= y0:
             return np.zeros((0, 0), bool), x0, y0
-        logits = np.tensordot(coefficients.astype(np.float32), proto.astype(np.float32), axes=1)
-        scale_y, scale_x = proto.shape[1] / height, proto.shape[2] / width
-        # the network pixels' centres in prototype coordinates: cv2.resize's own mapping, box region only
-        xs = ((np.arange(x0, x1, dtype=np.float32) + 0.5) * scale_x - 0.5)[None, :].repeat(y1 - y0, 0)
-        ys = ((np.arange(y0, y1, dtype=np.float32) + 0.5) * scale_y - 0.5)[:, None].repeat(x1 - x0, 1)
-        sampled = cv2.remap(logits, xs, ys, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        ix0, ix1, ax = _sample_points(x0, x1, proto.shape[2] / self.input_hw[1], proto.shape[2])
+        iy0, iy1, ay = _sample_points(y0, y1, proto.shape[1] / self.input_hw[0], proto.shape[1])
+        # the prototype pixels the box samples only: a box's logits, not the whole map's, for each object
+        (px, qx), (py, qy) = (ix0[0], ix1[-1] + 1), (iy0[0], iy1[-1] + 1)
+        logits = np.tensordot(coefficients.astype(np.float32), proto[:, py:qy, px:qx].astype(np.float32), axes=1)
+        ix0, ix1, iy0, iy1 = ix0 - px, ix1 - px, iy0 - py, iy1 - py
+        one = np.float32(1)
+        top = (one - ax) * logits[iy0][:, ix0] + ax * logits[iy0][:, ix1]
+        bottom = (one - ax) * logits[iy1][:, ix0] + ax * logits[iy1][:, ix1]
+        sampled = (one - ay)[:, None] * top + ay[:, None] * bottom
         return (sampled > 0.0) & _box_inside(xyxy, x0, y0, x1, y1), x0, y0
 
     def _result(self, xyxy, score, cls, masks, box, hw) -> dict:
@@ -89,13 +97,81 @@ class YoloSegmentation:
         for mask, x0, y0 in masks:
             outline = largest_outline(mask)
             polygons.append(np.round(box.to_source(outline + [x0, y0]), 1).tolist() if len(outline) else [])
-            areas.append(round(float(mask.sum()) / (box.scale_x * box.scale_y), 1))
+            areas.append(round(np.count_nonzero(mask) / (box.scale_x * box.scale_y), 1))
         return with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
                             "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist(),
                             "polygons": polygons, "mask_areas": areas}, self.labels)
 
-    def reduction(self, required: bool = False):
-        return None
+    def reduction(self, required: bool = False) -> Reduction:
+        return Reduction("yolo-seg", {"score_threshold": self.score_threshold, "iou_threshold": self.iou_threshold,
+                                      "limit": self.max_detections, "input_hw": tuple(self.input_hw),
+                                      "coefficients": self.coefficients}, required)
+
+    def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        """Finish from the GPU's kept boxes (counts [B], detections [B, limit, 6]) and their masks' words
+        (masks [B, capacity] uint32, box after box as mask_region / region_words lay them out); frames spread
+        over `pool` (OpenCV's contour tracing releases the GIL)."""
+        jobs = list(zip(outputs["counts"], outputs["detections"], outputs["masks"], letterboxes, sizes))
+        if pool is None or len(jobs) < 2:
+            return [self._finish_frame(*job) for job in jobs]
+        return list(pool.map(lambda job: self._finish_frame(*job), jobs))
+
+    def _finish_frame(self, count, found, words, box, hw) -> dict:
+        kept = found[:int(count)]
+        masks = self.unpack(kept[:, :4], words)
+        d = kept.astype(np.float64)
+        return self._result(d[:, :4], d[:, 4], d[:, 5].astype(np.int64), masks, box, hw)
+
+    def unpack(self, xyxy: np.ndarray, words: np.ndarray) -> list[tuple[np.ndarray, int, int]]:
+        """Each box's mask from its words (bit i of a word: the word's i-th pixel from the left) as 0 / 1 bytes;
+        boxes past the words' capacity have none (an empty mask: no outline, area 0), said once."""
+        regions = mask_regions(xyxy, self.input_hw)
+        counts = region_words(regions)
+        ends = np.cumsum(counts)
+        fits = ends <= len(words)
+        if not fits.all() and counts[~fits].any() and not self.truncated:  # a race of two threads: said twice
+            log.warning("masks of more than %d network pixels a frame (%d boxes' regions): the boxes past them have "
+                        "no outline", 32 * len(words), len(xyxy))
+            self.truncated = True
+        used = int(ends[fits][-1]) if fits.any() else 0
+        bits = np.unpackbits(words[:used].view(np.uint8), bitorder="little")  # one call for the frame's boxes
+        masks = []
+        for (x0, y0, x1, y1), count, end, fit in zip(regions.tolist(), counts.tolist(), ends.tolist(), fits):
+            if count == 0 or not fit:
+                masks.append((np.zeros((0, 0), np.uint8), x0, y0))
+                continue
+            rows = bits[32 * (end - count):32 * end].reshape(y1 - y0, -1)[:, :x1 - x0]
+            masks.append((np.ascontiguousarray(rows), x0, y0))
+        return masks
+
+
+def mask_regions(xyxy, input_hw) -> np.ndarray:
+    """Boxes' regions in network pixels, [n, 4] ints x0 y0 x1 y1: their corners (float32) floored / ceiled
+    inside the input, as the seg_masks kernel takes them (NaN taken as 0)."""
+    height, width = input_hw
+    corners = np.asarray(xyxy, np.float32).reshape(-1, 4)
+    inside = np.fmin(np.fmax(corners, np.float32(0)), np.array([width, height, width, height], np.float32))
+    return np.concatenate([np.floor(inside[:, :2]), np.ceil(inside[:, 2:])], axis=1).astype(np.int64)
+
+
+def mask_region(xyxy, input_hw) -> tuple[int, int, int, int]:
+    """One box's region (mask_regions)."""
+    return tuple(mask_regions(xyxy[:4], input_hw)[0].tolist())
+
+
+def region_words(regions: np.ndarray) -> np.ndarray:
+    """32-bit words of each region's mask: one bit a pixel, each row padded to whole words (0 if empty)."""
+    w, h = regions[:, 2] - regions[:, 0], regions[:, 3] - regions[:, 1]
+    return np.where((w > 0) & (h > 0), h * ((w + 31) // 32), 0)
+
+
+def _sample_points(start: int, stop: int, scale: float, size: int):
+    """Bilinear sampling along one axis: for network pixels start..stop-1, the prototype pixels either side of
+    each one's centre (edges replicated) and the weight of the second, in float32."""
+    at = (np.arange(start, stop, dtype=np.float32) + np.float32(0.5)) * np.float32(scale) - np.float32(0.5)
+    floor = np.floor(at)
+    first = floor.astype(np.int64)
+    return np.clip(first, 0, size - 1), np.clip(first + 1, 0, size - 1), (at - floor).astype(np.float32)
 
 
 def _box_inside(xyxy, x0: int, y0: int, x1: int, y1: int) -> np.ndarray:
@@ -106,11 +182,13 @@ def _box_inside(xyxy, x0: int, y0: int, x1: int, y1: int) -> np.ndarray:
 
 
 def largest_outline(mask: np.ndarray) -> np.ndarray:
-    """The largest outer contour of a binary mask as [K, 2] pixel coordinates (x, y); [0, 2] where empty."""
+    """The largest outer contour of a binary mask (bool, or 0 / 1 bytes) as [K, 2] pixel coordinates (x, y);
+    [0, 2] where empty."""
     if not mask.size or not mask.any():
         return np.zeros((0, 2))
-    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
-    largest = max(contours, key=lambda c: (cv2.contourArea(c), len(c)))
+    pixels = mask.view(np.uint8) if mask.dtype == bool and mask.flags.c_contiguous else mask.astype(np.uint8)
+    contours, _ = cv2.findContours(pixels, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    largest = contours[0] if len(contours) == 1 else max(contours, key=lambda c: (cv2.contourArea(c), len(c)))
     return largest.reshape(-1, 2).astype(np.float64)
 
 

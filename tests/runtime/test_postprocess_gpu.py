@@ -3,18 +3,25 @@
 Text detection on real PP-OCRv4 det outputs and on made-up probability maps whose
 components are hard for union-find (diagonal links, U shapes, one pixel wide);
 classification on logits and probabilities; YOLO (v8, v5, YOLOX layouts) on made-up
-outputs with many overlapping boxes, a frame with none and a frame with more than K.
+outputs with many overlapping boxes, a frame with none and a frame with more than K; pose
+keypoints and instance masks on real outputs of Ultralytics exports (tests/data) and on
+made-up crowds; semantic class maps with ties and more than 256 classes.
 """
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from jetpipe.frames import from_bgr
 from jetpipe.geometry import Letterbox
-from jetpipe.runtime.api import Frame, TensorSpec
+from jetpipe.runtime.api import Frame, Reduction, TensorSpec
 from jetpipe.synth import render_text_image
 from jetpipe.tasks.classification import Classification
-from jetpipe.tasks.detection_yolo import YoloDetection
+from jetpipe.tasks.detection_yolo import YoloDetection, nms_yolov8
+from jetpipe.tasks.pose_yolo import YoloPose
+from jetpipe.tasks.segmentation_yolo import YoloSegmentation, polygon_mask
+from jetpipe.tasks.semantic_segmentation import SemanticSegmentation
 from jetpipe.tasks.text_detection import TextDetection
 
 pytestmark = pytest.mark.gpu
@@ -31,21 +38,24 @@ def module(device):
         return compile_module(SOURCE.with_name(SOURCE_NAME))
 
 
-def _reduce(device, module, reduction, outputs: np.ndarray) -> dict:
-    """Upload `outputs` as the model's output, run the reducer, return its compact host arrays."""
+def _reduce(device, module, reduction, outputs) -> dict:
+    """Upload `outputs` (one array, or a list: the model's outputs in order), run the reducer, return its
+    compact host arrays and, as "written", the bytes its kernels wrote into mapped host memory."""
     from jetpipe.runtime.postprocess_gpu import make_reducer
 
-    outputs = np.ascontiguousarray(outputs, np.float32)
-    spec = TensorSpec("out", np.dtype(np.float32), outputs.shape[1:])
+    arrays = [np.ascontiguousarray(o, np.float32) for o in (outputs if isinstance(outputs, list) else [outputs])]
+    specs = [TensorSpec(f"out{i}", np.dtype(np.float32), a.shape[1:]) for i, a in enumerate(arrays)]
+    batch = len(arrays[0])
     with device.active():
-        reducer = make_reducer(reduction, device, module, len(outputs), 1, spec)
+        reducer = make_reducer(reduction, device, module, batch, 1, specs)
         stream = device.stream()
-        buffer = device.alloc(outputs.nbytes)
-        device.cuda.memcpy_htod(buffer, outputs)
-        reducer.launch(0, len(outputs), int(buffer), stream)
-        reducer.download(0, len(outputs), stream)
+        buffers = [device.alloc(a.nbytes) for a in arrays]
+        for buffer, array in zip(buffers, arrays):
+            device.cuda.memcpy_htod(buffer, array)
+        reducer.launch(0, batch, [int(b) for b in buffers], stream)
+        reducer.download(0, batch, stream)
         stream.synchronize()
-        return {k: v.copy() for k, v in reducer.host(0, len(outputs)).items()}
+        return {**{k: v.copy() for k, v in reducer.host(0, batch).items()}, "written": reducer.written(0, batch)}
 
 
 def _same_text_results(gpu: list[dict], cpu: list[dict]) -> None:
@@ -223,3 +233,117 @@ def test_ctc_best_per_step_matches_cpu_on_real_recognizer_outputs(device, module
         gpu, cpu = post.reduced(reduced, [None] * 6, None), post({"y": scores}, [None] * 6, None)
         assert [g["text"] for g in gpu] == [c["text"] for c in cpu] and any(c["text"].strip() for c in cpu)
         np.testing.assert_allclose([g["score"] for g in gpu], [c["score"] for c in cpu], atol=2e-4)
+
+
+REFERENCE = Path(__file__).parents[1] / "data" / "ultralytics_reference.npz"
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return dict(np.load(REFERENCE))
+
+
+def _crowd_head(rng, rows_after: int, classes: int, size: int = 160, anchors: int = 525, largest: float = 60,
+                sparse: float = 3) -> np.ndarray:
+    """A YOLOv8-layout head [1, 4 + classes + rows_after, anchors]: clusters of overlapping boxes up to
+    `largest` pixels inside a size x size input, scores over classes (random ** sparse), the rows after them
+    random."""
+    head = np.zeros((1, 4 + classes + rows_after, anchors), np.float32)
+    centres = rng.uniform(12, size - 12, (25, 2))
+    pick = rng.integers(0, 25, anchors)
+    head[0, :2] = (centres[pick] + rng.normal(0, 2, (anchors, 2))).T
+    head[0, 2:4] = rng.uniform(6, largest, (2, anchors))
+    head[0, 4:4 + classes] = rng.random((classes, anchors)) ** sparse
+    head[0, 4 + classes:] = rng.normal(0, 1, (rows_after, anchors)) * 40 + 80
+    return head
+
+
+def test_pose_keypoints_carried_match_cpu(device, module, ref):
+    """A real pose export's output (7 people), a frame with none and a made-up crowd: the same boxes and
+    keypoints as the CPU path, and only the kept boxes' keypoint rows written to the host."""
+    quiet = ref["pose_head"].copy()
+    quiet[:, 4] = 0.01
+    heads = np.concatenate([ref["pose_head"], quiet, _crowd_head(np.random.default_rng(7), 51, 1)])
+    post = YoloPose(classes=1)
+    boxes, sizes = [IDENTITY] * 3, [(160, 160)] * 3
+    reduced = _reduce(device, module, post.reduction(), heads)
+    gpu, cpu = post.reduced(reduced, boxes, sizes), post({"o": heads}, boxes, sizes)
+    _same_detections(gpu, cpu)
+    for g, c in zip(gpu, cpu):
+        np.testing.assert_allclose(g["keypoints"], c["keypoints"], atol=2e-3)
+    assert [len(c["boxes"]) for c in cpu[:2]] == [7, 0] and len(cpu[2]["boxes"]) > 20
+    assert reduced["written"] == 4 * 51 * int(reduced["counts"].sum())
+
+
+def _masks_cpu(post, head, protos):
+    """The CPU path's kept boxes (float32, as the GPU holds them) and each one's mask (bits, x0, y0)."""
+    columns, xyxy, _, _ = nms_yolov8(head, post.classes, post.score_threshold, post.iou_threshold,
+                                     post.max_detections)
+    coefficients, kept = head[4 + post.classes:, columns].T, xyxy.astype(np.float32)
+    return [post.object_mask(c, protos, b.astype(np.float64)) for c, b in zip(coefficients, kept)], kept
+
+
+def test_instance_masks_match_cpu(device, module, ref):
+    """A real seg export's output (6 objects), a frame with none and a made-up crowd on random prototypes:
+    the GPU's boxes and its masks' bits equal the CPU path's (bar pixels whose logit rounds either side of
+    0), the outlines traced from them agree, and only the boxes' words cross."""
+    rng = np.random.default_rng(9)
+    quiet = ref["seg_head"].copy()
+    quiet[:, 4:7] = 0.01
+    crowd = _crowd_head(rng, 32, 3, largest=40, sparse=12)  # their masks within a frame's words
+    crowd[0, 7:] = rng.normal(0, 1, (32, 525))
+    heads = np.concatenate([ref["seg_head"], quiet, crowd])
+    protos = np.concatenate([ref["seg_protos"], ref["seg_protos"], rng.normal(0, 1, (1, 32, 40, 40))])
+    post = YoloSegmentation(classes=3, coefficients=32, input_hw=(160, 160))
+    boxes, sizes = [IDENTITY] * 3, [(160, 160)] * 3
+    reduced = _reduce(device, module, post.reduction(), [protos, heads])  # the prototypes first, as some exports
+    gpu, cpu = post.reduced(reduced, boxes, sizes), post({"p": protos, "h": heads}, boxes, sizes)
+    _same_detections(gpu, cpu)
+    assert [len(c["boxes"]) for c in cpu[:2]] == [6, 0] and len(cpu[2]["boxes"]) > 20
+    differing = total = 0
+    for frame in (0, 2):
+        expected, kept = _masks_cpu(post, heads[frame], protos[frame])
+        count = int(reduced["counts"][frame])
+        np.testing.assert_allclose(reduced["detections"][frame, :count, :4], kept, atol=1e-3)
+        for (want, x0, y0), (got, gx0, gy0) in zip(expected, post.unpack(kept, reduced["masks"][frame])):
+            assert (x0, y0, want.shape) == (gx0, gy0, got.shape)
+            differing, total = differing + int((want != got).sum()), total + want.size
+        for g, c in zip(gpu[frame]["polygons"], cpu[frame]["polygons"]):
+            a, b = polygon_mask(g, (160, 160)), polygon_mask(c, (160, 160))
+            assert (a & b).sum() >= 0.97 * max(1, (a | b).sum())
+        np.testing.assert_allclose(gpu[frame]["mask_areas"], cpu[frame]["mask_areas"], rtol=0.01, atol=2)
+    assert total > 10000 and differing <= total * 1e-3 and not post.truncated
+    assert reduced["written"] == 4 * int(reduced["mask_words"].sum()) > 0
+
+
+def test_instance_masks_past_the_capacity_are_left_out(device, module):
+    """12 frame-sized boxes of 12 classes: the words a frame holds (its area 8 times over) take the 8 best;
+    the other 4 come back without a mask, and the first 8 are the CPU path's."""
+    classes, anchors = 12, 525
+    head = np.zeros((1, 4 + classes + 32, anchors), np.float32)
+    head[0, :4, :classes] = np.array([[80], [80], [160], [160]], np.float32)
+    head[0, 4 + np.arange(classes), np.arange(classes)] = 0.9 - 0.01 * np.arange(classes)
+    head[0, 4 + classes] = 1.0  # the first coefficient: the first prototype, positive everywhere
+    protos = np.zeros((1, 32, 40, 40), np.float32)
+    protos[0, 0] = 1.0
+    post = YoloSegmentation(classes=classes, coefficients=32, input_hw=(160, 160))
+    reduced = _reduce(device, module, post.reduction(), [head, protos])
+    gpu = post.reduced(reduced, [IDENTITY], [(160, 160)])[0]
+    cpu = post({"h": head, "p": protos}, [IDENTITY], [(160, 160)])[0]
+    assert len(gpu["boxes"]) == len(cpu["boxes"]) == classes
+    assert gpu["polygons"][:8] == cpu["polygons"][:8] and all(gpu["polygons"][:8])
+    assert gpu["polygons"][8:] == [[]] * 4 and gpu["mask_areas"][:8] == [160.0 * 160] * 8
+    assert int(reduced["mask_words"][0]) == 8 * 160 * 5
+
+
+@pytest.mark.parametrize("classes", [21, 300])
+def test_argmax_matches_numpy(device, module, classes):
+    """The best class of each pixel, the first of equal values (integer logits: many ties), one byte a pixel
+    up to 256 classes and two above; the records finished from it are the CPU path's."""
+    logits = np.random.default_rng(classes).integers(-3, 3, (3, classes, 48, 64)).astype(np.float32)
+    reduced = _reduce(device, module, Reduction("argmax"), logits)
+    assert reduced["best"].dtype == (np.uint8 if classes <= 256 else np.uint16)
+    np.testing.assert_array_equal(reduced["best"], logits.argmax(axis=1))
+    post = SemanticSegmentation(input_hw=(48, 64))
+    boxes, sizes = [IDENTITY] * 3, [(48, 64)] * 3
+    assert post.reduced(reduced, boxes, sizes) == post({"out": logits}, boxes, sizes)

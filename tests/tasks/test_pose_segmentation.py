@@ -173,3 +173,49 @@ def test_masks_and_skeletons_are_drawn():
     draw(image, {"boxes": [[40, 40, 160, 160]], "scores": [0.9], "classes": [0], "keypoints": [points]}, (200, 200))
     assert image[100, 100].any()  # on the limb
     assert not image[1, 1].any()  # the unseen keypoint at the corner is not drawn
+
+
+def _pack_masks(post, head, protos, capacity: int) -> dict:
+    """What the yolo-seg reduction hands back for one frame, written here from its documented layout: the CPU
+    path's kept boxes (float32) and each box's mask over mask_region, one bit a pixel (bit i of a word: its
+    i-th pixel from the left), rows padded to words, box after box, none past `capacity` words."""
+    from jetpipe.tasks.detection_yolo import nms_yolov8
+    from jetpipe.tasks.segmentation_yolo import mask_region, region_words
+
+    columns, xyxy, score, cls = nms_yolov8(head[0], post.classes, post.score_threshold, post.iou_threshold,
+                                           post.max_detections)
+    detections = np.zeros((1, post.max_detections, 6), np.float32)
+    detections[0, :len(columns)] = np.concatenate([xyxy, score[:, None], cls[:, None]], axis=1)
+    words, start = np.zeros((1, capacity), np.uint32), 0
+    coefficients = head[0][4 + post.classes:, columns].T
+    for corners, c in zip(detections[0, :len(columns), :4], coefficients):
+        x0, y0, x1, y1 = mask_region(corners, post.input_hw)
+        count = int(region_words(np.array([[x0, y0, x1, y1]]))[0])
+        if count and start + count <= capacity:
+            mask, *_ = post.object_mask(c, protos[0], corners.astype(np.float64))
+            padded = np.zeros((y1 - y0, count // (y1 - y0) * 32), np.uint8)
+            padded[:, :x1 - x0] = mask
+            words[0, start:start + count] = np.packbits(padded, axis=1, bitorder="little").view(np.uint32).ravel()
+        start += count
+    return {"counts": np.array([len(columns)], np.int32), "detections": detections, "masks": words}
+
+
+def test_masks_handed_back_as_bits_are_finished_as_the_cpu_path(ref, caplog):
+    """reduced() reads each box's mask from the words the GPU writes and traces it as the CPU path does; boxes
+    past the words' capacity get no outline, said once."""
+    size = int(ref["size"])
+    post = get("segmentation-yolo").postprocessor(_options("segmentation-yolo", _seg_facts(ref)))
+    outputs = {"output0": ref["seg_head"], "output1": ref["seg_protos"]}
+    cpu = post(outputs, [IDENTITY], [(size, size)])[0]
+    packed = _pack_masks(post, ref["seg_head"], ref["seg_protos"], capacity=8 * size * size // 32)
+    gpu = post.reduced(packed, [IDENTITY], [(size, size)])[0]
+    assert gpu["polygons"] == cpu["polygons"] and gpu["mask_areas"] == cpu["mask_areas"]
+    assert gpu["classes"] == cpu["classes"] and len(cpu["polygons"]) == 6
+    np.testing.assert_allclose(gpu["boxes"], cpu["boxes"], atol=0.051)
+    small = _pack_masks(post, ref["seg_head"], ref["seg_protos"], capacity=300)  # room for the first few only
+    with caplog.at_level("WARNING"):
+        cut = post.reduced(small, [IDENTITY], [(size, size)])[0]
+    kept = sum(1 for p in cut["polygons"] if p)
+    assert 0 < kept < 6 and cut["polygons"][:kept] == cpu["polygons"][:kept]
+    assert all(p == [] for p in cut["polygons"][kept:]) and cut["mask_areas"][kept:] == [0.0] * (6 - kept)
+    assert "have no outline" in caplog.text

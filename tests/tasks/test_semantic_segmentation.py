@@ -91,3 +91,33 @@ def test_regions_are_filled_in_their_class_colour():
     draw(image, {"class_shares": {"3": 0.36}, "regions": [{"class": 3, "label": "3", "polygon": square,
                                                           "area": 3600.0}]}, (100, 100))
     assert image[60, 50].any() and not image[95, 50].any()
+
+
+def test_regions_of_a_large_map_are_traced_on_it_sampled():
+    """A 512 x 512 map is traced every 4th pixel (at most 160 a side): the outlines still go around the
+    regions within a sampled pixel, areas within a sampled row, shares counted on every pixel."""
+    scene = np.zeros((512, 512), np.int64)
+    scene[64:192, 32:320] = 3    # 128 x 288
+    scene[300:500, 250:450] = 5  # 200 x 200
+    scene[10:13, 500:503] = 2    # 9 pixels: counted, not outlined
+    post = get("semantic-segmentation").postprocessor(TaskOptions((512, 512), None))
+    result = post({"out": _logits(scene)}, [IDENTITY], [(512, 512)])[0]
+    assert result["class_shares"]["2"] == pytest.approx(9 / 512**2, abs=1e-5)
+    regions = {r["class"]: r for r in result["regions"]}
+    assert set(regions) == {0, 3, 5}
+    for cls, area in ((3, 128 * 288), (5, 200 * 200)):
+        truth = scene == cls
+        drawn = polygon_mask(regions[cls]["polygon"], (512, 512))
+        assert (drawn & truth).sum() / (drawn | truth).sum() > 0.95
+        assert regions[cls]["area"] == pytest.approx(area, rel=0.03)
+    assert max(len(r["polygon"]) for r in result["regions"]) < 40  # rectangles stay a few points
+
+
+def test_the_gpu_class_map_is_finished_as_the_cpu_path():
+    """reduced() on a class map (what the argmax reduction hands back) gives the CPU path's records."""
+    scene = _scene()
+    post = get("semantic-segmentation").postprocessor(TaskOptions((64, 64), None))
+    letterbox = fit((48, 64), (64, 64), "letterbox")[1]
+    cpu = post({"out": _logits(scene)}, [letterbox], [(48, 64)])
+    gpu = post.reduced({"best": scene[None].astype(np.uint8)}, [letterbox], [(48, 64)])
+    assert gpu == cpu and cpu[0]["regions"]
