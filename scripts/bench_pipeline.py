@@ -159,12 +159,8 @@ def p3(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, bundle in make_bundles(Path(tmp)).items():
-            from jetpipe import bundle as bundle_io
 
-            sample = (3, *bundle_io.read_manifest(bundle)["input_size"])
-            model = str(bundle / "model.onnx")
-            engine = {"plain": BATCH * 1000 / bare_backend(model, sample, BATCH, 200),
-                      "cuda_graph": BATCH * 1000 / bare_backend(model, sample, BATCH, 200, cuda_graph=True)}
+            engine = _engine_only(bundle)
             row = {"model": name, "streams": args.streams, "batch": BATCH, "engine_only_fps": engine,
                    "naive_fps": naive_fps(bundle), "batch_period_ms": 1000 * BATCH / (30 * args.streams)}
             best = max(engine.values())
@@ -256,10 +252,11 @@ def _same_records(bundle: Path) -> dict:
         reduced = rt.infer(frames)
         gpu = post.reduced(reduced.outputs, reduced.letterboxes, [(1080, 1920)] * BATCH)
     objects = [len(r.get("boxes", r.get("regions", []))) for r in cpu]
-    same = all(len(g.get("boxes", [])) == len(c.get("boxes", [])) for g, c in zip(gpu, cpu))
     if "boxes" in cpu[0]:
-        same = same and all(np.allclose(g["boxes"], c["boxes"], atol=0.5) for g, c in zip(gpu, cpu) if c["boxes"])
-    if "regions" in cpu[0]:
+        same = all(len(g["boxes"]) == len(c["boxes"]) and (not c["boxes"] or np.allclose(g["boxes"], c["boxes"],
+                                                                                           atol=0.5))
+                   for g, c in zip(gpu, cpu))
+    else:
         same = all(g["class_shares"] == c["class_shares"] for g, c in zip(gpu, cpu))
     return {"task": task.name, "objects_per_frame": objects, "gpu_equals_cpu": bool(same)}
 
@@ -269,18 +266,14 @@ def heads(args) -> list[dict]:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model in args.models:
-            model = Path(model)
-            meta = _metadata(model)
-            if meta.get("task") in ("segment", "pose", "detect") and args.objects:
+        for given in map(Path, args.models):
+            model = given
+            if _metadata(model).get("task") in ("segment", "pose", "detect") and args.objects:
                 model = busy_head(model, args.objects, Path(tmp) / f"busy-{model.name}")
             bundle = _convert(model, Path(tmp) / f"b-{model.stem}")
-            sample = (3, *bundle_io.read_manifest(bundle)["input_size"])
-            engine = {"plain": BATCH * 1000 / bare_backend(str(bundle / "model.onnx"), sample, BATCH, 200),
-                      "cuda_graph": BATCH * 1000 / bare_backend(str(bundle / "model.onnx"), sample, BATCH, 200,
-                                                                cuda_graph=True)}
-            row = {"model": Path(args.models[len(rows)]).name, "input": sample[1:], "engine_only_fps": engine,
-                   **_same_records(bundle)}
+            engine = _engine_only(bundle)
+            row = {"model": given.name, "input": bundle_io.read_manifest(bundle)["input_size"],
+                   "engine_only_fps": engine, **_same_records(bundle)}
             best = max(engine.values())
             for where in ("cpu", "gpu"):
                 saturated = _brief(serve(bundle, args.streams, args.saturate_fps, args.seconds, postprocess=where,
@@ -298,6 +291,15 @@ def heads(args) -> list[dict]:
                   f"{x['d2h_bytes_per_frame']} B/frame to the host, {x['cpu_cores']:.2f} cores, "
                   f"GPU ms/batch {x['gpu_stage_ms']}")
     return rows
+
+
+def _engine_only(bundle: Path) -> dict:
+    """Frames/s of the bundle's model alone at batch BATCH, plain and replayed from a CUDA graph."""
+    from jetpipe import bundle as bundle_io
+
+    sample, model = (3, *bundle_io.read_manifest(bundle)["input_size"]), str(bundle / "model.onnx")
+    return {"plain": BATCH * 1000 / bare_backend(model, sample, BATCH, 200),
+            "cuda_graph": BATCH * 1000 / bare_backend(model, sample, BATCH, 200, cuda_graph=True)}
 
 
 def _metadata(model: Path) -> dict:

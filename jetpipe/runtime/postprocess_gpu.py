@@ -201,7 +201,8 @@ class YoloReducer(_Reducer):
     def __init__(self, device, module, max_batch: int, sets: int, outputs, layout: str = "auto",
                  score_threshold: float = 0.25, iou_threshold: float = 0.45, limit: int = 300,
                  input_hw=(640, 640), strides=(8, 16, 32), extra_rows: int = 0, carry: bool = False,
-                 head: int = 0, mapped: Layout | None = None):
+                 head: int = 0, copied: Layout | None = None, mapped: Layout | None = None):
+        """copied / mapped: a subclass's own compact arrays beside the detections."""
         output = outputs[head]
         shape = output.sample_shape
         if len(shape) != 2:
@@ -237,8 +238,8 @@ class YoloReducer(_Reducer):
         mapped = dict(mapped or {})
         if self.carry:
             mapped["carried"] = ((limit, self.carry), np.float32)
-        super().__init__(device, max_batch, sets, {"counts": ((), np.int32), "detections": ((limit, 6), np.float32)},
-                         mapped)
+        super().__init__(device, max_batch, sets, {"counts": ((), np.int32), "detections": ((limit, 6), np.float32),
+                                                   **(copied or {})}, mapped)
         self.candidates, self.nms = module.get_function("yolo_candidates"), module.get_function("yolo_nms")
         self.candidates.prepare("PPPPPP")
         self.nms.prepare("PPPPPPPPP")
@@ -289,37 +290,28 @@ class SegmentationReducer(YoloReducer):
         self.cap_words = MASK_AREAS * height * ((width + 31) // 32)
         # the coefficients stay on the device: the mask kernel reads them from the head
         super().__init__(device, module, max_batch, sets, outputs, layout="yolov8", input_hw=input_hw, head=head,
-                         extra_rows=coefficients, mapped={"masks": ((self.cap_words,), np.uint32)}, **options)
+                         extra_rows=coefficients, copied={"mask_words": ((), np.int32)},
+                         mapped={"masks": ((self.cap_words,), np.uint32)}, **options)
         seg = np.zeros((), SEG_PARAMS)
         seg["coefficients"], seg["proto_h"], seg["proto_w"] = coefficients, proto_h, proto_w
         seg["first"], seg["cap_words"] = self.first_carried, self.cap_words
         seg["scale_x"], seg["scale_y"] = proto_w / width, proto_h / height
         self.seg_params = device.alloc(SEG_PARAMS.itemsize)
         device.cuda.memcpy_htod(self.seg_params, seg)
-        self.used = [device.alloc(4 * max_batch) for _ in range(sets)]
-        self.used_host = [device.pinned((max_batch,), np.int32) for _ in range(sets)]
         self.masks = module.get_function("seg_masks")
         self.masks.prepare("PPPPPPPPP")
 
     def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
         super().launch(set_index, batch, addresses, stream, sample_shape)
         out = self.device_out[set_index]
-        self.device.cuda.memset_d32_async(self.used[set_index], 0, batch, stream)
+        self.device.cuda.memset_d32_async(out["mask_words"], 0, batch, stream)
         self.masks.prepared_async_call((self.limit, batch, SEG_PARTS), (SEG_THREADS, 1, 1), stream,
                                        addresses[self.head], addresses[1 - self.head], self.params, self.seg_params,
                                        out["counts"], self.kept_anchors, out["detections"],
-                                       self.mapped_address[set_index]["masks"], self.used[set_index])
-
-    def download(self, set_index: int, batch: int, stream, sample_shape=None) -> int:
-        host = self.used_host[set_index][:batch]
-        self.device.cuda.memcpy_dtoh_async(host, self.used[set_index], stream)
-        return super().download(set_index, batch, stream, sample_shape) + host.nbytes
-
-    def host(self, set_index: int, batch: int, sample_shape=None) -> dict[str, np.ndarray]:
-        return {**super().host(set_index, batch, sample_shape), "mask_words": self.used_host[set_index][:batch]}
+                                       self.mapped_address[set_index]["masks"], out["mask_words"])
 
     def written(self, set_index: int, batch: int) -> int:
-        return 4 * int(self.used_host[set_index][:batch].sum())
+        return 4 * int(self.host_out[set_index]["mask_words"][:batch].sum())
 
 
 class ArgmaxReducer(_Reducer):

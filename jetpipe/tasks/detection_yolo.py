@@ -55,6 +55,12 @@ def nms_yolov8(pred: np.ndarray, classes: int, score_threshold: float, iou_thres
     return columns, xyxy, score, cls
 
 
+def kept_detections(found: np.ndarray, count) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The yolo-nms reduction's kept rows of one frame (x0 y0 x1 y1 score class) as xyxy, score and class."""
+    d = found[:int(count)].astype(np.float64)
+    return d[:, :4], d[:, 4], d[:, 5].astype(np.int64)
+
+
 @dataclass
 class YoloDetection:
     """YOLOv5 (B,N,5+C), YOLOv8 (B,4+C,N) and YOLOX (B,N,5+C, raw grid outputs) with class-aware NMS."""
@@ -131,8 +137,7 @@ class YoloDetection:
         """Finish from the GPU's detections after NMS (counts [B], detections [B, limit, 6])."""
         results = []
         for count, found, box, hw in zip(outputs["counts"], outputs["detections"], letterboxes, sizes):
-            d = found[:int(count)].astype(np.float64)
-            results.append(self._result(d[:, :4], d[:, 4], d[:, 5].astype(np.int64), box, hw))
+            results.append(self._result(*kept_detections(found, count), box, hw))
         return results
 
     def _result(self, xyxy, score, cls, box, hw) -> dict:

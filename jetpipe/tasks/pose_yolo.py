@@ -29,7 +29,7 @@ from jetpipe.tasks.base import (
     ultralytics_misfit,
     with_labels,
 )
-from jetpipe.tasks.detection_yolo import anchor_points, nms_yolov8
+from jetpipe.tasks.detection_yolo import anchor_points, kept_detections, nms_yolov8
 from jetpipe.tasks.metrics import keypoint_similarity
 
 COCO_KEYPOINTS = (17, 3)
@@ -99,9 +99,8 @@ class YoloPose:
         results = []
         for count, found, carried, box, hw in zip(outputs["counts"], outputs["detections"], outputs["carried"],
                                                   letterboxes, sizes):
-            kept = found[:int(count)].astype(np.float64)
             points = carried[:int(count)].reshape(-1, k, d).astype(np.float64)
-            results.append(self._result(kept[:, :4], kept[:, 4], kept[:, 5].astype(np.int64), points, box, hw))
+            results.append(self._result(*kept_detections(found, count), points, box, hw))
         return results
 
 
