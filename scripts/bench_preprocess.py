@@ -8,7 +8,8 @@ with torch GPU ops (if torch is present), and a device-to-device copy of the
 input frames (the floor). GPU times: CUDA events, median of --repeat runs
 after warm-up, rotating over several frame sets so the L2 cache does not hold them.
 
-    python scripts/bench_preprocess.py [--batches 1,8,32] [--repeat 200] [--json out.json]
+    python scripts/bench_preprocess.py [--batches 1,8,32] [--sources 1080x1920,720x1280] [--repeat 200]
+                                       [--json out.json]
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def torch_preprocess(torch, nv12_batch, mul, add):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--batches", default="1,8,32", type=lambda s: [int(v) for v in s.split(",")])
+    parser.add_argument("--sources", default="1080x1920,720x1280",
+                        type=lambda s: [tuple(int(v) for v in hw.split("x")) for hw in s.split(",")],
+                        help="frame sizes HxW (the CPU and torch peers run on 1080x1920 only)")
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -106,33 +110,66 @@ def main() -> None:
     from jetpipe.runtime.cuda import CudaDevice
     from jetpipe.runtime.kernels import compile_module
 
-    base = [from_bgr(render_text_image(100 + i, (H, W)).bgr, "nv12") for i in range(ROTATE)]
     rows = []
-    cpu1 = bench_opencv(base, 1)
-    cpu_all = bench_opencv(base, -1)  # -1: OpenCV's default thread count (0 would disable threading)
     device = CudaDevice()
     with device.active():
         module = compile_module()
         stream = device.stream()
-        for batch in args.batches:
-            row = {"batch": batch, **bench_gpu(device, module, stream, base, batch, args.repeat)}
-            torch_ms = bench_torch(base, batch, args.repeat)
-            row.update(torch_gpu_ops_us=torch_ms * 1e3 if torch_ms else None,
-                       opencv_1_thread_us=cpu1 * 1e3, opencv_all_threads_us=cpu_all * 1e3)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        peak = peak_bandwidth(device)
+        for hw in args.sources:
+            base = [from_bgr(render_text_image(100 + i, hw).bgr, "nv12") for i in range(ROTATE)]
+            peers = hw == (H, W)
+            cpu1 = bench_opencv(base, 1) if peers else None
+            cpu_all = bench_opencv(base, -1) if peers else None  # -1: OpenCV's default thread count
+            for batch in args.batches:
+                row = {"source": f"{hw[1]}x{hw[0]}", "batch": batch,
+                       **bench_gpu(device, module, stream, base, batch, args.repeat, peak)}
+                torch_ms = bench_torch(base, batch, args.repeat) if peers else None
+                row.update(torch_gpu_ops_us=torch_ms * 1e3 if torch_ms else None,
+                           opencv_1_thread_us=cpu1 * 1e3 if cpu1 else None,
+                           opencv_all_threads_us=cpu_all * 1e3 if cpu_all else None)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     name = device.name
     device.close()
     print_table(rows)
     if args.json:
-        args.json.write_text(json.dumps({"gpu": name, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"gpu": name, "peak_bandwidth_gb_s": peak / 1e9, "rows": rows}, indent=2))
 
 
-def bench_gpu(device, module, stream, base, batch: int, repeat: int) -> dict:
-    """Our kernel on device frames and on mapped host frames, and the D2D copy floor (us per frame)."""
+def peak_bandwidth(device) -> float:
+    """The GPU's DRAM bandwidth in bytes/s from its memory clock and bus width (double data rate)."""
+    attr = device.cuda.device_attribute
+    clock_khz = device.device.get_attribute(attr.MEMORY_CLOCK_RATE)
+    bus_bits = device.device.get_attribute(attr.GLOBAL_MEMORY_BUS_WIDTH)
+    return 2 * clock_khz * 1e3 * bus_bits / 8
+
+
+def sampled_bytes(height: int, width: int, out_hw=OUT) -> int:
+    """Bytes of an NV12 frame in the rows the letterbox resize reads (taps of weight 0 are not read: at an
+    integer ratio, 1080 -> 360 rows, one row in three); every column's sector is read in those rows."""
+    scale = max(height / out_hw[0], width / out_hw[1])
+    rows = round(height / scale)
+    luma = set()
+    for cy in range(rows):
+        s = (cy + 0.5) * (height / rows) - 0.5
+        i0 = min(max(int(np.floor(s)), 0), height - 1)
+        a = s - np.floor(s) if 0 <= s < height - 1 else 0.0
+        luma.add(i0)
+        if a != 0:
+            luma.add(min(i0 + 1, height - 1))
+    chroma = {r >> 1 for r in luma}
+    return (len(luma) + len(chroma)) * width
+
+
+def bench_gpu(device, module, stream, base, batch: int, repeat: int, peak: float) -> dict:
+    """Our kernel on device frames and on mapped host frames, and the D2D copy floor (us per frame); the
+    share of the DRAM bandwidth each uses on the bytes it must move (the kernel: the frame + its output, and
+    the rows it reads + its output; the copy: the frame read and written)."""
     from jetpipe.runtime.kernels import GpuPreprocessor
 
     n, frame_bytes, matrix = batch * ROTATE, base[0].nbytes, ColourMatrix.of()
+    height, width = base[0].shape[0] * 2 // 3, base[0].shape[1]  # NV12: the luma rows, then half as many
     src = device.alloc(n * frame_bytes)
     mapped = device.pinned((n, frame_bytes), np.uint8, mapped=True)
     for i in range(n):
@@ -147,18 +184,54 @@ def bench_gpu(device, module, stream, base, batch: int, repeat: int) -> dict:
         for r in range(ROTATE):
             pre = GpuPreprocessor(device, module, batch, OUT, SPEC)
             for i in range(batch):
-                pre.set_frame(i, "nv12", H, W, first + (r * batch + i) * frame_bytes, matrix)
+                pre.set_frame(i, "nv12", height, width, first + (r * batch + i) * frame_bytes, matrix)
             sets.append(pre)
         ms = gpu_median(device, stream, lambda i, sets=sets: sets[i % ROTATE].launch(batch, int(out), stream),
                         repeat)
         result[label] = ms * 1e3 / batch
+        if label == "jetpipe_kernel_us" and REFERENCE.exists():
+            before = reference_launcher(module_before(), batch, int(out), stream)
+            result["kernel_before_us"] = gpu_median(device, stream, lambda i, b=before, s=sets: b(s[i % ROTATE]),
+                                                    repeat) * 1e3 / batch
 
     def copy(i):
         source = int(src) + (i % ROTATE) * batch * frame_bytes
         device.cuda.memcpy_dtod_async(copy_dst, source, batch * frame_bytes, stream)
 
     result["d2d_copy_us"] = gpu_median(device, stream, copy, repeat) * 1e3 / batch
+    out_bytes = 3 * OUT[0] * OUT[1] * 4
+    read_bytes = sampled_bytes(height, width)
+    per_us = peak / 1e6 / 100  # bytes per microsecond at 1 % of the peak
+    result.update(frame_bytes=frame_bytes, read_bytes=read_bytes, out_bytes=out_bytes,
+                  kernel_pct_frame_plus_out=(frame_bytes + out_bytes) / result["jetpipe_kernel_us"] / per_us,
+                  kernel_pct_read_plus_out=(read_bytes + out_bytes) / result["jetpipe_kernel_us"] / per_us,
+                  copy_pct=2 * frame_bytes / result["d2d_copy_us"] / per_us)
     return result
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "runtime" / "preprocess_reference.cu"
+
+
+def module_before():
+    from jetpipe.runtime.kernels import compile_module
+
+    return compile_module(REFERENCE)
+
+
+def reference_launcher(module, batch: int, out: int, stream):
+    """Launches the kernel as it was before issue 27 (one thread per output pixel; kept in the tests as the
+    reference the current kernel equals bit for bit) on a GpuPreprocessor's frames."""
+    from jetpipe.runtime.kernels import BLOCK
+
+    function = module.get_function("preprocess_f32")
+    function.prepare("PPiiifffffffi")
+    grid = ((OUT[1] + BLOCK[0] - 1) // BLOCK[0], (OUT[0] + BLOCK[1] - 1) // BLOCK[1], batch)
+
+    def launch(pre):
+        pre._cuda.memcpy_htod_async(pre.device_params, pre.host_params[:batch], stream)
+        function.prepared_async_call(grid, BLOCK, stream, pre.device_params, out, np.int32(OUT[1]),
+                                     np.int32(OUT[0]), np.int32(batch), *pre.constants)
+    return launch
 
 
 def bench_torch(base, batch: int, repeat: int) -> float | None:
@@ -184,15 +257,18 @@ def bench_torch(base, batch: int, repeat: int) -> float | None:
 
 
 def print_table(rows) -> None:
-    print("\nper frame, us        " + "".join(f"batch {r['batch']:>3}   " for r in rows))
-    labels = [("jetpipe_kernel_us", "jetpipe kernel"), ("jetpipe_kernel_mapped_us", "  (mapped frames)"),
+    labels = [("jetpipe_kernel_us", "jetpipe kernel"), ("kernel_before_us", "  (before issue 27)"),
+              ("jetpipe_kernel_mapped_us", "  (mapped frames)"),
               ("d2d_copy_us", "D2D copy (floor)"), ("torch_gpu_ops_us", "torch GPU ops"),
-              ("opencv_1_thread_us", "OpenCV 1 thread"), ("opencv_all_threads_us", "OpenCV all threads")]
+              ("opencv_1_thread_us", "OpenCV 1 thread"), ("opencv_all_threads_us", "OpenCV all threads"),
+              ("kernel_pct_frame_plus_out", "kernel % DRAM (frame+out)"),
+              ("kernel_pct_read_plus_out", "kernel % DRAM (read+out)"), ("copy_pct", "copy % DRAM")]
+    print("\nper frame, us" + " " * 14 + "".join(f"{r['source']:>10} b{r['batch']:<3}" for r in rows))
     for key, label in labels:
-        cells = [f"{r[key]:>10.1f}  " if r[key] is not None else f"{'n/a':>10}  " for r in rows]
-        print(f"{label:<21}" + "".join(cells))
+        cells = [f"{r[key]:>14.1f}" if r.get(key) is not None else f"{'n/a':>14}" for r in rows]
+        print(f"{label:<27}" + "".join(cells))
     for r in rows:
-        print(f"batch {r['batch']}: kernel / copy = {r['jetpipe_kernel_us'] / r['d2d_copy_us']:.2f}x")
+        print(f"{r['source']} batch {r['batch']}: kernel / copy = {r['jetpipe_kernel_us'] / r['d2d_copy_us']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from jetpipe.spec import PreprocessSpec
 SOURCE = Path(__file__).with_name("preprocess.cu")
 MODES = {"rgb": 0, "bgr": 1, "gray": 2}  # mirrors MODE_* in preprocess.cu
 BLOCK = (32, 8, 1)
+QUAD = 4  # adjacent output pixels per thread (mirrors QUAD in preprocess.cu)
 
 # Mirrors struct FrameParams in preprocess.cu (128 bytes, 8-byte aligned).
 PARAMS = np.dtype([
@@ -111,6 +112,7 @@ class GpuPreprocessor:
         """Upload this batch's parameters and run the kernel, both on `stream`."""
         self._cuda.memcpy_htod_async(self.device_params, self.host_params[:batch], stream)
         h, w = self.size_hw
-        grid = ((w + BLOCK[0] - 1) // BLOCK[0], (h + BLOCK[1] - 1) // BLOCK[1], batch)
+        columns = BLOCK[0] * QUAD
+        grid = ((w + columns - 1) // columns, (h + BLOCK[1] - 1) // BLOCK[1], batch)
         self.function.prepared_async_call(grid, BLOCK, stream, self.device_params, out_address,
                                           np.int32(w), np.int32(h), np.int32(batch), *self.constants)

@@ -6,6 +6,7 @@ compare against is tested in test_cpu_runtime.py everywhere.
 
 import os
 import resource
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,6 +139,74 @@ def test_stretch_resize_and_rgb_order(device, module):
     gpu = _run_kernel(device, module, frames, "nv12", ColourMatrix.of(), spec, (320, 480), np.float32)
     cpu = np.stack([preprocess_frame(f, "nv12", (320, 480), spec)[0] for f in frames])
     assert np.abs(gpu - cpu).max() <= 1 / 255
+
+
+REFERENCE_KERNEL = Path(__file__).with_name("preprocess_reference.cu")
+
+
+def _kernel_and_reference(device, module, frames, fmt, spec, size_hw, out_dtype, crops=None, quads=None,
+                          out_offset=0):
+    """The kernel's output and the one-pixel-a-thread reference kernel's, both from the same uploaded
+    parameters, each into a buffer `out_offset` bytes past an allocation's start (not 16-byte aligned: the
+    kernel's scalar stores)."""
+    from jetpipe.runtime.kernels import BLOCK, GpuPreprocessor, compile_module
+
+    matrix = ColourMatrix.of("bt709", "limited")
+    with device.active():
+        reference = compile_module(REFERENCE_KERNEL).get_function(
+            "preprocess_f16" if out_dtype == np.float16 else "preprocess_f32")
+        reference.prepare("PPiiifffffffi")
+        pre = GpuPreprocessor(device, module, len(frames), size_hw, spec, out_dtype)
+        stream = device.stream()
+        buffers = [device.alloc(f.nbytes) for f in frames]
+        for i, (frame, buf) in enumerate(zip(frames, buffers)):
+            device.cuda.memcpy_htod(buf, frame)
+            h, w = frame_size(frame, fmt)
+            pre.set_frame(i, fmt, h, w, int(buf), matrix, crop=crops[i] if crops else None,
+                          quad=quads[i] if quads else None)
+        shape = (len(frames), spec.channels, *size_hw)
+        nbytes = int(np.prod(shape)) * np.dtype(out_dtype).itemsize
+        outs = [device.alloc(nbytes + out_offset) for _ in range(2)]
+        pre.launch(len(frames), int(outs[0]) + out_offset, stream)
+        h, w = size_hw
+        grid = ((w + BLOCK[0] - 1) // BLOCK[0], (h + BLOCK[1] - 1) // BLOCK[1], len(frames))
+        reference.prepared_async_call(grid, BLOCK, stream, pre.device_params, int(outs[1]) + out_offset,
+                                      np.int32(w), np.int32(h), np.int32(len(frames)), *pre.constants)
+        stream.synchronize()
+        hosts = [np.empty(shape, out_dtype) for _ in range(2)]
+        for host, out in zip(hosts, outs):
+            device.cuda.memcpy_dtoh(host, int(out) + out_offset)
+    return hosts
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("out_dtype", [np.float32, np.float16])
+def test_the_kernel_equals_the_one_pixel_a_thread_reference_bit_for_bit(device, module, fmt, out_dtype):
+    """Issue 27's faster kernel (four pixels a thread, vector stores, zero-weight taps skipped) writes exactly
+    what the kernel before it wrote: letterbox at an integer ratio (1080p -> 640) and at others, mixed sizes,
+    stretch, gray, crops, quadrilaterals, output widths that are no multiple of 4, misaligned output."""
+    from jetpipe.geometry import quad_region
+
+    matrix = ColourMatrix.of("bt709", "limited")
+    frames = [from_bgr(img, fmt, matrix) for img in _images()]
+    image = render_text_image(3, (720, 1280)).bgr
+    quads = [((120.0, 60.5), (330.2, 98.9), (322.4, 141.6), (112.3, 103.3)),
+             ((1200.0, 650.0), (1300.0, 660.0), (1290.0, 730.0), (1190.0, 725.0))]
+    gray = PreprocessSpec(channel_order="gray", mean=(0.5,), std=(0.5,), resize="topleft", pad_value=127.5)
+    cases = [
+        (frames, PRESETS["ppocr-det"], (640, 640), {}),
+        (frames, PreprocessSpec(resize="stretch", channel_order="rgb"), (317, 483), {}),
+        (frames, gray, (48, 322), {"out_offset": 4}),
+        ([from_bgr(image, fmt, matrix)] * 3, PRESETS["ppocr-rec"], (48, 320),
+         {"crops": [(101, 37, 331, 85), (1201, 641, 1280, 720), (7, 9, 8, 10)]}),
+        ([from_bgr(image, fmt, matrix)] * 2, PRESETS["ppocr-rec"], (48, 321),
+         {"crops": [quad_region(q, 720, 1280) for q in quads], "quads": quads, "out_offset": 8}),
+    ]
+    for case_frames, spec, size_hw, extra in cases:
+        new, before = _kernel_and_reference(device, module, case_frames, fmt, spec, size_hw, out_dtype, **extra)
+        bits = np.uint16 if out_dtype == np.float16 else np.uint32
+        mismatched = int(np.count_nonzero(new.view(bits) != before.view(bits)))
+        assert mismatched == 0, (fmt, spec.resize, size_hw, extra.keys(), mismatched)
 
 
 def test_cuda_graph_replays_the_kernel(device, module):
