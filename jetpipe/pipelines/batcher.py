@@ -7,6 +7,12 @@ When to cut a batch: at once when it is full; otherwise when its oldest frame ha
 with a latency budget, at the latest moment that still leaves the oldest frame its budget once one more
 frame's batch has run (the engine's time per batch size and the frames' arrival rate are measured while
 serving: cut_deadline()). A frame not expected before that moment is not waited for.
+
+The engine time is what the GPU spent on a batch (CUDA events around its work on the compute stream), not
+the time from submission to results: that includes waiting behind the batches already on the GPU, and a
+budget cutting earlier whenever the GPU is busy makes smaller batches that keep it busier. Arrivals are
+expected per stream (each stream's last frame + its own interval): cameras started together deliver in
+bursts, and one average gap over all streams mistook the quiet after a burst for a frame about to come.
 """
 
 from __future__ import annotations
@@ -53,8 +59,8 @@ class Batcher:
         self.max_batch, self.timeout_s, self.depth = max_batch, timeout_s, depth
         self.budget_s = budget_s
         self.engine_s = [0.0] * (max_batch + 1)  # measured seconds per batch size (0: not yet)
-        self.interval_s = 0.0  # the average time between two arriving frames (all streams)
-        self._last_put: float | None = None
+        self.interval_s = [0.0] * streams  # per stream: the average time between two of its frames
+        self._last_put: list[float | None] = [None] * streams
         self.queues = [deque() for _ in range(streams)]
         self.dropped = [0] * streams
         self._cond = threading.Condition()
@@ -64,7 +70,7 @@ class Batcher:
     def put(self, packet: Packet, wait: bool = False) -> None:
         """Queue a frame; when the stream's queue is full, wait for room (files) or drop its oldest (cameras)."""
         with self._cond:
-            self._arrived(packet.t_monotonic)
+            self._arrived(packet.stream, packet.t_monotonic)
             queue = self.queues[packet.stream]
             while wait and len(queue) >= self.depth and not self.closed:
                 self._cond.wait(timeout=0.1)
@@ -86,14 +92,24 @@ class Batcher:
         old.release()
         self.dropped[stream] += 1
 
-    def _arrived(self, now: float) -> None:
-        if self._last_put is not None:
-            gap = max(0.0, now - self._last_put)
-            self.interval_s = gap if self.interval_s == 0.0 else self.interval_s + EMA * (gap - self.interval_s)
-        self._last_put = now
+    def _arrived(self, stream: int, now: float) -> None:
+        last = self._last_put[stream]
+        if last is not None:
+            gap, known = max(0.0, now - last), self.interval_s[stream]
+            self.interval_s[stream] = gap if known == 0.0 else known + EMA * (gap - known)
+        self._last_put[stream] = now
+
+    def _next_arrival(self, now: float) -> float:
+        """When the next frame is expected: the soonest of each stream's last frame + its interval (inf before
+        any stream's interval is known). A stream overdue by a whole interval more is not counted on (ended,
+        stalled or removed): it would hold every batch to its deadline."""
+        due = [last + gap for last, gap in zip(self._last_put, self.interval_s)
+               if last is not None and gap > 0 and last + 2 * gap >= now]
+        return min(due, default=math.inf)
 
     def record_batch(self, size: int, seconds: float) -> None:
-        """A batch of `size` frames took `seconds` from submission to results (the budget's engine time)."""
+        """A batch of `size` frames took the engine `seconds` (the GPU's time on it where the runtime measures
+        that, else from submission to results): the budget's engine time."""
         with self._cond:
             known = self.engine_s[size]
             self.engine_s[size] = seconds if known == 0.0 else known + EMA * (seconds - known)
@@ -107,9 +123,11 @@ class Batcher:
         return larger[0] if larger else (smaller[-1] if smaller else 0.0)
 
     def reset(self, stream: int) -> None:
-        """A new stream takes this queue (the control API reuses a slot): its drops count from zero."""
+        """A new stream takes this queue (the control API reuses a slot): its drops count from zero, its
+        arrival rate is learnt anew."""
         with self._cond:
             self.dropped[stream] = 0
+            self._last_put[stream], self.interval_s[stream] = None, 0.0
 
     def depths(self) -> list[int]:
         with self._cond:
@@ -155,9 +173,8 @@ class Batcher:
 
     def _deadline(self) -> float:
         oldest = min(q[0].t_monotonic for q in self.queues if q)
-        expected = (self._last_put or oldest) + self.interval_s if self.interval_s > 0 else math.inf
         return cut_deadline(oldest, self._total(), self.max_batch, self.timeout_s, self.budget_s, self._engine,
-                            expected)
+                            self._next_arrival(time.monotonic()))
 
     def _total(self) -> int:
         return sum(len(q) for q in self.queues)

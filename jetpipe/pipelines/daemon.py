@@ -477,7 +477,8 @@ class Pipeline:
                 result = self.runtime.collect(ticket, hold=True)  # waits for the GPU (blocking, not spinning)
                 self.post_phase_s["wait_gpu"] += time.perf_counter() - t_wait
                 self.metrics.batches += 1
-                self.batcher.record_batch(len(packets), time.monotonic() - t_batch)
+                engine_s = result.engine_ms / 1e3 if result.engine_ms is not None else time.monotonic() - t_batch
+                self.batcher.record_batch(len(packets), engine_s)
                 if self.profile:
                     for stage, ms in self.runtime.stage_times(ticket).items():
                         self.gpu_stage_ms.setdefault(stage, []).append(ms)

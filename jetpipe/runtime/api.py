@@ -99,6 +99,9 @@ class BatchResult:
     # this batch's staging copy): valid while the batch is held (collect(hold=True) .. release()), so a
     # secondary model can cut crops from it without the frame crossing the bus again
     frame_addresses: list[int] | None = None
+    # GPU runtime: milliseconds the GPU spent on the batch (CUDA events on its compute stream), without the
+    # time it queued behind earlier batches; None where not measured (CPU runtime, a Triton server)
+    engine_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,7 @@ class _BufferSet:
     done: object                         # event: outputs in host memory
     marks: dict | None = None            # stage events when profiling
     host_input: np.ndarray | None = None  # a remote backend (Triton): the batch's input sent from here
+    span: tuple = ()                     # timing events around the batch's work on the compute stream
 
 
 class GpuRuntime(RuntimeBase):
@@ -186,7 +187,7 @@ class GpuRuntime(RuntimeBase):
         pre = GpuPreprocessor(d, self.module, b, self.size_hw, self.spec, out_dtype=input_dtype)
         marks = {name: d.event() for name in STAGE_MARKS} if self.profile else None
         return _BufferSet(host_frames, addresses, device_frames, input_buffer, outputs, host_outputs, pre,
-                          d.event(), d.event(blocking=True), marks, host_input)
+                          d.event(), d.event(blocking=True), marks, host_input, (d.event(), d.event()))
 
     def _remote_buffers(self, index: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Host memory a Triton server reads the set's input from and writes its outputs to: its shared-memory
@@ -239,6 +240,7 @@ class GpuRuntime(RuntimeBase):
                             frame_addresses=addresses, width=width)
             if usable:
                 self._enqueue(buffers, ticket)
+                buffers.span[1].record(self.compute_stream)
             buffers.done.record(self.compute_stream)
         return ticket
 
@@ -324,6 +326,7 @@ class GpuRuntime(RuntimeBase):
 
     def _enqueue(self, buffers: _BufferSet, ticket: Ticket) -> None:
         stream, batch = self.compute_stream, ticket.batch
+        buffers.span[0].record(stream)  # once the stream is free and the frames are on the device
         self._mark(buffers, "pre_start", stream)
         buffers.preprocessor.launch(batch, int(buffers.input), stream)
         self._mark(buffers, "pre_end", stream)
@@ -424,7 +427,15 @@ class GpuRuntime(RuntimeBase):
             outputs = {spec.name: at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
                        for spec, shape in zip(self.backend.outputs, shapes)}
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected, self.reduction,
-                           ticket.frame_addresses)
+                           ticket.frame_addresses, engine_ms=self._engine_ms(buffers, ticket))
+
+    def _engine_ms(self, buffers: _BufferSet, ticket: Ticket) -> float | None:
+        """The GPU's time on a collected batch, from the compute stream reaching it to its outputs in host
+        memory (waiting behind earlier batches not counted); None for an empty batch."""
+        if not ticket.batch:
+            return None
+        with self.device.active():
+            return buffers.span[1].time_since(buffers.span[0])
 
     def frame_to_host(self, frame: Frame, out: np.ndarray) -> None:
         """A device frame (NVDEC's ring slot) copied into host array `out` on a stream of its own (no wait

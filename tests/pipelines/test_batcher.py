@@ -110,6 +110,60 @@ def test_a_budgeted_batcher_waits_for_frames_that_arrive_within_the_budget():
     assert sorted((p.stream, p.frame_no) for p in got[0]) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # full, not 2
 
 
+def _bursts(b: Batcher, streams: int, period: float, bursts: int, end: float) -> None:
+    """Cameras started together: every `period`, one frame from each stream within a millisecond; the last
+    burst ends at `end` (monotonic). Each burst is taken as one batch."""
+    for k in range(bursts):
+        start = end - (bursts - 1 - k) * period - 0.001
+        for s in range(streams):
+            b.put(Packet(s, k, time.time(), None, lambda: None, t_monotonic=start + s * 0.001 / streams))
+        if k < bursts - 1:
+            assert len(b.next_batch()) == streams
+
+
+def test_after_a_burst_from_every_stream_the_budget_does_not_wait_for_the_next_one():
+    """Four cameras in step, a frame each every 10 s (simulated): once a burst is in, no frame is due for 10 s,
+    so the partial batch is cut at once, not held until the budget's deadline (before: the arrival rate was
+    one average gap over all streams, short inside bursts, and the batcher waited out its 5 s)."""
+    b = Batcher(streams=4, max_batch=8, timeout_s=60.0, depth=10, budget_s=5.0)
+    b.record_batch(5, 0.1)
+    _bursts(b, streams=4, period=10.0, bursts=3, end=time.monotonic())
+    got, done = [], threading.Event()
+    threading.Thread(target=lambda: (got.append(b.next_batch()), done.set()), daemon=True).start()
+    assert done.wait(2.5), "the batcher held a burst waiting for a frame not due for 10 s"
+    assert len(got[0]) == 4
+
+
+def test_in_the_middle_of_a_burst_the_budget_waits_for_the_streams_that_are_due():
+    b = Batcher(streams=4, max_batch=4, timeout_s=60.0, depth=10, budget_s=30.0)
+    b.record_batch(4, 0.1)
+    now = time.monotonic()
+    _bursts(b, streams=4, period=1.0, bursts=3, end=now - 1.0)  # the third burst taken, 1 s ago
+    for s in range(2):  # the next burst has begun: streams 2 and 3 are due now
+        b.put(Packet(s, 9, time.time(), None, lambda: None))
+    got = []
+    taker = threading.Thread(target=lambda: got.append(b.next_batch()))
+    taker.start()
+    for s in (2, 3):
+        b.put(Packet(s, 9, time.time(), None, lambda: None))
+    taker.join(60)
+    assert sorted(p.stream for p in got[0]) == [0, 1, 2, 3]
+
+
+def test_a_stream_that_stopped_is_not_waited_for():
+    """A stream overdue by more than its interval (ended, stalled, removed) does not hold batches open."""
+    b = Batcher(streams=2, max_batch=4, timeout_s=60.0, depth=10, budget_s=5.0)
+    b.record_batch(2, 0.1)
+    now = time.monotonic()
+    for n in range(3):  # stream 0: every 100 ms, then nothing for 20 s
+        b.put(Packet(0, n, time.time(), None, lambda: None, t_monotonic=now - 20.2 + 0.1 * n))
+    assert len(b.next_batch()) == 3
+    b.put(Packet(1, 0, time.time(), None, lambda: None))
+    got, done = [], threading.Event()
+    threading.Thread(target=lambda: (got.append(b.next_batch()), done.set()), daemon=True).start()
+    assert done.wait(2.5), "the batcher waited for a stream silent for 20 s"
+
+
 def test_the_daemon_learns_its_engine_times_under_a_budget(det_bundle):
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
     from jetpipe.pipelines.daemon import Pipeline

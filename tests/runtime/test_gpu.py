@@ -6,6 +6,7 @@ compare against is tested in test_cpu_runtime.py everywhere.
 
 import os
 import resource
+import time
 from pathlib import Path
 
 import numpy as np
@@ -312,6 +313,23 @@ def test_async_submit_collect_matches_infer(det_bundle):
             rt.submit(a)
         np.testing.assert_array_equal(rt.collect(ta).outputs["sigmoid_0.tmp_0"], expect_a)
         np.testing.assert_array_equal(rt.collect(tb).outputs["sigmoid_0.tmp_0"], expect_b)
+
+
+def test_a_batch_reports_the_gpu_time_it_took_without_the_wait_behind_the_batch_before(det_bundle):
+    """The latency budget's engine time (issue 27): the second of two batches submitted together queued behind
+    the first, and its engine_ms leaves that wait out (a sub-interval of the first's end to its own end)."""
+    _needs_cuda_ep()
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    with GpuRuntime(det_bundle, max_batch=4) as rt:
+        rt.infer(_frames(4))
+        start = time.perf_counter()
+        first, second = rt.submit(_frames(4)), rt.submit(_frames(4, "yuyv"))
+        first_ms = rt.collect(first).engine_ms
+        second_ms = rt.collect(second).engine_ms
+        both_ms = (time.perf_counter() - start) * 1e3
+        assert 0 < first_ms and 0 < second_ms
+        assert first_ms + second_ms <= both_ms  # each counts its own work only, not the other's
 
 
 def test_ort_runs_replayed_from_cuda_graphs_match(det_bundle):
