@@ -37,6 +37,7 @@ from jetpipe.pipelines.sinks import open_sink
 from jetpipe.pipelines.sources import EndOfStream, open_source
 from jetpipe.pipelines.streams import ControlError, Stream, Streams
 from jetpipe.pipelines.tracking import Tracker
+from jetpipe.runtime.ring import slot_bytes
 from jetpipe.runtime.runtime import open_runtime
 from jetpipe.tasks import for_bundle
 
@@ -189,12 +190,11 @@ class Pipeline:
         slot of the control API a host ring of max_frame_hw, and a device ring too where NVDEC decodes into
         GPU memory (a stream added later takes whichever its decoder writes)."""
         runtime, config = self.runtime, self.config
-        # queued + two batches in flight + writing (+ one whose crops are read)
-        count = config.queue_depth + (3 if self.secondaries else 2) * runtime.max_batch + 2
+        count = ring_slots(config.queue_depth, runtime.max_batch, runtime.buffer_sets)
         wanted = [[(self._frame_hw(src), src.memory == "device")] for src in sources]
         spare = [(config.max_frame_hw, False)] + ([(config.max_frame_hw, True)] if runtime.decodes_to_device else [])
         wanted += [spare] * (capacity - len(sources))
-        _check_ring_memory([count * h * w * 3 for rings in wanted for (h, w), _ in rings], count)
+        _check_ring_memory([count * slot_bytes(hw, device) for rings in wanted for hw, device in rings], count)
         for slot, rings in enumerate(wanted):
             self.streams.choices[slot] = [runtime.frame_ring(count, hw, device=device) for hw, device in rings]
 
@@ -790,14 +790,22 @@ def available_memory() -> int | None:
     return None
 
 
+def ring_slots(queue_depth: int, max_batch: int, buffer_sets: int) -> int:
+    """Frame slots one stream's ring needs: its queue, its frames in each batch the runtime's buffer sets hold
+    (on the GPU, waiting for or in postprocessing, crops being read), one being written and one spare. A
+    batch takes a stream's frames from its queue, so it holds at most queue_depth of them: rings sized by
+    max_batch instead took 70 slots a stream at batch 32 (435 MB of device memory per 1080p stream), 22 now."""
+    return queue_depth + buffer_sets * min(queue_depth, max_batch) + 2
+
+
 def _check_ring_memory(ring_bytes: list[int], slots: int) -> None:
     """The frame rings fit in the memory available (a Jetson shares it with the GPU): checked before any is
     allocated, instead of the OOM killer ending the daemon half-started."""
     available, need = available_memory(), sum(ring_bytes)
     if available is not None and need > 0.8 * available:
         raise ConfigError(f"the frame rings would take {need / 2**30:.1f} GiB ({len(ring_bytes)} stream(s) x {slots} "
-                          f"slots: queue_depth + 2 x max_batch + 2), more than 80 % of the {available / 2**30:.1f} GiB "
-                          "available: lower queue_depth, max_batch or max_frame_hw")
+                          "slots: queue_depth + buffer sets x min(queue_depth, max_batch) + 2), more than 80 % of "
+                          f"the {available / 2**30:.1f} GiB available: lower queue_depth or max_frame_hw")
 
 
 def _per_batch(phase_s: dict[str, float], batches: int) -> dict[str, float]:

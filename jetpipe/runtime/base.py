@@ -12,7 +12,7 @@ import numpy as np
 from jetpipe import bundle as bundles
 from jetpipe.errors import BundleError, JetpipeError
 from jetpipe.runtime.api import BatchResult, Ticket
-from jetpipe.runtime.ring import host_ring
+from jetpipe.runtime.ring import host_ring, slot_bytes
 from jetpipe.spec import PreprocessSpec
 
 
@@ -132,7 +132,7 @@ class RuntimeBase:
 
         if device:
             raise JetpipeError("device-memory frame rings need the GPU runtime")
-        return host_ring(count, max_hw[0] * max_hw[1] * 3)
+        return host_ring(count, slot_bytes(max_hw, device=False))
 
     def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False, feed=None, fallback=None):
         """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none).

@@ -25,7 +25,7 @@ from jetpipe.runtime.kernels import SOURCE, GpuPreprocessor, compile_module
 from jetpipe.runtime.nvdec import import_nvdec, open_nvdec
 from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, make_reducer
 from jetpipe.runtime.probe import probe_gpu
-from jetpipe.runtime.ring import FrameRing
+from jetpipe.runtime.ring import FrameRing, slot_bytes
 from jetpipe.runtime.triton_backend import TritonBackend, is_triton
 from jetpipe.runtime.trt_backend import TensorRTBackend, check_engine_compatibility, engine_backend
 from jetpipe.runtime.trt_builder import import_family
@@ -278,7 +278,7 @@ class GpuRuntime(RuntimeBase):
         """Pinned slots (mapped in 'mapped' mode: the kernel reads them with no copy), or with
         device=True slots in device memory for a hardware decoder (read in place by the kernel)."""
 
-        nbytes = max_hw[0] * max_hw[1] * 3
+        nbytes = slot_bytes(max_hw, device)
         with self.device.active():
             if device:
                 allocations = [self.device.alloc(nbytes) for _ in range(count)]

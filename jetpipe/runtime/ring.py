@@ -28,6 +28,12 @@ class DeviceSlot:
     width: int
 
 
+def slot_bytes(hw: tuple[int, int], device: bool) -> int:
+    """A slot's bytes for frames up to hw: what the decoders write there. A device ring takes NVDEC's NV12 or
+    its FFmpeg fallback's YUV (4:2:2 packed at most: 2 bytes a pixel); a host ring any format (BGR: 3)."""
+    return hw[0] * hw[1] * (2 if device else 3)
+
+
 class FrameRing:
     def __init__(self, buffers: list, addresses: list[int | None], pinned: bool, device: bool = False,
                  slot_bytes: int | None = None):

@@ -47,6 +47,18 @@ def _iou(a, b):
     return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
+def test_a_streams_ring_holds_its_queue_and_its_share_of_each_batch_not_max_batch_per_batch(det_bundle):
+    """Issue 27 (many streams): a batch takes a stream's frames from its queue, so it holds at most queue_depth
+    of them; rings sized by max_batch took 70 slots a stream at batch 32 and depth 4 (435 MB a 1080p stream)."""
+    config = _config(det_bundle, ["synthetic:320x240@0:nv12"] * 2, frames=24, queue_depth=1, max_batch=4)
+    pipeline = Pipeline(config)
+    sets = pipeline.runtime.buffer_sets
+    assert [len(pipeline.streams.choices[s][0]) for s in range(2)] == [1 + sets * 1 + 2] * 2  # not 1 + 2 x 4 + 2
+    summary = pipeline.run()
+    assert all(p + d + f == 24 for p, d, f in zip(summary["processed"], summary["dropped"], summary["failed"]))
+    assert sum(summary["processed"]) > 0
+
+
 def test_rendered_text_is_found_at_its_source_position(det_bundle, tmp_path):
     """1280x720 frames are letterboxed into 640x640: boxes must come back in source pixels."""
     out = tmp_path / "results.jsonl"
