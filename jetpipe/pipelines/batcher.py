@@ -63,25 +63,31 @@ class Batcher:
         self._last_put: list[float | None] = [None] * streams
         self.queues = [deque() for _ in range(streams)]
         self.dropped = [0] * streams
-        self._cond = threading.Condition()
+        # One lock, two kinds of waiter: the batch taker on _ready, each file's capture thread on its stream's
+        # _room. With one condition for both, a new frame's notify() could wake a capture thread instead of
+        # the taker (a full batch then waited out its deadline), and each batch taken woke every capture
+        # thread at once (64 of them contending for the lock the taker needs next).
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._room = [threading.Condition(self._lock) for _ in range(streams)]
         self._next_stream = 0
         self.closed = False
 
     def put(self, packet: Packet, wait: bool = False) -> None:
         """Queue a frame; when the stream's queue is full, wait for room (files) or drop its oldest (cameras)."""
-        with self._cond:
+        with self._lock:
             self._arrived(packet.stream, packet.t_monotonic)
             queue = self.queues[packet.stream]
             while wait and len(queue) >= self.depth and not self.closed:
-                self._cond.wait(timeout=0.1)
+                self._room[packet.stream].wait(timeout=0.1)
             if len(queue) >= self.depth:
                 self._drop(packet.stream)
             queue.append(packet)
-            self._cond.notify()
+            self._ready.notify()
 
     def drop_oldest(self, stream: int) -> bool:
         """Free the oldest queued frame of a stream (its source needs the slot)."""
-        with self._cond:
+        with self._lock:
             if not self.queues[stream]:
                 return False
             self._drop(stream)
@@ -110,7 +116,7 @@ class Batcher:
     def record_batch(self, size: int, seconds: float) -> None:
         """A batch of `size` frames took the engine `seconds` (the GPU's time on it where the runtime measures
         that, else from submission to results): the budget's engine time."""
-        with self._cond:
+        with self._lock:
             known = self.engine_s[size]
             self.engine_s[size] = seconds if known == 0.0 else known + EMA * (seconds - known)
 
@@ -125,32 +131,36 @@ class Batcher:
     def reset(self, stream: int) -> None:
         """A new stream takes this queue (the control API reuses a slot): its drops count from zero, its
         arrival rate is learnt anew."""
-        with self._cond:
+        with self._lock:
             self.dropped[stream] = 0
             self._last_put[stream], self.interval_s[stream] = None, 0.0
 
     def depths(self) -> list[int]:
-        with self._cond:
+        with self._lock:
             return [len(q) for q in self.queues]
 
     def abort(self) -> int:
         """Drop every queued frame (slots freed, counted as dropped) and close: a second Ctrl-C ends the
         drain. Returns how many were dropped."""
-        with self._cond:
+        with self._lock:
             dropped = 0
             for stream, queue in enumerate(self.queues):
                 while queue:
                     self._drop(stream)
                     dropped += 1
-            self.closed = True
-            self._cond.notify_all()
+            self._close()
             return dropped
 
     def close(self) -> None:
         """No more frames will come: next_batch drains what is queued, then returns []."""
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        self.closed = True
+        self._ready.notify_all()
+        for room in self._room:
+            room.notify_all()
 
     def next_batch(self, poll_s: float = 0.1) -> list[Packet] | None:
         """Up to max_batch frames, round robin over streams; waits for a full batch until the oldest queued
@@ -159,15 +169,15 @@ class Batcher:
 
         Returns [] when nothing arrived within poll_s (caller checks for shutdown),
         None when closed and drained."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._total() > 0 or self.closed, timeout=poll_s):
+        with self._lock:
+            if not self._ready.wait_for(lambda: self._total() > 0 or self.closed, timeout=poll_s):
                 return []
             if self._total() == 0:
                 return None
             while not self.closed:
                 deadline = self._deadline()
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._cond.wait(timeout=remaining):
+                if remaining <= 0 or not self._ready.wait(timeout=remaining):
                     break
             return self._take()
 
@@ -185,6 +195,6 @@ class Batcher:
             queue = self.queues[self._next_stream]
             if queue:
                 batch.append(queue.popleft())
+                self._room[self._next_stream].notify()  # its capture thread, if it waits for room (files)
             self._next_stream = (self._next_stream + 1) % streams
-        self._cond.notify_all()  # producers waiting for room (files)
         return batch

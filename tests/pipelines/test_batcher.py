@@ -164,6 +164,29 @@ def test_a_stream_that_stopped_is_not_waited_for():
     assert done.wait(2.5), "the batcher waited for a stream silent for 20 s"
 
 
+def test_a_full_batch_is_taken_at_once_while_capture_threads_wait_for_room():
+    """Files at saturation (issue 27): every capture thread waits for room in its full queue while the taker
+    waits for a full batch. The frame that fills the batch must wake the taker, not a capture thread: with
+    one condition for both, its notify() woke the longest waiting, a capture thread, and the full batch
+    waited out the taker's deadline (here 30 s; batch_timeout_ms in a pipeline, every batch)."""
+    b = Batcher(streams=3, max_batch=3, timeout_s=30.0, depth=1)
+    for s in range(2):
+        b.put(Packet(s, 0, time.time(), None, lambda: None))
+    blocked = [threading.Thread(target=b.put, args=(Packet(s, 1, time.time(), None, lambda: None), True),
+                                daemon=True) for s in range(2)]
+    for t in blocked:
+        t.start()  # both queues are full: these wait for room
+    got, done = [], threading.Event()
+    threading.Thread(target=lambda: (got.append(b.next_batch()), done.set()), daemon=True).start()
+    time.sleep(0.02)  # the taker waits for its third frame (not a window the test depends on: it only orders)
+    b.put(Packet(2, 0, time.time(), None, lambda: None))
+    assert done.wait(10), "the frame that filled the batch woke a capture thread instead of the taker"
+    assert sorted(p.stream for p in got[0]) == [0, 1, 2]
+    for t in blocked:  # room made: each capture thread queued its frame
+        t.join(10)
+        assert not t.is_alive()
+
+
 def test_the_daemon_learns_its_engine_times_under_a_budget(det_bundle):
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
     from jetpipe.pipelines.daemon import Pipeline
