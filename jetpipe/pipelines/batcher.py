@@ -6,7 +6,10 @@ frame pushes out the stream's oldest (counted as dropped, its ring slot freed).
 When to cut a batch: at once when it is full; otherwise when its oldest frame has waited timeout_s, or,
 with a latency budget, at the latest moment that still leaves the oldest frame its budget once one more
 frame's batch has run (the engine's time per batch size and the frames' arrival rate are measured while
-serving: cut_deadline()). A frame not expected before that moment is not waited for.
+serving: cut_deadline()). A frame not expected before that moment is not waited for. Under overload, a
+live frame (camera, --realtime file) that has waited longer than the budget by the time its batch is taken
+is dropped (counted), not run: its results would come too late anyway, and running it would make every
+frame behind it late too. Files without --realtime are never dropped.
 
 The engine time is what the GPU spent on a batch (CUDA events around its work on the compute stream), not
 the time from submission to results: that includes waiting behind the batches already on the GPU, and a
@@ -35,6 +38,7 @@ class Packet:
     release: object           # callable freeing the ring slot
     pts: float | None = None  # the frame's time in its stream (seconds), where the source knows it
     t_monotonic: float = field(default_factory=time.monotonic)
+    live: bool = False        # a camera or a --realtime file: may be dropped when it is too old to be worth it
 
 
 def cut_deadline(oldest: float, queued: int, max_batch: int, timeout_s: float, budget_s: float | None,
@@ -191,10 +195,16 @@ class Batcher:
 
     def _take(self) -> list[Packet]:
         batch, streams = [], len(self.queues)
+        stale = time.monotonic() - self.budget_s if self.budget_s is not None else -math.inf
         while len(batch) < self.max_batch and self._total() > 0:
             queue = self.queues[self._next_stream]
             if queue:
-                batch.append(queue.popleft())
+                packet = queue.popleft()
+                if packet.live and packet.t_monotonic < stale:  # over its budget already: shed, not run
+                    packet.release()
+                    self.dropped[packet.stream] += 1
+                else:
+                    batch.append(packet)
                 self._room[self._next_stream].notify()  # its capture thread, if it waits for room (files)
             self._next_stream = (self._next_stream + 1) % streams
         return batch

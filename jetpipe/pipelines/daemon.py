@@ -393,8 +393,8 @@ class Pipeline:
                 t_capture = time.time()
                 frame = ring.frame(slot, info.format, info.height, info.width, info.standard, info.range)
                 # files wait for room (every frame is processed); cameras push out their oldest frame
-                self.batcher.put(Packet(stream, frame_no, t_capture, frame, _releaser(ring, slot), pts=pts),
-                                 wait=not source.live)
+                self.batcher.put(Packet(stream, frame_no, t_capture, frame, _releaser(ring, slot), pts=pts,
+                                        live=source.live), wait=not source.live)
                 self.metrics.count("captured", stream)
                 self._last_frame[stream] = time.monotonic()
                 frame_no += 1
@@ -435,12 +435,16 @@ class Pipeline:
         finished batch never waits for the next one to form (a batch period of latency at real time)."""
         while True:
             self.metrics.beat()
-            packets = self.batcher.next_batch()
-            if packets is None:
-                break
-            if not packets:
+            # a buffer set the postprocess stage has released, before the batch is taken: frames wait for it in
+            # the batcher (where a full batch forms and those past the latency budget are shed), not in a batch
+            if not self.free_sets.acquire(timeout=0.1):
                 continue
-            self.free_sets.acquire()  # a buffer set the postprocess stage has released
+            packets = self.batcher.next_batch()
+            if not packets:
+                self.free_sets.release()
+                if packets is None:
+                    break
+                continue
             t_batch = time.monotonic()
             try:
                 ticket = self.runtime.submit([p.frame for p in packets])

@@ -187,6 +187,26 @@ def test_a_full_batch_is_taken_at_once_while_capture_threads_wait_for_room():
         assert not t.is_alive()
 
 
+def test_under_a_budget_a_live_frame_already_too_old_is_shed_and_a_files_is_kept():
+    """Overload (issue 27): a camera's frame that waited longer than the budget is dropped when its batch is
+    taken (counted, its slot freed), so the frames behind it are not late too; a file's (no --realtime) is run."""
+    released = []
+    b = Batcher(streams=3, max_batch=4, timeout_s=0.0, depth=4, budget_s=0.05)
+    old = time.monotonic() - 1.0
+    b.put(Packet(0, 0, time.time(), None, lambda: released.append("camera old"), t_monotonic=old, live=True))
+    b.put(Packet(1, 0, time.time(), None, lambda: released.append("file old"), t_monotonic=old, live=False))
+    b.put(Packet(2, 0, time.time(), None, lambda: released.append("camera new"), live=True))
+    batch = b.next_batch()
+    assert sorted((p.stream, p.frame_no) for p in batch) == [(1, 0), (2, 0)]
+    assert released == ["camera old"] and b.dropped == [1, 0, 0]
+
+
+def test_without_a_budget_nothing_is_shed_for_its_age():
+    b = Batcher(streams=1, max_batch=4, timeout_s=0.0, depth=4)
+    b.put(Packet(0, 0, time.time(), None, lambda: None, t_monotonic=time.monotonic() - 100.0, live=True))
+    assert len(b.next_batch()) == 1 and b.dropped == [0]
+
+
 def test_the_daemon_learns_its_engine_times_under_a_budget(det_bundle):
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
     from jetpipe.pipelines.daemon import Pipeline

@@ -347,6 +347,18 @@ def test_a_model_that_fails_at_start_up_is_one_line(tmp_path):
                                                "at start-up (") and "Traceback" not in done.stderr
 
 
+def test_under_overload_a_latency_budget_keeps_the_processed_frames_wait_bounded(det_bundle):
+    """Issue 27: a camera offering 60 fps to PP-OCRv4 det on the CPU (a few frames a second) with deep queues
+    (16 frames: about a second of wait at this rate): with a 300 ms budget the frames that waited longer are
+    shed when a batch is taken, so what is processed waited at most about the budget; the sheds are counted."""
+    summary = Pipeline(_config(det_bundle, ["synthetic:320x240@60"], frames=90, metrics_listen="",
+                               backend="onnxruntime-cpu", queue_depth=16, max_batch=2,
+                               latency_budget_ms=300)).run()
+    assert summary["dropped"][0] > 0 and summary["processed"][0] > 0
+    assert summary["captured"][0] == summary["processed"][0] + summary["dropped"][0] + summary["failed"][0]
+    assert summary["latency_ms"]["queue"]["0.99"] <= 300 * 1.2  # the budget, and the moment between take and run
+
+
 def test_a_live_stream_faster_than_processing_says_it_is_overloaded(det_bundle, tmp_path, caplog):
     """60 frames offered at 60 fps to PP-OCRv4 det on the CPU (a few frames a second): the oldest queued frames
     are dropped, every frame is accounted for, and the pipeline says it is overloaded (once, in the log, and in
