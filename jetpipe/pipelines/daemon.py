@@ -626,9 +626,9 @@ class Pipeline:
         h, w = self._frame_hw(source)
         device = source.memory == "device"
         with self.streams.lock:
-            place = self.streams.ring_for(h * w * 3, device)
+            place = self.streams.ring_for((h, w), device)
             if place is None and self._free_ended():
-                place = self.streams.ring_for(h * w * 3, device)
+                place = self.streams.ring_for((h, w), device)
             if place is None:
                 raise ControlError(409, self._no_room(source, device, (h, w)))
             if self.stop_event.is_set():
@@ -637,6 +637,8 @@ class Pipeline:
             self.metrics.assign(slot, str(self.streams.next_id))
             self.batcher.reset(slot)
             self.trackers[slot], self._last_frame[slot] = self._tracker(), None
+            for secondary in self.secondaries:  # the new tracker numbers from 1: the old stream's tracks go
+                secondary.forget(slot)
             stream = self.streams.take(slot, ring, spec, source)
             self._start_capture(stream)
         return stream

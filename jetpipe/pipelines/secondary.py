@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -80,6 +81,42 @@ def check(config: SecondaryConfig, primary: Task, primary_labels, where: str) ->
             raise JetpipeError(f"{what}: class {cls!r} is not one of the primary's classes: {known}")
 
 
+class TrackResults:
+    """every_track: a secondary's result per (stream slot, track id), reused until `every` more of that stream's
+    frames have passed. forget(slot) may come from any thread (a new stream taking the slot, whose tracker numbers
+    its tracks from 1 again: the old camera's text must not be reused for it); it takes effect in the secondary's
+    own thread, before its next frame of any stream."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self._results: dict[tuple[int, int], tuple[dict, int]] = {}  # -> (result, the stream's frame when read)
+        self._seen: dict[int, int] = {}
+        self._forgotten: deque[int] = deque()
+
+    def forget(self, stream: int) -> None:
+        self._forgotten.append(stream)
+
+    def next_frame(self, stream: int) -> None:
+        """Count a frame of `stream`; its results read `every` frames ago or more go (read again, or ended)."""
+        while self._forgotten:
+            gone = self._forgotten.popleft()
+            self._seen.pop(gone, None)
+            self._drop(lambda key, at, gone=gone: key[0] == gone)
+        seen = self._seen[stream] = self._seen.get(stream, 0) + 1
+        self._drop(lambda key, at: key[0] == stream and seen - at >= self.every)
+
+    def get(self, stream: int, track: int) -> dict | None:
+        kept = self._results.get((stream, track))
+        return kept[0] if kept is not None else None
+
+    def keep(self, stream: int, track: int, result: dict) -> None:
+        self._results[(stream, track)] = (result, self._seen.get(stream, 0))
+
+    def _drop(self, which) -> None:
+        for key in [key for key, (_, at) in self._results.items() if which(key, at)]:
+            del self._results[key]
+
+
 class SecondaryStage:
     """One secondary model: its runtime (allocated here, released by close()) and its task's finish."""
 
@@ -93,9 +130,7 @@ class SecondaryStage:
                                     buffer_sets=2, reduction=reduction)
         self.classes = set(config.classes)
         self.crops_run = self.crops_turned = self.crops_reused = 0
-        # every_track: (stream, track id) -> (the result, the stream's frame count when it was read)
-        self.by_track: dict[tuple[int, int], tuple[dict, int]] = {}
-        self.frames_seen: dict[int, int] = {}
+        self.tracks = TrackResults(config.every_track)
         self.direction = None
         try:
             if config.direction is not None:  # a local model: a Triton secondary's classifier runs here
@@ -144,23 +179,24 @@ class SecondaryStage:
         for entries, i in turned:
             if entries[i] is not None:
                 entries[i]["angle"] = 180
-        for key, entries, i in fresh:  # read now: kept for the track's next frames
+        for (stream, track), entries, i in fresh:  # read now: kept for the track's next frames
             if entries[i] is not None:
-                self.by_track[key] = (entries[i], self.frames_seen[key[0]])
+                self.tracks.keep(stream, track, entries[i])
+
+    def forget(self, stream: int) -> None:
+        """A new stream takes this slot (its tracker numbers tracks from 1 again): the slot's kept results go."""
+        self.tracks.forget(stream)
 
     def _reuse(self, entries: list, chosen: list[int], track_ids: list, stream: int, fresh: list) -> list[int]:
         """every_track: boxes of a track read less than every_track frames ago take that result (a copy
         marked "reused"); the others are returned to be read, those with a track noted in `fresh`."""
-        seen = self.frames_seen[stream] = self.frames_seen.get(stream, 0) + 1
-        stale = [k for k, (_, at) in self.by_track.items() if k[0] == stream and seen - at >= self.config.every_track]
-        for key in stale:  # read again (or the track has ended)
-            del self.by_track[key]
+        self.tracks.next_frame(stream)
         to_read = []
         for i in chosen:
             track = track_ids[i] if i < len(track_ids) else None
-            kept = self.by_track.get((stream, track)) if track is not None else None
+            kept = self.tracks.get(stream, track) if track is not None else None
             if kept is not None:
-                entries[i] = {**kept[0], "reused": True}
+                entries[i] = {**kept, "reused": True}
                 self.crops_reused += 1
                 continue
             to_read.append(i)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.config import SourceConfig
+from jetpipe.runtime.ring import slot_bytes
 
 
 class ControlError(JetpipeError):
@@ -62,10 +63,11 @@ class Streams:
     def id_of(self, slot: int) -> int:
         return self.slots[slot].id
 
-    def ring_for(self, slot_bytes: int, device: bool) -> tuple[int, object] | None:
-        """A free slot with a ring of this memory that holds frames of slot_bytes: the smallest that fits."""
+    def ring_for(self, hw: tuple[int, int], device: bool) -> tuple[int, object] | None:
+        """A free slot with a ring of this memory that holds frames up to hw: the smallest that fits."""
+        need = slot_bytes(hw, device)
         fits = [(ring.slot_bytes, slot, ring) for slot, stream in enumerate(self.slots) if stream is None
-                for ring in self.choices[slot] if ring.device == device and ring.slot_bytes >= slot_bytes]
+                for ring in self.choices[slot] if ring.device == device and ring.slot_bytes >= need]
         if not fits:
             return None
         _, slot, ring = min(fits, key=lambda f: f[0])
@@ -73,7 +75,7 @@ class Streams:
 
     def describe_free(self) -> str:
         """What the free slots take, for a 409's reason."""
-        kinds = sorted({f"{'device' if r.device else 'host'} memory up to {r.slot_bytes // 3} pixels"
+        kinds = sorted({f"{'device' if r.device else 'host'} memory up to {r.slot_bytes // _pixel_bytes(r)} pixels"
                         for slot, s in enumerate(self.slots) if s is None for r in self.choices[slot]})
         return "; ".join(kinds) if kinds else "none"
 
@@ -90,3 +92,7 @@ class Streams:
             self.slots[stream.slot] = None
             stream.state = "removed"
             self.changed.notify_all()
+
+
+def _pixel_bytes(ring) -> int:
+    return slot_bytes((1, 1), ring.device)

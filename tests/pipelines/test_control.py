@@ -264,3 +264,22 @@ def test_adding_streams_allocates_no_gpu_memory(serving):
     after = runtime.gpu_free_memory()
     print(json.dumps({"gpu_free_before_mb": before / 2**20, "gpu_free_after_mb": after / 2**20}))
     assert after == before
+
+
+def test_a_spare_slots_rings_take_a_stream_of_their_size_in_either_memory():
+    """A stream added later goes to a spare slot's ring that holds its frames: a device ring (NVDEC's YUV, 2 bytes
+    a pixel) made for max_frame_hw takes a stream that size (asked in bytes of a BGR frame, it was refused)."""
+    from jetpipe.pipelines.streams import Streams
+    from jetpipe.runtime.ring import FrameRing, slot_bytes
+
+    def ring(hw, device):
+        size = slot_bytes(hw, device)
+        return FrameRing([bytearray(1)], [None], pinned=False, device=device, slot_bytes=size)
+
+    streams = Streams(2)
+    streams.choices = [[ring((1080, 1920), False), ring((1080, 1920), True)]] * 2
+    for device in (False, True):
+        slot, chosen = streams.ring_for((1080, 1920), device)
+        assert chosen.device == device
+        assert streams.ring_for((1088, 1920), device) is None  # one row taller does not fit
+    assert streams.describe_free() == "device memory up to 2073600 pixels; host memory up to 2073600 pixels"

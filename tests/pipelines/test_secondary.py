@@ -469,3 +469,24 @@ def test_a_stages_batches_overlap_as_many_as_its_buffer_sets_and_read_as_one_at_
         assert [index for index, _ in together] == list(range(20))
     finally:
         stage.close()
+
+
+def test_a_new_stream_in_a_slot_never_takes_the_old_streams_results_for_its_tracks():
+    """every_track keys results by (slot, track id); a stream added in a removed one's slot gets a new tracker
+    that numbers its tracks from 1 again, so without forgetting the slot, its track 1 took the old camera's text
+    for up to every_track frames."""
+    from jetpipe.pipelines.secondary import TrackResults
+
+    tracks = TrackResults(every=3)
+    tracks.next_frame(0)
+    tracks.keep(0, 1, {"text": "OLD CAMERA"})
+    tracks.next_frame(0)
+    assert tracks.get(0, 1) == {"text": "OLD CAMERA"}  # reused while younger than every_track frames
+    tracks.next_frame(0)
+    tracks.next_frame(0)
+    assert tracks.get(0, 1) is None  # 3 frames on: read again
+    tracks.keep(0, 1, {"text": "OLD CAMERA"})
+    tracks.keep(1, 1, {"text": "OTHER SLOT"})
+    tracks.forget(0)  # a new stream takes slot 0 (the daemon calls this from its control thread)
+    tracks.next_frame(0)  # the secondary's next frame, whichever stream: the forget has taken effect
+    assert tracks.get(0, 1) is None and tracks.get(1, 1) == {"text": "OTHER SLOT"}
