@@ -66,6 +66,7 @@ class Batcher:
         self.interval_s = [0.0] * streams  # per stream: the average time between two of its frames
         self._last_put: list[float | None] = [None] * streams
         self.queues = [deque() for _ in range(streams)]
+        self._queued = 0  # frames in all queues: kept, not summed over the streams at every step of a batch
         self.dropped = [0] * streams
         # One lock, two kinds of waiter: the batch taker on _ready, each file's capture thread on its stream's
         # _room. With one condition for both, a new frame's notify() could wake a capture thread instead of
@@ -87,6 +88,7 @@ class Batcher:
             if len(queue) >= self.depth:
                 self._drop(packet.stream)
             queue.append(packet)
+            self._queued += 1
             self._ready.notify()
 
     def drop_oldest(self, stream: int) -> bool:
@@ -99,6 +101,7 @@ class Batcher:
 
     def _drop(self, stream: int) -> None:
         old = self.queues[stream].popleft()
+        self._queued -= 1
         old.release()
         self.dropped[stream] += 1
 
@@ -186,12 +189,14 @@ class Batcher:
             return self._take()
 
     def _deadline(self) -> float:
+        if self._queued >= self.max_batch:  # full: cut now, without a pass over every stream (64 at every frame)
+            return -math.inf
         oldest = min(q[0].t_monotonic for q in self.queues if q)
         return cut_deadline(oldest, self._total(), self.max_batch, self.timeout_s, self.budget_s, self._engine,
                             self._next_arrival(time.monotonic()))
 
     def _total(self) -> int:
-        return sum(len(q) for q in self.queues)
+        return self._queued
 
     def _take(self) -> list[Packet]:
         batch, streams = [], len(self.queues)
@@ -200,6 +205,7 @@ class Batcher:
             queue = self.queues[self._next_stream]
             if queue:
                 packet = queue.popleft()
+                self._queued -= 1
                 if packet.live and packet.t_monotonic < stale:  # over its budget already: shed, not run
                     packet.release()
                     self.dropped[packet.stream] += 1
