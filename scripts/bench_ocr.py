@@ -3,7 +3,7 @@
 side with RapidOCR (its det + cls + rec on the CPU, a process per core) on the same video, in one run.
 
   python scripts/bench_ocr.py [--streams 8] [--seconds 20 | --once] [--frames 60] [--decoder nvdec] [--scene words]
-                              [--json out.json]
+                              [--det-model DET.onnx --rec-model REC.onnx] [--json out.json]
 
 The detector reads each frame at `--det-size` (default 736x1312, the size RapidOCR's detector reads a 1080p
 frame at). The video is made at run time: `--frames` 1920x1080 images of rendered words (seeds from 50,000: none of the
@@ -73,7 +73,9 @@ def recall(truth: list[str], texts) -> tuple[int, int]:
 
 
 def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec_batch: int,
-                    rec_range: bool = True) -> tuple[Path, Path]:
+                    rec_range: bool = True, sources: dict | None = None) -> tuple[Path, Path]:
+    """sources: {"ppocr-det": path, "ppocr-rec": path} of other exports of the same kind (another PP-OCR
+    generation) to convert instead of the built-in models, with the built-ins' preprocessing and sizes."""
     from jetpipe.convert import ConvertOptions, convert
     from jetpipe.models import BUILTIN
     from jetpipe.spec import preset
@@ -81,13 +83,14 @@ def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec
     out = []
     for name in ("ppocr-det", "ppocr-rec"):
         model = BUILTIN[name]
+        path = (sources or {}).get(name) or model.path()
         bundle = folder / name
         if (bundle / "manifest.json").exists():  # --bundles: converted by an earlier run
             out.append(bundle)
             continue
         calib = "synthetic" if precision == "int8" else None
         size = det_size if name == "ppocr-det" else model.input_size
-        convert(ConvertOptions(model=model.path(), output=bundle, precision=precision, calib=calib,
+        convert(ConvertOptions(model=path, output=bundle, precision=precision, calib=calib,
                                input_size=size, input_width_range=model.width_range if rec_range else None,
                                max_batch=8 if name == "ppocr-det" else rec_batch,
                                spec=preset(model.preset), task=model.task, engine="never", progress=False))
@@ -229,6 +232,10 @@ def main() -> None:
                         help="the recognizer at its width range (batches at 320, 640, 960) or fixed at 320")
     parser.add_argument("--scene", default="words", choices=("words", "tilted", "lines"),
                         help="what the frames show: upright words, tilted lines, long lines")
+    parser.add_argument("--det-model", type=Path, help="another text detector export (e.g. PP-OCRv3's) instead of "
+                        "the built-in PP-OCRv4 det")
+    parser.add_argument("--rec-model", type=Path, help="another recognizer export (48 high, its alphabet in its "
+                        "metadata) instead of the built-in PP-OCRv4 rec")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--bundles", type=Path, help="keep the converted bundles here and reuse them in later runs "
                         "(default: converted again in a temporary folder)")
@@ -240,9 +247,11 @@ def main() -> None:
                   "words_per_frame": round(sum(map(len, words)) / len(words), 1)}
         for precision in args.precision:
             kept = f"{precision}-{args.det_size}-b{args.rec_batch}-{args.rec_width}"  # what the bundles depend on
+            kept += "".join(f"-{m.stem}" for m in (args.det_model, args.rec_model) if m is not None)
             det, rec = convert_bundles((args.bundles or folder) / kept, precision,
                                        tuple(int(v) for v in args.det_size.split("x")), args.rec_batch,
-                                       rec_range=args.rec_width == "range")
+                                       rec_range=args.rec_width == "range",
+                                       sources={"ppocr-det": args.det_model, "ppocr-rec": args.rec_model})
             key = "jetpipe" if precision == args.precision[0] else f"jetpipe_{precision}"
             report[key] = run_jetpipe(args, det, rec, video, words)
             report[key]["precision"] = precision
