@@ -43,20 +43,28 @@ def _images():
     return [render_text_image(10 + i, hw).bgr for i, hw in enumerate(SIZES)]
 
 
+def _preprocessor_with_frames(device, module, frames, fmt, matrix, spec, size_hw, out_dtype, crops, quads):
+    """A GpuPreprocessor with `frames` uploaded and set (in an active context), and the frames' device buffers
+    (keep them while the kernel may read them)."""
+    from jetpipe.runtime.kernels import GpuPreprocessor
+
+    pre = GpuPreprocessor(device, module, len(frames), size_hw, spec, out_dtype)
+    buffers = [device.alloc(f.nbytes) for f in frames]
+    for i, (frame, buf) in enumerate(zip(frames, buffers)):
+        device.cuda.memcpy_htod(buf, frame)
+        h, w = frame_size(frame, fmt)
+        pre.set_frame(i, fmt, h, w, int(buf), matrix, crop=crops[i] if crops else None,
+                      quad=quads[i] if quads else None)
+    return pre, buffers
+
+
 def _run_kernel(device, module, frames, fmt, matrix, spec, size_hw, out_dtype, crops=None, quads=None):
     """Frames -> device memory -> one kernel launch -> host array (crops: one rectangle per frame; quads:
     one quadrilateral per frame inside its crop)."""
-    from jetpipe.runtime.kernels import GpuPreprocessor
-
     with device.active():
-        pre = GpuPreprocessor(device, module, len(frames), size_hw, spec, out_dtype)
+        pre, _frames_held = _preprocessor_with_frames(device, module, frames, fmt, matrix, spec, size_hw, out_dtype,
+                                                      crops, quads)
         stream = device.stream()
-        buffers = [device.alloc(f.nbytes) for f in frames]
-        for i, (frame, buf) in enumerate(zip(frames, buffers)):
-            device.cuda.memcpy_htod(buf, frame)
-            h, w = frame_size(frame, fmt)
-            pre.set_frame(i, fmt, h, w, int(buf), matrix, crop=crops[i] if crops else None,
-                          quad=quads[i] if quads else None)
         out = device.alloc(len(frames) * spec.channels * size_hw[0] * size_hw[1] * np.dtype(out_dtype).itemsize)
         pre.launch(len(frames), int(out), stream)
         stream.synchronize()
@@ -150,21 +158,16 @@ def _kernel_and_reference(device, module, frames, fmt, spec, size_hw, out_dtype,
     """The kernel's output and the one-pixel-a-thread reference kernel's, both from the same uploaded
     parameters, each into a buffer `out_offset` bytes past an allocation's start (not 16-byte aligned: the
     kernel's scalar stores)."""
-    from jetpipe.runtime.kernels import BLOCK, GpuPreprocessor, compile_module
+    from jetpipe.runtime.kernels import BLOCK, compile_module
 
     matrix = ColourMatrix.of("bt709", "limited")
     with device.active():
         reference = compile_module(REFERENCE_KERNEL).get_function(
             "preprocess_f16" if out_dtype == np.float16 else "preprocess_f32")
         reference.prepare("PPiiifffffffi")
-        pre = GpuPreprocessor(device, module, len(frames), size_hw, spec, out_dtype)
+        pre, _frames_held = _preprocessor_with_frames(device, module, frames, fmt, matrix, spec, size_hw, out_dtype,
+                                                      crops, quads)
         stream = device.stream()
-        buffers = [device.alloc(f.nbytes) for f in frames]
-        for i, (frame, buf) in enumerate(zip(frames, buffers)):
-            device.cuda.memcpy_htod(buf, frame)
-            h, w = frame_size(frame, fmt)
-            pre.set_frame(i, fmt, h, w, int(buf), matrix, crop=crops[i] if crops else None,
-                          quad=quads[i] if quads else None)
         shape = (len(frames), spec.channels, *size_hw)
         nbytes = int(np.prod(shape)) * np.dtype(out_dtype).itemsize
         outs = [device.alloc(nbytes + out_offset) for _ in range(2)]
