@@ -93,14 +93,13 @@ class YoloSegmentation:
         return (sampled > 0.0) & _box_inside(xyxy, x0, y0, x1, y1), x0, y0
 
     def _result(self, xyxy, score, cls, masks, box, hw) -> dict:
-        polygons, areas = [], []
+        outlines, areas = [], []
         for mask, x0, y0 in masks:
-            outline = largest_outline(mask)
-            polygons.append(np.round(box.to_source(outline + [x0, y0]), 1).tolist() if len(outline) else [])
+            outlines.append(largest_outline(mask) + [x0, y0])
             areas.append(round(np.count_nonzero(mask) / (box.scale_x * box.scale_y), 1))
         return with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
                             "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist(),
-                            "polygons": polygons, "mask_areas": areas}, self.labels)
+                            "polygons": _to_source_lists(outlines, box), "mask_areas": areas}, self.labels)
 
     def reduction(self, required: bool = False) -> Reduction:
         return Reduction("yolo-seg", {"score_threshold": self.score_threshold, "iou_threshold": self.iou_threshold,
@@ -141,6 +140,16 @@ class YoloSegmentation:
             rows = bits[32 * (end - count):32 * end].reshape(y1 - y0, -1)[:, :x1 - x0]
             masks.append((np.ascontiguousarray(rows), x0, y0))
         return masks
+
+
+def _to_source_lists(outlines: list[np.ndarray], box) -> list[list]:
+    """Each outline (network pixels) in source pixels to 0.1 as lists: one transform, rounding and tolist for
+    the frame's outlines together (per outline, those calls were a third of the host's time per object)."""
+    if not outlines:
+        return []
+    points = np.round(box.to_source(np.concatenate(outlines)), 1).tolist()
+    ends = np.cumsum([len(o) for o in outlines]).tolist()
+    return [points[end - len(o):end] for o, end in zip(outlines, ends)]
 
 
 def mask_regions(xyxy, input_hw) -> np.ndarray:
