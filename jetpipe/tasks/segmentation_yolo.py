@@ -93,10 +93,9 @@ class YoloSegmentation:
         return (sampled > 0.0) & _box_inside(xyxy, x0, y0, x1, y1), x0, y0
 
     def _result(self, xyxy, score, cls, masks, box, hw) -> dict:
-        outlines, areas = [], []
-        for mask, x0, y0 in masks:
-            outlines.append(largest_outline(mask) + [x0, y0])
-            areas.append(round(np.count_nonzero(mask) / (box.scale_x * box.scale_y), 1))
+        outlines = [largest_outline(mask) + [x0, y0] for mask, x0, y0 in masks]
+        pixels = np.array([np.count_nonzero(mask) for mask, _, _ in masks], np.float64)
+        areas = [round(a, 1) for a in (pixels / (box.scale_x * box.scale_y)).tolist()]  # Python's rounding, as before
         return with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
                             "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist(),
                             "polygons": _to_source_lists(outlines, box), "mask_areas": areas}, self.labels)
@@ -191,10 +190,12 @@ def _box_inside(xyxy, x0: int, y0: int, x1: int, y1: int) -> np.ndarray:
 def largest_outline(mask: np.ndarray) -> np.ndarray:
     """The largest outer contour of a binary mask (bool, or 0 / 1 bytes) as [K, 2] pixel coordinates (x, y);
     [0, 2] where empty."""
-    if not mask.size or not mask.any():
+    if not mask.size:
         return np.zeros((0, 2))
     pixels = mask.view(np.uint8) if mask.dtype == bool and mask.flags.c_contiguous else mask.astype(np.uint8)
     contours, _ = cv2.findContours(pixels, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    if not contours:  # nothing set
+        return np.zeros((0, 2))
     largest = contours[0] if len(contours) == 1 else max(contours, key=lambda c: (cv2.contourArea(c), len(c)))
     return largest.reshape(-1, 2).astype(np.float64)
 
