@@ -177,9 +177,9 @@ class Batcher:
         Returns [] when nothing arrived within poll_s (caller checks for shutdown),
         None when closed and drained."""
         with self._lock:
-            if not self._ready.wait_for(lambda: self._total() > 0 or self.closed, timeout=poll_s):
+            if not self._ready.wait_for(lambda: self._queued > 0 or self.closed, timeout=poll_s):
                 return []
-            if self._total() == 0:
+            if self._queued == 0:
                 return None
             while not self.closed:
                 deadline = self._deadline()
@@ -192,25 +192,20 @@ class Batcher:
         if self._queued >= self.max_batch:  # full: cut now, without a pass over every stream (64 at every frame)
             return -math.inf
         oldest = min(q[0].t_monotonic for q in self.queues if q)
-        return cut_deadline(oldest, self._total(), self.max_batch, self.timeout_s, self.budget_s, self._engine,
+        return cut_deadline(oldest, self._queued, self.max_batch, self.timeout_s, self.budget_s, self._engine,
                             self._next_arrival(time.monotonic()))
-
-    def _total(self) -> int:
-        return self._queued
 
     def _take(self) -> list[Packet]:
         batch, streams = [], len(self.queues)
         stale = time.monotonic() - self.budget_s if self.budget_s is not None else -math.inf
-        while len(batch) < self.max_batch and self._total() > 0:
+        while len(batch) < self.max_batch and self._queued > 0:
             queue = self.queues[self._next_stream]
             if queue:
-                packet = queue.popleft()
-                self._queued -= 1
-                if packet.live and packet.t_monotonic < stale:  # over its budget already: shed, not run
-                    packet.release()
-                    self.dropped[packet.stream] += 1
+                if queue[0].live and queue[0].t_monotonic < stale:  # over its budget already: shed, not run
+                    self._drop(self._next_stream)
                 else:
-                    batch.append(packet)
+                    batch.append(queue.popleft())
+                    self._queued -= 1
                 self._room[self._next_stream].notify()  # its capture thread, if it waits for room (files)
             self._next_stream = (self._next_stream + 1) % streams
         return batch
