@@ -11,9 +11,11 @@ encoded with ffmpeg; for each stream count N, each in a process of its own (CPU 
           looping (a new demuxer into the same decoder), frames left in device memory. The ceiling.
   serve   `jetpipe serve`'s pipeline: N NVDEC sources on the same file, looping, saturated (every frame
           processed: copied into the device ring, batched, preprocessed, inferred, postprocessed on the GPU).
+And once, the model alone at max batch (ONNX Runtime CUDA, replayed from a CUDA graph): the GPU's ceiling.
 
 Reported per row: frames/s, % of the decode ceiling, CPU cores (process CPU time / wall), peak RSS, GPU memory
-the process added (nvidia-smi memory.used mid-run minus before start); per stream: the RSS and GPU memory
+the process added (nvidia-smi memory.used mid-run minus before start), and for serve the share of the run
+the GPU spent on its batches (near 1: GPU-bound); per stream: the RSS and GPU memory
 added going from the smallest to the largest N, divided by the streams added.
 """
 
@@ -126,7 +128,8 @@ def serve_child(args) -> None:
                       "batches": summary["batches"], "seconds": wall, "cpu_cores": _cpu(before, after) / wall,
                       "rss_mb": _rss_mb(), "gpu_memory_added_mib": memory.added_mib(),
                       "p50_ms": total.get("0.5"), "p99_ms": total.get("0.99"),
-                      "thread_cpu_s": summary.get("cpu_seconds"),
+                      "thread_cpu_s": summary.get("cpu_seconds"), "gpu_busy_share": summary.get("gpu_busy_share"),
+                      "latency_ms": summary["latency_ms"],
                       "post_thread_ms_per_batch": summary.get("post_thread_ms_per_batch"),
                       **({"stacks": hot} if hot else {})}), flush=True)
 
@@ -199,15 +202,30 @@ def main() -> None:
     parser.add_argument("--clip", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bundle", type=Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:]
-    if argv and argv[0] in ("decode", "serve"):
+    if argv and argv[0] in ("decode", "serve", "engine"):
         args = parser.parse_args(argv)
         args.streams = int(args.streams)
+        if args.what == "engine":
+            print(json.dumps(engine_fps(args.bundle, args.max_batch)), flush=True)
+            return
         (decode_child if args.what == "decode" else serve_child)(args)
         return
     args = parser.parse_args(["run", *argv])
     if args.model is None:
         parser.error("give the model: scripts/bench_light.py MODEL.onnx")
     run_all(args)
+
+
+def engine_fps(bundle: Path, batch: int) -> dict:
+    """The model alone at `batch` (ONNX Runtime CUDA, I/O on the device, replayed from a CUDA graph as the
+    pipeline runs it): the GPU's ceiling for the pipeline, decoding and preprocessing aside."""
+    from bench_runtime import bare_backend
+
+    from jetpipe import bundle as bundle_io
+
+    sample = (3, *bundle_io.read_manifest(bundle)["input_size"])
+    ms = bare_backend(str(bundle / "model.onnx"), sample, batch, 300, cuda_graph=True)
+    return {"what": "engine", "batch": batch, "fps": batch * 1000 / ms, "ms_per_batch": ms}
 
 
 def run_all(args) -> None:
@@ -217,6 +235,8 @@ def run_all(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         clip = encode(Path(tmp), "h264", 10)
         bundle = convert(args.model, Path(tmp) / "bundle", args.max_batch)
+        engine = run_child("engine", clip, 0, 0, bundle, args.max_batch)  # a process of its own, as the others
+        print(json.dumps(engine), flush=True)
         for n in (int(v) for v in args.streams.split(",")):
             ceiling = run_child("decode", clip, n, args.seconds, bundle, args.max_batch)
             rows.append(ceiling)
@@ -226,15 +246,19 @@ def run_all(args) -> None:
                 rows[-1]["pct_of_decode"] = 100 * rows[-1]["fps"] / ceiling["fps"]
             print(json.dumps(rows[-1]), flush=True)
     report(rows, args)
+    if "fps" in engine:
+        print(f"engine alone at batch {engine['batch']}: {engine['fps']:.0f} frames/s ({engine['ms_per_batch']:.2f} ms "
+              "a batch, CUDA graph)")
     if args.json:
         args.json.write_text(json.dumps({"model": args.model.name, "max_batch": args.max_batch,
-                                         "seconds": args.seconds, "rows": rows}, indent=2))
+                                         "seconds": args.seconds, "engine": engine, "rows": rows}, indent=2))
 
 
 def report(rows: list[dict], args) -> None:
     print(f"\n{args.model.name}, 1080p30 H.264, {args.seconds:g} s a row, max batch {args.max_batch}")
-    print("| streams | what | frames/s | % of decode | CPU cores | RSS MB | GPU MiB added | dropped | p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| streams | what | frames/s | % of decode | CPU cores | RSS MB | GPU MiB added | dropped | p99 ms "
+          "| GPU busy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
             print(f"| {r['streams']} | {r['what']} | error: {r['error'][:100]} |")
@@ -242,7 +266,8 @@ def report(rows: list[dict], args) -> None:
         pct = f"{r['pct_of_decode']:.0f} %" if "pct_of_decode" in r else ""
         gpu = r.get("gpu_memory_added_mib")
         print(f"| {r['streams']} | {r['what']} | {r['fps']:.0f} | {pct} | {r['cpu_cores']:.2f} | {r['rss_mb']:.0f} | "
-              f"{gpu if gpu is not None else 'n/a'} | {r.get('dropped', '')} | {r.get('p99_ms') or ''} |")
+              f"{gpu if gpu is not None else 'n/a'} | {r.get('dropped', '')} | {r.get('p99_ms') or ''} | "
+              f"{r.get('gpu_busy_share') or ''} |")
     for what in ("decode", "serve"):
         ok = sorted((r for r in rows if r["what"] == what and "error" not in r), key=lambda r: r["streams"])
         if len(ok) >= 2 and ok[-1]["streams"] > ok[0]["streams"]:

@@ -83,6 +83,7 @@ class Pipeline:
         self.gpu_stage_ms: dict[str, list[float]] = {}
         # wall seconds of the post (and secondary) thread by phase: where a batch's time goes when a thread
         # is the limit; "handoff": the post thread waiting for the secondary thread to take a batch
+        self.gpu_busy_s = 0.0  # the GPU's time on the batches (CUDA events), where the runtime measures it
         self.post_phase_s = dict.fromkeys(("wait_gpu", "finish", "handoff") if config.secondaries else
                                           ("wait_gpu", "finish", "records"), 0.0)
         self.secondary_phase_s = dict.fromkeys(("secondary", "records"), 0.0)
@@ -409,9 +410,9 @@ class Pipeline:
             except Exception as exc:  # disconnect, decode error, device gone: back off and reconnect
                 if slot is not None:
                     ring.release(slot)
-                source.close()
                 if not running():  # stop() or a removal interrupted it: an end, not a failure
                     break
+                source.close()
                 self.metrics.count("failed", stream)
                 self.metrics.count("reconnects", stream)
                 log.warning("source %d (%s): %s; reconnecting in %.1f s", handle.id, source.describe(), exc,
@@ -419,7 +420,10 @@ class Pipeline:
                 info = None
                 handle.stop.wait(backoff)
                 backoff = min(backoff * 2, config.reconnect_max_s)
-        source.close()
+        # stopped, removed or at its frame limit: the source stays open until its frames are through and is
+        # closed then (_retire, or close() after the drain). Closing a hardware decoder frees its memory with
+        # the GIL held, ~10 ms each: at a stop every stream's at once stalled the batches still draining
+        # (32 NVDEC streams: the last batches waited 350 ms, the whole process frozen)
 
     def _free_slot(self, stream: int, live: bool):
         ring = self.streams.rings[stream]
@@ -482,6 +486,7 @@ class Pipeline:
                 self.post_phase_s["wait_gpu"] += time.perf_counter() - t_wait
                 self.metrics.batches += 1
                 engine_s = result.engine_ms / 1e3 if result.engine_ms is not None else time.monotonic() - t_batch
+                self.gpu_busy_s += engine_s if result.engine_ms is not None else 0.0
                 self.batcher.record_batch(len(packets), engine_s)
                 if self.profile:
                     for stage, ms in self.runtime.stage_times(ticket).items():
@@ -737,8 +742,8 @@ class Pipeline:
     def status_line(self) -> str:
         m = self.metrics
         fps = " ".join(f"{m.fps(s.slot):.1f}" for s in self.streams.live())
-        p = m.percentiles("total")
-        lat = f"p50 {p[0.5]:.0f} ms p99 {p[0.99]:.0f} ms" if p else "no results yet"
+        p = m.recent_percentiles("total")
+        lat = f"recent p50 {p[0.5]:.0f} ms p99 {p[0.99]:.0f} ms" if p else "no results yet"
         total = self._totals()
         return (f"fps per stream [{fps}], processed {total['processed']}, "
                 f"dropped {total['dropped']}, failed {total['failed']}, latency {lat}")
@@ -768,6 +773,8 @@ class Pipeline:
                 "cpu_seconds": {k: round(v, 3) for k, v in self.thread_cpu_s.items()},
                 "cpu_cores": round(self.thread_cpu_s.get("process", 0.0) / max(seconds, 1e-9), 2),
                 "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()},
+                # the share of the run the GPU spent on batches: near 1, the GPU is what limits throughput
+                **({"gpu_busy_share": round(self.gpu_busy_s / max(seconds, 1e-9), 3)} if self.gpu_busy_s else {}),
                 "post_thread_ms_per_batch": _per_batch(self.post_phase_s, m.batches),
                 **({"secondary_thread_ms_per_batch": _per_batch(self.secondary_phase_s, m.batches)}
                    if self.secondaries else {}),

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.quantiles import RunHistogram
 
 STAGES = ("queue", "gpu", "post", "total")
 COUNTERS = ("captured", "processed", "failed", "reconnects", "stalls")  # per stream
@@ -26,7 +27,8 @@ class Metrics:
         zeros = lambda: [0] * streams  # noqa: E731
         self.captured, self.processed, self.failed, self.reconnects = zeros(), zeros(), zeros(), zeros()
         self.stalls = zeros()  # live streams that went silent for their stall timeout
-        self.latency = {stage: deque(maxlen=window) for stage in STAGES}
+        self.latency = {stage: deque(maxlen=window) for stage in STAGES}  # the last results: live views
+        self.run_latency = {stage: RunHistogram() for stage in STAGES}  # every result: the run's summary
         self.recent = [deque(maxlen=window) for _ in range(streams)]  # result times, for fps
         self.stream_total = [deque(maxlen=window // 8) for _ in range(streams)]  # each stream's total latency
         self.first_result: list[float | None] = [None] * streams
@@ -55,6 +57,7 @@ class Metrics:
                 self.first_result[stream] = now
             for stage, value in latencies.items():
                 self.latency[stage].append(value)
+                self.run_latency[stage].add(value)
             if "total" in latencies:
                 self.stream_total[stream].append(latencies["total"])
         for stage, value in latencies.items():
@@ -91,7 +94,16 @@ class Metrics:
         return count / min(window_s, max(now - first, 1.0))
 
     def percentiles(self, stage: str) -> dict[float, float]:
-        """Latency percentiles of a stage over all streams."""
+        """Latency percentiles of a stage over all streams and the whole run (within 1 %), and its maximum
+        under the key "max"."""
+        with self.lock:
+            histogram = self.run_latency[stage]
+            if not histogram.count:
+                return {}
+            return {**{q: histogram.quantile(q) for q in QUANTILES}, "max": histogram.max}
+
+    def recent_percentiles(self, stage: str) -> dict[float, float]:
+        """Latency percentiles of a stage over all streams' last results (the live status line, /metrics)."""
         return self._quantiles(self.latency[stage])
 
     def stream_percentiles(self, stream: int) -> dict[float, float]:
@@ -142,7 +154,7 @@ class Metrics:
         quantiles = GaugeMetricFamily("jetpipe_latency_ms", "Per-stage latency percentiles over the last "
                                       "results, milliseconds.", labels=["stage", "quantile"])
         for stage in STAGES:
-            for q, v in self.percentiles(stage).items():
+            for q, v in self.recent_percentiles(stage).items():
                 quantiles.add_metric([stage, str(q)], round(v, 3))
         yield quantiles
         yield CounterMetricFamily("jetpipe_batches", "Batches run.", value=batches)

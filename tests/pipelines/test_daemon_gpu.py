@@ -31,6 +31,7 @@ def test_gpu_pipeline_accounts_for_every_frame_and_finds_text(det_bundle, tmp_pa
     summary = pipeline.run()
     for s in range(2):
         assert summary["processed"][s] + summary["dropped"][s] + summary["failed"][s] == 40
+    assert 0 < summary["gpu_busy_share"] <= 1  # the GPU's time on the batches, a share of the run
     records = _lines(out)
     assert len(records) == sum(summary["processed"])
     camera = SyntheticCamera.from_uri(uri, seed=0)
