@@ -258,6 +258,17 @@ class NvdecSource:
         if self._host is not None:
             self._host.interrupt()
 
+    def restart(self) -> None:
+        """End this connection (a network stream that stalled: connected, no frame for the stall timeout):
+        the feed's ffmpeg is ended, the demuxer reads its end, the read in progress fails and the daemon
+        reconnects. Unlike interrupt(), the source opens again. A file has no connection to end."""
+        if self._host is not None:
+            restart = getattr(self._host, "restart", None)
+            if restart is not None:
+                restart()
+        elif self.feed is not None:
+            self.feed.restart()
+
     def _close_decoder(self) -> None:
         self._pending = deque()
         self._decoder = self._demuxer = self._packets = None  # PyNvVideoCodec frees them with the objects

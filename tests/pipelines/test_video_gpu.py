@@ -19,7 +19,7 @@ from jetpipe.pipelines.daemon import Pipeline
 from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, PyAVSource, SourceError, open_source
 from jetpipe.pipelines.sources.ffmpeg import RemuxFeed, remux_command
 from jetpipe.runtime.api import Frame
-from tests.pipelines.test_sources import _config, as_mpegts, encode, ffmpeg_decode
+from tests.pipelines.test_sources import _config, _wait, as_mpegts, encode, ffmpeg_decode
 from tests.stream_server import StreamServer
 
 pytestmark = pytest.mark.gpu
@@ -247,6 +247,29 @@ def test_a_network_stream_through_nvdec_uploads_no_pixels_and_reconnects(det_bun
         server.unplug()
     assert summary["reconnects"][0] >= 2 and summary["processed"][0] + summary["dropped"][0] == 60
     assert pipeline.runtime.frame_bytes_uploaded == 0 and pipeline.runtime.host_frame_copies == 0
+
+
+def test_a_network_stream_through_nvdec_that_goes_silent_is_reconnected(det_bundle, ts_clips, network_feed, caplog):
+    """A camera that stays connected but stops sending, decoded by NVDEC: after its stall timeout it is logged,
+    counted and reconnected (NVDEC sources could not be restarted: it sat silent until stopped)."""
+    data = ts_clips["h264"].read_bytes() * 4  # enough for the demuxer's probe and frames before the stall
+    server = StreamServer(data, stall_after=len(data) * 3 // 4, stall_connection=1)  # the first connection stalls
+    config = _config(det_bundle, [SourceConfig(server.url)], backend="onnxruntime-cuda", max_batch=4,
+                     reconnect_max_s=0.5, stall_timeout_s=1.0, duration=60)
+    pipeline = Pipeline(config)
+    assert pipeline.sources[0].describe().endswith("(nvdec)")
+    runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
+    runner.start()
+    try:
+        _wait(lambda: pipeline.metrics.stalls[0] >= 1)
+        seen = pipeline.metrics.captured[0]
+        _wait(lambda: pipeline.metrics.captured[0] >= seen + 5)  # the next connection sends the whole stream
+    finally:
+        pipeline.stop()
+        runner.join(timeout=20)
+        server.unplug()
+    assert pipeline.result["stalls"][0] >= 1 and pipeline.result["reconnects"][0] >= 1
+    assert "no frame for" in caplog.text and "; reconnecting" in caplog.text
 
 
 def test_a_network_stream_nvdec_cannot_take_is_decoded_by_ffmpeg_into_device_slots(runtime, clips, ts_clips,
