@@ -383,6 +383,9 @@ class Pipeline:
             slot = None
             try:
                 if info is None:
+                    # the stall timer runs during the open too: a camera that accepts the connection and sends
+                    # nothing would otherwise hold this stream in open() until serve is stopped
+                    self._last_frame[stream] = time.monotonic()
                     info = source.open()
                     backoff = 0.5
                     self._last_frame[stream] = time.monotonic()

@@ -409,6 +409,25 @@ def test_a_network_stream_that_goes_silent_is_reconnected(videos, tiny_bundle, t
     assert "no frame for" in caplog.text and "; reconnecting" in caplog.text
 
 
+@needs_ffmpeg
+def test_a_network_stream_that_connects_and_never_sends_is_reconnected(tiny_bundle, caplog):
+    """A camera that accepts the connection and sends nothing held its stream in open() (ffprobe waiting)
+    until serve was stopped, with no word: the stall timeout now covers the open."""
+    camera = StreamServer(hang=True)
+    config = _config(tiny_bundle, [SourceConfig(camera.url)], task="raw", reconnect_max_s=0.5, stall_timeout_s=1.0)
+    pipeline = Pipeline(config)
+    runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
+    runner.start()
+    try:
+        _wait(lambda: pipeline.metrics.stalls[0] >= 1 and pipeline.metrics.reconnects[0] >= 1)
+    finally:
+        pipeline.stop()
+        runner.join(timeout=10)
+        camera.unplug()
+    assert not runner.is_alive() and pipeline.result["stalls"][0] >= 1
+    assert "no frame for" in caplog.text and "; reconnecting" in caplog.text
+
+
 def _wait(condition, timeout=20.0):
     deadline = time.monotonic() + timeout
     while not condition():

@@ -208,6 +208,13 @@ class PipeSource(DecoderRuns):
             log.warning("source %s: %s exited with code %s after %d frames: %s", self.uri, self.decoder_name,
                         code, self._index, process.why())
 
+    def restart(self) -> None:
+        """End the current connection, also while it is being probed (a camera that accepts the connection and
+        sends nothing hangs ffprobe): the open or read in progress fails and the daemon reconnects."""
+        if self._probe_process is not None and self._probe_process.poll() is None:
+            self._probe_process.kill()
+        super().restart()
+
     def interrupt(self) -> None:
         self._interrupted = True
         if self._probe_process is not None and self._probe_process.poll() is None:
