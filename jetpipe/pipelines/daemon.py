@@ -192,12 +192,17 @@ class Pipeline:
         GPU memory (a stream added later takes whichever its decoder writes)."""
         runtime, config = self.runtime, self.config
         count = ring_slots(config.queue_depth, runtime.max_batch, runtime.buffer_sets)
-        wanted = [[(self._frame_hw(src), src.memory == "device")] for src in sources]
-        spare = [(config.max_frame_hw, False)] + ([(config.max_frame_hw, True)] if runtime.decodes_to_device else [])
+        # a source whose format is known now (a file, probed) gets slots of its frame's size (NV12: half of BGR);
+        # not with the control API, where a slot a stream leaves may be taken by any stream up to its size
+        wanted = [[(self._frame_hw(src), src.memory == "device",
+                    src.info.format if src.info is not None and not self.control else None)] for src in sources]
+        spare = [(config.max_frame_hw, False, None)] + \
+            ([(config.max_frame_hw, True, None)] if runtime.decodes_to_device else [])
         wanted += [spare] * (capacity - len(sources))
-        _check_ring_memory([count * slot_bytes(hw, device) for rings in wanted for hw, device in rings], count)
+        _check_ring_memory([count * slot_bytes(*ring) for rings in wanted for ring in rings], count)
         for slot, rings in enumerate(wanted):
-            self.streams.choices[slot] = [runtime.frame_ring(count, hw, device=device) for hw, device in rings]
+            self.streams.choices[slot] = [runtime.frame_ring(count, hw, device=device, fmt=fmt)
+                                          for hw, device, fmt in rings]
 
     def _pages(self, path: str):
         """The preview page, its frames and counters (None: not a page here)."""

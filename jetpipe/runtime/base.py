@@ -126,13 +126,14 @@ class RuntimeBase:
     def infer(self, frames, width: int | None = None) -> BatchResult:
         return self.collect(self.submit(frames, width))
 
-    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False):
-        """Slots for `count` frames up to max_hw (BGR-sized), allocated now: for one source.
-        device=True (the GPU runtime only): slots in device memory, for a hardware decoder."""
+    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False, fmt: str | None = None):
+        """Slots for `count` frames up to max_hw, allocated now: for one source (sized for `fmt` where it is
+        known, else for BGR). device=True (the GPU runtime only): slots in device memory, for a hardware
+        decoder."""
 
         if device:
             raise JetpipeError("device-memory frame rings need the GPU runtime")
-        return host_ring(count, slot_bytes(max_hw, device=False))
+        return host_ring(count, slot_bytes(max_hw, device=False, fmt=fmt))
 
     def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False, feed=None, fallback=None):
         """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none).

@@ -274,11 +274,12 @@ class GpuRuntime(RuntimeBase):
         self._stage(buffers, row, source)
         return buffers.frame_addresses[row]
 
-    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False):
+    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False, fmt: str | None = None):
         """Pinned slots (mapped in 'mapped' mode: the kernel reads them with no copy), or with
-        device=True slots in device memory for a hardware decoder (read in place by the kernel)."""
+        device=True slots in device memory for a hardware decoder (read in place by the kernel); sized for
+        `fmt` where the source's format is known."""
 
-        nbytes = slot_bytes(max_hw, device)
+        nbytes = slot_bytes(max_hw, device, fmt)
         with self.device.active():
             if device:
                 allocations = [self.device.alloc(nbytes) for _ in range(count)]

@@ -28,9 +28,12 @@ class DeviceSlot:
     width: int
 
 
-def slot_bytes(hw: tuple[int, int], device: bool) -> int:
-    """A slot's bytes for frames up to hw: what the decoders write there. A device ring takes NVDEC's NV12 or
-    its FFmpeg fallback's YUV (4:2:2 packed at most: 2 bytes a pixel); a host ring any format (BGR: 3)."""
+def slot_bytes(hw: tuple[int, int], device: bool, fmt: str | None = None) -> int:
+    """A slot's bytes for frames up to hw: what the decoders write there. fmt: the source's format where it is
+    known before the ring is made (a file, probed; NV12 is half of BGR); otherwise a device ring takes NVDEC's
+    NV12 or its FFmpeg fallback's YUV (4:2:2 packed at most: 2 bytes a pixel), a host ring any format (BGR: 3)."""
+    if fmt is not None:
+        return int(np.prod(frame_shape(fmt, *hw)))
     return hw[0] * hw[1] * (2 if device else 3)
 
 

@@ -55,7 +55,7 @@ def test_queue_depth_and_ring_memory_are_bounded_before_anything_is_allocated(tm
     assert main(["serve", str(config), "--frames", "1", "--metrics", ""]) == 2
     assert "queue_depth = 100000000: allowed an integer from 1 to 1024" in capsys.readouterr().err
     monkeypatch.setattr(daemon, "available_memory", lambda: 64 * 2**20)  # a machine with 64 MiB free
-    assert main(["serve", "--bundle", str(tmp_path / "b"), "--source", "synthetic://1920x1080@30/nv12", "--frames",
+    assert main(["serve", "--bundle", str(tmp_path / "b"), "--source", "synthetic://1920x1080@30/bgr", "--frames",
                  "1", "--metrics", ""]) == 2
     err = capsys.readouterr().err
     assert "the frame rings would take 0.1 GiB (1 stream(s) x 14 slots" in err and "Traceback" not in err

@@ -402,3 +402,22 @@ def test_sources_are_closed_after_their_frames_are_through_at_a_stop(det_bundle)
     summary = pipeline.run()
     assert sum(summary["processed"]) > 0 and in_flight_at_close
     assert set(in_flight_at_close) == {0}
+
+
+def test_a_source_whose_format_is_known_gets_ring_slots_of_its_frame_size(det_bundle):
+    """Host rings were sized for BGR whatever the source wrote: an NV12 file's slots were twice its frames.
+    With the control API a slot may pass to any stream up to its size, so there they stay BGR-sized."""
+    sources = ["synthetic:640x480@0:nv12", "synthetic:320x240@0:bgr"]
+    pipeline = Pipeline(_config(det_bundle, sources, frames=2))
+    try:
+        assert [ring.slot_bytes for ring in pipeline.streams.rings] == [640 * 480 * 3 // 2, 320 * 240 * 3]
+    finally:
+        pipeline.close()
+    from jetpipe.pipelines.config import ControlConfig
+
+    pipeline = Pipeline(_config(det_bundle, sources, frames=2, control=ControlConfig(enabled=True, max_streams=2),
+                                metrics_listen=f"127.0.0.1:{_free_port()}"))
+    try:
+        assert [ring.slot_bytes for ring in pipeline.streams.rings] == [640 * 480 * 3, 320 * 240 * 3]
+    finally:
+        pipeline.close()
