@@ -394,17 +394,22 @@ def test_a_network_stream_that_goes_silent_is_reconnected(videos, tiny_bundle, t
     # connection 1 is the probe (ffprobe), 2 the decoding ffmpeg: it stalls after a third of the stream
     camera = StreamServer(ts.read_bytes(), stall_after=len(ts.read_bytes()) // 3, stall_connection=2)
     config = _config(tiny_bundle, [SourceConfig(camera.url)], task="raw", reconnect_max_s=0.5, stall_timeout_s=1.0)
-    pipeline = Pipeline(config)
+    serve_through_a_stall(Pipeline(config), camera, caplog)
+
+
+def serve_through_a_stall(pipeline, server, caplog, join_timeout: float = 10.0) -> None:
+    """Serve stream 0 until a stall is counted and frames flow again after it (the next connection sends the
+    whole stream), stop, and check the stall was counted, said and reconnected."""
     runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
     runner.start()
     try:
         _wait(lambda: pipeline.metrics.stalls[0] >= 1)
         seen = pipeline.metrics.captured[0]
-        _wait(lambda: pipeline.metrics.captured[0] >= seen + 5)  # the second connection sends the whole stream
+        _wait(lambda: pipeline.metrics.captured[0] >= seen + 5)
     finally:
         pipeline.stop()
-        runner.join(timeout=10)
-        camera.unplug()
+        runner.join(timeout=join_timeout)
+        server.unplug()
     assert pipeline.result["stalls"][0] >= 1 and pipeline.result["reconnects"][0] >= 1
     assert "no frame for" in caplog.text and "; reconnecting" in caplog.text
 

@@ -19,7 +19,7 @@ from jetpipe.pipelines.daemon import Pipeline
 from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, PyAVSource, SourceError, open_source
 from jetpipe.pipelines.sources.ffmpeg import RemuxFeed, remux_command
 from jetpipe.runtime.api import Frame
-from tests.pipelines.test_sources import _config, _wait, as_mpegts, encode, ffmpeg_decode
+from tests.pipelines.test_sources import _config, as_mpegts, encode, ffmpeg_decode, serve_through_a_stall
 from tests.stream_server import StreamServer
 
 pytestmark = pytest.mark.gpu
@@ -258,18 +258,7 @@ def test_a_network_stream_through_nvdec_that_goes_silent_is_reconnected(det_bund
                      reconnect_max_s=0.5, stall_timeout_s=1.0, duration=60)
     pipeline = Pipeline(config)
     assert pipeline.sources[0].describe().endswith("(nvdec)")
-    runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
-    runner.start()
-    try:
-        _wait(lambda: pipeline.metrics.stalls[0] >= 1)
-        seen = pipeline.metrics.captured[0]
-        _wait(lambda: pipeline.metrics.captured[0] >= seen + 5)  # the next connection sends the whole stream
-    finally:
-        pipeline.stop()
-        runner.join(timeout=20)
-        server.unplug()
-    assert pipeline.result["stalls"][0] >= 1 and pipeline.result["reconnects"][0] >= 1
-    assert "no frame for" in caplog.text and "; reconnecting" in caplog.text
+    serve_through_a_stall(pipeline, server, caplog, join_timeout=20)
 
 
 def test_a_network_stream_nvdec_cannot_take_is_decoded_by_ffmpeg_into_device_slots(runtime, clips, ts_clips,
