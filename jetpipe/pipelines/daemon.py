@@ -637,11 +637,11 @@ class Pipeline:
         except ConfigError as exc:
             raise ControlError(422, str(exc)) from None
         h, w = self._frame_hw(source)
-        device = source.memory == "device"
+        device, fmt = source.memory == "device", source.info.format if source.info is not None else None
         with self.streams.lock:
-            place = self.streams.ring_for((h, w), device)
+            place = self.streams.ring_for((h, w), device, fmt)
             if place is None and self._free_ended():
-                place = self.streams.ring_for((h, w), device)
+                place = self.streams.ring_for((h, w), device, fmt)
             if place is None:
                 raise ControlError(409, self._no_room(source, device, (h, w)))
             if self.stop_event.is_set():
@@ -824,9 +824,13 @@ def _check_ring_memory(ring_bytes: list[int], slots: int) -> None:
     allocated, instead of the OOM killer ending the daemon half-started."""
     available, need = available_memory(), sum(ring_bytes)
     if available is not None and need > 0.8 * available:
-        raise ConfigError(f"the frame rings would take {need / 2**30:.1f} GiB ({len(ring_bytes)} stream(s) x {slots} "
+        raise ConfigError(f"the frame rings would take {_size(need)} ({len(ring_bytes)} stream(s) x {slots} "
                           "slots: queue_depth + buffer sets x min(queue_depth, max_batch) + 2), more than 80 % of "
-                          f"the {available / 2**30:.1f} GiB available: lower queue_depth or max_frame_hw")
+                          f"the {_size(available)} available: lower queue_depth or max_frame_hw")
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
 def _per_batch(phase_s: dict[str, float], batches: int) -> dict[str, float]:

@@ -63,9 +63,10 @@ class Streams:
     def id_of(self, slot: int) -> int:
         return self.slots[slot].id
 
-    def ring_for(self, hw: tuple[int, int], device: bool) -> tuple[int, object] | None:
-        """A free slot with a ring of this memory that holds frames up to hw: the smallest that fits."""
-        need = slot_bytes(hw, device)
+    def ring_for(self, hw: tuple[int, int], device: bool, fmt: str | None = None) -> tuple[int, object] | None:
+        """A free slot with a ring of this memory that holds frames up to hw (of format fmt where the source
+        knows it): the smallest that fits."""
+        need = slot_bytes(hw, device, fmt)
         fits = [(ring.slot_bytes, slot, ring) for slot, stream in enumerate(self.slots) if stream is None
                 for ring in self.choices[slot] if ring.device == device and ring.slot_bytes >= need]
         if not fits:

@@ -283,3 +283,6 @@ def test_a_spare_slots_rings_take_a_stream_of_their_size_in_either_memory():
         assert chosen.device == device
         assert streams.ring_for((1088, 1920), device) is None  # one row taller does not fit
     assert streams.describe_free() == "device memory up to 2073600 pixels; host memory up to 2073600 pixels"
+    # a stream whose format is known (a file) needs its frame's bytes: a 1080p host ring takes 1440p NV12
+    assert streams.ring_for((1440, 1920), False) is None
+    assert streams.ring_for((1440, 1920), False, "nv12") is not None
