@@ -47,7 +47,3 @@ class RunHistogram:
         lower = self._low * (1 + self._step) ** (index - 1)
         middle = lower * math.sqrt(1 + self._step)
         return min(max(middle, self.min), self.max)
-
-    def clear(self) -> None:
-        self.counts[:] = 0
-        self.count, self.min, self.max = 0, math.inf, -math.inf
