@@ -194,8 +194,7 @@ class Pipeline:
         count = ring_slots(config.queue_depth, runtime.max_batch, runtime.buffer_sets)
         # a source whose format is known now (a file, probed) gets slots of its frame's size (NV12: half of BGR);
         # not with the control API, where a slot a stream leaves may be taken by any stream up to its size
-        wanted = [[(self._frame_hw(src), src.memory == "device",
-                    src.info.format if src.info is not None and not self.control else None)] for src in sources]
+        wanted = [[self._ring_need(src, exact=not self.control)] for src in sources]
         spare = [(config.max_frame_hw, False, None)] + \
             ([(config.max_frame_hw, True, None)] if runtime.decodes_to_device else [])
         wanted += [spare] * (capacity - len(sources))
@@ -242,9 +241,12 @@ class Pipeline:
                               f"max_frame_hw [{max_h}, {max_w}]: set [pipeline] max_frame_hw = "
                               f"[{max(info.height, max_h)}, {max(info.width, max_w)}]")
 
-    def _frame_hw(self, source) -> tuple[int, int]:
+    def _ring_need(self, source, exact: bool = True) -> tuple[tuple[int, int], bool, str | None]:
+        """What a ring for this source must hold: frames of its size (max_frame_hw while unknown), in device
+        memory or not, of its format where it is known now and `exact` (else any format: slot_bytes)."""
         info = source.info
-        return (info.height, info.width) if info is not None else self.config.max_frame_hw
+        hw = (info.height, info.width) if info is not None else self.config.max_frame_hw
+        return hw, source.memory == "device", info.format if exact and info is not None else None
 
     def _render_metrics(self) -> str:
         return self.metrics.prometheus(self.batcher.dropped, self.batcher.depths(), self._decode_errors())
@@ -493,8 +495,11 @@ class Pipeline:
                 result = self.runtime.collect(ticket, hold=True)  # waits for the GPU (blocking, not spinning)
                 self.post_phase_s["wait_gpu"] += time.perf_counter() - t_wait
                 self.metrics.batches += 1
-                engine_s = result.engine_ms / 1e3 if result.engine_ms is not None else time.monotonic() - t_batch
-                self.gpu_busy_s += engine_s if result.engine_ms is not None else 0.0
+                if result.engine_ms is not None:  # the GPU's own time on the batch
+                    engine_s = result.engine_ms / 1e3
+                    self.gpu_busy_s += engine_s
+                else:
+                    engine_s = time.monotonic() - t_batch
                 self.batcher.record_batch(len(packets), engine_s)
                 if self.profile:
                     for stage, ms in self.runtime.stage_times(ticket).items():
@@ -636,14 +641,13 @@ class Pipeline:
             self._check_frame_size(source)
         except ConfigError as exc:
             raise ControlError(422, str(exc)) from None
-        h, w = self._frame_hw(source)
-        device, fmt = source.memory == "device", source.info.format if source.info is not None else None
+        hw, device, fmt = self._ring_need(source)
         with self.streams.lock:
-            place = self.streams.ring_for((h, w), device, fmt)
+            place = self.streams.ring_for(hw, device, fmt)
             if place is None and self._free_ended():
-                place = self.streams.ring_for((h, w), device, fmt)
+                place = self.streams.ring_for(hw, device, fmt)
             if place is None:
-                raise ControlError(409, self._no_room(source, device, (h, w)))
+                raise ControlError(409, self._no_room(source, device, hw))
             if self.stop_event.is_set():
                 raise ControlError(503, "the daemon is stopping: no stream can be added")
             slot, ring = place
