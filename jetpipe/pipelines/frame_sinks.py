@@ -202,13 +202,14 @@ class VideoSink(FrameSink):
             raise JetpipeError(f"sink {spec}: codec {self.codec!r}: choose h264 or hevc")
         self.width = _positive(spec, options, "width")
         self.fps = _positive(spec, options, "fps", float, 30.0)
-        self.tool, self.encoder = encoders.choose(spec, self.codec, options.get("encoder", "auto"))
         self.template, self.numbered = Path(path), streams > 1
         self.paths = {i: _stream_path(self.template, i, streams) for i in range(streams)}
         for p in self.paths.values():
             _check_writable(spec, p)  # first: a name too long for the file system fails every lookup
             if p.exists():
                 raise JetpipeError(f"sink {spec}: {p} exists: name a new file (a sink never overwrites one)")
+        # the destination before the encoder: it needs no tool, and choosing may run a trial encode
+        self.tool, self.encoder = encoders.choose(spec, self.codec, options.get("encoder", "auto"))
         self.encoders: dict[int, subprocess.Popen] = {}
         self.written: dict[int, int] = {}  # frames handed to each stream's encoder: what its file must hold
         super().__init__(spec, max_batch, max_fps=self.fps)

@@ -200,6 +200,7 @@ def test_a_token_is_required_off_loopback_and_checked(serving, det_bundle, monke
     assert len(listing["streams"]) == 1
 
 
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="the video sink needs ffmpeg: apt install ffmpeg")
 def test_a_daemon_may_start_with_no_stream_and_a_removed_streams_video_is_finished_at_once(serving, tmp_path):
     video = tmp_path / "out.mp4"
     daemon = serving([], sinks=[f"video:{video}?fps=3"], max_streams=1)
