@@ -81,4 +81,6 @@ def _check_text(check: dict) -> str:
     task = f"{check['task']} " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + "; " if metrics else ""
     text = (f"{task}relative MAE {check['relative_mae']:.2e}, max abs error {check['max_abs_error']:.3g} on "
             f"{check['samples']} {kind} samples")
+    if not check.get("held_out"):  # in-sample figures flatter: say how to get held-out ones
+        text += " (in-sample: images beyond --calib-size are held out for this check)"
     return text + (f"  <- WARNING: {check['warning']}" if check.get("warning") else "")

@@ -56,7 +56,11 @@ def test_the_check_uses_images_beyond_the_calibration_set_where_there_are_any(tm
                      "--calib-size", str(size), "--engine", "never"]) == 0
         check = _manifest(out)["accuracy_check"]
         assert (check["held_out"], check["samples"]) == (held_out, count)
-        assert f"on {count} {'held-out' if held_out else 'calibration'} samples" in capsys.readouterr().out
+        said = capsys.readouterr().out
+        assert f"on {count} {'held-out' if held_out else 'calibration'} samples" in said
+        # an in-sample check flatters (PP-OCRv3 rec INT8: CER 1.3 % on its 64 calibration lines, 2.2 % held out):
+        # say how to get a held-out one
+        assert ("images beyond --calib-size are held out" in said) is not held_out
 
 
 def test_an_already_quantized_model_is_not_quantized_again(tmp_path, capsys):
