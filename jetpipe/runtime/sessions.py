@@ -3,13 +3,17 @@ accuracy reports and the runtime's backends. Only here are providers and their o
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
 
 from jetpipe.errors import JetpipeError
 
+log = logging.getLogger(__name__)
+
 PROVIDERS = ("cpu", "cuda")
+_said_basic: set[str] = set()  # ONNX Runtime versions already said to optimize a model only partly
 
 
 def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads: int = 0, arena: bool = True,
@@ -41,7 +45,29 @@ def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads:
             cuda["user_compute_stream"] = str(int(stream.handle))
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     source = model.SerializeToString() if hasattr(model, "SerializeToString") else os.fspath(model)
-    return ort.InferenceSession(source, options, providers=providers)
+    try:
+        return ort.InferenceSession(source, options, providers=providers)
+    except Exception as exc:
+        if not optimize:
+            raise
+        return _with_basic_optimizations(ort, source, options, providers, exc)
+
+
+def _with_basic_optimizations(ort, source, options, providers, failure: Exception):
+    """Some ONNX Runtime versions' own graph rewrites fail on models they load (1.23.2, the newest for Python
+    3.10, i.e. a Jetson's: its layer-norm fusion on an FP16 recognizer, "Attempting to get index by a name
+    which does not exist"). The same graph with the basic rewrites only runs; anything else fails as it did."""
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    try:
+        session = ort.InferenceSession(source, options, providers=providers)
+    except Exception:
+        raise failure from None
+    if ort.__version__ not in _said_basic:
+        _said_basic.add(ort.__version__)
+        first = next((line for line in str(failure).splitlines() if line.strip()), type(failure).__name__)
+        log.warning("ONNX Runtime %s failed to optimize a model fully (%s); it runs with its basic graph "
+                    "optimizations instead", ort.__version__, first[:300])
+    return session
 
 
 def run_in_batches(session, inputs, batch: int = 4, names=None) -> list:
