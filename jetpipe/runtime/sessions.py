@@ -13,7 +13,7 @@ from jetpipe.errors import JetpipeError
 log = logging.getLogger(__name__)
 
 PROVIDERS = ("cpu", "cuda")
-_said_basic: set[str] = set()  # ONNX Runtime versions already said to optimize a model only partly
+_said_basic = False  # the partial optimization is said once a process
 
 
 def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads: int = 0, arena: bool = True,
@@ -62,8 +62,9 @@ def _with_basic_optimizations(ort, source, options, providers, failure: Exceptio
         session = ort.InferenceSession(source, options, providers=providers)
     except Exception:
         raise failure from None
-    if ort.__version__ not in _said_basic:
-        _said_basic.add(ort.__version__)
+    global _said_basic
+    if not _said_basic:
+        _said_basic = True
         first = next((line for line in str(failure).splitlines() if line.strip()), type(failure).__name__)
         log.warning("ONNX Runtime %s failed to optimize a model fully (%s); it runs with its basic graph "
                     "optimizations instead", ort.__version__, first[:300])
