@@ -39,6 +39,23 @@ def fit(src_hw: tuple[int, int], dst_hw: tuple[int, int], mode: str) -> tuple[tu
     return (nh, nw), Letterbox(nw / sw, nh / sh, (dw - nw) // 2, (dh - nh) // 2)
 
 
+def map_content(letterbox: Letterbox, input_hw: tuple[int, int], map_hw: tuple[int, int]) -> tuple[int, int, int, int]:
+    """The letterboxed content's pixels on a map covering the network input at map_hw (a semantic
+    segmentation's class map: the input's size or a fraction of it): x0, y0, x1, y1, at least one pixel."""
+    scale = map_hw[1] / input_hw[1]
+    height, width = input_hw
+    pad_x, pad_y = letterbox.pad_x * scale, letterbox.pad_y * scale
+    content_w, content_h = (width - 2 * letterbox.pad_x) * scale, (height - 2 * letterbox.pad_y) * scale
+    x0, y0 = int(round(pad_x)), int(round(pad_y))
+    return x0, y0, max(x0 + 1, int(round(pad_x + content_w))), max(y0 + 1, int(round(pad_y + content_h)))
+
+
+def sampling_step(height: int, width: int, side: int) -> int:
+    """Every how many pixels a height x width map is read so that at most `side` pixels a side are read (from
+    pixel step // 2 on)."""
+    return -(-max(height, width) // side)
+
+
 def affine(spec: PreprocessSpec) -> tuple[np.ndarray, np.ndarray]:
     """Per output channel (mul, add) with normalized = pixel * mul + add, in the network's order."""
     mul = np.float32(spec.scale) / np.asarray(spec.std, np.float32)

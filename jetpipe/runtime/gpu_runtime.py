@@ -338,6 +338,7 @@ class GpuRuntime(RuntimeBase):
         self._mark(buffers, "infer_end", stream)
         shapes = self.backend.output_shapes[ticket.width]
         if self.reducer is not None:
+            self.reducer.place(ticket.set_index, ticket.letterboxes)
             self.reducer.launch(ticket.set_index, batch, self._output_addresses(buffers), stream, shapes[0])
         self._mark(buffers, "post_end", stream)
         if self.reducer is not None:
@@ -384,6 +385,7 @@ class GpuRuntime(RuntimeBase):
                 for spec, shape in zip(self.backend.outputs, shapes):
                     host = at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
                     self.device.cuda.memcpy_htod_async(buffers.outputs[spec.name], host, stream)
+            self.reducer.place(ticket.set_index, ticket.letterboxes)
             self.reducer.launch(ticket.set_index, ticket.batch, self._output_addresses(buffers), stream, shapes[0])
             self.output_bytes_downloaded += self.reducer.download(ticket.set_index, ticket.batch, stream, shapes[0])
             stream.synchronize()

@@ -8,7 +8,7 @@
 //             each kept box's extra rows (pose keypoints)
 //   seg_masks instance segmentation: each kept box's mask (coefficients x prototypes,
 //             sampled up to network pixels, cut to its box), bit-packed
-//   argmax    semantic segmentation: the best class of every pixel
+//   argmax    semantic segmentation: each class's pixels in the content, and the content's classes sampled
 // The host finishes each (the task modules in jetpipe/tasks) with the same code
 // as the CPU postprocessors, so both paths give the same results.
 
@@ -512,27 +512,60 @@ extern "C" __global__ void seg_masks(const float* __restrict__ head, const float
 }
 
 // ---------------------------------------------------------------- semantic segmentation
-// [N, C, h, w] logits -> [N, h, w] best class (the first of equal values, as numpy's argmax); one byte a
-// pixel up to 256 classes, two above.
-template <typename T>
-__device__ void best_class_of_pixel(const float* __restrict__ logits, int classes, int pixels, int total, T* best) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    int frame = i / pixels, pixel = i - frame * pixels;
-    const float* at = logits + (size_t)frame * classes * pixels + pixel;
+// [N, C, h, w] logits. Each frame's content on the map: MapContent {x0, y0, x1, y1, step} (the letterboxed
+// part, and every how many pixels its outlines are read). The best class of a pixel is the first of equal
+// values, as numpy's argmax.
+__device__ __forceinline__ int best_class(const float* __restrict__ at, int classes, size_t pixels) {
     float top = at[0];
     int index = 0;
     for (int c = 1; c < classes; c++) {
         float v = at[(size_t)c * pixels];
         if (v > top) { top = v; index = c; }
     }
-    best[i] = (T)index;
+    return index;
 }
 
-extern "C" __global__ void argmax_u8(const float* logits, int classes, int pixels, int total, unsigned char* best) {
-    best_class_of_pixel(logits, classes, pixels, total, best);
+// Grid (blocks over the map, frames), dynamic shared memory: one int a class. counts [N, C] zeroed before:
+// each class's pixels inside the frame's content.
+extern "C" __global__ void class_counts(const float* __restrict__ logits, int classes, int height, int width,
+                                        const int* __restrict__ content, int* counts) {
+    extern __shared__ int histogram[];
+    int frame = blockIdx.y, pixels = height * width, i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int c = threadIdx.x; c < classes; c += blockDim.x) histogram[c] = 0;
+    __syncthreads();
+    const int* r = content + frame * 5;
+    int y = i / width, x = i - y * width;
+    if (i < pixels && x >= r[0] && x < r[2] && y >= r[1] && y < r[3])
+        atomicAdd(&histogram[best_class(logits + (size_t)frame * classes * pixels + i, classes, pixels)], 1);
+    __syncthreads();
+    for (int c = threadIdx.x; c < classes; c += blockDim.x)
+        if (histogram[c]) atomicAdd(&counts[frame * classes + c], histogram[c]);
 }
 
-extern "C" __global__ void argmax_u16(const float* logits, int classes, int pixels, int total, unsigned short* best) {
-    best_class_of_pixel(logits, classes, pixels, total, best);
+// Grid (blocks over side x side, frames): the content's best class every step pixels from step / 2, row by row
+// into the frame's side x side array (what is past the content: 0).
+template <typename T>
+__device__ void sampled_classes(const float* __restrict__ logits, int classes, int height, int width,
+                                const int* __restrict__ content, int side, T* sampled) {
+    int frame = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= side * side) return;
+    const int* r = content + frame * 5;
+    int step = r[4], row = i / side, column = i - row * side;
+    int y = r[1] + step / 2 + row * step, x = r[0] + step / 2 + column * step;
+    T value = 0;
+    if (y < r[3] && x < r[2]) {
+        size_t pixels = (size_t)height * width;
+        value = (T)best_class(logits + frame * classes * pixels + (size_t)y * width + x, classes, pixels);
+    }
+    sampled[(size_t)frame * side * side + i] = value;
+}
+
+extern "C" __global__ void sampled_u8(const float* logits, int classes, int height, int width, const int* content,
+                                      int side, unsigned char* sampled) {
+    sampled_classes(logits, classes, height, width, content, side, sampled);
+}
+
+extern "C" __global__ void sampled_u16(const float* logits, int classes, int height, int width, const int* content,
+                                       int side, unsigned short* sampled) {
+    sampled_classes(logits, classes, height, width, content, side, sampled);
 }

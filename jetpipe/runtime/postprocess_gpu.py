@@ -13,7 +13,8 @@ compute stream); the compact arrays are per set, like the outputs.
               box's rows after the classes (pose keypoints) written to mapped host memory
   yolo-seg    yolo-nms on a segmentation head, then each kept box's mask from the prototypes, bit-packed
               over its box region into mapped host memory (only the words of the kept boxes cross)
-  argmax      semantic segmentation: the best class of each pixel (one byte a pixel up to 256 classes)
+  argmax      semantic segmentation: each class's pixels in the letterboxed content, and the content's
+              classes sampled at most `side` a side (where it is: place(), from the batch's letterboxes)
   best-per-step  CTC text recognition: the best class of each time step and its row statistics
 
 A reducer's launch() reads the addresses of all the model's outputs (in the backend's order).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from jetpipe.errors import JetpipeError
+from jetpipe.geometry import map_content, sampling_step
 from jetpipe.runtime.api import Reduction
 
 SOURCE_NAME = "postprocess.cu"
@@ -73,6 +75,9 @@ class _Reducer:
                             for name, (shape, dtype) in (mapped or {}).items()} for _ in range(sets)]
         self.mapped_address = [{name: device.device_pointer(array) for name, array in arrays.items()}
                                for arrays in self.mapped_out]
+
+    def place(self, set_index: int, letterboxes) -> None:
+        """Where the next batch's frames are in the network input, for reductions that need it (before launch)."""
 
     def download(self, set_index: int, batch: int, stream, sample_shape=None) -> int:
         """Queue the copies of this batch's compact arrays; returns the bytes copied."""
@@ -315,28 +320,64 @@ class SegmentationReducer(YoloReducer):
 
 
 class ArgmaxReducer(_Reducer):
-    """Semantic segmentation: [N, C, h, w] logits -> "best" [N, h, w], uint8 up to 256 classes, else uint16
-    (the logits are C x 4 bytes a pixel: 84 for 21 classes)."""
+    """Semantic segmentation: [N, C, h, w] logits -> each class's pixels inside the frame's letterboxed
+    content ("counts" [N, C] int32) and the content's best class every `step` pixels ("sampled" [N, side,
+    side], uint8 up to 256 classes, else uint16; the step the smallest leaving at most `side` a side), with
+    where the content is on the map ("content" [N, 5]: x0, y0, x1, y1, step). About side x side bytes a frame
+    instead of the map (262 KB at 512 x 512) and its host-side histogram. Until place() says otherwise, a
+    frame's content is the whole map."""
 
     kind = "argmax"
 
-    def __init__(self, device, module, max_batch: int, sets: int, outputs):
+    def __init__(self, device, module, max_batch: int, sets: int, outputs, input_hw=None, side: int = 160):
         shape = outputs[0].sample_shape
         if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
             raise ReductionUnsupported(f"argmax on the GPU reads a [N, C, h, w] output of fixed sizes; "
                                        f"{outputs[0].name} is {[None, *shape]}")
-        self.classes, height, width = shape
-        self.pixels = height * width
+        self.classes, self.height, self.width = shape
+        self.input_hw, self.side = tuple(input_hw or (self.height, self.width)), int(side)
         wide = self.classes > 256
-        super().__init__(device, max_batch, sets, {"best": ((height, width), np.uint16 if wide else np.uint8)})
-        self.function = module.get_function("argmax_u16" if wide else "argmax_u8")
-        self.function.prepare("PiiiP")
+        super().__init__(device, max_batch, sets, {"counts": ((self.classes,), np.int32),
+                                                   "sampled": ((side, side), np.uint16 if wide else np.uint8),
+                                                   "content": ((5,), np.int32)})
+        whole = self._content(0, 0, self.width, self.height)
+        for host in self.host_out:
+            host["content"][:] = whole
+        self.count = module.get_function("class_counts")
+        self.count.prepare("PiiiPP")
+        self.sample = module.get_function("sampled_u16" if wide else "sampled_u8")
+        self.sample.prepare("PiiiPiP")
+
+    def _content(self, x0: int, y0: int, x1: int, y1: int) -> tuple[int, ...]:
+        return x0, y0, x1, y1, sampling_step(y1 - y0, x1 - x0, self.side)
+
+    def place(self, set_index: int, letterboxes) -> None:
+        """Where each frame of the next batch in this set is on the map, from its letterbox (the task's rule,
+        geometry.map_content)."""
+        content = self.host_out[set_index]["content"]
+        for row, letterbox in enumerate(letterboxes):
+            content[row] = self._content(*map_content(letterbox, self.input_hw, (self.height, self.width)))
 
     def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
-        total = batch * self.pixels
-        self.function.prepared_async_call(((total + 255) // 256, 1), (256, 1, 1), stream, addresses[0],
-                                          np.int32(self.classes), np.int32(self.pixels), np.int32(total),
-                                          self.device_out[set_index]["best"])
+        cuda, out = self.device.cuda, self.device_out[set_index]
+        content = out["content"]
+        cuda.memcpy_htod_async(content, self.host_out[set_index]["content"][:batch], stream)
+        cuda.memset_d32_async(out["counts"], 0, batch * self.classes, stream)
+        pixels, area = self.height * self.width, self.side * self.side
+        self.count.prepared_async_call(((pixels + 255) // 256, batch), (256, 1, 1), stream, addresses[0],
+                                       np.int32(self.classes), np.int32(self.height), np.int32(self.width), content,
+                                       out["counts"], shared_size=4 * self.classes)
+        self.sample.prepared_async_call(((area + 255) // 256, batch), (256, 1, 1), stream, addresses[0],
+                                        np.int32(self.classes), np.int32(self.height), np.int32(self.width), content,
+                                        np.int32(self.side), out["sampled"])
+
+    def download(self, set_index: int, batch: int, stream, sample_shape=None) -> int:
+        """The counts and sampled classes; "content" is the host's own (uploaded by launch)."""
+        copied, views = 0, self.host(set_index, batch, sample_shape)
+        for name in ("counts", "sampled"):
+            self.device.cuda.memcpy_dtoh_async(views[name], self.device_out[set_index][name], stream)
+            copied += views[name].nbytes
+        return copied
 
 
 REDUCERS = {"components": ComponentsReducer, "topk": TopKReducer, "yolo-nms": YoloReducer,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jetpipe.geometry import map_content, sampling_step
 from jetpipe.lazy import lazy_import
 from jetpipe.runtime.api import Reduction
 from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, known, labels_misfit, single_output
@@ -38,65 +39,88 @@ class SemanticSegmentation:
     input_hw: tuple[int, int] = (512, 512)
     labels: tuple[str, ...] | None = None
     min_region_share: float = MIN_REGION_SHARE
-
-    def class_map(self, best: np.ndarray, letterbox) -> tuple[np.ndarray, float]:
-        """The best class of each map pixel (argmax of the logits) inside the letterboxed content, and map
-        pixels per network pixel."""
-        scale = best.shape[1] / self.input_hw[1]
-        height, width = self.input_hw
-        pad_x, pad_y = letterbox.pad_x * scale, letterbox.pad_y * scale
-        content_w, content_h = (width - 2 * letterbox.pad_x) * scale, (height - 2 * letterbox.pad_y) * scale
-        x0, y0 = int(round(pad_x)), int(round(pad_y))
-        x1, y1 = max(x0 + 1, int(round(pad_x + content_w))), max(y0 + 1, int(round(pad_y + content_h)))
-        return best[y0:y1, x0:x1], scale
+    map_hw: tuple[int, int] | None = None  # the class map's size where it is not the input's
 
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         logits = next(iter(outputs.values()))
-        return [self._result(*self.class_map(frame.argmax(axis=0), box), box)
-                for frame, box in zip(logits, letterboxes)]
+        results = []
+        for frame, box in zip(logits, letterboxes):
+            best = frame.argmax(axis=0)
+            x0, y0, x1, y1 = map_content(box, self.input_hw, best.shape)
+            content = best[y0:y1, x0:x1]
+            step = sampling_step(*content.shape, OUTLINE_SIDE)
+            results.append(self._result(class_counts(content), content.size, content[step // 2::step, step // 2::step],
+                                        step, best.shape[1] / self.input_hw[1], box))
+        return results
 
     def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
-        """Finish from the GPU's best class of each pixel (best [B, h, w])."""
-        return [self._result(*self.class_map(best, box), box) for best, box in zip(outputs["best"], letterboxes)]
+        """Finish from the GPU's class counts over each frame's content (counts [B, C]), where the content is
+        on the map (content [B, 5]: x0, y0, x1, y1 and the sampling step) and the content's classes read every
+        step pixels (sampled [B, S, S], its top-left corner used)."""
+        scale = (self.map_hw or self.input_hw)[1] / self.input_hw[1]
+        results = []
+        for counts, (x0, y0, x1, y1, step), sampled, box in zip(outputs["counts"], outputs["content"].tolist(),
+                                                                outputs["sampled"], letterboxes):
+            rows, columns = len(range(step // 2, y1 - y0, step)), len(range(step // 2, x1 - x0, step))
+            results.append(self._result(counts, (y1 - y0) * (x1 - x0), sampled[:rows, :columns], step, scale, box))
+        return results
 
     def reduction(self, required: bool = False) -> Reduction:
-        return Reduction("argmax", {}, required)
+        return Reduction("argmax", {"input_hw": tuple(self.input_hw), "side": OUTLINE_SIDE}, required)
 
-    def _result(self, best: np.ndarray, scale: float, box) -> dict:
-        counts = np.bincount(best.ravel())
+    def _result(self, counts: np.ndarray, size: int, sampled: np.ndarray, step: int, scale: float, box) -> dict:
+        """A frame's record from its classes' pixel counts over the content (`size` pixels), the content's map
+        read every `step` pixels, and map pixels per network pixel."""
         classes = np.flatnonzero(counts)
         order = classes[np.argsort(-counts[classes], kind="stable")]
-        shares = {self._name(int(c)): round(float(counts[c]) / best.size, 5) for c in order}
-        step = -(-max(best.shape) // OUTLINE_SIDE)
-        sampled = best[step // 2::step, step // 2::step]
+        shares = {self._name(int(c)): round(float(counts[c]) / size, 5) for c in order}
         corner = np.array([box.pad_x * scale, box.pad_y * scale])
-        regions = []
-        for cls in order:
-            for outline, pixels in self._outlines(sampled == cls):
-                at = outline * step + step // 2  # a sampled pixel -> the map pixel it was read from
-                network = (at + corner + 0.5) / scale - 0.5  # a map pixel's centre -> network pixels
-                regions.append({"class": int(cls), "label": self._name(int(cls)),
-                                "polygon": np.round(box.to_source(network), 1).tolist(),
-                                "area": round(pixels * step * step / (scale * scale * box.scale_x * box.scale_y), 1)})
-        regions.sort(key=lambda r: -r["area"])
-        return {"class_shares": shares, "regions": regions[:MAX_REGIONS]}
+        found = [(int(cls), outline, pixels) for cls in (order if sampled.size else ())
+                 for outline, pixels in self._outlines(sampled == cls)]
+        found.sort(key=lambda f: -f[2])  # largest first (stable: by class, then as traced)
+        found = found[:MAX_REGIONS]
+        if not found:
+            return {"class_shares": shares, "regions": []}
+        at = np.concatenate([outline for _, outline, _ in found]) * step + step // 2  # sampled -> map pixels
+        network = (at + corner + 0.5) / scale - 0.5  # a map pixel's centre -> network pixels
+        points = np.round(box.to_source(network), 1).tolist()  # once a frame: per region it was most of the time
+        regions, start = [], 0
+        for cls, outline, pixels in found:
+            regions.append({"class": cls, "label": self._name(cls), "polygon": points[start:start + len(outline)],
+                            "area": round(pixels * step * step / (scale * scale * box.scale_x * box.scale_y), 1)})
+            start += len(outline)
+        return {"class_shares": shares, "regions": regions}
 
     def _outlines(self, mask: np.ndarray):
-        """(outline [K, 2] in map pixels, pixel count) of each connected region above the minimum share."""
+        """(outline [K, 2] in map pixels, pixel count) of each connected region (8-connected) above the minimum
+        share, in the order of their labels. The regions' outer contours are traced together (the top level of
+        RETR_CCOMP: every region's outer border, also of one inside another's hole), each the contour tracing
+        the region alone gives; a contour's region is the label at its first point."""
         smallest = self.min_region_share * mask.size
-        count, parts, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
-        for label in range(1, count):
-            pixels = int(stats[label, cv2.CC_STAT_AREA])
-            if pixels < smallest:
-                continue
-            contours, _ = cv2.findContours((parts == label).astype(np.uint8), cv2.RETR_EXTERNAL,
-                                           cv2.CHAIN_APPROX_SIMPLE)
-            outline = cv2.approxPolyDP(max(contours, key=cv2.contourArea), 1.0, True)
-            yield outline.reshape(-1, 2).astype(np.float64), pixels
+        image = mask.view(np.uint8)
+        _, parts, stats, _ = cv2.connectedComponentsWithStats(image, connectivity=8)
+        areas = stats[:, cv2.CC_STAT_AREA]
+        if not (areas[1:] >= smallest).any():
+            return
+        contours, hierarchy = cv2.findContours(image, cv2.RETR_CCOMP, cv2.CHAIN_APPROX_SIMPLE)
+        outer = [(int(parts[c[0, 0, 1], c[0, 0, 0]]), c) for c, h in zip(contours, hierarchy[0]) if h[3] < 0]
+        for label, contour in sorted(outer, key=lambda o: o[0]):
+            if areas[label] >= smallest:
+                outline = cv2.approxPolyDP(contour, 1.0, True)
+                yield outline.reshape(-1, 2).astype(np.float64), int(areas[label])
 
     def _name(self, cls: int) -> str:
         return self.labels[cls] if self.labels and 0 <= cls < len(self.labels) else str(cls)
 
+
+
+def class_counts(best: np.ndarray) -> np.ndarray:
+    """Pixels of each class in a map ([h, w] uint8 or uint16, a view of a larger map is fine): OpenCV's
+    histogram for bytes (exact below 2^24 pixels a bin; a third of bincount's time, which widens every pixel
+    to 8 bytes first: it was most of the host's time a frame at 512 x 512), bincount otherwise."""
+    if best.dtype == np.uint8 and best.size < 1 << 24:
+        return cv2.calcHist([best], [0], None, [256], [0, 256]).ravel().astype(np.int64)
+    return np.bincount(best.ravel())
 
 
 def map_agreement(reference: np.ndarray, candidate: np.ndarray) -> dict:
@@ -143,7 +167,9 @@ class SemanticSegmentationTask(Task):
         return facts.labels
 
     def postprocessor(self, options: TaskOptions) -> SemanticSegmentation:
-        return SemanticSegmentation(input_hw=tuple(options.input_hw), labels=options.labels)
+        shape = options.outputs[0][1] if len(options.outputs) == 1 else ()
+        map_hw = tuple(shape[2:]) if len(shape) == 4 and all(known(d) for d in shape[2:]) else None
+        return SemanticSegmentation(input_hw=tuple(options.input_hw), labels=options.labels, map_hw=map_hw)
 
     def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
         return map_agreement(reference[0], candidate[0])

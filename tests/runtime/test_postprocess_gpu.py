@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jetpipe.frames import from_bgr
-from jetpipe.geometry import Letterbox
+from jetpipe.geometry import Letterbox, fit
 from jetpipe.runtime.api import Frame, Reduction, TensorSpec
 from jetpipe.synth import render_text_image
 from jetpipe.tasks.classification import Classification
@@ -38,9 +38,10 @@ def module(device):
         return compile_module(SOURCE.with_name(SOURCE_NAME))
 
 
-def _reduce(device, module, reduction, outputs) -> dict:
-    """Upload `outputs` (one array, or a list: the model's outputs in order), run the reducer, return its
-    compact host arrays and, as "written", the bytes its kernels wrote into mapped host memory."""
+def _reduce(device, module, reduction, outputs, letterboxes=None) -> dict:
+    """Upload `outputs` (one array, or a list: the model's outputs in order), run the reducer (told where the
+    frames are by `letterboxes` if given), return its compact host arrays and, as "written", the bytes its
+    kernels wrote into mapped host memory."""
     from jetpipe.runtime.postprocess_gpu import make_reducer
 
     arrays = [np.ascontiguousarray(o, np.float32) for o in (outputs if isinstance(outputs, list) else [outputs])]
@@ -52,6 +53,8 @@ def _reduce(device, module, reduction, outputs) -> dict:
         buffers = [device.alloc(a.nbytes) for a in arrays]
         for buffer, array in zip(buffers, arrays):
             device.cuda.memcpy_htod(buffer, array)
+        if letterboxes is not None:
+            reducer.place(0, letterboxes)
         reducer.launch(0, batch, [int(b) for b in buffers], stream)
         reducer.download(0, batch, stream)
         stream.synchronize()
@@ -337,13 +340,22 @@ def test_instance_masks_past_the_capacity_are_left_out(device, module):
 
 
 @pytest.mark.parametrize("classes", [21, 300])
-def test_argmax_matches_numpy(device, module, classes):
-    """The best class of each pixel, the first of equal values (integer logits: many ties), one byte a pixel
-    up to 256 classes and two above; the records finished from it are the CPU path's."""
+def test_class_counts_and_sampled_classes_match_numpy(device, module, classes, monkeypatch):
+    """Each class's pixels inside each frame's letterboxed content and the content's classes every step pixels
+    (the first of equal values: integer logits, many ties; one byte a class up to 256 and two above), against
+    the layout written with numpy; the records finished from them are the CPU path's."""
+    from jetpipe.tasks import semantic_segmentation
+    from tests.tasks.test_semantic_segmentation import reduction_arrays
+
+    monkeypatch.setattr(semantic_segmentation, "OUTLINE_SIDE", 20)  # read every few pixels, as a larger map is
     logits = np.random.default_rng(classes).integers(-3, 3, (3, classes, 48, 64)).astype(np.float32)
-    reduced = _reduce(device, module, Reduction("argmax"), logits)
-    assert reduced["best"].dtype == (np.uint8 if classes <= 256 else np.uint16)
-    np.testing.assert_array_equal(reduced["best"], logits.argmax(axis=1))
+    boxes = [IDENTITY, fit((480, 1280), (48, 64), "letterbox")[1], fit((720, 300), (48, 64), "letterbox")[1]]
+    reduction = Reduction("argmax", {"input_hw": (48, 64), "side": 20})
+    reduced = _reduce(device, module, reduction, logits, letterboxes=boxes)
+    expected = reduction_arrays(logits, boxes, (48, 64), side=20)
+    assert reduced["sampled"].dtype == (np.uint8 if classes <= 256 else np.uint16)
+    for name in ("counts", "sampled", "content"):
+        np.testing.assert_array_equal(reduced[name], expected[name], err_msg=name)
     post = SemanticSegmentation(input_hw=(48, 64))
-    boxes, sizes = [IDENTITY] * 3, [(48, 64)] * 3
+    sizes = [(48, 64), (480, 1280), (720, 300)]
     assert post.reduced(reduced, boxes, sizes) == post({"out": logits}, boxes, sizes)

@@ -219,3 +219,23 @@ def test_masks_handed_back_as_bits_are_finished_as_the_cpu_path(ref, caplog):
     assert 0 < kept < 6 and cut["polygons"][:kept] == cpu["polygons"][:kept]
     assert all(p == [] for p in cut["polygons"][kept:]) and cut["mask_areas"][kept:] == [0.0] * (6 - kept)
     assert "have no outline" in caplog.text
+
+
+def test_outlines_are_simplified_to_within_half_a_pixel(ref):
+    """Each polygon keeps to within half a network pixel of its mask's traced outline (OpenCV's, as Ultralytics'
+    masks.xy) with fewer points: what a record carries and a JSON sink writes, 30 objects a frame."""
+    from jetpipe.tasks.segmentation_yolo import OUTLINE_TOLERANCE, trace_outlines
+
+    assert OUTLINE_TOLERANCE == 0.5
+    size = int(ref["size"])
+    masks = np.unpackbits(ref["seg_masks"], axis=-1, count=size).astype(bool)
+    outlines, pixels = trace_outlines([(m, 0, 0) for m in masks], OUTLINE_TOLERANCE)
+    traced, _ = trace_outlines([(m, 0, 0) for m in masks], 0.0)
+    assert pixels.tolist() == [float(m.sum()) for m in masks]
+    assert sum(map(len, outlines)) < 0.75 * sum(map(len, traced))
+    for polygon, full in zip(outlines, traced):
+        contour = polygon.astype(np.float32).reshape(-1, 1, 2)
+        assert max(abs(cv2.pointPolygonTest(contour, (float(x), float(y)), True)) for x, y in full) <= 0.5 + 1e-6
+    post = get("segmentation-yolo").postprocessor(_options("segmentation-yolo", _seg_facts(ref)))
+    result = post({"output0": ref["seg_head"], "output1": ref["seg_protos"]}, [IDENTITY], [(size, size)])[0]
+    assert [len(p) for p in result["polygons"]] == [len(o) for o in outlines]

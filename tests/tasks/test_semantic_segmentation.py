@@ -113,11 +113,56 @@ def test_regions_of_a_large_map_are_traced_on_it_sampled():
     assert max(len(r["polygon"]) for r in result["regions"]) < 40  # rectangles stay a few points
 
 
-def test_the_gpu_class_map_is_finished_as_the_cpu_path():
-    """reduced() on a class map (what the argmax reduction hands back) gives the CPU path's records."""
-    scene = _scene()
-    post = get("semantic-segmentation").postprocessor(TaskOptions((64, 64), None))
+def reduction_arrays(logits: np.ndarray, letterboxes, input_hw, side: int = 160) -> dict:
+    """What the argmax reduction hands back, written here from its documented layout: each class's pixels
+    inside a frame's letterboxed content, where the content is on the map (x0, y0, x1, y1, step) and the
+    content's classes every step pixels from step // 2 in a side x side array (0 past them)."""
+    best = logits.argmax(axis=1)
+    counts = np.zeros((len(best), logits.shape[1]), np.int32)
+    sampled = np.zeros((len(best), side, side), np.uint8 if logits.shape[1] <= 256 else np.uint16)
+    content = np.zeros((len(best), 5), np.int32)
+    for i, (frame, box) in enumerate(zip(best, letterboxes)):
+        scale = frame.shape[1] / input_hw[1]
+        x0, y0 = round(box.pad_x * scale), round(box.pad_y * scale)
+        x1 = max(x0 + 1, round(box.pad_x * scale + (input_hw[1] - 2 * box.pad_x) * scale))
+        y1 = max(y0 + 1, round(box.pad_y * scale + (input_hw[0] - 2 * box.pad_y) * scale))
+        step = -(-max(y1 - y0, x1 - x0) // side)
+        inside = frame[y0:y1, x0:x1]
+        counts[i] = np.bincount(inside.ravel(), minlength=logits.shape[1])
+        read = inside[step // 2::step, step // 2::step]
+        sampled[i, :read.shape[0], :read.shape[1]] = read
+        content[i] = x0, y0, x1, y1, step
+    return {"counts": counts, "sampled": sampled, "content": content}
+
+
+@pytest.mark.parametrize("map_scale, side", [(1, 160), (2, 160), (1, 20)])
+def test_the_gpu_reduction_is_finished_as_the_cpu_path(map_scale, side, monkeypatch):
+    """reduced() on what the argmax reduction hands back (class counts over the content, the content sampled)
+    gives the CPU path's records: a map at the input's size and at half of it, and one read every few pixels."""
+    from jetpipe.tasks import semantic_segmentation
+
+    monkeypatch.setattr(semantic_segmentation, "OUTLINE_SIDE", side)
+    scene = _scene()[::map_scale, ::map_scale]
+    logits = _logits(scene)
+    options = TaskOptions((64, 64), None, outputs=(("out", (None, 6, *scene.shape)),))
+    post = get("semantic-segmentation").postprocessor(options)
     letterbox = fit((48, 64), (64, 64), "letterbox")[1]
-    cpu = post({"out": _logits(scene)}, [letterbox], [(48, 64)])
-    gpu = post.reduced({"best": scene[None].astype(np.uint8)}, [letterbox], [(48, 64)])
+    cpu = post({"out": logits}, [letterbox], [(48, 64)])
+    gpu = post.reduced(reduction_arrays(logits, [letterbox], (64, 64), side), [letterbox], [(48, 64)])
     assert gpu == cpu and cpu[0]["regions"]
+    assert post.reduction().options == {"input_hw": (64, 64), "side": side}
+
+
+
+
+@pytest.mark.parametrize("dtype, classes", [(np.uint8, 21), (np.uint8, 256), (np.uint16, 300)])
+def test_class_counts_of_a_view_of_the_map(dtype, classes):
+    """Pixels of each class in the letterboxed part of a map (a strided view), one and two bytes a pixel."""
+    from jetpipe.tasks.semantic_segmentation import class_counts
+
+    best = np.random.default_rng(classes).integers(0, classes, (64, 80)).astype(dtype)
+    inside = best[5:59, 3:77]
+    counts = class_counts(inside)
+    expected = np.bincount(inside.ravel().astype(np.int64), minlength=classes)
+    np.testing.assert_array_equal(counts[:classes], expected)
+    assert not counts[classes:].any() and counts.dtype == np.int64
