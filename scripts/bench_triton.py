@@ -2,11 +2,13 @@
 """`jetpipe serve` through a Triton server on the same host against the local backend, in one run.
 
   python scripts/bench_triton.py BUNDLE [--streams 8] [--seconds 20] [--size 1920x1080] [--local onnxruntime-cpu]
-                                 [--triton-python .venv-triton/bin/python] [--server-instances 1] [--json out.json]
+                                 [--triton-python .venv-triton/bin/python] [--server-instances 1]
+                                 [--hosts pytriton,python-backend] [--json out.json]
 
 The server is tests/triton_server.py (nvidia-pytriton's tritonserver hosting the bundle's ONNX through ONNX
-Runtime in its Python backend) in the Triton venv, reached through system shared memory and through plain
-gRPC (`?shm=off`); each run serves `--streams` synthetic NV12 streams offered as fast as they go (saturated)
+Runtime in its Python backend: through pytriton, or as a model repository with a model.py, `--hosts`) in the
+Triton venv, reached through system shared memory and through plain gRPC (`?shm=off`); each run serves
+`--streams` synthetic NV12 streams offered as fast as they go (saturated)
 for `--seconds`, results to a JSONL file; frames/s, p50/p99 latency and the client's CPU per frame are
 printed for each.
 """
@@ -53,6 +55,8 @@ def main() -> None:
     parser.add_argument("--server-instances", type=int, default=1, help="model instances on the server")
     parser.add_argument("--transports", default="system,off",
                         help="?shm= values to run (cuda: CUDA shared memory, with the GPU runtime)")
+    parser.add_argument("--hosts", default="pytriton",
+                        help="how the server hosts the model, comma-separated: pytriton, python-backend")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "cores": os.cpu_count()}
@@ -62,17 +66,19 @@ def main() -> None:
         print(json.dumps({"local": report["local"]}), flush=True)
         from tests.triton_server import TritonServer
 
-        server = TritonServer(args.bundle, "model", folder / "triton.log", args.triton_python, gpu=True,
-                              instances=args.server_instances)
-        server.start()
-        try:
-            for shm in args.transports.split(","):
-                name, uri = f"triton_{shm}", f"{server.uri}?shm={shm}"
-                report[name] = serve(args.bundle, uri, args, folder)
-                print(json.dumps({name: report[name]}), flush=True)
-        finally:
-            server.stop()
-    for name in (f"triton_{shm}" for shm in args.transports.split(",")):
+        runs = [(host, shm) for host in args.hosts.split(",") for shm in args.transports.split(",")]
+        for host in args.hosts.split(","):
+            server = TritonServer(args.bundle, "model", folder / f"triton-{host}.log", args.triton_python, gpu=True,
+                                  instances=args.server_instances, host=host)
+            server.start()
+            try:
+                for shm in args.transports.split(","):
+                    name, uri = f"triton_{host}_{shm}", f"{server.uri}?shm={shm}"
+                    report[name] = serve(args.bundle, uri, args, folder)
+                    print(json.dumps({name: report[name]}), flush=True)
+            finally:
+                server.stop()
+    for name in (f"triton_{host}_{shm}" for host, shm in runs):
         report[f"{name}_vs_local"] = round(report[name]["fps"] / max(1e-9, report["local"]["fps"]), 3)
     print(json.dumps({k: v for k, v in report.items() if k.endswith("_vs_local")}))
     if args.json:

@@ -4,7 +4,14 @@ through ONNX Runtime: what the tests and scripts/bench_triton.py run the `triton
 `TritonServer` (imported in the project's venv) starts this file as a script in the Triton venv, which
 prints "ready" once the model is served and serves until killed:
 
-    .venv-triton/bin/python tests/triton_server.py BUNDLE NAME GRPC_PORT HTTP_PORT METRICS_PORT
+    .venv-triton/bin/python tests/triton_server.py BUNDLE NAME GRPC_PORT HTTP_PORT METRICS_PORT ...
+
+Two ways to host the model: through pytriton (its Triton() binds a Python function; each request goes from
+tritonserver's Python backend stub on to pytriton's own process and back), or `python-backend`: pytriton's
+tritonserver binary started here on a model repository written here, a config.pbtxt with `backend:
+"python"` and a model.py that runs ONNX Runtime inside the backend's stub, as a user of Triton's Python
+backend writes it (one hop fewer; still not Triton's own C++ ONNX Runtime backend, which pytriton does not
+ship).
 """
 
 import json
@@ -18,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 TRITON_PYTHON = Path(os.environ.get("JETPIPE_TRITON_PYTHON", ROOT / ".venv-triton" / "bin" / "python"))
 START_S = 180  # a loaded 2-core machine starts tritonserver in seconds; this only bounds a broken start
+HOSTS = ("pytriton", "python-backend")
 
 
 def free_ports(count: int) -> list[int]:
@@ -34,12 +42,16 @@ class TritonServer:
     """This file run in the Triton venv on free ports; start() waits until it serves, stop() kills it."""
 
     def __init__(self, bundle: Path, name: str, log: Path, python: Path = TRITON_PYTHON, restrict_shm: bool = False,
-                 gpu: bool = False, instances: int = 1):
+                 gpu: bool = False, instances: int = 1, host: str = "pytriton"):
         """restrict_shm: shared-memory registration needs an access-token header (`--grpc-restricted-protocol`,
         pytriton's default); otherwise open, as a plain tritonserver. gpu: the model runs on ONNX Runtime's
-        CUDA provider where the Triton venv has it (else on the CPU: bit-equal to the local onnxruntime-cpu)."""
+        CUDA provider where the Triton venv has it (else on the CPU: bit-equal to the local onnxruntime-cpu).
+        host: "pytriton" or "python-backend" (the module's doc)."""
+        if host not in HOSTS:
+            raise ValueError(f"host is one of {HOSTS}, not {host!r}")
         self.bundle, self.name, self.log, self.python = bundle, name, log, python
         self.restrict_shm, self.gpu, self.instances = restrict_shm, gpu, instances  # instances: of the model
+        self.host = host
         self.ports = free_ports(3)
         self.process = None
 
@@ -52,7 +64,8 @@ class TritonServer:
         out = self.log.open("a")
         self.process = subprocess.Popen([str(self.python), __file__, str(self.bundle), self.name,
                                          *map(str, self.ports), str(int(self.restrict_shm)), str(int(self.gpu)),
-                                         str(self.instances)],
+                                         str(self.instances), self.host,
+                                         str(self.log.with_name(self.log.stem + "-repository"))],
                                         stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_S
@@ -68,7 +81,96 @@ class TritonServer:
             self.process.wait(60)
 
 
+MODEL_PY = '''"""A bundle's ONNX model through ONNX Runtime in Triton's Python backend (tests/triton_server.py)."""
+import json
+
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
+        wanted = ["CUDAExecutionProvider"] if parameters["gpu"] == "1" else []
+        providers = [p for p in wanted + ["CPUExecutionProvider"] if p in ort.get_available_providers()]
+        self.session = ort.InferenceSession(parameters["model"], providers=providers)
+        self.input = self.session.get_inputs()[0].name
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            batch = pb_utils.get_input_tensor_by_name(request, self.input).as_numpy()
+            results = self.session.run(None, {self.input: batch})
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(n, r) for n, r in zip(self.outputs, results)]))
+        return responses
+'''
+
+
+def serve_python_backend(bundle: Path, name: str, ports: list[int], gpu: bool, instances: int, folder: Path) -> None:
+    """pytriton's tritonserver on a model repository of `name`: config.pbtxt (backend "python") + model.py."""
+    import onnxruntime as ort
+    import pytriton
+
+    package = Path(pytriton.__file__).parent
+    backend = folder / "backends" / "python"
+    backend.mkdir(parents=True)
+    for part in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        (backend / part).symlink_to(package / "tritonserver" / "backends" / "python" / part)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"  # the stub embeds this Python
+    (backend / "triton_python_backend_stub").symlink_to(package / "tritonserver" / "python_backend_stubs" / version /
+                                                         "triton_python_backend_stub")
+    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    dims = lambda shape: ", ".join(str(d) if isinstance(d, int) else "-1" for d in shape[1:])  # noqa: E731
+    tensors = lambda kind, items: "\n".join(  # noqa: E731
+        f'{kind} {{ name: "{t.name}" data_type: TYPE_FP32 dims: [ {dims(t.shape)} ] }}' for t in items)
+    model = folder / "models" / name
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(MODEL_PY)
+    (model / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {manifest["batch"]["max"]}\n'
+        f'{tensors("input", session.get_inputs()[:1])}\n{tensors("output", session.get_outputs())}\n'
+        f'instance_group {{ count: {instances} kind: KIND_CPU }}\n'
+        f'parameters {{ key: "model" value {{ string_value: "{(bundle / "model.onnx").resolve()}" }} }}\n'
+        f'parameters {{ key: "gpu" value {{ string_value: "{int(gpu)}" }} }}\n')
+    env = dict(os.environ)
+    libs = package.parent / "nvidia_pytriton.libs"
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [env.get("LD_LIBRARY_PATH"), str(libs)]))
+    # the stub's embedded Python finds its prefix by looking for python3 on PATH: this venv's, with its packages
+    # (as pytriton starts it)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    server = subprocess.Popen([str(package / "tritonserver" / "bin" / "tritonserver"),
+                               f"--model-repository={folder / 'models'}", f"--backend-directory={folder / 'backends'}",
+                               f"--grpc-port={ports[0]}", f"--http-port={ports[1]}", f"--metrics-port={ports[2]}"],
+                              env=env)
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
+    deadline = time.monotonic() + START_S
+    while server.poll() is None and time.monotonic() < deadline:
+        try:
+            if client.is_model_ready(name):
+                break
+        except Exception:  # not listening yet
+            pass
+        time.sleep(0.2)
+    else:
+        server.kill()
+        raise SystemExit(f"tritonserver did not serve {name}")
+    print("ready", flush=True)
+    server.wait()
+
+
 def main() -> None:
+    if sys.argv[9] == "python-backend":
+        import shutil
+
+        folder = Path(sys.argv[10])  # this server's own, beside its log: made again at each start
+        shutil.rmtree(folder, ignore_errors=True)
+        serve_python_backend(Path(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:6]], sys.argv[7] == "1",
+                             int(sys.argv[8]), folder)
+        return
     import numpy as np  # the Triton venv's (numpy < 2)
     import onnxruntime as ort
     from pytriton.decorators import batch

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from jetpipe.cli import main
-from tests.triton_server import TRITON_PYTHON, TritonServer, free_ports
+from tests.triton_server import HOSTS, TRITON_PYTHON, TritonServer, free_ports
 
 
 def _needs_triton() -> None:
@@ -24,11 +24,12 @@ def _needs_triton() -> None:
     pytest.importorskip("tritonclient.grpc", reason="the Triton backend's client: pip install 'tritonclient[grpc]'")
 
 
-@pytest.fixture
-def server(det_bundle, tmp_path):
-    """The model on the server's CPU: its outputs bit-equal to the local onnxruntime-cpu backend's."""
+@pytest.fixture(params=HOSTS)
+def server(det_bundle, tmp_path, request):
+    """The model on the server's CPU: its outputs bit-equal to the local onnxruntime-cpu backend's. Hosted
+    through pytriton and as a model repository of Triton's Python backend (tests/triton_server.py)."""
     _needs_triton()
-    triton = TritonServer(det_bundle, "det", tmp_path / "triton.log")
+    triton = TritonServer(det_bundle, "det", tmp_path / "triton.log", host=request.param)
     triton.start()
     yield triton
     triton.stop()
