@@ -329,10 +329,15 @@ class ArgmaxReducer(_Reducer):
 
     kind = "argmax"
 
-    def __init__(self, device, module, max_batch: int, sets: int, outputs, input_hw=None, side: int = 160):
+    def __init__(self, device, module, max_batch: int, sets: int, outputs, input_hw=None, side: int = 160,
+                 map_hw=None):
+        """map_hw: the map size the task finishes by (its records' scale); an output of another size is refused."""
         shape = outputs[0].sample_shape
         if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
             raise ReductionUnsupported(f"argmax on the GPU reads a [N, C, h, w] output of fixed sizes; "
+                                       f"{outputs[0].name} is {[None, *shape]}")
+        if map_hw is not None and tuple(map_hw) != tuple(shape[1:]):
+            raise ReductionUnsupported(f"argmax on the GPU: the task expects a {map_hw[0]}x{map_hw[1]} map, "
                                        f"{outputs[0].name} is {[None, *shape]}")
         self.classes, self.height, self.width = shape
         self.input_hw, self.side = tuple(input_hw or (self.height, self.width)), int(side)

@@ -93,8 +93,8 @@ class YoloSegmentation:
         return (sampled > 0.0) & _box_inside(xyxy, x0, y0, x1, y1), x0, y0
 
     def _results(self, found: list, letterboxes, sizes) -> list[dict]:
-        """Records of a batch from each frame's (boxes, scores, classes, masks): the batch's masks traced
-        together (trace_outlines)."""
+        """Records of a batch from each frame's (boxes, scores, classes, masks): the batch's masks traced in one
+        trace_outlines call (each on its own; OpenCV's names looked up once a batch)."""
         traced = trace_outlines([m for *_, masks in found for m in masks], OUTLINE_TOLERANCE)
         results, first = [], 0
         for (xyxy, score, cls, masks), box, hw in zip(found, letterboxes, sizes):

@@ -66,7 +66,8 @@ class SemanticSegmentation:
         return results
 
     def reduction(self, required: bool = False) -> Reduction:
-        return Reduction("argmax", {"input_hw": tuple(self.input_hw), "side": OUTLINE_SIDE}, required)
+        return Reduction("argmax", {"input_hw": tuple(self.input_hw), "side": OUTLINE_SIDE,
+                                    "map_hw": tuple(self.map_hw or self.input_hw)}, required)
 
     def _result(self, counts: np.ndarray, size: int, sampled: np.ndarray, step: int, scale: float, box) -> dict:
         """A frame's record from its classes' pixel counts over the content (`size` pixels), the content's map

@@ -359,3 +359,15 @@ def test_class_counts_and_sampled_classes_match_numpy(device, module, classes, m
     post = SemanticSegmentation(input_hw=(48, 64))
     sizes = [(48, 64), (480, 1280), (720, 300)]
     assert post.reduced(reduced, boxes, sizes) == post({"out": logits}, boxes, sizes)
+
+
+def test_a_class_map_of_another_size_than_the_task_expects_is_refused(device, module):
+    """The records' scale comes from the map size the task was made for: an output of another is refused at
+    start-up (the runtime then returns the outputs and says why), not finished at the wrong scale."""
+    from jetpipe.runtime.postprocess_gpu import ReductionUnsupported
+
+    logits = np.zeros((1, 21, 24, 32), np.float32)
+    with pytest.raises(ReductionUnsupported, match="expects a 48x64 map"):
+        _reduce(device, module, Reduction("argmax", {"input_hw": (48, 64), "map_hw": (48, 64)}), logits)
+    reduced = _reduce(device, module, Reduction("argmax", {"input_hw": (48, 64), "map_hw": (24, 32)}), logits)
+    assert reduced["counts"][0, 0] == 24 * 32  # every pixel class 0 (the first of equal values)

@@ -150,7 +150,7 @@ def test_the_gpu_reduction_is_finished_as_the_cpu_path(map_scale, side, monkeypa
     cpu = post({"out": logits}, [letterbox], [(48, 64)])
     gpu = post.reduced(reduction_arrays(logits, [letterbox], (64, 64), side), [letterbox], [(48, 64)])
     assert gpu == cpu and cpu[0]["regions"]
-    assert post.reduction().options == {"input_hw": (64, 64), "side": side}
+    assert post.reduction().options == {"input_hw": (64, 64), "side": side, "map_hw": scene.shape}
 
 
 
