@@ -8,14 +8,16 @@ prints "ready" once the model is served and serves until killed:
 
 Two ways to host the model: through pytriton (its Triton() binds a Python function; each request goes from
 tritonserver's Python backend stub on to pytriton's own process and back), or `python-backend`: pytriton's
-tritonserver binary started here on a model repository written here, a config.pbtxt with `backend:
-"python"` and a model.py that runs ONNX Runtime inside the backend's stub, as a user of Triton's Python
-backend writes it (one hop fewer; still not Triton's own C++ ONNX Runtime backend, which pytriton does not
-ship).
+tritonserver binary started here on the model repository `jetpipe export triton` writes, its config.pbtxt
+pointed at Triton's Python backend (`backend: "python"` for `platform: "onnxruntime_onnx"`, the one line
+changed) and a model.py beside the exported model.onnx that runs it with ONNX Runtime inside the backend's
+stub, as a user of Triton's Python backend writes it (one hop fewer; still not Triton's own C++ ONNX Runtime
+backend, which pytriton does not ship).
 """
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -62,10 +64,12 @@ class TritonServer:
     def start(self) -> None:
         seen = self.log.stat().st_size if self.log.exists() else 0  # a restart: only what it says now counts
         out = self.log.open("a")
+        repository = self.log.with_name(self.log.stem + "-repository")
+        if self.host == "python-backend":
+            python_backend_repository(self.bundle, self.name, repository / "models", self.instances)
         self.process = subprocess.Popen([str(self.python), __file__, str(self.bundle), self.name,
                                          *map(str, self.ports), str(int(self.restrict_shm)), str(int(self.gpu)),
-                                         str(self.instances), self.host,
-                                         str(self.log.with_name(self.log.stem + "-repository"))],
+                                         str(self.instances), self.host, str(repository)],
                                         stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_S
@@ -81,8 +85,10 @@ class TritonServer:
             self.process.wait(60)
 
 
-MODEL_PY = '''"""A bundle's ONNX model through ONNX Runtime in Triton's Python backend (tests/triton_server.py)."""
+MODEL_PY = '''"""The exported model.onnx through ONNX Runtime in Triton's Python backend (tests/triton_server.py)."""
 import json
+import os
+from pathlib import Path
 
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
@@ -90,10 +96,10 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        parameters = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
-        wanted = ["CUDAExecutionProvider"] if parameters["gpu"] == "1" else []
+        model = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
+        wanted = ["CUDAExecutionProvider"] if os.environ.get("JETPIPE_TRITON_GPU") == "1" else []
         providers = [p for p in wanted + ["CPUExecutionProvider"] if p in ort.get_available_providers()]
-        self.session = ort.InferenceSession(parameters["model"], providers=providers)
+        self.session = ort.InferenceSession(str(model), providers=providers)
         self.input = self.session.get_inputs()[0].name
         self.outputs = [o.name for o in self.session.get_outputs()]
 
@@ -107,41 +113,42 @@ class TritonPythonModel:
 '''
 
 
-def serve_python_backend(bundle: Path, name: str, ports: list[int], gpu: bool, instances: int, folder: Path) -> None:
-    """pytriton's tritonserver on a model repository of `name`: config.pbtxt (backend "python") + model.py."""
-    import onnxruntime as ort
+def python_backend_repository(bundle: Path, name: str, repository: Path, instances: int) -> None:
+    """`jetpipe export triton` into `repository` (CPU instances: the Python backend's stubs; ONNX Runtime picks
+    the device), its platform swapped for Triton's Python backend, and MODEL_PY beside the model. Runs in the
+    project's venv (jetpipe); replaces the export of an earlier start."""
+    from jetpipe.export.triton import PLATFORMS, TritonExport, export
+
+    folder = export(TritonExport(bundle, repository, name, instance_kind="cpu", instances=instances, force=True))
+    config = folder / "config.pbtxt"
+    platform = f'platform: "{PLATFORMS["onnxruntime"][0]}"'
+    assert platform in config.read_text(), config.read_text()
+    config.write_text(config.read_text().replace(platform, 'backend: "python"'))
+    (folder / "1" / "model.py").write_text(MODEL_PY)
+
+
+def serve_python_backend(name: str, ports: list[int], gpu: bool, folder: Path) -> None:
+    """pytriton's tritonserver on folder/models (python_backend_repository's), its Python backend set up in
+    folder/backends."""
     import pytriton
 
     package = Path(pytriton.__file__).parent
     backend = folder / "backends" / "python"
+    shutil.rmtree(backend.parent, ignore_errors=True)  # this server's own, made again at each start
     backend.mkdir(parents=True)
     for part in ("libtriton_python.so", "triton_python_backend_utils.py"):
         (backend / part).symlink_to(package / "tritonserver" / "backends" / "python" / part)
     version = f"{sys.version_info.major}.{sys.version_info.minor}"  # the stub embeds this Python
     (backend / "triton_python_backend_stub").symlink_to(package / "tritonserver" / "python_backend_stubs" / version /
                                                          "triton_python_backend_stub")
-    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    dims = lambda shape: ", ".join(str(d) if isinstance(d, int) else "-1" for d in shape[1:])  # noqa: E731
-    tensors = lambda kind, items: "\n".join(  # noqa: E731
-        f'{kind} {{ name: "{t.name}" data_type: TYPE_FP32 dims: [ {dims(t.shape)} ] }}' for t in items)
-    model = folder / "models" / name
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(MODEL_PY)
-    (model / "config.pbtxt").write_text(
-        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {manifest["batch"]["max"]}\n'
-        f'{tensors("input", session.get_inputs()[:1])}\n{tensors("output", session.get_outputs())}\n'
-        f'instance_group {{ count: {instances} kind: KIND_CPU }}\n'
-        f'parameters {{ key: "model" value {{ string_value: "{(bundle / "model.onnx").resolve()}" }} }}\n'
-        f'parameters {{ key: "gpu" value {{ string_value: "{int(gpu)}" }} }}\n')
-    env = dict(os.environ)
+    env = dict(os.environ, JETPIPE_TRITON_GPU=str(int(gpu)))
     libs = package.parent / "nvidia_pytriton.libs"
     env["LD_LIBRARY_PATH"] = ":".join(filter(None, [env.get("LD_LIBRARY_PATH"), str(libs)]))
     # the stub's embedded Python finds its prefix by looking for python3 on PATH: this venv's, with its packages
     # (as pytriton starts it)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     server = subprocess.Popen([str(package / "tritonserver" / "bin" / "tritonserver"),
-                               f"--model-repository={folder / 'models'}", f"--backend-directory={folder / 'backends'}",
+                               f"--model-repository={folder / 'models'}", f"--backend-directory={backend.parent}",
                                f"--grpc-port={ports[0]}", f"--http-port={ports[1]}", f"--metrics-port={ports[2]}"],
                               env=env)
     import tritonclient.grpc as grpcclient
@@ -164,12 +171,7 @@ def serve_python_backend(bundle: Path, name: str, ports: list[int], gpu: bool, i
 
 def main() -> None:
     if sys.argv[9] == "python-backend":
-        import shutil
-
-        folder = Path(sys.argv[10])  # this server's own, beside its log: made again at each start
-        shutil.rmtree(folder, ignore_errors=True)
-        serve_python_backend(Path(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:6]], sys.argv[7] == "1",
-                             int(sys.argv[8]), folder)
+        serve_python_backend(sys.argv[2], [int(p) for p in sys.argv[3:6]], sys.argv[7] == "1", Path(sys.argv[10]))
         return
     import numpy as np  # the Triton venv's (numpy < 2)
     import onnxruntime as ort
