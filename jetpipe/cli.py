@@ -243,6 +243,10 @@ def _add_serve(sub) -> None:
                    help="capture to results: a batch is cut at the latest moment that keeps its oldest frame within "
                         "MS, from the measured engine time per batch size and frame arrival rate (default 0: off, "
                         "batches wait for batch_timeout_ms)")
+    p.add_argument("--capture-threads", type=int, metavar="N",
+                   help="threads reading the streams that can share one (video files NVDEC decodes, synthetic "
+                        "cameras), a frame each in turn; other streams get a thread each (default 0: half the "
+                        "cores; N >= the streams: a thread each)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",
@@ -301,7 +305,7 @@ def _serve_config(args):
     elif args.direction:
         raise JetpipeError("--direction turns the crops of a --secondary: add --secondary BUNDLE")
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker",
-                "latency_budget_ms"):
+                "latency_budget_ms", "capture_threads"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

@@ -10,7 +10,8 @@ encoded with ffmpeg; for each stream count N, each in a process of its own (CPU 
   decode  PyNvVideoCodec alone: N threads, each demuxing the file and decoding it on NVDEC as fast as it goes,
           looping (a new demuxer into the same decoder), frames left in device memory. The ceiling.
   serve   `jetpipe serve`'s pipeline: N NVDEC sources on the same file, looping, saturated (every frame
-          processed: copied into the device ring, batched, preprocessed, inferred, postprocessed on the GPU).
+          processed: copied into the device ring, batched, preprocessed, inferred, postprocessed on the GPU);
+          once per --capture-threads value (default 0: the pipeline's default; 256: a thread per stream).
 And once, the model alone at max batch (ONNX Runtime CUDA, replayed from a CUDA graph): the GPU's ceiling.
 
 Reported per row: frames/s, % of the decode ceiling, CPU cores (process CPU time / wall), peak RSS, GPU memory
@@ -50,11 +51,13 @@ class MemorySampler:
 
     def __init__(self, seconds: float):
         self.before, self.during = gpu_memory_used_mib(), None
+        self.threads = None  # Python threads mid-run
         self._seconds = seconds
 
     def start(self) -> None:
         def sample():
             time.sleep(self._seconds * 0.6)
+            self.threads = threading.active_count() - 1  # not this one
             self.during = gpu_memory_used_mib()
         threading.Thread(target=sample, daemon=True).start()
 
@@ -110,9 +113,12 @@ def serve_child(args) -> None:
     from jetpipe.pipelines.daemon import Pipeline
 
     memory = MemorySampler(args.seconds)
+    if args.switch_ms:
+        sys.setswitchinterval(float(args.switch_ms) / 1000)
     sources = [SourceConfig(str(args.clip), loop=True, decoder="nvdec") for _ in range(args.streams)]
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=sources, duration=args.seconds,
-                                     max_batch=args.max_batch, metrics_listen="", log_every_s=1e9, queue_depth=4))
+                                     max_batch=args.max_batch, metrics_listen="", log_every_s=1e9, queue_depth=4,
+                                     capture_threads=int(args.capture_threads)))
     pipeline = Pipeline(config)  # start-up (allocation, warm-up, decoders opened) is not timed
     paths = sorted({s.describe().rsplit("(", 1)[-1].rstrip(")") for s in pipeline.sources})
     stacks = StackSampler() if os.environ.get("BENCH_STACKS") else None
@@ -123,7 +129,9 @@ def serve_child(args) -> None:
     hot = stacks.report() if stacks is not None else None
     processed = sum(summary["processed"])
     total = summary["latency_ms"]["total"]
-    print(json.dumps({"what": "serve", "streams": args.streams, "paths": paths, "fps": processed / wall,
+    print(json.dumps({"what": "serve", "streams": args.streams, "capture_threads": int(args.capture_threads),
+                      "switch_ms": sys.getswitchinterval() * 1000,
+                      "threads": memory.threads, "paths": paths, "fps": processed / wall,
                       "frames": processed, "dropped": sum(summary["dropped"]), "failed": sum(summary["failed"]),
                       "batches": summary["batches"], "seconds": wall, "cpu_cores": _cpu(before, after) / wall,
                       "rss_mb": _rss_mb(), "gpu_memory_added_mib": memory.added_mib(),
@@ -175,9 +183,11 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_child(what: str, clip: Path, streams: int, seconds: float, bundle: Path, max_batch: int) -> dict:
+def run_child(what: str, clip: Path, streams: int, seconds: float, bundle: Path, max_batch: int,
+              capture_threads: int = 0, switch_ms: float = 0.0) -> dict:
     argv = [sys.executable, __file__, what, "--clip", str(clip), "--streams", str(streams), "--seconds",
-            str(seconds), "--bundle", str(bundle), "--max-batch", str(max_batch)]
+            str(seconds), "--bundle", str(bundle), "--max-batch", str(max_batch), "--capture-threads",
+            str(capture_threads), "--switch-ms", str(switch_ms)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -199,6 +209,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--capture-threads", default="0", help="serve's capture_threads, one row each (0: default)")
+    parser.add_argument("--switch-ms", default="0", help="serve's Python switch interval in ms, one row each "
+                        "(0: the interpreter's, 5 ms)")
     parser.add_argument("--clip", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bundle", type=Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:]
@@ -241,10 +254,13 @@ def run_all(args) -> None:
             ceiling = run_child("decode", clip, n, args.seconds, bundle, args.max_batch)
             rows.append(ceiling)
             print(json.dumps(rows[-1]), flush=True)
-            rows.append(run_child("serve", clip, n, args.seconds, bundle, args.max_batch))
-            if "fps" in rows[-1] and "fps" in ceiling:
-                rows[-1]["pct_of_decode"] = 100 * rows[-1]["fps"] / ceiling["fps"]
-            print(json.dumps(rows[-1]), flush=True)
+            variants = [(int(t), float(ms)) for t in args.capture_threads.split(",")
+                        for ms in args.switch_ms.split(",")]
+            for threads, switch_ms in variants:
+                rows.append(run_child("serve", clip, n, args.seconds, bundle, args.max_batch, threads, switch_ms))
+                if "fps" in rows[-1] and "fps" in ceiling:
+                    rows[-1]["pct_of_decode"] = 100 * rows[-1]["fps"] / ceiling["fps"]
+                print(json.dumps(rows[-1]), flush=True)
     report(rows, args)
     if "fps" in engine:
         print(f"engine alone at batch {engine['batch']}: {engine['fps']:.0f} frames/s ({engine['ms_per_batch']:.2f} ms "
@@ -256,20 +272,26 @@ def run_all(args) -> None:
 
 def report(rows: list[dict], args) -> None:
     print(f"\n{args.model.name}, 1080p30 H.264, {args.seconds:g} s a row, max batch {args.max_batch}")
-    print("| streams | what | frames/s | % of decode | CPU cores | RSS MB | GPU MiB added | dropped | p99 ms "
-          "| GPU busy |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| streams | what | capture threads, switch ms | frames/s | % of decode | CPU cores | RSS MB | GPU MiB added "
+          "| dropped | p99 ms | GPU busy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
             print(f"| {r['streams']} | {r['what']} | error: {r['error'][:100]} |")
             continue
         pct = f"{r['pct_of_decode']:.0f} %" if "pct_of_decode" in r else ""
         gpu = r.get("gpu_memory_added_mib")
-        print(f"| {r['streams']} | {r['what']} | {r['fps']:.0f} | {pct} | {r['cpu_cores']:.2f} | {r['rss_mb']:.0f} | "
+        print(f"| {r['streams']} | {r['what']} | {r.get('capture_threads', '')}, {r.get('switch_ms', 0):g} "
+              f"| {r['fps']:.0f} | {pct} "
+              f"| {r['cpu_cores']:.2f} | {r['rss_mb']:.0f} | "
               f"{gpu if gpu is not None else 'n/a'} | {r.get('dropped', '')} | {r.get('p99_ms') or ''} | "
               f"{r.get('gpu_busy_share') or ''} |")
+    first = int(args.capture_threads.split(",")[0])
+    r0_ms = next((r["switch_ms"] for r in rows if r["what"] == "serve" and "switch_ms" in r), 5)
     for what in ("decode", "serve"):
-        ok = sorted((r for r in rows if r["what"] == what and "error" not in r), key=lambda r: r["streams"])
+        ok = sorted((r for r in rows if r["what"] == what and "error" not in r and
+                     r.get("capture_threads", first) == first and r.get("switch_ms", 5) == r0_ms),
+                    key=lambda r: r["streams"])
         if len(ok) >= 2 and ok[-1]["streams"] > ok[0]["streams"]:
             added = ok[-1]["streams"] - ok[0]["streams"]
             rss = (ok[-1]["rss_mb"] - ok[0]["rss_mb"]) / added

@@ -74,7 +74,8 @@ class Batcher:
         # thread at once (64 of them contending for the lock the taker needs next).
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
-        self._room = [threading.Condition(self._lock) for _ in range(streams)]
+        self._own_room = [threading.Condition(self._lock) for _ in range(streams)]
+        self._room = list(self._own_room)  # whom a frame taken from a stream wakes: its thread, or a shared one's
         self._next_stream = 0
         self.closed = False
 
@@ -90,6 +91,21 @@ class Batcher:
             queue.append(packet)
             self._queued += 1
             self._ready.notify()
+
+    def room_condition(self) -> threading.Condition:
+        """A condition on this batcher's lock, for a thread that reads several streams (room_waiter)."""
+        return threading.Condition(self._lock)
+
+    def room_waiter(self, stream: int, condition: threading.Condition | None) -> None:
+        """Notify `condition` (from room_condition()) when a frame of `stream` is taken; None: the stream's
+        own (a thread of its own waiting in put())."""
+        with self._lock:
+            self._room[stream] = condition if condition is not None else self._own_room[stream]
+
+    def has_room(self, stream: int) -> bool:
+        """Whether a frame of `stream` would be queued without waiting or dropping. Exact with the lock held
+        (a room condition's); without it, a snapshot (a deque's length is read atomically)."""
+        return len(self.queues[stream]) < self.depth
 
     def drop_oldest(self, stream: int) -> bool:
         """Free the oldest queued frame of a stream (its source needs the slot)."""
@@ -166,7 +182,7 @@ class Batcher:
     def _close(self) -> None:
         self.closed = True
         self._ready.notify_all()
-        for room in self._room:
+        for room in {id(r): r for r in self._room}.values():
             room.notify_all()
 
     def next_batch(self, poll_s: float = 0.1) -> list[Packet] | None:

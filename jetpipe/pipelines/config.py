@@ -70,6 +70,7 @@ class PipelineConfig:
     batch_timeout_ms: float = 5.0      # 16 x 1080p30 on an H100: p99 25.8 ms at 5, 42 ms at 20 (benchmarks.md)
     latency_budget_ms: float = 0.0     # capture to results: batches cut to keep it (0: off, batch_timeout_ms only)
     queue_depth: int = 4               # frames per stream waiting to be batched
+    capture_threads: int = 0           # threads reading the streams that can share one (NVDEC files): 0 = auto
     backend: str = "auto"
     memory: str = "auto"
     task: str | None = None            # default: the bundle's
@@ -88,7 +89,7 @@ class PipelineConfig:
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
-                  "latency_budget_ms": (int, float), "queue_depth": int,
+                  "latency_budget_ms": (int, float), "queue_depth": int, "capture_threads": int,
                   "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
@@ -244,6 +245,8 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (0 <= config.latency_budget_ms <= MAX_BUDGET_MS, "latency_budget_ms",
          f"milliseconds from 0 (off) to {MAX_BUDGET_MS}"),
         (1 <= config.queue_depth <= MAX_QUEUE_DEPTH, "queue_depth", f"an integer from 1 to {MAX_QUEUE_DEPTH}"),
+        (0 <= config.capture_threads <= MAX_STREAMS, "capture_threads",
+         f"an integer from 0 (auto: half the cores) to {MAX_STREAMS}"),
         (config.backend in BACKENDS or is_triton(config.backend), "backend", BACKEND_HELP),
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
         (config.postprocess in POSTPROCESS_PLACES, "postprocess", " | ".join(POSTPROCESS_PLACES)),

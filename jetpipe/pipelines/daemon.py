@@ -27,6 +27,7 @@ from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines import preview
 from jetpipe.pipelines.batcher import Batcher, Packet
+from jetpipe.pipelines.capture import ROOM, CaptureGroup, capture_threads
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.control import Control
 from jetpipe.pipelines.metrics import COUNTERS, Metrics, MetricsServer
@@ -144,6 +145,9 @@ class Pipeline:
         self.frame_sinks = [s for s in self.sinks if s.wants_frames]
         self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
                                budget_s=config.latency_budget_ms / 1000 or None)
+        self.capture_groups = [CaptureGroup(f"capture-{k}", self.batcher.room_condition(), self.batcher.has_room,
+                                            self.stop_event, self._start_thread)
+                               for k in range(min(capacity, capture_threads(config.capture_threads)))]
         self.metrics = Metrics(capacity)
         for slot in range(len(sources), capacity):
             self.metrics.labels[slot] = None  # spare: no stream yet
@@ -268,6 +272,8 @@ class Pipeline:
         self.stop_event.set()
         for stream in self.streams.live():
             self._interrupt(stream)
+        for group in self.capture_groups:
+            group.wake()
 
     @staticmethod
     def _interrupt(stream: Stream) -> None:
@@ -315,7 +321,7 @@ class Pipeline:
             if self.stop_event.is_set():
                 stopped_at = stopped_at or time.monotonic()
                 if time.monotonic() - stopped_at > STOP_GRACE_S:
-                    stuck = [s.spec.uri for s in self.streams.live() if s.thread and s.thread.is_alive()]
+                    stuck = [s.spec.uri for s in self.streams.live() if s.capturing()]
                     log.warning("source(s) %s did not stop within %.0f s: left behind", ", ".join(stuck),
                                 STOP_GRACE_S)
                     break
@@ -341,11 +347,20 @@ class Pipeline:
         return self.summary(seconds)
 
     def _capturing(self) -> bool:
-        return any(s.thread is not None and s.thread.is_alive() for s in self.streams.live())
+        return any(s.capturing() for s in self.streams.live())
 
     def _start_capture(self, stream: Stream) -> None:
-        stream.thread = self._thread(self._capture, "sources", stream)
-        stream.thread.start()
+        """A stream whose reads never block for long is read by a shared capture thread (the least loaded),
+        any other by a thread of its own."""
+        stream.started = True
+        if self.capture_groups and getattr(stream.source, "shares_thread", False):
+            group = min(self.capture_groups, key=len)
+            stream.source.paced_by_caller = True
+            self.batcher.room_waiter(stream.slot, group.room)
+            group.add(stream, self._capture_steps(stream, shared=True))
+            return
+        self.batcher.room_waiter(stream.slot, None)
+        self._thread(self._capture, "sources", stream).start()
 
     def _restart_stalled(self) -> None:
         """A live stream connected but silent for its stall timeout (a camera that stopped sending) is a
@@ -370,7 +385,10 @@ class Pipeline:
         fps = source.info.fps if source.info is not None and source.info.fps else 0.0
         return max(STALL_MIN_S, 10 / fps if fps > 0 else 0.0)
 
-    def _thread(self, target, role: str, *args) -> threading.Thread:
+    def _start_thread(self, target, name: str) -> None:
+        self._thread(target, "sources", name=name).start()
+
+    def _thread(self, target, role: str, *args, name: str | None = None) -> threading.Thread:
         """A pipeline thread that adds its CPU time to thread_cpu_s[role] when it ends."""
         def run():
             try:
@@ -379,10 +397,25 @@ class Pipeline:
                 with self._cpu_lock:
                     self.thread_cpu_s[role] = self.thread_cpu_s.get(role, 0.0) + time.thread_time()
 
-        name = f"{role}-{getattr(args[0], 'id', args[0])}" if args else role
+        name = name or (f"{role}-{getattr(args[0], 'id', args[0])}" if args else role)
         return threading.Thread(target=run, name=name, daemon=True)
 
     def _capture(self, handle: Stream) -> None:
+        """A stream's capture in a thread of its own: its steps, sleeping where they ask to."""
+        for wait in self._capture_steps(handle, shared=False):
+            if wait > 0:
+                handle.stop.wait(wait)
+
+    def _capture_steps(self, handle: Stream, shared: bool):
+        """Read the stream into its ring, a frame a step; yield when the next step should run: in seconds, or
+        capture.ROOM (shared only: once its queue has room). A source in a shared thread is paced here (its
+        due_in()) and never waits inside a step; in a thread of its own it waits where it reads."""
+        try:
+            yield from self._capture_loop(handle, shared)
+        finally:
+            handle.done.set()
+
+    def _capture_loop(self, handle: Stream, shared: bool):
         stream, source, ring, config = handle.slot, handle.source, self.streams.rings[handle.slot], self.config
         backoff, frame_no, info = 0.5, 0, None
         running = lambda: not (self.stop_event.is_set() or handle.stop.is_set())  # noqa: E731
@@ -396,8 +429,17 @@ class Pipeline:
                     info = source.open()
                     backoff = 0.5
                     self._last_frame[stream] = time.monotonic()
+                if shared:
+                    due = source.due_in()
+                    if due > 0:
+                        yield due
+                        continue
+                    if not source.live and not self.batcher.has_room(stream):  # files wait for room
+                        yield ROOM
+                        continue
                 slot = self._free_slot(stream, source.live)
-                if slot is None:
+                if slot is None:  # every slot is in flight on the GPU: wait briefly
+                    yield 0.001
                     continue
                 view = ring.view(slot, info.format, info.height, info.width)
                 pts = source.read_into(view)
@@ -409,6 +451,8 @@ class Pipeline:
                 self.metrics.count("captured", stream)
                 self._last_frame[stream] = time.monotonic()
                 frame_no += 1
+                if shared:
+                    yield 0.0
             except EndOfStream:
                 if slot is not None:
                     ring.release(slot)
@@ -428,7 +472,7 @@ class Pipeline:
                 log.warning("source %d (%s): %s; reconnecting in %.1f s", handle.id, source.describe(), exc,
                             backoff)
                 info = None
-                handle.stop.wait(backoff)
+                yield backoff
                 backoff = min(backoff * 2, config.reconnect_max_s)
         # stopped, removed or at its frame limit: the source stays open until its frames are through and is
         # closed then (_retire, or close() after the drain). Closing a hardware decoder frees its memory with
@@ -440,8 +484,6 @@ class Pipeline:
         slot = ring.acquire()
         if slot is None and live and self.batcher.drop_oldest(stream):
             slot = ring.acquire()
-        if slot is None:  # every slot is in flight on the GPU: wait briefly
-            time.sleep(0.001)
         return slot
 
     def _gpu_stage(self) -> None:
@@ -681,6 +723,8 @@ class Pipeline:
         stream.state = "stopping"
         stream.stop.set()
         self._interrupt(stream)
+        for group in self.capture_groups:
+            group.wake()
         with self.streams.changed:
             done = self.streams.changed.wait_for(lambda: stream.state == "removed", timeout=wait_s)
         return (200 if done else 202), self.describe_stream(stream_id)
@@ -688,7 +732,7 @@ class Pipeline:
     def _drained(self, stream: Stream) -> bool:
         """Its capture ended and every frame it captured is through (its ring's slots all free again)."""
         ring = self.streams.rings[stream.slot]
-        return not (stream.thread is not None and stream.thread.is_alive()) and ring.free_slots() == len(ring)
+        return not stream.capturing() and ring.free_slots() == len(ring)
 
     def _free_removed(self) -> None:
         """Streams whose removal was asked and whose frames are all through leave their slots."""

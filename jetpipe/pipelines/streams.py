@@ -34,7 +34,11 @@ class Stream:
     slot: int
     state: str = "running"  # running | ended (source ended; slot kept until removed or needed) | stopping | removed
     stop: threading.Event = field(default_factory=threading.Event)  # removal asked: capture ends
-    thread: threading.Thread | None = None
+    started: bool = False  # its capture was started (in a thread of its own or a shared one)
+    done: threading.Event = field(default_factory=threading.Event)  # its capture ended
+
+    def capturing(self) -> bool:
+        return self.started and not self.done.is_set()
 
 
 class Streams:

@@ -89,6 +89,7 @@ class NvdecSource:
 
     memory = "device"
     decoder_name = "nvdec"
+    paced_by_caller = False  # set by a shared capture thread: it waits for due_in(), read_into does not sleep
 
     def __init__(self, device, nvc, uri: SourceURI, loop: bool = False, realtime: bool = False, feed=None,
                  fallback=None):
@@ -105,6 +106,18 @@ class NvdecSource:
             self._stream = device.stream()
         if feed is None:
             self._start()  # a file NVDEC cannot take fails here, and the caller falls back
+
+    @property
+    def shares_thread(self) -> bool:
+        """A file's read is a decode and a copy on the GPU, never a wait for the network: a capture thread
+        can read several (pipelines.capture). A network stream's read waits for its packets."""
+        return self.feed is None
+
+    def due_in(self) -> float:
+        """Seconds until the next frame is due (--realtime; <= 0: now)."""
+        if not (self.realtime and self.info is not None and self.info.fps > 0 and self.feed is None):
+            return 0.0
+        return self._next_time + 1.0 / self.info.fps - time.monotonic()
 
     @property
     def decode_errors(self) -> int:
@@ -233,7 +246,7 @@ class NvdecSource:
         if self.realtime and fps > 0 and self.feed is None:  # a network stream comes at its own pace
             self._next_time += 1.0 / fps
             delay = self._next_time - time.monotonic()
-            if delay > 0:
+            if delay > 0 and not self.paced_by_caller:
                 time.sleep(delay)
         return frame.getPTS() * self._timebase  # the stream's presentation time, seconds
 

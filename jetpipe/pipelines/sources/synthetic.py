@@ -25,6 +25,8 @@ class SyntheticCamera:
     pan = 512  # pixels of canvas beyond the frame width; frames step PAN_STEP pixels
     live = True
     decode_errors = 0
+    shares_thread = True     # a read is a copy: a capture thread can serve several (pipelines.capture)
+    paced_by_caller = False  # set by a shared capture thread: it waits for due_in(), read_into does not sleep
 
     def __init__(self, width=640, height=480, fps=30.0, fmt="nv12", seed=0, step=8, uri: str = "synthetic",
                  still: bool = False):
@@ -71,11 +73,18 @@ class SyntheticCamera:
         inside = (shifted[:, 0] >= 0) & (shifted[:, 2] <= self.info.width)
         return shifted[inside]
 
+    def due_in(self) -> float:
+        """Seconds until the next frame is due (<= 0: now)."""
+        return self._next + 1.0 / self.fps - time.monotonic() if self.fps > 0 else 0.0
+
     def read_into(self, slot: np.ndarray) -> float | None:
         if self.fps > 0:  # pace like a camera
             self._next += 1.0 / self.fps
             delay = self._next - time.monotonic()
-            if delay > 0:
+            if self.paced_by_caller:  # read once due: late by less than a frame keeps the pace, more starts anew
+                if delay < -1.0 / self.fps:
+                    self._next = time.monotonic()
+            elif delay > 0:
                 time.sleep(delay)
             else:
                 self._next = time.monotonic()
