@@ -113,7 +113,7 @@ def serve_child(args) -> None:
     from jetpipe.pipelines.daemon import Pipeline
 
     memory = MemorySampler(args.seconds)
-    if args.switch_ms:
+    if float(args.switch_ms) > 0:
         sys.setswitchinterval(float(args.switch_ms) / 1000)
     sources = [SourceConfig(str(args.clip), loop=True, decoder="nvdec") for _ in range(args.streams)]
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=sources, duration=args.seconds,

@@ -20,6 +20,7 @@ import os
 import queue
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from jetpipe import bundle as bundles
@@ -193,19 +194,28 @@ class Pipeline:
     def _allocate_rings(self, sources: list, capacity: int) -> None:
         """Every slot's frame rings, now: one per source given (its frame size and memory), and for each spare
         slot of the control API a host ring of max_frame_hw, and a device ring too where NVDEC decodes into
-        GPU memory (a stream added later takes whichever its decoder writes)."""
+        GPU memory (a stream added later takes whichever its decoder writes). Rings of one frame size share a
+        pool for the frames their batches hold (ring.FrameRing.share)."""
         runtime, config = self.runtime, self.config
-        count = ring_slots(config.queue_depth, runtime.max_batch, runtime.buffer_sets)
+        own = own_slots(config.queue_depth)
         # a source whose format is known now (a file, probed) gets slots of its frame's size (NV12: half of BGR);
         # not with the control API, where a slot a stream leaves may be taken by any stream up to its size
         wanted = [[self._ring_need(src, exact=not self.control)] for src in sources]
-        spare = [(config.max_frame_hw, False, None)] + \
-            ([(config.max_frame_hw, True, None)] if runtime.decodes_to_device else [])
+        spare = [(tuple(config.max_frame_hw), False, None)] + \
+            ([(tuple(config.max_frame_hw), True, None)] if runtime.decodes_to_device else [])
         wanted += [spare] * (capacity - len(sources))
-        _check_ring_memory([count * slot_bytes(*ring) for rings in wanted for ring in rings], count)
+        sharing = Counter(spec for rings in wanted for spec in rings)
+        pooled = {spec: shared_slots(streams, config.queue_depth, runtime.max_batch, runtime.buffer_sets)
+                  for spec, streams in sharing.items()}
+        _check_ring_memory([own * slot_bytes(*spec) for rings in wanted for spec in rings], own,
+                           [count * slot_bytes(*spec) for spec, count in pooled.items()], sum(pooled.values()))
+        pools = {spec: runtime.frame_ring(count, spec[0], device=spec[1], fmt=spec[2])
+                 for spec, count in pooled.items()}
         for slot, rings in enumerate(wanted):
-            self.streams.choices[slot] = [runtime.frame_ring(count, hw, device=device, fmt=fmt)
+            self.streams.choices[slot] = [runtime.frame_ring(own, hw, device=device, fmt=fmt)
                                           for hw, device, fmt in rings]
+            for ring, spec in zip(self.streams.choices[slot], rings):
+                ring.share(pools[spec])
 
     def _pages(self, path: str):
         """The preview page, its frames and counters (None: not a page here)."""
@@ -249,7 +259,7 @@ class Pipeline:
         """What a ring for this source must hold: frames of its size (max_frame_hw while unknown), in device
         memory or not, of its format where it is known now and `exact` (else any format: slot_bytes)."""
         info = source.info
-        hw = (info.height, info.width) if info is not None else self.config.max_frame_hw
+        hw = (info.height, info.width) if info is not None else tuple(self.config.max_frame_hw)
         return hw, source.memory == "device", info.format if exact and info is not None else None
 
     def _render_metrics(self) -> str:
@@ -732,7 +742,7 @@ class Pipeline:
     def _drained(self, stream: Stream) -> bool:
         """Its capture ended and every frame it captured is through (its ring's slots all free again)."""
         ring = self.streams.rings[stream.slot]
-        return not stream.capturing() and ring.free_slots() == len(ring)
+        return not stream.capturing() and ring.in_use() == 0
 
     def _free_removed(self) -> None:
         """Streams whose removal was asked and whose frames are all through leave their slots."""
@@ -859,22 +869,30 @@ def available_memory() -> int | None:
     return None
 
 
-def ring_slots(queue_depth: int, max_batch: int, buffer_sets: int) -> int:
-    """Frame slots one stream's ring needs: its queue, its frames in each batch the runtime's buffer sets hold
-    (on the GPU, waiting for or in postprocessing, crops being read), one being written and one spare. A
-    batch takes a stream's frames from its queue, so it holds at most queue_depth of them: rings sized by
-    max_batch instead took 70 slots a stream at batch 32 (435 MB of device memory per 1080p stream), 22 now."""
-    return queue_depth + buffer_sets * min(queue_depth, max_batch) + 2
+def own_slots(queue_depth: int) -> int:
+    """Frame slots a stream's own ring holds: its queue, one being written and one spare."""
+    return queue_depth + 2
 
 
-def _check_ring_memory(ring_bytes: list[int], slots: int) -> None:
+def shared_slots(streams: int, queue_depth: int, max_batch: int, buffer_sets: int) -> int:
+    """Frame slots the rings of `streams` streams of one size share: the frames the batches hold while their
+    buffer sets are in use (on the GPU, waiting for or in postprocessing, crops being read). At most
+    buffer_sets x max_batch, whatever the streams; and as a batch takes a stream's frames from its queue, at
+    most queue_depth of one stream's a batch (one stream alone: the 4 x min(queue_depth, max_batch) slots a
+    ring held before the pool, 22 a stream in all at depth 4; 64 streams at batch 32 share 128 instead of
+    64 x 16)."""
+    return min(buffer_sets * max_batch, streams * buffer_sets * min(queue_depth, max_batch))
+
+
+def _check_ring_memory(ring_bytes: list[int], own: int, pool_bytes: list[int], pooled: int) -> None:
     """The frame rings fit in the memory available (a Jetson shares it with the GPU): checked before any is
     allocated, instead of the OOM killer ending the daemon half-started."""
-    available, need = available_memory(), sum(ring_bytes)
+    available, need = available_memory(), sum(ring_bytes) + sum(pool_bytes)
     if available is not None and need > 0.8 * available:
-        raise ConfigError(f"the frame rings would take {_size(need)} ({len(ring_bytes)} stream(s) x {slots} "
-                          "slots: queue_depth + buffer sets x min(queue_depth, max_batch) + 2), more than 80 % of "
-                          f"the {_size(available)} available: lower queue_depth or max_frame_hw")
+        raise ConfigError(f"the frame rings would take {_size(need)} ({len(ring_bytes)} stream(s) x {own} "
+                          f"slots: queue_depth + 2, and {pooled} shared by the batches in flight: buffer sets x "
+                          f"max_batch at most), more than 80 % of the {_size(available)} available: lower "
+                          "queue_depth or max_frame_hw")
 
 
 def _size(nbytes: float) -> str:

@@ -58,7 +58,8 @@ def test_queue_depth_and_ring_memory_are_bounded_before_anything_is_allocated(tm
     assert main(["serve", "--bundle", str(tmp_path / "b"), "--source", "synthetic://1920x1080@30/bgr", "--frames",
                  "1", "--metrics", ""]) == 2
     err = capsys.readouterr().err
-    assert "the frame rings would take 83 MiB (1 stream(s) x 14 slots" in err and "Traceback" not in err
+    assert "the frame rings would take 83 MiB (1 stream(s) x 6 slots: queue_depth + 2, and 8 shared" in err
+    assert "Traceback" not in err
     assert "more than 80 % of the 64 MiB available" in err
 
 

@@ -53,10 +53,31 @@ def test_a_streams_ring_holds_its_queue_and_its_share_of_each_batch_not_max_batc
     config = _config(det_bundle, ["synthetic:320x240@0:nv12"] * 2, frames=24, queue_depth=1, max_batch=4)
     pipeline = Pipeline(config)
     sets = pipeline.runtime.buffer_sets
-    assert [len(pipeline.streams.choices[s][0]) for s in range(2)] == [1 + sets * 1 + 2] * 2  # not 1 + 2 x 4 + 2
+    rings = [pipeline.streams.choices[s][0] for s in range(2)]
+    assert [len(ring) for ring in rings] == [1 + 2] * 2  # its queue, one being written, a spare
+    assert rings[0].pool is rings[1].pool and len(rings[0].pool) == 2 * sets * 1  # not 2 x sets x 4
     summary = pipeline.run()
     assert all(p + d + f == 24 for p, d, f in zip(summary["processed"], summary["dropped"], summary["failed"]))
     assert sum(summary["processed"]) > 0
+
+
+def test_streams_of_one_size_share_the_slots_their_batches_hold(det_bundle, tmp_path):
+    """Issue 27 (memory per stream): each stream's ring held 4 x min(queue_depth, max_batch) slots for its
+    frames in batches, 16 of 22 at depth 4, although all the batches in flight hold at most 4 x max_batch frames
+    together: 64 x 1080p streams took 4.4 GB of rings. Now streams of one size share those, and files (which
+    wait, never drop) still deliver every frame."""
+    clip = tmp_path / "clip.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=160x120:r=30", "-frames:v",
+                    "40", "-c:v", "libx264", "-pix_fmt", "yuv420p", str(clip)], check=True)
+    config = _config(det_bundle, [str(clip)] * 8, queue_depth=4, max_batch=4)
+    pipeline = Pipeline(config)
+    rings = pipeline.streams.rings
+    sets = pipeline.runtime.buffer_sets
+    assert {len(r) for r in rings} == {6} and len({id(r.pool) for r in rings}) == 1
+    assert sum(len(r) for r in rings) + len(rings[0].pool) == 8 * 6 + sets * 4  # 8 x 22 before
+    summary = pipeline.run()
+    assert summary["processed"] == [40] * 8 and summary["dropped"] == [0] * 8
+    assert all(r.in_use() == 0 for r in rings) and rings[0].pool.free_slots() == len(rings[0].pool)
 
 
 def test_rendered_text_is_found_at_its_source_position(det_bundle, tmp_path):
@@ -395,7 +416,7 @@ def test_sources_are_closed_after_their_frames_are_through_at_a_stop(det_bundle)
         ring, close = pipeline.streams.rings[stream.slot], stream.source.close
 
         def closing(ring=ring, close=close):
-            in_flight_at_close.append(len(ring) - ring.free_slots())
+            in_flight_at_close.append(ring.in_use())
             close()
 
         stream.source.close = closing

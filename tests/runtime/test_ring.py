@@ -44,3 +44,31 @@ def test_a_frame_larger_than_the_slot_is_refused_naming_max_frame_hw(device):
     assert ring.view(0, "nv12", 1080, 1920) is not None
     with pytest.raises(JetpipeError, match="max_frame_hw"):
         ring.view(0, "nv12", 2160, 3840)
+
+
+def test_a_ring_borrows_from_its_pool_when_its_own_slots_are_used_and_gives_back_to_it():
+    pool, first, second = host_ring(2, 64 * 48 * 3), host_ring(2, 64 * 48 * 3), host_ring(1, 64 * 48 * 3)
+    first.share(pool)
+    second.share(pool)
+    own = [first.acquire(), first.acquire()]
+    borrowed = first.acquire()
+    assert sorted(own) == [0, 1] and borrowed in (2, 3) and first.in_use() == 3 and first.free_slots() == 0
+    view = first.view(borrowed, "nv12", 48, 64)
+    assert np.shares_memory(view, pool.buffers[borrowed - 2])  # the pool's memory, under the ring's slot number
+    view[:] = 9
+    assert first.frame(borrowed, "nv12", 48, 64).data.max() == 9
+    second.acquire()
+    assert second.acquire() is not None and second.acquire() is None  # its own one, then the pool's last
+    first.release(borrowed)
+    assert first.in_use() == 2 and pool.free_slots() == 1
+    for slot in own:
+        first.release(slot)
+    assert first.in_use() == 0 and first.free_slots() == 2
+
+
+def test_a_pool_of_other_memory_or_smaller_slots_is_refused():
+    ring = host_ring(1, 64 * 48 * 3)
+    with pytest.raises(JetpipeError, match="shared pool"):
+        ring.share(FrameRing([object()], [0x1000], pinned=False, device=True, slot_bytes=64 * 48 * 3))
+    with pytest.raises(JetpipeError, match="shared pool"):
+        ring.share(host_ring(1, 64 * 48))
