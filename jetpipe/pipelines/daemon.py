@@ -1,6 +1,7 @@
 """The video-stream daemon: sources -> batcher -> runtime -> postprocess -> sinks.
 
-Threads: one per source (capture into its ring), one GPU stage (submits each
+Threads: capture (each source read into its ring: a thread per source, or for sources whose reads never
+block for long, a few threads each reading several in turn: pipelines.capture), one GPU stage (submits each
 batch as it forms), one postprocess stage (collects each batch as the GPU
 finishes it and reads its outputs in place while later batches run: the runtime
 holds that buffer set until it is released), with secondary models one secondary
