@@ -116,11 +116,8 @@ class SemanticSegmentation:
 
 
 def class_counts(best: np.ndarray) -> np.ndarray:
-    """Pixels of each class in a map ([h, w] uint8 or uint16, a view of a larger map is fine): OpenCV's
-    histogram for bytes (exact below 2^24 pixels a bin; a third of bincount's time, which widens every pixel
-    to 8 bytes first: it was most of the host's time a frame at 512 x 512), bincount otherwise."""
-    if best.dtype == np.uint8 and best.size < 1 << 24:
-        return cv2.calcHist([best], [0], None, [256], [0, 256]).ravel().astype(np.int64)
+    """Pixels of each class in a map of class numbers (a view of a larger map is fine): the CPU path's counts
+    (argmax's int64 classes; on the GPU the reduction counts them)."""
     return np.bincount(best.ravel())
 
 
