@@ -54,8 +54,9 @@ def compile_module(source: Path = SOURCE):
     from pycuda.driver import CompileError
 
     try:
-        return SourceModule(source.read_text(), no_extern_c=True, options=["-O3"],
-                            cache_dir=str(cache_dir()))
+        # the source's folder for its headers (PyCUDA's cache key covers what they include)
+        return SourceModule(source.read_text(), no_extern_c=True, options=["-O3"], cache_dir=str(cache_dir()),
+                            include_dirs=[str(source.parent)])
     except CompileError as exc:
         raise KernelError(f"compiling {source.name} failed: {str(exc).strip()[:400]}") from exc
 

@@ -8,6 +8,7 @@
 //             each kept box's extra rows (pose keypoints)
 //   seg_masks instance segmentation: each kept box's mask (coefficients x prototypes,
 //             sampled up to network pixels, cut to its box), bit-packed
+//   seg_outlines  each mask's largest outline, simplified, as OpenCV traces it (outline.cuh)
 //   argmax    semantic segmentation: each class's pixels in the content, and the content's classes sampled
 // The host finishes each (the task modules in jetpipe/tasks) with the same code
 // as the CPU postprocessors, so both paths give the same results.
@@ -508,6 +509,125 @@ extern "C" __global__ void seg_masks(const float* __restrict__ head, const float
         unsigned bits = __ballot_sync(0xffffffff, on);
         if (lane == 0 && py < y1) mask[(size_t)(py - y0) * per_row + (tx - x0) / 32] = bits;
         __syncthreads();
+    }
+}
+
+#include "outline.cuh"
+
+#define OUTLINE_SHARED_WORDS 4096  // a box's padded words and flags held in shared memory (48 KB); more: the host's
+
+// outline_largest by a warp: 32 words at a time find their starts together, and lane 0 takes them in raster
+// order (the other lanes wait at the next shuffle).
+__device__ void warp_largest(const OutlineMask& m, OutlineScan* scan) {
+    int lane = threadIdx.x, first = m.stride, end = (m.height + 1) * m.stride;  // the rows past the zero row
+    for (int base = first; base < end; base += 32) {
+        unsigned starts = base + lane < end ? outline_starts(m, base + lane) : 0u;
+        unsigned lanes = __ballot_sync(0xffffffff, starts != 0u);
+        while (lanes) {
+            int from = __ffs(lanes) - 1;
+            lanes &= lanes - 1;
+            unsigned word_starts = __shfl_sync(0xffffffff, starts, from);
+            if (lane == 0) {
+                int at = base + from, y = at / m.stride - 1, x0 = (at % m.stride) * 32 - 2;
+                for (; word_starts; word_starts &= word_starts - 1)
+                    outline_candidate(m, x0 + __ffs(word_starts), y, scan);
+            }
+            __syncwarp();
+        }
+    }
+}
+
+// Grid (limit, frames), one warp a box: each kept box's outline from its mask's words (seg_masks', in device
+// memory): the largest outer border simplified to within `tolerance` pixels (0: as traced), the CPU path's
+// trace_outlines point for point; segment: the installed OpenCV's Douglas-Peucker distance (to the chord's
+// segment, else its line). The warp pads the box's mask into shared memory, clears its flags, counts its pixels
+// and scans; lane 0 traces and simplifies, the chains in the frame's part of `chains` (chain_used: taken).
+// outlines[frame, box] = {first point, points, pixels}; the points (network pixels) are at points[frame *
+// point_cap + first], mapped host memory: only they cross the bus. Points -1: the mask was too large for shared
+// memory or its outline did not fit the chains' or the points' room: the box's words are copied to
+// spilled_words at their place in the frame's words for the host to trace (spilled[frame]: the words copied);
+// -2: the mask did not fit the words (none).
+extern "C" __global__ void seg_outlines(const YoloParams* params, const SegParams* seg_params, const int* kept_counts,
+                                        const float* __restrict__ detections, const unsigned* __restrict__ words,
+                                        int* chains, int chain_cap, int* chain_used, short2* points, int point_cap,
+                                        int* point_used, int* outlines, unsigned* spilled_words, int* spilled,
+                                        double tolerance, int segment) {
+    extern __shared__ unsigned held[];  // the padded mask, then each flag, OUTLINE_SHARED_WORDS apiece
+    const YoloParams p = *params;
+    const SegParams s = *seg_params;
+    int box = blockIdx.x, frame = blockIdx.y, lane = threadIdx.x;
+    if (box >= kept_counts[frame]) return;
+    const float* dets = detections + (size_t)frame * p.limit * 6;
+    int x0, y0, x1, y1, start = 0;
+    for (int i = lane; i < box; i += 32) start += region_words(dets + i * 6, p, &x0, &y0, &x1, &y1);
+    for (int offset = 16; offset > 0; offset >>= 1) start += __shfl_down_sync(0xffffffff, start, offset);
+    start = __shfl_sync(0xffffffff, start, 0);
+    int count = region_words(dets + box * 6, p, &x0, &y0, &x1, &y1);
+    int* out = outlines + ((size_t)frame * p.limit + box) * 3;
+    if (count == 0 || start + count > s.cap_words) {
+        if (lane == 0) { out[0] = 0; out[1] = count ? -2 : 0; out[2] = 0; }
+        return;
+    }
+    const unsigned* mask = words + (size_t)frame * s.cap_words + start;
+    int width = x1 - x0, height = y1 - y0, total = outline_padded_words(width, height), pixels = 0;
+    for (int i = lane; i < count; i += 32) pixels += __popc(mask[i]);
+    for (int offset = 16; offset > 0; offset >>= 1) pixels += __shfl_down_sync(0xffffffff, pixels, offset);
+    pixels = __shfl_sync(0xffffffff, pixels, 0);
+    int spill = total > OUTLINE_SHARED_WORDS, first = 0, n = 0;
+    if (pixels && !spill) {
+        unsigned *marked = held + OUTLINE_SHARED_WORDS, *right = held + 2 * OUTLINE_SHARED_WORDS;
+        for (int i = lane; i < total; i += 32) {
+            held[i] = outline_padded_word(mask, width, height, i);
+            marked[i] = 0u;
+            right[i] = 0u;
+        }
+        // the chains of the scan (the best's and the one being traced) and the simplification's output and
+        // stack: a border's points while they fit `room`; past it the best is traced again into room of its own
+        int room = 2 * (width + height) + 64, part = 2 * room + 2, at = 0;
+        if (lane == 0) at = atomicAdd(&chain_used[frame], 3 * part);
+        at = __shfl_sync(0xffffffff, at, 0);
+        spill = at + 3 * part > chain_cap;
+        __syncwarp();
+        if (!spill) {
+            int* chain = chains + (size_t)frame * chain_cap + at;
+            OutlineMask m = {held, marked, right, width, height, outline_stride(width)};
+            OutlineScan scan = {{-1, -1}, 0, 0, room, chain, chain + part};
+            warp_largest(m, &scan);
+            if (lane == 0) {
+                n = scan.best.points;
+                int *traced = scan.kept, *simple = scan.spare, *stack = chain + 2 * part;
+                if (n > room) {
+                    int need = 6 * n + 2, again = atomicAdd(&chain_used[frame], need);
+                    spill = again + need > chain_cap;
+                    traced = chains + (size_t)frame * chain_cap + again;
+                    simple = traced + 2 * n;
+                    stack = simple + 2 * n;
+                    if (!spill) outline_trace(m, scan.bx, scan.by, false, traced, n);
+                }
+                if (!spill && tolerance > 0) {
+                    n = outline_simplify(traced, n, simple, (OutlineRange*)stack, tolerance, segment != 0);
+                    traced = simple;
+                }
+                if (!spill) {
+                    first = atomicAdd(&point_used[frame], n);
+                    spill = first + n > point_cap;
+                }
+                if (!spill) {
+                    short2* to = points + (size_t)frame * point_cap + first;
+                    for (int i = 0; i < n; i++) to[i] = make_short2(traced[2 * i] + x0, traced[2 * i + 1] + y0);
+                }
+            }
+        }
+    }
+    spill = __shfl_sync(0xffffffff, spill, 0);
+    if (lane == 0) {
+        out[0] = first;
+        out[1] = spill ? -1 : n;
+        out[2] = pixels;
+    }
+    if (spill) {
+        for (int i = lane; i < count; i += 32) spilled_words[(size_t)frame * s.cap_words + start + i] = mask[i];
+        if (lane == 0) atomicAdd(&spilled[frame], count);
     }
 }
 

@@ -12,7 +12,8 @@ compute stream); the compact arrays are per set, like the outputs.
   yolo-nms    YOLO decode + score filter + class-aware NMS; `limit` per frame; with `carry`, each kept
               box's rows after the classes (pose keypoints) written to mapped host memory
   yolo-seg    yolo-nms on a segmentation head, then each kept box's mask from the prototypes, bit-packed
-              over its box region into mapped host memory (only the words of the kept boxes cross)
+              over its box region, and its outline traced and simplified as OpenCV does it (outline.cuh):
+              only the outlines' points cross, into mapped host memory
   argmax      semantic segmentation: each class's pixels in the letterboxed content, and the content's
               classes sampled at most `side` a side (where it is: place(), from the batch's letterboxes)
   best-per-step  CTC text recognition: the best class of each time step and its row statistics
@@ -48,6 +49,9 @@ SEG_THREADS = 256
 SEG_PARTS = 16        # blocks sharing one box's mask tiles
 SEG_MAX_COEFFICIENTS = 64
 MASK_AREAS = 8        # mask words a frame holds: its input area 8 times over (boxes past it get no mask)
+CHAIN_POINTS = 131072  # room for outline points a frame on the device (past it: the mask goes to the host)
+OUTLINE_POINTS = 16384  # simplified outline points a frame hands back (64 KB; past them: the mask goes to the host)
+OUTLINE_SHARED_BYTES = 3 * 4 * 4096  # a box's padded mask and flags (OUTLINE_SHARED_WORDS in the kernel): 48 KB
 YOLO_LAYOUTS = {"yolov8": 0, "yolov5": 1, "yolox": 2}
 NMS_THREADS = 1024  # the NMS kernel keeps up to one detection per thread
 
@@ -271,14 +275,17 @@ class YoloReducer(_Reducer):
 class SegmentationReducer(YoloReducer):
     """yolo-nms on a YOLOv8/11-seg head (the [N, 4 + C + M, A] output), then each kept box's mask from the
     prototypes ([N, M, H/4, W/4]) over its box region in network pixels, one bit a pixel, rows padded to
-    32-bit words, box after box in NMS order ("masks" [cap_words] a frame; "mask_words": the words used;
-    boxes past the capacity get none). The layout rule is segmentation_yolo.mask_regions'."""
+    32-bit words, box after box in NMS order (cap_words a frame, in device memory; boxes past them get none; the
+    layout rule is segmentation_yolo.mask_regions'), and each mask's outline as the CPU path traces and
+    simplifies it ("outlines" [limit, 3]: first point, points, pixels; "points" [point_cap, 2] int16 network
+    pixels, mapped). An outline past the room of the chains or the points comes back as its mask's words
+    ("masks", mapped, at the box's place) for the host to trace."""
 
     kind = "yolo-seg"
     reads = "all"
 
     def __init__(self, device, module, max_batch: int, sets: int, outputs, coefficients: int = 32,
-                 input_hw=(640, 640), **options):
+                 input_hw=(640, 640), outline_tolerance: float = 0.5, segment_distance: bool = True, **options):
         shapes = [tuple(o.sample_shape) for o in outputs]
         ranks = sorted(len(shape) for shape in shapes)
         if ranks != [2, 3]:
@@ -293,30 +300,49 @@ class SegmentationReducer(YoloReducer):
                                        f"and prototypes of a quarter of the input's {height}x{width}; "
                                        f"found {[None, *shapes[1 - head]]}")
         self.cap_words = MASK_AREAS * height * ((width + 31) // 32)
+        self.tolerance, self.segment_distance = np.float64(outline_tolerance), np.int32(bool(segment_distance))
         # the coefficients stay on the device: the mask kernel reads them from the head
         super().__init__(device, module, max_batch, sets, outputs, layout="yolov8", input_hw=input_hw, head=head,
-                         extra_rows=coefficients, copied={"mask_words": ((), np.int32)},
-                         mapped={"masks": ((self.cap_words,), np.uint32)}, **options)
+                         extra_rows=coefficients,
+                         copied={"mask_words": ((), np.int32), "outlines": ((options.get("limit", 300), 3), np.int32),
+                                 "point_used": ((), np.int32), "spilled": ((), np.int32)},
+                         mapped={"masks": ((self.cap_words,), np.uint32), "points": ((OUTLINE_POINTS, 2), np.int16)},
+                         **options)
         seg = np.zeros((), SEG_PARAMS)
         seg["coefficients"], seg["proto_h"], seg["proto_w"] = coefficients, proto_h, proto_w
         seg["first"], seg["cap_words"] = self.first_carried, self.cap_words
         seg["scale_x"], seg["scale_y"] = proto_w / width, proto_h / height
         self.seg_params = device.alloc(SEG_PARAMS.itemsize)
         device.cuda.memcpy_htod(self.seg_params, seg)
+        self.words = device.alloc(4 * max_batch * self.cap_words)
+        self.chain_cap = 6 * CHAIN_POINTS + 2 * self.limit
+        self.chains = device.alloc(4 * max_batch * self.chain_cap)
+        self.chain_used = device.alloc(4 * max_batch)
         self.masks = module.get_function("seg_masks")
         self.masks.prepare("PPPPPPPPP")
+        self.outline = module.get_function("seg_outlines")
+        self.outline.prepare("PPPPPPiPPiPPPPdi")
 
     def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
         super().launch(set_index, batch, addresses, stream, sample_shape)
-        out = self.device_out[set_index]
-        self.device.cuda.memset_d32_async(out["mask_words"], 0, batch, stream)
+        cuda, out, mapped = self.device.cuda, self.device_out[set_index], self.mapped_address[set_index]
+        for counter in (out["mask_words"], out["point_used"], out["spilled"], self.chain_used):
+            cuda.memset_d32_async(counter, 0, batch, stream)
         self.masks.prepared_async_call((self.limit, batch, SEG_PARTS), (SEG_THREADS, 1, 1), stream,
                                        addresses[self.head], addresses[1 - self.head], self.params, self.seg_params,
-                                       out["counts"], self.kept_anchors, out["detections"],
-                                       self.mapped_address[set_index]["masks"], out["mask_words"])
+                                       out["counts"], self.kept_anchors, out["detections"], self.words,
+                                       out["mask_words"])
+        self.outline.prepared_async_call((self.limit, batch), (32, 1, 1), stream, self.params, self.seg_params,
+                                         out["counts"], out["detections"], self.words, self.chains,
+                                         np.int32(self.chain_cap), self.chain_used, mapped["points"],
+                                         np.int32(OUTLINE_POINTS), out["point_used"], out["outlines"],
+                                         mapped["masks"], out["spilled"], self.tolerance, self.segment_distance,
+                                         shared_size=OUTLINE_SHARED_BYTES)
 
     def written(self, set_index: int, batch: int) -> int:
-        return 4 * int(self.host_out[set_index]["mask_words"][:batch].sum())
+        """The outlines' points and the words of the masks handed back to be traced."""
+        host = self.host_out[set_index]
+        return 4 * int(np.minimum(host["point_used"][:batch], OUTLINE_POINTS).sum() + host["spilled"][:batch].sum())
 
 
 class ArgmaxReducer(_Reducer):

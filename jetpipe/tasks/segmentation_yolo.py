@@ -9,13 +9,15 @@ logit is above 0 (sigmoid above 0.5), as Ultralytics' process_mask does. Records
 [x, y] points in source pixels; [] where the mask is empty), and "mask_areas" (its mask's area in source
 pixels); never a full-resolution mask. Sinks fill the outlines translucent. Metric against FP32: box F1,
 score MAE and mAP as detectors, and "mask_iou": the mean IoU of matched objects' masks. GPU: the "yolo-seg"
-reduction: NMS and every kept box's mask on the device; only the boxes and the masks' bits inside them cross
-the bus (one bit a network pixel of each box's region, laid out by mask_region / region_words), and the host
-traces the outlines as the CPU path does.
+reduction: NMS, every kept box's mask (one bit a network pixel of its region, laid out by mask_region /
+region_words) and its outline on the device, traced and simplified as OpenCV does it here (runtime/outline.cuh,
+Douglas-Peucker by the installed OpenCV's distance: segment_distance()); only the boxes and the outlines' points
+cross the bus, and a mask whose outline did not fit the device's room comes back as bits, traced here.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -71,7 +73,8 @@ class YoloSegmentation:
             columns, xyxy, score, cls = nms_yolov8(pred, self.classes, self.score_threshold, self.iou_threshold,
                                                    self.max_detections)
             coefficients = pred[4 + self.classes:4 + self.classes + self.coefficients, columns].T
-            found.append((xyxy, score, cls, [self.object_mask(c, proto, b) for c, b in zip(coefficients, xyxy)]))
+            masks = [self.object_mask(c, proto, b) for c, b in zip(coefficients, xyxy)]
+            found.append((xyxy, score, cls, *trace_outlines(masks, OUTLINE_TOLERANCE)))
         return self._results(found, letterboxes, sizes)
 
     def object_mask(self, coefficients: np.ndarray, proto: np.ndarray, xyxy) -> tuple[np.ndarray, int, int]:
@@ -93,13 +96,9 @@ class YoloSegmentation:
         return (sampled > 0.0) & _box_inside(xyxy, x0, y0, x1, y1), x0, y0
 
     def _results(self, found: list, letterboxes, sizes) -> list[dict]:
-        """Records of a batch from each frame's (boxes, scores, classes, masks): the batch's masks traced in one
-        trace_outlines call (each on its own; OpenCV's names looked up once a batch)."""
-        traced = trace_outlines([m for *_, masks in found for m in masks], OUTLINE_TOLERANCE)
-        results, first = [], 0
-        for (xyxy, score, cls, masks), box, hw in zip(found, letterboxes, sizes):
-            outlines, pixels = traced[0][first:first + len(masks)], traced[1][first:first + len(masks)]
-            first += len(masks)
+        """Records of a batch from each frame's (boxes, scores, classes, outlines in network pixels, pixels)."""
+        results = []
+        for (xyxy, score, cls, outlines, pixels), box, hw in zip(found, letterboxes, sizes):
             areas = [round(a, 1) for a in (pixels / (box.scale_x * box.scale_y)).tolist()]  # Python's rounding
             results.append(with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
                                         "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist(),
@@ -110,40 +109,81 @@ class YoloSegmentation:
     def reduction(self, required: bool = False) -> Reduction:
         return Reduction("yolo-seg", {"score_threshold": self.score_threshold, "iou_threshold": self.iou_threshold,
                                       "limit": self.max_detections, "input_hw": tuple(self.input_hw),
-                                      "coefficients": self.coefficients}, required)
+                                      "coefficients": self.coefficients, "outline_tolerance": OUTLINE_TOLERANCE,
+                                      "segment_distance": segment_distance()}, required)
 
     def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
-        """Finish from the GPU's kept boxes (counts [B], detections [B, limit, 6]) and their masks' words
-        (masks [B, capacity] uint32, box after box as mask_region / region_words lay them out). Not spread over
-        `pool`: most of the work per box is Python's (measured on the H100: 243 frames/s in one thread, 156 over
-        the pool's four)."""
+        """Finish from the GPU's kept boxes (counts [B], detections [B, limit, 6]) and their outlines (outlines
+        [B, limit, 3]: first point, points, pixels; points [B, room, 2] int16). An outline the device had no room
+        for (points -1) is traced here from its mask's words (masks [B, capacity] uint32, box after box as
+        mask_region / region_words lay them out); without "outlines" (a reduction that hands back masks only),
+        every box's is."""
         found = []
-        for count, kept, words in zip(outputs["counts"], outputs["detections"], outputs["masks"]):
+        for frame, (count, kept) in enumerate(zip(outputs["counts"], outputs["detections"])):
             xyxy, score, cls = kept_detections(kept, count)
-            found.append((xyxy, score, cls, self.unpack(kept[:int(count), :4], words)))  # the kernel's float32 corners
+            corners = kept[:int(count), :4]  # the kernel's float32 corners: its regions
+            if "outlines" in outputs:
+                outlines, pixels = self.gathered(corners, outputs["outlines"][frame, :int(count)],
+                                                 outputs["points"][frame], outputs["masks"][frame])
+            else:
+                outlines, pixels = trace_outlines(self.unpack(corners, outputs["masks"][frame]), OUTLINE_TOLERANCE)
+            found.append((xyxy, score, cls, outlines, pixels))
         return self._results(found, letterboxes, sizes)
 
-    def unpack(self, xyxy: np.ndarray, words: np.ndarray) -> list[tuple[np.ndarray, int, int]]:
-        """Each box's mask from its words (bit i of a word: the word's i-th pixel from the left) as 0 / 1 bytes
-        (views of one array: findContours reads rows at a stride);
-        boxes past the words' capacity have none (an empty mask: no outline, area 0), said once."""
+    def gathered(self, xyxy: np.ndarray, table: np.ndarray, points: np.ndarray, words: np.ndarray):
+        """The frame's outlines (network pixels, float64) and pixel counts from the GPU's table and points;
+        the boxes it handed back as words traced here."""
+        outlines, pixels = [_EMPTY] * len(table), table[:, 2].astype(np.float64)
+        for i, (first, count, _) in enumerate(table.tolist()):
+            if count > 0:
+                outlines[i] = points[first:first + count].astype(np.float64)
+        spilled = np.flatnonzero(table[:, 1] == -1)
+        if len(spilled):
+            traced, _ = trace_outlines(self.unpack(xyxy, words, spilled), OUTLINE_TOLERANCE)
+            for i, outline in zip(spilled.tolist(), traced):
+                outlines[i] = outline
+        if (table[:, 1] == -2).any():
+            self._say_truncated(len(words), len(xyxy))
+        return outlines, pixels
+
+    def _say_truncated(self, words: int, boxes: int) -> None:
+        if not self.truncated:
+            log.warning("masks of more than %d network pixels a frame (%d boxes' regions): the boxes past them have "
+                        "no outline", 32 * words, boxes)
+            self.truncated = True
+
+    def unpack(self, xyxy: np.ndarray, words: np.ndarray, which=None) -> list[tuple[np.ndarray, int, int]]:
+        """Each box's mask (or the boxes `which` lists) from its words (bit i of a word: the word's i-th pixel
+        from the left) as 0 / 1 bytes (views: findContours reads rows at a stride); boxes past the words'
+        capacity have none (an empty mask: no outline, area 0), said once."""
         regions = mask_regions(xyxy, self.input_hw)
         counts = region_words(regions)
         ends = np.cumsum(counts)
         fits = ends <= len(words)
-        if not fits.all() and counts[~fits].any() and not self.truncated:
-            log.warning("masks of more than %d network pixels a frame (%d boxes' regions): the boxes past them have "
-                        "no outline", 32 * len(words), len(xyxy))
-            self.truncated = True
-        used = int(ends[fits][-1]) if fits.any() else 0
-        bits = np.unpackbits(words[:used].view(np.uint8), bitorder="little")  # one call for the frame's boxes
+        if not fits.all() and counts[~fits].any():
+            self._say_truncated(len(words), len(xyxy))
+        which = range(len(regions)) if which is None else which
         masks = []
-        for (x0, y0, x1, y1), count, end, fit in zip(regions.tolist(), counts.tolist(), ends.tolist(), fits):
-            if count == 0 or not fit:
+        for i in which:
+            (x0, y0, x1, y1), count, end = regions[i].tolist(), int(counts[i]), int(ends[i])
+            if count == 0 or not fits[i]:
                 masks.append((np.zeros((0, 0), np.uint8), x0, y0))
                 continue
-            masks.append((bits[32 * (end - count):32 * end].reshape(y1 - y0, -1)[:, :x1 - x0], x0, y0))
+            bits = np.unpackbits(words[end - count:end].view(np.uint8), bitorder="little")
+            masks.append((bits.reshape(y1 - y0, -1)[:, :x1 - x0], x0, y0))
         return masks
+
+
+_EMPTY = np.zeros((0, 2))
+
+
+@functools.cache
+def segment_distance() -> bool:
+    """Whether the installed OpenCV's approxPolyDP measures a point's distance to the chord's segment (OpenCV
+    4.13 on) rather than to its line (4.12 and before): the GPU's outlines follow the same rule. On these four
+    points the two rules keep 4 and 3 points."""
+    probe = np.array([[5, 5], [7, 2], [1, 6], [6, 4]], np.int32).reshape(-1, 1, 2)
+    return len(cv2.approxPolyDP(probe, 1.0, True)) == 4
 
 
 def _to_source_lists(outlines: list[np.ndarray], box) -> list[list]:

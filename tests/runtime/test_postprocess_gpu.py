@@ -20,7 +20,7 @@ from jetpipe.synth import render_text_image
 from jetpipe.tasks.classification import Classification
 from jetpipe.tasks.detection_yolo import YoloDetection, nms_yolov8
 from jetpipe.tasks.pose_yolo import YoloPose
-from jetpipe.tasks.segmentation_yolo import YoloSegmentation, polygon_mask
+from jetpipe.tasks.segmentation_yolo import OUTLINE_TOLERANCE, YoloSegmentation, polygon_mask, trace_outlines
 from jetpipe.tasks.semantic_segmentation import SemanticSegmentation
 from jetpipe.tasks.text_detection import TextDetection
 
@@ -58,7 +58,11 @@ def _reduce(device, module, reduction, outputs, letterboxes=None) -> dict:
         reducer.launch(0, batch, [int(b) for b in buffers], stream)
         reducer.download(0, batch, stream)
         stream.synchronize()
-        return {**{k: v.copy() for k, v in reducer.host(0, batch).items()}, "written": reducer.written(0, batch)}
+        arrays = {**{k: v.copy() for k, v in reducer.host(0, batch).items()}, "written": reducer.written(0, batch)}
+        if hasattr(reducer, "cap_words"):  # instance masks: the words the outlines were traced from, too
+            arrays["device_words"] = np.zeros((batch, reducer.cap_words), np.uint32)
+            device.cuda.memcpy_dtoh(arrays["device_words"], reducer.words)
+        return arrays
 
 
 def _same_text_results(gpu: list[dict], cpu: list[dict]) -> None:
@@ -286,37 +290,70 @@ def _masks_cpu(post, head, protos):
     return [post.object_mask(c, protos, b.astype(np.float64)) for c, b in zip(coefficients, kept)], kept
 
 
-def test_instance_masks_match_cpu(device, module, ref):
-    """A real seg export's output (6 objects), a frame with none and a made-up crowd on random prototypes:
-    the GPU's boxes and its masks' bits equal the CPU path's (bar pixels whose logit rounds either side of
-    0), the outlines traced from them agree, and only the boxes' words cross."""
-    rng = np.random.default_rng(9)
+def _seg_inputs(ref, rng):
+    """A real seg export's output (6 objects), a frame with none and a made-up crowd on random prototypes."""
     quiet = ref["seg_head"].copy()
     quiet[:, 4:7] = 0.01
     crowd = _crowd_head(rng, 32, 3, largest=40, sparse=12)  # their masks within a frame's words
     crowd[0, 7:] = rng.normal(0, 1, (32, 525))
     heads = np.concatenate([ref["seg_head"], quiet, crowd])
     protos = np.concatenate([ref["seg_protos"], ref["seg_protos"], rng.normal(0, 1, (1, 32, 40, 40))])
+    return heads, protos
+
+
+def _traced_from_device_words(post, reduced, frame):
+    """The CPU path's outlines and pixel counts of the masks the device computed (its words)."""
+    kept = reduced["detections"][frame, :int(reduced["counts"][frame]), :4]
+    return trace_outlines(post.unpack(kept, reduced["device_words"][frame]), OUTLINE_TOLERANCE)
+
+
+def test_instance_masks_match_cpu(device, module, ref):
+    """The GPU's boxes and its masks' bits equal the CPU path's (bar pixels whose logit rounds either side of
+    0); the outlines it traces from its bits are the CPU path's traced from the same bits, point for point; the
+    records agree; only the outlines' points cross."""
+    heads, protos = _seg_inputs(ref, np.random.default_rng(9))
     post = YoloSegmentation(classes=3, coefficients=32, input_hw=(160, 160))
     boxes, sizes = [IDENTITY] * 3, [(160, 160)] * 3
     reduced = _reduce(device, module, post.reduction(), [protos, heads])  # the prototypes first, as some exports
     gpu, cpu = post.reduced(reduced, boxes, sizes), post({"p": protos, "h": heads}, boxes, sizes)
     _same_detections(gpu, cpu)
     assert [len(c["boxes"]) for c in cpu[:2]] == [6, 0] and len(cpu[2]["boxes"]) > 20
-    differing = total = 0
+    differing = total = points = 0
     for frame in (0, 2):
         expected, kept = _masks_cpu(post, heads[frame], protos[frame])
         count = int(reduced["counts"][frame])
         np.testing.assert_allclose(reduced["detections"][frame, :count, :4], kept, atol=1e-3)
-        for (want, x0, y0), (got, gx0, gy0) in zip(expected, post.unpack(kept, reduced["masks"][frame])):
+        for (want, x0, y0), (got, gx0, gy0) in zip(expected, post.unpack(kept, reduced["device_words"][frame])):
             assert (x0, y0, want.shape) == (gx0, gy0, got.shape)
             differing, total = differing + int((want != got).sum()), total + want.size
+        outlines, pixels = _traced_from_device_words(post, reduced, frame)
+        table = reduced["outlines"][frame, :count]
+        assert (table[:, 1] >= 0).all() and table[:, 2].tolist() == pixels.astype(int).tolist()
+        for (first, n, _), outline in zip(table.tolist(), outlines):
+            np.testing.assert_array_equal(reduced["points"][frame, first:first + n], outline)
+        points += int(table[:, 1].sum())
         for g, c in zip(gpu[frame]["polygons"], cpu[frame]["polygons"]):
             a, b = polygon_mask(g, (160, 160)), polygon_mask(c, (160, 160))
             assert (a & b).sum() >= 0.97 * max(1, (a | b).sum())
         np.testing.assert_allclose(gpu[frame]["mask_areas"], cpu[frame]["mask_areas"], rtol=0.01, atol=2)
     assert total > 10000 and differing <= total * 1e-3 and not post.truncated
-    assert reduced["written"] == 4 * int(reduced["mask_words"].sum()) > 0
+    assert int(reduced["spilled"].sum()) == 0 and reduced["written"] == 4 * points > 0
+
+
+def test_outlines_past_the_devices_room_are_traced_on_the_host(device, module, ref, monkeypatch):
+    """With room for a few outlines' chains only, the other boxes' masks come back as words and are traced
+    here: the records are the ones with room for all."""
+    from jetpipe.runtime import postprocess_gpu
+
+    heads, protos = _seg_inputs(ref, np.random.default_rng(9))
+    post = YoloSegmentation(classes=3, coefficients=32, input_hw=(160, 160))
+    boxes, sizes = [IDENTITY] * 3, [(160, 160)] * 3
+    roomy = post.reduced(_reduce(device, module, post.reduction(), [heads, protos]), boxes, sizes)
+    monkeypatch.setattr(postprocess_gpu, "CHAIN_POINTS", 200)
+    reduced = _reduce(device, module, post.reduction(), [heads, protos])
+    spilled = int((reduced["outlines"][:, :, 1] == -1).sum())
+    assert spilled > 5 and int(reduced["spilled"].sum()) > 0
+    assert post.reduced(reduced, boxes, sizes) == roomy
 
 
 def test_instance_masks_past_the_capacity_are_left_out(device, module):

@@ -221,6 +221,42 @@ def test_masks_handed_back_as_bits_are_finished_as_the_cpu_path(ref, caplog):
     assert "have no outline" in caplog.text
 
 
+def _outline_table(post, packed: dict, spilled: set[int]) -> dict:
+    """The yolo-seg reduction's outlines for `packed` as its layout documents them (first point, points, pixels;
+    int16 points in the order the boxes took their room), traced here; the boxes in `spilled` marked -1 with
+    their words kept (the device had no room), the others' words cleared."""
+    from jetpipe.tasks.segmentation_yolo import OUTLINE_TOLERANCE, mask_regions, region_words, trace_outlines
+
+    count = int(packed["counts"][0])
+    kept = packed["detections"][0, :count, :4]
+    outlines, pixels = trace_outlines(post.unpack(kept, packed["masks"][0]), OUTLINE_TOLERANCE)
+    table, points, first = np.zeros((1, count, 3), np.int32), np.zeros((1, 4096, 2), np.int16), 0
+    words, ends = np.zeros_like(packed["masks"]), np.cumsum(region_words(mask_regions(kept, post.input_hw)))
+    for box in reversed(range(count)):  # the device's boxes take their room in any order
+        n = len(outlines[box])
+        table[0, box] = (first, -1 if box in spilled else n, pixels[box])
+        if box in spilled:
+            start = ends[box - 1] if box else 0
+            words[0, start:ends[box]] = packed["masks"][0, start:ends[box]]
+        else:
+            points[0, first:first + n] = outlines[box]
+            first += n
+    return {**packed, "masks": words, "outlines": table, "points": points}
+
+
+def test_outlines_handed_back_are_the_cpu_paths_and_masks_spilled_are_traced(ref):
+    """reduced() takes each box's outline from the GPU's table and points; a box the device had no room for is
+    traced here from its words: the records are the CPU path's either way."""
+    size = int(ref["size"])
+    post = get("segmentation-yolo").postprocessor(_options("segmentation-yolo", _seg_facts(ref)))
+    cpu = post({"output0": ref["seg_head"], "output1": ref["seg_protos"]}, [IDENTITY], [(size, size)])[0]
+    packed = _pack_masks(post, ref["seg_head"], ref["seg_protos"], capacity=8 * size * size // 32)
+    for spilled in (set(), {1, 4}, set(range(6))):
+        gpu = post.reduced(_outline_table(post, packed, spilled), [IDENTITY], [(size, size)])[0]
+        assert gpu["polygons"] == cpu["polygons"] and gpu["mask_areas"] == cpu["mask_areas"]
+        assert len(cpu["polygons"]) == 6 and all(cpu["polygons"])
+
+
 def test_outlines_are_simplified_to_within_half_a_pixel(ref):
     """Each polygon keeps to within half a network pixel of its mask's traced outline (OpenCV's, as Ultralytics'
     masks.xy) with fewer points: what a record carries and a JSON sink writes, 30 objects a frame."""
