@@ -1,7 +1,8 @@
 """GpuRuntime: frames -> fused kernel -> engine -> pinned outputs, all on our streams.
 
 Two buffer sets alternate so batch k+1's frame copy (copy stream) overlaps batch
-k's compute (compute stream). Frame memory by strategy:
+k's compute (compute stream), and batch k's GPU postprocessing (post stream) overlaps
+batch k+1's inference. Frame memory by strategy:
   mapped  frames in pinned mapped host memory, read by the kernel directly (Jetson)
   staged  pinned host ring -> async copy on the copy stream -> device frames (discrete GPU)
   device  device frames filled by a copy on the compute stream (no overlap; producers on the GPU)
@@ -77,7 +78,8 @@ class _BufferSet:
     done: object                         # event: outputs in host memory
     marks: dict | None = None            # stage events when profiling
     host_input: np.ndarray | None = None  # a remote backend (Triton): the batch's input sent from here
-    span: tuple = ()                     # timing events around the batch's work on the compute stream
+    span: tuple = ()                     # timing events around the batch's work on the GPU
+    inferred: object | None = None       # event: outputs written (the post stream's reduction waits on it)
 
 
 class GpuRuntime(RuntimeBase):
@@ -96,7 +98,7 @@ class GpuRuntime(RuntimeBase):
         self.host_frame_copies = 0      # frames copied on the host into pinned staging (not ring slots)
         self.frame_bytes_uploaded = 0   # frame bytes copied host -> device (0 for NVDEC and mapped frames)
         self.output_bytes_downloaded = 0  # bytes of outputs (or compact reductions) copied device -> host
-        self.reducer = None
+        self.reducer, self.post_stream = None, None
         self.remote = is_triton(backend)  # the model runs on a Triton server: the input goes there from host memory
         self._init_sets(buffer_sets)
         self.device = CudaDevice(device)
@@ -109,6 +111,9 @@ class GpuRuntime(RuntimeBase):
                 # a remote backend's answers: uploaded and reduced in the post thread, apart from the batches
                 # being preprocessed on the compute stream
                 self.answer_stream = self.device.stream() if self.remote else None
+                # a reduction runs on a stream of its own after its batch's inference, so that its kernels
+                # (an instance mask's outline is traced by one thread) overlap the next batch's inference
+                self.post_stream = self.device.stream() if reduction is not None and not self.remote else None
                 self.module = compile_module()
                 self.backend = self._make_backend(backend, cuda_graph)
                 self.backend_name = self.backend.name
@@ -187,7 +192,7 @@ class GpuRuntime(RuntimeBase):
         pre = GpuPreprocessor(d, self.module, b, self.size_hw, self.spec, out_dtype=input_dtype)
         marks = {name: d.event() for name in STAGE_MARKS} if self.profile else None
         return _BufferSet(host_frames, addresses, device_frames, input_buffer, outputs, host_outputs, pre,
-                          d.event(), d.event(blocking=True), marks, host_input, (d.event(), d.event()))
+                          d.event(), d.event(blocking=True), marks, host_input, (d.event(), d.event()), d.event())
 
     def _remote_buffers(self, index: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Host memory a Triton server reads the set's input from and writes its outputs to: its shared-memory
@@ -240,9 +245,13 @@ class GpuRuntime(RuntimeBase):
                             frame_addresses=addresses, width=width)
             if usable:
                 self._enqueue(buffers, ticket)
-                buffers.span[1].record(self.compute_stream)
-            buffers.done.record(self.compute_stream)
+                buffers.span[1].record(self._finish_stream())
+            buffers.done.record(self._finish_stream())
         return ticket
+
+    def _finish_stream(self):
+        """The stream a batch's work ends on: the reduction's where there is one."""
+        return self.post_stream if self.reducer is not None and self.post_stream is not None else self.compute_stream
 
     def _upload(self, buffers: _BufferSet, usable, width: int) -> tuple[list, list[int]]:
         """Place every frame and point the kernel at it; the compute stream waits for staged copies.
@@ -337,7 +346,10 @@ class GpuRuntime(RuntimeBase):
         self.backend.run(ticket.set_index, batch, stream, ticket.width)
         self._mark(buffers, "infer_end", stream)
         shapes = self.backend.output_shapes[ticket.width]
-        if self.reducer is not None:
+        if self.reducer is not None:  # its kernels and copies on the post stream, once the outputs are written
+            buffers.inferred.record(stream)
+            stream = self._finish_stream()
+            stream.wait_for_event(buffers.inferred)
             self.reducer.place(ticket.set_index, ticket.letterboxes)
             self.reducer.launch(ticket.set_index, batch, self._output_addresses(buffers), stream, shapes[0])
         self._mark(buffers, "post_end", stream)
@@ -473,6 +485,8 @@ class GpuRuntime(RuntimeBase):
             return
         with self.device.active():
             self.compute_stream.synchronize()
+            if self.post_stream is not None:
+                self.post_stream.synchronize()  # a reduction may still read the outputs
             self.backend.close()
         self.device.close()
         self.device = None
