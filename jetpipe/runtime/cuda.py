@@ -112,9 +112,10 @@ class CudaDevice:
     def device_pointer(mapped_array: np.ndarray) -> int:
         return int(mapped_array.base.get_device_pointer())
 
-    def stream(self):
+    def stream(self, non_blocking: bool = False):
+        """non_blocking: the stream does not wait for work on the legacy default stream (CU_STREAM_NON_BLOCKING)."""
         self.allocations += 1
-        stream = self.cuda.Stream()
+        stream = self.cuda.Stream(flags=1 if non_blocking else 0)
         self._owned.append(stream)
         return stream
 
