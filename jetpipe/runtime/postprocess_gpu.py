@@ -2,8 +2,8 @@
 
 A reducer reads the engine's first output where the engine wrote it and
 writes compact per-frame arrays; the runtime copies only those to the host.
-Scratch memory is shared by the buffer sets (everything runs in order on the
-compute stream); the compact arrays are per set, like the outputs.
+Scratch memory is shared by the buffer sets (the reductions run in order on one
+stream: the runtime's post stream); the compact arrays are per set, like the outputs.
 
   components  DB text detection: 8-connected components of (prob > threshold)
               with bounding box, area, probability sum, pixel moments and the extents along

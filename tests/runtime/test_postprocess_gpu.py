@@ -356,6 +356,27 @@ def test_outlines_past_the_devices_room_are_traced_on_the_host(device, module, r
     assert post.reduced(reduced, boxes, sizes) == roomy
 
 
+def test_masks_too_large_for_shared_memory_are_traced_on_the_host(device, module):
+    """At 640 x 640 a 600-pixel box's padded mask (12,041 words) is past the kernel's shared memory: it comes
+    back as bits and is traced here; the small box beside it is traced on the device; the records are the CPU
+    path's (masks filled everywhere inside their boxes: no logit near 0)."""
+    classes, anchors = 2, 8400
+    head = np.zeros((1, 4 + classes + 32, anchors), np.float32)
+    head[0, :4, :2] = np.array([[320, 100], [320, 100], [600, 40], [600, 40]], np.float32)  # cx cy w h
+    head[0, 4, 0], head[0, 5, 1] = 0.9, 0.8
+    head[0, 4 + classes] = 1.0
+    protos = np.zeros((1, 32, 160, 160), np.float32)
+    protos[0, 0] = 1.0
+    post = YoloSegmentation(classes=classes, coefficients=32, input_hw=(640, 640))
+    reduced = _reduce(device, module, post.reduction(), [head, protos])
+    assert reduced["outlines"][0, :2, 1].tolist()[0] == -1 and reduced["outlines"][0, 1, 1] > 0
+    assert int(reduced["spilled"][0]) == 600 * 19
+    gpu = post.reduced(reduced, [IDENTITY], [(640, 640)])[0]
+    cpu = post({"h": head, "p": protos}, [IDENTITY], [(640, 640)])[0]
+    assert gpu["polygons"] == cpu["polygons"] and gpu["mask_areas"] == cpu["mask_areas"] == [360000.0, 1600.0]
+    assert gpu["polygons"][0] == [[20.0, 20.0], [20.0, 619.0], [619.0, 619.0], [619.0, 20.0]]
+
+
 def test_instance_masks_past_the_capacity_are_left_out(device, module):
     """12 frame-sized boxes of 12 classes: the words a frame holds (its area 8 times over) take the 8 best;
     the other 4 come back without a mask, and the first 8 are the CPU path's."""
