@@ -73,8 +73,9 @@ class YoloSegmentation:
             columns, xyxy, score, cls = nms_yolov8(pred, self.classes, self.score_threshold, self.iou_threshold,
                                                    self.max_detections)
             coefficients = pred[4 + self.classes:4 + self.classes + self.coefficients, columns].T
-            masks = [self.object_mask(c, proto, b) for c, b in zip(coefficients, xyxy)]
-            found.append((xyxy, score, cls, *trace_outlines(masks, OUTLINE_TOLERANCE)))
+            outlines, pixels = trace_outlines([self.object_mask(c, proto, b) for c, b in zip(coefficients, xyxy)],
+                                              OUTLINE_TOLERANCE)
+            found.append((xyxy, score, cls, _joined(outlines), pixels))
         return self._results(found, letterboxes, sizes)
 
     def object_mask(self, coefficients: np.ndarray, proto: np.ndarray, xyxy) -> tuple[np.ndarray, int, int]:
@@ -96,7 +97,8 @@ class YoloSegmentation:
         return (sampled > 0.0) & _box_inside(xyxy, x0, y0, x1, y1), x0, y0
 
     def _results(self, found: list, letterboxes, sizes) -> list[dict]:
-        """Records of a batch from each frame's (boxes, scores, classes, outlines in network pixels, pixels)."""
+        """Records of a batch from each frame's (boxes, scores, classes, outlines in network pixels as _joined
+        gives them, pixels)."""
         results = []
         for (xyxy, score, cls, outlines, pixels), box, hw in zip(found, letterboxes, sizes):
             areas = [round(a, 1) for a in (pixels / (box.scale_x * box.scale_y)).tolist()]  # Python's rounding
@@ -126,25 +128,29 @@ class YoloSegmentation:
                 outlines, pixels = self.gathered(corners, outputs["outlines"][frame, :int(count)],
                                                  outputs["points"][frame], outputs["masks"][frame])
             else:
-                outlines, pixels = trace_outlines(self.unpack(corners, outputs["masks"][frame]), OUTLINE_TOLERANCE)
+                traced, pixels = trace_outlines(self.unpack(corners, outputs["masks"][frame]), OUTLINE_TOLERANCE)
+                outlines = _joined(traced)
             found.append((xyxy, score, cls, outlines, pixels))
         return self._results(found, letterboxes, sizes)
 
     def gathered(self, xyxy: np.ndarray, table: np.ndarray, points: np.ndarray, words: np.ndarray):
-        """The frame's outlines (network pixels, float64) and pixel counts from the GPU's table and points;
-        the boxes it handed back as words traced here."""
-        outlines, pixels = [_EMPTY] * len(table), table[:, 2].astype(np.float64)
-        for i, (first, count, _) in enumerate(table.tolist()):
-            if count > 0:
-                outlines[i] = points[first:first + count].astype(np.float64)
-        spilled = np.flatnonzero(table[:, 1] == -1)
-        if len(spilled):
+        """The frame's outlines (_joined: network pixels, float64) and pixel counts from the GPU's table and
+        points, gathered with one index for all boxes; the boxes it handed back as words traced here."""
+        counts, pixels = table[:, 1], table[:, 2].astype(np.float64)
+        if (counts == -2).any():
+            self._say_truncated(len(words), len(xyxy))
+        spilled = np.flatnonzero(counts == -1)
+        if len(spilled):  # rare: box by box, with the host's traces in their places
+            outlines = [points[first:first + n].astype(np.float64) if n > 0 else _EMPTY
+                        for first, n, _ in table.tolist()]
             traced, _ = trace_outlines(self.unpack(xyxy, words, spilled), OUTLINE_TOLERANCE)
             for i, outline in zip(spilled.tolist(), traced):
                 outlines[i] = outline
-        if (table[:, 1] == -2).any():
-            self._say_truncated(len(words), len(xyxy))
-        return outlines, pixels
+            return _joined(outlines), pixels
+        sizes = np.maximum(counts, 0).astype(np.int64)
+        before = np.cumsum(sizes) - sizes  # where each box's points go in the joined array
+        index = np.arange(int(sizes.sum())) + np.repeat(table[:, 0] - before, sizes)
+        return (points[index].astype(np.float64), sizes.tolist()), pixels
 
     def _say_truncated(self, words: int, boxes: int) -> None:
         if not self.truncated:
@@ -186,14 +192,21 @@ def segment_distance() -> bool:
     return len(cv2.approxPolyDP(probe, 1.0, True)) == 4
 
 
-def _to_source_lists(outlines: list[np.ndarray], box) -> list[list]:
-    """Each outline (network pixels) in source pixels to 0.1 as lists: one transform, rounding and tolist for
-    the frame's outlines together (per outline, those calls were a third of the host's time per object)."""
-    if not outlines:
-        return []
-    points = np.round(box.to_source(np.concatenate(outlines)), 1).tolist()
-    ends = np.cumsum([len(o) for o in outlines]).tolist()
-    return [points[end - len(o):end] for o, end in zip(outlines, ends)]
+def _joined(outlines: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """A frame's outlines as one [P, 2] array of their points and each one's count."""
+    return (np.concatenate(outlines) if outlines else _EMPTY), [len(o) for o in outlines]
+
+
+def _to_source_lists(joined: tuple[np.ndarray, list[int]], box) -> list[list]:
+    """Each outline (network pixels, _joined) in source pixels to 0.1 as lists: one transform, rounding and
+    tolist for the frame's outlines together (per outline, those calls were a third of the host's time per
+    object)."""
+    points, counts = joined
+    listed, start, lists = np.round(box.to_source(points), 1).tolist(), 0, []
+    for count in counts:
+        lists.append(listed[start:start + count])
+        start += count
+    return lists
 
 
 def mask_regions(xyxy, input_hw) -> np.ndarray:
