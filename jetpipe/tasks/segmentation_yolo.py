@@ -118,18 +118,13 @@ class YoloSegmentation:
         """Finish from the GPU's kept boxes (counts [B], detections [B, limit, 6]) and their outlines (outlines
         [B, limit, 3]: first point, points, pixels; points [B, room, 2] int16). An outline the device had no room
         for (points -1) is traced here from its mask's words (masks [B, capacity] uint32, box after box as
-        mask_region / region_words lay them out); without "outlines" (a reduction that hands back masks only),
-        every box's is."""
+        mask_region / region_words lay them out)."""
         found = []
         for frame, (count, kept) in enumerate(zip(outputs["counts"], outputs["detections"])):
             xyxy, score, cls = kept_detections(kept, count)
-            corners = kept[:int(count), :4]  # the kernel's float32 corners: its regions
-            if "outlines" in outputs:
-                outlines, pixels = self.gathered(corners, outputs["outlines"][frame, :int(count)],
-                                                 outputs["points"][frame], outputs["masks"][frame])
-            else:
-                traced, pixels = trace_outlines(self.unpack(corners, outputs["masks"][frame]), OUTLINE_TOLERANCE)
-                outlines = _joined(traced)
+            outlines, pixels = self.gathered(kept[:int(count), :4],  # the kernel's float32 corners: its regions
+                                             outputs["outlines"][frame, :int(count)], outputs["points"][frame],
+                                             outputs["masks"][frame])
             found.append((xyxy, score, cls, outlines, pixels))
         return self._results(found, letterboxes, sizes)
 
