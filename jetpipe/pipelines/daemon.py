@@ -16,6 +16,7 @@ in-flight batches, flushes and closes the sinks.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 import queue
@@ -305,9 +306,14 @@ class Pipeline:
 
     def run(self) -> dict:
         """Run until stopped (signal, duration, frame limit, or every finite source ended); always closes."""
+        # What start-up made lives as long as the run: frozen, the cyclic collector's passes (which records' many
+        # small lists set off) no longer walk it (pose's finishing on the CPU machine: 1.30 ms a batch, 1.03 frozen,
+        # 0.72 with no collector at all).
+        gc.freeze()
         try:
             return self._run()
         finally:
+            gc.unfreeze()
             self.close()
 
     def _run(self) -> dict:

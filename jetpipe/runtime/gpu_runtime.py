@@ -111,17 +111,17 @@ class GpuRuntime(RuntimeBase):
                 # a remote backend's answers: uploaded and reduced in the post thread, apart from the batches
                 # being preprocessed on the compute stream
                 self.answer_stream = self.device.stream() if self.remote else None
-                # a reduction runs on a stream of its own after its batch's inference, so that its kernels
-                # (an instance mask's outline is traced by one thread) overlap the next batch's inference;
-                # non-blocking: ordered by its events only, not behind work on the legacy default stream (a
-                # blocking one cost the light model 17-31 % on one H100, docs/benchmarks.md)
-                self.post_stream = (self.device.stream(non_blocking=True)
-                                    if reduction is not None and not self.remote else None)
                 self.module = compile_module()
                 self.backend = self._make_backend(backend, cuda_graph)
                 self.backend_name = self.backend.name
                 self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
                 self.reducer = self._make_reducer(reduction)
+                # a reduction runs on a stream of its own after its batch's inference, so that its kernels
+                # (an instance mask's outline is traced by one thread) overlap the next batch's inference;
+                # non-blocking: ordered by its events only, not behind work on the legacy default stream (a
+                # blocking one cost the light model 17-31 % on one H100, docs/benchmarks.md)
+                if self.reducer is not None and not self.remote:
+                    self.post_stream = self.device.stream(non_blocking=True)
                 self.sets = [self._make_set(i) for i in range(self.buffer_sets)]
                 self.backend_name = self.backend.name  # a remote backend settles its transport as sets are shared
                 self._warm_up()
@@ -254,7 +254,7 @@ class GpuRuntime(RuntimeBase):
 
     def _finish_stream(self):
         """The stream a batch's work ends on: the reduction's where there is one."""
-        return self.post_stream if self.reducer is not None and self.post_stream is not None else self.compute_stream
+        return self.post_stream if self.post_stream is not None else self.compute_stream
 
     def _upload(self, buffers: _BufferSet, usable, width: int) -> tuple[list, list[int]]:
         """Place every frame and point the kernel at it; the compute stream waits for staged copies.

@@ -444,6 +444,15 @@ __device__ int region_words(const float* d, const YoloParams& p, int* x0, int* y
     return (*y1 - *y0) * ((*x1 - *x0 + 31) / 32);
 }
 
+// Where a box's words start: the words of the frame's boxes before it, summed by a whole warp (every lane
+// calls it) and known to all its lanes.
+__device__ int words_before(const float* dets, const YoloParams& p, int box, int lane) {
+    int x0, y0, x1, y1, sum = 0;
+    for (int i = lane; i < box; i += 32) sum += region_words(dets + i * 6, p, &x0, &y0, &x1, &y1);
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffff, sum, offset);
+    return __shfl_sync(0xffffffff, sum, 0);
+}
+
 __device__ __forceinline__ int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
 // Grid (limit, frames, parts): the parts of a box's block share its tiles. Each box's mask is
@@ -463,11 +472,9 @@ extern "C" __global__ void seg_masks(const float* __restrict__ head, const float
     if (box >= kept_counts[frame]) return;
     const float* dets = detections + (size_t)frame * p.limit * 6;
     int x0, y0, x1, y1;
-    if (threadIdx.x < 32) {  // the words of the boxes before this one
-        int sum = 0;
-        for (int i = lane; i < box; i += 32) sum += region_words(dets + i * 6, p, &x0, &y0, &x1, &y1);
-        for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffff, sum, offset);
-        if (lane == 0) start = sum;
+    if (threadIdx.x < 32) {  // the first warp
+        int before = words_before(dets, p, box, lane);
+        if (lane == 0) start = before;
     }
     int anchor = kept_anchors[(size_t)frame * p.limit + box];
     const float* out = head + (size_t)frame * p.anchors * p.channels;
@@ -558,10 +565,7 @@ extern "C" __global__ void seg_outlines(const YoloParams* params, const SegParam
     int box = blockIdx.x, frame = blockIdx.y, lane = threadIdx.x;
     if (box >= kept_counts[frame]) return;
     const float* dets = detections + (size_t)frame * p.limit * 6;
-    int x0, y0, x1, y1, start = 0;
-    for (int i = lane; i < box; i += 32) start += region_words(dets + i * 6, p, &x0, &y0, &x1, &y1);
-    for (int offset = 16; offset > 0; offset >>= 1) start += __shfl_down_sync(0xffffffff, start, offset);
-    start = __shfl_sync(0xffffffff, start, 0);
+    int x0, y0, x1, y1, start = words_before(dets, p, box, lane);
     int count = region_words(dets + box * 6, p, &x0, &y0, &x1, &y1);
     int* out = outlines + ((size_t)frame * p.limit + box) * 3;
     if (count == 0 || start + count > s.cap_words) {

@@ -17,6 +17,7 @@ from jetpipe.lazy import lazy_import
 from jetpipe.runtime.api import Reduction
 from jetpipe.tasks.base import (
     DetectorTask,
+    JoinedRows,
     ModelFacts,
     TaskOptions,
     boxes_to_source,
@@ -55,10 +56,13 @@ def nms_yolov8(pred: np.ndarray, classes: int, score_threshold: float, iou_thres
     return columns, xyxy, score, cls
 
 
-def kept_detections(found: np.ndarray, count) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The yolo-nms reduction's kept rows of one frame (x0 y0 x1 y1 score class) as xyxy, score and class."""
-    d = found[:int(count)].astype(np.float64)
-    return d[:, :4], d[:, 4], d[:, 5].astype(np.int64)
+def kept_detections(outputs: dict, frames: int) -> tuple[JoinedRows, np.ndarray, np.ndarray, np.ndarray]:
+    """The yolo-nms reduction's kept rows (counts [B], detections [B, limit, 6]: x0 y0 x1 y1 score class) of a
+    batch's first `frames` frames, joined: the rows, and their xyxy, score and class."""
+    found = outputs["detections"]
+    rows = JoinedRows.kept(outputs["counts"], frames, found.shape[1])
+    d = rows.take(found).astype(np.float64)
+    return rows, d[:, :4], d[:, 4], d[:, 5].astype(np.int64)
 
 
 @dataclass
@@ -135,10 +139,8 @@ class YoloDetection:
 
     def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         """Finish from the GPU's detections after NMS (counts [B], detections [B, limit, 6])."""
-        results = []
-        for count, found, box, hw in zip(outputs["counts"], outputs["detections"], letterboxes, sizes):
-            results.append(self._result(*kept_detections(found, count), box, hw))
-        return results
+        rows, xyxy, score, cls = kept_detections(outputs, len(letterboxes))
+        return [with_labels(record, self.labels) for record in rows.box_records(xyxy, score, cls, letterboxes, sizes)]
 
     def _result(self, xyxy, score, cls, box, hw) -> dict:
         return with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),

@@ -21,9 +21,9 @@ import numpy as np
 from jetpipe.runtime.api import Reduction
 from jetpipe.tasks.base import (
     DetectorTask,
+    JoinedRows,
     ModelFacts,
     TaskOptions,
-    boxes_to_source,
     known,
     single_output,
     ultralytics_misfit,
@@ -68,40 +68,37 @@ class YoloPose:
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         out = next(iter(outputs.values()))
         k, d = self.keypoints
-        results = []
-        for pred, box, hw in zip(out, letterboxes, sizes):
+        found = []
+        for pred, _ in zip(out, letterboxes):
             rows, xyxy, score, cls = nms_yolov8(pred, self.classes, self.score_threshold, self.iou_threshold,
                                                 self.max_detections)
-            points = pred[4 + self.classes:4 + self.classes + k * d, rows].T.reshape(-1, k, d).astype(np.float64)
-            results.append(self._result(xyxy, score, cls, points, box, hw))
-        return results
+            found.append((xyxy, score, cls, pred[4 + self.classes:4 + self.classes + k * d, rows].T))
+        if not found:
+            return []
+        xyxy, score, cls, points = (np.concatenate(column) for column in zip(*found))
+        return self._records(JoinedRows([len(s) for _, s, _, _ in found]), xyxy, score, cls, points, letterboxes,
+                             sizes)
 
-    def _result(self, xyxy, score, cls, points, box, hw) -> dict:
-        height, width = hw
-        xy = box.to_source(points[..., :2])
-        xy[..., 0] = xy[..., 0].clip(0, width)
-        xy[..., 1] = xy[..., 1].clip(0, height)
-        points = np.concatenate([xy, points[..., 2:]], axis=-1)
-        return with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
-                            "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist(),
-                            "keypoints": np.round(points, 3 if points.shape[-1] > 2 else 1).tolist()}, self.labels)
+    def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        """Finish from the GPU's kept boxes (counts [B], detections [B, limit, 6]) and their keypoint rows
+        (carried [B, limit, K * D])."""
+        rows, xyxy, score, cls = kept_detections(outputs, len(letterboxes))
+        return self._records(rows, xyxy, score, cls, rows.take(outputs["carried"]), letterboxes, sizes)
+
+    def _records(self, rows: JoinedRows, xyxy, score, cls, points, letterboxes, sizes) -> list[dict]:
+        """Records of a batch from its kept boxes and their keypoint rows ([T, K * D]), joined frame after frame."""
+        k, d = self.keypoints
+        points = points.reshape(-1, k, d).astype(np.float64)
+        points = np.concatenate([rows.to_source(points[..., :2], letterboxes, sizes), points[..., 2:]], axis=-1)
+        keypoints = rows.split(np.round(points, 3 if d > 2 else 1).tolist())
+        return [with_labels({**record, "keypoints": listed}, self.labels)
+                for record, listed in zip(rows.box_records(xyxy, score, cls, letterboxes, sizes), keypoints)]
 
     def reduction(self, required: bool = False) -> Reduction:
         k, d = self.keypoints
         return Reduction("yolo-nms", {"layout": "yolov8", "score_threshold": self.score_threshold,
                                       "iou_threshold": self.iou_threshold, "limit": self.max_detections,
                                       "extra_rows": k * d, "carry": True}, required)
-
-    def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
-        """Finish from the GPU's kept boxes (counts [B], detections [B, limit, 6]) and their keypoint rows
-        (carried [B, limit, K * D])."""
-        k, d = self.keypoints
-        results = []
-        for count, found, carried, box, hw in zip(outputs["counts"], outputs["detections"], outputs["carried"],
-                                                  letterboxes, sizes):
-            points = carried[:int(count)].reshape(-1, k, d).astype(np.float64)
-            results.append(self._result(*kept_detections(found, count), points, box, hw))
-        return results
 
 
 class PoseYoloTask(DetectorTask):

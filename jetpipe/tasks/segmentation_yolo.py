@@ -27,9 +27,9 @@ from jetpipe.lazy import lazy_import
 from jetpipe.runtime.api import Reduction
 from jetpipe.tasks.base import (
     DetectorTask,
+    JoinedRows,
     ModelFacts,
     TaskOptions,
-    boxes_to_source,
     known,
     labels_misfit,
     ultralytics_misfit,
@@ -69,14 +69,18 @@ class YoloSegmentation:
         head_at, proto_at = split_outputs([v.shape for v in values])
         heads, protos = values[head_at], values[proto_at]
         found = []
-        for pred, proto in zip(heads, protos):
+        for pred, proto, _ in zip(heads, protos, letterboxes):
             columns, xyxy, score, cls = nms_yolov8(pred, self.classes, self.score_threshold, self.iou_threshold,
                                                    self.max_detections)
             coefficients = pred[4 + self.classes:4 + self.classes + self.coefficients, columns].T
             outlines, pixels = trace_outlines([self.object_mask(c, proto, b) for c, b in zip(coefficients, xyxy)],
                                               OUTLINE_TOLERANCE)
             found.append((xyxy, score, cls, _joined(outlines), pixels))
-        return self._results(found, letterboxes, sizes)
+        if not found:
+            return []
+        xyxy, score, cls = (np.concatenate(column) for column in list(zip(*found))[:3])
+        return self._results(JoinedRows([len(f[1]) for f in found]), xyxy, score, cls,
+                             [f[3:] for f in found], letterboxes, sizes)
 
     def object_mask(self, coefficients: np.ndarray, proto: np.ndarray, xyxy) -> tuple[np.ndarray, int, int]:
         """The object's mask over its box region in network pixels: (binary [h, w], x0, y0 of its corner).
@@ -96,15 +100,14 @@ class YoloSegmentation:
         sampled = (one - ay)[:, None] * top + ay[:, None] * bottom
         return (sampled > 0.0) & _box_inside(xyxy, x0, y0, x1, y1), x0, y0
 
-    def _results(self, found: list, letterboxes, sizes) -> list[dict]:
-        """Records of a batch from each frame's (boxes, scores, classes, outlines in network pixels as _joined
-        gives them, pixels)."""
+    def _results(self, rows: JoinedRows, xyxy, score, cls, shapes: list, letterboxes, sizes) -> list[dict]:
+        """Records of a batch from its kept boxes (joined frame after frame) and each frame's (outlines in
+        network pixels as _joined gives them, pixels)."""
         results = []
-        for (xyxy, score, cls, outlines, pixels), box, hw in zip(found, letterboxes, sizes):
+        for record, (outlines, pixels), box in zip(rows.box_records(xyxy, score, cls, letterboxes, sizes), shapes,
+                                                   letterboxes):
             areas = [round(a, 1) for a in (pixels / (box.scale_x * box.scale_y)).tolist()]  # Python's rounding
-            results.append(with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
-                                        "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist(),
-                                        "polygons": _to_source_lists(outlines, box), "mask_areas": areas},
+            results.append(with_labels({**record, "polygons": _to_source_lists(outlines, box), "mask_areas": areas},
                                        self.labels))
         return results
 
@@ -119,14 +122,11 @@ class YoloSegmentation:
         [B, limit, 3]: first point, points, pixels; points [B, room, 2] int16). An outline the device had no room
         for (points -1) is traced here from its mask's words (masks [B, capacity] uint32, box after box as
         mask_region / region_words lay them out)."""
-        found = []
-        for frame, (count, kept) in enumerate(zip(outputs["counts"], outputs["detections"])):
-            xyxy, score, cls = kept_detections(kept, count)
-            outlines, pixels = self.gathered(kept[:int(count), :4],  # the kernel's float32 corners: its regions
-                                             outputs["outlines"][frame, :int(count)], outputs["points"][frame],
-                                             outputs["masks"][frame])
-            found.append((xyxy, score, cls, outlines, pixels))
-        return self._results(found, letterboxes, sizes)
+        rows, xyxy, score, cls = kept_detections(outputs, len(letterboxes))
+        shapes = [self.gathered(kept[:count, :4],  # the kernel's float32 corners: its regions
+                                outputs["outlines"][frame, :count], outputs["points"][frame], outputs["masks"][frame])
+                  for frame, (count, kept) in enumerate(zip(rows.counts, outputs["detections"]))]
+        return self._results(rows, xyxy, score, cls, shapes, letterboxes, sizes)
 
     def gathered(self, xyxy: np.ndarray, table: np.ndarray, points: np.ndarray, words: np.ndarray):
         """The frame's outlines (_joined: network pixels, float64) and pixel counts from the GPU's table and

@@ -186,3 +186,21 @@ def test_yolo_keeps_the_best_max_detections():
                                                   [(640, 640)])[0]
     assert gpu == {"boxes": [[10.0, 20.0, 50.0, 60.0], [100.0, 20.0, 150.0, 60.0]], "scores": [0.9, 0.8],
                    "classes": [2, 0]}
+
+
+def test_joined_rows_map_each_row_through_its_own_frame_as_frame_by_frame():
+    from jetpipe.tasks.base import JoinedRows, boxes_to_source
+
+    rng = np.random.default_rng(0)
+    limit, frames = 6, 3
+    found = rng.uniform(-80, 720, (4, limit, 4)).astype(np.float32)  # a batch of 4, 3 frames used
+    counts = np.array([2, 0, 9, 5])  # frame 2's count past the limit: its first `limit` rows
+    boxes = [Letterbox(0.5, 0.5, 0, 140), Letterbox(2.0, 1.5, 7, 0), Letterbox(1 / 3, 0.25, 3, 11)]
+    sizes = [(720, 1280), (300, 200), (1080, 1920)]
+    rows = JoinedRows.kept(counts, frames, limit)
+    assert rows.counts == [2, 0, limit]
+    joined = rows.take(found)
+    mapped = rows.split(rows.to_source(joined.reshape(-1, 2, 2), boxes, sizes).reshape(-1, 4).tolist())
+    for frame in range(frames):
+        expected = boxes_to_source(found[frame, :rows.counts[frame]], boxes[frame], *sizes[frame])
+        assert mapped[frame] == expected.tolist()  # the same float64 arithmetic: equal, not close
