@@ -127,6 +127,7 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]])
             "latency_ms": summary["latency_ms"]["total"], "secondary": summary["secondary"]["rec"],
             "batches": summary["batches"], "post_thread_ms_per_batch": summary["post_thread_ms_per_batch"],
             "secondary_thread_ms_per_batch": summary.get("secondary_thread_ms_per_batch"),
+            "secondary_reads": summary.get("secondary_reads"),
             "thread_cpu_s": summary["cpu_seconds"]}
 
 

@@ -446,6 +446,56 @@ def test_the_next_batch_is_finished_while_the_secondary_reads_the_crops_of_the_l
     assert summaries[0]["secondary"]["text"]["crops"] > 0 and "secondary_thread_ms_per_batch" in summaries[0]
 
 
+def test_batches_that_waited_for_the_secondary_are_read_together_as_they_are_read_apart(det_bundle, rec_bundle,
+                                                                                         text_video, tmp_path):
+    """Behind, the secondary thread takes every batch waiting for it and reads their crops in one go (fuller
+    recognizer runs): the first batch's read is held until two more are finished and waiting; they are then
+    read together, and every record is the one a run that never waits gives, in order."""
+    import threading
+
+    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.daemon import Pipeline
+
+    video, words = text_video
+
+    def pipeline_to(out):
+        return Pipeline(validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(str(video))],
+                                                sinks=[f"jsonl:{out}"], max_batch=1, backend="onnxruntime-cpu",
+                                                metrics_listen="", secondaries=[SecondaryConfig(rec_bundle,
+                                                                                                name="text")])))
+
+    apart = tmp_path / "apart.jsonl"
+    pipeline_to(apart).run()
+    together = tmp_path / "together.jsonl"
+    pipeline = pipeline_to(together)
+    read_at_once, go_on = [], threading.Event()
+    run = pipeline.secondaries[0].run
+
+    def held_run(results, *args, **kwargs):
+        go_on.wait(120)  # the first read waits until two more batches wait behind it
+        read_at_once.append(len(results))
+        return run(results, *args, **kwargs)
+
+    pipeline.secondaries[0].run = held_run
+    summaries = []
+    serving = threading.Thread(target=lambda: summaries.append(pipeline.run()))
+    serving.start()
+    try:
+        deadline = time.monotonic() + 120
+        while pipeline.chained.qsize() < 2 and time.monotonic() < deadline and serving.is_alive():
+            time.sleep(0.01)
+        assert pipeline.chained.qsize() == 2, "batches 2 and 3 did not wait while batch 1's crops were read"
+    finally:
+        go_on.set()
+        serving.join(300)
+    assert read_at_once[:2] == [1, 2] and sum(read_at_once) == len(words)
+    assert summaries[0]["secondary_reads"] == len(read_at_once) < summaries[0]["batches"]
+    results = [[json.loads(line)["results"] for line in path.read_text().splitlines()] for path in (apart, together)]
+    frames = [[json.loads(line)["frame"] for line in path.read_text().splitlines()] for path in (apart, together)]
+    assert frames[1] == frames[0] == list(range(len(words)))
+    assert results[1] == results[0]
+
+
 def test_a_stages_batches_overlap_as_many_as_its_buffer_sets_and_read_as_one_at_a_time(rec_bundle, scene):
     """20 crops at batch 8: the second batch is submitted before the first is collected (cut and run while
     the first is finished), never more in flight than the runtime's buffer sets; each crop's result is the
