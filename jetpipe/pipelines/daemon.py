@@ -49,7 +49,8 @@ cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
 
 BUFFER_SETS = 4  # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
-CHAINED_SETS = 1  # with secondaries: + 1 batch whose crops are being read (a second may wait in the handoff)
+CHAINED_SETS = 1  # with secondaries: + 1 batch whose crops are being read (up to two more may wait in the
+# handoff, holding sets the GPU stage would otherwise take: a secondary that is behind slows the primary)
 STALL_MIN_S = 5.0  # a live stream is stalled after max(this, 10 frame periods) without a frame
 STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect inside OpenCV) are left behind
 OVERLOAD_LOG_S = 60.0  # the overload warning, at most this often
