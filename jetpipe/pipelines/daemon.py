@@ -595,8 +595,9 @@ class Pipeline:
             items = items[:-1] if ending else items
             if not items:
                 break
+            read = True
             try:
-                read = self._read_secondaries(items, phase)
+                self._read_secondaries(items, phase)
             except Exception as exc:
                 read = False
                 for _, _, packets, *_ in items:
@@ -611,7 +612,7 @@ class Pipeline:
                     self.runtime.release(ticket)
                     self.free_sets.release()
 
-    def _read_secondaries(self, items: list, phase: dict) -> bool:
+    def _read_secondaries(self, items: list, phase: dict) -> None:
         """The secondaries on the crops of every batch that waited for this thread, together: behind, it catches
         up with fuller recognizer runs (a batch's crops fall into 3-4 width groups; run batch by batch, the
         H100's real-time OCR spent 16-20 ms a batch of 4-8 frames, as long as the batches came)."""
@@ -627,7 +628,6 @@ class Pipeline:
                 stage.run(results, frames, streams)
         phase["secondary"] += time.perf_counter() - t_secondary
         self.secondary_reads += 1
-        return True
 
     def _finish(self, result, packets: list[Packet]) -> list[dict]:
         """The primary's results of a collected batch (its task's finish, then each stream's tracker)."""

@@ -195,6 +195,15 @@ def boxes_to_source(xyxy, letterbox, height: int, width: int):
     return pts
 
 
+def split_by_counts(listed: list, counts) -> list[list]:
+    """A list of rows joined one part after another -> a list per part, of counts[i] rows each."""
+    parts, start = [], 0
+    for count in counts:
+        parts.append(listed[start:start + count])
+        start += count
+    return parts
+
+
 class JoinedRows:
     """A batch's per-frame rows (kept boxes, their keypoints) joined frame after frame into one array, so that
     the mapping to source pixels, the rounding and tolist run once a batch: frame by frame, those calls'
@@ -204,6 +213,12 @@ class JoinedRows:
     def __init__(self, counts):
         self.counts = [int(c) for c in counts]
         self.frame = np.repeat(np.arange(len(self.counts)), self.counts)  # each row's frame
+
+    @classmethod
+    def joined(cls, frames: list[tuple]) -> tuple[JoinedRows, list[np.ndarray]]:
+        """Each frame's columns (arrays of a row per kept object: boxes, scores, ...) -> the rows, and each
+        column joined frame after frame (its dtype kept)."""
+        return cls([len(columns[0]) for columns in frames]), [np.concatenate(column) for column in zip(*frames)]
 
     @classmethod
     def kept(cls, counts, frames: int, limit: int) -> JoinedRows:
@@ -226,11 +241,7 @@ class JoinedRows:
 
     def split(self, listed: list) -> list[list]:
         """A list of the joined rows -> one list per frame."""
-        parts, start = [], 0
-        for count in self.counts:
-            parts.append(listed[start:start + count])
-            start += count
-        return parts
+        return split_by_counts(listed, self.counts)
 
     def box_records(self, xyxy, score, cls, letterboxes, sizes) -> list[dict]:
         """Each frame's "boxes" (source pixels to 0.1, clipped), "scores" (to 1e-4) and "classes"."""

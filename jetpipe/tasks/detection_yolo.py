@@ -20,7 +20,6 @@ from jetpipe.tasks.base import (
     JoinedRows,
     ModelFacts,
     TaskOptions,
-    boxes_to_source,
     known,
     labels_misfit,
     with_labels,
@@ -118,8 +117,8 @@ class YoloDetection:
 
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         out = next(iter(outputs.values()))
-        results = []
-        for pred, box, hw in zip(out, letterboxes, sizes):
+        found = []
+        for pred, _ in zip(out, letterboxes):
             xyxy, score, cls = self.decode(pred)
             keep = score >= self.score_threshold
             xyxy, score, cls = xyxy[keep], score[keep], cls[keep]
@@ -129,8 +128,11 @@ class YoloDetection:
                                                self.score_threshold, self.iou_threshold)
                 kept = np.asarray(kept, dtype=np.int64).reshape(-1)[:self.max_detections]
                 xyxy, score, cls = xyxy[kept], score[kept], cls[kept]
-            results.append(self._result(xyxy, score, cls, box, hw))
-        return results
+            found.append((xyxy, score, cls))
+        if not found:
+            return []
+        rows, (xyxy, score, cls) = JoinedRows.joined(found)
+        return self._records(rows, xyxy, score, cls, letterboxes, sizes)
 
     def reduction(self, required: bool = False) -> Reduction:
         return Reduction("yolo-nms", {"layout": self.layout, "score_threshold": self.score_threshold,
@@ -139,12 +141,10 @@ class YoloDetection:
 
     def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         """Finish from the GPU's detections after NMS (counts [B], detections [B, limit, 6])."""
-        rows, xyxy, score, cls = kept_detections(outputs, len(letterboxes))
-        return [with_labels(record, self.labels) for record in rows.box_records(xyxy, score, cls, letterboxes, sizes)]
+        return self._records(*kept_detections(outputs, len(letterboxes)), letterboxes, sizes)
 
-    def _result(self, xyxy, score, cls, box, hw) -> dict:
-        return with_labels({"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
-                            "scores": np.round(score, 4).tolist(), "classes": np.asarray(cls).tolist()}, self.labels)
+    def _records(self, rows: JoinedRows, xyxy, score, cls, letterboxes, sizes) -> list[dict]:
+        return [with_labels(record, self.labels) for record in rows.box_records(xyxy, score, cls, letterboxes, sizes)]
 
 
 class YoloDetectionTask(DetectorTask):

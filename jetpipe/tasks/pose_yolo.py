@@ -75,9 +75,8 @@ class YoloPose:
             found.append((xyxy, score, cls, pred[4 + self.classes:4 + self.classes + k * d, rows].T))
         if not found:
             return []
-        xyxy, score, cls, points = (np.concatenate(column) for column in zip(*found))
-        return self._records(JoinedRows([len(s) for _, s, _, _ in found]), xyxy, score, cls, points, letterboxes,
-                             sizes)
+        rows, (xyxy, score, cls, points) = JoinedRows.joined(found)
+        return self._records(rows, xyxy, score, cls, points, letterboxes, sizes)
 
     def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         """Finish from the GPU's kept boxes (counts [B], detections [B, limit, 6]) and their keypoint rows

@@ -32,6 +32,7 @@ from jetpipe.tasks.base import (
     TaskOptions,
     known,
     labels_misfit,
+    split_by_counts,
     ultralytics_misfit,
     with_labels,
 )
@@ -78,9 +79,8 @@ class YoloSegmentation:
             found.append((xyxy, score, cls, _joined(outlines), pixels))
         if not found:
             return []
-        xyxy, score, cls = (np.concatenate(column) for column in list(zip(*found))[:3])
-        return self._results(JoinedRows([len(f[1]) for f in found]), xyxy, score, cls,
-                             [f[3:] for f in found], letterboxes, sizes)
+        rows, (xyxy, score, cls) = JoinedRows.joined([f[:3] for f in found])
+        return self._results(rows, xyxy, score, cls, [f[3:] for f in found], letterboxes, sizes)
 
     def object_mask(self, coefficients: np.ndarray, proto: np.ndarray, xyxy) -> tuple[np.ndarray, int, int]:
         """The object's mask over its box region in network pixels: (binary [h, w], x0, y0 of its corner).
@@ -197,11 +197,7 @@ def _to_source_lists(joined: tuple[np.ndarray, list[int]], box) -> list[list]:
     tolist for the frame's outlines together (per outline, those calls were a third of the host's time per
     object)."""
     points, counts = joined
-    listed, start, lists = np.round(box.to_source(points), 1).tolist(), 0, []
-    for count in counts:
-        lists.append(listed[start:start + count])
-        start += count
-    return lists
+    return split_by_counts(np.round(box.to_source(points), 1).tolist(), counts)
 
 
 def mask_regions(xyxy, input_hw) -> np.ndarray:
