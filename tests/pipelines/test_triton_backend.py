@@ -35,11 +35,13 @@ def server(det_bundle, tmp_path, request):
     triton.stop()
 
 
-@pytest.fixture
-def gpu_server(det_bundle, tmp_path):
-    """The model on the server's GPU (ONNX Runtime's CUDA provider in the Triton venv, where it has one)."""
+@pytest.fixture(params=HOSTS)
+def gpu_server(det_bundle, tmp_path, request):
+    """The model on the server's GPU (ONNX Runtime's CUDA provider in the Triton venv, where it has one), hosted
+    through pytriton and in Triton's Python backend (GPU instances that read a batch in CUDA shared memory where
+    it is)."""
     _needs_triton()
-    triton = TritonServer(det_bundle, "det", tmp_path / "triton.log", gpu=True)
+    triton = TritonServer(det_bundle, "det", tmp_path / "triton.log", gpu=True, host=request.param)
     triton.start()
     yield triton
     triton.stop()
