@@ -584,6 +584,23 @@ def test_still_synthetic_camera_writes_each_slot_once():
     assert (slots[0] == 7).all() and first.any() and not np.array_equal(slots[1], first)
 
 
+def test_an_unpaced_synthetic_camera_is_offered_like_a_file_every_frame_processed(tiny_bundle, tmp_path):
+    """@0 has no clock to fall behind: frames wait for room as a file's do (none dropped), while a paced camera
+    is live (its oldest frame dropped when behind). Unpaced frames were made only to be dropped before: the
+    saturated benchmarks' capture work on frames never processed."""
+    from jetpipe.pipelines.sources import SyntheticCamera
+
+    assert not SyntheticCamera.from_uri("synthetic://64x48@0/nv12").live
+    assert SyntheticCamera.from_uri("synthetic://64x48@30/nv12").live
+    out = tmp_path / "r.jsonl"
+    config = _config(tiny_bundle, [SourceConfig("synthetic://64x48@0/nv12") for _ in range(3)], task="raw",
+                     frames=40, queue_depth=1, max_batch=2, sinks=[f"jsonl:{out}"])
+    summary = Pipeline(config).run()
+    assert summary["processed"] == [40, 40, 40] and summary["dropped"] == [0, 0, 0], summary
+    frames = sorted((r["stream"], r["frame"]) for r in map(json.loads, out.read_text().splitlines()))
+    assert frames == [(s, f) for s in range(3) for f in range(40)]
+
+
 def _decoded_md5s(path) -> list[str]:
     """The MD5 of every decoded frame (timestamps aside): equal lists mean the same pictures."""
     out = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-map", "0:v:0", "-f", "framemd5", "-"],
