@@ -8,7 +8,8 @@
 The server is tests/triton_server.py (nvidia-pytriton's tritonserver hosting the bundle's ONNX through ONNX
 Runtime in its Python backend: through pytriton, or as a model repository with a model.py, `--hosts`) in the
 Triton venv, reached through system shared memory and through plain gRPC (`?shm=off`); each run serves
-`--streams` synthetic NV12 streams offered as fast as they go (saturated)
+`--streams` unpaced synthetic NV12 streams, offered as fast as the pipeline takes frames (saturated, none
+dropped; before 2026-11-25, session 22, they were live and the frames beyond were made and dropped),
 for `--seconds`, results to a JSONL file; frames/s, p50/p99 latency and the client's CPU per frame are
 printed for each.
 """

@@ -32,6 +32,11 @@ HOSTS = ("pytriton", "python-backend")
 CUDA_POOL_BYTES = 1 << 30
 
 
+def gpu_here() -> bool:
+    """Whether this machine has an NVIDIA GPU (its device nodes): the Python backend's GPU instances need one."""
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
@@ -68,7 +73,8 @@ class TritonServer:
         out = self.log.open("a")
         repository = self.log.with_name(self.log.stem + "-repository")
         if self.host == "python-backend":
-            python_backend_repository(self.bundle, self.name, repository / "models", self.instances, self.gpu)
+            python_backend_repository(self.bundle, self.name, repository / "models", self.instances,
+                                      self.gpu and gpu_here())
         self.process = subprocess.Popen([str(self.python), __file__, str(self.bundle), self.name,
                                          *map(str, self.ports), str(int(self.restrict_shm)), str(int(self.gpu)),
                                          str(self.instances), self.host, str(repository)],
@@ -216,7 +222,7 @@ def serve_python_backend(name: str, ports: list[int], gpu: bool, folder: Path) -
                                f"--grpc-port={ports[0]}", f"--http-port={ports[1]}", f"--metrics-port={ports[2]}",
                                # GPU tensors between the server and the stubs go through this pool where a
                                # client's CUDA region cannot be handed on; 64 MB (the default) is below a batch
-                               *([f"--cuda-memory-pool-byte-size=0:{CUDA_POOL_BYTES}"] if gpu else [])],
+                               *([f"--cuda-memory-pool-byte-size=0:{CUDA_POOL_BYTES}"] if gpu and gpu_here() else [])],
                               env=env)
     import tritonclient.grpc as grpcclient
 
