@@ -23,9 +23,10 @@ one run, postprocessing on the CPU (before) and on the GPU (after):
   - the naive pipeline users write (OpenCV on the CPU + one session.run per frame).
 Each pipeline run reports device -> host bytes per frame, CPU cores used, CPU
 seconds per pipeline thread and CUDA-event milliseconds per GPU stage (per batch).
-Heads: the task heads' GPU postprocessing (pose, instance and semantic segmentation) against the engine alone
-and against the same pipeline postprocessing on the CPU. Each export (an Ultralytics -seg / -pose export, a
-torchvision segmentation model) is converted (FP32, max batch 8); an Ultralytics export made from its yaml has
+Heads: the task heads' GPU postprocessing (pose, instance and semantic segmentation; end-to-end detectors, whose
+output is compact already and is copied as it is) against the engine alone and against the same pipeline
+postprocessing on the CPU. Each export (an Ultralytics -seg / -pose / end-to-end export, a torchvision
+segmentation model) is converted (FP32, max batch 8); an Ultralytics export made from its yaml has
 random weights, which leave every class score at its initial bias (nothing found), so it first gets a fixed
 [1, C, A] tensor added before the class scores' Sigmoid that puts --objects boxes of random classes at random
 anchors on every frame, and a -seg export's prototypes get fixed blobs added (flat otherwise: every mask
@@ -209,7 +210,10 @@ def busy_head(model: Path, objects: int, out: Path, seed: int = 0) -> Path:
     classes, imgsz = len(ast.literal_eval(meta["names"])), ast.literal_eval(meta["imgsz"])
     producer = {name: node for node in graph_model.graph.node for name in node.output}
     final = producer[graph_model.graph.output[0].name]  # Concat(boxes, Sigmoid(class logits), extra rows)
-    sigmoid = next(producer[i] for i in final.input if i in producer and producer[i].op_type == "Sigmoid")
+    sigmoids = [producer[i] for i in final.input if i in producer and producer[i].op_type == "Sigmoid"] or \
+        [n for n in graph_model.graph.node if n.op_type == "Sigmoid" and n.input[0] in producer and
+         producer[n.input[0]].op_type == "Concat"]  # end-to-end (YOLOv10, YOLO26): the scores a top-K reads
+    sigmoid = sigmoids[-1]
     rng = np.random.default_rng(seed)
     anchors = anchor_points(imgsz)
     offsets = np.zeros((1, classes, anchors), np.float32)
@@ -255,10 +259,13 @@ def _same_records(bundle: Path) -> dict:
     with GpuRuntime(bundle, max_batch=BATCH) as rt:
         raw = rt.infer(frames)
         cpu = post(raw.outputs, raw.letterboxes, [(1080, 1920)] * BATCH)
-    with GpuRuntime(bundle, max_batch=BATCH, reduction=post.reduction(required=True)) as rt:
+    objects = [len(r.get("boxes", r.get("regions", []))) for r in cpu]
+    reduction = post.reduction(required=True)
+    if reduction is None:  # an end-to-end detector: its output is compact already, both paths finish it alike
+        return {"task": task.name, "objects_per_frame": objects, "gpu_equals_cpu": None}
+    with GpuRuntime(bundle, max_batch=BATCH, reduction=reduction) as rt:
         reduced = rt.infer(frames)
         gpu = post.reduced(reduced.outputs, reduced.letterboxes, [(1080, 1920)] * BATCH)
-    objects = [len(r.get("boxes", r.get("regions", []))) for r in cpu]
     if "boxes" in cpu[0]:
         same = all(len(g["boxes"]) == len(c["boxes"]) and (not c["boxes"] or np.allclose(g["boxes"], c["boxes"],
                                                                                            atol=0.5))
