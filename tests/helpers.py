@@ -78,6 +78,27 @@ def baked_batch_head(size: int = 16, seed: int = 0) -> onnx.ModelProto:
     return _model(graph, 17)
 
 
+def class_token_net(size: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """A ViT-style head exported the way torch's dynamo exporter writes torchvision's ViT at batch 1: the patch
+    tokens [1, P, D] joined (Concat on axis 1) to a class token folded to a constant [1, 1, D], whose 1 is the
+    batch's; then a layer that mixes tokens (so a wrong token shows in every output row)."""
+    rng = np.random.default_rng(seed)
+    inits = [_init("w", rng.standard_normal((8, 3, 2, 2)).astype(np.float32) * 0.3),
+             _init("class_token", rng.standard_normal((1, 1, 8)).astype(np.float32)),
+             _init("mix", rng.standard_normal((8, 4)).astype(np.float32) * 0.3),
+             numpy_helper.from_array(np.array([1, 8, -1], np.int64), "tokens_shape")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["f"], name="patchify", strides=[2, 2]),
+             helper.make_node("Reshape", ["f", "tokens_shape"], ["t"], name="tokens_reshape"),
+             helper.make_node("Transpose", ["t"], ["tokens"], name="tokens_last", perm=[0, 2, 1]),
+             helper.make_node("Concat", ["class_token", "tokens"], ["joined"], name="node_cat", axis=1),
+             helper.make_node("ReduceMean", ["joined"], ["pooled"], name="pool", axes=[1], keepdims=0),
+             helper.make_node("MatMul", ["pooled", "mix"], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "class_token",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    return _model(graph, 17)
+
+
 def time_major_recognizer(batch="N", declared=None, shape_reshape: bool = False) -> onnx.ModelProto:
     """A CRNN-style recognizer, x [N, 3, 8, 32] -> y [T=32, N, C=16] (time-major). shape_reshape: end with
     Reshape(t, Shape(t)), an identity that folding against a wrong declared output shape breaks."""

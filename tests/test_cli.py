@@ -37,7 +37,8 @@ def test_int8_bundle_round_trip(tiny, images, no_tmp_leftovers, capsys):
     assert manifest["precision"] == "int8"
     batch = manifest["batch"]
     assert {k: batch[k] for k in ("min", "max", "made_dynamic")} == {"min": 1, "max": 4, "made_dynamic": True}
-    assert set(batch) == {"min", "max", "made_dynamic", "max_relative_difference", "rewritten_reshapes"}
+    assert set(batch) == {"min", "max", "made_dynamic", "max_relative_difference", "rewritten_reshapes",
+                          "expanded_concats"}
     assert 0 <= batch["max_relative_difference"] < 1e-5  # batch-3 == three batch-1 runs, to float rounding
     assert manifest["io"]["inputs"][0]["shape"] == ["batch", 3, 16, 16]
     assert manifest["calibration"]["samples"] == 6

@@ -66,6 +66,45 @@ def free_batch_literals(model: onnx.ModelProto) -> list[str]:
     return changed
 
 
+def expand_batch_constants(model: onnx.ModelProto) -> list[str]:
+    """Constants with a leading 1 that a Concat joins to the batch along another axis, e.g. a ViT's class token
+    [1, 1, D] beside its patch tokens [N, P, D] (torch's dynamo exporter folds the token's expand to batch 1
+    into the constant): each is expanded to the batch of the Concat's first computed input, so batch N joins.
+    Returns the Concat nodes changed."""
+    index = GraphIndex(model.graph)
+    changed, nodes = [], []
+    for node in model.graph.node:
+        computed = next((i for i in node.input if i and i not in index.initializers), None)
+        if node.op_type == "Concat" and computed is not None:
+            for k, name in enumerate(node.input):
+                dims = list(index.initializers[name].dims) if name in index.initializers else []
+                if len(dims) >= 2 and dims[0] == 1 and attribute(node, "axis", 0) % len(dims) != 0:
+                    nodes += _expanded_to_batch(model, node, k, computed, dims)
+                    changed.append(node.name)
+        nodes.append(node)
+    if changed:
+        model.graph.ClearField("node")
+        model.graph.node.extend(nodes)  # each expansion just before its Concat: the order stays topological
+        _reinfer(model, {o.name for o in model.graph.output})
+    return sorted(set(changed))
+
+
+def _expanded_to_batch(model: onnx.ModelProto, concat: onnx.NodeProto, k: int, batched: str,
+                       dims: list[int]) -> list[onnx.NodeProto]:
+    """Nodes that expand the Concat's k-th input (a constant of `dims`) to [batch of `batched`, *dims[1:]]."""
+    stem = f"{concat.name or concat.output[0]}__input{k}"
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), f"{stem}__axis0"),
+                                    numpy_helper.from_array(np.array(dims[1:], np.int64), f"{stem}__rest")])
+    constant, concat.input[k] = concat.input[k], f"{stem}__batched"
+    return [onnx.helper.make_node("Shape", [batched], [f"{stem}__shape"], name=f"{stem}__shape"),
+            onnx.helper.make_node("Gather", [f"{stem}__shape", f"{stem}__axis0"], [f"{stem}__batch"],
+                                  name=f"{stem}__batch", axis=0),
+            onnx.helper.make_node("Concat", [f"{stem}__batch", f"{stem}__rest"], [f"{stem}__target"],
+                                  name=f"{stem}__target", axis=0),
+            onnx.helper.make_node("Expand", [constant, f"{stem}__target"], [concat.input[k]],
+                                  name=f"{stem}__expand")]
+
+
 def _reinfer(model: onnx.ModelProto, outputs: set[str]) -> None:
     """Shapes inferred again after an edit, the named outputs' declared shapes included."""
     for output in model.graph.output:
@@ -121,7 +160,7 @@ def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool)
     """Make a model batch on axis 0 of every output, changing `model` in place: a batch-1 export made
     dynamic gets its literal batch 1s freed where it does not run at batch N, and time-major outputs
     get their batch axis moved first. Refuses (naming the node) what cannot batch."""
-    axes, rewritten = _batching_axes(model, sample, made_dynamic)
+    axes, rewritten, expanded = _batching_axes(model, sample, made_dynamic)
     moved = move_batch_to_front(model, axes)
     batch_name = image_input(model).dims[0]
     for output in model.graph.output:  # shown above: axis 0 of every output is the batch; name it so
@@ -130,36 +169,54 @@ def batch_layout(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool)
             dims[0].dim_param = batch_name
     if moved:
         _announce_moved(moved)
-    return {"rewritten_reshapes": rewritten, "moved_batch_axes": moved}
+    return {"rewritten_reshapes": rewritten, "expanded_concats": expanded, "moved_batch_axes": moved}
 
 
 def _batching_axes(model: onnx.ModelProto, sample: np.ndarray, made_dynamic: bool,
-                   announce: bool = True) -> tuple[dict[str, tuple[int, int]], list[str]]:
-    """({output: (batch axis, rank)}, the Reshapes whose literal batch was freed, in `model` in place) for a
-    model that batches; refuses (naming the node) one that does not. announce: log the rewrite (not for a
-    probe)."""
+                   announce: bool = True) -> tuple[dict[str, tuple[int, int]], list[str], list[str]]:
+    """({output: (batch axis, rank)}, the Reshapes whose literal batch was freed, the Concats whose constants
+    were expanded to the batch; `model` changed in place) for a model that batches; refuses (naming the node)
+    one that does not. announce: log the rewrites (not for a probe)."""
     axes, problem = output_batch_axes(model, sample)
     rewritten: list[str] = []
+    expanded: list[str] = []
     if problem and made_dynamic:
-        candidate = onnx.ModelProto()
-        candidate.CopyFrom(model)
+        candidate = clone(model)
         rewritten = free_batch_literals(candidate)
         if rewritten:
             axes, problem = output_batch_axes(candidate, sample)
-            if problem is None and announce:
-                log.info("batch axis: the export's literal batch 1 rewritten in %d Reshape target(s): %s",
-                         len(rewritten), ", ".join(rewritten[:5]) + (" ..." if len(rewritten) > 5 else ""))
-            if problem is None:
-                model.CopyFrom(candidate)
+        if problem:  # only then: the Reshapes' 1s are all most exports bake in
+            expanded = expand_batch_constants(candidate)
+            if expanded:
+                axes, problem = output_batch_axes(candidate, sample)
+        if problem is None and announce:
+            _announce_rewrites(rewritten, expanded)
+        if problem is None:
+            model.CopyFrom(candidate)
     if problem:
-        culprit = node_dropping_batch(candidate if rewritten else model, sample)
-        tried = (f"; rewriting the literal batch in {len(rewritten)} Reshape target(s) was not enough"
-                 if rewritten else "")
+        # where ONNX Runtime could not run the batch at all (no axes), its error names the node already; the
+        # search would run the model again with every tensor an output, only to fail the same way (4 of the
+        # 44 s a torch ViT-B/32 export took to be refused)
+        culprit = node_dropping_batch(candidate if rewritten or expanded else model, sample) if axes else None
+        tried = f"; {_rewrites(rewritten, expanded)} was not enough" if rewritten or expanded else ""
         exported = "was exported with batch 1 and its graph fixes that size" if made_dynamic else \
             "does not keep the batch in its outputs"
         raise ModelError(f"the model {exported} ({culprit or problem}{tried}); re-export it with a dynamic "
                          "batch axis, or convert with --max-batch 1")
-    return axes, rewritten
+    return axes, rewritten, expanded
+
+
+def _rewrites(rewritten: list[str], expanded: list[str]) -> str:
+    said = [f"rewriting the literal batch in {len(rewritten)} Reshape target(s)"] if rewritten else []
+    said += [f"expanding the constants of {len(expanded)} Concat(s) to the batch"] if expanded else []
+    return " and ".join(said)
+
+
+def _announce_rewrites(rewritten: list[str], expanded: list[str]) -> None:
+    for what, names in (("the export's literal batch 1 rewritten in %d Reshape target(s): %s", rewritten),
+                        ("constants a Concat joins to the batch expanded to it in %d Concat(s): %s", expanded)):
+        if names:
+            log.info("batch axis: " + what, len(names), ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
 
 
 def _announce_moved(moved: dict[str, int]) -> None:
@@ -174,13 +231,13 @@ def batch_one_layout(model: onnx.ModelProto, sample: np.ndarray) -> dict:
     probe = clone(model)
     make_batch_dynamic(probe)
     try:
-        axes, _ = _batching_axes(probe, sample, made_dynamic=True, announce=False)
+        axes, *_ = _batching_axes(probe, sample, made_dynamic=True, announce=False)
     except ModelError:
         return {}
     moved = move_batch_to_front(model, axes)
     if moved:
         _announce_moved(moved)
-    return {"rewritten_reshapes": [], "moved_batch_axes": moved}
+    return {"rewritten_reshapes": [], "expanded_concats": [], "moved_batch_axes": moved}
 
 
 def node_dropping_batch(model: onnx.ModelProto, sample: np.ndarray, batch: int = PROOF_BATCH) -> str | None:

@@ -445,7 +445,8 @@ def _prove_batch(prepared: Prepared, first_batch) -> dict | None:
         return None
     sample = first_batch if first_batch is not None else _random_sample(prepared.channels, prepared.size_hw)
     return {"made_dynamic": True, "max_relative_difference": batch.prove_rows(prepared.model, sample),
-            "rewritten_reshapes": prepared.batch_layout["rewritten_reshapes"]}
+            "rewritten_reshapes": prepared.batch_layout["rewritten_reshapes"],
+            "expanded_concats": prepared.batch_layout["expanded_concats"]}
 
 
 def _calibrate(opts, prepared: Prepared, source: CalibrationSource | None,

@@ -10,7 +10,14 @@ from jetpipe.cli import main
 from jetpipe.convert import batch, graph
 from jetpipe.errors import ModelError
 from jetpipe.runtime.sessions import cpu_session
-from tests.helpers import baked_batch_head, batch_collapsing_net, residual_cnn, save, time_major_recognizer
+from tests.helpers import (
+    baked_batch_head,
+    batch_collapsing_net,
+    class_token_net,
+    residual_cnn,
+    save,
+    time_major_recognizer,
+)
 
 
 def _dynamic(model):
@@ -26,6 +33,7 @@ def test_a_batch_one_export_without_literals_is_proven_unchanged():
     model = _dynamic(residual_cnn(batch=1))
     before = model.SerializeToString()
     assert batch.batch_layout(model, _sample(16), made_dynamic=True) == {"rewritten_reshapes": [],
+                                                                         "expanded_concats": [],
                                                                          "moved_batch_axes": {}}
     assert model.SerializeToString() == before and batch.prove_rows(model, _sample(16)) < 1e-5
     assert cpu_session(model).run(None, {"x": np.repeat(_sample(16), 4, axis=0)})[0].shape == (4, 5)
@@ -43,6 +51,30 @@ def test_literal_batch_ones_in_reshape_targets_are_freed_and_proven():
     for row in range(3):
         for got, alone in zip(batched, source.run(None, {"x": x[row:row + 1]})):
             np.testing.assert_allclose(got[row], alone[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_class_token_folded_to_batch_one_is_expanded_to_the_batch_and_proven():
+    """torch's dynamo export of a ViT at batch 1 joins a [1, 1, D] class token constant to the patch tokens:
+    freeing the Reshapes' 1s is not enough there (ONNX Runtime fails in the Concat); the constant is expanded
+    to the batch of the tokens, and each row of a batch equals the export's run on that frame alone."""
+    model = _dynamic(class_token_net())
+    layout = batch.batch_layout(model, _sample(8), made_dynamic=True)
+    assert layout["rewritten_reshapes"] == ["tokens_reshape"] and layout["expanded_concats"] == ["node_cat"]
+    assert batch.prove_rows(model, _sample(8)) < 1e-5
+    x = np.concatenate([_sample(8), _sample(8) * 0.5, _sample(8) + 1, -_sample(8)])
+    batched, source = cpu_session(model).run(None, {"x": x})[0], cpu_session(class_token_net())
+    assert batched.shape == (4, 4)
+    for row in range(4):
+        np.testing.assert_allclose(batched[row], source.run(None, {"x": x[row:row + 1]})[0][0], rtol=1e-5, atol=1e-6)
+
+
+def test_convert_makes_a_vit_style_export_batch_and_records_the_expanded_concat(tmp_path):
+    out = tmp_path / "b"
+    assert main(["convert", save(class_token_net(), tmp_path / "vit.onnx"), "-o", str(out), "--max-batch", "4",
+                 "--engine", "never", "--task", "raw", "--quiet"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["batch"]["max"] == 4 and manifest["batch"]["expanded_concats"] == ["node_cat"]
+    assert cpu_session(str(out / "model.onnx")).run(None, {"x": np.repeat(_sample(8), 4, axis=0)})[0].shape == (4, 4)
 
 
 def test_the_yolox_style_target_with_a_minus_one_copies_the_batch():
