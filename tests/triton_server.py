@@ -72,11 +72,11 @@ class TritonServer:
         seen = self.log.stat().st_size if self.log.exists() else 0  # a restart: only what it says now counts
         out = self.log.open("a")
         repository = self.log.with_name(self.log.stem + "-repository")
+        gpu = self.gpu and gpu_here()  # asked for on a machine without a GPU: the model runs on its CPU
         if self.host == "python-backend":
-            python_backend_repository(self.bundle, self.name, repository / "models", self.instances,
-                                      self.gpu and gpu_here())
+            python_backend_repository(self.bundle, self.name, repository / "models", self.instances, gpu)
         self.process = subprocess.Popen([str(self.python), __file__, str(self.bundle), self.name,
-                                         *map(str, self.ports), str(int(self.restrict_shm)), str(int(self.gpu)),
+                                         *map(str, self.ports), str(int(self.restrict_shm)), str(int(gpu)),
                                          str(self.instances), self.host, str(repository)],
                                         stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
@@ -222,7 +222,7 @@ def serve_python_backend(name: str, ports: list[int], gpu: bool, folder: Path) -
                                f"--grpc-port={ports[0]}", f"--http-port={ports[1]}", f"--metrics-port={ports[2]}",
                                # GPU tensors between the server and the stubs go through this pool where a
                                # client's CUDA region cannot be handed on; 64 MB (the default) is below a batch
-                               *([f"--cuda-memory-pool-byte-size=0:{CUDA_POOL_BYTES}"] if gpu and gpu_here() else [])],
+                               *([f"--cuda-memory-pool-byte-size=0:{CUDA_POOL_BYTES}"] if gpu else [])],
                               env=env)
     import tritonclient.grpc as grpcclient
 

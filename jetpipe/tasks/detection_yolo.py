@@ -118,7 +118,7 @@ class YoloDetection:
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         out = next(iter(outputs.values()))
         found = []
-        for pred, _ in zip(out, letterboxes):
+        for pred in out[:len(letterboxes)]:  # rows past the frames: a partial batch's padding
             xyxy, score, cls = self.decode(pred)
             keep = score >= self.score_threshold
             xyxy, score, cls = xyxy[keep], score[keep], cls[keep]
