@@ -247,6 +247,10 @@ def _add_serve(sub) -> None:
                    help="threads reading the streams that can share one (video files NVDEC decodes, synthetic "
                         "cameras), a frame each in turn; other streams get a thread each (default 0: half the "
                         "cores; N >= the streams: a thread each)")
+    p.add_argument("--decode-processes", type=int, metavar="N",
+                   help="decode video files with NVDEC in N processes of their own, the frames written into this "
+                        "process's GPU memory (CUDA IPC): for many streams into a light model, where decoding in "
+                        "this process holds it below NVDEC's rate (default 0: decode here)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",
@@ -305,7 +309,7 @@ def _serve_config(args):
     elif args.direction:
         raise JetpipeError("--direction turns the crops of a --secondary: add --secondary BUNDLE")
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker",
-                "latency_budget_ms", "capture_threads"):
+                "latency_budget_ms", "capture_threads", "decode_processes"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

@@ -11,7 +11,9 @@ encoded with ffmpeg; for each stream count N, each in a process of its own (CPU 
           looping (a new demuxer into the same decoder), frames left in device memory. The ceiling.
   serve   `jetpipe serve`'s pipeline: N NVDEC sources on the same file, looping, saturated (every frame
           processed: copied into the device ring, batched, preprocessed, inferred, postprocessed on the GPU);
-          once per --capture-threads value (default 0: the pipeline's default; 256: a thread per stream).
+          once per --capture-threads value (default 0: the pipeline's default; 256: a thread per stream) and
+          per --decode-processes value (default 0: decoded in the serving process; N: in N processes of their
+          own, the frames written into the serving process's ring slots by CUDA IPC; CPU cores then count theirs).
 And once, the model alone at max batch (ONNX Runtime CUDA, replayed from a CUDA graph): the GPU's ceiling.
 
 Reported per row: frames/s, % of the decode ceiling, CPU cores (process CPU time / wall), peak RSS, GPU memory
@@ -118,7 +120,8 @@ def serve_child(args) -> None:
     sources = [SourceConfig(str(args.clip), loop=True, decoder="nvdec") for _ in range(args.streams)]
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=sources, duration=args.seconds,
                                      max_batch=args.max_batch, metrics_listen="", log_every_s=1e9, queue_depth=4,
-                                     capture_threads=int(args.capture_threads)))
+                                     capture_threads=int(args.capture_threads),
+                                     decode_processes=int(args.decode_processes)))
     pipeline = Pipeline(config)  # start-up (allocation, warm-up, decoders opened) is not timed
     paths = sorted({s.describe().rsplit("(", 1)[-1].rstrip(")") for s in pipeline.sources})
     stacks = StackSampler() if os.environ.get("BENCH_STACKS") else None
@@ -126,15 +129,19 @@ def serve_child(args) -> None:
     memory.start()
     summary = pipeline.run()
     after, wall = os.times(), time.perf_counter() - wall
+    # the decode processes' CPU over the run, as they said it (their start-up, in os.times()'s children, is not)
+    cpu = _cpu(before, after, children=False) + summary["cpu_seconds"].get("decode_processes", 0.0)
     hot = stacks.report() if stacks is not None else None
     processed = sum(summary["processed"])
     total = summary["latency_ms"]["total"]
     print(json.dumps({"what": "serve", "streams": args.streams, "capture_threads": int(args.capture_threads),
+                      "decode_processes": int(args.decode_processes),
                       "switch_ms": sys.getswitchinterval() * 1000,
                       "threads": memory.threads, "paths": paths, "fps": processed / wall,
                       "frames": processed, "dropped": sum(summary["dropped"]), "failed": sum(summary["failed"]),
-                      "batches": summary["batches"], "seconds": wall, "cpu_cores": _cpu(before, after) / wall,
-                      "rss_mb": _rss_mb(), "gpu_memory_added_mib": memory.added_mib(),
+                      "batches": summary["batches"], "seconds": wall, "cpu_cores": cpu / wall,
+                      "rss_mb": _rss_mb(), "decode_process_rss_mb": _rss_mb(resource.RUSAGE_CHILDREN),
+                      "gpu_memory_added_mib": memory.added_mib(),
                       "p50_ms": total.get("0.5"), "p99_ms": total.get("0.99"),
                       "thread_cpu_s": summary.get("cpu_seconds"), "gpu_busy_share": summary.get("gpu_busy_share"),
                       "latency_ms": summary["latency_ms"],
@@ -175,19 +182,21 @@ class StackSampler:
         return [f"{100 * n / total:5.1f} %  {where}" for where, n in self.counts.most_common(25)]
 
 
-def _cpu(before, after) -> float:
-    return sum(getattr(after, k) - getattr(before, k) for k in ("user", "system", "children_user", "children_system"))
+def _cpu(before, after, children: bool = True) -> float:
+    fields = ("user", "system", "children_user", "children_system") if children else ("user", "system")
+    return sum(getattr(after, k) - getattr(before, k) for k in fields)
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _rss_mb(who=resource.RUSAGE_SELF) -> float:
+    """Peak RSS of this process (RUSAGE_CHILDREN: of its largest child that ended)."""
+    return resource.getrusage(who).ru_maxrss / 1024
 
 
 def run_child(what: str, clip: Path, streams: int, seconds: float, bundle: Path, max_batch: int,
-              capture_threads: int = 0, switch_ms: float = 0.0) -> dict:
+              capture_threads: int = 0, switch_ms: float = 0.0, decode_processes: int = 0) -> dict:
     argv = [sys.executable, __file__, what, "--clip", str(clip), "--streams", str(streams), "--seconds",
             str(seconds), "--bundle", str(bundle), "--max-batch", str(max_batch), "--capture-threads",
-            str(capture_threads), "--switch-ms", str(switch_ms)]
+            str(capture_threads), "--switch-ms", str(switch_ms), "--decode-processes", str(decode_processes)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -210,6 +219,8 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--capture-threads", default="0", help="serve's capture_threads, one row each (0: default)")
+    parser.add_argument("--decode-processes", default="0", help="serve's decode_processes, one row each (0: decode "
+                        "in the serving process)")
     parser.add_argument("--switch-ms", default="0", help="serve's Python switch interval in ms, one row each "
                         "(0: the interpreter's, 5 ms)")
     parser.add_argument("--clip", type=Path, help=argparse.SUPPRESS)
@@ -254,10 +265,11 @@ def run_all(args) -> None:
             ceiling = run_child("decode", clip, n, args.seconds, bundle, args.max_batch)
             rows.append(ceiling)
             print(json.dumps(rows[-1]), flush=True)
-            variants = [(int(t), float(ms)) for t in args.capture_threads.split(",")
-                        for ms in args.switch_ms.split(",")]
-            for threads, switch_ms in variants:
-                rows.append(run_child("serve", clip, n, args.seconds, bundle, args.max_batch, threads, switch_ms))
+            variants = [(int(t), float(ms), int(dp)) for t in args.capture_threads.split(",")
+                        for ms in args.switch_ms.split(",") for dp in args.decode_processes.split(",")]
+            for threads, switch_ms, processes in variants:
+                rows.append(run_child("serve", clip, n, args.seconds, bundle, args.max_batch, threads, switch_ms,
+                                      processes))
                 if "fps" in rows[-1] and "fps" in ceiling:
                     rows[-1]["pct_of_decode"] = 100 * rows[-1]["fps"] / ceiling["fps"]
                 print(json.dumps(rows[-1]), flush=True)
@@ -272,8 +284,8 @@ def run_all(args) -> None:
 
 def report(rows: list[dict], args) -> None:
     print(f"\n{args.model.name}, 1080p30 H.264, {args.seconds:g} s a row, max batch {args.max_batch}")
-    print("| streams | what | capture threads, switch ms | frames/s | % of decode | CPU cores | RSS MB | GPU MiB added "
-          "| dropped | p99 ms | GPU busy |")
+    print("| streams | what | capture threads, switch ms, decode processes | frames/s | % of decode | CPU cores "
+          "| RSS MB | GPU MiB added | dropped | p99 ms | GPU busy |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
@@ -281,7 +293,8 @@ def report(rows: list[dict], args) -> None:
             continue
         pct = f"{r['pct_of_decode']:.0f} %" if "pct_of_decode" in r else ""
         gpu = r.get("gpu_memory_added_mib")
-        print(f"| {r['streams']} | {r['what']} | {r.get('capture_threads', '')}, {r.get('switch_ms', 0):g} "
+        print(f"| {r['streams']} | {r['what']} | {r.get('capture_threads', '')}, {r.get('switch_ms', 0):g}, "
+              f"{r.get('decode_processes', '')} "
               f"| {r['fps']:.0f} | {pct} "
               f"| {r['cpu_cores']:.2f} | {r['rss_mb']:.0f} | "
               f"{gpu if gpu is not None else 'n/a'} | {r.get('dropped', '')} | {r.get('p99_ms') or ''} | "

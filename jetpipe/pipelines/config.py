@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
-from jetpipe.limits import MAX_BATCH, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
+from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
 from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
@@ -71,6 +71,7 @@ class PipelineConfig:
     latency_budget_ms: float = 0.0     # capture to results: batches cut to keep it (0: off, batch_timeout_ms only)
     queue_depth: int = 4               # frames per stream waiting to be batched
     capture_threads: int = 0           # threads reading the streams that can share one (NVDEC files): 0 = auto
+    decode_processes: int = 0          # processes NVDEC files are decoded in (0: in this process)
     backend: str = "auto"
     memory: str = "auto"
     task: str | None = None            # default: the bundle's
@@ -90,6 +91,7 @@ class PipelineConfig:
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
                   "latency_budget_ms": (int, float), "queue_depth": int, "capture_threads": int,
+                  "decode_processes": int,
                   "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
@@ -247,6 +249,8 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (1 <= config.queue_depth <= MAX_QUEUE_DEPTH, "queue_depth", f"an integer from 1 to {MAX_QUEUE_DEPTH}"),
         (0 <= config.capture_threads <= MAX_STREAMS, "capture_threads",
          f"an integer from 0 (auto: half the cores) to {MAX_STREAMS}"),
+        (0 <= config.decode_processes <= MAX_DECODE_PROCESSES, "decode_processes",
+         f"an integer from 0 (decode in the serving process) to {MAX_DECODE_PROCESSES}"),
         (config.backend in BACKENDS or is_triton(config.backend), "backend", BACKEND_HELP),
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
         (config.postprocess in POSTPROCESS_PLACES, "postprocess", " | ".join(POSTPROCESS_PLACES)),

@@ -33,6 +33,7 @@ from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.capture import ROOM, CaptureGroup, capture_threads
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.control import Control
+from jetpipe.pipelines.decode_procs import LIVE_CREDITS, DecodeProcesses, RemoteNvdecSource
 from jetpipe.pipelines.metrics import COUNTERS, Metrics, MetricsServer
 from jetpipe.pipelines.preview import Preview
 from jetpipe.pipelines.secondary import SecondaryStage, frames_read
@@ -44,6 +45,7 @@ from jetpipe.pipelines.tracking import Tracker
 from jetpipe.runtime.ring import slot_bytes
 from jetpipe.runtime.runtime import open_runtime
 from jetpipe.tasks import for_bundle
+from jetpipe.uri import parse as parse_uri
 
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
@@ -130,6 +132,7 @@ class Pipeline:
         capacity = (config.control.max_streams or len(config.sources)) if self.control else len(config.sources)
         self.streams = Streams(capacity)
         self.closers.append(self._close_sources)
+        self.decoders = self._decode_processes(capacity)
         sources = []
         for i, s in enumerate(config.sources):
             sources.append(self._open_source(s, i))
@@ -188,7 +191,29 @@ class Pipeline:
         """The source of each stream in a slot now."""
         return [s.source for s in self.streams.live()]
 
+    def _decode_processes(self, capacity: int) -> DecodeProcesses | None:
+        """The decode processes NVDEC files are decoded in (decode_processes), or None: none asked, or no NVDEC
+        here. At most one a stream."""
+        asked = self.config.decode_processes
+        if not asked:
+            return None
+        if not self.runtime.decodes_to_device:
+            log.info("decode_processes = %d: no NVDEC here (the GPU runtime and PyNvVideoCodec on a discrete GPU); "
+                     "sources are decoded in this process", asked)
+            return None
+        decoders = DecodeProcesses(min(asked, capacity), self.runtime.device, _DecodedElsewhere(self),
+                                   self._start_thread, streams=capacity)
+        self.closers.append(decoders.close)
+        return decoders
+
     def _open_source(self, spec, seed: int):
+        if self.decoders is not None and _decodable_elsewhere(spec):
+            source = self.decoders.open(parse_uri(spec.uri), spec.loop, spec.realtime, self.config.frames)
+            if not isinstance(source, str):
+                return source
+            log.warning("source %s: NVDEC cannot decode it (%s): decoding with FFmpeg", spec.uri, source)
+            return open_source(spec.uri, spec.loop, seed=seed, realtime=spec.realtime,
+                               streams=self.streams.capacity)
         return open_source(spec.uri, spec.loop, seed=seed, realtime=spec.realtime, decoder=spec.decoder,
                            hwaccel=spec.hwaccel, hardware=self.runtime.hardware_decoder,
                            streams=self.streams.capacity)
@@ -289,6 +314,8 @@ class Pipeline:
             self._interrupt(stream)
         for group in self.capture_groups:
             group.wake()
+        if self.decoders is not None:
+            self.decoders.wake()
 
     @staticmethod
     def _interrupt(stream: Stream) -> None:
@@ -327,6 +354,8 @@ class Pipeline:
         writer = self._thread(self._write_sinks, "sinks")
         for t in (gpu, post, *([chained] if chained else []), writer):
             t.start()
+        if self.decoders is not None:
+            self.decoders.mark_cpu()
         with self.streams.lock:
             for stream in self.streams.live():
                 self._start_capture(stream)
@@ -361,6 +390,8 @@ class Pipeline:
         self.records.put(None)
         writer.join()
         self.thread_cpu_s["process"] = time.process_time() - cpu_started
+        if self.decoders is not None:  # their CPU is the run's too (cpu_cores counts it)
+            self.thread_cpu_s["decode_processes"] = self.decoders.cpu_seconds()
         seconds = time.monotonic() - started
         for i in range(len(self.sinks)):  # before the summary: what fails while a sink finishes is counted
             self._close_sink(i)
@@ -373,6 +404,10 @@ class Pipeline:
         """A stream whose reads never block for long is read by a shared capture thread (the least loaded),
         any other by a thread of its own."""
         stream.started = True
+        if isinstance(stream.source, RemoteNvdecSource):  # its frames come from a decode process
+            self.batcher.room_waiter(stream.slot, self.decoders.waker(stream))
+            self.decoders.start(stream)
+            return
         if self.capture_groups and getattr(stream.source, "shares_thread", False):
             group = min(self.capture_groups, key=len)
             stream.source.paced_by_caller = True
@@ -767,6 +802,8 @@ class Pipeline:
         self._interrupt(stream)
         for group in self.capture_groups:
             group.wake()
+        if self.decoders is not None:
+            self.decoders.wake()
         with self.streams.changed:
             done = self.streams.changed.wait_for(lambda: stream.state == "removed", timeout=wait_s)
         return (200 if done else 202), self.describe_stream(stream_id)
@@ -869,7 +906,8 @@ class Pipeline:
                 "postprocess": "gpu" if self.runtime.reduction else "cpu",
                 "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, processed)),
                 "cpu_seconds": {k: round(v, 3) for k, v in self.thread_cpu_s.items()},
-                "cpu_cores": round(self.thread_cpu_s.get("process", 0.0) / max(seconds, 1e-9), 2),
+                "cpu_cores": round(sum(self.thread_cpu_s.get(k, 0.0) for k in ("process", "decode_processes"))
+                                   / max(seconds, 1e-9), 2),
                 "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()},
                 # the share of the run the GPU spent on batches: near 1, the GPU is what limits throughput
                 **({"gpu_busy_share": round(self.gpu_busy_s / max(seconds, 1e-9), 3)} if self.gpu_busy_s else {}),
@@ -937,6 +975,71 @@ def _per_batch(phase_s: dict[str, float], batches: int) -> dict[str, float]:
 
 def _median(values: list[float]) -> float:
     return round(float(sorted(values)[len(values) // 2]), 4) if values else 0.0
+
+
+def _decodable_elsewhere(spec) -> bool:
+    """A video file NVDEC may decode in a decode process (what it cannot take is then decoded here)."""
+    if spec.decoder not in ("auto", "nvdec") or spec.hwaccel:
+        return False
+    uri = parse_uri(spec.uri)
+    return uri.scheme == "file" and uri.path.is_file()
+
+
+class _DecodedElsewhere:
+    """What the decode processes' links (pipelines.decode_procs) ask of the daemon, for a stream (its Stream):
+    the capture loop's part, for frames a decode process wrote into the stream's ring."""
+
+    def __init__(self, pipeline: Pipeline):
+        self.pipeline = pipeline
+
+    def credits_wanted(self, handle: Stream, held: int) -> int:
+        """Slots to hand the process now: a live stream one being decoded and the next (its oldest queued
+        frame is dropped for a slot when behind); a file as many as its queue has room for."""
+        if handle.source.live:
+            return max(0, LIVE_CREDITS - held)
+        return max(0, self.pipeline.batcher.depth - len(self.pipeline.batcher.queues[handle.slot]) - held)
+
+    def acquire(self, handle: Stream) -> int | None:
+        return self.pipeline._free_slot(handle.slot, handle.source.live)
+
+    def slot_address(self, handle: Stream, slot: int) -> int:
+        """The slot's device allocation (its base address: a device ring allocates each slot on its own)."""
+        info = handle.source.info
+        return self.pipeline.streams.rings[handle.slot].view(slot, info.format, info.height, info.width).address
+
+    def deliver(self, handle: Stream, slot: int, pts: float | None, frame_no: int) -> None:
+        p, info, stream = self.pipeline, handle.source.info, handle.slot
+        ring = p.streams.rings[stream]
+        frame = ring.frame(slot, info.format, info.height, info.width, info.standard, info.range)
+        p.batcher.put(Packet(stream, frame_no, time.time(), frame, _releaser(ring, slot), pts=pts,
+                             live=handle.source.live))  # never waits: a file's credits were its queue's room
+        p.metrics.count("captured", stream)
+        p._last_frame[stream] = time.monotonic()
+
+    def release(self, handle: Stream, slot: int) -> None:
+        self.pipeline.streams.rings[handle.slot].release(slot)
+
+    def ended(self, handle: Stream, how: str, why: str, frames: int) -> None:
+        """The process is done with the stream: at its end, its frame limit, its removal, or (failed) gone."""
+        source = handle.source
+        if how == "failed":
+            self.pipeline.metrics.count("failed", handle.slot)
+            log.error("source %d (%s): %s", handle.id, source.describe(), why)
+        elif how == "ended":
+            log.info("source %d (%s) ended after %d frames, %d decode error(s)", handle.id, source.describe(),
+                     frames, source.decode_errors)
+        if how in ("ended", "failed") and handle.state == "running":
+            handle.state = "ended"
+        handle.done.set()
+
+    def failed(self, handle: Stream, why: str, backoff: float) -> None:
+        """A read failed in the process; it opens the stream again after `backoff`."""
+        self.pipeline.metrics.count("failed", handle.slot)
+        self.pipeline.metrics.count("reconnects", handle.slot)
+        log.warning("source %d (%s): %s; reconnecting in %.1f s", handle.id, handle.source.describe(), why, backoff)
+
+    def stopping(self, handle: Stream) -> bool:
+        return self.pipeline.stop_event.is_set() or handle.stop.is_set()
 
 
 def _releaser(ring, slot):

@@ -56,11 +56,11 @@ def open_nvdec(device, uri: SourceURI, loop: bool = False, realtime: bool = Fals
     try:
         return NvdecSource(device, nvc, uri, loop, realtime, feed=feed, fallback=fallback)
     except Exception as exc:  # unsupported codec / chroma / bit depth, unreadable file: FFmpeg says more
-        log.warning("source %s: NVDEC cannot decode it (%s): decoding with FFmpeg", uri.text, _first_line(exc))
+        log.warning("source %s: NVDEC cannot decode it (%s): decoding with FFmpeg", uri.text, first_line(exc))
         return None
 
 
-def _first_line(exc: Exception) -> str:
+def first_line(exc: Exception) -> str:
     """What an exception says in one line; PyNvVideoCodec's own say it on an "Error Type :" line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     said = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Error Type")), None)
@@ -134,7 +134,7 @@ class NvdecSource:
             demuxer = nvc.CreateDemuxer(self.feed.fill)
             failure = None
         except Exception as exc:
-            demuxer, failure = None, _first_line(exc)
+            demuxer, failure = None, first_line(exc)
         if self._interrupted:
             raise SourceError(f"{self.uri}: stopped")
         if demuxer is None or self.feed.received == 0:  # refused, unreachable, not a video stream
@@ -153,7 +153,7 @@ class NvdecSource:
                                                   cudacontext=device.context.handle,
                                                   cudastream=self._stream.handle, usedevicememory=True)
             except Exception as exc:
-                raise Unsupported(_first_line(exc)) from None
+                raise Unsupported(first_line(exc)) from None
         self._demuxer, self._packets = demuxer, iter(demuxer)
         self._pending: deque = deque()
         self._index = 0
@@ -218,7 +218,7 @@ class NvdecSource:
                     self._pending.extend(self._decoder.Decode(packet))
             except Exception as exc:  # a corrupt packet: counted, the stream goes on
                 if self._index == 0 and "not supported" in str(exc).lower():  # its codec/profile: before any frame
-                    raise Unsupported(_first_line(exc)) from None
+                    raise Unsupported(first_line(exc)) from None
                 self._decode_errors += 1
                 if worth_logging(self._decode_errors):
                     log.warning("%s: decode error #%d: %s", self.describe(), self._decode_errors, exc)

@@ -123,3 +123,17 @@ def test_capture_threads_out_of_bounds_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "capture_threads = -2: allowed an integer from 0 (auto: half the cores) to 256" in err
     assert "Traceback" not in err
+
+
+def test_decode_processes_without_nvdec_decode_in_the_serving_process_and_say_so(det_bundle, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
+    sources = [SourceConfig("synthetic:320x240@0:nv12") for _ in range(2)]
+    config = validate(PipelineConfig(bundle=det_bundle, sources=sources, frames=5, decode_processes=2,
+                                     backend="onnxruntime-cpu", metrics_listen=""))
+    pipeline = Pipeline(config)
+    assert pipeline.decoders is None
+    assert "decode_processes = 2: no NVDEC here" in caplog.text
+    summary = pipeline.run()
+    assert summary["processed"] == [5, 5] and "decode_processes" not in summary["cpu_seconds"]

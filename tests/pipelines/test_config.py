@@ -23,6 +23,9 @@ HEAD = "[pipeline]\nbundle = 'b'\n"
      r"max_frame_hw = \('a', 'b'\): allowed \[height, width\], two integers"),
     (HEAD + "[[source]]\nuri = 'synthetic'\n[metrics]\nlisten = 'notaport'\n", r"listen = 'notaport': write HOST:PORT"),
     (HEAD + "[[source]]\nuri = 'synthetic'\n[metrics]\nlisten = ':99999'\n", r"listen = ':99999': write HOST:PORT"),
+    (HEAD + "decode_processes = 33\n[[source]]\nuri = 'synthetic'\n",
+     r"decode_processes = 33: allowed an integer from 0 \(decode in the serving process\) to 32"),
+    (HEAD + "decode_processes = 1.5\n[[source]]\nuri = 'synthetic'\n", r"decode_processes = 1.5: expected an integer"),
 ])
 def test_config_traps_are_named(tmp_path, text, message):
     path = tmp_path / "c.toml"

@@ -114,6 +114,114 @@ def test_nvdec_pipeline_copies_no_pixels_on_the_host_and_processes_every_frame(d
     assert pipeline.runtime.frame_bytes_uploaded == 0 and pipeline.runtime.host_frame_copies == 0
 
 
+def _records(path):
+    """The records of a jsonl sink by (stream, frame), without the times that differ run to run."""
+    import json
+
+    records, timing = {}, ("t_capture", "t_result", "latency_ms")
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        records[(r["stream"], r["frame"])] = {k: v for k, v in r.items() if k not in timing}
+    return records
+
+
+def test_decode_processes_give_the_records_of_decoding_in_the_serving_process(det_bundle, clips, tmp_path):
+    """Two files NVDEC decodes in processes of their own (CUDA IPC into this process's ring slots), and one it
+    cannot (4:4:4: FFmpeg here): every frame, in order, the same results as decoding them all here."""
+    names = ["h264", "hevc", "yuv444"]
+    runs = {}
+    for processes in (0, 2):
+        out = tmp_path / f"r{processes}.jsonl"
+        config = _config(det_bundle, [SourceConfig(str(clips[n])) for n in names], backend="onnxruntime-cuda",
+                         max_batch=1, queue_depth=2, sinks=[f"jsonl:{out}"], decode_processes=processes)
+        pipeline = Pipeline(config)
+        described = [s.describe() for s in pipeline.sources]
+        summary = pipeline.run()
+        assert summary["processed"] == [24, 16, 8] and summary["dropped"] == [0, 0, 0], summary
+        assert summary["failed"] == [0, 0, 0]
+        runs[processes] = _records(out)
+    assert "decode process" in described[0] and "decode process" in described[1], described
+    assert described[2].endswith("(ffmpeg in-process)")
+    assert [f for s, f in sorted(runs[2]) if s == 0] == list(range(24))
+    assert runs[2] == runs[0]
+    assert "decode_processes" in summary["cpu_seconds"]
+    assert pipeline.decoders.links == []  # closed: the processes exited
+
+
+def test_decode_processes_serve_realtime_looping_files_and_stop_in_time(det_bundle, clips):
+    """Paced (--realtime) looping files decoded in a process: served at their rate until the run's duration,
+    then every stream ends and the process exits; nothing fails."""
+    config = _config(det_bundle, [SourceConfig(str(clips["h264"]), loop=True, realtime=True) for _ in range(3)],
+                     backend="onnxruntime-cuda", max_batch=4, duration=3.0, decode_processes=1)
+    pipeline = Pipeline(config)
+    process = pipeline.decoders.links[0].process
+    started = time.monotonic()
+    summary = pipeline.run()
+    assert time.monotonic() - started < 3.0 + 10.0
+    assert summary["failed"] == [0, 0, 0]
+    # 30 fps for ~3 s: between 1.5 and 4 s of frames each (start-up and the stop are not exact)
+    assert all(45 <= c <= 120 for c in summary["captured"]), summary["captured"]
+    assert [p + d for p, d in zip(summary["processed"], summary["dropped"])] == summary["captured"]
+    assert not process.is_alive()
+
+
+def test_decode_processes_take_streams_added_and_removed_while_serving(det_bundle, clips):
+    """With the control API, a stream added while serving is decoded in a decode process too: a file to its
+    end, and a looping one until it is removed (its frames through, its slot freed)."""
+    import socket
+
+    from jetpipe.pipelines.config import ControlConfig
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = _config(det_bundle, [], backend="onnxruntime-cuda", max_batch=4, decode_processes=1,
+                     metrics_listen=f"127.0.0.1:{port}", control=ControlConfig(enabled=True, max_streams=2))
+    pipeline, summaries = Pipeline(config), []
+    runner = threading.Thread(target=lambda: summaries.append(pipeline.run()))
+    runner.start()
+    try:
+        ended = pipeline.add_stream(SourceConfig(str(clips["h264"])))
+        looping = pipeline.add_stream(SourceConfig(str(clips["hevc"]), loop=True))
+        assert "decode process" in pipeline.streams.find(looping["id"]).source.describe()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (pipeline.describe_stream(ended["id"])["processed"] < 24 or
+                                               pipeline.describe_stream(looping["id"])["processed"] < 40):
+            time.sleep(0.05)
+        status, final = pipeline.remove_stream(looping["id"])
+        assert status == 200 and final["state"] == "removed" and final["processed"] >= 40
+        assert final["processed"] == final["captured"] and final["failed"] == 0
+        assert pipeline.describe_stream(ended["id"])["processed"] == 24
+    finally:
+        pipeline.stop()
+        runner.join(60)
+    assert not runner.is_alive() and summaries[0]["failed"] == [0, 0]
+
+
+def test_ctrl_c_reaching_the_decode_processes_too_drains_and_exits_0(det_bundle, clips, tmp_path):
+    """Ctrl-C goes to the whole process group, decode processes included: they keep decoding until the serving
+    process has stopped its streams and drained; no stream fails, exit 0 with the summary."""
+    import json
+    import os
+    import signal
+
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--source",
+                             str(clips["h264"]), "--source", str(clips["hevc"]), "--loop", "--decode-processes", "2", "--backend",
+                             "onnxruntime-cuda", "--sink", f"jsonl:{out}", "--metrics", ""],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and (not out.exists() or len(out.read_text()) < 1000):
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate(timeout=10)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    summary = json.loads(err.strip().splitlines()[-1])["summary"]
+    assert summary["failed"] == [0, 0] and "interrupted" not in summary, err[-2000:]
+    assert sum(summary["processed"]) == len(out.read_text().splitlines()) > 0
+    assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+
+
 @pytest.mark.parametrize("name", ["h264", "hevc"])
 def test_ffmpeg_hwaccel_cuda_decodes_files_on_the_gpu_into_nv12_equal_to_software(clips, name, caplog):
     import logging

@@ -1,0 +1,356 @@
+"""NVDEC decoding in a process of its own, into the serving process's device ring slots (CUDA IPC).
+
+Why a process: in one process every decoded frame takes the GIL a few times (PyNvVideoCodec's Decode, the
+copy into the slot, its synchronize), and at 32-64 streams the capture threads held the light model at
+43-58 % of what NVDEC decodes (issue 27; docs/benchmarks.md). PyNvVideoCodec's own cost (~0.4 ms of CPU a
+frame) is here spread over processes with a GIL each; the serving process only turns records into batches.
+
+The serving process owns the memory: it allocates the rings as before and hands this process *credits*,
+each a ring slot to fill (a token, the slot's allocation as an IPC handle, sent once, and its size). For
+each credit the process decodes its stream's next frame, copies it device to device into the slot and
+synchronizes, then answers with a fixed-size record (stream, token, presentation time, decode errors); the
+records of a round go back in one message. A stream decodes only while it holds credits: the serving
+process grants them as its queue has room (files: every frame kept) or as slots are free (cameras and
+--realtime files, paced here by their frame rate; the serving process drops their oldest when behind).
+
+Messages both ways are bytes: a tag, then either packed fixed-size structs (credits, records: the hot path,
+no pickling) or a pickled tuple (opening, removing, ending a stream: rare).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import pickle
+import signal
+import struct
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from jetpipe.runtime.cuda import CudaDevice
+from jetpipe.runtime.nvdec import NvdecSource, first_line, import_nvdec
+from jetpipe.runtime.ring import DeviceSlot
+from jetpipe.uri import parse
+from jetpipe.video import EndOfStream
+
+log = logging.getLogger(__name__)
+
+CREDIT = struct.Struct("<iiQ")      # stream, token, allocation key (the slot's address in the serving process)
+RECORD = struct.Struct("<iidi")     # stream, token, presentation time (s; NaN: unknown), decode errors so far
+TAG_CREDITS, TAG_FRAMES, TAG_MESSAGE = b"C", b"F", b"M"
+IDLE_WAIT_S = 0.05      # the longest a lane waits when none of its streams has a frame due
+CU_CTX_SCHED_BLOCKING_SYNC = 0x04
+RETRY_MAX_S = 10.0      # a stream that failed is opened again after a backoff up to this
+
+
+def pack_message(*message) -> bytes:
+    return TAG_MESSAGE + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+@dataclass
+class _Decoding:
+    """A stream this process decodes: its source, the credits it holds, its progress."""
+
+    stream: int
+    source: object
+    frame_bytes: int
+    limit: int                      # frames to decode, 0: no limit
+    credits: deque = field(default_factory=deque)   # (token, allocation key)
+    frames: int = 0
+    retry_at: float = 0.0           # a failed stream: monotonic time of its next open
+    backoff: float = 0.5
+    failed: bool = False
+
+
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]  # CUipcMemHandle
+
+
+class _IpcSlots:
+    """Allocations of the serving process opened here, once each (cuIpcOpenMemHandle), by their key."""
+
+    def __init__(self):
+        self._libcuda = ctypes.CDLL("libcuda.so.1")
+        self._pointers: dict[int, int] = {}
+        self._handles: dict[int, bytes] = {}
+        self._lock = threading.Lock()  # lanes open handles; each once
+
+    def learn(self, handles: dict[int, bytes]) -> None:
+        self._handles.update(handles)
+
+    def address(self, key: int, device) -> int:
+        pointer = self._pointers.get(key)
+        if pointer is None:
+            with self._lock, device.active():
+                pointer = self._pointers.get(key) or self._open(key)
+        return pointer
+
+    def _open(self, key: int) -> int:
+        handle = _IpcHandle.from_buffer_copy(self._handles[key])  # a struct passed by value, not a pointer
+        opened = ctypes.c_uint64()
+        status = self._libcuda.cuIpcOpenMemHandle_v2(ctypes.byref(opened), handle, ctypes.c_uint(1))
+        if status != 0:
+            raise RuntimeError(f"cuIpcOpenMemHandle failed with CUDA error {status}")
+        self._pointers[key] = opened.value
+        return opened.value
+
+    def close(self) -> None:
+        for pointer in self._pointers.values():
+            self._libcuda.cuIpcCloseMemHandle(ctypes.c_uint64(pointer))
+        self._pointers.clear()
+
+
+class DecodeWorker:
+    """A decode process: its main thread reads messages; lanes (threads, LANES at most) decode the streams, each
+    lane a few in turn. Several lanes keep several frames in flight on NVDEC: a decode waits for the GPU
+    (the frame's copy out of the decoder, its copy into the slot), and a process with one context on the
+    GPU among others waits for its turn there."""
+
+    def __init__(self, conn, ordinal: int, lanes: int):
+        self.conn = conn
+        self.device = CudaDevice(ordinal)
+        self.nvc = import_nvdec()
+        self.slots = _IpcSlots()
+        self.lanes = [_Lane(self, k) for k in range(lanes)]
+        self.removed: list = []     # sources of streams that ended or were removed, not closed yet
+        self.lock = threading.Lock()   # removed; and one writer on the pipe at a time
+        self.running = True
+
+    def lane(self, stream: int) -> _Lane:
+        return self.lanes[stream % len(self.lanes)]
+
+    def send(self, data: bytes) -> None:
+        with self.lock:
+            self.conn.send_bytes(data)
+
+    def say(self, *message) -> None:
+        self.send(pack_message(*message))
+
+    # --- messages ------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while self.running:
+                data = self.conn.recv_bytes()
+                if data[:1] == TAG_CREDITS:
+                    for stream, token, key in CREDIT.iter_unpack(memoryview(data)[1:]):
+                        self.lane(stream).credit(stream, token, key)
+                else:
+                    self._handle(pickle.loads(data[1:]))
+        except (EOFError, BrokenPipeError, ConnectionResetError):  # the serving process is gone
+            pass
+        finally:
+            self.close()
+
+    def _handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "open":
+            self._open(*message[1:])
+        elif kind == "handles":
+            self.slots.learn(message[1])
+        elif kind == "remove":
+            self.lane(message[1]).remove(message[1])
+        elif kind == "exit":
+            self.running = False
+
+    # --- streams -------------------------------------------------------------------------------------------
+    def _open(self, stream: int, location: str, loop: bool, realtime: bool, limit: int) -> None:
+        """Open a file for NVDEC; answer ("opened", stream, info fields) or ("unsupported", stream, why)."""
+        self._close_removed()  # their decoders' memory, before another decoder takes some
+        try:
+            source = NvdecSource(self.device, self.nvc, parse(location), loop, realtime)
+            info = source.open()
+        except Exception as exc:  # not 8-bit 4:2:0, a codec the GPU lacks, not a video: FFmpeg decodes it
+            self.say("unsupported", stream, first_line(exc), time.process_time())
+            return
+        source.paced_by_caller = True  # paced by its lane (due_in), never asleep inside a read
+        self.lane(stream).add(_Decoding(stream, source, info.height * info.width * 3 // 2, limit))
+        self.say("opened", stream, (info.format, info.height, info.width, info.standard, info.range, info.fps),
+                 time.process_time())
+
+    def ended(self, decoding: _Decoding, how: str, why: str = "") -> None:
+        """The stream is done here (ended, removed, at its limit): its unused credits go back."""
+        with self.lock:
+            self.removed.append(decoding.source)
+        unused = [token for token, _ in decoding.credits]
+        self.say("ended", decoding.stream, how, why, decoding.frames, decoding.source.decode_errors, unused,
+                 time.process_time())
+
+    def _close_removed(self) -> None:
+        """Close the decoders of streams that ended or were removed. Not at once: freeing a decoder's memory
+        waits for the GPU, and at a stop every stream ends while the serving process drains its batches."""
+        with self.lock:
+            removed, self.removed = self.removed, []
+        for source in removed:
+            try:
+                source.close()
+            except Exception as exc:
+                log.warning("decode process: closing %s: %s", source.uri, exc)
+
+    def close(self) -> None:
+        self.running = False
+        for lane in self.lanes:
+            lane.stop()
+        for lane in self.lanes:
+            self.removed += lane.release()
+        self._close_removed()
+        with self.device.active():
+            self.slots.close()
+        self.device.close()
+
+
+class _Lane:
+    """A thread of a decode process and the streams it decodes, a frame each in turn."""
+
+    def __init__(self, worker: DecodeWorker, index: int):
+        self.worker, self.index = worker, index
+        self.cond = threading.Condition()
+        self.streams: dict[int, _Decoding] = {}
+        self._removing: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, decoding: _Decoding) -> None:
+        with self.cond:
+            self.streams[decoding.stream] = decoding
+            if self._thread is None:  # started with its first stream
+                self._thread = threading.Thread(target=self._run, name=f"decode-lane-{self.index}", daemon=True)
+                self._thread.start()
+            self.cond.notify()
+
+    def credit(self, stream: int, token: int, key: int) -> None:
+        with self.cond:
+            decoding = self.streams.get(stream)
+            if decoding is not None:
+                decoding.credits.append((token, key))
+                self.cond.notify()
+
+    def remove(self, stream: int) -> None:
+        with self.cond:
+            self._removing.add(stream)
+            self.cond.notify()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def release(self) -> list:
+        """The sources still here (the process exits)."""
+        sources = [d.source for d in self.streams.values()]
+        self.streams.clear()
+        return sources
+
+    def _run(self) -> None:
+        try:
+            self._decode()
+        except (EOFError, OSError):  # the serving process is gone: the process ends
+            self.worker.running = False
+
+    def _decode(self) -> None:
+        while self.worker.running:
+            with self.cond:
+                removed = [self.streams.pop(s) for s in self._removing if s in self.streams]
+                self._removing.clear()
+                now = time.monotonic()
+                turn = [d for d in self.streams.values()
+                        if (d.failed and d.retry_at <= now) or (not d.failed and d.credits and d.source.due_in() <= 0)]
+                if not (turn or removed):
+                    self.cond.wait(self._idle_wait(now))
+                    continue
+            for decoding in removed:
+                self.worker.ended(decoding, "removed")
+            records = [r for r in map(self._step, turn) if r is not None]
+            if records:
+                self.worker.send(TAG_FRAMES + b"".join(records))
+
+    def _idle_wait(self, now: float) -> float:
+        """Until the soonest paced frame or retry is due, at most IDLE_WAIT_S."""
+        soonest = IDLE_WAIT_S
+        for d in self.streams.values():
+            if d.failed:
+                soonest = min(soonest, d.retry_at - now)
+            elif d.credits:
+                soonest = min(soonest, d.source.due_in())
+        return max(0.0, soonest)
+
+    def _step(self, decoding: _Decoding) -> bytes | None:
+        if decoding.failed:
+            self._retry(decoding)
+            return None
+        return self._decode_one(decoding)
+
+    def _decode_one(self, decoding: _Decoding) -> bytes | None:
+        token, key = decoding.credits[0]
+        info = decoding.source.info
+        try:
+            slot = DeviceSlot(self.worker.slots.address(key, self.worker.device), decoding.frame_bytes,
+                              info.format, info.height, info.width)
+            pts = decoding.source.read_into(slot)
+        except EndOfStream:
+            self._end(decoding, "ended")
+            return None
+        except Exception as exc:  # a read that failed: said, the stream opened again after a backoff
+            decoding.source.close()
+            self._failed(decoding, exc)
+            return None
+        decoding.credits.popleft()
+        decoding.frames += 1
+        record = RECORD.pack(decoding.stream, token, float("nan") if pts is None else pts,
+                             decoding.source.decode_errors)
+        if decoding.limit and decoding.frames >= decoding.limit:
+            self.worker.send(TAG_FRAMES + record)  # before its end, so the serving process counts it
+            self._end(decoding, "limit")
+            return None
+        return record
+
+    def _end(self, decoding: _Decoding, how: str) -> None:
+        with self.cond:
+            self.streams.pop(decoding.stream, None)
+        self.worker.ended(decoding, how)
+
+    def _failed(self, decoding: _Decoding, exc: Exception) -> None:
+        decoding.failed, decoding.retry_at = True, time.monotonic() + decoding.backoff
+        self.worker.say("failed", decoding.stream, str(exc)[:300], decoding.backoff)
+        decoding.backoff = min(decoding.backoff * 2, RETRY_MAX_S)
+
+    def _retry(self, decoding: _Decoding) -> None:
+        try:
+            decoding.source.open()
+        except Exception as exc:
+            self._failed(decoding, exc)
+            return
+        decoding.failed, decoding.backoff = False, 0.5
+
+
+def blocking_sync(ordinal: int) -> None:
+    """This process's primary context waits for the GPU asleep, not spinning: its lanes wait there most of
+    the time (each a core, spinning)."""
+    driver, device = ctypes.CDLL("libcuda.so.1"), ctypes.c_int()
+    if driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(device), ordinal) == 0:
+        driver.cuDevicePrimaryCtxSetFlags_v2(device, ctypes.c_uint(CU_CTX_SCHED_BLOCKING_SYNC))
+
+
+def worker_main(conn, ordinal: int, lanes: int, log_level: int) -> None:
+    """A decode process's entry (multiprocessing, spawned: CUDA cannot be forked)."""
+    # Ctrl-C reaches the whole process group, and systemd's SIGTERM every process of the unit: the serving
+    # process stops its streams, drains, then asks this one to exit (the pipe's end if it is killed)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s decode-%(process)d %(message)s")
+    try:
+        blocking_sync(ordinal)
+        worker = DecodeWorker(conn, ordinal, lanes)
+    except Exception as exc:
+        try:
+            conn.send_bytes(pack_message("broken", f"{type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
+        return
+    conn.send_bytes(pack_message("ready", time.process_time()))
+    worker.run()
+    try:
+        conn.send_bytes(pack_message("exited", time.process_time()))
+    except OSError:
+        pass
