@@ -31,6 +31,7 @@ LIVE_CREDITS = 2        # slots a live stream's process may hold: the frame bein
 START_TIMEOUT_S = 120.0  # a decode process spawns (imports, CUDA context) and opens a file within this
 POLL_S = 0.05           # the longest a link waits without looking at stops
 MAX_LANES = 32          # decoding threads in a decode process
+RESPAWN_MAX_S = 10.0    # the longest wait before a decode process that exited is replaced
 STARVED_S = 0.001       # every ring slot in flight on the GPU: look again this soon (a release is not signalled)
 CPU_SAID = ("ready", "opened", "unsupported", "ended", "exited")  # messages whose last field is the process's CPU
 
@@ -48,8 +49,10 @@ class RemoteNvdecSource:
     shares_thread = False
     paced_by_caller = True
 
-    def __init__(self, uri: str, loop: bool, realtime: bool, info: FrameInfo, remote_id: int, process: int):
-        self.uri, self.loop, self.realtime, self.live = uri, loop, realtime, realtime
+    def __init__(self, uri, loop: bool, realtime: bool, info: FrameInfo, remote_id: int, process: int):
+        """uri: the file's SourceURI."""
+        self.uri, self.location = uri.text, uri.location
+        self.loop, self.realtime, self.live = loop, realtime, realtime
         self.info, self.remote_id, self.process = info, remote_id, process
         self.decode_errors = 0
 
@@ -72,11 +75,18 @@ class RemoteNvdecSource:
 @dataclass
 class _Remote:
     source: RemoteNvdecSource
+    limit: int                       # frames to decode (0: no limit)
     handle: object = None            # the daemon's Stream, once its capture started
+    reopening: bool = False          # its process was replaced: no credit until the new one opened it
     tokens: dict = field(default_factory=dict)   # credit token -> ring slot, while the process holds it
     next_token: int = 0
     frames: int = 0                  # frames delivered
     remove_sent: bool = False
+
+    def open_message(self) -> bytes:
+        left = max(1, self.limit - self.frames) if self.limit else 0
+        source = self.source
+        return pack_message("open", source.remote_id, source.location, source.loop, source.realtime, left)
 
 
 class _Waker:
@@ -116,22 +126,30 @@ class _Link:
 
     def __init__(self, index: int, context, device, host, start_thread, lanes: int):
         self.index, self.device, self.host = index, device, host
-        parent, child = context.Pipe(duplex=True)
-        self.process = context.Process(target=worker_main, name=f"jetpipe-decode-{index}", daemon=True,
-                                       args=(child, device.ordinal, lanes, logging.getLogger().getEffectiveLevel()))
-        self.process.start()
-        child.close()
-        self.conn, self.waker = parent, _Waker()
+        self._context, self._lanes = context, lanes
+        self.waker = _Waker()
+        self._spawn()
         self.remotes: dict[int, _Remote] = {}
         self.opening: dict[int, list] = {}     # remote id -> [event, answer]
-        self.handles_sent: set[int] = set()
         self.cpu_s = 0.0                        # the process's CPU time, as it last said
+        self.cpu_spent = 0.0                    # the CPU time of the processes it replaced
         self.lock = threading.Lock()            # remotes, opening; and one writer on the pipe at a time
         self.closing, self.gone = False, None   # gone: why the process is no longer there
         self.ready = threading.Event()
         self.finished = threading.Event()       # its thread ended: the pipes may be closed
         self._starved = False
+        self._backoff = 0.5                     # before a process that exited is replaced
         start_thread(self._run, f"decode-link-{index}")
+
+    def _spawn(self) -> None:
+        parent, child = self._context.Pipe(duplex=True)
+        self.process = self._context.Process(
+            target=worker_main, name=f"jetpipe-decode-{self.index}", daemon=True,
+            args=(child, self.device.ordinal, self._lanes, logging.getLogger().getEffectiveLevel()))
+        self.process.start()
+        child.close()
+        self.conn = parent
+        self.handles_sent: set[int] = set()     # the slots whose IPC handle this process was sent
 
     def __len__(self) -> int:
         return len(self.remotes)
@@ -158,25 +176,68 @@ class _Link:
     def _run(self) -> None:
         try:
             while not (self.closing and not self.remotes):
-                if self.gone is None:
-                    self._grant()
-                ready = wait_for_any([self.conn, self.waker.read_fd], STARVED_S if self._starved else POLL_S)
-                if self.waker.read_fd in ready:
-                    self.waker.clear()
-                if self.conn in ready:
-                    self._receive()
-                self._ask_removals()
+                try:
+                    self._serve()
+                except (EOFError, OSError) as exc:
+                    if self.closing or self.gone is not None:
+                        raise
+                    self._replace(exc)
         except (EOFError, OSError) as exc:
             self._lost(f"decode process {self.index} exited ({exc or type(exc).__name__})")
         finally:
             self.finished.set()
+
+    def _serve(self) -> None:
+        """One turn: credits granted, then what the process sent or the batcher woke it for."""
+        if self.gone is None:
+            self._grant()
+        ready = wait_for_any([self.conn, self.waker.read_fd], STARVED_S if self._starved else POLL_S)
+        if self.waker.read_fd in ready:
+            self.waker.clear()
+        if self.conn in ready:
+            self._receive()
+        self._ask_removals()
+
+    def _replace(self, exc: BaseException) -> None:
+        """The process exited while serving (a crash in the decoder, killed): nothing writes the slots it held
+        now. Its streams count a failure and a reconnect, and are opened again in a new process after a
+        backoff (as a source that fails in this process is)."""
+        self.process.join(5)
+        why = f"decode process {self.index} exited (exit code {self.process.exitcode})"
+        with self.lock:
+            remotes = [r for r in self.remotes.values() if r.handle is not None]
+            opening, self.opening = list(self.opening.values()), {}
+            for rid in [rid for rid, r in self.remotes.items() if r.handle is None]:
+                del self.remotes[rid]  # opened, never started: not reopened
+        for waiting in opening:
+            waiting[1] = ("unsupported", why)
+            waiting[0].set()
+        log.error("%s: its %d stream(s) open in a new one in %.1f s", why, len(remotes), self._backoff)
+        for remote in remotes:
+            for slot in remote.tokens.values():
+                self.host.release(remote.handle, slot)
+            remote.tokens.clear()
+            remote.reopening = True
+            self.host.failed(remote.handle, why, self._backoff)
+        self.conn.close()
+        self.cpu_spent, self.cpu_s = self.cpu_spent + self.cpu_s, 0.0
+        resume = time.monotonic() + self._backoff
+        while time.monotonic() < resume:
+            if self.closing:  # the run is over: no new process
+                raise EOFError(why)
+            time.sleep(0.05)
+        self._backoff = min(2 * self._backoff, RESPAWN_MAX_S)
+        self._spawn()
+        for remote in remotes:
+            self.send(remote.open_message())
 
     def _grant(self) -> None:
         """Credits for every started stream that wants more, in one message (the slots' IPC handles first,
         once each)."""
         credits, handles, starved = [], {}, False
         with self.lock:
-            remotes = [(rid, r) for rid, r in self.remotes.items() if r.handle is not None and not r.remove_sent]
+            remotes = [(rid, r) for rid, r in self.remotes.items()
+                       if r.handle is not None and not (r.remove_sent or r.reopening)]
         for rid, remote in remotes:
             for _ in range(self.host.credits_wanted(remote.handle, len(remote.tokens))):
                 slot = self.host.acquire(remote.handle)
@@ -225,6 +286,8 @@ class _Link:
             if waiting is not None:
                 waiting[1] = (kind, message[2])
                 waiting[0].set()
+            else:
+                self._reopened(message[1], kind == "opened", message[2])
         elif kind == "ended":  # after the stream's last record: a slot it still holds will not be written
             _, rid, how, why, _frames, errors, _unused, _cpu = message
             with self.lock:
@@ -244,6 +307,19 @@ class _Link:
         elif kind == "broken":
             self.gone = message[1]
             self.ready.set()
+
+    def _reopened(self, rid: int, opened: bool, answer) -> None:
+        """A replaced process's answer for a stream it took over."""
+        remote = self.remotes.get(rid)
+        if remote is None:
+            return
+        if opened:
+            remote.reopening, self._backoff = False, 0.5
+            return
+        with self.lock:
+            self.remotes.pop(rid, None)
+        self.host.ended(remote.handle, "failed", f"the new decode process could not open it: {answer}",
+                        remote.frames)
 
     def _ask_removals(self) -> None:
         with self.lock:
@@ -327,9 +403,9 @@ class DecodeProcesses:
         kind, answer = link.open(remote_id, uri, loop, realtime, limit, self.timeout)
         if kind != "opened":
             return answer
-        source = RemoteNvdecSource(uri.text, loop, realtime, FrameInfo(*answer), remote_id, link.index)
+        source = RemoteNvdecSource(uri, loop, realtime, FrameInfo(*answer), remote_id, link.index)
         with link.lock:
-            link.remotes[remote_id] = _Remote(source)
+            link.remotes[remote_id] = _Remote(source, limit)
         return source
 
     def start(self, handle) -> None:
@@ -354,13 +430,13 @@ class DecodeProcesses:
 
     def mark_cpu(self) -> None:
         """The run starts: cpu_seconds() counts from here (a process's start-up and opening are not the run's)."""
-        self._cpu_marks = [link.cpu_s for link in self.links]
+        self._cpu_marks = [link.cpu_spent + link.cpu_s for link in self.links]
 
     def cpu_seconds(self) -> float:
         """The decode processes' CPU time since mark_cpu(), as they last said it (each says it as a stream of its
         opens and ends: at the end of a run, once its last stream ended)."""
         marks = self._cpu_marks or [0.0] * len(self.links)
-        return sum(link.cpu_s - mark for link, mark in zip(self.links, marks))
+        return sum(link.cpu_spent + link.cpu_s - mark for link, mark in zip(self.links, marks))
 
     def close(self) -> None:
         for link in self.links:

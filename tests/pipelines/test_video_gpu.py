@@ -198,6 +198,42 @@ def test_decode_processes_take_streams_added_and_removed_while_serving(det_bundl
     assert not runner.is_alive() and summaries[0]["failed"] == [0, 0]
 
 
+def test_a_decode_process_that_dies_is_replaced_and_its_streams_go_on(det_bundle, clips, caplog):
+    """A decode process killed while serving (a crash in the decoder would do the same): its streams count a
+    failure and a reconnect, a new process opens them again, and they go on; the run ends cleanly."""
+    import os
+    import signal
+
+    config = _config(det_bundle, [SourceConfig(str(clips[n]), loop=True) for n in ("h264", "hevc")],
+                     backend="onnxruntime-cuda", max_batch=4, decode_processes=1)
+    pipeline, summaries = Pipeline(config), []
+    runner = threading.Thread(target=lambda: summaries.append(pipeline.run()))
+    runner.start()
+    captured = pipeline.metrics.captured
+
+    def wait_for(condition):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not condition():
+            time.sleep(0.05)
+        return condition()
+
+    try:
+        assert wait_for(lambda: min(captured[:2]) >= 30)
+        killed = pipeline.decoders.links[0].process
+        os.kill(killed.pid, signal.SIGKILL)
+        assert wait_for(lambda: pipeline.metrics.reconnects[:2] == [1, 1])
+        before = list(captured[:2])
+        assert wait_for(lambda: all(c >= b + 30 for c, b in zip(captured[:2], before))), captured[:2]
+        assert pipeline.decoders.links[0].process is not killed
+    finally:
+        pipeline.stop()
+        runner.join(60)
+    summary = summaries[0]
+    assert summary["failed"] == [1, 1] and summary["reconnects"] == [1, 1]
+    assert summary["processed"] == summary["captured"] and summary["dropped"] == [0, 0]
+    assert "decode process 0 exited (exit code -9)" in caplog.text
+
+
 def test_ctrl_c_reaching_the_decode_processes_too_drains_and_exits_0(det_bundle, clips, tmp_path):
     """Ctrl-C goes to the whole process group, decode processes included: they keep decoding until the serving
     process has stopped its streams and drained; no stream fails, exit 0 with the summary."""
@@ -206,9 +242,10 @@ def test_ctrl_c_reaching_the_decode_processes_too_drains_and_exits_0(det_bundle,
     import signal
 
     out = tmp_path / "r.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--source",
-                             str(clips["h264"]), "--source", str(clips["hevc"]), "--loop", "--decode-processes", "2", "--backend",
-                             "onnxruntime-cuda", "--sink", f"jsonl:{out}", "--metrics", ""],
+    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle),
+                             "--source", str(clips["h264"]), "--source", str(clips["hevc"]), "--loop",
+                             "--decode-processes", "2", "--backend", "onnxruntime-cuda", "--sink", f"jsonl:{out}",
+                             "--metrics", ""],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and (not out.exists() or len(out.read_text()) < 1000):
