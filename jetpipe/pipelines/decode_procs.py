@@ -184,6 +184,9 @@ class _Link:
                     self._replace(exc)
         except (EOFError, OSError) as exc:
             self._lost(f"decode process {self.index} exited ({exc or type(exc).__name__})")
+        except Exception as exc:  # a fault here: its streams end, said why, rather than wait for frames forever
+            log.exception("decode process %d: its link failed", self.index)
+            self._lost(f"decode process {self.index}: its link failed ({type(exc).__name__}: {exc})")
         finally:
             self.finished.set()
 
@@ -203,6 +206,9 @@ class _Link:
         now. Its streams count a failure and a reconnect, and are opened again in a new process after a
         backoff (as a source that fails in this process is)."""
         self.process.join(5)
+        if self.process.is_alive():  # its pipe failed, not the process: it must not write the slots any more
+            self.process.kill()
+            self.process.join(5)
         why = f"decode process {self.index} exited (exit code {self.process.exitcode})"
         with self.lock:
             remotes = [r for r in self.remotes.values() if r.handle is not None]
@@ -289,7 +295,7 @@ class _Link:
             else:
                 self._reopened(message[1], kind == "opened", message[2])
         elif kind == "ended":  # after the stream's last record: a slot it still holds will not be written
-            _, rid, how, why, _frames, errors, _unused, _cpu = message
+            _, rid, how, why, _frames, errors, _cpu = message
             with self.lock:
                 remote = self.remotes.pop(rid, None)
             if remote is not None and remote.handle is not None:

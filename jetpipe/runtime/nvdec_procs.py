@@ -1,17 +1,19 @@
 """NVDEC decoding in a process of its own, into the serving process's device ring slots (CUDA IPC).
 
 Why a process: in one process every decoded frame takes the GIL a few times (PyNvVideoCodec's Decode, the
-copy into the slot, its synchronize), and at 32-64 streams the capture threads held the light model at
-43-58 % of what NVDEC decodes (issue 27; docs/benchmarks.md). PyNvVideoCodec's own cost (~0.4 ms of CPU a
-frame) is here spread over processes with a GIL each; the serving process only turns records into batches.
+copy into the slot, its synchronize), and at 32-64 streams the capture threads held a light model at 43-77 %
+of what NVDEC decodes (issue 27). PyNvVideoCodec's own cost (~0.4 ms of CPU a frame) is here in a process
+with a GIL of its own; the serving process only turns records into batches (87-95 % of NVDEC's rate with 1-2
+processes; docs/benchmarks.md).
 
 The serving process owns the memory: it allocates the rings as before and hands this process *credits*,
-each a ring slot to fill (a token, the slot's allocation as an IPC handle, sent once, and its size). For
-each credit the process decodes its stream's next frame, copies it device to device into the slot and
-synchronizes, then answers with a fixed-size record (stream, token, presentation time, decode errors); the
-records of a round go back in one message. A stream decodes only while it holds credits: the serving
-process grants them as its queue has room (files: every frame kept) or as slots are free (cameras and
---realtime files, paced here by their frame rate; the serving process drops their oldest when behind).
+each a ring slot to fill (a token and the slot's allocation, whose IPC handle it sends once). For each credit
+a lane (a thread; a stream each, as many as MAX_LANES of the serving side) decodes its stream's next frame,
+copies it device to device into the slot and synchronizes, then answers with a fixed-size record (stream,
+token, presentation time, decode errors); the records of a lane's round go back in one message. A stream
+decodes only while it holds credits: the serving process grants them as its queue has room (files: every
+frame kept) or as slots are free (--realtime files, paced here by their frame rate; the serving process
+drops their oldest when behind).
 
 Messages both ways are bytes: a tag, then either packed fixed-size structs (credits, records: the hot path,
 no pickling) or a pickled tuple (opening, removing, ending a stream: rare).
@@ -170,11 +172,11 @@ class DecodeWorker:
                  time.process_time())
 
     def ended(self, decoding: _Decoding, how: str, why: str = "") -> None:
-        """The stream is done here (ended, removed, at its limit): its unused credits go back."""
+        """The stream is done here (ended, removed, at its limit), said after its last record: the slots of
+        the credits it still holds are the serving process's again."""
         with self.lock:
             self.removed.append(decoding.source)
-        unused = [token for token, _ in decoding.credits]
-        self.say("ended", decoding.stream, how, why, decoding.frames, decoding.source.decode_errors, unused,
+        self.say("ended", decoding.stream, how, why, decoding.frames, decoding.source.decode_errors,
                  time.process_time())
 
     def _close_removed(self) -> None:
