@@ -12,8 +12,8 @@ encoded with ffmpeg; for each stream count N, each in a process of its own (CPU 
   serve   `jetpipe serve`'s pipeline: N NVDEC sources on the same file, looping, saturated (every frame
           processed: copied into the device ring, batched, preprocessed, inferred, postprocessed on the GPU);
           once per --capture-threads value (default 0: the pipeline's default; 256: a thread per stream) and
-          per --decode-processes value (default 0: decoded in the serving process; N: in N processes of their
-          own, the frames written into the serving process's ring slots by CUDA IPC; CPU cores then count theirs).
+          per --decode-processes value (default 0,1: decoded in the serving process, then in 1 process of its
+          own, the frames written into the serving process's ring slots by CUDA IPC; CPU cores count its CPU).
 And once, the model alone at max batch (ONNX Runtime CUDA, replayed from a CUDA graph): the GPU's ceiling.
 
 Reported per row: frames/s, % of the decode ceiling, CPU cores (process CPU time / wall), peak RSS, GPU memory
@@ -219,8 +219,8 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--capture-threads", default="0", help="serve's capture_threads, one row each (0: default)")
-    parser.add_argument("--decode-processes", default="0", help="serve's decode_processes, one row each (0: decode "
-                        "in the serving process)")
+    parser.add_argument("--decode-processes", default="0,1", help="serve's decode_processes, one row each (0: decode "
+                        "in the serving process; default 0,1: both, side by side)")
     parser.add_argument("--switch-ms", default="0", help="serve's Python switch interval in ms, one row each "
                         "(0: the interpreter's, 5 ms)")
     parser.add_argument("--clip", type=Path, help=argparse.SUPPRESS)
@@ -300,10 +300,12 @@ def report(rows: list[dict], args) -> None:
               f"{gpu if gpu is not None else 'n/a'} | {r.get('dropped', '')} | {r.get('p99_ms') or ''} | "
               f"{r.get('gpu_busy_share') or ''} |")
     first = int(args.capture_threads.split(",")[0])
+    first_processes = int(args.decode_processes.split(",")[0])
     r0_ms = next((r["switch_ms"] for r in rows if r["what"] == "serve" and "switch_ms" in r), 5)
-    for what in ("decode", "serve"):
+    for what in ("decode", "serve"):  # serve: the first variant's rows only
         ok = sorted((r for r in rows if r["what"] == what and "error" not in r and
-                     r.get("capture_threads", first) == first and r.get("switch_ms", 5) == r0_ms),
+                     r.get("capture_threads", first) == first and r.get("switch_ms", 5) == r0_ms and
+                     r.get("decode_processes", first_processes) == first_processes),
                     key=lambda r: r["streams"])
         if len(ok) >= 2 and ok[-1]["streams"] > ok[0]["streams"]:
             added = ok[-1]["streams"] - ok[0]["streams"]

@@ -127,22 +127,24 @@ def _records(path):
 
 def test_decode_processes_give_the_records_of_decoding_in_the_serving_process(det_bundle, clips, tmp_path):
     """Two files NVDEC decodes in processes of their own (CUDA IPC into this process's ring slots), and one it
-    cannot (4:4:4: FFmpeg here): every frame, in order, the same results as decoding them all here."""
+    cannot (4:4:4: FFmpeg here): every frame, in order, the same results as decoding them all here. The first
+    loops (24 frames) and stops at the run's frame limit, 30."""
     names = ["h264", "hevc", "yuv444"]
     runs = {}
     for processes in (0, 2):
         out = tmp_path / f"r{processes}.jsonl"
-        config = _config(det_bundle, [SourceConfig(str(clips[n])) for n in names], backend="onnxruntime-cuda",
-                         max_batch=1, queue_depth=2, sinks=[f"jsonl:{out}"], decode_processes=processes)
+        sources = [SourceConfig(str(clips[n]), loop=n == "h264") for n in names]
+        config = _config(det_bundle, sources, backend="onnxruntime-cuda", max_batch=1, queue_depth=2, frames=30,
+                         sinks=[f"jsonl:{out}"], decode_processes=processes)
         pipeline = Pipeline(config)
         described = [s.describe() for s in pipeline.sources]
         summary = pipeline.run()
-        assert summary["processed"] == [24, 16, 8] and summary["dropped"] == [0, 0, 0], summary
+        assert summary["processed"] == [30, 16, 8] and summary["dropped"] == [0, 0, 0], summary
         assert summary["failed"] == [0, 0, 0]
         runs[processes] = _records(out)
     assert "decode process" in described[0] and "decode process" in described[1], described
     assert described[2].endswith("(ffmpeg in-process)")
-    assert [f for s, f in sorted(runs[2]) if s == 0] == list(range(24))
+    assert [f for s, f in sorted(runs[2]) if s == 0] == list(range(30))
     assert runs[2] == runs[0]
     assert "decode_processes" in summary["cpu_seconds"]
     assert pipeline.decoders.links == []  # closed: the processes exited
