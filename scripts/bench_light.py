@@ -140,8 +140,7 @@ def serve_child(args) -> None:
                       "threads": memory.threads, "paths": paths, "fps": processed / wall,
                       "frames": processed, "dropped": sum(summary["dropped"]), "failed": sum(summary["failed"]),
                       "batches": summary["batches"], "seconds": wall, "cpu_cores": cpu / wall,
-                      "rss_mb": _rss_mb(), "decode_process_rss_mb": _rss_mb(resource.RUSAGE_CHILDREN),
-                      "gpu_memory_added_mib": memory.added_mib(),
+                      "rss_mb": _rss_mb(), "gpu_memory_added_mib": memory.added_mib(),
                       "p50_ms": total.get("0.5"), "p99_ms": total.get("0.99"),
                       "thread_cpu_s": summary.get("cpu_seconds"), "gpu_busy_share": summary.get("gpu_busy_share"),
                       "latency_ms": summary["latency_ms"],
@@ -187,9 +186,10 @@ def _cpu(before, after, children: bool = True) -> float:
     return sum(getattr(after, k) - getattr(before, k) for k in fields)
 
 
-def _rss_mb(who=resource.RUSAGE_SELF) -> float:
-    """Peak RSS of this process (RUSAGE_CHILDREN: of its largest child that ended)."""
-    return resource.getrusage(who).ru_maxrss / 1024
+def _rss_mb() -> float:
+    """Peak RSS of this process (not of the decode processes: a spawned child's peak counts the parent's pages
+    it was forked with before its exec)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_child(what: str, clip: Path, streams: int, seconds: float, bundle: Path, max_batch: int,
