@@ -1,0 +1,67 @@
+"""Decode processes' serving side on the CPU: the batcher's wake through a pipe, credits, a reopened stream's
+frame limit. The processes themselves (NVDEC, CUDA IPC) are tested on the GPU (test_video_gpu.py)."""
+
+import pickle
+import time
+from multiprocessing.connection import wait as wait_for_any
+from types import SimpleNamespace
+
+from jetpipe.pipelines.batcher import Batcher, Packet
+from jetpipe.pipelines.config import SourceConfig
+from jetpipe.pipelines.daemon import _DecodedElsewhere
+from jetpipe.pipelines.decode_procs import LIVE_CREDITS, RemoteNvdecSource, _Remote, _Waker
+from jetpipe.pipelines.streams import Stream
+from jetpipe.uri import parse
+from jetpipe.video import FrameInfo
+
+INFO = FrameInfo("nv12", 1080, 1920, "bt709", "limited", 30.0)
+
+
+def _stream(slot: int, realtime: bool) -> Stream:
+    source = RemoteNvdecSource(parse("/videos/a.mp4"), loop=True, realtime=realtime, info=INFO, remote_id=slot,
+                               process=0)
+    return Stream(slot, SourceConfig("/videos/a.mp4"), source, slot)
+
+
+def _packet(stream: int, n: int) -> Packet:
+    return Packet(stream, n, time.time(), frame=None, release=lambda: None)
+
+
+def test_the_batcher_taking_a_frame_wakes_the_link_through_its_pipe_once():
+    batcher, waker = Batcher(streams=2, max_batch=4, timeout_s=0.0, depth=4), _Waker()
+    try:
+        batcher.room_waiter(0, waker)
+        assert wait_for_any([waker.read_fd], 0.05) == []
+        for n in range(3):
+            batcher.put(_packet(0, n))
+        assert len(batcher.next_batch()) == 3  # three frames taken: three notifies, one wake
+        assert wait_for_any([waker.read_fd], 1.0) == [waker.read_fd]
+        waker.clear()
+        assert wait_for_any([waker.read_fd], 0.05) == []
+        batcher.put(_packet(0, 3))
+        batcher.next_batch()
+        assert wait_for_any([waker.read_fd], 1.0) == [waker.read_fd]  # woken again after the clear
+    finally:
+        waker.close()
+
+
+def test_a_file_is_granted_its_queue_room_and_a_live_stream_two_slots():
+    batcher = Batcher(streams=2, max_batch=8, timeout_s=0.0, depth=4)
+    host = _DecodedElsewhere(SimpleNamespace(batcher=batcher))
+    file, live = _stream(0, realtime=False), _stream(1, realtime=True)
+    assert host.credits_wanted(file, held=0) == 4
+    assert host.credits_wanted(file, held=1) == 3
+    for n in range(3):
+        batcher.put(_packet(0, n))
+    assert host.credits_wanted(file, held=1) == 0  # 3 queued + 1 being decoded: the queue's depth
+    for n in range(4):  # a live stream's queue full: its oldest is dropped for a slot, not waited for
+        batcher.put(_packet(1, n))
+    assert host.credits_wanted(live, held=0) == LIVE_CREDITS
+    assert host.credits_wanted(live, held=LIVE_CREDITS) == 0
+
+
+def test_a_stream_opened_again_in_a_new_process_decodes_what_is_left_of_its_frame_limit():
+    source = _stream(0, realtime=False).source
+    remote = _Remote(source, limit=30, frames=12)
+    assert pickle.loads(remote.open_message()[1:]) == ("open", 0, "/videos/a.mp4", True, False, 18)
+    assert pickle.loads(_Remote(source, limit=0, frames=12).open_message()[1:])[-1] == 0  # no limit
