@@ -498,13 +498,8 @@ class Pipeline:
                     continue
                 view = ring.view(slot, info.format, info.height, info.width)
                 pts = source.read_into(view)
-                t_capture = time.time()
-                frame = ring.frame(slot, info.format, info.height, info.width, info.standard, info.range)
                 # files wait for room (every frame is processed); cameras push out their oldest frame
-                self.batcher.put(Packet(stream, frame_no, t_capture, frame, _releaser(ring, slot), pts=pts,
-                                        live=source.live), wait=not source.live)
-                self.metrics.count("captured", stream)
-                self._last_frame[stream] = time.monotonic()
+                self._queue_frame(stream, ring, slot, info, frame_no, pts, source.live, wait=not source.live)
                 frame_no += 1
                 if shared:
                     yield 0.0
@@ -533,6 +528,16 @@ class Pipeline:
         # closed then (_retire, or close() after the drain). Closing a hardware decoder frees its memory with
         # the GIL held, ~10 ms each: at a stop every stream's at once stalled the batches still draining
         # (32 NVDEC streams: the last batches waited 350 ms, the whole process frozen)
+
+    def _queue_frame(self, stream: int, ring, slot: int, info, frame_no: int, pts: float | None, live: bool,
+                     wait: bool) -> None:
+        """A frame its source wrote into ring slot `slot`, captured now, to the batcher (wait: for room)."""
+        t_capture = time.time()
+        frame = ring.frame(slot, info.format, info.height, info.width, info.standard, info.range)
+        self.batcher.put(Packet(stream, frame_no, t_capture, frame, _releaser(ring, slot), pts=pts, live=live),
+                         wait=wait)
+        self.metrics.count("captured", stream)
+        self._last_frame[stream] = time.monotonic()
 
     def _free_slot(self, stream: int, live: bool):
         ring = self.streams.rings[stream]
@@ -1008,13 +1013,9 @@ class _DecodedElsewhere:
         return self.pipeline.streams.rings[handle.slot].view(slot, info.format, info.height, info.width).address
 
     def deliver(self, handle: Stream, slot: int, pts: float | None, frame_no: int) -> None:
-        p, info, stream = self.pipeline, handle.source.info, handle.slot
-        ring = p.streams.rings[stream]
-        frame = ring.frame(slot, info.format, info.height, info.width, info.standard, info.range)
-        p.batcher.put(Packet(stream, frame_no, time.time(), frame, _releaser(ring, slot), pts=pts,
-                             live=handle.source.live))  # never waits: a file's credits were its queue's room
-        p.metrics.count("captured", stream)
-        p._last_frame[stream] = time.monotonic()
+        # never waits: a file's credits were its queue's room
+        self.pipeline._queue_frame(handle.slot, self.pipeline.streams.rings[handle.slot], slot, handle.source.info,
+                                   frame_no, pts, handle.source.live, wait=False)
 
     def release(self, handle: Stream, slot: int) -> None:
         self.pipeline.streams.rings[handle.slot].release(slot)

@@ -84,9 +84,14 @@ class _Remote:
     remove_sent: bool = False
 
     def open_message(self) -> bytes:
+        """Its open, for a process that takes it over: what is left of its frame limit."""
         left = max(1, self.limit - self.frames) if self.limit else 0
         source = self.source
-        return pack_message("open", source.remote_id, source.location, source.loop, source.realtime, left)
+        return _open_message(source.remote_id, source.location, source.loop, source.realtime, left)
+
+
+def _open_message(remote_id: int, location: str, loop: bool, realtime: bool, limit: int) -> bytes:
+    return pack_message("open", remote_id, location, loop, realtime, limit)
 
 
 class _Waker:
@@ -164,7 +169,7 @@ class _Link:
         waiting = [threading.Event(), None]
         with self.lock:
             self.opening[remote_id] = waiting
-        self.send(pack_message("open", remote_id, uri.location, loop, realtime, limit))
+        self.send(_open_message(remote_id, uri.location, loop, realtime, limit))
         if not waiting[0].wait(timeout):
             with self.lock:
                 self.opening.pop(remote_id, None)
@@ -212,17 +217,12 @@ class _Link:
         why = f"decode process {self.index} exited (exit code {self.process.exitcode})"
         with self.lock:
             remotes = [r for r in self.remotes.values() if r.handle is not None]
-            opening, self.opening = list(self.opening.values()), {}
             for rid in [rid for rid, r in self.remotes.items() if r.handle is None]:
                 del self.remotes[rid]  # opened, never started: not reopened
-        for waiting in opening:
-            waiting[1] = ("unsupported", why)
-            waiting[0].set()
+        self._refuse_opening(why)
         log.error("%s: its %d stream(s) open in a new one in %.1f s", why, len(remotes), self._backoff)
         for remote in remotes:
-            for slot in remote.tokens.values():
-                self.host.release(remote.handle, slot)
-            remote.tokens.clear()
+            self._free_credits(remote)
             remote.reopening = True
             self.host.failed(remote.handle, why, self._backoff)
         self.conn.close()
@@ -285,7 +285,8 @@ class _Link:
 
     def _message(self, message: tuple) -> None:
         kind = message[0]
-        self.cpu_s = max(self.cpu_s, message[-1]) if kind in CPU_SAID else self.cpu_s
+        if kind in CPU_SAID:
+            self.cpu_s = max(self.cpu_s, message[-1])
         if kind in ("opened", "unsupported"):
             with self.lock:
                 waiting = self.opening.pop(message[1], None)
@@ -300,8 +301,7 @@ class _Link:
                 remote = self.remotes.pop(rid, None)
             if remote is not None and remote.handle is not None:
                 remote.source.decode_errors = errors
-                for slot in remote.tokens.values():
-                    self.host.release(remote.handle, slot)
+                self._free_credits(remote)
                 self.host.ended(remote.handle, how, why, remote.frames)
         elif kind == "failed":
             _, rid, why, backoff = message
@@ -342,16 +342,26 @@ class _Link:
         self.ready.set()
         with self.lock:
             remotes, self.remotes = list(self.remotes.values()), {}
+        self._refuse_opening(why)
+        for remote in remotes:
+            if remote.handle is None or self.closing:  # closing: the run is over, its rings about to be freed
+                continue
+            self._free_credits(remote)
+            self.host.ended(remote.handle, "failed", why, remote.frames)
+
+    def _refuse_opening(self, why: str) -> None:
+        """The opens waiting for a process that is gone are answered: not opened (decoded in this process)."""
+        with self.lock:
             opening, self.opening = list(self.opening.values()), {}
         for waiting in opening:
             waiting[1] = ("unsupported", why)
             waiting[0].set()
-        for remote in remotes:
-            if remote.handle is None or self.closing:  # closing: the run is over, its rings about to be freed
-                continue
-            for slot in remote.tokens.values():
-                self.host.release(remote.handle, slot)
-            self.host.ended(remote.handle, "failed", why, remote.frames)
+
+    def _free_credits(self, remote: _Remote) -> None:
+        """The slots of the credits a stream holds are the ring's again: its process will not write them."""
+        for slot in remote.tokens.values():
+            self.host.release(remote.handle, slot)
+        remote.tokens.clear()
 
     def close(self, timeout: float) -> None:
         self.closing = True
