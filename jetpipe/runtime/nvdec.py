@@ -184,10 +184,16 @@ class NvdecSource:
                 self._close_decoder()
                 self._host = self.fallback()
                 return self._open_host()
-        self._next_time = time.monotonic()
+        self.pace_from_now()
         log.info("source %s: nv12 %dx%d %s via NVDEC (device memory)", self.uri, self.info.width, self.info.height,
                  self.info.standard)
         return self.info
+
+    def pace_from_now(self) -> None:
+        """--realtime: the first frame is due a frame period from now. open() starts the pace; a reader that
+        opens the stream well before it reads (a decode process, at start-up) starts it again at its first
+        read, or the frames due in between would come at once."""
+        self._next_time = time.monotonic()
 
     def _open_host(self):
         """The fallback decodes into a pinned frame that is copied into the device slot."""

@@ -64,6 +64,7 @@ class _Decoding:
     retry_at: float = 0.0           # a failed stream: monotonic time of its next open
     backoff: float = 0.5
     failed: bool = False
+    paced: bool = False             # its pace (--realtime) started at its first credit
 
 
 class _IpcHandle(ctypes.Structure):
@@ -224,6 +225,9 @@ class _Lane:
         with self.cond:
             decoding = self.streams.get(stream)
             if decoding is not None:
+                if not decoding.paced:  # its first credit: it was opened at start-up, it is read from now
+                    decoding.source.pace_from_now()
+                    decoding.paced = True
                 decoding.credits.append((token, key))
                 self.cond.notify()
 
