@@ -3,7 +3,8 @@
 side with RapidOCR (its det + cls + rec on the CPU, a process per core) on the same video, in one run.
 
   python scripts/bench_ocr.py [--streams 8] [--seconds 20 | --once] [--frames 60] [--decoder nvdec] [--scene words]
-                              [--det-model DET.onnx --rec-model REC.onnx] [--json out.json]
+                              [--det-model DET.onnx --rec-model REC.onnx] [--secondary-priority normal,high]
+                              [--json out.json]
 
 The detector reads each frame at `--det-size` (default 736x1312, the size RapidOCR's detector reads a 1080p
 frame at). The video is made at run time: `--frames` 1920x1080 images of rendered words (seeds from 50,000: none of the
@@ -98,7 +99,7 @@ def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec
     return out[0], out[1]
 
 
-def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]]) -> dict:
+def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]], priority: str = "normal") -> dict:
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
     from jetpipe.pipelines.daemon import Pipeline
     from jetpipe.pipelines.secondary import SecondaryConfig
@@ -113,7 +114,8 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]])
     config = validate(PipelineConfig(
         bundle=det, sources=[SourceConfig(str(video), loop=not args.once, realtime=args.realtime, decoder=args.decoder)
                              for _ in range(args.streams)],
-        secondaries=[SecondaryConfig(rec, name="rec", max_per_frame=32)], duration=0.0 if args.once else args.seconds,
+        secondaries=[SecondaryConfig(rec, name="rec", max_per_frame=32, priority=priority)],
+        duration=0.0 if args.once else args.seconds,
         metrics_listen="",
         log_every_s=1e9, backend=args.backend, batch_timeout_ms=5.0))
     cpu_before = time.process_time()
@@ -210,6 +212,14 @@ def precisions(text: str) -> list[str]:
     return chosen
 
 
+def priorities(text: str) -> list[str]:
+    chosen = text.split(",")
+    for priority in chosen:
+        if priority not in ("normal", "high"):
+            raise argparse.ArgumentTypeError(f"{priority}: normal or high")
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=8)
@@ -237,6 +247,8 @@ def main() -> None:
                         "the built-in PP-OCRv4 det")
     parser.add_argument("--rec-model", type=Path, help="another recognizer export (48 high, its alphabet in its "
                         "metadata) instead of the built-in PP-OCRv4 rec")
+    parser.add_argument("--secondary-priority", default=["normal"], type=priorities,
+                        help="the recognizer's stream priority, or several side by side in this run: normal,high")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--bundles", type=Path, help="keep the converted bundles here and reuse them in later runs "
                         "(default: converted again in a temporary folder)")
@@ -253,10 +265,12 @@ def main() -> None:
                                        tuple(int(v) for v in args.det_size.split("x")), args.rec_batch,
                                        rec_range=args.rec_width == "range",
                                        sources={"ppocr-det": args.det_model, "ppocr-rec": args.rec_model})
-            key = "jetpipe" if precision == args.precision[0] else f"jetpipe_{precision}"
-            report[key] = run_jetpipe(args, det, rec, video, words)
-            report[key]["precision"] = precision
-            print(json.dumps({key: report[key]}), flush=True)
+            for priority in args.secondary_priority:
+                key = "jetpipe" + ("" if precision == args.precision[0] else f"_{precision}") \
+                    + ("" if priority == args.secondary_priority[0] else f"_priority_{priority}")
+                report[key] = run_jetpipe(args, det, rec, video, words, priority)
+                report[key].update(precision=precision, secondary_priority=priority)
+                print(json.dumps({key: report[key]}), flush=True)
         if not args.no_peer:
             report["rapidocr"] = run_rapidocr(args, video, words)
             print(json.dumps({"rapidocr": report["rapidocr"]}), flush=True)

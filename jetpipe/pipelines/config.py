@@ -58,7 +58,8 @@ class ControlConfig:
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
 _CONTROL_KEYS = {"enabled": bool, "max_streams": int, "token": str}
 _SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int,
-                   "direction": str, "direction_threshold": (int, float), "every_track": int, "backend": str}
+                   "direction": str, "direction_threshold": (int, float), "every_track": int, "backend": str,
+                   "priority": str}
 
 
 @dataclass

@@ -30,7 +30,7 @@ from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
 from jetpipe.geometry import quad_region, quad_size
 from jetpipe.limits import MAX_SIDE
-from jetpipe.runtime.api import Frame
+from jetpipe.runtime.api import PRIORITIES, Frame
 from jetpipe.runtime.runtime import open_runtime
 from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import Task, for_bundle
@@ -52,6 +52,8 @@ class SecondaryConfig:
     direction_threshold: float = 0.9        # its score at which a crop is turned
     every_track: int = 0                    # with a tracker: run once per track every N frames, reuse between
     backend: str = ""                       # "" = the pipeline's; triton://HOST:PORT/NAME: its model on a server
+    priority: str = "normal"                # "high": its runs at the GPU's highest stream priority (Triton's
+                                            # PRIORITY_MAX), ahead of the primary's next batch
 
     @property
     def label(self) -> str:
@@ -71,6 +73,8 @@ def check(config: SecondaryConfig, primary: Task, primary_labels, where: str) ->
         raise JetpipeError(f"{what}: every_track = {config.every_track}: frames from 0 (off) to {MAX_EVERY_TRACK}")
     if not 0.0 <= config.direction_threshold <= 1.0:
         raise JetpipeError(f"{what}: direction_threshold = {config.direction_threshold}: from 0 to 1")
+    if config.priority not in PRIORITIES:
+        raise JetpipeError(f"{what}: priority = {config.priority!r}: choose {' or '.join(PRIORITIES)}")
     if config.classes and not primary.class_ids:
         raise JetpipeError(f"{what}: classes = {list(config.classes)}: the primary's task {primary.name} has no "
                            "classes; leave classes out")
@@ -127,7 +131,7 @@ class SecondaryStage:
         self.post = task.postprocessor(options)
         reduction = None if postprocess == "cpu" else self.post.reduction(required=postprocess == "gpu")
         self.runtime = open_runtime(config.bundle, None, backend, memory, max_frame_hw=max_frame_hw,
-                                    buffer_sets=2, reduction=reduction)
+                                    buffer_sets=2, reduction=reduction, priority=config.priority)
         self.classes = set(config.classes)
         self.crops_run = self.crops_turned = self.crops_reused = 0
         self.tracks = TrackResults(config.every_track)
@@ -274,7 +278,7 @@ class _DirectionStage:
         self.post = task.postprocessor(options)
         reduction = None if postprocess == "cpu" else self.post.reduction(required=postprocess == "gpu")
         self.runtime = open_runtime(config.direction, None, backend, memory, max_frame_hw=max_frame_hw,
-                                    buffer_sets=2, reduction=reduction)
+                                    buffer_sets=2, reduction=reduction, priority=config.priority)
 
     def upside_down(self, frames: list[Frame]) -> list[int]:
         """Indices of the frames (crops) whose best class is "180" at a score of at least the threshold."""

@@ -117,6 +117,14 @@ class Reduction:
     required: bool = False
 
 
+PRIORITIES = ("normal", "high")  # a GPU runtime's inference stream: the default priority, or the highest
+
+
+def check_priority(priority: str) -> None:
+    if priority not in PRIORITIES:
+        raise JetpipeError(f"priority {priority!r}: choose {' or '.join(PRIORITIES)}")
+
+
 def as_frame(item) -> Frame:
     return item if isinstance(item, Frame) else Frame(np.asarray(item), "bgr")
 

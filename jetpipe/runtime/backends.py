@@ -169,6 +169,12 @@ class OrtCudaBackend:
             return
         self.sessions[key[1:]].run_with_iobinding(self.bindings[key], self.run_options)
 
+    @property
+    def runs_on_any_stream(self) -> bool:
+        """Whether run() goes on the stream it is given: its graphs do; a session without them runs on the
+        stream it was made with."""
+        return bool(self.graphs)
+
     def capture_graphs(self, stream) -> None:
         """Capture every bound (set, bucket) run (call after warm-up runs, with the stream idle)."""
         if not self.cuda_graph:

@@ -22,6 +22,8 @@ from jetpipe.runtime.probe import PYCUDA_MISSING, probe_gpu
 log = logging.getLogger(__name__)
 
 MEMORY_MODES = ("auto", "mapped", "staged", "device")
+_CU_STREAM_NON_BLOCKING = 1
+_CU_EVENT_DISABLE_TIMING = 2
 
 
 class GpuUnavailable(JetpipeError):
@@ -119,6 +121,13 @@ class CudaDevice:
         self._owned.append(stream)
         return stream
 
+    def priority_lane(self) -> PriorityLane:
+        """A stream at the device's highest priority (call inside `active()`); destroyed by close()."""
+        lane = PriorityLane(_libcuda())
+        self.allocations += 1
+        self._owned.append(lane)
+        return lane
+
     def event(self, blocking: bool = False):
         """blocking: synchronize() sleeps until the event instead of spinning on a core (and the
         event cannot time stages)."""
@@ -158,6 +167,67 @@ class CudaDevice:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class PriorityLane:
+    """A stream at the GPU's highest priority for one runtime's inference (Triton's model priority, PRIORITY_MAX):
+    while another model's kernels fill the GPU, each SM that frees up takes this stream's blocks first.
+
+    PyCUDA's streams take no priority, so this one is made through the driver API, and its work is ordered with
+    the runtime's own stream by two events: it starts after everything queued there before it, and what is
+    queued there after it waits for it. A CUDA graph launched here runs at the stream's priority (graphs are
+    instantiated without per-node priorities). One thread submits to a lane: the events are reused, a wait
+    taking the event as its last record left it."""
+
+    def __init__(self, driver):
+        self._driver = driver
+        least, greatest = ctypes.c_int(), ctypes.c_int()
+        _check(driver.cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
+               "cuCtxGetStreamPriorityRange")
+        self.priority = greatest.value  # the highest is the lowest number (0 is the default)
+        self._stream, self._started, self._ended = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+        # non-blocking: ordered by its events only, never behind work on the legacy default stream
+        _check(driver.cuStreamCreateWithPriority(ctypes.byref(self._stream), _CU_STREAM_NON_BLOCKING,
+                                                 ctypes.c_int(self.priority)), "cuStreamCreateWithPriority")
+        for event in (self._started, self._ended):
+            _check(driver.cuEventCreate(ctypes.byref(event), _CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    @property
+    def handle(self) -> int:
+        return self._stream.value
+
+    def stream_priority(self) -> int:
+        """The priority the driver gives the stream (what the tests check)."""
+        value = ctypes.c_int()
+        _check(self._driver.cuStreamGetPriority(self._stream, ctypes.byref(value)), "cuStreamGetPriority")
+        return value.value
+
+    def run_after(self, stream, work) -> None:
+        """`work(self)` enqueued on this lane after everything queued on `stream` (a PyCUDA stream), and
+        `stream`'s later work after it."""
+        d, other = self._driver, ctypes.c_void_p(stream.handle)
+        _check(d.cuEventRecord(self._started, other), "cuEventRecord")
+        _check(d.cuStreamWaitEvent(self._stream, self._started, 0), "cuStreamWaitEvent")
+        work(self)
+        _check(d.cuEventRecord(self._ended, self._stream), "cuEventRecord")
+        _check(d.cuStreamWaitEvent(other, self._ended, 0), "cuStreamWaitEvent")
+
+    def synchronize(self) -> None:
+        _check(self._driver.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
+
+    def free(self) -> None:
+        """Destroy the stream and its events (the device's close(), with the context current)."""
+        for event in (self._started, self._ended):
+            if event:
+                self._driver.cuEventDestroy_v2(event)
+        if self._stream:
+            self._driver.cuStreamDestroy_v2(self._stream)
+        self._stream, self._started, self._ended = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise JetpipeError(f"{what} failed with CUDA error {status}")
 
 
 class _Registered:

@@ -18,7 +18,7 @@ import numpy as np
 
 from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
-from jetpipe.runtime.api import BatchResult, Frame, Reduction, Ticket, validate
+from jetpipe.runtime.api import BatchResult, Frame, Reduction, Ticket, check_priority, validate
 from jetpipe.runtime.backends import OrtCudaBackend
 from jetpipe.runtime.base import RuntimeBase, at_width
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
@@ -87,18 +87,22 @@ class GpuRuntime(RuntimeBase):
     `reduction`: postprocessing run on the outputs in device memory (collect() then returns its compact
     arrays). `cuda_graph`: replay each (buffer set, batch bucket) inference from a CUDA graph
     captured at start-up (ONNX Runtime: see OrtCudaBackend; TensorRT: after each shape's first
-    run); a model that cannot be captured runs without."""
+    run); a model that cannot be captured runs without. `priority` "high": the inference runs on a stream at
+    the GPU's highest priority (cuda.PriorityLane), ahead of other models' kernels: a secondary stage, whose
+    batches hold up records the primary has finished; where the backend can run on no stream but its own
+    (ONNX Runtime without graphs), it stays on the compute stream (logged)."""
 
     def __init__(self, bundle_dir, max_batch: int | None = None, backend: str = "onnxruntime-cuda",
                  memory: str = "auto", max_frame_hw: tuple[int, int] = (1080, 1920), device: int = 0,
                  cuda_graph: bool = True, profile: bool = False, buffer_sets: int = 2,
-                 reduction: Reduction | None = None):
+                 reduction: Reduction | None = None, priority: str = "normal"):
         super().__init__(bundle_dir, max_batch)
+        check_priority(priority)
         self.profile = profile
         self.host_frame_copies = 0      # frames copied on the host into pinned staging (not ring slots)
         self.frame_bytes_uploaded = 0   # frame bytes copied host -> device (0 for NVDEC and mapped frames)
         self.output_bytes_downloaded = 0  # bytes of outputs (or compact reductions) copied device -> host
-        self.reducer, self.post_stream = None, None
+        self.reducer, self.post_stream, self.lane = None, None, None
         self.remote = is_triton(backend)  # the model runs on a Triton server: the input goes there from host memory
         self._init_sets(buffer_sets)
         self.device = CudaDevice(device)
@@ -125,6 +129,7 @@ class GpuRuntime(RuntimeBase):
                 self.sets = [self._make_set(i) for i in range(self.buffer_sets)]
                 self.backend_name = self.backend.name  # a remote backend settles its transport as sets are shared
                 self._warm_up()
+                self.lane = self._priority_lane(priority)
         except BaseException:
             if getattr(self, "backend", None) is not None:
                 with self.device.active():
@@ -134,6 +139,16 @@ class GpuRuntime(RuntimeBase):
         log.info("GPU runtime on %s (sm %s, %s): backend %s, frames %s", self.device.name,
                  self.device.compute_capability, "integrated" if self.device.integrated else "discrete",
                  self.backend_name, self.memory)
+
+    def _priority_lane(self, priority: str):
+        """The stream inference runs on at priority "high" (after warm-up: graphs are captured by then)."""
+        if priority == "normal" or self.remote:  # a server's model runs at the server's priorities
+            return None
+        if not self.backend.runs_on_any_stream:
+            log.warning("%s: priority high needs the model's runs in CUDA graphs (%s ran without): it runs at "
+                        "the default priority", self.bundle_dir, self.backend.name)
+            return None
+        return self.device.priority_lane()
 
     @property
     def reduction(self) -> str | None:
@@ -346,7 +361,10 @@ class GpuRuntime(RuntimeBase):
         if self.remote:
             self._send(buffers, ticket)
             return
-        self.backend.run(ticket.set_index, batch, stream, ticket.width)
+        if self.lane is not None:
+            self.lane.run_after(stream, lambda lane: self.backend.run(ticket.set_index, batch, lane, ticket.width))
+        else:
+            self.backend.run(ticket.set_index, batch, stream, ticket.width)
         self._mark(buffers, "infer_end", stream)
         shapes = self.backend.output_shapes[ticket.width]
         if self.reducer is not None:  # its kernels and copies on the post stream, once the outputs are written

@@ -146,6 +146,8 @@ class TensorRTBackend:
         if self.use_cuda_graphs:
             self._capture(key, stream)
 
+    runs_on_any_stream = True  # execute_async_v3 and graph launches take the stream they are given
+
     def warm_batches(self) -> list[int]:
         return list(range(1, self.max_batch + 1))  # an optimization profile, not buckets: every size
 

@@ -260,6 +260,8 @@ bundle = "{rec}"
     ("min_size = -2", "min_size = -2: pixels from 1 to 16384"),
     ("direction_threshold = 2.0", "direction_threshold = 2.0: from 0 to 1"),
     ("direction = 'nowhere'", "nowhere"),
+    ("priority = 'max'", "priority = 'max': choose normal or high"),
+    ("priority = 'high'", None),
     ("colour = 'red'", "unknown key 'colour'"),
     ("[[secondary]]\nbundle = '{rec}'", "two secondaries are named alike"),
     ("", None),

@@ -112,3 +112,34 @@ def test_upside_down_lines_are_turned_on_the_gpu_as_on_the_cpu(rec_bundle, detec
         assert turned >= 0.7 * len(said[backend])
     pairs = list(zip(said["onnxruntime-cpu"], said["onnxruntime-cuda"]))
     assert sum(c == g for c, g in pairs) >= 0.9 * len(pairs), pairs
+
+
+def test_a_stage_at_priority_high_runs_on_the_highest_priority_stream_and_reads_the_same(rec_bundle, long_lines):
+    """priority = "high": the recognizer's graphs run on a stream of the GPU's highest priority, ordered with
+    the crop kernel and the reduction by events; what it reads is what it reads at the default priority."""
+    import onnxruntime as ort
+
+    from jetpipe.pipelines.secondary import SecondaryConfig, SecondaryStage
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+    images, frames, results = long_lines
+    texts = {}
+    for priority in ("normal", "high"):
+        stage = SecondaryStage(SecondaryConfig(rec_bundle, priority=priority), "onnxruntime-cuda", "auto",
+                               (720, 1280), "auto")
+        try:
+            lane = stage.runtime.lane
+            if priority == "normal":
+                assert lane is None
+            else:
+                assert lane is not None and lane.stream_priority() == lane.priority < 0
+            texts[priority] = []
+            for _ in range(3):  # batches in flight on both buffer sets: each waits for its own crops
+                for frame, result in zip(frames, results):
+                    one = dict(result)
+                    stage.run([one], [frame])
+                    texts[priority] += [e["text"] if e else None for e in one["secondary"][stage.name]]
+        finally:
+            stage.close()
+    assert texts["high"] == texts["normal"] and any(texts["high"])
