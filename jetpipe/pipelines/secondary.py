@@ -248,9 +248,13 @@ class SecondaryStage:
 
     def summary(self) -> dict:
         """Crops run, where, and what crossed the bus for them: frame bytes uploaded (0 where crops were cut
-        in device memory) and the results' bytes downloaded."""
+        in device memory) and the results' bytes downloaded; the stream priority its runs got, where "high"
+        was asked."""
         return {"crops": self.crops_run, "backend": self.runtime.backend_name,
                 "postprocess": "gpu" if self.runtime.reduction else "cpu",
+                # what its runs got: "normal" where "high" was asked of a runtime that cannot give it
+                **({"priority": "high" if getattr(self.runtime, "lane", None) else "normal"}
+                   if self.config.priority == "high" else {}),
                 **({"crops_turned": self.crops_turned} if self.direction is not None else {}),
                 **({"crops_reused": self.crops_reused} if self.config.every_track else {}),
                 "frame_bytes_uploaded": getattr(self.runtime, "frame_bytes_uploaded", 0),

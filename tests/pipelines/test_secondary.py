@@ -126,6 +126,20 @@ def _stage(rec_bundle, **options):
     return SecondaryStage(SecondaryConfig(rec_bundle, **options), "onnxruntime-cpu", "auto", (720, 1280), "auto")
 
 
+def test_priority_high_on_the_cpu_runtime_says_it_ran_at_the_default(rec_bundle):
+    """A CPU runtime has no GPU stream to raise: the summary says what the runs got, not what was asked."""
+    stage = _stage(rec_bundle, priority="high")
+    try:
+        assert stage.summary()["priority"] == "normal"
+    finally:
+        stage.close()
+    stage = _stage(rec_bundle)
+    try:
+        assert "priority" not in stage.summary()
+    finally:
+        stage.close()
+
+
 def test_boxes_are_chosen_by_class_size_and_score(rec_bundle):
     result = {"boxes": [[0, 0, 50, 20], [0, 0, 5, 40], [10, 10, 90, 40], [0, 0, 30, 30]],
               "scores": [0.5, 0.9, 0.8, 0.7], "classes": [0, 0, 1, 0], "labels": ["line", "line", "sign", "line"]}
