@@ -31,6 +31,7 @@ from jetpipe.lazy import lazy_import
 from jetpipe.pipelines import preview
 from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.capture import ROOM, CaptureGroup, capture_threads
+from jetpipe.pipelines.chain_gate import ChainGate
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.control import Control
 from jetpipe.pipelines.decode_procs import LIVE_CREDITS, DecodeProcesses, RemoteNvdecSource
@@ -163,6 +164,7 @@ class Pipeline:
         self.collected: queue.Queue = queue.Queue()  # submitted batches, bounded by the buffer-set semaphore
         # finished batches for the secondary stage: two may wait, read together (_read_secondaries)
         self.chained: queue.Queue = queue.Queue(maxsize=2)
+        self.chain_gate = ChainGate()  # live frames wait in the batcher while the secondary is behind
         self.free_sets = threading.Semaphore(runtime.buffer_sets)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
@@ -555,17 +557,24 @@ class Pipeline:
             # the batcher (where a full batch forms and those past the latency budget are shed), not in a batch
             if not self.free_sets.acquire(timeout=0.1):
                 continue
+            if self.secondaries and not self.chain_gate.wait_open(0.1):
+                self.free_sets.release()
+                continue
             packets = self.batcher.next_batch()
             if not packets:
                 self.free_sets.release()
                 if packets is None:
                     break
                 continue
+            if self.secondaries:
+                self.chain_gate.cut(any(p.live for p in packets))
             t_batch = time.monotonic()
             try:
                 ticket = self.runtime.submit([p.frame for p in packets])
             except Exception as exc:
                 self.free_sets.release()
+                if self.secondaries:
+                    self.chain_gate.lost()
                 self._fail(packets, exc)
                 continue
             self.collected.put((ticket, packets, t_batch))
@@ -622,6 +631,8 @@ class Pipeline:
                 if not handed:
                     self.runtime.release(ticket)
                     self.free_sets.release()
+                    if self.secondaries:
+                        self.chain_gate.lost()
 
     def _secondary_stage(self) -> None:
         """The secondaries on the finished batches, while the post thread finishes the next one: the batches'
@@ -635,6 +646,7 @@ class Pipeline:
             items = items[:-1] if ending else items
             if not items:
                 break
+            self.chain_gate.taken(len(items))
             read = True
             try:
                 self._read_secondaries(items, phase)
@@ -651,6 +663,7 @@ class Pipeline:
                 finally:
                     self.runtime.release(ticket)
                     self.free_sets.release()
+            self.chain_gate.read()
 
     def _read_secondaries(self, items: list, phase: dict) -> None:
         """The secondaries on the crops of every batch that waited for this thread, together: behind, it catches
@@ -918,7 +931,8 @@ class Pipeline:
                 **({"gpu_busy_share": round(self.gpu_busy_s / max(seconds, 1e-9), 3)} if self.gpu_busy_s else {}),
                 "post_thread_ms_per_batch": _per_batch(self.post_phase_s, m.batches),
                 **({"secondary_thread_ms_per_batch": _per_batch(self.secondary_phase_s, m.batches),
-                    "secondary_reads": self.secondary_reads} if self.secondaries else {}),
+                    "secondary_reads": self.secondary_reads,
+                    "secondary_held_primary_s": round(self.chain_gate.held_s, 3)} if self.secondaries else {}),
                 **({"secondary": {s.name: s.summary() for s in self.secondaries}} if self.secondaries else {}),
                 **({"interrupted": dict(self.interrupted)} if self.interrupted else {}),
                 **({"failure": self.failure} if self.failure else {})}

@@ -512,6 +512,44 @@ def test_batches_that_waited_for_the_secondary_are_read_together_as_they_are_rea
     assert results[1] == results[0]
 
 
+def test_a_cameras_frames_wait_in_the_batcher_not_in_batches_queued_for_a_secondary_that_is_behind(det_bundle,
+                                                                                                     rec_bundle,
+                                                                                                     text_video):
+    """A camera faster than a secondary that takes 0.5 s a read: the primary cuts its next batch of live frames
+    only once the secondary has taken the batch ahead of it, so at each cut at most two batches are between the
+    batcher and their records (one read, one taken with it or waiting). Before, the primary ran on until every
+    buffer set held a batch (five), and a frame came out five reads after its capture (the demo: 5 s on the
+    CPU). A file's batches are not held: they queue for the secondary as before, every frame kept."""
+    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.daemon import Pipeline
+
+    def in_flight_at_each_cut(uri: str, frames: int = 0) -> tuple[list[int], dict]:
+        pipeline = Pipeline(validate(PipelineConfig(
+            bundle=det_bundle, sources=[SourceConfig(uri)], max_batch=1, backend="onnxruntime-cpu",
+            metrics_listen="", frames=frames, secondaries=[SecondaryConfig(rec_bundle, name="text")])))
+        cuts, emitted = [], []
+        submit, emit, run = pipeline.runtime.submit, pipeline._emit, pipeline.secondaries[0].run
+
+        def slow_run(*args, **kwargs):
+            time.sleep(0.5)
+            return run(*args, **kwargs)
+
+        def counted_submit(*args, **kwargs):
+            cuts.append(len(cuts) - len(emitted))  # batches cut before this one and not yet out
+            return submit(*args, **kwargs)
+
+        pipeline.runtime.submit = counted_submit
+        pipeline._emit = lambda *args: emitted.append(1) or emit(*args)
+        pipeline.secondaries[0].run = slow_run
+        return cuts, pipeline.run()
+
+    cuts, live = in_flight_at_each_cut("synthetic:320x240@60", frames=10)
+    assert live["dropped"][0] > 0 and max(cuts) <= 2, cuts  # shed in the batcher, not queued for the secondary
+    assert live["secondary_held_primary_s"] > 0
+    cuts, whole = in_flight_at_each_cut(str(text_video[0]))
+    assert max(cuts) > 2 and whole["processed"] == [len(text_video[1])] and whole["dropped"] == [0], cuts
+
+
 def test_a_stages_batches_overlap_as_many_as_its_buffer_sets_and_read_as_one_at_a_time(rec_bundle, scene):
     """20 crops at batch 8: the second batch is submitted before the first is collected (cut and run while
     the first is finished), never more in flight than the runtime's buffer sets; each crop's result is the
