@@ -130,6 +130,7 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]],
             "batches": summary["batches"], "post_thread_ms_per_batch": summary["post_thread_ms_per_batch"],
             "secondary_thread_ms_per_batch": summary.get("secondary_thread_ms_per_batch"),
             "secondary_reads": summary.get("secondary_reads"),
+            "secondary_held_primary_s": summary.get("secondary_held_primary_s"),
             "thread_cpu_s": summary["cpu_seconds"]}
 
 
