@@ -594,3 +594,22 @@ def test_a_new_stream_in_a_slot_never_takes_the_old_streams_results_for_its_trac
     tracks.forget(0)  # a new stream takes slot 0 (the daemon calls this from its control thread)
     tracks.next_frame(0)  # the secondary's next frame, whichever stream: the forget has taken effect
     assert tracks.get(0, 1) is None and tracks.get(1, 1) == {"text": "OTHER SLOT"}
+
+
+def test_the_demo_reads_the_text_of_its_cameras(det_bundle, rec_bundle, tmp_path, capsys):
+    """`jetpipe demo` (its bundles already converted where it keeps them): each camera's lines come with the
+    words read in them, and the run ends with its frames/s and latency."""
+    import re
+    import shutil
+
+    from jetpipe.cli import main
+
+    shutil.copytree(det_bundle, tmp_path / "demo-ppocr-det")
+    shutil.copytree(rec_bundle, tmp_path / "demo-ppocr-rec")
+    assert main(["demo", "--duration", "3", "--bundle-dir", str(tmp_path / "demo-ppocr-det"),
+                 "--backend", "onnxruntime-cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    read = [line for line in out if re.match(r"stream [01] frame +\d+: \d+ text boxes, read '", line)]
+    assert {line.split()[1] for line in read} == {"0", "1"}, out
+    assert sum(len(re.findall(r"'[^']+'", line)) for line in read) >= 4, out
+    assert re.match(r"onnxruntime-cpu: \d+ frames in [\d.]+ s .* latency p50 \d+ ms p99 \d+ ms$", out[-1]), out
