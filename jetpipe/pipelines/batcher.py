@@ -6,7 +6,11 @@ frame pushes out the stream's oldest (counted as dropped, its ring slot freed).
 When to cut a batch: at once when it is full; otherwise when its oldest frame has waited timeout_s, or,
 with a latency budget, at the latest moment that still leaves the oldest frame its budget once one more
 frame's batch has run (the engine's time per batch size and the frames' arrival rate are measured while
-serving: cut_deadline()). A frame not expected before that moment is not waited for. Under overload, a
+serving: cut_deadline()). A frame not expected before that moment is not waited for. Nor is a batch made
+larger than the budget allows: under overload a frame waits for the batch ahead of it to run, then runs in
+its own, so a batch whose run, as measured, takes longer than half the budget breaks it however soon it is
+cut (an engine that needs 1.4 s for 8 frames and 0.35 s for 2 on the CPU, a budget of 1 s: batches of 2;
+budget_batch()). Under overload, a
 live frame (camera, --realtime file) that has waited longer than the budget by the time its batch is taken
 is dropped (counted), not run: its results would come too late anyway, and running it would make every
 frame behind it late too. Files without --realtime are never dropped.
@@ -20,6 +24,7 @@ bursts, and one average gap over all streams mistook the quiet after a burst for
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -57,12 +62,30 @@ def cut_deadline(oldest: float, queued: int, max_batch: int, timeout_s: float, b
     return deadline
 
 
+def budget_batch(engine_s: list[float], budget_s: float) -> int:
+    """The largest batch size whose engine time fits half the budget (the batch ahead's run, then its own),
+    at least 1. engine_s[n]: measured seconds for
+    a batch of n (0: not measured); a size not measured is estimated from the nearest measured one, scaled by
+    its frames (an engine at most linear in its batch: on a GPU, which gains from batching, a larger size's is
+    overestimated, and the sizes the budget then allows are measured, so the cap climbs to what fits)."""
+    measured = [n for n in range(1, len(engine_s)) if engine_s[n] > 0.0]
+    if not measured:
+        return len(engine_s) - 1
+    for size in range(len(engine_s) - 1, 1, -1):
+        at = bisect.bisect_left(measured, size)  # measured[at - 1] < size <= measured[at]
+        nearest = min(measured[max(0, at - 1):at + 1], key=lambda n: (abs(n - size), n))
+        if engine_s[nearest] * size / nearest <= budget_s / 2:
+            return size
+    return 1
+
+
 class Batcher:
     def __init__(self, streams: int, max_batch: int, timeout_s: float, depth: int, budget_s: float | None = None):
         """budget_s: the latency budget from a frame's capture to its results (None: cut by timeout_s only)."""
         self.max_batch, self.timeout_s, self.depth = max_batch, timeout_s, depth
         self.budget_s = budget_s
         self.engine_s = [0.0] * (max_batch + 1)  # measured seconds per batch size (0: not yet)
+        self.batch_cap = max_batch  # the largest batch the budget allows (budget_batch), max_batch without one
         self.interval_s = [0.0] * streams  # per stream: the average time between two of its frames
         self._last_put: list[float | None] = [None] * streams
         self.queues = [deque() for _ in range(streams)]
@@ -142,6 +165,8 @@ class Batcher:
         with self._lock:
             known = self.engine_s[size]
             self.engine_s[size] = seconds if known == 0.0 else known + EMA * (seconds - known)
+            if self.budget_s is not None:
+                self.batch_cap = budget_batch(self.engine_s, self.budget_s)
 
     def _engine(self, size: int) -> float:
         """Measured seconds for a batch of `size`, else of the nearest larger size measured, else of the largest
@@ -205,16 +230,16 @@ class Batcher:
             return self._take()
 
     def _deadline(self) -> float:
-        if self._queued >= self.max_batch:  # full: cut now, without a pass over every stream (64 at every frame)
+        if self._queued >= self.batch_cap:  # full: cut now, without a pass over every stream (64 at every frame)
             return -math.inf
         oldest = min(q[0].t_monotonic for q in self.queues if q)
-        return cut_deadline(oldest, self._queued, self.max_batch, self.timeout_s, self.budget_s, self._engine,
+        return cut_deadline(oldest, self._queued, self.batch_cap, self.timeout_s, self.budget_s, self._engine,
                             self._next_arrival(time.monotonic()))
 
     def _take(self) -> list[Packet]:
         batch, streams = [], len(self.queues)
         stale = time.monotonic() - self.budget_s if self.budget_s is not None else -math.inf
-        while len(batch) < self.max_batch and self._queued > 0:
+        while len(batch) < self.batch_cap and self._queued > 0:
             queue = self.queues[self._next_stream]
             if queue:
                 if queue[0].live and queue[0].t_monotonic < stale:  # over its budget already: shed, not run

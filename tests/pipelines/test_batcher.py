@@ -80,6 +80,32 @@ def test_the_cut_keeps_the_oldest_frame_within_its_budget_on_a_simulated_clock()
     assert cut_deadline(100.0, 1, 4, 0.5, 0.066, {2: 0.1}.__getitem__, 100.001) == float("-inf")
 
 
+def test_a_batch_is_no_larger_than_the_budget_allows_by_the_engines_measured_times():
+    """An engine that took 1.4 s for 8 frames (the CPU runtime) and a 1 s budget, half of it for a batch's run
+    (a frame may wait for the batch ahead, then run in its own): 8 queued frames go in batches of 2 (0.35 s),
+    each cut at once as a full one; once batches of 2 are measured at 0.2 s, of 5. Without a budget, or where
+    the largest batch fits it (a GPU: 8 ms against 66), batches stay whole."""
+    from jetpipe.pipelines.batcher import budget_batch
+
+    b = Batcher(streams=1, max_batch=8, timeout_s=60.0, depth=16, budget_s=1.0)
+    b.record_batch(8, 1.4)
+    for n in range(8):
+        b.put(Packet(0, n, time.time(), None, lambda: None))
+    start = time.monotonic()
+    assert [len(b.next_batch()) for _ in range(4)] == [2, 2, 2, 2] and time.monotonic() - start < 30
+    b.record_batch(2, 0.2)
+    assert b.batch_cap == 5
+    engine = [0.0] * 9
+    engine[8] = 0.008
+    assert budget_batch(engine, 0.066) == 8 and budget_batch([0.0] * 9, 0.01) == 8  # nothing measured yet
+    assert budget_batch(engine, 0.015) == 7 and budget_batch(engine, 0.001) == 1
+    free = Batcher(streams=1, max_batch=8, timeout_s=60.0, depth=16)
+    free.record_batch(8, 1.4)
+    for n in range(8):
+        free.put(Packet(0, n, time.time(), None, lambda: None))
+    assert len(free.next_batch()) == 8 and free.batch_cap == 8
+
+
 def test_a_budgeted_batcher_cuts_a_partial_batch_when_no_frame_would_come_in_time():
     released = []
     b = Batcher(streams=1, max_batch=4, timeout_s=60.0, depth=10, budget_s=1.0)
