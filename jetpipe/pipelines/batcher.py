@@ -64,10 +64,10 @@ def cut_deadline(oldest: float, queued: int, max_batch: int, timeout_s: float, b
 
 def budget_batch(engine_s: list[float], budget_s: float) -> int:
     """The largest batch size whose engine time fits half the budget (the batch ahead's run, then its own),
-    at least 1. engine_s[n]: measured seconds for
-    a batch of n (0: not measured); a size not measured is estimated from the nearest measured one, scaled by
-    its frames (an engine at most linear in its batch: on a GPU, which gains from batching, a larger size's is
-    overestimated, and the sizes the budget then allows are measured, so the cap climbs to what fits)."""
+    at least 1. engine_s[n]: measured seconds for a batch of n (0: not measured). A size not measured is
+    estimated from the nearest measured one, scaled by its frames: an engine at most linear in its batch. On a
+    GPU, which gains from batching, that overestimates a larger size; the sizes the budget then allows are
+    measured, and the cap climbs to what fits."""
     measured = [n for n in range(1, len(engine_s)) if engine_s[n] > 0.0]
     if not measured:
         return len(engine_s) - 1
