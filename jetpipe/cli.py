@@ -241,7 +241,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-batch", type=int, help="frames per GPU batch (default: the bundle's)")
     p.add_argument("--latency-budget-ms", type=float, metavar="MS",
                    help="capture to results: a batch is cut at the latest moment that keeps its oldest frame within "
-                        "MS, from the measured engine time per batch size and frame arrival rate (default 0: off, "
+                        "MS, from the measured engine time per batch size and frame arrival rate, and no larger than "
+                        "a batch that runs within MS/2; a camera's frame older than MS is dropped (default 0: off, "
                         "batches wait for batch_timeout_ms)")
     p.add_argument("--capture-threads", type=int, metavar="N",
                    help="threads reading the streams that can share one (video files NVDEC decodes, synthetic "
