@@ -205,20 +205,17 @@ def crop_costs(rec: Path, batch: int = 8) -> dict | None:
             "crop_share": round(median["preprocess"] / median["infer"], 4)}
 
 
-def precisions(text: str) -> list[str]:
-    chosen = text.split(",")
-    for precision in chosen:
-        if precision not in ("fp32", "fp16", "int8"):
-            raise argparse.ArgumentTypeError(f"{precision}: fp32, fp16 or int8")
-    return chosen
+def comma_list(*allowed: str):
+    """An argument type: a comma-separated list of some of `allowed`."""
+    said = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
 
-
-def priorities(text: str) -> list[str]:
-    chosen = text.split(",")
-    for priority in chosen:
-        if priority not in ("normal", "high"):
-            raise argparse.ArgumentTypeError(f"{priority}: normal or high")
-    return chosen
+    def parse(text: str) -> list[str]:
+        chosen = text.split(",")
+        for value in chosen:
+            if value not in allowed:
+                raise argparse.ArgumentTypeError(f"{value}: {said}")
+        return chosen
+    return parse
 
 
 def main() -> None:
@@ -228,7 +225,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=60, help="distinct rendered frames in the clip")
     parser.add_argument("--decoder", default="auto")
     parser.add_argument("--backend", default="auto")
-    parser.add_argument("--precision", default="fp32", type=precisions,
+    parser.add_argument("--precision", default="fp32", type=comma_list("fp32", "fp16", "int8"),
                         help="fp32, fp16 or int8 for the detector and recognizer; several, comma-separated, are run "
                         "one after the other on the same video (with --once: the same frames), e.g. fp32,int8")
     parser.add_argument("--once", action="store_true", help="each stream plays the clip once (every frame read "
@@ -248,7 +245,7 @@ def main() -> None:
                         "the built-in PP-OCRv4 det")
     parser.add_argument("--rec-model", type=Path, help="another recognizer export (48 high, its alphabet in its "
                         "metadata) instead of the built-in PP-OCRv4 rec")
-    parser.add_argument("--secondary-priority", default=["normal"], type=priorities,
+    parser.add_argument("--secondary-priority", default=["normal"], type=comma_list("normal", "high"),
                         help="the recognizer's stream priority, or several side by side in this run: normal,high")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--bundles", type=Path, help="keep the converted bundles here and reuse them in later runs "

@@ -2,8 +2,8 @@
 
 A batch's frames, once cut, cannot be shed: every batch cut while the secondary is still reading an
 earlier one waits for it, and with a pipeline's buffer sets (up to five batches between the batcher and the
-secondary's records) a camera's frames came out five secondary reads after capture. On the CPU runtime that
-was 8 s for the demo's two cameras, every frame within the 133 ms latency budget when its batch was cut.
+secondary's records) a camera's frames came out five secondary reads after capture: on the CPU runtime,
+p50 5 s for the demo's two cameras at batch 8, though every frame had just been taken from its queue.
 
 So the primary's next batch of live frames is cut only when it will not queue behind a batch already
 waiting for the secondary: while the secondary reads, at most one cut batch is ahead of it (being run,

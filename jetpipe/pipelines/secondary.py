@@ -30,7 +30,7 @@ from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
 from jetpipe.geometry import quad_region, quad_size
 from jetpipe.limits import MAX_SIDE
-from jetpipe.runtime.api import PRIORITIES, Frame
+from jetpipe.runtime.api import Frame, check_priority
 from jetpipe.runtime.runtime import open_runtime
 from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import Task, for_bundle
@@ -73,8 +73,10 @@ def check(config: SecondaryConfig, primary: Task, primary_labels, where: str) ->
         raise JetpipeError(f"{what}: every_track = {config.every_track}: frames from 0 (off) to {MAX_EVERY_TRACK}")
     if not 0.0 <= config.direction_threshold <= 1.0:
         raise JetpipeError(f"{what}: direction_threshold = {config.direction_threshold}: from 0 to 1")
-    if config.priority not in PRIORITIES:
-        raise JetpipeError(f"{what}: priority = {config.priority!r}: choose {' or '.join(PRIORITIES)}")
+    try:
+        check_priority(config.priority)
+    except JetpipeError as exc:
+        raise JetpipeError(f"{what}: {exc}") from None
     if config.classes and not primary.class_ids:
         raise JetpipeError(f"{what}: classes = {list(config.classes)}: the primary's task {primary.name} has no "
                            "classes; leave classes out")

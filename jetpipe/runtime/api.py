@@ -122,7 +122,7 @@ PRIORITIES = ("normal", "high")  # a GPU runtime's inference stream: the default
 
 def check_priority(priority: str) -> None:
     if priority not in PRIORITIES:
-        raise JetpipeError(f"priority {priority!r}: choose {' or '.join(PRIORITIES)}")
+        raise JetpipeError(f"priority = {priority!r}: choose {' or '.join(PRIORITIES)}")
 
 
 def as_frame(item) -> Frame:

@@ -182,15 +182,19 @@ class PriorityLane:
     def __init__(self, driver):
         self._driver = driver
         least, greatest = ctypes.c_int(), ctypes.c_int()
-        _check(driver.cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
+        check_status(driver.cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
                "cuCtxGetStreamPriorityRange")
         self.priority = greatest.value  # the highest is the lowest number (0 is the default)
         self._stream, self._started, self._ended = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-        # non-blocking: ordered by its events only, never behind work on the legacy default stream
-        _check(driver.cuStreamCreateWithPriority(ctypes.byref(self._stream), _CU_STREAM_NON_BLOCKING,
-                                                 ctypes.c_int(self.priority)), "cuStreamCreateWithPriority")
-        for event in (self._started, self._ended):
-            _check(driver.cuEventCreate(ctypes.byref(event), _CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        try:
+            # non-blocking: ordered by its events only, never behind work on the legacy default stream
+            check_status(driver.cuStreamCreateWithPriority(ctypes.byref(self._stream), _CU_STREAM_NON_BLOCKING,
+                                                           ctypes.c_int(self.priority)), "cuStreamCreateWithPriority")
+            for event in (self._started, self._ended):
+                check_status(driver.cuEventCreate(ctypes.byref(event), _CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        except JetpipeError:
+            self.free()  # not owned by the device yet: what was made is released here
+            raise
 
     @property
     def handle(self) -> int:
@@ -199,21 +203,21 @@ class PriorityLane:
     def stream_priority(self) -> int:
         """The priority the driver gives the stream (what the tests check)."""
         value = ctypes.c_int()
-        _check(self._driver.cuStreamGetPriority(self._stream, ctypes.byref(value)), "cuStreamGetPriority")
+        check_status(self._driver.cuStreamGetPriority(self._stream, ctypes.byref(value)), "cuStreamGetPriority")
         return value.value
 
     def run_after(self, stream, work) -> None:
         """`work(self)` enqueued on this lane after everything queued on `stream` (a PyCUDA stream), and
         `stream`'s later work after it."""
         d, other = self._driver, ctypes.c_void_p(stream.handle)
-        _check(d.cuEventRecord(self._started, other), "cuEventRecord")
-        _check(d.cuStreamWaitEvent(self._stream, self._started, 0), "cuStreamWaitEvent")
+        check_status(d.cuEventRecord(self._started, other), "cuEventRecord")
+        check_status(d.cuStreamWaitEvent(self._stream, self._started, 0), "cuStreamWaitEvent")
         work(self)
-        _check(d.cuEventRecord(self._ended, self._stream), "cuEventRecord")
-        _check(d.cuStreamWaitEvent(other, self._ended, 0), "cuStreamWaitEvent")
+        check_status(d.cuEventRecord(self._ended, self._stream), "cuEventRecord")
+        check_status(d.cuStreamWaitEvent(other, self._ended, 0), "cuStreamWaitEvent")
 
     def synchronize(self) -> None:
-        _check(self._driver.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
+        check_status(self._driver.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
 
     def free(self) -> None:
         """Destroy the stream and its events (the device's close(), with the context current)."""
@@ -225,7 +229,8 @@ class PriorityLane:
         self._stream, self._started, self._ended = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
 
 
-def _check(status: int, what: str) -> None:
+def check_status(status: int, what: str) -> None:
+    """A CUDA driver API call's result: anything but CUDA_SUCCESS raises, naming the call."""
     if status != 0:
         raise JetpipeError(f"{what} failed with CUDA error {status}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 
 from jetpipe.errors import JetpipeError
+from jetpipe.runtime.cuda import check_status
 
 CAPTURE_MODE_THREAD_LOCAL = 1
 _lib = None
@@ -30,11 +31,6 @@ def _symbol(*names):
     raise JetpipeError(f"the CUDA driver has none of {', '.join(names)}: update the driver")
 
 
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        raise JetpipeError(f"{what} failed with CUDA error {result}")
-
-
 class CudaGraph:
     """`with CudaGraph.capture(stream) as g: <enqueue work>` then `g.launch(stream)`."""
 
@@ -47,7 +43,7 @@ class CudaGraph:
         return _Capture(cls(), stream)
 
     def launch(self, stream) -> None:
-        _check(_symbol("cuGraphLaunch")(self._exec, ctypes.c_void_p(stream.handle)), "cuGraphLaunch")
+        check_status(_symbol("cuGraphLaunch")(self._exec, ctypes.c_void_p(stream.handle)), "cuGraphLaunch")
 
     def close(self) -> None:
         if self._exec:
@@ -64,7 +60,7 @@ class _Capture:
 
     def __enter__(self) -> CudaGraph:
         begin = _symbol("cuStreamBeginCapture_v2", "cuStreamBeginCapture")
-        _check(begin(self.stream, ctypes.c_int(CAPTURE_MODE_THREAD_LOCAL)), "cuStreamBeginCapture")
+        check_status(begin(self.stream, ctypes.c_int(CAPTURE_MODE_THREAD_LOCAL)), "cuStreamBeginCapture")
         return self.graph
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -73,7 +69,7 @@ class _Capture:
         if exc_type is not None:
             self.graph.close()
             return
-        _check(result, "cuStreamEndCapture")
+        check_status(result, "cuStreamEndCapture")
         instantiate = _symbol("cuGraphInstantiateWithFlags")
-        _check(instantiate(ctypes.byref(self.graph._exec), self.graph._graph, ctypes.c_ulonglong(0)),
+        check_status(instantiate(ctypes.byref(self.graph._exec), self.graph._graph, ctypes.c_ulonglong(0)),
                "cuGraphInstantiateWithFlags")
