@@ -3,7 +3,7 @@
 side with RapidOCR (its det + cls + rec on the CPU, a process per core) on the same video, in one run.
 
   python scripts/bench_ocr.py [--streams 8] [--seconds 20 | --once] [--frames 60] [--decoder nvdec] [--scene words]
-                              [--det-model DET.onnx --rec-model REC.onnx] [--secondary-priority normal,high]
+                              [--det-model DET.onnx --rec-model REC.onnx] [--secondary-priority high,normal]
                               [--json out.json]
 
 The detector reads each frame at `--det-size` (default 736x1312, the size RapidOCR's detector reads a 1080p
@@ -99,7 +99,7 @@ def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec
     return out[0], out[1]
 
 
-def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]], priority: str = "normal") -> dict:
+def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]], priority: str = "high") -> dict:
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
     from jetpipe.pipelines.daemon import Pipeline
     from jetpipe.pipelines.secondary import SecondaryConfig
@@ -245,8 +245,9 @@ def main() -> None:
                         "the built-in PP-OCRv4 det")
     parser.add_argument("--rec-model", type=Path, help="another recognizer export (48 high, its alphabet in its "
                         "metadata) instead of the built-in PP-OCRv4 rec")
-    parser.add_argument("--secondary-priority", default=["normal"], type=comma_list("normal", "high"),
-                        help="the recognizer's stream priority, or several side by side in this run: normal,high")
+    parser.add_argument("--secondary-priority", default=["high"], type=comma_list("high", "normal"),
+                        help="the recognizer's stream priority (default high, serve's), or several side by side "
+                             "in this run: high,normal")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--bundles", type=Path, help="keep the converted bundles here and reuse them in later runs "
                         "(default: converted again in a temporary folder)")

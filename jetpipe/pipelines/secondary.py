@@ -52,8 +52,8 @@ class SecondaryConfig:
     direction_threshold: float = 0.9        # its score at which a crop is turned
     every_track: int = 0                    # with a tracker: run once per track every N frames, reuse between
     backend: str = ""                       # "" = the pipeline's; triton://HOST:PORT/NAME: its model on a server
-    priority: str = "normal"                # "high": its runs at the GPU's highest stream priority (Triton's
-                                            # PRIORITY_MAX), ahead of the primary's next batch
+    priority: str = "high"                  # its runs at the GPU's highest stream priority (Triton's PRIORITY_MAX),
+                                            # ahead of the primary's next batch; "normal": the default stream's
 
     @property
     def label(self) -> str:
@@ -250,18 +250,23 @@ class SecondaryStage:
 
     def summary(self) -> dict:
         """Crops run, where, and what crossed the bus for them: frame bytes uploaded (0 where crops were cut
-        in device memory) and the results' bytes downloaded; the stream priority its runs got, where "high"
-        was asked."""
+        in device memory) and the results' bytes downloaded; on a GPU runtime, the stream priority its runs
+        got."""
         return {"crops": self.crops_run, "backend": self.runtime.backend_name,
                 "postprocess": "gpu" if self.runtime.reduction else "cpu",
-                # what its runs got: "normal" where "high" was asked of a runtime that cannot give it
-                **({"priority": "high" if getattr(self.runtime, "lane", None) else "normal"}
-                   if self.config.priority == "high" else {}),
+                **self._priority_got(),
                 **({"crops_turned": self.crops_turned} if self.direction is not None else {}),
                 **({"crops_reused": self.crops_reused} if self.config.every_track else {}),
                 "frame_bytes_uploaded": getattr(self.runtime, "frame_bytes_uploaded", 0),
                 "d2h_bytes_per_crop": round(getattr(self.runtime, "output_bytes_downloaded", 0)
                                             / max(1, self.crops_run))}
+
+    def _priority_got(self) -> dict:
+        """What its runs got: "normal" where "high" was asked of a backend that cannot give it (ONNX Runtime
+        without graphs); nothing on a CPU runtime or a server's model, which have no stream of ours."""
+        if not hasattr(self.runtime, "lane") or getattr(self.runtime, "remote", False):
+            return {}
+        return {"priority": "high" if self.runtime.lane is not None else "normal"}
 
     def close(self) -> None:
         if self.direction is not None:

@@ -145,8 +145,8 @@ class GpuRuntime(RuntimeBase):
         if priority == "normal" or self.remote:  # a server's model runs at the server's priorities
             return None
         if not self.backend.runs_on_any_stream:
-            log.warning("%s: priority high needs the model's runs in CUDA graphs (%s ran without): it runs at "
-                        "the default priority", self.bundle_dir, self.backend.name)
+            log.info("%s: priority high needs the model's runs in CUDA graphs (%s ran without): it runs at "
+                     "the default priority", self.bundle_dir, self.backend.name)
             return None
         return self.device.priority_lane()
 

@@ -126,18 +126,16 @@ def _stage(rec_bundle, **options):
     return SecondaryStage(SecondaryConfig(rec_bundle, **options), "onnxruntime-cpu", "auto", (720, 1280), "auto")
 
 
-def test_priority_high_on_the_cpu_runtime_says_it_ran_at_the_default(rec_bundle):
-    """A CPU runtime has no GPU stream to raise: the summary says what the runs got, not what was asked."""
-    stage = _stage(rec_bundle, priority="high")
-    try:
-        assert stage.summary()["priority"] == "normal"
-    finally:
-        stage.close()
-    stage = _stage(rec_bundle)
-    try:
-        assert "priority" not in stage.summary()
-    finally:
-        stage.close()
+def test_a_secondary_runs_at_priority_high_unless_told_and_the_cpu_runtime_claims_no_priority(rec_bundle):
+    """High is the default (measured on an H100: the OCR chain's p99 45-50 ms against 56-60 at normal). A CPU
+    runtime has no GPU stream to raise: its summary names no priority, asked or not."""
+    assert SecondaryConfig(rec_bundle).priority == "high"
+    for options in ({}, {"priority": "high"}, {"priority": "normal"}):
+        stage = _stage(rec_bundle, **options)
+        try:
+            assert "priority" not in stage.summary(), options
+        finally:
+            stage.close()
 
 
 def test_boxes_are_chosen_by_class_size_and_score(rec_bundle):

@@ -134,7 +134,7 @@ def test_a_stage_at_priority_high_runs_on_the_highest_priority_stream_and_reads_
                 assert lane is None
             else:
                 assert lane is not None and lane.stream_priority() == lane.priority < 0
-                assert stage.summary()["priority"] == "high"
+            assert stage.summary()["priority"] == priority
             texts[priority] = []
             for _ in range(3):  # batches in flight on both buffer sets: each waits for its own crops
                 for frame, result in zip(frames, results):
