@@ -7,6 +7,11 @@ resize + normalize + transpose; 1 thread and all threads), the same written
 with torch GPU ops (if torch is present), and a device-to-device copy of the
 input frames (the floor). GPU times: CUDA events, median of --repeat runs
 after warm-up, rotating over several frame sets so the L2 cache does not hold them.
+Each timed run is queued behind a spin kernel (~100 us), so that the GPU reaches
+the start event with the work already submitted: the time is the GPU's, as in a
+pipeline where a batch is queued behind earlier work. Without it (the `*_submit_us`
+figures, this script's only ones before 2026-11-26) the interval also holds the
+host's time to submit the work: the Python call and the driver, a few us a launch.
 
     python scripts/bench_preprocess.py [--batches 1,8,32] [--sources 1080x1920,720x1280] [--repeat 200]
                                        [--json out.json]
@@ -34,14 +39,41 @@ SPEC = PRESETS["ppocr-det"]
 ROTATE = 4  # frame sets cycled through
 
 
-def gpu_median(device, stream, fn, repeat: int) -> float:
-    """Median ms of fn(i) enqueued on stream, timed with events."""
+SPIN_US = 100  # the GPU's wait before each timed run: longer than the host takes to submit one
+SPIN_SOURCE = """
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
+
+
+class Spinner:
+    """Holds a stream busy for SPIN_US (one thread spinning on the SM clock), so that what is submitted next
+    waits on the GPU, not on the host."""
+
+    def __init__(self, device):
+        from pycuda.compiler import SourceModule
+
+        self.function = SourceModule(SPIN_SOURCE, no_extern_c=True).get_function("spin")
+        clock_khz = device.device.get_attribute(device.cuda.device_attribute.CLOCK_RATE)
+        self.cycles = np.int64(SPIN_US * clock_khz // 1000)
+
+    def __call__(self, stream) -> None:
+        self.function(self.cycles, block=(1, 1, 1), grid=(1, 1), stream=stream)
+
+
+def gpu_median(device, stream, fn, repeat: int, spinner: Spinner | None = None) -> float:
+    """Median ms of fn(i) enqueued on stream, timed with events; with `spinner`, queued behind it (the GPU's
+    time alone), else from the moment the start event is submitted (the host's submission inside)."""
     start, end = device.cuda.Event(), device.cuda.Event()
     for i in range(10):
         fn(i)
     stream.synchronize()
     times = []
     for i in range(repeat):
+        if spinner is not None:
+            spinner(stream)
         start.record(stream)
         fn(i)
         end.record(stream)
@@ -116,6 +148,7 @@ def main() -> None:
         module = compile_module()
         stream = device.stream()
         peak = peak_bandwidth(device)
+        spinner = Spinner(device)
         for hw in args.sources:
             base = [from_bgr(render_text_image(100 + i, hw).bgr, "nv12") for i in range(ROTATE)]
             peers = hw == (H, W)
@@ -123,8 +156,8 @@ def main() -> None:
             cpu_all = bench_opencv(base, -1) if peers else None  # -1: OpenCV's default thread count
             for batch in args.batches:
                 row = {"source": f"{hw[1]}x{hw[0]}", "batch": batch,
-                       **bench_gpu(device, module, stream, base, batch, args.repeat, peak)}
-                torch_ms = bench_torch(base, batch, args.repeat) if peers else None
+                       **bench_gpu(device, module, stream, base, batch, args.repeat, peak, spinner)}
+                torch_ms = bench_torch(base, batch, args.repeat, spinner.cycles) if peers else None
                 row.update(torch_gpu_ops_us=torch_ms * 1e3 if torch_ms else None,
                            opencv_1_thread_us=cpu1 * 1e3 if cpu1 else None,
                            opencv_all_threads_us=cpu_all * 1e3 if cpu_all else None)
@@ -162,10 +195,11 @@ def sampled_bytes(height: int, width: int, out_hw=OUT) -> int:
     return (len(luma) + len(chroma)) * width
 
 
-def bench_gpu(device, module, stream, base, batch: int, repeat: int, peak: float) -> dict:
-    """Our kernel on device frames and on mapped host frames, and the D2D copy floor (us per frame); the
-    share of the DRAM bandwidth each uses on the bytes it must move (the kernel: the frame + its output, and
-    the rows it reads + its output; the copy: the frame read and written)."""
+def bench_gpu(device, module, stream, base, batch: int, repeat: int, peak: float, spinner: Spinner) -> dict:
+    """Our kernel on device frames and on mapped host frames, and the D2D copy floor (us per frame, the GPU's
+    time and, as `*_submit_us`, with the host's submission inside); the share of the DRAM bandwidth each uses
+    on the bytes it must move (the kernel: the frame + its output, and the rows it reads + its output; the
+    copy: the frame read and written)."""
     from jetpipe.runtime.kernels import GpuPreprocessor
 
     n, frame_bytes, matrix = batch * ROTATE, base[0].nbytes, ColourMatrix.of()
@@ -178,34 +212,37 @@ def bench_gpu(device, module, stream, base, batch: int, repeat: int, peak: float
     copy_dst = device.alloc(batch * frame_bytes)
     out = device.alloc(batch * 3 * OUT[0] * OUT[1] * 4)
     result = {}
-    for label, first in (("jetpipe_kernel_us", int(src)), ("jetpipe_kernel_mapped_us",
-                                                            device.device_pointer(mapped))):
+
+    def timed(label, fn):
+        result[label + "_us"] = gpu_median(device, stream, fn, repeat, spinner) * 1e3 / batch
+        result[label + "_submit_us"] = gpu_median(device, stream, fn, repeat) * 1e3 / batch
+
+    for label, first in (("jetpipe_kernel", int(src)), ("jetpipe_kernel_mapped", device.device_pointer(mapped))):
         sets = []
         for r in range(ROTATE):
             pre = GpuPreprocessor(device, module, batch, OUT, SPEC)
             for i in range(batch):
                 pre.set_frame(i, "nv12", height, width, first + (r * batch + i) * frame_bytes, matrix)
             sets.append(pre)
-        ms = gpu_median(device, stream, lambda i, sets=sets: sets[i % ROTATE].launch(batch, int(out), stream),
-                        repeat)
-        result[label] = ms * 1e3 / batch
-        if label == "jetpipe_kernel_us" and REFERENCE.exists():
+        timed(label, lambda i, sets=sets: sets[i % ROTATE].launch(batch, int(out), stream))
+        if label == "jetpipe_kernel" and REFERENCE.exists():
             before = reference_launcher(module_before(), batch, int(out), stream)
-            result["kernel_before_us"] = gpu_median(device, stream, lambda i, b=before, s=sets: b(s[i % ROTATE]),
-                                                    repeat) * 1e3 / batch
+            timed("kernel_before", lambda i, b=before, s=sets: b(s[i % ROTATE]))
 
     def copy(i):
         source = int(src) + (i % ROTATE) * batch * frame_bytes
         device.cuda.memcpy_dtod_async(copy_dst, source, batch * frame_bytes, stream)
 
-    result["d2d_copy_us"] = gpu_median(device, stream, copy, repeat) * 1e3 / batch
+    timed("d2d_copy", copy)
     out_bytes = 3 * OUT[0] * OUT[1] * 4
     read_bytes = sampled_bytes(height, width)
     per_us = peak / 1e6 / 100  # bytes per microsecond at 1 % of the peak
-    result.update(frame_bytes=frame_bytes, read_bytes=read_bytes, out_bytes=out_bytes,
-                  kernel_pct_frame_plus_out=(frame_bytes + out_bytes) / result["jetpipe_kernel_us"] / per_us,
-                  kernel_pct_read_plus_out=(read_bytes + out_bytes) / result["jetpipe_kernel_us"] / per_us,
-                  copy_pct=2 * frame_bytes / result["d2d_copy_us"] / per_us)
+    result.update(frame_bytes=frame_bytes, read_bytes=read_bytes, out_bytes=out_bytes)
+    for suffix in ("", "_submit"):
+        kernel_us, copy_us = result[f"jetpipe_kernel{suffix}_us"], result[f"d2d_copy{suffix}_us"]
+        result.update({f"kernel_pct_frame_plus_out{suffix}": (frame_bytes + out_bytes) / kernel_us / per_us,
+                       f"kernel_pct_read_plus_out{suffix}": (read_bytes + out_bytes) / kernel_us / per_us,
+                       f"copy_pct{suffix}": 2 * frame_bytes / copy_us / per_us})
     return result
 
 
@@ -234,7 +271,7 @@ def reference_launcher(module, batch: int, out: int, stream):
     return launch
 
 
-def bench_torch(base, batch: int, repeat: int) -> float | None:
+def bench_torch(base, batch: int, repeat: int, spin_cycles: int) -> float | None:
     try:
         import torch
     except ImportError:
@@ -248,6 +285,7 @@ def bench_torch(base, batch: int, repeat: int) -> float | None:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for i in range(repeat):
+        torch.cuda._sleep(int(spin_cycles))  # as Spinner: the GPU's time, not the host's
         start.record()
         torch_preprocess(torch, sets[i % ROTATE], mul, add)
         end.record()
@@ -262,7 +300,9 @@ def print_table(rows) -> None:
               ("d2d_copy_us", "D2D copy (floor)"), ("torch_gpu_ops_us", "torch GPU ops"),
               ("opencv_1_thread_us", "OpenCV 1 thread"), ("opencv_all_threads_us", "OpenCV all threads"),
               ("kernel_pct_frame_plus_out", "kernel % DRAM (frame+out)"),
-              ("kernel_pct_read_plus_out", "kernel % DRAM (read+out)"), ("copy_pct", "copy % DRAM")]
+              ("kernel_pct_read_plus_out", "kernel % DRAM (read+out)"), ("copy_pct", "copy % DRAM"),
+              ("jetpipe_kernel_submit_us", "kernel, submit inside"), ("d2d_copy_submit_us", "copy, submit inside"),
+              ("kernel_pct_frame_plus_out_submit", "  kernel % (frame+out)"), ("copy_pct_submit", "  copy %")]
     print("\nper frame, us" + " " * 14 + "".join(f"{r['source']:>10} b{r['batch']:<3}" for r in rows))
     for key, label in labels:
         cells = [f"{r[key]:>14.1f}" if r.get(key) is not None else f"{'n/a':>14}" for r in rows]
