@@ -92,7 +92,7 @@ class CudaDevice:
         """Page-lock memory allocated elsewhere (a shared-memory region) for asynchronous copies to and from
         it; unregistered by close(). Through the driver API itself: PyCUDA's register_host_memory fails under
         NumPy 2 ("Cannot set the NumPy array 'base' dependency more than once")."""
-        driver = _libcuda()
+        driver = libcuda()
         address = array.ctypes.data
         status = driver.cuMemHostRegister_v2(ctypes.c_void_p(address), ctypes.c_size_t(array.nbytes), 0)
         if status != 0:
@@ -105,7 +105,7 @@ class CudaDevice:
         """The CUDA IPC handle of a device allocation (its base address): another process on this machine (a
         Triton server) opens it and reads and writes the allocation in place."""
         handle = (ctypes.c_ubyte * 64)()  # CUipcMemHandle
-        status = _libcuda().cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(int(allocation)))
+        status = libcuda().cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(int(allocation)))
         if status != 0:
             raise JetpipeError(f"cuIpcGetMemHandle failed with CUDA error {status}")
         return bytes(handle)
@@ -123,7 +123,7 @@ class CudaDevice:
 
     def priority_lane(self) -> PriorityLane:
         """A stream at the device's highest priority (call inside `active()`); destroyed by close()."""
-        lane = PriorityLane(_libcuda())
+        lane = PriorityLane(libcuda())
         self.allocations += 1
         self._owned.append(lane)
         return lane
@@ -246,5 +246,6 @@ class _Registered:
 
 
 @functools.cache
-def _libcuda():
+def libcuda():
+    """The CUDA driver library, loaded once: the calls PyCUDA does not bind (graphs, priorities, IPC handles)."""
     return ctypes.CDLL("libcuda.so.1")

@@ -10,21 +10,13 @@ from __future__ import annotations
 import ctypes
 
 from jetpipe.errors import JetpipeError
-from jetpipe.runtime.cuda import check_status
+from jetpipe.runtime.cuda import check_status, libcuda
 
 CAPTURE_MODE_THREAD_LOCAL = 1
-_lib = None
-
-
-def _driver():
-    global _lib
-    if _lib is None:
-        _lib = ctypes.CDLL("libcuda.so.1")
-    return _lib
 
 
 def _symbol(*names):
-    lib = _driver()
+    lib = libcuda()
     for name in names:
         if hasattr(lib, name):
             return getattr(lib, name)
