@@ -1,8 +1,9 @@
 """Rendered-text images: the project's own real data, made offline.
 
-Words in Pillow's built-in scalable font over textured backgrounds, with the
-word boxes returned, so detection can be checked against known positions. Used
-as the default calibration set, by the synthetic camera and by the tests.
+Words in Pillow's built-in scalable font (or, asked, in several typefaces) over
+textured backgrounds, with the word boxes returned, so detection can be checked
+against known positions. Used as the default calibration set, by the synthetic
+camera and by the tests.
 """
 
 from __future__ import annotations
@@ -19,6 +20,28 @@ cv2 = lazy_import("cv2")
 
 _SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "shi", "ber", "don", "gen", "pla",
               "qu", "str", "ix", "on", "em", "ar", "ul", "zy")
+
+
+# Typefaces that ship with a dependency, so that every machine renders the same text: Pillow's own (None) and
+# matplotlib's DejaVu (sans, serif, mono) and STIX, in regular, bold and italic.
+SEVERAL_FONTS = (None, "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSerif.ttf", "DejaVuSerif-Italic.ttf",
+                 "DejaVuSansMono.ttf", "STIXGeneral.ttf", "STIXGeneralBolIta.ttf")
+
+
+def several_fonts() -> tuple[Path | None, ...]:
+    """SEVERAL_FONTS as paths (None: Pillow's built-in font)."""
+    import matplotlib
+
+    folder = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+    return tuple(None if name is None else folder / name for name in SEVERAL_FONTS)
+
+
+def _pick_font(rng: np.random.Generator, fonts, size: int):
+    """Pillow's built-in font at `size`, or one of `fonts` drawn by rng (drawn only where fonts are given, so
+    that the images rendered without them stay what they were). A font object a word, not shared: synthetic
+    cameras render in threads of their own, and a FreeType face is not safe to share between them."""
+    path = fonts[int(rng.integers(len(fonts)))] if fonts else None
+    return ImageFont.load_default(size=size) if path is None else ImageFont.truetype(str(path), size)
 
 
 @dataclass
@@ -53,8 +76,10 @@ def _contrasting(rng: np.random.Generator, bg: np.ndarray) -> tuple[int, int, in
     return tuple(int(v) for v in base)
 
 
-def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_words: int = 12) -> TextImage:
-    """Render one image: words that never overlap, each with its box in pixel units."""
+def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_words: int = 12,
+                      fonts=None) -> TextImage:
+    """Render one image: words that never overlap, each with its box in pixel units. fonts: typefaces a word
+    is drawn in, one at random (several_fonts()); default Pillow's built-in."""
     rng = np.random.default_rng(seed)
     h, w = size_hw
     canvas = Image.fromarray(_background(rng, h, w))
@@ -63,7 +88,7 @@ def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_word
     taken = np.zeros((h, w), bool)
     for _ in range(int(rng.integers(max(1, max_words // 3), max_words + 1))):
         word = _word(rng)
-        font = ImageFont.load_default(size=int(rng.integers(max(12, h // 40), max(20, h // 9))))
+        font = _pick_font(rng, fonts, int(rng.integers(max(12, h // 40), max(20, h // 9))))
         x0, y0, x1, y1 = draw.textbbox((0, 0), word, font=font)
         tw, th = x1 - x0, y1 - y0
         if tw >= w - 8 or th >= h - 8:
@@ -82,9 +107,10 @@ def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_word
 
 
 def render_tilted_words(seed: int, size_hw: tuple[int, int] = (720, 1280), count: int = 8,
-                        degrees: tuple[float, float] = (8.0, 25.0), words: tuple[int, int] = (1, 2)) -> TextImage:
+                        degrees: tuple[float, float] = (8.0, 25.0), words: tuple[int, int] = (1, 2),
+                        fonts=None) -> TextImage:
     """Lines of words[0] to words[1] words, each turned by an angle between degrees[0] and degrees[1]
-    (either way), never overlapping: boxes are the turned lines' bounding boxes."""
+    (either way), never overlapping: boxes are the turned lines' bounding boxes. fonts: as render_text_image."""
     rng = np.random.default_rng(seed)
     h, w = size_hw
     canvas = Image.fromarray(_background(rng, h, w))
@@ -94,7 +120,7 @@ def render_tilted_words(seed: int, size_hw: tuple[int, int] = (720, 1280), count
         if len(result.words) == count:
             break
         word = " ".join(_word(rng) for _ in range(int(rng.integers(words[0], words[1] + 1))))
-        font = ImageFont.load_default(size=int(rng.integers(max(16, h // 30), max(24, h // 14))))
+        font = _pick_font(rng, fonts, int(rng.integers(max(16, h // 30), max(24, h // 14))))
         x0, y0, x1, y1 = ImageDraw.Draw(canvas).textbbox((0, 0), word, font=font)
         pad = 6
         glyphs = Image.new("L", (x1 - x0 + 2 * pad, y1 - y0 + 2 * pad), 0)
@@ -116,14 +142,15 @@ def render_tilted_words(seed: int, size_hw: tuple[int, int] = (720, 1280), count
     return result
 
 
-def render_text_line(seed: int, size_hw: tuple[int, int] = (48, 320)) -> TextImage:
+def render_text_line(seed: int, size_hw: tuple[int, int] = (48, 320), fonts=None) -> TextImage:
     """One text-line crop, as a recognizer sees it: a few words on one line filling the height, left-aligned
-    with a small margin (the words past the right edge are dropped)."""
+    with a small margin (the words past the right edge are dropped). fonts: the line's typeface is one of
+    them at random (several_fonts()); default Pillow's built-in."""
     rng = np.random.default_rng(seed)
     h, w = size_hw
     canvas = Image.fromarray(_background(rng, h, w))
     draw = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default(size=max(8, int(h * rng.uniform(0.55, 0.8))))
+    font = _pick_font(rng, fonts, max(8, int(h * rng.uniform(0.55, 0.8))))
     words, x = [], int(rng.integers(1, max(2, w // 20)))
     while True:
         word = _word(rng)

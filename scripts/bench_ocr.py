@@ -3,13 +3,15 @@
 side with RapidOCR (its det + cls + rec on the CPU, a process per core) on the same video, in one run.
 
   python scripts/bench_ocr.py [--streams 8] [--seconds 20 | --once] [--frames 60] [--decoder nvdec] [--scene words]
+                              [--size 1920x1080] [--fonts default|several]
                               [--det-model DET.onnx --rec-model REC.onnx] [--secondary-priority high,normal]
                               [--json out.json]
 
 The detector reads each frame at `--det-size` (default 736x1312, the size RapidOCR's detector reads a 1080p
-frame at). The video is made at run time: `--frames` 1920x1080 images of rendered words (seeds from 50,000: none of the
-calibration or test images; the default PIL font at sizes from 27 to 120 px, 4 to 14 words a frame, random
-backgrounds and colours), encoded as 1080p30 H.264 by ffmpeg, each frame's words kept as ground truth.
+frame at). The video is made at run time: `--frames` images of rendered words, `--size` (default 1920x1080;
+seeds from 50,000: none of the calibration or test images; the default PIL font, or with `--fonts several`
+eight typefaces, one at random a word; sizes from 1/40 to 1/9 of the height, 4 to 14 words a frame, random
+backgrounds and colours), encoded as 30 fps H.264 by ffmpeg, each frame's words kept as ground truth.
 jetpipe: the clip loops in `--streams` streams offered as fast as they go (saturated, every frame processed),
 FP32 bundles (`--precision` for the detector and recognizer), the GPU runtime where there is one, NVDEC
 where the decoder allows. RapidOCR: the clip's frames decoded once (PyAV), then read by `--peer-workers`
@@ -38,26 +40,28 @@ FIRST_SEED = 50_000  # rendered frames no calibration or test set uses
 SIZE_HW = (1080, 1920)
 
 
-def render(seed: int, scene: str):
+def render(seed: int, scene: str, size_hw=SIZE_HW, fonts=None):
     """One frame of the scene: `words` (upright words), `tilted` (lines of one or two words turned 8-25
-    degrees either way), `lines` (upright lines of four to seven words: wider than 320 / 48)."""
+    degrees either way), `lines` (upright lines of four to seven words: wider than 320 / 48). fonts: the
+    typefaces words are drawn in (default: Pillow's built-in)."""
     from jetpipe.synth import render_text_image, render_tilted_words
 
     if scene == "tilted":
-        return render_tilted_words(seed, SIZE_HW, count=10)
+        return render_tilted_words(seed, size_hw, count=10, fonts=fonts)
     if scene == "lines":
-        return render_tilted_words(seed, SIZE_HW, count=8, degrees=(0, 0), words=(4, 7))
-    return render_text_image(seed, SIZE_HW, max_words=14)
+        return render_tilted_words(seed, size_hw, count=8, degrees=(0, 0), words=(4, 7), fonts=fonts)
+    return render_text_image(seed, size_hw, max_words=14, fonts=fonts)
 
 
-def make_video(folder: Path, frames: int, scene: str = "words") -> tuple[Path, list[list[str]]]:
-    path = folder / "text-1080p30.mp4"
+def make_video(folder: Path, frames: int, scene: str = "words", size_hw=SIZE_HW,
+               fonts=None) -> tuple[Path, list[list[str]]]:
+    path = folder / f"text-{size_hw[0]}p30.mp4"
     encoder = subprocess.Popen(["ffmpeg", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "bgr24", "-s",
-                                f"{SIZE_HW[1]}x{SIZE_HW[0]}", "-r", "30", "-i", "pipe:0", "-c:v", "libx264", "-preset",
+                                f"{size_hw[1]}x{size_hw[0]}", "-r", "30", "-i", "pipe:0", "-c:v", "libx264", "-preset",
                                 "veryfast", "-crf", "18", "-pix_fmt", "yuv420p", str(path)], stdin=subprocess.PIPE)
     words = []
     for i in range(frames):
-        image = render(FIRST_SEED + i, scene)
+        image = render(FIRST_SEED + i, scene, size_hw, fonts)
         encoder.stdin.write(image.bgr.tobytes())
         words.append(image.words)
     encoder.stdin.close()
@@ -172,7 +176,7 @@ def run_rapidocr(args, video: Path, words: list[list[str]]) -> dict:
             "word_recall": round(sum(h for h, _ in hits) / max(1, total), 4), "words": total}
 
 
-def crop_costs(rec: Path, batch: int = 8) -> dict | None:
+def crop_costs(rec: Path, batch: int = 8, size_hw=SIZE_HW) -> dict | None:
     """The secondary stage alone on the GPU: `batch` text-line crops of a device frame, kernel vs recognizer."""
     import numpy as np
 
@@ -185,7 +189,7 @@ def crop_costs(rec: Path, batch: int = 8) -> dict | None:
         runtime = GpuRuntime(rec, batch, memory="staged", profile=True, buffer_sets=2)
     except Exception as exc:  # no GPU runtime here
         return {"skipped": str(exc)[:200]}
-    image = render_text_image(FIRST_SEED, SIZE_HW, max_words=14)
+    image = render_text_image(FIRST_SEED, size_hw, max_words=14)
     frame = from_bgr(image.bgr, "nv12")
     boxes = [tuple(int(v) for v in box) for box in image.boxes]
     frames = [Frame(frame, "nv12", crop=boxes[i % len(boxes)]) for i in range(batch)]
@@ -203,6 +207,17 @@ def crop_costs(rec: Path, batch: int = 8) -> dict | None:
     median = {k: round(float(np.median(v)), 4) for k, v in times.items()}
     return {"batch": batch, "crop_kernel_ms": median["preprocess"], "recognizer_ms": median["infer"],
             "crop_share": round(median["preprocess"] / median["infer"], 4)}
+
+
+def frame_size(text: str) -> tuple[int, int]:
+    """An argument type: WxH -> (H, W), even sides (H.264 4:2:0) from 64 to 4096."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: WxH, e.g. 1280x720") from None
+    if not (64 <= width <= 4096 and 64 <= height <= 4096) or width % 2 or height % 2:
+        raise argparse.ArgumentTypeError(f"{text}: even sides from 64 to 4096")
+    return height, width
 
 
 def comma_list(*allowed: str):
@@ -241,6 +256,11 @@ def main() -> None:
                         help="the recognizer at its width range (batches at 320, 640, 960) or fixed at 320")
     parser.add_argument("--scene", default="words", choices=("words", "tilted", "lines"),
                         help="what the frames show: upright words, tilted lines, long lines")
+    parser.add_argument("--size", default=SIZE_HW, type=frame_size,
+                        help="the video's frame size WxH (default 1920x1080; issue 25's accuracy: 1280x720)")
+    parser.add_argument("--fonts", default="default", choices=("default", "several"),
+                        help="the words' typefaces: Pillow's built-in, or several (jetpipe.synth.SEVERAL_FONTS: "
+                        "sans, serif, mono; regular, bold, italic), one at random a word")
     parser.add_argument("--det-model", type=Path, help="another text detector export (e.g. PP-OCRv3's) instead of "
                         "the built-in PP-OCRv4 det")
     parser.add_argument("--rec-model", type=Path, help="another recognizer export (48 high, its alphabet in its "
@@ -254,8 +274,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        video, words = make_video(folder, args.frames, args.scene)
+        from jetpipe.synth import several_fonts
+
+        fonts = several_fonts() if args.fonts == "several" else None
+        video, words = make_video(folder, args.frames, args.scene, args.size, fonts)
         report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "streams": args.streams,
+                  "frame_size": f"{args.size[1]}x{args.size[0]}", "fonts": args.fonts,
                   "words_per_frame": round(sum(map(len, words)) / len(words), 1)}
         for precision in args.precision:
             kept = f"{precision}-{args.det_size}-b{args.rec_batch}-{args.rec_width}"  # what the bundles depend on
@@ -273,7 +297,7 @@ def main() -> None:
         if not args.no_peer:
             report["rapidocr"] = run_rapidocr(args, video, words)
             print(json.dumps({"rapidocr": report["rapidocr"]}), flush=True)
-        report["secondary_alone"] = crop_costs(rec)
+        report["secondary_alone"] = crop_costs(rec, size_hw=args.size)
         print(json.dumps({"secondary_alone": report["secondary_alone"]}), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
