@@ -29,10 +29,12 @@ SEVERAL_FONTS = (None, "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSerif.ttf
 
 
 def several_fonts() -> tuple[Path | None, ...]:
-    """SEVERAL_FONTS as paths (None: Pillow's built-in font)."""
-    import matplotlib
+    """SEVERAL_FONTS as paths (None: Pillow's built-in font). Found where matplotlib is installed, without
+    importing it (slow, and older releases warn on import against a newer pyparsing)."""
+    import importlib.util
 
-    folder = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+    spec = importlib.util.find_spec("matplotlib")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "mpl-data" / "fonts" / "ttf"
     return tuple(None if name is None else folder / name for name in SEVERAL_FONTS)
 
 

@@ -17,14 +17,15 @@ _said_basic = False  # the partial optimization is said once a process
 
 
 def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads: int = 0, arena: bool = True,
-                device_id: int = 0, stream=None, quiet: bool = False):
+                device_id: int = 0, stream=None, quiet: bool = False, spin: bool = True):
     """A session on a model (ModelProto, serialized once with no temp file, or a path).
 
     arena=False returns each run's memory to the system: for calibration runs that
     expose many activations, the arena would keep their peak forever.
     provider "cuda": FP32 stays FP32 (TF32 off: it would move results by ~1e-3);
     `stream` makes ORT run on the caller's CUDA stream. quiet: runs expected to fail (probes) log
-    nothing; the caller turns the exception into its own message."""
+    nothing; the caller turns the exception into its own message. spin=False: the intra-op threads sleep
+    between a run's parallel sections instead of spinning, for sessions that run beside other busy threads."""
     import onnxruntime as ort
 
     if provider not in PROVIDERS:
@@ -36,6 +37,8 @@ def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads:
     options.enable_cpu_mem_arena = arena
     if threads:
         options.intra_op_num_threads = threads
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers: list = ["CPUExecutionProvider"]
     if provider == "cuda":
         if "CUDAExecutionProvider" not in ort.get_available_providers():

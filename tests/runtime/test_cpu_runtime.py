@@ -172,3 +172,11 @@ def test_exact_preprocess_option_uses_the_float_reference(tiny_bundle):
     inputs = np.stack([preprocess_frame(f.data, "nv12", (16, 16), spec)[0] for f in frames])
     expected = cpu_session(str(tiny_bundle / "model.onnx")).run(None, {"x": inputs})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_cpu_runtimes_session_waits_asleep_not_spinning(tiny_bundle):
+    """Its intra-op threads sleep between parallel sections: a pipeline's other threads (sources, postprocessing,
+    a secondary model's session) share the cores (jetpipe demo on 2 cores: 3.9-4.0 -> 4.7-5.1 frames/s)."""
+    with CpuRuntime(tiny_bundle) as rt:
+        options = rt.backend.session.get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
