@@ -176,7 +176,7 @@ def test_exact_preprocess_option_uses_the_float_reference(tiny_bundle):
 
 def test_the_cpu_runtimes_session_waits_asleep_not_spinning(tiny_bundle):
     """Its intra-op threads sleep between parallel sections: a pipeline's other threads (sources, postprocessing,
-    a secondary model's session) share the cores (jetpipe demo on 2 cores: 3.9-4.0 -> 4.7-5.1 frames/s)."""
+    a secondary model's session) share the cores (jetpipe demo on 2 cores: 3.9-4.0 -> 4.7-5.3 frames/s)."""
     with CpuRuntime(tiny_bundle) as rt:
         options = rt.backend.session.get_session_options()
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
