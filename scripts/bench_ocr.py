@@ -272,11 +272,11 @@ def main() -> None:
     parser.add_argument("--bundles", type=Path, help="keep the converted bundles here and reuse them in later runs "
                         "(default: converted again in a temporary folder)")
     args = parser.parse_args()
+    from jetpipe.synth import several_fonts
+
+    fonts = several_fonts() if args.fonts == "several" else None
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        from jetpipe.synth import several_fonts
-
-        fonts = several_fonts() if args.fonts == "several" else None
         video, words = make_video(folder, args.frames, args.scene, args.size, fonts)
         report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "streams": args.streams,
                   "frame_size": f"{args.size[1]}x{args.size[0]}", "fonts": args.fonts,

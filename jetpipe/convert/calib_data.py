@@ -237,13 +237,14 @@ class SyntheticText(CalibrationSource):
     def __init__(self, size_hw, spec, limit):
         super().__init__(size_hw, spec, limit)
         self.lines = is_line_shaped(size_hw)
+        self.fonts = several_fonts() if self.lines else None  # found once, not at every line rendered
 
     def __len__(self):
         return self.limit
 
     def _render(self, seed: int) -> np.ndarray:
         if self.lines:
-            return render_text_line(seed, self.size_hw, fonts=several_fonts()).bgr
+            return render_text_line(seed, self.size_hw, fonts=self.fonts).bgr
         return render_text_image(seed, self.size_hw).bgr
 
     def frames(self):

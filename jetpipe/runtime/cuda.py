@@ -183,7 +183,7 @@ class PriorityLane:
         self._driver = driver
         least, greatest = ctypes.c_int(), ctypes.c_int()
         check_status(driver.cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
-               "cuCtxGetStreamPriorityRange")
+                     "cuCtxGetStreamPriorityRange")
         self.priority = greatest.value  # the highest is the lowest number (0 is the default)
         self._stream, self._started, self._ended = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
         try:

@@ -64,4 +64,4 @@ class _Capture:
         check_status(result, "cuStreamEndCapture")
         instantiate = _symbol("cuGraphInstantiateWithFlags")
         check_status(instantiate(ctypes.byref(self.graph._exec), self.graph._graph, ctypes.c_ulonglong(0)),
-               "cuGraphInstantiateWithFlags")
+                     "cuGraphInstantiateWithFlags")
