@@ -608,7 +608,7 @@ class Pipeline:
                 self.metrics.batches += 1
                 if result.engine_ms is not None:  # the GPU's own time on the batch
                     engine_s = result.engine_ms / 1e3
-                    self.gpu_busy_s += engine_s
+                    self.gpu_busy_s += (result.engine_ms if result.busy_ms is None else result.busy_ms) / 1e3
                 else:
                     engine_s = time.monotonic() - t_batch
                 self.batcher.record_batch(len(packets), engine_s)

@@ -79,6 +79,7 @@ class Ticket:
     timings: dict | None = None       # CPU runtime: wall-clock ms per stage
     frame_addresses: list[int] | None = None  # GPU runtime: where the kernel read each row's frame
     width: int | None = None          # the input width the batch ran at (one of the runtime's widths)
+    run_number: int | None = None     # GPU runtime: the batch's number among those that ran on the GPU
 
 
 @dataclass
@@ -102,6 +103,9 @@ class BatchResult:
     # GPU runtime: milliseconds the GPU spent on the batch (CUDA events on its compute stream), without the
     # time it queued behind earlier batches; None where not measured (CPU runtime, a Triton server)
     engine_ms: float | None = None
+    # GPU runtime: what the batch added to the GPU's busy time, engine_ms less the part that overlapped the
+    # batch before it (a reduction on the post stream runs while the next batch's inference does)
+    busy_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,14 @@ class _BufferSet:
     inferred: object | None = None       # event: outputs written (the post stream's reduction waits on it)
 
 
+def busy_added_ms(engine_ms: float, previous_end_after_start_ms: float) -> float:
+    """The part of a batch's span [start, start + engine_ms] not covered by the batches before it, the last
+    of which ended at start + previous_end_after_start_ms. Spans start in order (the compute stream) and end in
+    order (the stream they finish on), so summed over the batches this is the union of their spans; the sum of
+    the spans counts each overlap twice."""
+    return engine_ms - min(engine_ms, max(0.0, previous_end_after_start_ms))
+
+
 class GpuRuntime(RuntimeBase):
     """See the module docstring. `max_frame_hw` sizes the frame ring (bytes of a BGR frame that size).
     `reduction`: postprocessing run on the outputs in device memory (collect() then returns its compact
@@ -127,6 +135,10 @@ class GpuRuntime(RuntimeBase):
                 if self.reducer is not None and not self.remote:
                     self.post_stream = self.device.stream(non_blocking=True)
                 self.sets = [self._make_set(i) for i in range(self.buffer_sets)]
+                # each batch's end again, in a ring one longer than the sets: batch N reads batch N-1's end,
+                # which batch N+sets overwrites, and that one cannot start before batch N's set is free
+                self._ends = [self.device.event() for _ in range(self.buffer_sets + 1)]
+                self._batches_run = 0
                 self.backend_name = self.backend.name  # a remote backend settles its transport as sets are shared
                 self._warm_up()
                 self.lane = self._priority_lane(priority)
@@ -264,6 +276,9 @@ class GpuRuntime(RuntimeBase):
             if usable:
                 self._enqueue(buffers, ticket)
                 buffers.span[1].record(self._finish_stream())
+                ticket.run_number = self._batches_run
+                self._ends[self._batches_run % len(self._ends)].record(self._finish_stream())
+                self._batches_run += 1
             buffers.done.record(self._finish_stream())
         return ticket
 
@@ -455,6 +470,7 @@ class GpuRuntime(RuntimeBase):
             self._collected(ticket, hold)
             return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected, self.reduction,
                                ticket.frame_addresses)
+        engine_ms, busy_ms = self._engine_ms(buffers, ticket)  # read before the set may be submitted again
         self._collected(ticket, hold)
         shapes = self.backend.output_shapes[ticket.width]
         if self.reducer is not None:
@@ -463,15 +479,20 @@ class GpuRuntime(RuntimeBase):
             outputs = {spec.name: at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
                        for spec, shape in zip(self.backend.outputs, shapes)}
         return BatchResult(outputs, ticket.letterboxes, ticket.frame_indices, ticket.rejected, self.reduction,
-                           ticket.frame_addresses, engine_ms=self._engine_ms(buffers, ticket))
+                           ticket.frame_addresses, engine_ms=engine_ms, busy_ms=busy_ms)
 
-    def _engine_ms(self, buffers: _BufferSet, ticket: Ticket) -> float | None:
+    def _engine_ms(self, buffers: _BufferSet, ticket: Ticket) -> tuple[float | None, float | None]:
         """The GPU's time on a collected batch, from the compute stream reaching it to its outputs in host
-        memory (waiting behind earlier batches not counted); None for an empty batch."""
+        memory (waiting behind earlier batches not counted), and what of it did not overlap the batch before
+        (busy_added_ms); None, None for an empty batch."""
         if not ticket.batch:
-            return None
+            return None, None
         with self.device.active():
-            return buffers.span[1].time_since(buffers.span[0])
+            engine_ms = buffers.span[1].time_since(buffers.span[0])
+            if not ticket.run_number:
+                return engine_ms, engine_ms
+            previous_end = self._ends[(ticket.run_number - 1) % len(self._ends)]
+            return engine_ms, busy_added_ms(engine_ms, previous_end.time_since(buffers.span[0]))
 
     def frame_to_host(self, frame: Frame, out: np.ndarray) -> None:
         """A device frame (NVDEC's ring slot) copied into host array `out` on a stream of its own (no wait
