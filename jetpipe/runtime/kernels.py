@@ -20,7 +20,7 @@ from jetpipe.spec import PreprocessSpec
 
 SOURCE = Path(__file__).with_name("preprocess.cu")
 MODES = {"rgb": 0, "bgr": 1, "gray": 2}  # mirrors MODE_* in preprocess.cu
-BLOCK = (32, 8, 1)
+BLOCK = (32, 8, 1)  # 256 threads: preprocess.cu's RESIDENT_BLOCKS bound is for blocks of this size
 QUAD = 4  # adjacent output pixels per thread (mirrors QUAD in preprocess.cu)
 
 # Mirrors struct FrameParams in preprocess.cu (128 bytes, 8-byte aligned).

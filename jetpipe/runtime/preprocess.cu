@@ -247,13 +247,19 @@ __device__ void preprocess(const FrameParams* __restrict__ params, T* __restrict
     }
 }
 
-extern "C" __global__ void preprocess_f32(const FrameParams* params, float* out, int out_w, int out_h,
+// At least five blocks of 256 threads (kernels.BLOCK) resident per SM: the compiler keeps a thread within 48
+// registers (56 unbounded: four blocks). The kernel waits on its gathers, and more warps in flight hide more of
+// that: 1080p -> 640 at batch 8, H200 2.85 -> 2.75 us a frame, H100 unchanged; bounds of 6 or 8 blocks spill
+// registers and ran 28-60 % slower (docs/benchmarks.md, 2026-11-26).
+#define RESIDENT_BLOCKS __launch_bounds__(256, 5)
+
+extern "C" __global__ void RESIDENT_BLOCKS preprocess_f32(const FrameParams* params, float* out, int out_w, int out_h,
                                           int batch, float pad, float m0, float m1, float m2,
                                           float a0, float a1, float a2, int mode) {
     preprocess<float>(params, out, out_w, out_h, batch, Affine{pad, m0, m1, m2, a0, a1, a2, mode});
 }
 
-extern "C" __global__ void preprocess_f16(const FrameParams* params, __half* out, int out_w, int out_h,
+extern "C" __global__ void RESIDENT_BLOCKS preprocess_f16(const FrameParams* params, __half* out, int out_w, int out_h,
                                           int batch, float pad, float m0, float m1, float m2,
                                           float a0, float a1, float a2, int mode) {
     preprocess<__half>(params, out, out_w, out_h, batch, Affine{pad, m0, m1, m2, a0, a1, a2, mode});
