@@ -252,6 +252,9 @@ def _add_serve(sub) -> None:
                    help="decode video files with NVDEC in N processes of their own, the frames written into this "
                         "process's GPU memory (CUDA IPC): for many streams into a light model, where decoding in "
                         "this process holds it below NVDEC's rate (default 0: decode here)")
+    p.add_argument("--decode-threads", type=int, metavar="N",
+                   help="with --decode-processes: decoding threads in each (default 0: a thread a stream, 32 at "
+                        "most); fewer cost less CPU (NVIDIA's video library polls for each waiting frame)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",
@@ -310,7 +313,7 @@ def _serve_config(args):
     elif args.direction:
         raise JetpipeError("--direction turns the crops of a --secondary: add --secondary BUNDLE")
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker",
-                "latency_budget_ms", "capture_threads", "decode_processes"):
+                "latency_budget_ms", "capture_threads", "decode_processes", "decode_threads"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

@@ -121,7 +121,8 @@ def serve_child(args) -> None:
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=sources, duration=args.seconds,
                                      max_batch=args.max_batch, metrics_listen="", log_every_s=1e9, queue_depth=4,
                                      capture_threads=int(args.capture_threads),
-                                     decode_processes=int(args.decode_processes)))
+                                     decode_processes=int(args.decode_processes),
+                                     decode_threads=int(args.decode_threads)))
     pipeline = Pipeline(config)  # start-up (allocation, warm-up, decoders opened) is not timed
     paths = sorted({s.describe().rsplit("(", 1)[-1].rstrip(")") for s in pipeline.sources})
     stacks = StackSampler() if os.environ.get("BENCH_STACKS") else None
@@ -135,7 +136,7 @@ def serve_child(args) -> None:
     processed = sum(summary["processed"])
     total = summary["latency_ms"]["total"]
     print(json.dumps({"what": "serve", "streams": args.streams, "capture_threads": int(args.capture_threads),
-                      "decode_processes": int(args.decode_processes),
+                      "decode_processes": int(args.decode_processes), "decode_threads": int(args.decode_threads),
                       "switch_ms": sys.getswitchinterval() * 1000,
                       "threads": memory.threads, "paths": paths, "fps": processed / wall,
                       "frames": processed, "dropped": sum(summary["dropped"]), "failed": sum(summary["failed"]),
@@ -193,10 +194,12 @@ def _rss_mb() -> float:
 
 
 def run_child(what: str, clip: Path, streams: int, seconds: float, bundle: Path, max_batch: int,
-              capture_threads: int = 0, switch_ms: float = 0.0, decode_processes: int = 0) -> dict:
+              capture_threads: int = 0, switch_ms: float = 0.0, decode_processes: int = 0,
+              decode_threads: int = 0) -> dict:
     argv = [sys.executable, __file__, what, "--clip", str(clip), "--streams", str(streams), "--seconds",
             str(seconds), "--bundle", str(bundle), "--max-batch", str(max_batch), "--capture-threads",
-            str(capture_threads), "--switch-ms", str(switch_ms), "--decode-processes", str(decode_processes)]
+            str(capture_threads), "--switch-ms", str(switch_ms), "--decode-processes", str(decode_processes),
+            "--decode-threads", str(decode_threads)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -221,6 +224,8 @@ def main() -> None:
     parser.add_argument("--capture-threads", default="0", help="serve's capture_threads, one row each (0: default)")
     parser.add_argument("--decode-processes", default="0,1", help="serve's decode_processes, one row each (0: decode "
                         "in the serving process; default 0,1: both, side by side)")
+    parser.add_argument("--decode-threads", default="0", help="serve's decode_threads for the rows with decode "
+                        "processes, one row each (0: a thread a stream, 32 at most), e.g. 0,8")
     parser.add_argument("--switch-ms", default="0", help="serve's Python switch interval in ms, one row each "
                         "(0: the interpreter's, 5 ms)")
     parser.add_argument("--clip", type=Path, help=argparse.SUPPRESS)
@@ -265,11 +270,12 @@ def run_all(args) -> None:
             ceiling = run_child("decode", clip, n, args.seconds, bundle, args.max_batch)
             rows.append(ceiling)
             print(json.dumps(rows[-1]), flush=True)
-            variants = [(int(t), float(ms), int(dp)) for t in args.capture_threads.split(",")
-                        for ms in args.switch_ms.split(",") for dp in args.decode_processes.split(",")]
-            for threads, switch_ms, processes in variants:
+            variants = [(int(t), float(ms), int(dp), int(dt)) for t in args.capture_threads.split(",")
+                        for ms in args.switch_ms.split(",") for dp in args.decode_processes.split(",")
+                        for dt in (args.decode_threads.split(",") if dp != "0" else ["0"])]
+            for threads, switch_ms, processes, decode_threads in variants:
                 rows.append(run_child("serve", clip, n, args.seconds, bundle, args.max_batch, threads, switch_ms,
-                                      processes))
+                                      processes, decode_threads))
                 if "fps" in rows[-1] and "fps" in ceiling:
                     rows[-1]["pct_of_decode"] = 100 * rows[-1]["fps"] / ceiling["fps"]
                 print(json.dumps(rows[-1]), flush=True)
@@ -284,8 +290,8 @@ def run_all(args) -> None:
 
 def report(rows: list[dict], args) -> None:
     print(f"\n{args.model.name}, 1080p30 H.264, {args.seconds:g} s a row, max batch {args.max_batch}")
-    print("| streams | what | capture threads, switch ms, decode processes | frames/s | % of decode | CPU cores "
-          "| RSS MB | GPU MiB added | dropped | p99 ms | GPU busy |")
+    print("| streams | what | capture threads, switch ms, decode processes (threads) | frames/s | % of decode "
+          "| CPU cores | RSS MB | GPU MiB added | dropped | p99 ms | GPU busy |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
@@ -293,8 +299,9 @@ def report(rows: list[dict], args) -> None:
             continue
         pct = f"{r['pct_of_decode']:.0f} %" if "pct_of_decode" in r else ""
         gpu = r.get("gpu_memory_added_mib")
+        threads = f" ({r['decode_threads']})" if r.get("decode_threads") else ""
         print(f"| {r['streams']} | {r['what']} | {r.get('capture_threads', '')}, {r.get('switch_ms', 0):g}, "
-              f"{r.get('decode_processes', '')} "
+              f"{r.get('decode_processes', '')}{threads} "
               f"| {r['fps']:.0f} | {pct} "
               f"| {r['cpu_cores']:.2f} | {r['rss_mb']:.0f} | "
               f"{gpu if gpu is not None else 'n/a'} | {r.get('dropped', '')} | {r.get('p99_ms') or ''} | "

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
-from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
+from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_DECODE_THREADS, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
 from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
@@ -73,6 +73,7 @@ class PipelineConfig:
     queue_depth: int = 4               # frames per stream waiting to be batched
     capture_threads: int = 0           # threads reading the streams that can share one (NVDEC files): 0 = auto
     decode_processes: int = 0          # processes NVDEC files are decoded in (0: in this process)
+    decode_threads: int = 0            # decoding threads in each (0: a thread a stream, 32 at most)
     backend: str = "auto"
     memory: str = "auto"
     task: str | None = None            # default: the bundle's
@@ -92,7 +93,7 @@ class PipelineConfig:
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
                   "latency_budget_ms": (int, float), "queue_depth": int, "capture_threads": int,
-                  "decode_processes": int,
+                  "decode_processes": int, "decode_threads": int,
                   "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
@@ -252,6 +253,8 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
          f"an integer from 0 (auto: half the cores) to {MAX_STREAMS}"),
         (0 <= config.decode_processes <= MAX_DECODE_PROCESSES, "decode_processes",
          f"an integer from 0 (decode in the serving process) to {MAX_DECODE_PROCESSES}"),
+        (0 <= config.decode_threads <= MAX_DECODE_THREADS, "decode_threads",
+         f"an integer from 0 (a thread a stream) to {MAX_DECODE_THREADS}"),
         (config.backend in BACKENDS or is_triton(config.backend), "backend", BACKEND_HELP),
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
         (config.postprocess in POSTPROCESS_PLACES, "postprocess", " | ".join(POSTPROCESS_PLACES)),

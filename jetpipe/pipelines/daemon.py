@@ -204,7 +204,7 @@ class Pipeline:
                      "sources are decoded in this process", asked)
             return None
         decoders = DecodeProcesses(min(asked, capacity), self.runtime.device, _DecodedElsewhere(self),
-                                   self._start_thread, streams=capacity)
+                                   self._start_thread, streams=capacity, threads=self.config.decode_threads)
         self.closers.append(decoders.close)
         return decoders
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_for_any
 
 from jetpipe.errors import JetpipeError
+from jetpipe.limits import MAX_DECODE_THREADS
 from jetpipe.runtime.nvdec_procs import CREDIT, RECORD, TAG_CREDITS, TAG_FRAMES, pack_message, worker_main
 from jetpipe.video import FrameInfo
 
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 LIVE_CREDITS = 2        # slots a live stream's process may hold: the frame being decoded and the next
 START_TIMEOUT_S = 120.0  # a decode process spawns (imports, CUDA context) and opens a file within this
 POLL_S = 0.05           # the longest a link waits without looking at stops
-MAX_LANES = 32          # decoding threads in a decode process
+MAX_LANES = MAX_DECODE_THREADS  # decoding threads in a decode process
 RESPAWN_MAX_S = 10.0    # the longest wait before a decode process that exited is replaced
 STARVED_S = 0.001       # every ring slot in flight on the GPU: look again this soon (a release is not signalled)
 CPU_SAID = ("ready", "opened", "unsupported", "ended", "exited")  # messages whose last field is the process's CPU
@@ -380,22 +381,31 @@ class _Link:
         self.waker.close()
 
 
+def decoding_threads(streams: int, processes: int, asked: int = 0) -> int:
+    """Threads a decode process decodes with: `asked` (serve's decode_threads), or a thread for each stream of
+    its share, MAX_LANES at most."""
+    return asked or min(MAX_LANES, math.ceil(streams / processes))
+
+
 class DecodeProcesses:
     """`count` decode processes on `device`, serving the streams the daemon opens through them (up to
-    `streams`: each process gets a decoding thread for each of its share, MAX_LANES at most).
+    `streams`: each process gets a decoding thread for each of its share, MAX_LANES at most; `threads`, when
+    given, instead. Each waiting thread costs CPU in NVIDIA's video library, which polls for its frame: on an
+    H100, 32 streams decoded by 8 threads ran at 95 % of a thread a stream's rate on half its CPU).
 
     host: the daemon, which answers for a stream (its Stream handle): credits_wanted(handle, held),
     acquire(handle) -> ring slot | None, slot_address(handle, slot), deliver(handle, slot, pts, frame_no),
     release(handle, slot), ended(handle, how, why, frames), failed(handle, why, backoff), stopping(handle).
     start_thread(target, name): a started thread (the daemon's, which counts its CPU)."""
 
-    def __init__(self, count: int, device, host, start_thread, streams: int, timeout: float = START_TIMEOUT_S):
+    def __init__(self, count: int, device, host, start_thread, streams: int, timeout: float = START_TIMEOUT_S,
+                 threads: int = 0):
         context = multiprocessing.get_context("spawn")  # a forked child cannot use CUDA
         self.timeout = timeout
         self.links: list[_Link] = []
         self._next_id = 0
         self._cpu_marks: list[float] = []
-        lanes = min(MAX_LANES, math.ceil(streams / count))  # a thread a stream, as NVDEC alone is fastest
+        lanes = decoding_threads(streams, count, threads)
         try:
             for k in range(count):
                 self.links.append(_Link(k, context, device, host, start_thread, lanes))

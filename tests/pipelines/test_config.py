@@ -26,6 +26,9 @@ HEAD = "[pipeline]\nbundle = 'b'\n"
     (HEAD + "decode_processes = 33\n[[source]]\nuri = 'synthetic'\n",
      r"decode_processes = 33: allowed an integer from 0 \(decode in the serving process\) to 32"),
     (HEAD + "decode_processes = 1.5\n[[source]]\nuri = 'synthetic'\n", r"decode_processes = 1.5: expected an integer"),
+    (HEAD + "decode_threads = 33\n[[source]]\nuri = 'synthetic'\n",
+     r"decode_threads = 33: allowed an integer from 0 \(a thread a stream\) to 32"),
+    (HEAD + "decode_threads = -1\n[[source]]\nuri = 'synthetic'\n", r"decode_threads = -1: allowed an integer"),
 ])
 def test_config_traps_are_named(tmp_path, text, message):
     path = tmp_path / "c.toml"
@@ -76,3 +79,20 @@ def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
     assert main(["serve", str(config)]) == 2
     err = capsys.readouterr().err
     assert "is not UTF-8 text" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_decode_threads_are_read_and_size_each_decode_process():
+    from jetpipe.pipelines.decode_procs import decoding_threads
+
+    assert decoding_threads(64, 1) == 32 and decoding_threads(12, 2) == 6   # default: a thread a stream, 32 at most
+    assert decoding_threads(64, 1, asked=8) == 8 and decoding_threads(3, 1, asked=8) == 8
+
+
+def test_decode_threads_from_toml_and_cli(tmp_path):
+    from jetpipe.cli import _serve_config, build_parser
+
+    path = tmp_path / "c.toml"
+    path.write_text(HEAD + "decode_processes = 1\ndecode_threads = 8\n[[source]]\nuri = 'a.mp4'\n")
+    assert load(path).decode_threads == 8
+    args = build_parser().parse_args(["serve", str(path), "--decode-threads", "4"])
+    assert _serve_config(args).decode_threads == 4
