@@ -272,6 +272,9 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     for ok, key, allowed in checks:
         if not ok:
             raise ConfigError(f"{where}: {key} = {getattr(config, key)!r}: allowed {allowed}")
+    if config.decode_threads and not config.decode_processes:
+        raise ConfigError(f"{where}: decode_threads = {config.decode_threads} sets the threads of decode processes, "
+                          "and there are none: add decode_processes = N (--decode-processes N)")
     _check_listen(config.metrics_listen, where)
     _check_control(config, where)
     if is_triton(config.backend):

@@ -29,6 +29,8 @@ HEAD = "[pipeline]\nbundle = 'b'\n"
     (HEAD + "decode_threads = 33\n[[source]]\nuri = 'synthetic'\n",
      r"decode_threads = 33: allowed an integer from 0 \(a thread a stream\) to 32"),
     (HEAD + "decode_threads = -1\n[[source]]\nuri = 'synthetic'\n", r"decode_threads = -1: allowed an integer"),
+    (HEAD + "decode_threads = 8\n[[source]]\nuri = 'synthetic'\n", r"decode_threads = 8 sets the threads of "
+     r"decode processes, and there are none: add decode_processes = N"),
 ])
 def test_config_traps_are_named(tmp_path, text, message):
     path = tmp_path / "c.toml"
