@@ -60,6 +60,19 @@ OVERLOAD_LOG_S = 60.0  # the overload warning, at most this often
 REMOVE_WAIT_S = 30.0  # DELETE /streams/ID answers when the stream's frames are through, or after this (202)
 
 
+def shared_cpu_threads(secondaries: int, cores: int | None = None) -> int:
+    """ONNX Runtime intra-op threads for each model of a pipeline on the CPU runtime. One model: 0 (ONNX
+    Runtime's own, a thread a core). With secondaries, the primary (the GPU-stage thread) and the secondaries
+    (one after another in the secondary thread) run at once: each gets half the cores. A session's threads
+    over the whole machine, beside another's, cost more CPU than they save: PP-OCRv4 det on 2 cores, 2
+    threads 212 ms and 359 ms of CPU a frame against 240 ms and 240 ms on 1 (docs/benchmarks.md)."""
+    if not secondaries:
+        return 0
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // 2)
+
+
 class Pipeline:
     def __init__(self, config: PipelineConfig, on_result=None, profile: bool = False):
         """profile: time every batch's GPU stages with CUDA events (the summary's gpu_stage_ms)."""
@@ -84,9 +97,10 @@ class Pipeline:
                 raise ConfigError(f"config: secondary {secondary.label!r}: every_track = {secondary.every_track} "
                                   "reuses a result while its track lives: add --tracker (bytetrack or iou)")
         buffer_sets = BUFFER_SETS + (CHAINED_SETS if config.secondaries else 0)
+        cpu_threads = shared_cpu_threads(len(config.secondaries))
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
                                     max_frame_hw=config.max_frame_hw, buffer_sets=buffer_sets,
-                                    reduction=self._reduction(), profile=profile)
+                                    reduction=self._reduction(), profile=profile, cpu_threads=cpu_threads)
         self.profile = profile
         self.gpu_stage_ms: dict[str, list[float]] = {}
         # wall seconds of the post (and secondary) thread by phase: where a batch's time goes when a thread
@@ -102,7 +116,7 @@ class Pipeline:
         try:
             for secondary in config.secondaries:  # each registered as it opens: a later failure closes it
                 self.secondaries.append(SecondaryStage(secondary, secondary.backend or config.backend, config.memory,
-                                                       config.max_frame_hw, config.postprocess))
+                                                       config.max_frame_hw, config.postprocess, cpu_threads))
                 self.closers.append(self.secondaries[-1].close)
                 self._check_frames_reach(self.secondaries[-1])
             self._build()

@@ -126,14 +126,16 @@ class TrackResults:
 class SecondaryStage:
     """One secondary model: its runtime (allocated here, released by close()) and its task's finish."""
 
-    def __init__(self, config: SecondaryConfig, backend: str, memory: str, max_frame_hw, postprocess: str):
+    def __init__(self, config: SecondaryConfig, backend: str, memory: str, max_frame_hw, postprocess: str,
+                 cpu_threads: int = 0):
         self.config, self.name = config, config.label
         manifest = bundles.load(config.bundle)
         task, options = for_bundle(manifest)
         self.post = task.postprocessor(options)
         reduction = None if postprocess == "cpu" else self.post.reduction(required=postprocess == "gpu")
         self.runtime = open_runtime(config.bundle, None, backend, memory, max_frame_hw=max_frame_hw,
-                                    buffer_sets=2, reduction=reduction, priority=config.priority)
+                                    buffer_sets=2, reduction=reduction, priority=config.priority,
+                                    cpu_threads=cpu_threads)
         self.classes = set(config.classes)
         self.crops_run = self.crops_turned = self.crops_reused = 0
         self.tracks = TrackResults(config.every_track)
@@ -141,7 +143,7 @@ class SecondaryStage:
         try:
             if config.direction is not None:  # a local model: a Triton secondary's classifier runs here
                 local = "auto" if is_triton(backend) else backend
-                self.direction = _DirectionStage(config, local, memory, max_frame_hw, postprocess)
+                self.direction = _DirectionStage(config, local, memory, max_frame_hw, postprocess, cpu_threads)
         except BaseException:
             self.runtime.close()
             raise
@@ -277,7 +279,8 @@ class SecondaryStage:
 class _DirectionStage:
     """A direction classifier on a secondary's crops (PP-OCR's text-line classifier): which are upside down."""
 
-    def __init__(self, config: SecondaryConfig, backend: str, memory: str, max_frame_hw, postprocess: str):
+    def __init__(self, config: SecondaryConfig, backend: str, memory: str, max_frame_hw, postprocess: str,
+                 cpu_threads: int = 0):
         manifest = bundles.load(config.direction)
         task, options = for_bundle(manifest)
         labels = options.labels or ()
@@ -289,7 +292,8 @@ class _DirectionStage:
         self.post = task.postprocessor(options)
         reduction = None if postprocess == "cpu" else self.post.reduction(required=postprocess == "gpu")
         self.runtime = open_runtime(config.direction, None, backend, memory, max_frame_hw=max_frame_hw,
-                                    buffer_sets=2, reduction=reduction, priority=config.priority)
+                                    buffer_sets=2, reduction=reduction, priority=config.priority,
+                                    cpu_threads=cpu_threads)
 
     def upside_down(self, frames: list[Frame]) -> list[int]:
         """Indices of the frames (crops) whose best class is "180" at a score of at least the threshold."""

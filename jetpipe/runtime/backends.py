@@ -62,11 +62,12 @@ class OrtCpuBackend:
 
     name = "onnxruntime-cpu"
 
-    def __init__(self, model_path: str, input_sample_shape, max_batch: int, widths=None):
+    def __init__(self, model_path: str, input_sample_shape, max_batch: int, widths=None, threads: int = 0):
         # no spinning: a pipeline's sources, postprocessing and a secondary model's session share the cores;
         # a primary's threads spinning while they wait took them (jetpipe demo, det + rec on 2 cores:
-        # 3.9-4.0 -> 4.7-5.3 frames/s, docs/benchmarks.md)
-        self.session = cpu_session(model_path, spin=False)
+        # 3.9-4.0 -> 4.7-5.3 frames/s, docs/benchmarks.md). threads: intra-op threads (0: ONNX Runtime's, a
+        # thread a core)
+        self.session = cpu_session(model_path, spin=False, threads=threads)
         self.widths = tuple(widths or (input_sample_shape[2],))
         self.input, self.outputs, self.output_shapes = specs_at_widths(self.session, input_sample_shape,
                                                                        self.widths)

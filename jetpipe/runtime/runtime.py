@@ -52,10 +52,11 @@ class CpuRuntime(RuntimeBase):
     backend_name = "onnxruntime-cpu"
 
     def __init__(self, bundle_dir, max_batch: int | None = None, buffer_sets: int = 2,
-                 exact_preprocess: bool = False, backend: str = "onnxruntime-cpu"):
+                 exact_preprocess: bool = False, backend: str = "onnxruntime-cpu", threads: int = 0):
         """exact_preprocess: the float reference conversion the GPU kernel matches, instead of
         OpenCV's integer decoders (several times faster, within 1.5 8-bit steps). backend:
-        onnxruntime-cpu, or triton://HOST:PORT/NAME (the model runs on that server)."""
+        onnxruntime-cpu, or triton://HOST:PORT/NAME (the model runs on that server). threads: ONNX Runtime's
+        intra-op threads (0: a thread a core)."""
         super().__init__(bundle_dir, max_batch)
         self._preprocess = preprocess_frame if exact_preprocess else preprocess_frame_fast
 
@@ -64,7 +65,7 @@ class CpuRuntime(RuntimeBase):
         if is_triton(backend):
             self.backend = TritonBackend(backend, sample, self.max_batch, self.widths, buffer_sets)
         else:
-            self.backend = OrtCpuBackend(self.model_path, sample, self.max_batch, self.widths)
+            self.backend = OrtCpuBackend(self.model_path, sample, self.max_batch, self.widths, threads=threads)
         self.backend_name = self.backend.name
         self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
         # one input and output buffer per set, sized for the widest width (a narrower batch uses their
@@ -133,9 +134,11 @@ class CpuRuntime(RuntimeBase):
 
 def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto", memory: str = "auto",
                  **gpu_options):
-    """The best runtime this machine offers for the bundle (or the one asked for); logs the choice."""
+    """The best runtime this machine offers for the bundle (or the one asked for); logs the choice.
+    cpu_threads: the CPU runtime's intra-op threads (0: a thread a core); the GPU runtime ignores it."""
     check_backend(backend)
     cpu_options = {k: v for k, v in gpu_options.items() if k == "buffer_sets"}
+    cpu_options["threads"] = gpu_options.pop("cpu_threads", 0)
     reduction = gpu_options.get("reduction")
     if reduction is not None and reduction.required and backend == "onnxruntime-cpu":
         raise JetpipeError(_CPU_CANNOT_REDUCE)
