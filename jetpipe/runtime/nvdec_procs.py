@@ -117,12 +117,22 @@ class DecodeWorker:
         self.nvc = import_nvdec()
         self.slots = _IpcSlots()
         self.lanes = [_Lane(self, k) for k in range(lanes)]
+        self._lane_of: dict[int, _Lane] = {}   # stream -> the lane it was given at its open
         self.removed: list = []     # sources of streams that ended or were removed, not closed yet
         self.lock = threading.Lock()   # removed; and one writer on the pipe at a time
         self.running = True
 
     def lane(self, stream: int) -> _Lane:
-        return self.lanes[stream % len(self.lanes)]
+        """A stream's lane (lane 0 for one never opened here: its credits and removal find nothing there)."""
+        return self._lane_of.get(stream, self.lanes[0])
+
+    def assign_lane(self, stream: int) -> _Lane:
+        """The lane with the fewest streams. Not the stream's number modulo the lanes: the serving process opens
+        streams in the least loaded of its processes in turn, so with 2 processes each saw every other number,
+        and half of its lanes got two streams while the other half stayed idle."""
+        lane = min(self.lanes, key=lambda candidate: len(candidate.streams))
+        self._lane_of[stream] = lane
+        return lane
 
     def send(self, data: bytes) -> None:
         with self.lock:
@@ -168,7 +178,7 @@ class DecodeWorker:
             self.say("unsupported", stream, first_line(exc), time.process_time())
             return
         source.paced_by_caller = True  # paced by its lane (due_in), never asleep inside a read
-        self.lane(stream).add(_Decoding(stream, source, info.height * info.width * 3 // 2, limit))
+        self.assign_lane(stream).add(_Decoding(stream, source, info.height * info.width * 3 // 2, limit))
         self.say("opened", stream, (info.format, info.height, info.width, info.standard, info.range, info.fps),
                  time.process_time())
 
