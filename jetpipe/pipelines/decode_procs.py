@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 LIVE_CREDITS = 2        # slots a live stream's process may hold: the frame being decoded and the next
 START_TIMEOUT_S = 120.0  # a decode process spawns (imports, CUDA context) and opens a file within this
 POLL_S = 0.05           # the longest a link waits without looking at stops
-MAX_LANES = MAX_DECODE_THREADS  # decoding threads in a decode process
 RESPAWN_MAX_S = 10.0    # the longest wait before a decode process that exited is replaced
 STARVED_S = 0.001       # every ring slot in flight on the GPU: look again this soon (a release is not signalled)
 CPU_SAID = ("ready", "opened", "unsupported", "ended", "exited")  # messages whose last field is the process's CPU
@@ -383,13 +382,13 @@ class _Link:
 
 def decoding_threads(streams: int, processes: int, asked: int = 0) -> int:
     """Threads a decode process decodes with: `asked` (serve's decode_threads), or a thread for each stream of
-    its share, MAX_LANES at most."""
-    return asked or min(MAX_LANES, math.ceil(streams / processes))
+    its share, MAX_DECODE_THREADS at most."""
+    return asked or min(MAX_DECODE_THREADS, math.ceil(streams / processes))
 
 
 class DecodeProcesses:
     """`count` decode processes on `device`, serving the streams the daemon opens through them (up to
-    `streams`: each process gets a decoding thread for each of its share, MAX_LANES at most; `threads`, when
+    `streams`: each process gets a decoding thread for each of its share, MAX_DECODE_THREADS at most; `threads`, when
     given, instead. Each waiting thread costs CPU in NVIDIA's video library, which polls for its frame: on an
     H100, 32 streams decoded by 8 threads ran at 95 % of a thread a stream's rate on half its CPU).
 

@@ -8,7 +8,7 @@ processes; docs/benchmarks.md).
 
 The serving process owns the memory: it allocates the rings as before and hands this process *credits*,
 each a ring slot to fill (a token and the slot's allocation, whose IPC handle it sends once). For each credit
-a lane (a thread; a stream each, as many as MAX_LANES of the serving side) decodes its stream's next frame,
+a lane (a thread; a stream each, as many as the serving side's decode_threads) decodes its stream's next frame,
 copies it device to device into the slot and synchronizes, then answers with a fixed-size record (stream,
 token, presentation time, decode errors); the records of a lane's round go back in one message. A stream
 decodes only while it holds credits: the serving process grants them as its queue has room (files: every
@@ -187,6 +187,7 @@ class DecodeWorker:
         the credits it still holds are the serving process's again."""
         with self.lock:
             self.removed.append(decoding.source)
+        self._lane_of.pop(decoding.stream, None)  # streams come and go (the control API): the map keeps none
         self.say("ended", decoding.stream, how, why, decoding.frames, decoding.source.decode_errors,
                  time.process_time())
 
