@@ -253,8 +253,8 @@ def _add_serve(sub) -> None:
                         "process's GPU memory (CUDA IPC): for many streams into a light model, where decoding in "
                         "this process holds it below NVDEC's rate (default 0: decode here)")
     p.add_argument("--decode-threads", type=int, metavar="N",
-                   help="with --decode-processes: decoding threads in each (default 0: a thread a stream, 32 at "
-                        "most); fewer cost less CPU (NVIDIA's video library polls for each waiting frame)")
+                   help="with --decode-processes: decoding threads in each (default 0: a thread a stream, 4 at "
+                        "most); each waiting thread costs CPU (NVIDIA's video library polls for its frame)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",

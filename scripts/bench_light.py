@@ -126,10 +126,12 @@ def serve_child(args) -> None:
     pipeline = Pipeline(config)  # start-up (allocation, warm-up, decoders opened) is not timed
     paths = sorted({s.describe().rsplit("(", 1)[-1].rstrip(")") for s in pipeline.sources})
     stacks = StackSampler() if os.environ.get("BENCH_STACKS") else None
+    census = thread_cpu_by_id()
     before, wall = os.times(), time.perf_counter()
     memory.start()
     summary = pipeline.run()
     after, wall = os.times(), time.perf_counter() - wall
+    census = thread_census(census)
     # the decode processes' CPU over the run, as they said it (their start-up, in os.times()'s children, is not)
     cpu = _cpu(before, after, children=False) + summary["cpu_seconds"].get("decode_processes", 0.0)
     hot = stacks.report() if stacks is not None else None
@@ -146,7 +148,26 @@ def serve_child(args) -> None:
                       "thread_cpu_s": summary.get("cpu_seconds"), "gpu_busy_share": summary.get("gpu_busy_share"),
                       "latency_ms": summary["latency_ms"],
                       "post_thread_ms_per_batch": summary.get("post_thread_ms_per_batch"),
+                      "threads_alive_cpu_s": census,
                       **({"stacks": hot} if hot else {})}), flush=True)
+
+
+def thread_cpu_by_id() -> dict[int, float]:
+    from jetpipe.pipelines.decode_procs import thread_cpu_seconds
+
+    return {int(task): thread_cpu_seconds(int(task)) for task in os.listdir("/proc/self/task")}
+
+
+def thread_census(before: dict[int, float]) -> dict[str, float]:
+    """CPU seconds since `before` (thread_cpu_by_id()) of this process's threads alive now, by Python thread
+    name; threads Python did not start (ONNX Runtime's, the CUDA driver's) summed as "native". The pipeline's
+    own threads that end with the run are in its summary's cpu_seconds instead."""
+    named = {t.native_id: t.name for t in threading.enumerate()}
+    census: dict[str, float] = {}
+    for task, cpu in thread_cpu_by_id().items():
+        name = named.get(task, "native")
+        census[name] = round(census.get(name, 0.0) + cpu - before.get(task, 0.0), 3)
+    return census
 
 
 class StackSampler:

@@ -73,7 +73,7 @@ class PipelineConfig:
     queue_depth: int = 4               # frames per stream waiting to be batched
     capture_threads: int = 0           # threads reading the streams that can share one (NVDEC files): 0 = auto
     decode_processes: int = 0          # processes NVDEC files are decoded in (0: in this process)
-    decode_threads: int = 0            # decoding threads in each (0: a thread a stream, 32 at most)
+    decode_threads: int = 0            # decoding threads in each (0: a thread a stream, 4 at most)
     backend: str = "auto"
     memory: str = "auto"
     task: str | None = None            # default: the bundle's
@@ -254,7 +254,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (0 <= config.decode_processes <= MAX_DECODE_PROCESSES, "decode_processes",
          f"an integer from 0 (decode in the serving process) to {MAX_DECODE_PROCESSES}"),
         (0 <= config.decode_threads <= MAX_DECODE_THREADS, "decode_threads",
-         f"an integer from 0 (a thread a stream) to {MAX_DECODE_THREADS}"),
+         f"an integer from 0 (auto: a thread a stream, 4 at most) to {MAX_DECODE_THREADS}"),
         (config.backend in BACKENDS or is_triton(config.backend), "backend", BACKEND_HELP),
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
         (config.postprocess in POSTPROCESS_PLACES, "postprocess", " | ".join(POSTPROCESS_PLACES)),

@@ -408,6 +408,7 @@ class Pipeline:
         self.thread_cpu_s["process"] = time.process_time() - cpu_started
         if self.decoders is not None:  # their CPU is the run's too (cpu_cores counts it)
             self.thread_cpu_s["decode_processes"] = self.decoders.cpu_seconds()
+            self.thread_cpu_s["decode_links"] = self.decoders.link_cpu_seconds()  # part of "process"
         seconds = time.monotonic() - started
         for i in range(len(self.sinks)):  # before the summary: what fails while a sink finishes is counted
             self._close_sink(i)

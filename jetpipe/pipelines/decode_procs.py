@@ -20,9 +20,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_for_any
+from pathlib import Path
 
 from jetpipe.errors import JetpipeError
-from jetpipe.limits import MAX_DECODE_THREADS
 from jetpipe.runtime.nvdec_procs import CREDIT, RECORD, TAG_CREDITS, TAG_FRAMES, pack_message, worker_main
 from jetpipe.video import FrameInfo
 
@@ -33,6 +33,11 @@ START_TIMEOUT_S = 120.0  # a decode process spawns (imports, CUDA context) and o
 POLL_S = 0.05           # the longest a link waits without looking at stops
 RESPAWN_MAX_S = 10.0    # the longest wait before a decode process that exited is replaced
 STARVED_S = 0.001       # every ring slot in flight on the GPU: look again this soon (a release is not signalled)
+# a decode process's threads unless told: each queues a frame of each of its streams (decode, copy) before it waits
+# for their copies, so a few keep NVDEC busy, and every waiting thread costs CPU in NVIDIA's video library's
+# polling. On an H100, 32 / 64 streams: 4 threads 97 / 94 % of PyNvVideoCodec alone on 1.5 CPU cores; 8 threads
+# 82-96 % on 1.7-2.1; a thread a stream (32) 87-95 % on 2.6-3.0 (docs/benchmarks.md)
+AUTO_DECODE_THREADS = 4
 CPU_SAID = ("ready", "opened", "unsupported", "ended", "exited")  # messages whose last field is the process's CPU
 
 
@@ -144,6 +149,7 @@ class _Link:
         self.finished = threading.Event()       # its thread ended: the pipes may be closed
         self._starved = False
         self._backoff = 0.5                     # before a process that exited is replaced
+        self.native_id: int | None = None       # its thread's, for its CPU time
         start_thread(self._run, f"decode-link-{index}")
 
     def _spawn(self) -> None:
@@ -179,6 +185,7 @@ class _Link:
 
     # --- the thread ----------------------------------------------------------------------------------------
     def _run(self) -> None:
+        self.native_id = threading.get_native_id()
         try:
             while not (self.closing and not self.remotes):
                 try:
@@ -380,17 +387,28 @@ class _Link:
         self.waker.close()
 
 
+def thread_cpu_seconds(native_id: int | None) -> float:
+    """Another thread's CPU time (time.thread_time() reads only the caller's), from /proc: Linux, 0.0
+    elsewhere or once the thread ended."""
+    if native_id is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
 def decoding_threads(streams: int, processes: int, asked: int = 0) -> int:
     """Threads a decode process decodes with: `asked` (serve's decode_threads), or a thread for each stream of
-    its share, MAX_DECODE_THREADS at most."""
-    return asked or min(MAX_DECODE_THREADS, math.ceil(streams / processes))
+    its share, AUTO_DECODE_THREADS at most."""
+    return asked or min(AUTO_DECODE_THREADS, math.ceil(streams / processes))
 
 
 class DecodeProcesses:
     """`count` decode processes on `device`, serving the streams the daemon opens through them (up to
-    `streams`: each process gets a decoding thread for each of its share, MAX_DECODE_THREADS at most; `threads`, when
-    given, instead. Each waiting thread costs CPU in NVIDIA's video library, which polls for its frame: on an
-    H100, 32 streams decoded by 8 threads ran at 95 % of a thread a stream's rate on half its CPU).
+    `streams`: each process gets a decoding thread for each of its share, AUTO_DECODE_THREADS at most; `threads`,
+    when given, instead. Each waiting thread costs CPU in NVIDIA's video library, which polls for its frame).
 
     host: the daemon, which answers for a stream (its Stream handle): credits_wanted(handle, held),
     acquire(handle) -> ring slot | None, slot_address(handle, slot), deliver(handle, slot, pts, frame_no),
@@ -404,6 +422,7 @@ class DecodeProcesses:
         self.links: list[_Link] = []
         self._next_id = 0
         self._cpu_marks: list[float] = []
+        self._link_marks: list[float] = []
         lanes = decoding_threads(streams, count, threads)
         try:
             for k in range(count):
@@ -456,6 +475,12 @@ class DecodeProcesses:
     def mark_cpu(self) -> None:
         """The run starts: cpu_seconds() counts from here (a process's start-up and opening are not the run's)."""
         self._cpu_marks = [link.cpu_spent + link.cpu_s for link in self.links]
+        self._link_marks = [thread_cpu_seconds(link.native_id) for link in self.links]
+
+    def link_cpu_seconds(self) -> float:
+        """The CPU time of the link threads (in this process) since mark_cpu()."""
+        marks = self._link_marks or [0.0] * len(self.links)
+        return sum(thread_cpu_seconds(link.native_id) - mark for link, mark in zip(self.links, marks))
 
     def cpu_seconds(self) -> float:
         """The decode processes' CPU time since mark_cpu(), as they last said it (each says it as a stream of its

@@ -240,13 +240,21 @@ class NvdecSource:
 
     def read_into(self, slot) -> float | None:
         """Copy the next decoded picture into a DeviceSlot (device to device); return its time."""
+        pts = self.start_read(slot)
+        self.finish_read()
+        return pts
+
+    def start_read(self, slot) -> float | None:
+        """read_into's copy queued on this source's stream, not waited for; finish_read() waits, and comes
+        before the next start_read (the surface is the decoder's again at the next Decode). A thread that
+        reads several sources queues each one's copy, then waits for all: one sleep a round, not one a frame,
+        and the next source's Decode goes to NVDEC while the copies run."""
         if self._host is not None:
             return self._read_host(slot)
         frame = self._next_frame()
         self._check_slot(slot, self._frame_bytes)
         with self.device.active():
             self.device.cuda.memcpy_dtod_async(slot.address, frame.GetPtrToPlane(0), slot.nbytes, self._stream)
-            self._stream.synchronize()  # the surface is the decoder's again at the next Decode
         self._index += 1
         fps = self.info.fps
         if self.realtime and fps > 0 and self.feed is None:  # a network stream comes at its own pace
@@ -255,6 +263,12 @@ class NvdecSource:
             if delay > 0 and not self.paced_by_caller:
                 time.sleep(delay)
         return frame.getPTS() * self._timebase  # the stream's presentation time, seconds
+
+    def finish_read(self) -> None:
+        """Wait for the copy start_read queued (the fallback's copy was waited for in its read)."""
+        if self._host is None:
+            with self.device.active():
+                self._stream.synchronize()
 
     def _read_host(self, slot) -> float | None:
         pts = self._host.read_into(self._staging)

@@ -27,7 +27,7 @@ HEAD = "[pipeline]\nbundle = 'b'\n"
      r"decode_processes = 33: allowed an integer from 0 \(decode in the serving process\) to 32"),
     (HEAD + "decode_processes = 1.5\n[[source]]\nuri = 'synthetic'\n", r"decode_processes = 1.5: expected an integer"),
     (HEAD + "decode_threads = 33\n[[source]]\nuri = 'synthetic'\n",
-     r"decode_threads = 33: allowed an integer from 0 \(a thread a stream\) to 32"),
+     r"decode_threads = 33: allowed an integer from 0 \(auto: a thread a stream, 4 at most\) to 32"),
     (HEAD + "decode_threads = -1\n[[source]]\nuri = 'synthetic'\n", r"decode_threads = -1: allowed an integer"),
     (HEAD + "decode_threads = 8\n[[source]]\nuri = 'synthetic'\n", r"decode_threads = 8 sets the threads of "
      r"decode processes, and there are none: add decode_processes = N"),
@@ -86,7 +86,7 @@ def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
 def test_decode_threads_are_read_and_size_each_decode_process():
     from jetpipe.pipelines.decode_procs import decoding_threads
 
-    assert decoding_threads(64, 1) == 32 and decoding_threads(12, 2) == 6   # default: a thread a stream, 32 at most
+    assert decoding_threads(64, 1) == 4 and decoding_threads(6, 2) == 3   # default: a thread a stream, 4 at most
     assert decoding_threads(64, 1, asked=8) == 8 and decoding_threads(3, 1, asked=8) == 8
 
 

@@ -65,3 +65,32 @@ def test_a_stream_opened_again_in_a_new_process_decodes_what_is_left_of_its_fram
     remote = _Remote(source, limit=30, frames=12)
     assert pickle.loads(remote.open_message()[1:]) == ("open", 0, "/videos/a.mp4", True, False, 18)
     assert pickle.loads(_Remote(source, limit=0, frames=12).open_message()[1:])[-1] == 0  # no limit
+
+
+def test_a_link_threads_cpu_time_is_read_from_another_thread():
+    import sys
+    import threading
+
+    import pytest
+
+    from jetpipe.pipelines.decode_procs import thread_cpu_seconds
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a thread's CPU time is read from /proc")
+    ready, done, spent = threading.Event(), threading.Event(), []
+
+    def spin():
+        spent.append(threading.get_native_id())
+        while time.thread_time() < 0.3:  # a CPU-bound thread, as a busy link
+            pass
+        ready.set()
+        done.wait(30)
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    assert ready.wait(60)
+    measured = thread_cpu_seconds(spent[0])
+    done.set()
+    thread.join()
+    assert 0.25 <= measured <= 2.0  # clock ticks of 10 ms; this thread spent 0.3 s
+    assert thread_cpu_seconds(None) == 0.0 and thread_cpu_seconds(spent[0]) == 0.0  # it ended
