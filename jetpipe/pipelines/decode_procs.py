@@ -35,8 +35,8 @@ RESPAWN_MAX_S = 10.0    # the longest wait before a decode process that exited i
 STARVED_S = 0.001       # every ring slot in flight on the GPU: look again this soon (a release is not signalled)
 # a decode process's threads unless told: each queues a frame of each of its streams (decode, copy) before it waits
 # for their copies, so a few keep NVDEC busy, and every waiting thread costs CPU in NVIDIA's video library's
-# polling. On an H100, 32 / 64 streams: 4 threads 97 / 94 % of PyNvVideoCodec alone on 1.5 CPU cores; 8 threads
-# 82-96 % on 1.7-2.1; a thread a stream (32) 87-95 % on 2.6-3.0 (docs/benchmarks.md)
+# polling. On H100s, 32 and 64 streams: 4 threads 94-97 % of PyNvVideoCodec alone on 1.5-1.6 CPU cores (three
+# runs); 8 threads 82-96 % on 1.7-2.1; a thread a stream (32) 87-95 % on 2.6-3.0 (docs/benchmarks.md)
 AUTO_DECODE_THREADS = 4
 CPU_SAID = ("ready", "opened", "unsupported", "ended", "exited")  # messages whose last field is the process's CPU
 
