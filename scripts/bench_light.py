@@ -246,7 +246,7 @@ def main() -> None:
     parser.add_argument("--decode-processes", default="0,1", help="serve's decode_processes, one row each (0: decode "
                         "in the serving process; default 0,1: both, side by side)")
     parser.add_argument("--decode-threads", default="0", help="serve's decode_threads for the rows with decode "
-                        "processes, one row each (0: a thread a stream, 32 at most), e.g. 0,8")
+                        "processes, one row each (0: serve's default, a thread a stream, 4 at most), e.g. 0,8")
     parser.add_argument("--switch-ms", default="0", help="serve's Python switch interval in ms, one row each "
                         "(0: the interpreter's, 5 ms)")
     parser.add_argument("--clip", type=Path, help=argparse.SUPPRESS)
