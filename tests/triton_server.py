@@ -19,6 +19,7 @@ a batch in CUDA shared memory as a GPU tensor and bind it to ONNX Runtime's CUDA
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 TRITON_PYTHON = Path(os.environ.get("JETPIPE_TRITON_PYTHON", ROOT / ".venv-triton" / "bin" / "python"))
 START_S = 180  # a loaded 2-core machine starts tritonserver in seconds; this only bounds a broken start
+STOP_S = 60    # its graceful stop takes a second or two; this only bounds a hung one
 HOSTS = ("pytriton", "python-backend")
 CUDA_POOL_BYTES = 1 << 30
 
@@ -99,8 +101,17 @@ class TritonServer:
             return False
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, 9)  # the server and the tritonserver it started
+        """Ctrl-C to the server's process group, as a user stops it: pytriton and tritonserver shut down and
+        unlink their shared-memory regions in /dev/shm. Killed outright, each start left one behind (~40 MB of
+        RAM for good: a day of test runs filled the 24 GB /dev/shm, and the suite was OOM-killed). Killed
+        only if it has not ended within STOP_S."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGINT)  # the server and the tritonserver it started
+        try:
+            self.process.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(60)
 
 
@@ -235,22 +246,28 @@ def serve_python_backend(name: str, ports: list[int], gpu: bool, folder: Path) -
                                # client's CUDA region cannot be handed on; 64 MB (the default) is below a batch
                                *([f"--cuda-memory-pool-byte-size=0:{CUDA_POOL_BYTES}"] if gpu else [])],
                               env=env)
+    try:
+        _wait_until_served(server, name, ports[0])
+        print("ready", flush=True)
+        server.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached tritonserver too (the process group), at any point after its start:
+        server.wait()          # its shutdown unlinks its shared memory, and the caller's stop() waits for this process
+
+
+def _wait_until_served(server: subprocess.Popen, name: str, grpc_port: int) -> None:
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     deadline = time.monotonic() + START_S
     while server.poll() is None and time.monotonic() < deadline:
         try:
             if client.is_model_ready(name):
-                break
+                return
         except Exception:  # not listening yet
             pass
         time.sleep(0.2)
-    else:
-        server.kill()
-        raise SystemExit(f"tritonserver did not serve {name}")
-    print("ready", flush=True)
-    server.wait()
+    server.kill()
+    raise SystemExit(f"tritonserver did not serve {name}")
 
 
 def main() -> None:

@@ -306,3 +306,24 @@ def test_on_the_gpu_both_models_through_triton_read_what_the_local_gpu_runtime_r
         for a, b in zip(got["secondary"]["text"], want["secondary"]["text"]):
             same, total = same + (a is not None and b is not None and a["text"] == b["text"]), total + 1
     assert total > 0 and same / total >= 0.95, (same, total)
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_a_stopped_server_leaves_no_shared_memory_behind(det_bundle, tmp_path, host):
+    """The test server's stop() is Ctrl-C, so that pytriton and tritonserver unlink their regions in /dev/shm.
+    Killed outright, each start left one of ~40 MB there (RAM, until reboot): a day of test runs filled a 24 GB
+    /dev/shm and the suite was killed for memory."""
+    import os
+    from pathlib import Path
+
+    _needs_triton()
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm on this system")
+    before = set(os.listdir(shm))
+    triton = TritonServer(det_bundle, "det", tmp_path / "triton.log", host=host)
+    triton.start()
+    made = set(os.listdir(shm)) - before
+    triton.stop()
+    assert made, "the server made no region in /dev/shm: this test checks nothing"
+    assert not made & set(os.listdir(shm))
