@@ -66,7 +66,6 @@ class _Decoding:
     backoff: float = 0.5
     failed: bool = False
     paced: bool = False             # its pace (--realtime) started at its first credit
-    pts: float | None = None        # the time of the frame whose copy is in flight
 
 
 class _IpcHandle(ctypes.Structure):
@@ -298,42 +297,40 @@ class _Lane:
         """A frame of each stream whose turn it is: every decode and copy queued first, then the copies waited
         for. Waiting for each copy before the next stream's decode kept a lane's NVDEC work and its waits in
         series (8 lanes for 32 streams gave 73 % of NVDEC's rate; docs/benchmarks.md)."""
-        started = []
+        started = []  # (decoding, the time of its frame in flight)
         for decoding in turn:
             if decoding.failed:
                 self._retry(decoding)
-            elif self._start(decoding):
-                started.append(decoding)
-        return [r for r in map(self._finish, started) if r is not None]
+            elif (in_flight := self._start(decoding)) is not None:
+                started.append(in_flight)
+        return [r for r in (self._finish(*s) for s in started) if r is not None]
 
-    def _start(self, decoding: _Decoding) -> bool:
-        """Its next frame decoded and its copy into the credit's slot queued (False: it ended or failed)."""
+    def _start(self, decoding: _Decoding) -> tuple[_Decoding, float | None] | None:
+        """Its next frame decoded and its copy into the credit's slot queued: (decoding, the frame's time), or
+        None when it ended or failed."""
         _token, key = decoding.credits[0]
         info = decoding.source.info
         try:
             slot = DeviceSlot(self.worker.slots.address(key, self.worker.device), decoding.frame_bytes,
                               info.format, info.height, info.width)
-            decoding.pts = decoding.source.start_read(slot)
+            return decoding, decoding.source.start_read(slot)
         except EndOfStream:
             self._end(decoding, "ended")
-            return False
         except Exception as exc:  # a read that failed: said, the stream opened again after a backoff
             self._read_failed(decoding, exc)
-            return False
-        return True
+        return None
 
     def _read_failed(self, decoding: _Decoding, exc: Exception) -> None:
         decoding.source.close()
         self._failed(decoding, exc)
 
-    def _finish(self, decoding: _Decoding) -> bytes | None:
+    def _finish(self, decoding: _Decoding, pts: float | None) -> bytes | None:
         """The record of a frame whose copy is done (None: the copy failed, or the stream is at its limit)."""
         try:
             decoding.source.finish_read()
         except Exception as exc:
             self._read_failed(decoding, exc)
             return None
-        pts = decoding.pts
         token, _key = decoding.credits.popleft()
         decoding.frames += 1
         record = RECORD.pack(decoding.stream, token, float("nan") if pts is None else pts,
