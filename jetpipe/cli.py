@@ -235,7 +235,8 @@ def _add_serve(sub) -> None:
                         "'jetpipe doctor' lists this FFmpeg's): frames are decoded by the device and downloaded "
                         "as NV12; streams the hardware cannot decode fall back to software, said in the log")
     p.add_argument("--sink", action="append", metavar="SPEC",
-                   help="jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4[?width=W&fps=N&codec=hevc"
+                   help="jsonl:PATH[?append=1] (a new file; append=1: add to it), stdout, mqtt://HOST:PORT/TOPIC, "
+                        "video:FILE.mp4[?width=W&fps=N&codec=hevc"
                         "&encoder=E] (results drawn on the frames; E: auto (nvv4l2h264enc on a Jetson, NVENC where "
                         "it works, else libx264), an FFmpeg encoder, or gst:ELEMENT), jpeg:FOLDER[?every=N]")
     p.add_argument("--max-batch", type=int, help="frames per GPU batch (default: the bundle's)")
@@ -284,6 +285,16 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-streams", type=int, metavar="N",
                    help="with --control: streams served at once, their memory allocated at start-up (default: the "
                         "sources given)")
+    p.add_argument("--control-allow", action="append", metavar="SCHEME",
+                   help="with --control: callers may also start sources of this URI scheme (repeatable; default "
+                        "csi, v4l2, rtsp, rtsps, synthetic; gst lets a caller run any GStreamer pipeline)")
+    p.add_argument("--control-folder", action="append", metavar="DIR",
+                   help="with --control: callers may start video files and image folders inside DIR "
+                        "(repeatable; default: none)")
+    p.add_argument("--metrics-host", action="append", metavar="NAME",
+                   help="a host name clients reach the metrics server by, beyond localhost and this machine's "
+                        "name (repeatable; '*': any, behind a proxy that checks it): other Host headers are "
+                        "refused, so a web page cannot reach it by DNS rebinding")
     p.set_defaults(run=_run_serve)
 
 
@@ -325,6 +336,13 @@ def _serve_config(args):
         if not (args.control or config.control.enabled):
             raise ConfigError("--max-streams is the control API's capacity: add --control")
         config.control.max_streams = args.max_streams
+    if args.control_allow or args.control_folder:
+        if not (args.control or config.control.enabled):
+            raise ConfigError("--control-allow and --control-folder say what the control API may start: add --control")
+        config.control.allow_schemes = [*config.control.allow_schemes, *(args.control_allow or [])]
+        config.control.allow_folders = [*config.control.allow_folders, *(args.control_folder or [])]
+    if args.metrics_host:
+        config.metrics_hosts = [*config.metrics_hosts, *args.metrics_host]
     return validate(config, args.config or "flags")
 
 

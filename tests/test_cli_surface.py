@@ -89,6 +89,13 @@ SERVE = [
     (["--max-streams", "4"], "--max-streams is the control API's capacity: add --control"),
     (["--control", "--max-streams", "999"], "control max_streams = 999: from 0"),
     (["--control", "--metrics", "0.0.0.0:9108"], "needs a bearer token: set JETPIPE_CONTROL_TOKEN"),
+    (["--control-allow", "gst"], "--control-allow and --control-folder say what the control API may start: add "
+     "--control"),
+    (["--control", "--metrics", "127.0.0.1:9", "--control-allow", "gstreamer"], "allow_schemes: 'gstreamer': "
+     "choose from"),
+    (["--control", "--metrics", "127.0.0.1:9", "--control-folder", "{tmp}/none"], "allow_folders: '.*none' is "
+     "not a folder"),
+    (["--metrics-host", "http://edge-7"], "metrics hosts: 'http://edge-7' is not a host name"),
 ]
 
 

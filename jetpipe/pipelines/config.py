@@ -5,7 +5,9 @@ Errors name the key, the bad value and what is allowed.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,7 @@ from jetpipe.runtime.cuda import MEMORY_MODES
 from jetpipe.runtime.runtime import BACKEND_HELP, BACKENDS, check_backend
 from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import TASKS
-from jetpipe.uri import is_loopback
+from jetpipe.uri import SCHEMES, is_loopback
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,10 +29,16 @@ else:  # Python 3.10 (JetPack 6)
     import tomli as tomllib
 
 
+log = logging.getLogger(__name__)
+
 POSTPROCESS_PLACES = ("auto", "gpu", "cpu")
 TOKEN_ENV = "JETPIPE_CONTROL_TOKEN"  # the control API's bearer token, kept out of files and process lists
 MIN_TOKEN_CHARS = 16  # a shorter bearer token is guessable
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
 MAX_BUDGET_MS = 60_000  # a latency budget beyond a minute is a typo
+# sources a control API caller may start unless the operator says otherwise: cameras and RTSP streams (a gst:
+# pipeline runs any GStreamer element, files and http/udp/tcp reach what the daemon's user can)
+DEFAULT_CONTROL_SCHEMES = ("csi", "v4l2", "rtsp", "rtsps", "synthetic")
 
 
 class ConfigError(JetpipeError):
@@ -53,10 +61,13 @@ class ControlConfig:
     enabled: bool = False
     max_streams: int = 0   # streams served at once, allocated at start-up (0: the sources given)
     token: str = ""        # Authorization: Bearer TOKEN on every control request; required off loopback
+    # what a caller may start (control.SourcePolicy): these URI schemes, and files only inside these folders
+    allow_schemes: list[str] = field(default_factory=lambda: list(DEFAULT_CONTROL_SCHEMES))
+    allow_folders: list[str] = field(default_factory=list)
 
 
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
-_CONTROL_KEYS = {"enabled": bool, "max_streams": int, "token": str}
+_CONTROL_KEYS = {"enabled": bool, "max_streams": int, "token": str, "allow_schemes": list, "allow_folders": list}
 _SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int,
                    "direction": str, "direction_threshold": (int, float), "every_track": int, "backend": str,
                    "priority": str}
@@ -82,6 +93,7 @@ class PipelineConfig:
     frames: int = 0                    # stop each source after N frames (0: no limit)
     duration: float = 0.0              # stop after S seconds (0: until SIGTERM)
     metrics_listen: str = "127.0.0.1:9108"   # "" disables /metrics and /healthz
+    metrics_hosts: list[str] = field(default_factory=list)  # Host names it answers to beyond the defaults
     max_frame_hw: tuple[int, int] = (1080, 1920)
     reconnect_max_s: float = 10.0
     log_every_s: float = 5.0
@@ -128,13 +140,14 @@ def load(path: str | Path) -> PipelineConfig:
         raise ConfigError(f"{path}: [pipeline] bundle is required (a folder written by `jetpipe convert`)")
     sources = [SourceConfig(**t) for t in _tables(path, data, "source", _SOURCE_KEYS, "uri", "")]
     sinks = [t["uri"] for t in _tables(path, data, "sink", {"uri": str}, "uri",
-                                       " (jsonl:PATH, stdout or mqtt://HOST:PORT/TOPIC)")]
+                                       " (jsonl:PATH[?append=1], stdout or mqtt://HOST:PORT/TOPIC)")]
     secondaries = [SecondaryConfig(**{**t, "bundle": Path(t["bundle"]), "classes": tuple(t.get("classes", ())),
                                       **({"direction": Path(t["direction"])} if "direction" in t else {})})
                    for t in _tables(path, data, "secondary", _SECONDARY_KEYS, "bundle",
                                     " (a folder written by `jetpipe convert`)")]
     metrics = data.get("metrics", {})
-    _check_keys(f"{path} [metrics]", metrics, {"listen"})
+    _check_keys(f"{path} [metrics]", metrics, {"listen", "hosts"})
+    _check_types(f"{path} [metrics]", metrics, {"listen": str, "hosts": list})
     control = data.get("control", {})
     _check_keys(f"{path} [control]", control, _CONTROL_KEYS)
     _check_types(f"{path} [control]", control, _CONTROL_KEYS)
@@ -145,6 +158,7 @@ def load(path: str | Path) -> PipelineConfig:
                             control=ControlConfig(**control), **options)
     if "listen" in metrics:
         config.metrics_listen = str(metrics["listen"])
+    config.metrics_hosts = list(metrics.get("hosts", []))
     return validate(config, str(path))
 
 
@@ -215,8 +229,32 @@ def _check_source(src: SourceConfig, where: str) -> None:
                           "type such as cuda or qsv ('jetpipe doctor' lists them)")
 
 
+def _check_metrics_hosts(config: PipelineConfig, where: str) -> None:
+    for name in config.metrics_hosts:
+        if not (isinstance(name, str) and (name == "*" or _HOST_NAME.fullmatch(name))):
+            raise ConfigError(f"{where}: metrics hosts: {name!r} is not a host name: names such as edge-7 or "
+                              "edge-7.example.com that clients put in Host, or \"*\" for any (behind a proxy "
+                              "that checks them)")
+
+
+def _check_source_policy(control: ControlConfig, where: str) -> None:
+    """The schemes and folders the control API may start sources from: known schemes, existing folders."""
+    for scheme in control.allow_schemes:
+        if scheme not in SCHEMES or scheme == "file":
+            raise ConfigError(f"{where}: control allow_schemes: {scheme!r}: choose from "
+                              f"{', '.join(s for s in SCHEMES if s != 'file')} (files: allow_folders, "
+                              "--control-folder DIR)")
+    for folder in control.allow_folders:
+        if not isinstance(folder, str) or not os.path.isdir(folder):
+            raise ConfigError(f"{where}: control allow_folders: {folder!r} is not a folder: name an existing "
+                              "folder whose files the control API may serve")
+        if os.path.realpath(folder) == "/":
+            log.warning("control API: every file this user can read may be served (allow_folders includes /)")
+
+
 def _check_control(config: PipelineConfig, where: str) -> None:
     control = config.control
+    _check_source_policy(control, where)
     control.token = control.token or os.environ.get(TOKEN_ENV, "")
     if not 0 <= control.max_streams <= MAX_STREAMS:
         raise ConfigError(f"{where}: control max_streams = {control.max_streams}: from 0 (the sources given) to "
@@ -276,6 +314,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         raise ConfigError(f"{where}: decode_threads = {config.decode_threads} sets the threads of decode processes, "
                           "and there are none: add decode_processes = N (--decode-processes N)")
     _check_listen(config.metrics_listen, where)
+    _check_metrics_hosts(config, where)
     _check_control(config, where)
     if is_triton(config.backend):
         check_backend(config.backend)

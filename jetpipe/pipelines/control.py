@@ -7,10 +7,16 @@
     DELETE /streams/ID     stop its source; 200 once its queued and in-flight frames reached the sinks
                            (202 if that takes longer than 30 s: GET it to see it go)
 
-Errors are JSON {"error": reason}: 400 a malformed request, 401 without the token, 404 no such stream,
-409 no free slot, 422 a source that cannot be opened, 503 stopping (413, text: a body over 64 KiB, refused
-unread). With a token (required when the server listens beyond loopback) every request carries
+Errors are JSON {"error": reason}: 400 a malformed request, 401 without the token, 403 a source kind or
+file the operator did not allow, 404 no such stream, 409 no free slot, 422 a source that cannot be opened,
+503 stopping. The metrics server refuses before this (text): 421 a Host it does not answer to, 403 another
+site's Origin, 413 a body over 64 KiB, 415 a body that is not application/json, 408 a body that does not
+arrive within 10 s. With a token (required when the server listens beyond loopback) every request carries
 `Authorization: Bearer TOKEN`.
+
+What a caller may start is the operator's choice at start-up (SourcePolicy): cameras (csi, v4l2), RTSP
+streams and synthetic cameras by default; other schemes (gst: pipelines, http, udp, ...) only when
+allowed by name; files only inside the folders named for them.
 Requests run in the HTTP server's threads; the pipeline's add/remove hold its stream table's lock.
 """
 
@@ -18,23 +24,63 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 
-from jetpipe.pipelines.config import ConfigError, source_from_table
+from jetpipe import uri as uris
+from jetpipe.pipelines import http_guard
+from jetpipe.pipelines.config import ConfigError, ControlConfig, SourceConfig, source_from_table
 from jetpipe.pipelines.streams import ControlError
 
 JSON = "application/json"
 
 
+class SourcePolicy:
+    """Which sources a control API caller may start: the operator's [control] allow_schemes and
+    allow_folders (checked and resolved by the config at start-up)."""
+
+    def __init__(self, config: ControlConfig):
+        self.schemes = tuple(config.allow_schemes)
+        self.folders = tuple(os.path.realpath(f) for f in config.allow_folders)
+
+    def check(self, spec: SourceConfig) -> None:
+        """ControlError 403 naming what the operator would allow; 400 for a URI that does not parse."""
+        try:
+            uri = uris.parse(spec.uri)
+        except uris.SourceURIError as exc:
+            raise ControlError(400, str(exc)) from None
+        if uri.scheme == "file":
+            self._check_file(uri)
+        elif uri.scheme not in self.schemes:
+            raise ControlError(403, f"{uri.scheme} sources are not allowed through the control API (allowed: "
+                                    f"{', '.join(self._allowed())}): the operator allows them at start-up with "
+                                    f"--control-allow {uri.scheme} ([control] allow_schemes)")
+
+    def _check_file(self, uri: uris.SourceURI) -> None:
+        if not self.folders:
+            raise ControlError(403, "files are not served through the control API: the operator names the folders "
+                                    "they may come from at start-up with --control-folder DIR ([control] "
+                                    "allow_folders)")
+        real = os.path.realpath(uri.location)  # links resolved: a link inside a folder may point anywhere
+        if not any(os.path.commonpath((real, folder)) == folder for folder in self.folders):
+            raise ControlError(403, f"{uri.location[:200]}: files are served through the control API only from "
+                                    f"{', '.join(self.folders)} (--control-folder)")
+
+    def _allowed(self) -> list[str]:
+        return [*self.schemes, *(["files under " + ", ".join(self.folders)] if self.folders else [])]
+
+
 class Control:
-    def __init__(self, pipeline, token: str = ""):
-        self.pipeline, self.token = pipeline, token
+    def __init__(self, pipeline, config: ControlConfig):
+        self.pipeline, self.token = pipeline, config.token
+        self.policy = SourcePolicy(config)
 
     def handles(self, path: str) -> bool:
         return path == "/streams" or path.startswith("/streams/")
 
     def handle(self, method: str, path: str, authorization: str, body: bytes) -> tuple[int, str, str]:
         """(status, JSON body, content type) for a request to /streams or /streams/ID."""
-        if self.token and not hmac.compare_digest(authorization.encode(), f"Bearer {self.token}".encode()):
+        given = http_guard.bearer_token(authorization)
+        if self.token and not hmac.compare_digest(given.encode(), self.token.encode()):
             return _error(401, "the control API needs Authorization: Bearer TOKEN (the daemon's control token)")
         try:
             return self._route(method, path, body)
@@ -49,6 +95,7 @@ class Control:
                 return _ok(200, self.pipeline.list_streams())
             if method == "POST":
                 spec = source_from_table(_json(body), "POST /streams")
+                self.policy.check(spec)
                 return _ok(201, self.pipeline.add_stream(spec))
             return _error(405, f"{method} /streams: use GET (list) or POST (add)")
         stream_id = _stream_id(path)
@@ -68,6 +115,9 @@ def _stream_id(path: str) -> int:
 
 
 def _json(body: bytes):
+    if http_guard.json_depth(body) > http_guard.MAX_JSON_DEPTH:
+        raise ControlError(400, f"POST /streams: the body nests deeper than {http_guard.MAX_JSON_DEPTH} levels: a "
+                                'source is one flat object, e.g. {"uri": "rtsp://camera/stream"}')
     try:
         return json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

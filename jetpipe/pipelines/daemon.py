@@ -194,9 +194,9 @@ class Pipeline:
             self.preview = Preview(capacity, runtime.max_batch)  # draws only while watched
             self.closers.append(self.preview.close)
             self.frame_sinks.append(self.preview)
-            control = Control(self, config.control.token) if self.control else None
+            control = Control(self, config.control) if self.control else None
             self.server = MetricsServer(config.metrics_listen, self._render_metrics, self._health, self._pages,
-                                        control)
+                                        control, hosts=tuple(config.metrics_hosts))
             self.closers.append(self.server.close)
             log.info("metrics on http://%s/metrics, live preview on http://%s/%s", self.server.address,
                      self.server.address, f", streams on http://{self.server.address}/streams (up to {capacity})"

@@ -20,6 +20,7 @@ SIGTERM'd daemon leaves playable files).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import re
 import subprocess
@@ -34,7 +35,7 @@ from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.frames import frame_shape
 from jetpipe.lazy import lazy_import
 from jetpipe.outputs import check_writable
-from jetpipe.pipelines import annotate, encoders
+from jetpipe.pipelines import annotate, encoders, sink_files
 
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
@@ -206,7 +207,7 @@ class VideoSink(FrameSink):
         self.paths = {i: _stream_path(self.template, i, streams) for i in range(streams)}
         for p in self.paths.values():
             _check_writable(spec, p)  # first: a name too long for the file system fails every lookup
-            if p.exists():
+            if os.path.lexists(p):  # a dangling link too: the encoder would write where it points
                 raise JetpipeError(f"sink {spec}: {p} exists: name a new file (a sink never overwrites one)")
         # the destination before the encoder: it needs no tool, and choosing may run a trial encode
         self.tool, self.encoder = encoders.choose(spec, self.codec, options.get("encoder", "auto"))
@@ -224,7 +225,7 @@ class VideoSink(FrameSink):
         """Stream `stream`'s file; one added while serving (an ID beyond those checked at start) is checked now."""
         if stream not in self.paths:
             path = _stream_path(self.template, stream, 2 if self.numbered else 1)
-            if path.exists() or path in self.paths.values():
+            if os.path.lexists(path) or path in self.paths.values():
                 raise JetpipeError(f"sink {self.spec}: {path} exists: stream {stream} is not drawn (a sink never "
                                    "overwrites a file)")
             self.paths[stream] = path
@@ -233,6 +234,7 @@ class VideoSink(FrameSink):
     def _start(self, stream: int, size_hw: tuple[int, int]) -> subprocess.Popen:
         build = encoders.gst_argv if self.tool == "gstreamer" else encoders.ffmpeg_argv
         path = self._path(stream)
+        sink_files.claim(path, self.spec)  # the encoder writes into a file the sink made, never through a link
         argv = build(self.encoder, self.codec, size_hw, self.fps, path)
         log.info("sink %s: stream %d -> %s (%s %s, %dx%d)", self.spec, stream, path, self.tool,
                  self.encoder, size_hw[1], size_hw[0])
@@ -307,8 +309,11 @@ class JpegSink(FrameSink):
     def consume(self, stream, frame, fmt, record) -> None:
         image = annotate.render(frame, fmt, record["results"], self.width)
         path = self.folder / f"s{stream}_{record['frame']:06d}.jpg"
-        if not cv2.imwrite(str(path), image):
-            raise OSError(f"could not write {path}")
+        ok, data = cv2.imencode(".jpg", image)
+        if not ok:
+            raise OSError(f"could not encode {path.name}")
+        with os.fdopen(sink_files.create(path, self.spec), "wb") as file:  # a new file, never through a link
+            file.write(data)
 
 
 def _stream_path(path: Path, stream: int, streams: int) -> Path:

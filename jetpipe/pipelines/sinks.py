@@ -4,28 +4,43 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines import sink_files
 from jetpipe.pipelines.frame_sinks import open_frame_sink
 
 log = logging.getLogger(__name__)
 
 
 class JsonlSink:
+    """One JSON line per record. `jsonl:PATH` creates PATH (refused where it exists); `jsonl:PATH?append=1` adds
+    to a JSONL file (created when missing). Never through a symbolic link (sink_files)."""
+
     wants_frames = False  # records only (frame sinks: frame_sinks.py)
 
-    def __init__(self, path: str):
-        self.path = Path(path)
+    def __init__(self, spec: str):
+        text, _, query = spec[len("jsonl:"):].partition("?")
+        options = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        unknown = sorted(set(options) - {"append"})
+        if unknown:
+            raise JetpipeError(f"sink {spec}: unknown option {unknown[0]!r}; this sink takes append=1")
+        if options.get("append", "0") not in ("0", "1"):
+            raise JetpipeError(f"sink {spec}: append={options['append']!r}: 1 (add to the file) or 0")
+        self.path, self.spec = Path(text), spec
+        if not text:
+            raise JetpipeError(f"sink {spec}: name the file, e.g. jsonl:results.jsonl")
         if self.path.parent and not self.path.parent.exists():
-            raise JetpipeError(f"sink jsonl:{path}: folder {self.path.parent} does not exist")
-        try:
-            self.file = open(self.path, "a", buffering=1)  # line-buffered: a crash loses at most a line
-        except OSError as exc:
-            raise JetpipeError(f"sink jsonl:{path}: cannot open it for writing ({exc.strerror}): "
-                               "choose a writable path") from None
+            raise JetpipeError(f"sink {spec}: folder {self.path.parent} does not exist")
+        if options.get("append") == "1":
+            fd = sink_files.open_append(self.path, spec)
+            _check_jsonl(fd, spec)
+        else:
+            fd = sink_files.create(self.path, spec, hint="name a new file, or add ?append=1 to add to it")
+        self.file = os.fdopen(fd, "a", buffering=1, encoding="utf-8")  # line-buffered: a crash loses a line
 
     def describe(self) -> str:
         return f"jsonl:{self.path}"
@@ -36,6 +51,15 @@ class JsonlSink:
     def close(self) -> None:
         self.file.flush()
         self.file.close()
+
+
+def _check_jsonl(fd: int, spec: str) -> None:
+    """A file appended to must hold JSON lines already (or nothing): it starts with a JSON object."""
+    head = os.pread(fd, 4096, 0).lstrip()
+    if head and not head.startswith(b"{"):
+        os.close(fd)
+        raise JetpipeError(f"sink {spec}: the file does not hold JSON lines: name a new file, or a JSONL file "
+                           "to add to")
 
 
 class StdoutSink:
@@ -92,8 +116,8 @@ def open_sink(uri: str, streams: int = 1, max_batch: int = 8):
     if uri == "stdout":
         return StdoutSink()
     if uri.startswith("jsonl:"):
-        return JsonlSink(uri[len("jsonl:"):])
+        return JsonlSink(uri)
     if uri.startswith("mqtt://"):
         return MqttSink(uri)
-    raise JetpipeError(f"sink {uri!r}: use jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4 or "
+    raise JetpipeError(f"sink {uri!r}: use jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4 or "
                        "jpeg:FOLDER")

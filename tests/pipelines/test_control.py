@@ -25,9 +25,13 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _request(base, method, path, body=None, token=None):
+def _request(base, method, path, body=None, token=None, headers=None):
     data = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
     request = urllib.request.Request(base + path, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    for key, value in (headers or {}).items():
+        request.add_header(key, value)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
@@ -55,12 +59,14 @@ class Serving:
     """A daemon in a thread with its control API; stop() drains it and returns its summary."""
 
     def __init__(self, bundle, sources, sinks=(), max_streams=4, listen_host="127.0.0.1", token="",
-                 max_frame_hw=(1080, 1920), backend="onnxruntime-cpu"):
+                 max_frame_hw=(1080, 1920), backend="onnxruntime-cpu", allow_schemes=(), allow_folders=()):
         port = _port()
+        control = ControlConfig(enabled=True, max_streams=max_streams, token=token)
+        control.allow_schemes += list(allow_schemes)
+        control.allow_folders = [str(f) for f in allow_folders]
         self.config = validate(PipelineConfig(
             bundle=bundle, sources=[SourceConfig(uri) for uri in sources], sinks=list(sinks),
-            metrics_listen=f"{listen_host}:{port}", backend=backend, max_frame_hw=max_frame_hw,
-            control=ControlConfig(enabled=True, max_streams=max_streams, token=token)))
+            metrics_listen=f"{listen_host}:{port}", backend=backend, max_frame_hw=max_frame_hw, control=control))
         self.pipeline = Pipeline(self.config)
         self.base = f"http://127.0.0.1:{port}"
         self.summary = None
@@ -135,7 +141,7 @@ def test_streams_added_and_removed_while_serving_lose_no_frame(serving, tmp_path
 
 
 def test_bad_specs_are_refused_with_the_reason_and_change_nothing(serving, tmp_path):
-    daemon = serving([CAMERA], max_streams=2)
+    daemon = serving([CAMERA], max_streams=2, allow_folders=[tmp_path])
     bad = [
         (b"{not json", 400, "not JSON"),
         ({"url": "synthetic"}, 400, "unknown key 'url'"),
@@ -144,6 +150,8 @@ def test_bad_specs_are_refused_with_the_reason_and_change_nothing(serving, tmp_p
         ({"uri": CAMERA, "loop": "yes"}, 400, "expected true or false"),
         ({"uri": str(tmp_path / "missing.mp4")}, 422, "not found"),
         (["synthetic"], 400, "expected an object"),
+        (b'{"uri": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nests deeper than"),
+        ({"uri": "nope://x"}, 400, "unknown scheme 'nope'"),
     ]
     for body, status, reason in bad:
         got, answer = _json(daemon.base, "POST", "/streams", body)
@@ -195,6 +203,8 @@ def test_a_token_is_required_off_loopback_and_checked(serving, det_bundle, monke
     assert _request(daemon.base, "POST", "/streams", {"uri": CAMERA})[0] == 401
     assert _json(daemon.base, "GET", "/streams")[1]["error"].startswith("the control API needs")
     assert _request(daemon.base, "GET", "/streams", token=token)[0] == 200
+    for scheme in ("bearer", "BEARER"):  # HTTP's auth schemes are case-insensitive (RFC 9110)
+        assert _request(daemon.base, "GET", "/streams", headers={"Authorization": f"{scheme} {token}"})[0] == 200
     assert _request(daemon.base, "GET", "/metrics")[0] == 200  # metrics stay as they were
     status, listing = _json(daemon.base, "GET", "/streams", token=token)
     assert len(listing["streams"]) == 1
@@ -287,3 +297,111 @@ def test_a_spare_slots_rings_take_a_stream_of_their_size_in_either_memory():
     # a stream whose format is known (a file) needs its frame's bytes: a 1080p host ring takes 1440p NV12
     assert streams.ring_for((1440, 1920), False) is None
     assert streams.ring_for((1440, 1920), False, "nv12") is not None
+
+
+# --- what a caller the operator did not mean can reach (issue 49's attacks) -----------------------------------
+
+def _gst_writing(path) -> str:
+    """A gst: source that also writes a file: what a caller could run through the API before it was locked."""
+    return (f"gst:videotestsrc num-buffers=30 ! video/x-raw,format=NV12,width=320,height=240,framerate=3/1 ! tee "
+            f"name=t ! queue ! filesink location={path} t. ! queue ! video/x-raw,format=NV12,width=320,height=240")
+
+
+@pytest.mark.skipif(shutil.which("gst-launch-1.0") is None, reason="gst-launch-1.0 not installed "
+                    "(apt install gstreamer1.0-tools)")
+def test_a_gst_pipeline_runs_through_the_api_only_where_the_operator_allows_it(serving, tmp_path):
+    written = tmp_path / "written-by-a-caller"
+    daemon = serving([CAMERA], max_streams=2)
+    status, answer = _json(daemon.base, "POST", "/streams", {"uri": _gst_writing(written)})
+    assert status == 403 and "--control-allow gst" in answer["error"], answer
+    assert not written.exists() and len(_json(daemon.base, "GET", "/streams")[1]["streams"]) == 1
+    allowed = serving([CAMERA], max_streams=2, allow_schemes=["gst"])
+    status, stream = _json(allowed.base, "POST", "/streams", {"uri": _gst_writing(written)})
+    assert status == 201, stream
+    assert _wait_for(lambda: allowed.processed(stream["id"]) >= 1)
+
+
+def test_files_come_through_the_api_only_from_the_folders_allowed(serving, tmp_path):
+    import cv2
+    import numpy as np
+
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    for folder in (allowed / "images", outside / "images"):
+        folder.mkdir(parents=True)
+        cv2.imwrite(str(folder / "a.png"), np.full((240, 320, 3), 128, np.uint8))
+    (allowed / "link").symlink_to(outside / "images")
+    closed = serving([CAMERA], max_streams=3)
+    status, answer = _json(closed.base, "POST", "/streams", {"uri": str(allowed / "images")})
+    assert status == 403 and "--control-folder" in answer["error"], answer
+    daemon = serving([CAMERA], max_streams=3, allow_folders=[allowed])
+    for uri in ("/etc/passwd", str(outside / "images"), str(allowed / "link"), str(allowed / ".." / "outside"),
+                f"file://{outside / 'images'}"):
+        status, answer = _json(daemon.base, "POST", "/streams", {"uri": uri})
+        assert status == 403 and "only from" in answer["error"], (uri, answer)
+    status, stream = _json(daemon.base, "POST", "/streams", {"uri": str(allowed / "images"), "loop": True})
+    assert status == 201, stream
+    assert [s["id"] for s in _json(daemon.base, "GET", "/streams")[1]["streams"]] == [0, stream["id"]]
+
+
+def _raw(base, request: bytes) -> tuple[int, bytes]:
+    """Send a request as bytes (headers a browser would send) and read the status and body."""
+    import http.client
+
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.sendall(request)
+        reply = http.client.HTTPResponse(conn)
+        reply.begin()
+        return reply.status, reply.read()
+
+
+def test_a_web_page_in_the_users_browser_cannot_reach_the_control_api(serving):
+    daemon = serving([CAMERA], max_streams=3)
+    port = daemon.base.rsplit(":", 1)[1]
+    body = json.dumps({"uri": CAMERA}).encode()
+
+    def post(*headers: str) -> int:
+        head = "".join(f"{h}\r\n" for h in headers)
+        return _raw(daemon.base, f"POST /streams HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body)[0]
+
+    # a form or fetch() from any page: a simple request, text/plain, no preflight
+    assert post(f"Host: 127.0.0.1:{port}", "Content-Type: text/plain", "Origin: http://evil.example") in (403, 415)
+    assert post(f"Host: 127.0.0.1:{port}", "Content-Type: text/plain") == 415
+    assert post(f"Host: 127.0.0.1:{port}", "Content-Type: application/json", "Origin: http://evil.example") == 403
+    assert post(f"Host: 127.0.0.1:{port}", "Content-Type: application/json", "Origin: null") == 403
+    assert post(f"Host: 127.0.0.1:{port}", "Content-Type: application/json", "Sec-Fetch-Site: cross-site") == 403
+    # DNS rebinding: the page's own name resolved to 127.0.0.1; reads refused too (the preview, the streams)
+    assert post(f"Host: evil.example:{port}", "Content-Type: application/json",
+                f"Origin: http://evil.example:{port}") == 421
+    for path in ("/streams", "/", "/metrics", "/stats.json"):
+        assert _raw(daemon.base, f"GET {path} HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n".encode())[0] == 421
+    assert len(_json(daemon.base, "GET", "/streams")[1]["streams"]) == 1  # nothing was added
+    # the daemon's own page and tools: same origin, localhost, no Origin at all
+    assert post(f"Host: 127.0.0.1:{port}", "Content-Type: application/json",
+                f"Origin: http://127.0.0.1:{port}") == 201
+    assert post(f"Host: localhost:{port}", "Content-Type: application/json; charset=utf-8") == 201
+    assert _raw(daemon.base, f"GET /metrics HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n".encode())[0] == 200
+
+
+def test_slow_and_vanishing_clients_hold_nothing_and_leave_no_traceback(serving, monkeypatch, capfd):
+    import struct
+
+    from jetpipe.pipelines import metrics
+
+    monkeypatch.setattr(metrics, "REQUEST_TIMEOUT_S", 1.0)
+    daemon = serving([CAMERA], max_streams=2)
+    host, port = daemon.base.removeprefix("http://").split(":")
+    head = (f"POST /streams HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 40\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=60) as slow:  # a body that never comes in full
+        slow.sendall(head + b'{"uri"')
+        assert slow.recv(100).startswith(b"HTTP/1.0 408")
+    for _ in range(3):  # clients that leave mid-request (a reset, not a close)
+        gone = socket.create_connection((host, int(port)), timeout=60)
+        gone.sendall(head + b'{"uri"')
+        gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        gone.close()
+    assert _json(daemon.base, "POST", "/streams", {"uri": CAMERA})[0] == 201  # still answering
+    daemon.stop()
+    assert "Traceback" not in capfd.readouterr().err

@@ -146,14 +146,17 @@ def test_on_a_jetson_auto_encodes_in_hardware_through_gstreamer(monkeypatch):
                                           reason="gst-launch-1.0 not installed (apt install gstreamer1.0-tools)")),
     ("video:{tmp}/out.mp4?encoder=bogus", "encoder 'bogus' cannot encode here (Unknown encoder 'bogus')"),
     ("video:{tmp}/out.mp4?widht=320", "unknown option 'widht'; this sink takes width, fps, codec, encoder"),
+    ("video:{tmp}/dangling.mp4", "dangling.mp4 exists: name a new file"),
 ])
 def test_bad_frame_sinks_are_one_line_at_start(det_bundle, tmp_path, capsys, sink, message):
     (tmp_path / "exists.mp4").write_bytes(b"a user's video")
+    (tmp_path / "dangling.mp4").symlink_to(tmp_path / "made-through-a-link.mp4")
     assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "1", "--metrics", "",
                  "--sink", sink.format(tmp=tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err and "Traceback" not in err
     assert (tmp_path / "exists.mp4").read_bytes() == b"a user's video"
+    assert not (tmp_path / "made-through-a-link.mp4").exists()
 
 
 def test_a_jpeg_sink_never_overwrites_frames_in_its_folder(det_bundle, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Result sinks: one JSON line per record, appended; bad sink specs are one line."""
 
 import json
+import re
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ from jetpipe.runtime.api import Frame
 def test_jsonl_appends_one_line_per_record(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"earlier": true}\n')
-    sink = open_sink(f"jsonl:{path}")
+    sink = open_sink(f"jsonl:{path}?append=1")
     sink.write({"stream": 0, "frame": 1, "results": {"boxes": [[1, 2, 3, 4]]}})
     sink.write({"stream": 1, "frame": 2, "results": {}})
     sink.close()
@@ -31,12 +32,62 @@ def test_stdout_sink_writes_json_lines(capsys):
     assert json.loads(capsys.readouterr().out) == {"stream": 3}
 
 
+def test_a_jsonl_sink_makes_its_file_or_adds_only_where_told_and_never_through_a_link(tmp_path):
+    victim = tmp_path / "passwd"
+    victim.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (tmp_path / "link.jsonl").symlink_to(victim)
+    (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "made-through-a-link")
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "earlier.jsonl").write_text('{"frame": 0}\n')
+    refused = [
+        ("link.jsonl", "is a symbolic link"),
+        ("link.jsonl?append=1", "is a symbolic link"),
+        ("dangling.jsonl", "is a symbolic link"),
+        ("dangling.jsonl?append=1", "is a symbolic link"),
+        ("other.csv", "is there already: name a new file, or add ?append=1"),
+        ("other.csv?append=1", "does not hold JSON lines"),
+        ("earlier.jsonl", "is there already"),
+        (".", "is there already"),
+        ("r.jsonl?append=yes", "append='yes': 1 (add to the file) or 0"),
+        ("r.jsonl?apend=1", "unknown option 'apend'"),
+    ]
+    for name, message in refused:
+        with pytest.raises(JetpipeError, match=re.escape(message)):
+            open_sink(f"jsonl:{tmp_path / name}")
+    assert victim.read_text() == "root:x:0:0:root:/root:/bin/bash\n"
+    assert not (tmp_path / "made-through-a-link").exists() and not (tmp_path / "r.jsonl").exists()
+    assert (tmp_path / "other.csv").read_text() == "a,b\n1,2\n"
+    sink = open_sink(f"jsonl:{tmp_path / 'new.jsonl'}")
+    sink.write({"frame": 1})
+    sink.close()
+    assert (tmp_path / "new.jsonl").read_text() == '{"frame":1}\n'
+
+
+def test_a_frame_sink_never_writes_through_a_link_planted_while_it_runs(tmp_path):
+    """A jpeg: folder shared with others: a link in the name of the next frame is not written through; the frame
+    is a counted failure of the sink."""
+    from jetpipe.pipelines.frame_sinks import JpegSink
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    sink = JpegSink(f"jpeg:{folder}")
+    (folder / "s0_000001.jpg").symlink_to(victim)
+    frame = Frame(np.zeros((48, 64, 3), np.uint8), "bgr")
+    for i in range(3):
+        assert sink.offer(0, frame, {"frame": i, "pts": None, "results": {}}, wait=True)
+    sink.close()
+    assert victim.read_bytes() == b"precious" and sink.failures == 1
+    assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == ["s0_000000.jpg", "s0_000002.jpg"]
+
+
 @pytest.mark.parametrize("spec, message", [
-    ("ftp://x", "use jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4 or jpeg:FOLDER"),
+    ("ftp://x", "use jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4 or jpeg:FOLDER"),
     ("jsonl:/nonexistent-folder/r.jsonl", "folder /nonexistent-folder does not exist"),
 ])
 def test_bad_sinks(spec, message):
-    with pytest.raises(JetpipeError, match=message):
+    with pytest.raises(JetpipeError, match=re.escape(message)):
         open_sink(spec)
 
 
