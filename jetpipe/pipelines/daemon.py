@@ -15,7 +15,6 @@ in-flight batches, flushes and closes the sinks.
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import os
@@ -26,7 +25,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from jetpipe import bundle as bundles
-from jetpipe.errors import JetpipeError, worth_logging
+from jetpipe.errors import JetpipeError
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines import preview
 from jetpipe.pipelines.batcher import Batcher, Packet
@@ -39,7 +38,7 @@ from jetpipe.pipelines.metrics import COUNTERS, Metrics, MetricsServer
 from jetpipe.pipelines.preview import Preview
 from jetpipe.pipelines.secondary import SecondaryStage, frames_read
 from jetpipe.pipelines.secondary import check as check_secondary
-from jetpipe.pipelines.sinks import open_sink
+from jetpipe.pipelines.sinks import SinkFanout, open_sinks
 from jetpipe.pipelines.sources import EndOfStream, open_source
 from jetpipe.pipelines.streams import ControlError, Stream, Streams
 from jetpipe.pipelines.tracking import Tracker
@@ -158,14 +157,10 @@ class Pipeline:
         self._allocate_rings(sources, capacity)
         for i, (spec, source) in enumerate(zip(config.sources, sources)):
             self.streams.take(i, self.streams.choices[i][0], spec, source)
-        self.sinks, self.sink_failures, self._closed_sinks = [], [], set()
         # with the control API, files are numbered by stream ID from the start (streams come and go)
         numbered = max(2, capacity) if self.control else len(config.sources)
-        for uri in config.sinks:  # registered as each opens: a later sink failing closes the earlier ones
-            self.sinks.append(open_sink(uri, numbered, self.runtime.max_batch))
-            self.sink_failures.append(0)
-            self.closers.append(functools.partial(self._close_sink, len(self.sinks) - 1))
-        self.frame_sinks = [s for s in self.sinks if s.wants_frames]
+        self.sinks = SinkFanout(open_sinks(config.sinks, numbered, self.runtime.max_batch), self.on_result)
+        self.closers.append(self.sinks.close)
         self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
                                budget_s=config.latency_budget_ms / 1000 or None)
         self.capture_groups = [CaptureGroup(f"capture-{k}", self.batcher.room_condition(), self.batcher.has_room,
@@ -174,7 +169,6 @@ class Pipeline:
         self.metrics = Metrics(capacity)
         for slot in range(len(sources), capacity):
             self.metrics.labels[slot] = None  # spare: no stream yet
-        self.records: queue.Queue = queue.Queue(maxsize=256)
         self.collected: queue.Queue = queue.Queue()  # submitted batches, bounded by the buffer-set semaphore
         # finished batches for the secondary stage: two may wait, read together (_read_secondaries)
         self.chained: queue.Queue = queue.Queue(maxsize=2)
@@ -193,7 +187,7 @@ class Pipeline:
         if config.metrics_listen:
             self.preview = Preview(capacity, runtime.max_batch)  # draws only while watched
             self.closers.append(self.preview.close)
-            self.frame_sinks.append(self.preview)
+            self.sinks.add_viewer(self.preview)
             control = Control(self, config.control) if self.control else None
             self.server = MetricsServer(config.metrics_listen, self._render_metrics, self._health, self._pages,
                                         control, hosts=tuple(config.metrics_hosts))
@@ -279,17 +273,6 @@ class Pipeline:
             return (200, jpeg, "image/jpeg") if jpeg else (503, "no frame drawn yet\n", "text/plain")
         return None
 
-    def _close_sink(self, i: int) -> None:
-        """Close sink i once: after the run (so the summary counts its last failures), or at close()."""
-        if i in self._closed_sinks:
-            return
-        self._closed_sinks.add(i)
-        try:
-            self.sinks[i].close()
-        except Exception as exc:
-            self.sink_failures[i] += 1
-            log.error("sink %s failed while closing: %s", self.sinks[i].describe(), exc)
-
     def _close_sources(self) -> None:
         for stream in self.streams.live():
             stream.source.close()
@@ -367,7 +350,7 @@ class Pipeline:
         gpu = self._thread(self._gpu_stage, "gpu")
         post = self._thread(self._post_stage, "post")
         chained = self._thread(self._secondary_stage, "secondary") if self.secondaries else None
-        writer = self._thread(self._write_sinks, "sinks")
+        writer = self._thread(self.sinks.run, "sinks")
         for t in (gpu, post, *([chained] if chained else []), writer):
             t.start()
         if self.decoders is not None:
@@ -403,15 +386,14 @@ class Pipeline:
             self.chained.put(None)
             chained.join()
         self._free_removed()  # streams whose removal was asked: their frames are through now
-        self.records.put(None)
+        self.sinks.finish()
         writer.join()
         self.thread_cpu_s["process"] = time.process_time() - cpu_started
         if self.decoders is not None:  # their CPU is the run's too (cpu_cores counts it)
             self.thread_cpu_s["decode_processes"] = self.decoders.cpu_seconds()
             self.thread_cpu_s["decode_links"] = self.decoders.link_cpu_seconds()  # part of "process"
         seconds = time.monotonic() - started
-        for i in range(len(self.sinks)):  # before the summary: what fails while a sink finishes is counted
-            self._close_sink(i)
+        self.sinks.close()  # before the summary: what fails while a sink finishes is counted
         return self.summary(seconds)
 
     def _capturing(self) -> bool:
@@ -731,31 +713,12 @@ class Pipeline:
                       "t_capture": round(packet.t_capture, 6), "t_result": round(time.time(), 6),
                       "latency_ms": {k: round(v, 3) for k, v in latency.items()},
                       "task": self.task, "results": res}
-            for sink in self.frame_sinks:  # a copy of the frame, before its ring slot is released
-                try:
-                    sink.offer(stream.id, packet.frame, record, self.runtime.frame_to_host,
-                               wait=not stream.source.live)  # files: every frame, as inference
-                except Exception as exc:  # a sink that fails never fails the batch
-                    sink.fail(exc)
-            self.records.put(record)
+            # a copy of the frame, before its ring slot is released; files: every frame, as inference
+            self.sinks.offer(stream.id, packet.frame, record, self.runtime.frame_to_host, wait=not stream.source.live)
+            self.sinks.put(record)
         for packet in packets:
             packet.release()
         phase["records"] += time.perf_counter() - t_records
-
-    def _write_sinks(self) -> None:
-        while True:
-            record = self.records.get()
-            if record is None:
-                return
-            if self.on_result is not None:
-                self.on_result(record)
-            for i, sink in enumerate(self.sinks):
-                try:
-                    sink.write(record)
-                except Exception as exc:  # one sink failing must not stop the others
-                    self.sink_failures[i] += 1
-                    if worth_logging(self.sink_failures[i]):
-                        log.error("sink %s failed %d time(s): %s", sink.describe(), self.sink_failures[i], exc)
 
     # --- the control API: streams added and removed while serving --------------------------------
     def list_streams(self) -> dict:
@@ -863,8 +826,7 @@ class Pipeline:
         counts = self._live_counts(stream)
         self.metrics.vacate(stream.slot)
         stream.source.close()
-        for sink in self.frame_sinks:  # its last frame was offered before its ring slot was released
-            sink.end_stream(stream.id)
+        self.sinks.end_stream(stream.id)  # its last frame was offered before its ring slot was released
         self.streams.free(stream, counts)
         log.info("stream %d removed (%s): %d captured, %d processed, %d dropped, %d failed", stream.id,
                  stream.spec.uri, counts["captured"], counts["processed"], counts["dropped"], counts["failed"])
@@ -933,9 +895,8 @@ class Pipeline:
                 "dropped_share": round(dropped / max(1, sum(per_stream["captured"])), 4),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},
-                "sink_failures": [n + (s.failures if s.wants_frames else 0) for n, s in zip(self.sink_failures,
-                                                                                             self.sinks)],
-                "sink_frames_dropped": [s.dropped if s.wants_frames else 0 for s in self.sinks],
+                "sink_failures": self.sinks.failures(),
+                "sink_frames_dropped": self.sinks.dropped(),
                 "postprocess": "gpu" if self.runtime.reduction else "cpu",
                 "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, processed)),
                 "cpu_seconds": {k: round(v, 3) for k, v in self.thread_cpu_s.items()},

@@ -16,7 +16,7 @@ import numpy as np
 
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines import annotate
-from jetpipe.pipelines.frame_sinks import FrameSink
+from jetpipe.pipelines.sinks.frames import FrameSink
 
 cv2 = lazy_import("cv2")
 

@@ -14,7 +14,7 @@ import pytest
 
 from jetpipe.cli import main
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines import encoders
+from jetpipe.pipelines.sinks import encoders
 from jetpipe.pipelines.sources import SyntheticCamera
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None,
@@ -190,7 +190,7 @@ def test_an_encoder_that_dies_at_the_end_is_counted_in_the_summary(det_bundle, t
 
     def kill_the_encoder_at_the_last_result(record):
         if record["frame"] == 11:
-            sink = pipeline.sinks[0]
+            sink = pipeline.sinks.sinks[0]
             deadline = time.monotonic() + 20
             while sink._free[0].qsize() < sink.buffers and time.monotonic() < deadline:
                 time.sleep(0.01)  # every frame it took has been written: only its end can fail now

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.frame_sinks import FrameSink
-from jetpipe.pipelines.sinks import open_sink
+from jetpipe.pipelines.sinks import SCHEMES, FrameSink, SinkBase, SinkFanout, open_sink
 from jetpipe.runtime.api import Frame
 
 
@@ -66,7 +65,7 @@ def test_a_jsonl_sink_makes_its_file_or_adds_only_where_told_and_never_through_a
 def test_a_frame_sink_never_writes_through_a_link_planted_while_it_runs(tmp_path):
     """A jpeg: folder shared with others: a link in the name of the next frame is not written through; the frame
     is a counted failure of the sink."""
-    from jetpipe.pipelines.frame_sinks import JpegSink
+    from jetpipe.pipelines.sinks import JpegSink
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
@@ -137,3 +136,56 @@ def test_a_files_frames_wait_for_a_busy_frame_sink_and_a_cameras_are_dropped():
             assert all(taken) and sink.drawn == list(range(10)) and sink.dropped == 0
         else:
             assert sink.dropped == taken.count(False) > 0 and sink.drawn == [i for i, t in enumerate(taken) if t]
+
+
+class _Broken(SinkBase):
+    """A sink whose writes and close fail: a full disk, a broker gone."""
+
+    def __init__(self):
+        self.closed = 0
+
+    def describe(self) -> str:
+        return "broken"
+
+    def write(self, record: dict) -> None:
+        raise OSError("no space left on device")
+
+    def close(self) -> None:
+        self.closed += 1
+        raise OSError("still full")
+
+
+def test_the_fanout_delivers_to_every_sink_and_counts_each_failure_once(tmp_path):
+    broken, good = _Broken(), open_sink(f"jsonl:{tmp_path / 'r.jsonl'}")
+    seen = []
+    fanout = SinkFanout([broken, good], on_record=seen.append)
+    for i in range(3):
+        fanout.put({"frame": i})
+    fanout.finish()
+    fanout.run()
+    fanout.close()
+    fanout.close()  # once only
+    assert [r["frame"] for r in seen] == [0, 1, 2]
+    assert [json.loads(line)["frame"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert fanout.failures() == [4, 0] and broken.closed == 1  # three writes and the close
+    assert fanout.dropped() == [0, 0]
+
+
+def test_every_sink_scheme_makes_a_sink_of_the_protocol(tmp_path):
+    folder = tmp_path / "jpegs"
+    folder.mkdir()
+    uris = {"jsonl": f"jsonl:{tmp_path / 'a.jsonl'}", "stdout": "stdout", "video": f"video:{tmp_path / 'v.mp4'}",
+            "jpeg": f"jpeg:{folder}"}
+    assert set(SCHEMES) == {*uris, "mqtt"}  # mqtt: against a real broker in test_daemon
+    for scheme, uri in uris.items():
+        try:
+            sink = open_sink(uri)
+        except JetpipeError as exc:  # the video sink needs an encoder
+            assert scheme == "video", exc
+            continue
+        for name in ("describe", "write", "fail", "end_stream", "close"):
+            assert callable(getattr(sink, name)), (scheme, name)
+        assert sink.failures == 0 and sink.dropped == 0
+        assert sink.takes_frames is (scheme in ("video", "jpeg"))
+        assert not sink.takes_frames or callable(sink.offer)
+        sink.close()

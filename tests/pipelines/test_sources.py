@@ -550,7 +550,7 @@ def test_run_closes_everything_even_when_it_fails(tiny_bundle, tmp_path, monkeyp
     monkeypatch.setattr(pipeline, "summary", broken)
     with pytest.raises(RuntimeError, match="summary failed"):
         pipeline.run()
-    assert pipeline.closers == [] and pipeline.sinks[0].file.closed
+    assert pipeline.closers == [] and pipeline.sinks.sinks[0].file.closed
 
 
 @needs_ffmpeg

@@ -31,11 +31,13 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
-from jetpipe.errors import JetpipeError, worth_logging
+from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape
 from jetpipe.lazy import lazy_import
 from jetpipe.outputs import check_writable
-from jetpipe.pipelines import annotate, encoders, sink_files
+from jetpipe.pipelines import annotate
+from jetpipe.pipelines.sinks import encoders, safe_open
+from jetpipe.pipelines.sinks.base import SinkBase
 
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
@@ -70,10 +72,10 @@ def _positive(spec: str, options: dict[str, str], key: str, kind=int, default=No
     return value
 
 
-class FrameSink:
+class FrameSink(SinkBase):
     """Base: per-stream frame buffers, a worker thread, drop-when-busy."""
 
-    wants_frames = True
+    takes_frames = True
 
     def __init__(self, spec: str, max_batch: int = 8, max_fps: float | None = None):
         """max_batch: a batch's frames may all come from one stream; each stream gets buffers for a whole
@@ -82,8 +84,6 @@ class FrameSink:
         self.spec, self.buffers = spec, max_batch + SPARE_BUFFERS
         self.period = 1.0 / max_fps if max_fps else 0.0
         self.by_pts = True
-        self.dropped = 0
-        self.failures = 0
         self._free: dict[int, queue.SimpleQueue] = {}
         self._due: dict[int, float] = {}
         self._work: dict[int, queue.Queue] = {}     # one worker per stream: frames stay in order
@@ -171,12 +171,6 @@ class FrameSink:
             finally:
                 self._free[stream].put(buffer)
 
-    def fail(self, exc: Exception) -> None:
-        """Count a failure of this sink (logged now and then); the pipeline and the other sinks go on."""
-        self.failures += 1
-        if worth_logging(self.failures):
-            log.error("sink %s failed %d time(s): %s", self.describe(), self.failures, exc)
-
     def consume(self, stream: int, frame: np.ndarray, fmt: str, record: dict) -> None:
         raise NotImplementedError
 
@@ -234,7 +228,7 @@ class VideoSink(FrameSink):
     def _start(self, stream: int, size_hw: tuple[int, int]) -> subprocess.Popen:
         build = encoders.gst_argv if self.tool == "gstreamer" else encoders.ffmpeg_argv
         path = self._path(stream)
-        sink_files.claim(path, self.spec)  # the encoder writes into a file the sink made, never through a link
+        safe_open.claim(path, self.spec)  # the encoder writes into a file the sink made, never through a link
         argv = build(self.encoder, self.codec, size_hw, self.fps, path)
         log.info("sink %s: stream %d -> %s (%s %s, %dx%d)", self.spec, stream, path, self.tool,
                  self.encoder, size_hw[1], size_hw[0])
@@ -312,7 +306,7 @@ class JpegSink(FrameSink):
         ok, data = cv2.imencode(".jpg", image)
         if not ok:
             raise OSError(f"could not encode {path.name}")
-        with os.fdopen(sink_files.create(path, self.spec), "wb") as file:  # a new file, never through a link
+        with os.fdopen(safe_open.create(path, self.spec), "wb") as file:  # a new file, never through a link
             file.write(data)
 
 
@@ -328,11 +322,3 @@ def _check_writable(spec: str, path: Path) -> None:
     check_writable(path, "sink")
     if not path.parent.is_dir():
         raise JetpipeError(f"sink {spec}: folder {path.parent} does not exist")
-
-
-def open_frame_sink(spec: str, streams: int, max_batch: int = 8):
-    if spec.startswith("video:"):
-        return VideoSink(spec, streams, max_batch)
-    if spec.startswith("jpeg:"):
-        return JpegSink(spec, max_batch)
-    return None

@@ -1,0 +1,58 @@
+"""What every sink is, as sources/base.py says what every source is.
+
+A sink takes the pipeline's records (`write`, from the fan-out's writer thread) and, where `takes_frames`,
+the frames they describe too (`offer`, from the post stage, before the frame's ring slot is released). A sink
+that fails is counted (`fail`: its `failures`, the one count the summary reports) and logged now and then;
+the pipeline and the other sinks go on. `dropped`: frames it let go while busy (frame sinks only).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from jetpipe.errors import worth_logging
+
+log = logging.getLogger(__name__)
+
+
+class Sink(Protocol):
+    takes_frames: bool  # offer() is called with every frame before write() gets its record
+    failures: int
+    dropped: int
+
+    def describe(self) -> str: ...
+
+    def write(self, record: dict) -> None: ...
+
+    def fail(self, exc: Exception) -> None:
+        """Count one failure of this sink (a write that raised, a frame it could not draw or encode)."""
+
+    def end_stream(self, stream: int) -> None:
+        """Stream `stream` was removed: its output ends (a video file's trailer)."""
+
+    def close(self) -> None: ...
+
+
+class FrameTaker(Sink, Protocol):
+    def offer(self, stream: int, frame, record: dict, to_host=None, wait: bool = False) -> bool:
+        """Take a copy of the frame (YUV as it sits in the ring) for drawing; False when it was not taken."""
+
+
+class SinkBase:
+    """The counting every sink shares."""
+
+    takes_frames = False
+    failures = 0
+    dropped = 0
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def fail(self, exc: Exception) -> None:
+        self.failures += 1
+        if worth_logging(self.failures):
+            log.error("sink %s failed %d time(s): %s", self.describe(), self.failures, exc)
+
+    def end_stream(self, stream: int) -> None:
+        """Records sinks have nothing to end per stream."""
