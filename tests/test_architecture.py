@@ -130,3 +130,53 @@ def test_the_cli_starts_without_loading_opencv_or_a_gpu_stack():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# --- the daemon's rooms (issue 50): small classes, the daemon as wiring, no reaching into another's privates ---
+
+MAX_CLASS_LINES, MAX_CLASS_METHODS, MAX_DAEMON_LINES = 300, 25, 450
+# a third-party object's private names, each with why: argparse offers no public way to list its subcommands
+THIRD_PARTY_PRIVATE = {("jetpipe.cli", "parser._actions"), ("jetpipe.cli", "argparse._SubParsersAction")}
+
+
+def test_no_class_of_the_pipelines_holds_a_whole_daemon():
+    big = []
+    for name, path in _modules().items():
+        if not name.startswith("jetpipe.pipelines"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                lines = node.end_lineno - node.lineno + 1
+                methods = sum(isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) for m in node.body)
+                if lines > MAX_CLASS_LINES or methods > MAX_CLASS_METHODS:
+                    big.append(f"{name}.{node.name}: {lines} lines, {methods} methods")
+    assert big == []
+    daemon = PACKAGE / "pipelines" / "daemon.py"
+    assert len(daemon.read_text().splitlines()) <= MAX_DAEMON_LINES
+
+
+def test_no_module_outside_runtime_reaches_into_private_names():
+    """`other._name` (any object but self, cls or super()) and `from jetpipe.x import _name`: a module uses the
+    public seams of another. runtime/ is the CUDA layer and may."""
+    reaching = []
+    for name, path in _modules().items():
+        if name.startswith("jetpipe.runtime"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jetpipe"):
+                reaching += [f"{name}:{node.lineno} from {node.module} import {a.name}" for a in node.names
+                             if _private(a.name)]
+            elif isinstance(node, ast.Attribute) and _private(node.attr) and not _own(node.value):
+                if (name, ast.unparse(node)) not in THIRD_PARTY_PRIVATE:
+                    reaching.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert reaching == []
+
+
+def _private(attr: str) -> bool:
+    return attr.startswith("_") and not attr.startswith("__")
+
+
+def _own(value: ast.AST) -> bool:
+    if isinstance(value, ast.Name):
+        return value.id in ("self", "cls")
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super"

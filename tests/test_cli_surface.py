@@ -78,8 +78,10 @@ SERVE = [
                                    "\\[N, 1, H, W\\]"),
     (["--metrics", "notaport"], "metrics listen = 'notaport': write HOST:PORT"),
     (["--metrics", "127.0.0.1:99999"], "metrics listen = '127.0.0.1:99999': write HOST:PORT"),
-    (["--sink", "ftp://x"], "sink 'ftp://x': use jsonl:PATH, stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4"),
-    (["--sink", "jsonl:/proc/jetpipe-results.jsonl"], "sink jsonl:/proc/jetpipe-results.jsonl: cannot open it"),
+    (["--sink", "ftp://x"], "sink 'ftp://x': use jsonl:PATH\\[\\?append=1\\], stdout, mqtt://HOST:PORT/TOPIC, "
+     "video:FILE.mp4"),
+    (["--sink", "jsonl:/proc/jetpipe-results.jsonl"], "sink jsonl:/proc/jetpipe-results.jsonl: cannot create "
+     "/proc/jetpipe-results.jsonl"),
     (["--source", "webcam://0"], "unknown scheme 'webcam'"),
     (["--source", "synthetic://0x0@30/nv12"], "0x0: width and height from 2 to 16384"),
     (["--sink", "video:{tmp}/out.mp4?widht=320"], "unknown option 'widht'; this sink takes width, fps, codec, encoder"),

@@ -73,6 +73,10 @@ class RemoteNvdecSource:
     def interrupt(self) -> None:
         """Stopping is asked through the link (the stream's stop event)."""
 
+    def restart(self) -> bool:
+        """A file decoded in a process has no connection to end."""
+        return False
+
     def close(self) -> None:
         """The decoder lives in the decode process, closed when it exits."""
 

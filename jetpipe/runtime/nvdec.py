@@ -291,16 +291,15 @@ class NvdecSource:
         if self._host is not None:
             self._host.interrupt()
 
-    def restart(self) -> None:
+    def restart(self) -> bool:
         """End this connection (a network stream that stalled: connected, no frame for the stall timeout):
         the feed's ffmpeg is ended, the demuxer reads its end, the read in progress fails and the daemon
         reconnects. Unlike interrupt(), the source opens again. A file has no connection to end."""
         if self._host is not None:
-            restart = getattr(self._host, "restart", None)
-            if restart is not None:
-                restart()
-        elif self.feed is not None:
-            self.feed.restart()
+            return self._host.restart()
+        if self.feed is not None:
+            return self.feed.restart()
+        return False
 
     def _close_decoder(self) -> None:
         self._pending = deque()

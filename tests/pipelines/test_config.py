@@ -52,7 +52,7 @@ def test_queue_depth_and_ring_memory_are_bounded_before_anything_is_allocated(tm
     """queue_depth = 100000000 took 19 GB and then the OOM killer; now a bound, and the rings' memory is
     checked against what the machine has before any ring is allocated."""
     from jetpipe.cli import main
-    from jetpipe.pipelines import daemon
+    from jetpipe.pipelines import rings
     from tests.helpers import residual_cnn, save
 
     model = save(residual_cnn(batch=1), tmp_path / "m.onnx")
@@ -62,7 +62,7 @@ def test_queue_depth_and_ring_memory_are_bounded_before_anything_is_allocated(tm
                       '[[source]]\nuri = "synthetic"\n')
     assert main(["serve", str(config), "--frames", "1", "--metrics", ""]) == 2
     assert "queue_depth = 100000000: allowed an integer from 1 to 1024" in capsys.readouterr().err
-    monkeypatch.setattr(daemon, "available_memory", lambda: 64 * 2**20)  # a machine with 64 MiB free
+    monkeypatch.setattr(rings, "available_memory", lambda: 64 * 2**20)  # a machine with 64 MiB free
     assert main(["serve", "--bundle", str(tmp_path / "b"), "--source", "synthetic://1920x1080@30/bgr", "--frames",
                  "1", "--metrics", ""]) == 2
     err = capsys.readouterr().err

@@ -387,9 +387,9 @@ def test_a_web_page_in_the_users_browser_cannot_reach_the_control_api(serving):
 def test_slow_and_vanishing_clients_hold_nothing_and_leave_no_traceback(serving, monkeypatch, capfd):
     import struct
 
-    from jetpipe.pipelines import metrics
+    from jetpipe.pipelines.http import server
 
-    monkeypatch.setattr(metrics, "REQUEST_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(server, "REQUEST_TIMEOUT_S", 1.0)
     daemon = serving([CAMERA], max_streams=2)
     host, port = daemon.base.removeprefix("http://").split(":")
     head = (f"POST /streams HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from jetpipe.pipelines import http_guard
 from jetpipe.pipelines.config import ConfigError, ControlConfig, PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.http import guard as http_guard
 
 LOOPBACK = ("localhost",)
 

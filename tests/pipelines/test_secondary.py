@@ -431,7 +431,7 @@ def test_the_next_batch_is_finished_while_the_secondary_reads_the_crops_of_the_l
                                      secondaries=[SecondaryConfig(rec_bundle, name="text")]))
     pipeline = Pipeline(config)
     finished, go_on = [], threading.Event()
-    finish, run = pipeline.postprocess, pipeline.secondaries[0].run
+    finish, run = pipeline.stages.postprocess, pipeline.secondaries[0].run
 
     def counting_finish(*args, **kwargs):
         results = finish(*args, **kwargs)
@@ -442,7 +442,7 @@ def test_the_next_batch_is_finished_while_the_secondary_reads_the_crops_of_the_l
         go_on.wait(120)  # the first batch's crops wait until the test has seen the next batch finished
         return run(*args, **kwargs)
 
-    pipeline.postprocess, pipeline.secondaries[0].run = counting_finish, held_run
+    pipeline.stages.postprocess, pipeline.secondaries[0].run = counting_finish, held_run
     summaries = []
     serving = threading.Thread(target=lambda: summaries.append(pipeline.run()))
     serving.start()
@@ -496,9 +496,9 @@ def test_batches_that_waited_for_the_secondary_are_read_together_as_they_are_rea
     serving.start()
     try:
         deadline = time.monotonic() + 120
-        while pipeline.chained.qsize() < 2 and time.monotonic() < deadline and serving.is_alive():
+        while pipeline.stages.chained.qsize() < 2 and time.monotonic() < deadline and serving.is_alive():
             time.sleep(0.01)
-        assert pipeline.chained.qsize() == 2, "batches 2 and 3 did not wait while batch 1's crops were read"
+        assert pipeline.stages.chained.qsize() == 2, "batches 2 and 3 did not wait while batch 1's crops were read"
     finally:
         go_on.set()
         serving.join(300)
@@ -526,7 +526,7 @@ def test_a_cameras_frames_wait_in_the_batcher_not_in_batches_queued_for_a_second
             bundle=det_bundle, sources=[SourceConfig(uri)], max_batch=1, backend="onnxruntime-cpu",
             metrics_listen="", frames=frames, secondaries=[SecondaryConfig(rec_bundle, name="text")])))
         cuts, emitted = [], []
-        submit, emit, run = pipeline.runtime.submit, pipeline._emit, pipeline.secondaries[0].run
+        submit, emit, run = pipeline.runtime.submit, pipeline.stages.emit, pipeline.secondaries[0].run
 
         def slow_run(*args, **kwargs):
             time.sleep(read_s)
@@ -537,7 +537,7 @@ def test_a_cameras_frames_wait_in_the_batcher_not_in_batches_queued_for_a_second
             return submit(*args, **kwargs)
 
         pipeline.runtime.submit = counted_submit
-        pipeline._emit = lambda *args: emitted.append(1) or emit(*args)
+        pipeline.stages.emit = lambda *args: emitted.append(1) or emit(*args)
         pipeline.secondaries[0].run = slow_run
         return cuts, pipeline.run()
 

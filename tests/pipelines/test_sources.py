@@ -544,10 +544,10 @@ def test_run_closes_everything_even_when_it_fails(tiny_bundle, tmp_path, monkeyp
                      sinks=[f"jsonl:{tmp_path / 'a.jsonl'}"])
     pipeline = Pipeline(config)
 
-    def broken(seconds):
+    def broken(*args):
         raise RuntimeError("summary failed")
 
-    monkeypatch.setattr(pipeline, "summary", broken)
+    monkeypatch.setattr(pipeline.report, "summary", broken)
     with pytest.raises(RuntimeError, match="summary failed"):
         pipeline.run()
     assert pipeline.closers == [] and pipeline.sinks.sinks[0].file.closed

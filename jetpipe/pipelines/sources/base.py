@@ -17,6 +17,7 @@ class Source(Protocol):
     live: bool         # drop-oldest when behind (cameras, network); files deliver every frame
     info: FrameInfo | None  # known before open() where the source can tell (files); sizes the ring
     decode_errors: int
+    shares_thread: bool  # its reads never block for long: a shared capture thread reads it (pipelines.capture)
 
     def describe(self) -> str: ...
 
@@ -27,5 +28,9 @@ class Source(Protocol):
 
     def interrupt(self) -> None:
         """Unblock a read or open in progress (called from another thread when stopping)."""
+
+    def restart(self) -> bool:
+        """End the connection of a live stream that stalled, so that capture opens it again (the read in
+        progress fails); False where this source has no connection to end."""
 
     def close(self) -> None: ...

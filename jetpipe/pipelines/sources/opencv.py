@@ -25,7 +25,7 @@ class OpenCVSource:
     """Video files, V4L2 cameras, RTSP and GStreamer pipelines through cv2.VideoCapture (BGR frames)."""
 
     memory = "host"
-
+    shares_thread = False
     decode_errors = 0
 
     def __init__(self, uri: SourceURI, loop: bool = False):
@@ -76,6 +76,10 @@ class OpenCVSource:
     def interrupt(self) -> None:
         pass  # cv2.VideoCapture cannot be interrupted: the daemon stops waiting for it after a deadline
 
+    def restart(self) -> bool:
+        """cv2.VideoCapture's connection cannot be ended from another thread."""
+        return False
+
     def close(self) -> None:
         if self.capture is not None:
             self.capture.release()
@@ -86,7 +90,7 @@ class ImageFolderSource:
     """Images of a folder in name order (decoded per frame by OpenCV, resized to the first's size)."""
 
     memory = "host"
-
+    shares_thread = False
     live = False
     decode_errors = 0
 
@@ -121,6 +125,10 @@ class ImageFolderSource:
 
     def interrupt(self) -> None:
         pass
+
+    def restart(self) -> bool:
+        """A folder has no connection to end."""
+        return False
 
     def close(self) -> None:
         pass

@@ -128,15 +128,17 @@ class DecoderRuns:
             self._process.close()
             self._process = None
 
-    def restart(self) -> None:
+    def restart(self) -> bool:
         """End the current run (a live stream that stalled): the read in progress fails and the daemon
         reconnects. Unlike interrupt(), the source opens again."""
         process = self._process
         if process is not None:
             process.interrupt()
+        return True
 
 
 class PipeSource(DecoderRuns):
+    shares_thread = False  # a read waits for its process's pipe
     """A source whose frames come from a decoder subprocess; subclasses say which command and format.
 
     Files end (EndOfStream) or restart when looping; live sources raise
@@ -208,12 +210,12 @@ class PipeSource(DecoderRuns):
             log.warning("source %s: %s exited with code %s after %d frames: %s", self.uri, self.decoder_name,
                         code, self._index, process.why())
 
-    def restart(self) -> None:
+    def restart(self) -> bool:
         """End the current connection, also while it is being probed (a camera that accepts the connection and
         sends nothing hangs ffprobe): the open or read in progress fails and the daemon reconnects."""
         if self._probe_process is not None and self._probe_process.poll() is None:
             self._probe_process.kill()
-        super().restart()
+        return super().restart()
 
     def interrupt(self) -> None:
         self._interrupted = True

@@ -104,6 +104,7 @@ class PyAVSource:
 
     memory = "host"
     live = False
+    shares_thread = False  # a read decodes on the CPU: a thread of its own
 
     def __init__(self, uri: SourceURI, loop: bool = False, realtime: bool = False, threads: int | None = None,
                  hwaccel: str | None = None):
@@ -262,6 +263,10 @@ class PyAVSource:
 
     def interrupt(self) -> None:
         self._stopped.set()
+
+    def restart(self) -> bool:
+        """A file has no connection to end."""
+        return False
 
     def close(self) -> None:
         self._packets, self._pending = None, []

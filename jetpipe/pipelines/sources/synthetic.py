@@ -109,5 +109,9 @@ class SyntheticCamera:
     def interrupt(self) -> None:
         pass
 
+    def restart(self) -> bool:
+        """A rendered camera has no connection to end."""
+        return False
+
     def close(self) -> None:
         pass

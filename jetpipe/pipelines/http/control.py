@@ -27,8 +27,8 @@ import json
 import os
 
 from jetpipe import uri as uris
-from jetpipe.pipelines import http_guard
 from jetpipe.pipelines.config import ConfigError, ControlConfig, SourceConfig, source_from_table
+from jetpipe.pipelines.http import guard
 from jetpipe.pipelines.streams import ControlError
 
 JSON = "application/json"
@@ -79,7 +79,7 @@ class Control:
 
     def handle(self, method: str, path: str, authorization: str, body: bytes) -> tuple[int, str, str]:
         """(status, JSON body, content type) for a request to /streams or /streams/ID."""
-        given = http_guard.bearer_token(authorization)
+        given = guard.bearer_token(authorization)
         if self.token and not hmac.compare_digest(given.encode(), self.token.encode()):
             return _error(401, "the control API needs Authorization: Bearer TOKEN (the daemon's control token)")
         try:
@@ -115,8 +115,8 @@ def _stream_id(path: str) -> int:
 
 
 def _json(body: bytes):
-    if http_guard.json_depth(body) > http_guard.MAX_JSON_DEPTH:
-        raise ControlError(400, f"POST /streams: the body nests deeper than {http_guard.MAX_JSON_DEPTH} levels: a "
+    if guard.json_depth(body) > guard.MAX_JSON_DEPTH:
+        raise ControlError(400, f"POST /streams: the body nests deeper than {guard.MAX_JSON_DEPTH} levels: a "
                                 'source is one flat object, e.g. {"uri": "rtsp://camera/stream"}')
     try:
         return json.loads(body.decode("utf-8"))

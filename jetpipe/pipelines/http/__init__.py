@@ -1,0 +1,1 @@
+"""The daemon's HTTP room: server (one port), guard (who may be answered), control (/streams), pages (preview)."""

@@ -1,0 +1,181 @@
+"""The daemon's one HTTP server: /metrics, /healthz, the preview pages and the control API.
+
+Every request passes guard's checks first (who may be answered: Host, Origin, a JSON body for a change);
+control.Control answers /streams, pages.PreviewPages the preview, the daemon's callbacks /metrics and
+/healthz.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.http import guard
+from jetpipe.uri import is_loopback
+
+log = logging.getLogger(__name__)
+
+
+class MetricsServer:
+    """/metrics and /healthz on host:port (127.0.0.1 unless configured otherwise); `pages(path)` may answer
+    other paths with (status, body bytes, content type), or None (404); `control` (control.Control) answers
+    /streams and /streams/ID. Every request passes guard's checks first: a Host this server is meant to
+    be reached by (`hosts`: names beyond the defaults; "*" any), and for a mutating call a JSON body and no
+    other site's Origin."""
+
+    def __init__(self, listen: str, render, healthy, pages=None, control=None, hosts: tuple[str, ...] = ()):
+        host, _, port = listen.rpartition(":")
+        names = (*guard.default_host_names(listen), *(h.lower() for h in hosts))
+        handler = _handler(render, healthy, pages or (lambda path: None), control,
+                           _HostCheck(names, is_loopback(listen)))
+        try:
+            self.server = _Server((host or "127.0.0.1", int(port)), handler)
+        except OSError as exc:  # in use (a second daemon on the default port), a host this machine is not
+            raise JetpipeError(f"metrics listen = {listen!r}: cannot listen there ({exc.strerror or exc}): choose "
+                               "another HOST:PORT (--metrics), or '' to turn the metrics server off") from None
+        self.server.daemon_threads = True  # a DELETE waiting for its stream's frames never holds up the exit
+        self.address = f"{self.server.server_address[0]}:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+MAX_BODY = 64 * 1024  # bytes of a control request's body (a source spec)
+REQUEST_TIMEOUT_S = 10.0  # a request's headers and body arrive within this, or the connection is closed
+
+
+class _HostCheck:
+    def __init__(self, names: tuple[str, ...], loopback_only: bool):
+        self.names, self.loopback_only = names, loopback_only
+
+    def allows(self, host_header: str | None) -> bool:
+        return host_header is not None and guard.allowed_host(host_header, self.names, self.loopback_only)
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        """A client that went away or was too slow is no error of ours: one debug line, no traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            log.debug("metrics server: client %s: %s", client_address[0], error)
+        else:
+            log.exception("metrics server: a request from %s failed", client_address[0])
+
+
+def _handler(render, healthy, pages, control, hosts: _HostCheck):
+    class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S  # the socket's: a silent client does not hold a thread for ever
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            if not self._guarded("GET"):
+                return
+            path = self.path.split("?", 1)[0]
+            if self.path == "/metrics":
+                self._reply(200, render(), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                ok, why = healthy()
+                self._reply(200 if ok else 503, why + "\n", "text/plain")
+            elif control is not None and control.handles(path):
+                self._control("GET", path, b"")
+            elif (answer := pages(path)) is not None:
+                self._reply(*answer)
+            else:
+                self._reply(404, "try /, /metrics or /healthz\n", "text/plain")
+
+        def do_POST(self):  # noqa: N802
+            self._write_method("POST")
+
+        def do_DELETE(self):  # noqa: N802
+            self._write_method("DELETE")
+
+        def _guarded(self, method: str) -> bool:
+            """The checks before any answer (guard): False when a refusal was sent."""
+            host = self.headers.get("Host")
+            if not hosts.allows(host):
+                self.close_connection = True
+                self._reply(421, f"Host {str(host)[:80]!r} is not a name this server answers to: use its IP address "
+                                 "or add the name with --metrics-host NAME ([metrics] hosts)\n", "text/plain")
+                return False
+            why = guard.cross_site(method, self.headers.get("Origin"), self.headers.get("Sec-Fetch-Site"), host)
+            if why:
+                self.close_connection = True
+                self._reply(403, f"refused: a request from another site ({why})\n", "text/plain")
+                return False
+            return True
+
+        def _write_method(self, method: str) -> None:
+            if not self._guarded(method):
+                return
+            path = self.path.split("?", 1)[0]
+            if control is None or not control.handles(path):
+                self._reply(404 if control is None else 405,
+                            "no control API here (serve --control turns it on)\n" if control is None
+                            else f"{method} is for /streams\n", "text/plain")
+                return
+            length = self.headers.get("Content-Length", "0")
+            if not length.isdigit() or int(length) > MAX_BODY:  # refused unread: nothing of it is kept
+                self.close_connection = True
+                self._reply(413, f"a body of at most {MAX_BODY} bytes with its Content-Length\n", "text/plain")
+                return
+            if int(length) and not guard.is_json(self.headers.get("Content-Type")):
+                self.close_connection = True  # unread: a browser sends text/plain cross-site without asking
+                self._reply(415, "send the body as JSON with Content-Type: application/json\n", "text/plain")
+                return
+            body = self._read_body(int(length))
+            if body is not None:
+                self._control(method, path, body)
+
+        def _read_body(self, length: int) -> bytes | None:
+            """The body, read within REQUEST_TIMEOUT_S in all (a client trickling it byte by byte is cut off);
+            None when it did not come (answered 408, or the client went away)."""
+            deadline = time.monotonic() + REQUEST_TIMEOUT_S
+            chunks, left = [], length
+            try:
+                while left:
+                    self.connection.settimeout(max(0.001, deadline - time.monotonic()))
+                    chunk = self.rfile.read1(left)
+                    if not chunk:
+                        raise ConnectionResetError("the client closed the connection mid-body")
+                    chunks.append(chunk)
+                    left -= len(chunk)
+            except TimeoutError:
+                self.close_connection = True
+                self._reply(408, f"the body did not arrive within {REQUEST_TIMEOUT_S:g} s\n", "text/plain")
+                return None
+            except ConnectionError:
+                self.close_connection = True
+                return None
+            return b"".join(chunks)
+
+        def _control(self, method: str, path: str, body: bytes) -> None:
+            status, text, ctype = control.handle(method, path, self.headers.get("Authorization", ""), body)
+            extra = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+            self._reply(status, text, ctype, extra)
+
+        def _reply(self, code, body, ctype, headers=None):
+            data = body if isinstance(body, bytes) else body.encode()
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("X-Content-Type-Options", "nosniff")
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (ConnectionError, TimeoutError):  # the client left before the answer: nothing to tell it
+                self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
