@@ -111,8 +111,8 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]],
     found = [0, 0]
 
     def count(record):
-        texts = [e["text"] if e else None for e in record["results"]["secondary"]["rec"]]
-        hit, total = recall(words[record["frame"] % len(words)], texts)
+        texts = [e["text"] if e else None for e in record.results["secondary"]["rec"]]
+        hit, total = recall(words[record.frame % len(words)], texts)
         found[0], found[1] = found[0] + hit, found[1] + total
 
     config = validate(PipelineConfig(

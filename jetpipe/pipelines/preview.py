@@ -35,13 +35,13 @@ class Preview(FrameSink):
     def watched(self) -> bool:
         return time.monotonic() - self.last_request < IDLE_S
 
-    def offer(self, stream: int, frame, record: dict, to_host=None, wait: bool = False) -> bool:
+    def offer(self, stream: int, frame, record, to_host=None, wait: bool = False) -> bool:
         if not self.watched():
             return False  # nobody looks: no copy, not a drop
         return super().offer(stream, frame, record, to_host)  # a viewer's frame never waits
 
-    def consume(self, stream: int, frame: np.ndarray, fmt: str, record: dict) -> None:
-        image = annotate.render(frame, fmt, record["results"], WIDTH)
+    def consume(self, stream: int, frame: np.ndarray, fmt: str, record) -> None:
+        image = annotate.render(frame, fmt, record.results, WIDTH)
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 80])
         if ok:
             self.latest[stream] = jpeg.tobytes()

@@ -17,6 +17,7 @@ import time
 
 from jetpipe.pipelines.batcher import Packet
 from jetpipe.pipelines.chain_gate import ChainGate
+from jetpipe.pipelines.record import FrameRecord
 from jetpipe.pipelines.secondary import frames_read
 
 log = logging.getLogger(__name__)
@@ -206,11 +207,9 @@ class Stages:
                        "post": (t_post - t_gpu) * 1e3, "total": (t_post - packet.t_monotonic) * 1e3}
             self.metrics.record_result(packet.stream, latency)
             stream = self.streams.slots[packet.stream]  # in its slot until its frames are through
-            record = {"stream": stream.id, "source": stream.source.uri, "frame": packet.frame_no,
-                      "pts": None if packet.pts is None else round(packet.pts, 6),
-                      "t_capture": round(packet.t_capture, 6), "t_result": round(time.time(), 6),
-                      "latency_ms": {k: round(v, 3) for k, v in latency.items()},
-                      "task": self.task, "results": res}
+            record = FrameRecord(stream.id, stream.source.uri, packet.frame_no,
+                                 None if packet.pts is None else round(packet.pts, 6), round(packet.t_capture, 6),
+                                 round(time.time(), 6), {k: round(v, 3) for k, v in latency.items()}, self.task, res)
             # a copy of the frame, before its ring slot is released; files: every frame, as inference
             self.sinks.offer(stream.id, packet.frame, record, self.runtime.frame_to_host, wait=not stream.source.live)
             self.sinks.put(record)

@@ -1,3 +1,9 @@
+import os
+import shutil
+import socket
+import subprocess
+import time
+
 import pytest
 
 from jetpipe.convert import ConvertOptions, convert
@@ -72,3 +78,31 @@ def long_lines(det_bundle):
 def detect(det_bundle):
     """images -> (frames, the detector's results), on the CPU runtime."""
     return lambda images: _detected(det_bundle, images)
+
+
+@pytest.fixture
+def mosquitto():
+    """A real MQTT broker (Debian's mosquitto) on a free port: its port."""
+    binary = shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto",) if os.path.exists(p)), None)
+    if binary is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    pytest.importorskip("paho.mqtt.client", reason="paho-mqtt is not installed (pip install 'jetpipe[mqtt]')")
+    port = _free_port()
+    proc = subprocess.Popen([binary, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield port
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

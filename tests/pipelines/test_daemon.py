@@ -1,7 +1,6 @@
 """The daemon end to end on real components (PP-OCRv4 det, OpenCV, ONNX Runtime, mosquitto)."""
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -209,29 +208,6 @@ def test_sample_config_parses():
 
     config = load(Path(__file__).parents[2] / "examples" / "jetpipe.toml")
     assert config.sources and config.sinks and config.metrics_listen.startswith("127.0.0.1:")
-
-
-@pytest.fixture
-def mosquitto():
-    import os
-
-    binary = shutil.which("mosquitto") or next(
-        (p for p in ("/usr/sbin/mosquitto",) if os.path.exists(p)), None)
-    if binary is None:
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
-    pytest.importorskip("paho.mqtt.client", reason="paho-mqtt is not installed (pip install 'jetpipe[mqtt]')")
-    port = _free_port()
-    proc = subprocess.Popen([binary, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield port
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def test_mqtt_round_trip_through_a_real_broker(det_bundle, mosquitto):

@@ -189,7 +189,7 @@ def test_an_encoder_that_dies_at_the_end_is_counted_in_the_summary(det_bundle, t
     killed = []
 
     def kill_the_encoder_at_the_last_result(record):
-        if record["frame"] == 11:
+        if record.frame == 11:
             sink = pipeline.sinks.sinks[0]
             deadline = time.monotonic() + 20
             while sink._free[0].qsize() < sink.buffers and time.monotonic() < deadline:

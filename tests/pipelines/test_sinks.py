@@ -8,27 +8,32 @@ import numpy as np
 import pytest
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.record import FrameRecord
 from jetpipe.pipelines.sinks import SCHEMES, FrameSink, SinkBase, SinkFanout, open_sink
 from jetpipe.runtime.api import Frame
+
+
+def _record(stream: int, frame: int, results: dict | None = None) -> FrameRecord:
+    return FrameRecord(stream, "synthetic", frame, None, 0.0, 0.0, {}, "raw", results or {})
 
 
 def test_jsonl_appends_one_line_per_record(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"earlier": true}\n')
     sink = open_sink(f"jsonl:{path}?append=1")
-    sink.write({"stream": 0, "frame": 1, "results": {"boxes": [[1, 2, 3, 4]]}})
-    sink.write({"stream": 1, "frame": 2, "results": {}})
+    sink.write(_record(0, 1, {"boxes": [[1, 2, 3, 4]]}))
+    sink.write(_record(1, 2, {}))
     sink.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines == [{"earlier": True}, {"stream": 0, "frame": 1, "results": {"boxes": [[1, 2, 3, 4]]}},
-                     {"stream": 1, "frame": 2, "results": {}}]
+    assert lines == [{"earlier": True}, _record(0, 1, {"boxes": [[1, 2, 3, 4]]}).as_dict(),
+                     _record(1, 2, {}).as_dict()]
 
 
 def test_stdout_sink_writes_json_lines(capsys):
     sink = open_sink("stdout")
-    sink.write({"stream": 3})
+    sink.write(_record(3, 0))
     sink.close()
-    assert json.loads(capsys.readouterr().out) == {"stream": 3}
+    assert json.loads(capsys.readouterr().out) == _record(3, 0).as_dict()
 
 
 def test_a_jsonl_sink_makes_its_file_or_adds_only_where_told_and_never_through_a_link(tmp_path):
@@ -57,9 +62,9 @@ def test_a_jsonl_sink_makes_its_file_or_adds_only_where_told_and_never_through_a
     assert not (tmp_path / "made-through-a-link").exists() and not (tmp_path / "r.jsonl").exists()
     assert (tmp_path / "other.csv").read_text() == "a,b\n1,2\n"
     sink = open_sink(f"jsonl:{tmp_path / 'new.jsonl'}")
-    sink.write({"frame": 1})
+    sink.write(_record(0, 1))
     sink.close()
-    assert (tmp_path / "new.jsonl").read_text() == '{"frame":1}\n'
+    assert json.loads((tmp_path / "new.jsonl").read_text())["frame"] == 1
 
 
 def test_a_frame_sink_never_writes_through_a_link_planted_while_it_runs(tmp_path):
@@ -75,7 +80,7 @@ def test_a_frame_sink_never_writes_through_a_link_planted_while_it_runs(tmp_path
     (folder / "s0_000001.jpg").symlink_to(victim)
     frame = Frame(np.zeros((48, 64, 3), np.uint8), "bgr")
     for i in range(3):
-        assert sink.offer(0, frame, {"frame": i, "pts": None, "results": {}}, wait=True)
+        assert sink.offer(0, frame, _record(0, i), wait=True)
     sink.close()
     assert victim.read_bytes() == b"precious" and sink.failures == 1
     assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == ["s0_000000.jpg", "s0_000002.jpg"]
@@ -121,7 +126,7 @@ class _SlowSink(FrameSink):
 
     def consume(self, stream, frame, fmt, record):
         time.sleep(0.05)
-        self.drawn.append(record["frame"])
+        self.drawn.append(record.frame)
 
 
 def test_a_files_frames_wait_for_a_busy_frame_sink_and_a_cameras_are_dropped():
@@ -130,7 +135,7 @@ def test_a_files_frames_wait_for_a_busy_frame_sink_and_a_cameras_are_dropped():
     frame = Frame(np.zeros((48, 64, 3), np.uint8), "bgr")
     for wait in (True, False):
         sink = _SlowSink()
-        taken = [sink.offer(0, frame, {"frame": i, "pts": None}, wait=wait) for i in range(10)]
+        taken = [sink.offer(0, frame, _record(0, i), wait=wait) for i in range(10)]
         sink.close()
         if wait:
             assert all(taken) and sink.drawn == list(range(10)) and sink.dropped == 0
@@ -147,7 +152,7 @@ class _Broken(SinkBase):
     def describe(self) -> str:
         return "broken"
 
-    def write(self, record: dict) -> None:
+    def write(self, record) -> None:
         raise OSError("no space left on device")
 
     def close(self) -> None:
@@ -160,12 +165,12 @@ def test_the_fanout_delivers_to_every_sink_and_counts_each_failure_once(tmp_path
     seen = []
     fanout = SinkFanout([broken, good], on_record=seen.append)
     for i in range(3):
-        fanout.put({"frame": i})
+        fanout.put(_record(0, i))
     fanout.finish()
     fanout.run()
     fanout.close()
     fanout.close()  # once only
-    assert [r["frame"] for r in seen] == [0, 1, 2]
+    assert [r.frame for r in seen] == [0, 1, 2]
     assert [json.loads(line)["frame"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [0, 1, 2]
     assert fanout.failures() == [4, 0] and broken.closed == 1  # three writes and the close
     assert fanout.dropped() == [0, 0]

@@ -23,7 +23,8 @@ class Sink(Protocol):
 
     def describe(self) -> str: ...
 
-    def write(self, record: dict) -> None: ...
+    def write(self, record) -> None:
+        """A record (record.FrameRecord: its json() is the line to write)."""
 
     def fail(self, exc: Exception) -> None:
         """Count one failure of this sink (a write that raised, a frame it could not draw or encode)."""
@@ -35,7 +36,7 @@ class Sink(Protocol):
 
 
 class FrameTaker(Sink, Protocol):
-    def offer(self, stream: int, frame, record: dict, to_host=None, wait: bool = False) -> bool:
+    def offer(self, stream: int, frame, record, to_host=None, wait: bool = False) -> bool:
         """Take a copy of the frame (YUV as it sits in the ring) for drawing; False when it was not taken."""
 
 

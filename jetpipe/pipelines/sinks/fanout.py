@@ -31,7 +31,7 @@ class SinkFanout:
         """A frame taker that is no sink of the user's (the preview page): offered frames, closed by its owner."""
         self.frame_takers.append(viewer)
 
-    def offer(self, stream_id: int, frame, record: dict, to_host, wait: bool) -> None:
+    def offer(self, stream_id: int, frame, record, to_host, wait: bool) -> None:
         """A frame and its record to each sink that draws frames; wait: a file's frame, every one is drawn."""
         for sink in self.frame_takers:
             try:
@@ -39,7 +39,7 @@ class SinkFanout:
             except Exception as exc:  # a sink that fails never fails the batch
                 sink.fail(exc)
 
-    def put(self, record: dict) -> None:
+    def put(self, record) -> None:
         self.records.put(record)
 
     def finish(self) -> None:

@@ -92,7 +92,7 @@ class FrameSink(SinkBase):
     def describe(self) -> str:
         return self.spec
 
-    def offer(self, stream: int, frame, record: dict, to_host=None, wait: bool = False) -> bool:
+    def offer(self, stream: int, frame, record, to_host=None, wait: bool = False) -> bool:
         """Copy a frame (YUV as it sits in the ring) for drawing; False when it was not taken. A frame in
         device memory (NVDEC) is copied with to_host(frame, out) (the runtime's frame_to_host). wait: a
         file's frame, which waits for a free buffer rather than being dropped."""
@@ -122,15 +122,15 @@ class FrameSink(SinkBase):
         self._work[stream].put((buffer, frame.format, record))
         return True
 
-    def wants(self, record: dict) -> bool:
+    def wants(self, record) -> bool:
         """Whether this sink shows the record's frame at all (decided before any copy)."""
         return True
 
-    def _due_now(self, stream: int, record: dict) -> bool:
+    def _due_now(self, stream: int, record) -> bool:
         """At most one frame per period: of the stream's own time (pts) for files and cameras that have it,
         so a file processed faster than real time still gives every frame of a same-rate video; of the wall
         clock otherwise (and for a viewer)."""
-        pts = record.get("pts") if self.by_pts else None
+        pts = record.pts if self.by_pts else None
         t = pts if pts is not None else time.monotonic()
         due = self._due.get(stream)
         if due is not None and due - 2 * self.period <= t < due - 1e-6:
@@ -138,7 +138,7 @@ class FrameSink(SinkBase):
         self._due[stream] = t + self.period  # also after time went back: a looped file, a reconnect
         return True
 
-    def write(self, record: dict) -> None:
+    def write(self, record) -> None:
         """Frame sinks take their records with the frames (offer)."""
 
     def end_stream(self, stream: int) -> None:
@@ -171,7 +171,7 @@ class FrameSink(SinkBase):
             finally:
                 self._free[stream].put(buffer)
 
-    def consume(self, stream: int, frame: np.ndarray, fmt: str, record: dict) -> None:
+    def consume(self, stream: int, frame: np.ndarray, fmt: str, record) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -210,7 +210,7 @@ class VideoSink(FrameSink):
         super().__init__(spec, max_batch, max_fps=self.fps)
 
     def consume(self, stream, frame, fmt, record) -> None:
-        image = annotate.render(frame, fmt, record["results"], self.width)
+        image = annotate.render(frame, fmt, record.results, self.width)
         encoder = self.encoders.get(stream) or self._start(stream, image.shape[:2])
         encoder.stdin.write(image.data)
         self.written[stream] = self.written.get(stream, 0) + 1
@@ -297,12 +297,12 @@ class JpegSink(FrameSink):
         self.width = _positive(spec, options, "width")
         super().__init__(spec, max_batch)
 
-    def wants(self, record: dict) -> bool:
-        return record["frame"] % self.every == 0
+    def wants(self, record) -> bool:
+        return record.frame % self.every == 0
 
     def consume(self, stream, frame, fmt, record) -> None:
-        image = annotate.render(frame, fmt, record["results"], self.width)
-        path = self.folder / f"s{stream}_{record['frame']:06d}.jpg"
+        image = annotate.render(frame, fmt, record.results, self.width)
+        path = self.folder / f"s{stream}_{record.frame:06d}.jpg"
         ok, data = cv2.imencode(".jpg", image)
         if not ok:
             raise OSError(f"could not encode {path.name}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -40,8 +39,8 @@ class JsonlSink(SinkBase):
     def describe(self) -> str:
         return f"jsonl:{self.path}"
 
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
+    def write(self, record) -> None:
+        self.file.write(record.json() + "\n")
 
     def close(self) -> None:
         self.file.flush()
@@ -61,8 +60,8 @@ class StdoutSink(SinkBase):
     def describe(self) -> str:
         return "stdout"
 
-    def write(self, record: dict) -> None:
-        sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    def write(self, record) -> None:
+        sys.stdout.write(record.json() + "\n")
 
     def close(self) -> None:
         sys.stdout.flush()

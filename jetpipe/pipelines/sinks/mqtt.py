@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from urllib.parse import urlparse
 
 from jetpipe.errors import JetpipeError
@@ -31,8 +30,8 @@ class MqttSink(SinkBase):
     def describe(self) -> str:
         return f"mqtt://{self.host}:{self.port}/{self.topic}"
 
-    def write(self, record: dict) -> None:
-        info = self.client.publish(self.topic, json.dumps(record, separators=(",", ":")), qos=0)
+    def write(self, record) -> None:
+        info = self.client.publish(self.topic, record.json(), qos=0)
         if info.rc != 0:
             raise JetpipeError(f"MQTT publish failed with code {info.rc}")
 
