@@ -8,7 +8,7 @@ collect, the batcher's next_batch and the post stage's finish/emit timed per cal
 timed per collection, and the gpu/post/sinks threads' innermost frames sampled every 2 ms. Prints the run's
 summary, the slowest batches (submission to results) split into submit / waiting for the post thread /
 collect, and where the threads were sampled during each. A window with few samples is the whole process
-frozen (the sampler needs the GIL too): how the stop's decoder closes were found (docs/benchmarks.md).
+frozen (the sampler needs the GIL too): how the stop's decoder closes were found (docs/lab/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ class SyntheticText(CalibrationSource):
     """Rendered-text images made on the fly: the embedded default data. Scene text (words anywhere on a
     textured background, what a text detector sees); for a line-shaped input (a recognizer's), text-line
     crops instead, each in one of several typefaces (calibrated on Pillow's one font, PP-OCRv4 rec in INT8
-    lost 7.5 points of word recall on tilted lines in other fonts, docs/benchmarks.md)."""
+    lost 7.5 points of word recall on tilted lines in other fonts, docs/lab/benchmarks.md)."""
 
     seed = 10_000  # tests and accuracy checks use seeds below this: no overlap
 

@@ -79,7 +79,7 @@ class PipelineConfig:
     sources: list[SourceConfig]
     sinks: list[str] = field(default_factory=list)
     max_batch: int | None = None       # default: the bundle's
-    batch_timeout_ms: float = 5.0      # 16 x 1080p30 on an H100: p99 25.8 ms at 5, 42 ms at 20 (benchmarks.md)
+    batch_timeout_ms: float = 5.0      # 16 x 1080p30 on an H100: p99 25.8 ms at 5, 42 ms at 20 (docs/lab/benchmarks.md)
     latency_budget_ms: float = 0.0     # capture to results: batches cut to keep it (0: off, batch_timeout_ms only)
     queue_depth: int = 4               # frames per stream waiting to be batched
     capture_threads: int = 0           # threads reading the streams that can share one (NVDEC files): 0 = auto

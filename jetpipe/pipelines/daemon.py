@@ -54,7 +54,7 @@ def shared_cpu_threads(secondaries: int, cores: int | None = None) -> int:
     Runtime's own, a thread a core). With secondaries, the primary (the GPU-stage thread) and the secondaries
     (one after another in the secondary thread) run at once: each gets half the cores. A session's threads
     over the whole machine, beside another's, cost more CPU than they save: PP-OCRv4 det on 2 cores, 2
-    threads 212 ms and 359 ms of CPU a frame against 240 ms and 240 ms on 1 (docs/benchmarks.md)."""
+    threads 212 ms and 359 ms of CPU a frame against 240 ms and 240 ms on 1 (docs/lab/benchmarks.md)."""
     if not secondaries:
         return 0
     if cores is None:

@@ -36,7 +36,7 @@ STARVED_S = 0.001       # every ring slot in flight on the GPU: look again this 
 # a decode process's threads unless told: each queues a frame of each of its streams (decode, copy) before it waits
 # for their copies, so a few keep NVDEC busy, and every waiting thread costs CPU in NVIDIA's video library's
 # polling. On H100s, 32 and 64 streams: 4 threads 94-97 % of PyNvVideoCodec alone on 1.5-1.6 CPU cores (three
-# runs); 8 threads 82-96 % on 1.7-2.1; a thread a stream (32) 87-95 % on 2.6-3.0 (docs/benchmarks.md)
+# runs); 8 threads 82-96 % on 1.7-2.1; a thread a stream (32) 87-95 % on 2.6-3.0 (docs/lab/benchmarks.md)
 AUTO_DECODE_THREADS = 4
 CPU_SAID = ("ready", "opened", "unsupported", "ended", "exited")  # messages whose last field is the process's CPU
 

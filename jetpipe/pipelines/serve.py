@@ -88,7 +88,7 @@ def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-de
         _converted(name, folder)
     cameras = [SourceConfig("synthetic:1280x720@15:nv12"), SourceConfig("synthetic:640x480@15:yuyv")]
     # a frame of each camera a batch: on the CPU runtime (where a demo most often runs) a batch of 8 held four
-    # frames of each camera and came out at the same frames/s three times as late (docs/benchmarks.md)
+    # frames of each camera and came out at the same frames/s three times as late (docs/lab/benchmarks.md)
     config = validate(PipelineConfig(
         bundle=bundle, sources=cameras, secondaries=[SecondaryConfig(reader, name="text")],
         sinks=list(sinks or []), duration=duration, metrics_listen="", log_every_s=1e9,

@@ -65,7 +65,7 @@ class OrtCpuBackend:
     def __init__(self, model_path: str, input_sample_shape, max_batch: int, widths=None, threads: int = 0):
         # no spinning: a pipeline's sources, postprocessing and a secondary model's session share the cores;
         # a primary's threads spinning while they wait took them (jetpipe demo, det + rec on 2 cores:
-        # 3.9-4.0 -> 4.7-5.3 frames/s, docs/benchmarks.md). threads: intra-op threads (0: ONNX Runtime's, a
+        # 3.9-4.0 -> 4.7-5.3 frames/s, docs/lab/benchmarks.md). threads: intra-op threads (0: ONNX Runtime's, a
         # thread a core)
         self.session = cpu_session(model_path, spin=False, threads=threads)
         self.widths = tuple(widths or (input_sample_shape[2],))

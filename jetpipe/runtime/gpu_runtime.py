@@ -131,7 +131,7 @@ class GpuRuntime(RuntimeBase):
                 # a reduction runs on a stream of its own after its batch's inference, so that its kernels
                 # (an instance mask's outline is traced by one thread) overlap the next batch's inference;
                 # non-blocking: ordered by its events only, not behind work on the legacy default stream (a
-                # blocking one cost the light model 17-31 % on one H100, docs/benchmarks.md)
+                # blocking one cost the light model 17-31 % on one H100, docs/lab/benchmarks.md)
                 if self.reducer is not None and not self.remote:
                     self.post_stream = self.device.stream(non_blocking=True)
                 self.sets = [self._make_set(i) for i in range(self.buffer_sets)]

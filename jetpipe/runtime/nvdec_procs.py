@@ -4,7 +4,7 @@ Why a process: in one process every decoded frame takes the GIL a few times (PyN
 copy into the slot, its synchronize), and at 32-64 streams the capture threads held a light model at 43-77 %
 of what NVDEC decodes (issue 27). PyNvVideoCodec's own cost (~0.4 ms of CPU a frame) is here in a process
 with a GIL of its own; the serving process only turns records into batches (87-95 % of NVDEC's rate with 1-2
-processes; docs/benchmarks.md).
+processes; docs/lab/benchmarks.md).
 
 The serving process owns the memory: it allocates the rings as before and hands this process *credits*,
 each a ring slot to fill (a token and the slot's allocation, whose IPC handle it sends once). For each credit
@@ -296,7 +296,7 @@ class _Lane:
     def _round(self, turn: list[_Decoding]) -> list[bytes]:
         """A frame of each stream whose turn it is: every decode and copy queued first, then the copies waited
         for. Waiting for each copy before the next stream's decode kept a lane's NVDEC work and its waits in
-        series (8 lanes for 32 streams gave 73 % of NVDEC's rate; docs/benchmarks.md)."""
+        series (8 lanes for 32 streams gave 73 % of NVDEC's rate; docs/lab/benchmarks.md)."""
         started = []  # (decoding, the time of its frame in flight)
         for decoding in turn:
             if decoding.failed:

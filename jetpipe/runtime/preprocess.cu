@@ -250,7 +250,7 @@ __device__ void preprocess(const FrameParams* __restrict__ params, T* __restrict
 // At least five blocks of 256 threads (kernels.BLOCK) resident per SM: the compiler keeps a thread within 48
 // registers (56 unbounded: four blocks). The kernel waits on its gathers, and more warps in flight hide more of
 // that: 1080p -> 640 at batch 8, H200 2.85 -> 2.75 us a frame, H100 unchanged; bounds of 6 or 8 blocks spill
-// registers and ran 28-60 % slower (docs/benchmarks.md, 2026-11-26).
+// registers and ran 28-60 % slower (docs/lab/benchmarks.md, 2026-11-26).
 #define RESIDENT_BLOCKS __launch_bounds__(256, 5)
 
 extern "C" __global__ void RESIDENT_BLOCKS preprocess_f32(const FrameParams* params, float* out, int out_w, int out_h,

@@ -89,7 +89,7 @@ class Task:
     class_ids = False        # its results carry class numbers (and labels where the bundle has names)
     metrics: dict[str, str] = {}  # metric it reports -> how a budget bounds it (">=" or "<=")
     check_bounds: dict[str, float] = {}  # convert's check against FP32 warns where a metric misses its bound
-    summary = ""             # one line for --help and the README's task table
+    summary = ""             # one line for --help and the task table in docs/convert.md
 
     def mismatch(self, facts: ModelFacts) -> str | None:
         raise NotImplementedError

@@ -85,7 +85,7 @@ def test_calibration_tensors_with_nan_are_refused_naming_the_sample(tmp_path, ca
 
 def test_a_recognizers_synthetic_lines_are_drawn_in_several_typefaces_and_scene_text_is_unchanged():
     """Calibrated on lines in Pillow's one font, PP-OCRv4 rec in INT8 read 7.5 points fewer words of tilted lines
-    in other typefaces (docs/benchmarks.md): its calibration lines now come in several."""
+    in other typefaces (docs/lab/benchmarks.md): its calibration lines now come in several."""
     from jetpipe.synth import render_text_line, several_fonts
 
     spec = PreprocessSpec()

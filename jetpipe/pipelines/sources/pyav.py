@@ -4,7 +4,7 @@ straight into the ring slot.
 An ffmpeg subprocess writing raw frames to a pipe costs, per 1080p frame, a copy
 into its output packet, two kernel copies through the pipe and the syscalls
 around them: 1.5-3.7 ms of CPU more than decoding in-process (H.264 and HEVC on
-the H100 and H200 hosts, docs/benchmarks.md), as much as OpenCV spends converting
+the H100 and H200 hosts, docs/lab/benchmarks.md), as much as OpenCV spends converting
 colour. Here the only copy is plane -> slot; decoding runs in FFmpeg's threads
 with the GIL released.
 
