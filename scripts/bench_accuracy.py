@@ -30,12 +30,11 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import children  # scripts/children.py: run as a script, its folder is first on sys.path
 import cv2
 import numpy as np
 
@@ -119,11 +118,9 @@ def write_images(folder: Path, kind: str, seeds) -> Path:
 # ---- children
 
 def run_child(command: list[str], root: Path) -> tuple[int, list[str], float]:
-    started = time.monotonic()
-    child = subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-                           capture_output=True, text=True)
-    lines = (child.stdout + child.stderr).splitlines()
-    return child.returncode, lines, round(time.monotonic() - started, 1)
+    """In the checkout `root` (`python -m` puts the working folder first on sys.path)."""
+    child = children.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    return child.returncode, (child.stdout + child.stderr).splitlines(), child.seconds
 
 
 def convert(root: Path, model: Path, spec: Model, variant: str, calib: Path, out: Path) -> dict:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+import children  # scripts/children.py: run as a script, its folder is first on sys.path
 import numpy as np
 
 VARIANTS = {
@@ -40,10 +39,9 @@ VARIANTS = {
 def run_child(command: list[str], env: dict, cwd: Path) -> dict:
     """Exit status, wall time, the first `error:` line and the last stderr lines of one child process
     (run in the checkout: `python -m` puts the working folder first on sys.path)."""
-    started = time.monotonic()
-    child = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
+    child = children.run(command, cwd=cwd, env=env)
     err = child.stderr.splitlines()
-    return {"exit": child.returncode, "seconds": round(time.monotonic() - started, 1),
+    return {"exit": child.returncode, "seconds": child.seconds,
             "error": next((line for line in err if line.startswith("error")), None), "stderr_tail": err[-3:]}
 
 

@@ -38,6 +38,8 @@ from pathlib import Path
 root = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(root), str(root / "scripts")]
 
+from children import last_json  # noqa: E402
+
 
 def gpu_memory_used_mib() -> float | None:
     try:
@@ -221,11 +223,7 @@ def run_child(what: str, clip: Path, streams: int, seconds: float, bundle: Path,
             str(seconds), "--bundle", str(bundle), "--max-batch", str(max_batch), "--capture-threads",
             str(capture_threads), "--switch-ms", str(switch_ms), "--decode-processes", str(decode_processes),
             "--decode-threads", str(decode_threads)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        return {"what": what, "streams": streams, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(lines[-1])
+    return last_json(argv, {"what": what, "streams": streams}, timeout=900)
 
 
 def convert(model: Path, out: Path, max_batch: int) -> Path:

@@ -42,7 +42,7 @@ def accuracy(args) -> list[dict]:
     from jetpipe.convert import ConvertOptions, convert
     from jetpipe.runtime.sessions import cpu_session
     from jetpipe.spec import preset
-    from jetpipe.tasks.metrics import per_sample_f1
+    from jetpipe.tasks.agreement_metrics import per_sample_f1
 
     det = BUILTIN["ppocr-det"]
     inputs, letterboxes, truths = eval_set(args.images, det.input_size, preset(det.preset), EVAL_SEED)

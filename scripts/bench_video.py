@@ -34,6 +34,8 @@ from pathlib import Path
 root = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(root), str(root / "scripts")]
 
+from children import last_json  # noqa: E402
+
 BATCH = 8
 PATHS = ("nvdec", "ffmpeg", "ffmpeg-pipe", "opencv")
 
@@ -95,11 +97,7 @@ def run_child(bundle: Path, clip: Path, streams: int, decoder: str, seconds: flo
             str(streams), "--decoder", decoder, "--seconds", str(seconds), "--batch-timeout-ms", str(batch_timeout_ms)]
     argv += ["--realtime"] if realtime else []
     argv += ["--task", task] if task else []
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        return {"decoder": decoder, "streams": streams, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(lines[-1])
+    return last_json(argv, {"decoder": decoder, "streams": streams}, timeout=600)
 
 
 def main() -> None:

@@ -188,7 +188,7 @@ def _assert_one_line(capsys, message):
 
 
 def test_per_stream_fps_is_a_rate_over_time_not_over_one_batch():
-    from jetpipe.pipelines.metrics import Metrics
+    from jetpipe.pipelines.counters import Metrics
 
     metrics = Metrics(streams=2)
     for _ in range(16):  # one batch delivers 16 results of stream 0 at one instant

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from jetpipe import bundle as bundles
-from jetpipe.calibration import metrics as m
+from jetpipe.calibration import comparison as m
 from jetpipe.calibration import reports, served
 from jetpipe.calibration.evaluate import Context, compare, run_outputs
 from jetpipe.calibration.layers import localise
@@ -29,7 +29,7 @@ from jetpipe.progress import bar
 from jetpipe.runtime.runtime import open_runtime
 from jetpipe.spec import PreprocessSpec
 from jetpipe.tasks import Task, for_bundle
-from jetpipe.tasks.metrics import meets
+from jetpipe.tasks.agreement_metrics import meets
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from jetpipe.calibration import metrics as m
+from jetpipe.calibration import comparison as m
 from jetpipe.runtime.sessions import ort_session, run_in_batches
 from jetpipe.tasks import Task, TaskOptions
 

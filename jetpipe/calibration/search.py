@@ -13,13 +13,13 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from jetpipe.calibration import metrics as m
+from jetpipe.calibration import comparison as m
 from jetpipe.calibration.evaluate import compare
 from jetpipe.calibration.layers import localise
 from jetpipe.convert import calib_cache, fp16, graph, int8, sensitivity
 from jetpipe.errors import JetpipeError
 from jetpipe.progress import silent
-from jetpipe.tasks import metrics as task_metrics
+from jetpipe.tasks import agreement_metrics as task_metrics
 
 log = logging.getLogger(__name__)
 

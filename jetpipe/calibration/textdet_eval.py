@@ -17,7 +17,7 @@ from jetpipe.preprocess import preprocess_bgr
 from jetpipe.runtime.sessions import run_in_batches
 from jetpipe.spec import PreprocessSpec
 from jetpipe.synth import render_text_image
-from jetpipe.tasks.metrics import match_boxes, mean_abs_error, per_sample_f1
+from jetpipe.tasks.agreement_metrics import match_boxes, mean_abs_error, per_sample_f1
 from jetpipe.tasks.text_detection import TextDetection
 
 

@@ -37,8 +37,8 @@ from jetpipe.runtime.sessions import cpu_session, run_in_batches
 from jetpipe.spec import PreprocessSpec
 from jetpipe.tasks import ModelFacts, Task, TaskOptions, choose
 from jetpipe.tasks import get as get_task
+from jetpipe.tasks.agreement_metrics import meets, relative_mae
 from jetpipe.tasks.base import kept_metadata
-from jetpipe.tasks.metrics import meets, relative_mae
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import onnx
 
 from jetpipe.convert import int8
 from jetpipe.runtime.sessions import cpu_session
-from jetpipe.tasks.metrics import relative_mae
+from jetpipe.tasks.agreement_metrics import relative_mae
 
 log = logging.getLogger(__name__)
 

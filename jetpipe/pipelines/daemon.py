@@ -23,11 +23,11 @@ from jetpipe import bundle as bundles
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.batcher import Batcher
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
+from jetpipe.pipelines.counters import Metrics
 from jetpipe.pipelines.http.control import Control
 from jetpipe.pipelines.http.pages import PreviewPages
 from jetpipe.pipelines.http.server import MetricsServer
 from jetpipe.pipelines.ingest import Ingest
-from jetpipe.pipelines.metrics import Metrics
 from jetpipe.pipelines.preview import Preview
 from jetpipe.pipelines.secondary import SecondaryStage
 from jetpipe.pipelines.secondary import check as check_secondary

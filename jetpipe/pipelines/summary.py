@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from jetpipe.pipelines.metrics import COUNTERS
+from jetpipe.pipelines.counters import COUNTERS
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jetpipe.tasks.metrics import greedy_match, iou_matrix
+from jetpipe.tasks.agreement_metrics import greedy_match, iou_matrix
 
 TRACKERS = ("none", "iou", "bytetrack")
 

@@ -169,30 +169,6 @@ class TensorSpec:
         return int(np.prod((batch, *self.sample_shape))) * np.dtype(self.dtype).itemsize
 
 
-class Backend(Protocol):
-    """What a runtime asks of an inference backend (ONNX Runtime CPU or CUDA, TensorRT, TensorRT-RTX).
-
-    The runtime owns every buffer: it binds each buffer set's input and outputs once
-    (host addresses on the CPU, device addresses on the GPU), then runs a set at a batch
-    size; the GPU backends queue the run on `stream` and return without waiting."""
-
-    name: str
-    input: TensorSpec            # sample shape at the widest width (what buffers are sized for)
-    outputs: list[TensorSpec]    # likewise
-    widths: tuple[int, ...]      # input widths it runs at
-    output_shapes: dict          # width -> each output's sample shape at that width
-
-    def bind(self, set_index: int, input_address: int, output_addresses: dict[str, int]) -> None: ...
-
-    def run(self, set_index: int, batch: int, stream=None, width: int | None = None) -> None: ...
-
-    def warm_batches(self) -> list[int]: ...
-
-    def capture_graphs(self, stream) -> None: ...
-
-    def close(self) -> None: ...
-
-
 class Runtime(Protocol):
     """What callers get from open_runtime (CpuRuntime, GpuRuntime): nothing outside runtime touches CUDA."""
 
@@ -204,6 +180,11 @@ class Runtime(Protocol):
     size_hw: tuple[int, int]
 
     widths: tuple[int, ...]  # input widths a batch can run at (submit's width): more than one for a width range
+    buffer_sets: int       # batches that can be between submit() and release() at once
+    device_frames: bool    # the kernel reads frames in GPU memory (a secondary must cut its crops there too)
+    decodes_to_device: bool  # NVDEC decodes into GPU memory here (hardware_decoder gives sources)
+    device: object         # the CUDA device the decode processes share memory with (None on the CPU runtime)
+    output_bytes_downloaded: int  # device -> host bytes of outputs so far
 
     def submit(self, frames, width: int | None = None) -> Ticket: ...
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError
 from jetpipe.geometry import Letterbox
-from jetpipe.tasks.metrics import box_agreement, detection_map
+from jetpipe.tasks.agreement_metrics import box_agreement, detection_map
 
 
 class TaskError(JetpipeError):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jetpipe.runtime.api import Reduction
-from jetpipe.tasks import metrics
+from jetpipe.tasks import agreement_metrics
 from jetpipe.tasks.base import (
     ModelFacts,
     Task,
@@ -77,5 +77,5 @@ class ClassificationTask(Task):
 
     def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
         r, c = reference[0], candidate[0]
-        top1 = metrics.topk_agreement(r, c, 1)
-        return {"top1": top1, "top5": metrics.topk_agreement(r, c, 5), "top1_drop": (1 - top1) * 100}
+        top1 = agreement_metrics.topk_agreement(r, c, 1)
+        return {"top1": top1, "top5": agreement_metrics.topk_agreement(r, c, 5), "top1_drop": (1 - top1) * 100}

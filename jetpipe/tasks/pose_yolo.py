@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jetpipe.runtime.api import Reduction
+from jetpipe.tasks.agreement_metrics import keypoint_similarity
 from jetpipe.tasks.base import (
     DetectorTask,
     JoinedRows,
@@ -30,7 +31,6 @@ from jetpipe.tasks.base import (
     with_labels,
 )
 from jetpipe.tasks.detection_yolo import anchor_points, kept_detections, nms_yolov8
-from jetpipe.tasks.metrics import keypoint_similarity
 
 COCO_KEYPOINTS = (17, 3)
 # COCO's skeleton (pairs of keypoint indices, 0-based): what sinks draw for 17-point models

@@ -6,8 +6,8 @@ relative mean absolute error of each output (the worst one bounds a budget).
 
 from __future__ import annotations
 
+from jetpipe.tasks.agreement_metrics import relative_mae
 from jetpipe.tasks.base import ModelFacts, Task, TaskOptions
-from jetpipe.tasks.metrics import relative_mae
 
 
 class Raw:

@@ -25,6 +25,7 @@ import numpy as np
 
 from jetpipe.lazy import lazy_import
 from jetpipe.runtime.api import Reduction
+from jetpipe.tasks.agreement_metrics import matched_objects
 from jetpipe.tasks.base import (
     DetectorTask,
     JoinedRows,
@@ -37,7 +38,6 @@ from jetpipe.tasks.base import (
     with_labels,
 )
 from jetpipe.tasks.detection_yolo import anchor_points, kept_detections, nms_yolov8
-from jetpipe.tasks.metrics import matched_objects
 
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)

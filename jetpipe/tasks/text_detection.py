@@ -18,7 +18,7 @@ import numpy as np
 from jetpipe.lazy import lazy_import
 from jetpipe.runtime.api import Reduction
 from jetpipe.runtime.postprocess_gpu import EXTENT_SCALE, SUM_SCALE
-from jetpipe.tasks import metrics
+from jetpipe.tasks import agreement_metrics
 from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, boxes_to_source, identity_frames, known, single_output
 
 cv2 = lazy_import("cv2")
@@ -184,7 +184,7 @@ class TextDetectionTask(Task):
         r, c = reference[0], candidate[0]
         post = self.postprocessor(options)
         boxes, sizes = identity_frames(len(r), options.input_hw)
-        agreement = metrics.box_agreement(post({"y": r}, boxes, sizes), post({"y": c}, boxes, sizes))
-        f1 = metrics.per_sample_f1(r, c)
+        agreement = agreement_metrics.box_agreement(post({"y": r}, boxes, sizes), post({"y": c}, boxes, sizes))
+        f1 = agreement_metrics.per_sample_f1(r, c)
         return {"box_f1": agreement["box_f1"], "box_f1_min": agreement["box_f1_min"],
-                "f1": float(f1.mean()), "f1_min": float(f1.min()), "mae": metrics.mean_abs_error(r, c)}
+                "f1": float(f1.mean()), "f1_min": float(f1.min()), "mae": agreement_metrics.mean_abs_error(r, c)}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jetpipe.runtime.api import Reduction
-from jetpipe.tasks import metrics
+from jetpipe.tasks import agreement_metrics
 from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, known, probabilities, single_output
 
 BLANK = 0  # CTC's blank class: PaddleOCR puts it first
@@ -103,5 +103,5 @@ class TextRecognitionTask(Task):
         post = self.postprocessor(options)
         ref, cand = post({"y": reference[0]}, [None] * len(reference[0]), None), \
             post({"y": candidate[0]}, [None] * len(candidate[0]), None)
-        agreement = metrics.text_agreement([r["text"] for r in ref], [c["text"] for c in cand])
+        agreement = agreement_metrics.text_agreement([r["text"] for r in ref], [c["text"] for c in cand])
         return {"exact": agreement["exact"], "cer": agreement["cer"]}

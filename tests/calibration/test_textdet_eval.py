@@ -1,7 +1,7 @@
 import numpy as np
 
 from jetpipe.calibration.textdet_eval import boxes_of, detection_hmean, eval_set, run_batched
-from jetpipe.tasks.metrics import iou_matrix as iou
+from jetpipe.tasks.agreement_metrics import iou_matrix as iou
 
 
 def test_iou_and_one_to_one_matching():

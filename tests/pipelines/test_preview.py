@@ -15,8 +15,8 @@ import pytest
 
 from jetpipe.pipelines.annotate import PALETTE, UNTRACKED
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.counters import Metrics
 from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.metrics import Metrics
 from jetpipe.pipelines.preview import stats_json
 from jetpipe.pipelines.sources import SyntheticCamera
 

@@ -99,7 +99,7 @@ def test_metrics_exposition_is_prometheus_text_with_histograms_and_process_metri
     """Written by prometheus-client: parseable, per-stream counters, latency histograms, process metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from jetpipe.pipelines.metrics import Metrics
+    from jetpipe.pipelines.counters import Metrics
 
     metrics = Metrics(streams=2)
     metrics.count("captured", 1, 5)

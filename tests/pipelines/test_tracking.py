@@ -7,7 +7,7 @@ import pytest
 
 from jetpipe.pipelines.sources import SyntheticCamera
 from jetpipe.pipelines.tracking import Tracker
-from jetpipe.tasks.metrics import greedy_match, iou_matrix
+from jetpipe.tasks.agreement_metrics import greedy_match, iou_matrix
 
 
 def _words(camera: SyntheticCamera, index: int):

@@ -290,7 +290,7 @@ def test_det_cuda_ep_matches_cpu_path(det_bundle):
     _needs_cuda_ep()
     from jetpipe.runtime.gpu_runtime import GpuRuntime
     from jetpipe.runtime.runtime import CpuRuntime
-    from jetpipe.tasks.metrics import per_sample_f1
+    from jetpipe.tasks.agreement_metrics import per_sample_f1
 
     frames = _frames(8)
     with GpuRuntime(det_bundle, max_batch=8) as gpu_rt, \

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """PyNvVideoCodec's ThreadedDecoder against Demuxer + Decode, as a capture thread uses them (issue 27).
 
-  python scripts/diag_threaded_decoder.py CLIP.mp4            (a 1080p H.264 file)
-  python scripts/diag_threaded_decoder.py --faults CLIP.mp4 YUV444.mp4
+  python scripts/diag/threaded_decoder.py CLIP.mp4            (a 1080p H.264 file)
+  python scripts/diag/threaded_decoder.py --faults CLIP.mp4 YUV444.mp4
 
 --faults: does a ThreadedDecoder survive a file with garbage over 5 % of its bytes mid-file, a truncated file,
 a 4:4:4 H.264 file (each in a process of its own: a crash is its exit code)?

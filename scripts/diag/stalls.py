@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a serving pipeline's slow batches come from (issue 27): one run, every batch timed, threads sampled.
 
-  python scripts/diag_stalls.py BUNDLE CLIP [--streams 32] [--seconds 20] [--budget-ms 66]
+  python scripts/diag/stalls.py BUNDLE CLIP [--streams 32] [--seconds 20] [--budget-ms 66]
 
 N live NVDEC streams (CLIP looped, --realtime) through `Pipeline`, with the GPU stage's submit, the post stage's
 collect, the batcher's next_batch and the post stage's finish/emit timed per call, Python's garbage collector
@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate  # noqa: E402
 from jetpipe.pipelines.daemon import Pipeline  # noqa: E402
@@ -78,8 +78,8 @@ def main() -> None:
     timed(log, pipeline.runtime, "submit", "submit")
     timed(log, pipeline.runtime, "collect", "collect")
     timed(log, pipeline.batcher, "next_batch", "next_batch")
-    timed(log, pipeline, "_finish", "finish")
-    timed(log, pipeline, "_emit", "emit")
+    timed(log, pipeline.stages, "finish", "finish")
+    timed(log, pipeline.stages, "emit", "emit")
     started: list = []
     gc.callbacks.append(lambda phase, info: started.append(time.monotonic()) if phase == "start" else
                         log.setdefault("gc", []).append((started.pop() if started else time.monotonic(),

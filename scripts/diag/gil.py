@@ -2,7 +2,7 @@
 """Which CUDA calls the pipeline makes give up the GIL (issue 27), measured: each call's latency with the
 process idle and with 16 pure-Python threads running.
 
-  python scripts/diag_gil.py [--clip VIDEO]
+  python scripts/diag/gil.py [--clip VIDEO]
 
 --clip: PyNvVideoCodec's calls on it too (demuxing a packet, decoding it, reading a frame's plane and time):
 whether NVDEC's decoding holds the GIL, as every capture thread calls it once a frame.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from jetpipe.runtime.cuda import CudaDevice  # noqa: E402
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jetpipe.pipelines.metrics import Metrics
+from jetpipe.pipelines.counters import Metrics
 from jetpipe.pipelines.quantiles import RunHistogram
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The instance masks' outline kernel (seg_outlines) alone, on a -seg export's real outputs (issue 24).
 
-  python scripts/diag_outlines.py yolov8n-seg.onnx [--objects 30]
+  python scripts/diag/outlines.py yolov8n-seg.onnx [--objects 30]
 
 The export with bench_pipeline's busy head (`objects` boxes a frame, blobs on its prototypes) runs on ONNX
 Runtime's CPU provider over 8 random 640x640 inputs; its outputs go through the yolo-seg reduction on the GPU.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-root = Path(__file__).resolve().parents[1]
+root = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(root), str(root / "scripts")]
 
 TIMED = {  # clock64 marks added to a copy of the kernel (its text must hold these lines)

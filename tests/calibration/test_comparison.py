@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jetpipe.calibration import metrics as m
+from jetpipe.calibration import comparison as m
 from jetpipe.errors import JetpipeError
 
 
