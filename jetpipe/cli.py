@@ -28,7 +28,7 @@ from jetpipe.cli_values import (
     read_labels,
 )
 from jetpipe.convert import ConvertOptions, convert
-from jetpipe.convert.pipeline import ENGINE_MODES, PRECISIONS
+from jetpipe.convert.chain import ENGINE_MODES, PRECISIONS
 from jetpipe.convert.prune import ALLOCATIONS
 from jetpipe.convert.prune import METHODS as PRUNE_METHODS
 from jetpipe.convert.stats import METHODS
@@ -43,7 +43,7 @@ from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.report import print_summary
 from jetpipe.runtime.cuda import MEMORY_MODES
-from jetpipe.runtime.runtime import BACKEND_HELP, check_backend
+from jetpipe.runtime.open import BACKEND_HELP, check_backend
 from jetpipe.runtime.trt_builder import ENGINE_FAMILIES, RTX_DEFAULT_TARGETS, RTX_TARGETS
 from jetpipe.spec import CHANNEL_ORDERS, PRESETS, RESIZE_MODES, preset
 from jetpipe.tasks import TASKS

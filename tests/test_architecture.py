@@ -125,7 +125,7 @@ def test_gpu_packages_are_used_only_under_runtime():
 
 def test_the_cli_starts_without_loading_opencv_or_a_gpu_stack():
     """Own modules are imported at the top, so heavy third-party packages must be lazy."""
-    code = ("import sys, jetpipe.cli, jetpipe.runtime.runtime\n"
+    code = ("import sys, jetpipe.cli, jetpipe.runtime.open\n"
             "print(sorted(m for m in ('cv2', 'onnxruntime', 'pycuda', 'tensorrt', 'matplotlib') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

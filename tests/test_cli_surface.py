@@ -197,7 +197,7 @@ def test_per_stream_fps_is_a_rate_over_time_not_over_one_batch():
 
 
 def test_each_reason_and_warning_is_said_once(made, tmp_path, caplog):
-    from jetpipe.runtime.runtime import open_runtime
+    from jetpipe.runtime.open import open_runtime
     from jetpipe.synth import write_text_images
 
     with open_runtime(made["bundle"]):

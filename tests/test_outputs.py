@@ -134,12 +134,12 @@ def test_force_replaces_only_a_bundle(made, fresh_bundle, tmp_path, capsys):
 
 
 def test_output_writability_is_checked_before_any_work(made, tmp_path, capsys, monkeypatch):
-    from jetpipe.convert import pipeline
+    from jetpipe.convert import chain
 
     _, model, images = made
     monkeypatch.setattr("tempfile.mkstemp", _read_only_fs)
     calls = []
-    monkeypatch.setattr(pipeline, "prepare", lambda opts: calls.append(1))
+    monkeypatch.setattr(chain, "prepare", lambda opts: calls.append(1))
     assert main(["convert", model, "-o", str(tmp_path / "b"), "--precision", "int8", "--calib", str(images),
                  "--quiet"]) == 2
     assert "cannot write in" in _one_line_error(capsys) and not calls
@@ -169,7 +169,7 @@ def test_sigterm_while_the_bundle_is_staged_leaves_nothing(made, no_tmp_leftover
 def test_sigterm_of_a_convert_process_exits_143_with_a_message(made, tmp_path):
     _, model, images = made
     out = tmp_path / "b"
-    code = ("import os, signal, jetpipe.convert.pipeline as p, jetpipe.cli as c\n"
+    code = ("import os, signal, jetpipe.convert.chain as p, jetpipe.cli as c\n"
             "real = p._calibrate\n"
             "def term(*a, **k):\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -254,7 +254,7 @@ def test_a_manifest_that_stops_listing_a_file_fails_verification(fresh_bundle, c
 
 
 def test_a_swapped_model_is_refused_before_loading(made, fresh_bundle, capsys):
-    from jetpipe.runtime.runtime import open_runtime
+    from jetpipe.runtime.open import open_runtime
 
     _, model, _ = made
     (fresh_bundle / "model.onnx").write_bytes(open(model, "rb").read())

@@ -23,10 +23,10 @@ from jetpipe.calibration.evaluate import Context, compare, run_outputs
 from jetpipe.calibration.layers import localise
 from jetpipe.calibration.search import search
 from jetpipe.convert.calib_data import open_source
-from jetpipe.convert.pipeline import prepare
+from jetpipe.convert.chain import prepare
 from jetpipe.errors import JetpipeError
 from jetpipe.progress import bar
-from jetpipe.runtime.runtime import open_runtime
+from jetpipe.runtime.open import open_runtime
 from jetpipe.spec import PreprocessSpec
 from jetpipe.tasks import Task, for_bundle
 from jetpipe.tasks.agreement_metrics import meets

@@ -21,8 +21,8 @@ from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape
 from jetpipe.pipelines.sources import SyntheticCamera
 from jetpipe.runtime.api import Frame
+from jetpipe.runtime.open import open_runtime
 from jetpipe.runtime.probe import probe_gpu
-from jetpipe.runtime.runtime import open_runtime
 from jetpipe.tasks import for_bundle
 from jetpipe.uri import parse as parse_uri
 

@@ -1,5 +1,5 @@
 """Build step: ONNX -> cleaned -> FP16 / INT8 -> TensorRT engine -> bundle (no CUDA imports)."""
 
-from jetpipe.convert.pipeline import ConvertOptions, convert
+from jetpipe.convert.chain import ConvertOptions, convert
 
 __all__ = ["ConvertOptions", "convert"]

@@ -1,6 +1,6 @@
 """Load, check and clean up an ONNX model; fix its input size and batch axis.
 
-Each step takes and returns a ModelProto, so `pipeline.py` reads as a chain.
+Each step takes and returns a ModelProto, so `chain.py` reads as a chain.
 Clean-up (constant folding, BatchNorm fusion, dead-node removal) is done by
 onnxslim: pure Python, maintained, and it keeps the graph runnable by ONNX Runtime.
 """

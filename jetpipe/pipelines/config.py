@@ -18,7 +18,7 @@ from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.runtime.cuda import MEMORY_MODES
-from jetpipe.runtime.runtime import BACKEND_HELP, BACKENDS, check_backend
+from jetpipe.runtime.open import BACKEND_HELP, BACKENDS, check_backend
 from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import TASKS
 from jetpipe.uri import SCHEMES, is_loopback

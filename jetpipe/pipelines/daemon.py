@@ -36,7 +36,7 @@ from jetpipe.pipelines.stages import Stages
 from jetpipe.pipelines.steps import build_steps
 from jetpipe.pipelines.streams import ControlError, Streams
 from jetpipe.pipelines.summary import Report
-from jetpipe.runtime.runtime import open_runtime
+from jetpipe.runtime.open import open_runtime
 from jetpipe.tasks import for_bundle
 
 cv2 = lazy_import("cv2")

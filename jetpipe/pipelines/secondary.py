@@ -31,7 +31,7 @@ from jetpipe.errors import JetpipeError
 from jetpipe.geometry import quad_region, quad_size
 from jetpipe.limits import MAX_SIDE
 from jetpipe.runtime.api import Frame, check_priority
-from jetpipe.runtime.runtime import open_runtime
+from jetpipe.runtime.open import open_runtime
 from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import Task, for_bundle
 

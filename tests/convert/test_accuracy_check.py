@@ -102,7 +102,7 @@ def test_a_detector_whose_scores_collapsed_is_warned_by_its_boxes_not_its_tensor
 
 
 def test_the_check_sample_count_grows_as_the_input_shrinks():
-    from jetpipe.convert.pipeline import check_sample_count
+    from jetpipe.convert.chain import check_sample_count
 
     assert check_sample_count((640, 640)) == 8 and check_sample_count((736, 1312)) == 8
     assert check_sample_count((48, 320)) == 64 and check_sample_count((224, 224)) == 64

@@ -9,7 +9,7 @@ from jetpipe.cli import main
 from jetpipe.frames import from_bgr
 from jetpipe.preprocess import preprocess_frame
 from jetpipe.runtime.api import Frame
-from jetpipe.runtime.runtime import CpuRuntime
+from jetpipe.runtime.cpu_runtime import CpuRuntime
 from jetpipe.runtime.sessions import cpu_session
 from jetpipe.spec import PreprocessSpec
 from jetpipe.synth import render_text_image

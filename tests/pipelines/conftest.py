@@ -51,7 +51,7 @@ def text_video(tmp_path_factory):
 def _detected(det_bundle, images):
     from jetpipe import bundle as bundles
     from jetpipe.runtime.api import Frame
-    from jetpipe.runtime.runtime import open_runtime
+    from jetpipe.runtime.open import open_runtime
     from jetpipe.tasks import for_bundle
 
     task, options = for_bundle(bundles.load(det_bundle))

@@ -173,7 +173,7 @@ def test_tilted_lines_are_read_along_their_quadrilaterals(det_bundle, rec_bundle
     lines cut as their upright bounding boxes (what the crop was before) read fewer."""
     from jetpipe import bundle as bundles
     from jetpipe.runtime.api import Frame
-    from jetpipe.runtime.runtime import open_runtime
+    from jetpipe.runtime.open import open_runtime
     from jetpipe.synth import render_tilted_words
     from jetpipe.tasks import for_bundle
 
@@ -238,7 +238,7 @@ def test_a_batch_runs_at_each_of_the_runtimes_widths_as_onnxruntime_runs_that_sh
 
     from jetpipe.errors import JetpipeError
     from jetpipe.runtime.api import Frame
-    from jetpipe.runtime.runtime import CpuRuntime
+    from jetpipe.runtime.cpu_runtime import CpuRuntime
 
     spec = preset("ppocr-rec")
     image = render_text_image(5, (96, 900)).bgr

@@ -207,7 +207,7 @@ def test_two_batches_in_flight_through_triton_each_get_their_own_answer(det_bund
     asynchronous), and each comes back with its own frames' outputs, equal to the local backend's."""
     import numpy as np
 
-    from jetpipe.runtime.runtime import CpuRuntime
+    from jetpipe.runtime.cpu_runtime import CpuRuntime
     from jetpipe.synth import render_text_image
 
     frames = [[render_text_image(seed, (480, 640)).bgr] for seed in (11, 12)]

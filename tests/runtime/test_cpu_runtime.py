@@ -8,7 +8,8 @@ from jetpipe.errors import JetpipeError
 from jetpipe.frames import FORMATS, ColourMatrix, from_bgr, to_rgb_float
 from jetpipe.preprocess import preprocess_frame, preprocess_frame_fast
 from jetpipe.runtime.api import Frame
-from jetpipe.runtime.runtime import CpuRuntime, open_runtime
+from jetpipe.runtime.cpu_runtime import CpuRuntime
+from jetpipe.runtime.open import open_runtime
 from jetpipe.spec import PRESETS
 from jetpipe.synth import render_text_image
 from tests.helpers import residual_cnn, save

@@ -253,8 +253,8 @@ def test_a_gray_bundle_on_the_gpu_matches_the_cpu_runtime(tmp_path):
     """A 1-channel network: the kernel's luma plane -> ONNX Runtime CUDA, against the CPU reference path."""
     _needs_cuda_ep()
     from jetpipe.convert import ConvertOptions, convert
+    from jetpipe.runtime.cpu_runtime import CpuRuntime
     from jetpipe.runtime.gpu_runtime import GpuRuntime
-    from jetpipe.runtime.runtime import CpuRuntime
     from tests.helpers import gray_recognizer, save
 
     model = save(gray_recognizer(), tmp_path / "rec.onnx")
@@ -288,8 +288,8 @@ def test_memory_modes_give_identical_results(det_bundle, memory):
 
 def test_det_cuda_ep_matches_cpu_path(det_bundle):
     _needs_cuda_ep()
+    from jetpipe.runtime.cpu_runtime import CpuRuntime
     from jetpipe.runtime.gpu_runtime import GpuRuntime
-    from jetpipe.runtime.runtime import CpuRuntime
     from jetpipe.tasks.agreement_metrics import per_sample_f1
 
     frames = _frames(8)
