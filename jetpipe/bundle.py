@@ -1,6 +1,6 @@
 """Bundles: a folder with the processed ONNX, the engine (where built) and a manifest.
 
-Written into a temporary sibling folder and renamed into place (jetpipe.outputs),
+Written into a temporary sibling folder and renamed into place (jetpipe.output_folders),
 so an interrupted build never leaves a partial bundle, and `--force` never loses
 the old bundle before the new one is complete. The manifest carries the sha256
 of every file and a digest of itself; every command that loads a bundle checks
@@ -16,7 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from jetpipe import outputs
+from jetpipe import output_folders
 from jetpipe.errors import BundleError
 
 MANIFEST = "manifest.json"
@@ -64,7 +64,7 @@ def owned_files(folder: Path) -> set[str] | None:
 
 
 def check_destination(out: Path, force: bool) -> None:
-    outputs.check_destination(out, force, "-o", "bundle", owned_files)
+    output_folders.check_destination(out, force, "-o", "bundle", owned_files)
 
 
 def _digest(manifest: dict) -> str:

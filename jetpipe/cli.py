@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from jetpipe import __version__, bundle, outputs
+from jetpipe import __version__, bundle, output_folders
 from jetpipe.calibration.accuracy import AccuracyOptions, run_accuracy
 from jetpipe.calibration.latency import LatencyOptions, run_latency
 from jetpipe.calibration.search import excluded_from_report
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        outputs.release_all()  # outputs claimed by a command that stopped before writing them
+        output_folders.release_all()  # outputs claimed by a command that stopped before writing them
 
 
 # a full disk or quota, a read-only file system, a name too long: the storage's problem, said in one line

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jetpipe import outputs
+from jetpipe import output_folders
 
 
 def _plt():
@@ -55,13 +55,13 @@ def owned_files(folder: Path) -> set[str] | None:
 
 def check_destination(folder: Path, force: bool, bundle: Path) -> None:
     """Before any measurement: the report may replace only a report, only with --force, never the bundle."""
-    outputs.check_destination(Path(folder), force, "--report", "report", owned_files, protected=(Path(bundle),))
+    output_folders.check_destination(Path(folder), force, "--report", "report", owned_files, protected=(Path(bundle),))
 
 
 def write(folder: Path, report: dict, markdown: str, plots: dict) -> Path:
     """plots: file name -> callable(plt, path) drawing one figure. check_destination() ran before."""
     folder = Path(folder)
-    with outputs.staging(folder) as tmp:
+    with output_folders.staging(folder) as tmp:
         plt = _plt()
         for name, draw in plots.items():
             draw(plt, tmp / name)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from jetpipe import __version__, outputs
+from jetpipe import __version__, output_folders
 from jetpipe import bundle as bundles
 from jetpipe.convert import batch, calib_cache, flops, fp16, graph, int8, sensitivity, stats
 from jetpipe.convert.calib_cache import CalibrationResult
@@ -125,7 +125,7 @@ def convert(opts: ConvertOptions) -> dict:
         check_tensorrt_ops(prepared.model)
     calibration = _calibrate(opts, prepared, source, pruning)
     model, excluded, check = _apply_precision(opts, prepared, calibration, first_batch, checks)
-    with outputs.staging(opts.output) as tmp:
+    with output_folders.staging(opts.output) as tmp:
         onnx.save(model, str(tmp / bundles.MODEL_FILE))
         if calibration is not None:
             calib_cache.save(calibration, tmp)

@@ -26,7 +26,7 @@ from pathlib import Path
 from google.protobuf import text_encoding
 
 from jetpipe import bundle as bundles
-from jetpipe import outputs
+from jetpipe import output_folders
 from jetpipe.errors import JetpipeError
 
 PLATFORMS = {"onnxruntime": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
@@ -68,9 +68,9 @@ def export(opts: TritonExport) -> Path:
     if opts.platform == "tensorrt":
         _check_engine(manifest, opts)
     folder = Path(opts.repository) / name
-    outputs.check_destination(folder, opts.force, "-o", "Triton model folder", _owned,
+    output_folders.check_destination(folder, opts.force, "-o", "Triton model folder", _owned,
                               protected=(Path(opts.bundle),))
-    with outputs.staging(folder) as tmp:
+    with output_folders.staging(folder) as tmp:
         (tmp / VERSION).mkdir()
         shutil.copyfile(source, tmp / VERSION / model_file)
         (tmp / "config.pbtxt").write_text(config_text(manifest, name, platform, opts))

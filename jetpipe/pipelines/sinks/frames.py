@@ -34,7 +34,7 @@ import numpy as np
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape
 from jetpipe.lazy import lazy_import
-from jetpipe.outputs import check_writable
+from jetpipe.output_folders import check_writable
 from jetpipe.pipelines import annotate
 from jetpipe.pipelines.sinks import encoders, safe_open
 from jetpipe.pipelines.sinks.base import SinkBase

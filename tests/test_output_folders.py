@@ -201,11 +201,11 @@ def test_stale_staging_folders_are_cleaned_and_an_old_bundle_restored(made, fres
 
 
 def test_staging_of_a_live_run_is_left_alone(tmp_path):
-    from jetpipe import outputs
+    from jetpipe import output_folders
 
     live = tmp_path / f".b.tmp-{os.getppid()}-zz"
     live.mkdir()
-    outputs.clean_stale(tmp_path / "b")
+    output_folders.clean_stale(tmp_path / "b")
     assert live.exists()
 
 
@@ -308,12 +308,12 @@ def test_a_lock_of_a_live_run_refuses_and_a_dead_runs_lock_is_taken_over(made, t
 _CLAIM = """
 import sys
 from pathlib import Path
-from jetpipe import outputs
+from jetpipe import output_folders
 from jetpipe.errors import JetpipeError
 print("ready", flush=True)
 sys.stdin.readline()  # all three claim together, once every one is ready
 try:
-    outputs.claim(Path(sys.argv[1]), "-o")
+    output_folders.claim(Path(sys.argv[1]), "-o")
     print("won", flush=True)
 except JetpipeError:
     print("lost", flush=True)
