@@ -63,8 +63,9 @@ def owned_files(folder: Path) -> set[str] | None:
     return {MANIFEST, *manifest["files"]}
 
 
-def check_destination(out: Path, force: bool) -> None:
-    output_folders.check_destination(out, force, "-o", "bundle", owned_files)
+def check_destination(out: Path, force: bool, flag: str = "-o") -> None:
+    """flag: the option that named `out`, for the messages (`jetpipe demo`'s is --bundle-dir)."""
+    output_folders.check_destination(out, force, flag, "bundle", owned_files)
 
 
 def _digest(manifest: dict) -> str:

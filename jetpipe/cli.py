@@ -38,7 +38,7 @@ from jetpipe.export import triton
 from jetpipe.models import BUILTIN, resolve
 from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
 from jetpipe.pipelines.secondary import SecondaryConfig
-from jetpipe.pipelines.serve import demo, serve
+from jetpipe.pipelines.serve import SummaryFile, demo, serve
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.report import print_summary
@@ -277,6 +277,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--postprocess", choices=POSTPROCESS_PLACES,
                    help="where postprocessing runs: gpu (only compact results leave the GPU), cpu, or auto "
                         "(default: gpu with the GPU runtime)")
+    p.add_argument("--summary", metavar="PATH",
+                   help="also write the run's summary (JSON) to PATH, a new file written when the run ends, or '-' "
+                        "for stdout (it always goes to stderr too)")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="Prometheus /metrics, /healthz and the live preview page / ('' disables)")
     p.add_argument("--control", action="store_true",
@@ -299,7 +302,7 @@ def _add_serve(sub) -> None:
 
 
 def _run_serve(args) -> int:
-    return serve(_serve_config(args))
+    return serve(_serve_config(args), summary_to=SummaryFile(args.summary) if args.summary else None)
 
 
 def _serve_config(args):

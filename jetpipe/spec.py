@@ -7,6 +7,7 @@ Stored in every bundle's manifest, so the runtime, the calibration scripts and
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from jetpipe.errors import JetpipeError
@@ -31,6 +32,11 @@ class PreprocessSpec:
     pad_value: float = 114.0  # in pixel units, before scaling (YOLO's grey)
 
     def __post_init__(self):
+        numbers = {"scale": (self.scale,), "mean": self.mean, "std": self.std, "pad value": (self.pad_value,)}
+        for name, values in numbers.items():
+            if not all(math.isfinite(v) for v in values):  # NaN passes every comparison below
+                shown = values[0] if len(values) == 1 else ",".join(f"{v:g}" for v in values)
+                raise JetpipeError(f"{name} {shown}: NaN or infinity makes every input NaN; give finite numbers")
         if self.channel_order not in CHANNEL_ORDERS:
             raise JetpipeError(
                 f"channel order {self.channel_order!r} is not one of {', '.join(CHANNEL_ORDERS)}"

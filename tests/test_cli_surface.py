@@ -36,6 +36,9 @@ CONVERT = [
     (["--mean", "1,2"], "--mean '1,2' must be three"),
     (["--std", "a,b,c"], "--std"),
     (["--scale", "half"], "--scale: invalid float value"),
+    (["--scale", "nan"], "scale nan: NaN or infinity makes every input NaN"),
+    (["--mean", "0.5,inf,0.5"], "mean 0.5,inf,0.5: NaN or infinity"),
+    (["--std", "nan"], "std nan: NaN or infinity"),
     (["--prune", "2"], "--prune"),
     (["--prune", "0.3", "--prune-align", "0"], "--prune-align"),
     (["--calib-method", "magic"], "--calib-method: invalid choice"),
@@ -86,7 +89,8 @@ SERVE = [
     (["--source", "synthetic://0x0@30/nv12"], "0x0: width and height from 2 to 16384"),
     (["--sink", "video:{tmp}/out.mp4?widht=320"], "unknown option 'widht'; this sink takes width, fps, codec, encoder"),
     (["--source", "{tmp}/missing.mp4"], "missing.mp4' not found"),
-    (["--latency-budget-ms", "-1"], "latency_budget_ms = -1.0: allowed milliseconds from 0 \\(off\\) to 60000"),
+    (["--latency-budget-ms", "-1"], "latency_budget_ms = -1.0: allowed 0 \\(off\\) or milliseconds from 1.0 to 60000"),
+    (["--latency-budget-ms", "0.001"], "latency_budget_ms = 0.001: allowed 0 \\(off\\) or milliseconds from 1.0"),
     (["--control"], "the control API is served by the metrics server, which is off"),
     (["--max-streams", "4"], "--max-streams is the control API's capacity: add --control"),
     (["--control", "--max-streams", "999"], "control max_streams = 999: from 0"),
@@ -98,6 +102,8 @@ SERVE = [
     (["--control", "--metrics", "127.0.0.1:9", "--control-folder", "{tmp}/none"], "allow_folders: '.*none' is "
      "not a folder"),
     (["--metrics-host", "http://edge-7"], "metrics hosts: 'http://edge-7' is not a host name"),
+    (["--summary", "{tmp}"], "--summary .*: the file exists: name a new file"),
+    (["--summary", "{tmp}/none/s.json"], "--summary .*s.json: folder .*none does not exist"),
 ]
 
 
@@ -110,6 +116,29 @@ def test_serve_flags(made, tmp_path, capsys, args, message):
     assert _run([*base, *args]) == 2
     _assert_one_line(capsys, message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_serve_writes_its_summary_where_asked(made, tmp_path, capsys):
+    base = ["serve", "--bundle", made["bundle"], "--metrics", "", "--frames", "2", "--source", "synthetic://64x48@0/nv12"]
+    assert _run([*base, "--summary", str(tmp_path / "run.json")]) == 0
+    assert json.loads((tmp_path / "run.json").read_text())["summary"]["processed"] == [2]
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no temporary file left
+    capsys.readouterr()
+    assert _run([*base, "--summary", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["processed"] == [2]
+
+
+def test_the_demos_errors_name_its_own_flag(tmp_path, capsys):
+    pytest.importorskip("rapidocr_onnxruntime", reason="the demo's models need jetpipe[models]")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("a user's file")
+    assert _run(["demo", "--bundle-dir", str(folder), "--duration", "1"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and last.startswith("error: --bundle-dir ") and " -o " not in err, err
+    assert last.endswith("choose another --bundle-dir")
+    assert (folder / "notes.txt").read_text() == "a user's file"
 
 
 CALIBRATE = [

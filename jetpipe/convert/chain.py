@@ -77,6 +77,7 @@ class ConvertOptions:
     prune_budget_min: float = 15     # sensitivity measured only where it fits in this time (else uniform)
     dla_core: int | None = None
     force: bool = False
+    output_flag: str = "-o"          # the option that named the output, for the messages (demo: --bundle-dir)
     force_synthetic: bool = False  # INT8 ranges from rendered text for a model that does not read text
     task: str | None = None          # None: recognized from the outputs and the model's metadata
     labels: tuple[str, ...] | None = None  # class names / a recognizer's alphabet (--labels FILE)
@@ -106,7 +107,7 @@ def convert(opts: ConvertOptions) -> dict:
     """Run the whole conversion; returns the manifest written into the bundle."""
     _validate(opts)
     opts = dataclasses.replace(opts, prune_method=_prune_method(opts))
-    bundles.check_destination(opts.output, opts.force)
+    bundles.check_destination(opts.output, opts.force, opts.output_flag)
     prepared = prepare(opts.model, opts.precision, opts.input_size, opts.max_batch, opts.input_width_range)
     task, labels, facts = _choose_task(opts, prepared)
     opts = dataclasses.replace(opts, spec=opts.spec.for_channels(prepared.channels),  # gray for 1 channel

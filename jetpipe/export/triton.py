@@ -61,8 +61,8 @@ def export(opts: TritonExport) -> Path:
     _check_options(opts)
     manifest = bundles.load(opts.bundle)
     name = opts.name or Path(opts.bundle).resolve().name
-    if not NAME.fullmatch(name):
-        raise JetpipeError(f"--name {name!r}: a Triton model name is letters, digits, '_', '.' and '-'")
+    if not NAME.fullmatch(name) or set(name) == {"."}:  # "." and "..": the repository itself, its parent
+        raise JetpipeError(f"--name {name!r}: a Triton model name is letters, digits, '_', '.' and '-', not only dots")
     platform, model_file = PLATFORMS[opts.platform]
     source = Path(opts.bundle) / (bundles.MODEL_FILE if opts.platform == "onnxruntime" else bundles.ENGINE_FILE)
     if opts.platform == "tensorrt":

@@ -36,6 +36,7 @@ TOKEN_ENV = "JETPIPE_CONTROL_TOKEN"  # the control API's bearer token, kept out 
 MIN_TOKEN_CHARS = 16  # a shorter bearer token is guessable
 _HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
 MAX_BUDGET_MS = 60_000  # a latency budget beyond a minute is a typo
+MIN_BUDGET_MS = 1.0  # below, no frame can be captured, batched and run in time: every frame would be dropped
 # sources a control API caller may start unless the operator says otherwise: cameras and RTSP streams (a gst:
 # pipeline runs any GStreamer element, files and http/udp/tcp reach what the daemon's user can)
 DEFAULT_CONTROL_SCHEMES = ("csi", "v4l2", "rtsp", "rtsps", "synthetic")
@@ -284,8 +285,8 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     checks = [
         (config.max_batch is None or config.max_batch >= 1, "max_batch", "a positive integer"),
         (config.batch_timeout_ms >= 0, "batch_timeout_ms", "a number >= 0"),
-        (0 <= config.latency_budget_ms <= MAX_BUDGET_MS, "latency_budget_ms",
-         f"milliseconds from 0 (off) to {MAX_BUDGET_MS}"),
+        (config.latency_budget_ms == 0 or MIN_BUDGET_MS <= config.latency_budget_ms <= MAX_BUDGET_MS,
+         "latency_budget_ms", f"0 (off) or milliseconds from {MIN_BUDGET_MS} to {MAX_BUDGET_MS}"),
         (1 <= config.queue_depth <= MAX_QUEUE_DEPTH, "queue_depth", f"an integer from 1 to {MAX_QUEUE_DEPTH}"),
         (0 <= config.capture_threads <= MAX_STREAMS, "capture_threads",
          f"an integer from 0 (auto: half the cores) to {MAX_STREAMS}"),

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from jetpipe import bundle as bundles
 from jetpipe.convert import ConvertOptions, convert
-from jetpipe.errors import BundleError
+from jetpipe.errors import BundleError, JetpipeError
 from jetpipe.models import BUILTIN, DEFAULT_MODEL
+from jetpipe.output_folders import check_writable
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
 from jetpipe.pipelines.secondary import SecondaryConfig
@@ -61,15 +64,48 @@ def _converted(name: str, folder: Path) -> None:
         print(f"converting the built-in {name} model to {folder} ...", file=sys.stderr)
         convert(ConvertOptions(model=model.path(), output=folder, input_size=model.input_size,
                                input_width_range=model.width_range, max_batch=8, spec=preset(model.preset),
-                               task=model.task, progress=False, force=True))
+                               task=model.task, progress=False, force=True, output_flag="--bundle-dir"))
 
 
-def serve(config: PipelineConfig) -> int:
+class SummaryFile:
+    """Where `serve --summary` writes the run's summary: '-' (stdout) or a new file, checked before the run
+    (a file there already, a folder that is not: one line) and written when it ends (temp file, then linked
+    into place: never over a file that appeared meanwhile)."""
+
+    def __init__(self, path: str):
+        self.path = None if path == "-" else Path(path)
+        if self.path is not None:
+            check_writable(self.path, "--summary")
+            if not self.path.parent.is_dir():
+                raise JetpipeError(f"--summary {path}: folder {self.path.parent} does not exist: create it first")
+            if os.path.lexists(self.path):
+                raise JetpipeError(f"--summary {path}: the file exists: name a new file (a run never overwrites one)")
+
+    def write(self, summary: dict) -> None:
+        text = json.dumps({"summary": summary}) + "\n"
+        if self.path is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            with os.fdopen(fd, "w") as file:
+                file.write(text)
+            os.link(temp, self.path)  # fails where a file of that name appeared during the run
+        except FileExistsError:
+            log.error("--summary %s: a file of that name appeared during the run; the summary is on stderr", self.path)
+        finally:
+            os.unlink(temp)
+
+
+def serve(config: PipelineConfig, summary_to: SummaryFile | None = None) -> int:
     """0 when the run ended (or one signal stopped it); 1 when every batch failed for fail_timeout_s; 128 + the
     signal when a second one cut the drain short:
-    the summary says what was processed and written either way."""
+    the summary says what was processed and written either way (on stderr, and to summary_to)."""
     summary = run_pipeline(config)
     print(json.dumps({"summary": summary}), file=sys.stderr)
+    if summary_to is not None:
+        summary_to.write(summary)
     if summary.get("failure"):
         print(f"error: {summary['failure']}", file=sys.stderr)
         return 1

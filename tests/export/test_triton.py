@@ -87,6 +87,8 @@ def test_an_export_is_replaced_only_with_force_and_never_a_folder_it_did_not_wri
 @pytest.mark.parametrize("args, message", [
     (["--platform", "tensorrt"], "has no engine"),
     (["--name", "a/b"], "a Triton model name is letters, digits"),
+    (["--name", ".."], "not only dots"),
+    (["--name", "."], "not only dots"),
     (["--instances", "0"], "--instances 0: from 1 to 64"),
     (["--max-queue-delay-us", "-1"], "--max-queue-delay-us -1: from 0 to"),
 ])
@@ -95,6 +97,7 @@ def test_refusals_are_one_line(bundle, tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["repo"])  # nothing beside it either (--name ..)
 
 
 def test_a_tensorrt_engine_is_exported_only_for_the_server_it_runs_on(bundle, tmp_path, capsys):

@@ -89,6 +89,8 @@ def test_a_frame_sink_never_writes_through_a_link_planted_while_it_runs(tmp_path
 @pytest.mark.parametrize("spec, message", [
     ("ftp://x", "use jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4 or jpeg:FOLDER"),
     ("jsonl:/nonexistent-folder/r.jsonl", "folder /nonexistent-folder does not exist"),
+    ("mqtt://127.0.0.1:1/site/+/results", "the topic 'site/+/results' holds a wildcard"),
+    ("mqtt://127.0.0.1:1/site/#", "holds a wildcard"),
 ])
 def test_bad_sinks(spec, message):
     with pytest.raises(JetpipeError, match=re.escape(message)):

@@ -12,12 +12,16 @@ class MqttSink(SinkBase):
     """Publishes each record as JSON to a topic (QoS 0) through paho-mqtt; reconnects by itself."""
 
     def __init__(self, uri: str, connect_timeout: float = 5.0):
+        parsed = urlparse(uri)
+        self.topic = parsed.path.lstrip("/") or "jetpipe/results"
+        written = uri.split("://", 1)[-1].partition("/")[2]  # as written: urlparse cuts the topic at '#' and '?'
+        if any(c in written for c in "+#?"):  # a publisher's topic names one topic
+            raise JetpipeError(f"sink {uri}: the topic {written!r} holds a wildcard (+ or #) or a '?': name one "
+                               "topic, e.g. mqtt://127.0.0.1:1883/site/door/results")
         try:
             import paho.mqtt.client as mqtt
         except ImportError:
             raise JetpipeError("sink mqtt:// needs paho-mqtt: pip install 'jetpipe[mqtt]'") from None
-        parsed = urlparse(uri)
-        self.topic = parsed.path.lstrip("/") or "jetpipe/results"
         self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 1883
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="", protocol=mqtt.MQTTv311)
         try:
