@@ -37,6 +37,7 @@ from jetpipe.errors import JetpipeError
 from jetpipe.export import triton
 from jetpipe.models import BUILTIN, resolve
 from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
+from jetpipe.pipelines.events import rules
 from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.serve import SummaryFile, demo, serve
 from jetpipe.pipelines.sources import DECODERS
@@ -277,6 +278,14 @@ def _add_serve(sub) -> None:
     p.add_argument("--postprocess", choices=POSTPROCESS_PLACES,
                    help="where postprocessing runs: gpu (only compact results leave the GPU), cpu, or auto "
                         "(default: gpu with the GPU runtime)")
+    p.add_argument("--zone", action="append", metavar="NAME:x1,y1,x2,y2,x3,y3[,...]",
+                   help="a zone (a polygon in 0..1 coordinates of the frame): events when tracked objects enter and "
+                        "leave it, with their dwell; [[zone]] tables in the config set streams, classes, anchor, "
+                        "... (repeatable)")
+    p.add_argument("--line", action="append", metavar="NAME:x1,y1,x2,y2",
+                   help="a counting line (0..1 coordinates): an event each time a tracked object crosses it, 'in' "
+                        "from its right-hand side to its left (walking from the first point to the second); [[line]] "
+                        "tables set the rest (repeatable)")
     p.add_argument("--summary", metavar="PATH",
                    help="also write the run's summary (JSON) to PATH, a new file written when the run ends, or '-' "
                         "for stdout (it always goes to stderr too)")
@@ -346,6 +355,8 @@ def _serve_config(args):
         config.control.allow_folders = [*config.control.allow_folders, *(args.control_folder or [])]
     if args.metrics_host:
         config.metrics_hosts = [*config.metrics_hosts, *args.metrics_host]
+    config.zones = [*config.zones, *(rules.from_flag(z, "zone") for z in args.zone or [])]
+    config.lines = [*config.lines, *(rules.from_flag(line, "line") for line in args.line or [])]
     return validate(config, args.config or "flags")
 
 

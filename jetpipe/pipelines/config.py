@@ -14,6 +14,7 @@ from pathlib import Path
 
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_DECODE_THREADS, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
+from jetpipe.pipelines.events import rules
 from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
@@ -102,6 +103,8 @@ class PipelineConfig:
     fail_timeout_s: float = 30.0       # every batch failing this long stops serve, exit 1 (0: never)
     secondaries: list[SecondaryConfig] = field(default_factory=list)  # models run on the primary's boxes
     control: ControlConfig = field(default_factory=ControlConfig)
+    zones: list = field(default_factory=list)   # events.Zone: [[zone]] tables, --zone
+    lines: list = field(default_factory=list)   # events.Line: [[line]] tables, --line
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
@@ -111,7 +114,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
                   "log_every_s": (int, float)}
-_TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control"}
+_TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "zone", "line"}
 
 
 def _check_keys(where: str, table: dict, allowed) -> None:
@@ -152,11 +155,15 @@ def load(path: str | Path) -> PipelineConfig:
     control = data.get("control", {})
     _check_keys(f"{path} [control]", control, _CONTROL_KEYS)
     _check_types(f"{path} [control]", control, _CONTROL_KEYS)
+    zones = [rules.from_table(t, "zone", f"{path} [[zone]] #{i + 1}")
+             for i, t in enumerate(_array_of_tables(path, data, "zone"))]
+    lines = [rules.from_table(t, "line", f"{path} [[line]] #{i + 1}")
+             for i, t in enumerate(_array_of_tables(path, data, "line"))]
     options = {k: v for k, v in pipeline.items() if k != "bundle"}
     if "max_frame_hw" in options:
         options["max_frame_hw"] = tuple(options["max_frame_hw"])
     config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, secondaries=secondaries,
-                            control=ControlConfig(**control), **options)
+                            control=ControlConfig(**control), zones=zones, lines=lines, **options)
     if "listen" in metrics:
         config.metrics_listen = str(metrics["listen"])
     config.metrics_hosts = list(metrics.get("hosts", []))
@@ -341,4 +348,20 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     if config.task is not None:
         if config.task not in TASKS:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(TASKS)}")
+    _check_rules(config, where)
     return config
+
+
+def _check_rules(config: PipelineConfig, where: str) -> None:
+    """Zones and lines: named apart; they count tracks, so with rules and no tracker ByteTrack is turned on."""
+    event_rules = [*config.zones, *config.lines]
+    if not event_rules:
+        return
+    try:
+        rules.check_names_unique(event_rules, where)
+    except rules.RuleError as exc:
+        raise ConfigError(str(exc)) from None
+    if config.tracker == "none":
+        log.info("%d zone(s) and line(s) count tracks: tracker bytetrack turned on (--tracker chooses another)",
+                 len(event_rules))
+        config.tracker = "bytetrack"

@@ -24,6 +24,7 @@ from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.batcher import Batcher
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.counters import Metrics
+from jetpipe.pipelines.events import rules
 from jetpipe.pipelines.http.control import Control
 from jetpipe.pipelines.http.pages import PreviewPages
 from jetpipe.pipelines.http.server import MetricsServer
@@ -77,7 +78,12 @@ class Pipeline:
         self.postprocess = task.postprocessor(options)
         if config.tracker != "none" and not task.boxes:
             raise ConfigError(f"tracker = {config.tracker!r} tracks detected boxes; task {self.task} has none: "
-                              "use tracker = 'none'")
+                              + ("zones and lines count tracked boxes: remove them" if config.zones or config.lines
+                                 else "use tracker = 'none'"))
+        self.labels = options.labels
+        capacity = (config.control.max_streams or len(config.sources)) if config.control.enabled else \
+            len(config.sources)
+        rules.check_against([*config.zones, *config.lines], capacity, options.labels, config.control.enabled, "config")
         for secondary in config.secondaries:
             check_secondary(secondary, task, options.labels, "config")
             if secondary.every_track and config.tracker == "none":
@@ -138,11 +144,13 @@ class Pipeline:
         self.closers.append(self.sinks.close)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
-        self.stages = Stages(runtime, self.batcher, self.postprocess, build_steps(config, capacity), self.secondaries,
+        steps = build_steps(config, capacity, self.labels, self.streams.id_of, self.sinks.put)
+        self.events = next((s for s in steps if s.name == "events"), None)
+        self.stages = Stages(runtime, self.batcher, self.postprocess, steps, self.secondaries,
                              self.streams, self.metrics, self.sinks, self.task, self.pool, config.fail_timeout_s,
                              self.stop, self.profile)
         self.report = Report(config, self.streams, self.metrics, self.batcher, runtime, self.sinks, self.stages,
-                             self.control)
+                             self.control, self.events)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
         self.metrics.gauges["jetpipe_streams"] = lambda: len(self.streams.live())
         if runtime.backend_name != "onnxruntime-cpu":

@@ -188,7 +188,7 @@ class Stages:
         results = finish(result.outputs, result.letterboxes, sizes, pool=self.pool) if used else []
         for step in self.steps:  # a stream's frames reach this one thread in order
             for packet, res in zip(used, results):
-                step(packet.stream, packet.pts, res)
+                step(packet.stream, packet, res)
         self.post_phase_s["finish"] += time.perf_counter() - t_finish
         return results
 

@@ -15,9 +15,10 @@ PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stall
 
 
 class Report:
-    def __init__(self, config, streams, metrics, batcher, runtime, sinks, stages, control: bool):
+    def __init__(self, config, streams, metrics, batcher, runtime, sinks, stages, control: bool, events=None):
         self.config, self.streams, self.metrics, self.batcher = config, streams, metrics, batcher
         self.runtime, self.sinks, self.stages, self.control = runtime, sinks, stages, control
+        self.events = events  # events.EventStep, where zones or lines were given
         self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
 
     def live_counts(self, stream) -> dict:
@@ -92,6 +93,7 @@ class Report:
                 # the share of the run the GPU spent on batches: near 1, the GPU is what limits throughput
                 **({"gpu_busy_share": round(gpu_busy_s / max(seconds, 1e-9), 3)} if gpu_busy_s else {}),
                 **stages,
+                **({"events": self.events.summary()} if self.events is not None else {}),
                 **({"interrupted": dict(interrupted)} if interrupted else {}),
                 **({"failure": failure} if failure else {})}
 

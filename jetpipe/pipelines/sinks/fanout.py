@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 
+from jetpipe.pipelines.record import FrameRecord
 from jetpipe.pipelines.sinks.base import Sink
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class SinkFanout:
             record = self.records.get()
             if record is None:
                 return
-            if self.on_record is not None:
+            if self.on_record is not None and isinstance(record, FrameRecord):  # events: to the sinks only
                 self.on_record(record)
             for sink in self.sinks:
                 try:

@@ -1,0 +1,46 @@
+"""An event's record: `jetpipe.event/1`, written by every sink that takes records, beside the frames' records.
+
+    {"schema": "jetpipe.event/1", "event_id": unique (drop duplicates by it), "type": "line_cross" |
+     "zone_enter" | "zone_exit", "rule": NAME, "stream": ID, "frame": N, "pts": seconds or null,
+     "time": the frame's capture time (wall clock), "track_id": N, "label": class name or null, "class": N,
+     "score": S, "box": [x1, y1, x2, y2] (source pixels), "direction": "in" | "out" (line_cross),
+     "dwell_s": S (zone_exit), "counts": {the rule's counts so far: direction or enter / exit -> N}}
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+SCHEMA = "jetpipe.event/1"
+
+
+@dataclass(slots=True, eq=False)
+class EventRecord:
+    type: str
+    rule: str
+    stream: int
+    frame: int
+    pts: float | None
+    time: float
+    track_id: int
+    label: str | None
+    class_id: int
+    score: float
+    box: list
+    fields: dict          # direction (lines), dwell_s (zone exits)
+    counts: dict
+    event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _json: str | None = field(default=None, init=False, repr=False)
+
+    def as_dict(self) -> dict:
+        return {"schema": SCHEMA, "event_id": self.event_id, "type": self.type, "rule": self.rule,
+                "stream": self.stream, "frame": self.frame, "pts": self.pts, "time": self.time,
+                "track_id": self.track_id, "label": self.label, "class": self.class_id, "score": self.score,
+                "box": self.box, **self.fields, "counts": self.counts}
+
+    def json(self) -> str:
+        if self._json is None:
+            self._json = json.dumps(self.as_dict(), separators=(",", ":"))
+        return self._json

@@ -1,0 +1,240 @@
+"""Event rules: zones and lines, per stream, in the frame's normalized coordinates (0..1) or in pixels.
+
+    [[zone]]                       [[line]]
+    name = "waiting"               name = "door"
+    points = [[0.1, 0.5], ...]     points = [[0.5, 0.0], [0.5, 1.0]]
+    streams = [0]                  streams = []          # [] = every stream
+    classes = ["person"]           classes = []          # [] = every class (names or numbers)
+    min_score = 0.3                min_score = 0.0
+    anchor = "bottom-center"       anchor = "bottom-center"   # center, top-left, top-right, bottom-left, ...
+    units = "normalized"           units = "normalized"  # or "pixels"
+    enter_frames = 3               frames_each_side = 3
+    exit_grace_s = 1.0             cooldown_s = 1.0
+                                   extended = false      # true: the whole line through the two points counts
+
+On the command line: `--zone NAME:x1,y1,x2,y2,x3,y3[,...]`, `--line NAME:x1,y1,x2,y2` (normalized, every
+stream and class, the defaults above). Everything is checked before anything runs: one line naming the
+rule, the key and what is allowed.
+
+Direction of a line: walk along it on the image from its first point to its second. An object crossing from
+your right-hand side to your left-hand side goes "in"; from the left to the right, "out". A line drawn from
+the top of the frame to its bottom (0.5,0 -> 0.5,1) counts objects moving right (towards larger x) as "in",
+objects moving left as "out"; draw it bottom to top to swap them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jetpipe.errors import JetpipeError
+
+ANCHORS = ("bottom-center", "center", "top-center", "top-left", "top-right", "bottom-left", "bottom-right")
+UNITS = ("normalized", "pixels")
+MAX_POINTS = 256
+MAX_SECONDS = 86_400.0
+MAX_FRAMES = 1_000
+
+
+class RuleError(JetpipeError):
+    """A rule that cannot be used: names the rule, the key and what is allowed."""
+
+
+@dataclass
+class Zone:
+    name: str
+    points: list                  # [[x, y], ...] at least 3, a simple polygon
+    streams: list = field(default_factory=list)   # stream IDs; [] = every stream
+    classes: list = field(default_factory=list)   # class names or numbers; [] = every class
+    min_score: float = 0.0
+    anchor: str = "bottom-center"
+    units: str = "normalized"
+    enter_frames: int = 3         # an object is in after this many frames inside in a row
+    exit_grace_s: float = 1.0     # and out after this long outside (or unseen): a lost track does not split a visit
+
+    kind = "zone"
+
+
+@dataclass
+class Line:
+    name: str
+    points: list                  # [[x1, y1], [x2, y2]]
+    streams: list = field(default_factory=list)
+    classes: list = field(default_factory=list)
+    min_score: float = 0.0
+    anchor: str = "bottom-center"
+    units: str = "normalized"
+    frames_each_side: int = 3     # a crossing: this many frames on one side, then this many on the other
+    cooldown_s: float = 1.0       # after a crossing, the same object's next one counts only after this long
+    extended: bool = False        # count crossings beyond the segment's ends too
+
+    kind = "line"
+
+
+_COMMON = {"name": str, "points": list, "streams": list, "classes": list, "min_score": (int, float), "anchor": str,
+           "units": str}
+ZONE_KEYS = {**_COMMON, "enter_frames": int, "exit_grace_s": (int, float)}
+LINE_KEYS = {**_COMMON, "frames_each_side": int, "cooldown_s": (int, float), "extended": bool}
+
+
+def from_table(table, kind: str, where: str) -> Zone | Line:
+    """A [[zone]] or [[line]] table (a dict), its keys and types checked, then the rule itself (check())."""
+    keys = ZONE_KEYS if kind == "zone" else LINE_KEYS
+    if not isinstance(table, dict):
+        raise RuleError(f"{where}: a {kind} is a table with a name and points")
+    for key in table:
+        if key not in keys:
+            raise RuleError(f"{where}: unknown key {key!r}; a {kind} takes {', '.join(sorted(keys))}")
+    for key in ("name", "points"):
+        if key not in table:
+            raise RuleError(f"{where}: {key} is required")
+    for key, kinds in keys.items():
+        value = table.get(key)
+        if key in table and (not isinstance(value, kinds) or (kinds is not bool and isinstance(value, bool))):
+            raise RuleError(f"{where} {key} = {value!r}: expected {_kind(kinds)}")
+    rule = (Zone if kind == "zone" else Line)(**table)
+    check(rule, where)
+    return rule
+
+
+def from_flag(text: str, kind: str) -> Zone | Line:
+    """--zone NAME:x1,y1,x2,y2,x3,y3[,...] / --line NAME:x1,y1,x2,y2 (normalized coordinates)."""
+    example = "--zone waiting:0.1,0.5,0.4,0.5,0.4,0.9,0.1,0.9" if kind == "zone" else "--line door:0.5,0,0.5,1"
+    name, sep, numbers = text.partition(":")
+    try:
+        values = [float(v) for v in numbers.split(",")] if sep else []
+    except ValueError:
+        values = []
+    if not sep or not values or len(values) % 2:
+        raise RuleError(f"--{kind} {text!r}: write NAME:x1,y1,x2,y2{',...' if kind == 'zone' else ''} (pairs of "
+                        f"numbers from 0 to 1), e.g. {example}")
+    points = [[values[i], values[i + 1]] for i in range(0, len(values), 2)]
+    rule = Zone(name, points) if kind == "zone" else Line(name, points)
+    check(rule, f"--{kind} {name}")
+    return rule
+
+
+def check(rule: Zone | Line, where: str) -> None:
+    """The rule's values, each bounded; a polygon that is one, a line of some length."""
+    if not rule.name or not rule.name.replace("-", "").replace("_", "").replace(".", "").isalnum() \
+            or len(rule.name) > 64:
+        raise RuleError(f"{where}: name {rule.name!r}: letters, digits, '-', '_' and '.', at most 64")
+    if rule.anchor not in ANCHORS:
+        raise RuleError(f"{where}: anchor {rule.anchor!r}: choose one of {', '.join(ANCHORS)}")
+    if rule.units not in UNITS:
+        raise RuleError(f"{where}: units {rule.units!r}: normalized (0..1 of the frame) or pixels")
+    if not 0.0 <= rule.min_score <= 1.0:
+        raise RuleError(f"{where}: min_score {rule.min_score}: from 0 to 1")
+    if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in rule.streams):
+        raise RuleError(f"{where}: streams {rule.streams}: stream IDs (0, 1, ...), or [] for every stream")
+    if any(not isinstance(c, (str, int)) or isinstance(c, bool) for c in rule.classes):
+        raise RuleError(f"{where}: classes {rule.classes}: class names or numbers, or [] for every class")
+    points = _points(rule, where)
+    if rule.kind == "zone":
+        _check_zone(rule, points, where)
+    else:
+        _check_line(rule, points, where)
+
+
+def check_names_unique(rules: list, where: str) -> None:
+    names = [r.name for r in rules]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise RuleError(f"{where}: two rules are named {twice[0]!r}: give each zone and line its own name")
+
+
+def check_against(rules: list, streams: int, labels, control: bool, where: str) -> None:
+    """Rules against the pipeline: streams that exist (with the control API any ID may come later), class names
+    the model has."""
+    for rule in rules:
+        missing = [s for s in rule.streams if s >= streams]
+        if missing and not control:
+            raise RuleError(f"{where}: {rule.kind} {rule.name!r}: stream {missing[0]} does not exist (the streams are "
+                            f"0 to {streams - 1})")
+        for name in (c for c in rule.classes if isinstance(c, str)):
+            if not labels or name not in labels:
+                known = ", ".join(list(labels)[:12]) + (" ..." if labels and len(labels) > 12 else "") if labels \
+                    else "none: this model's classes have no names; give numbers"
+                raise RuleError(f"{where}: {rule.kind} {rule.name!r}: unknown class {name!r}; the model's classes: "
+                                f"{known}")
+
+
+def _points(rule, where: str) -> list[tuple[float, float]]:
+    if len(rule.points) > MAX_POINTS:
+        raise RuleError(f"{where}: {len(rule.points)} points: at most {MAX_POINTS}")
+    points = []
+    for p in rule.points:
+        if not (isinstance(p, (list, tuple)) and len(p) == 2 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)):
+            raise RuleError(f"{where}: point {p!r}: write [x, y]")
+        x, y = float(p[0]), float(p[1])
+        if not (x == x and y == y) or abs(x) == float("inf") or abs(y) == float("inf"):
+            raise RuleError(f"{where}: point {p!r}: finite numbers")
+        if rule.units == "normalized" and not (0.0 <= x <= 1.0 and 0.0 <= y <= 1.0):
+            raise RuleError(f"{where}: point {p!r} is outside 0..1: normalized coordinates are fractions of the "
+                            "frame (units = \"pixels\" for pixels)")
+        if rule.units == "pixels" and (x < 0 or y < 0):
+            raise RuleError(f"{where}: point {p!r}: pixels from 0")
+        points.append((x, y))
+    return points
+
+
+def _check_zone(zone: Zone, points, where: str) -> None:
+    if len(points) < 3:
+        raise RuleError(f"{where}: a zone needs at least 3 points, got {len(points)}")
+    if _self_intersecting(points):
+        raise RuleError(f"{where}: the zone's edges cross each other: list its points in order around it")
+    if abs(_area(points)) < 1e-12:
+        raise RuleError(f"{where}: the zone's points enclose no area")
+    if not 1 <= zone.enter_frames <= MAX_FRAMES:
+        raise RuleError(f"{where}: enter_frames {zone.enter_frames}: from 1 to {MAX_FRAMES}")
+    if not 0.0 <= zone.exit_grace_s <= MAX_SECONDS:
+        raise RuleError(f"{where}: exit_grace_s {zone.exit_grace_s}: seconds from 0 to {MAX_SECONDS:g}")
+
+
+def _check_line(line: Line, points, where: str) -> None:
+    if len(points) != 2:
+        raise RuleError(f"{where}: a line has 2 points, got {len(points)}")
+    if points[0] == points[1]:
+        raise RuleError(f"{where}: the line's two points are the same: a line needs a length")
+    if not 1 <= line.frames_each_side <= MAX_FRAMES:
+        raise RuleError(f"{where}: frames_each_side {line.frames_each_side}: from 1 to {MAX_FRAMES}")
+    if not 0.0 <= line.cooldown_s <= MAX_SECONDS:
+        raise RuleError(f"{where}: cooldown_s {line.cooldown_s}: seconds from 0 to {MAX_SECONDS:g}")
+
+
+def _area(points) -> float:
+    return 0.5 * sum(x1 * y2 - x2 * y1 for (x1, y1), (x2, y2) in zip(points, points[1:] + points[:1]))
+
+
+def _self_intersecting(points) -> bool:
+    edges = list(zip(points, points[1:] + points[:1]))
+    n = len(edges)
+    for i in range(n):
+        for j in range(i + 1, n):
+            if j == i + 1 or (i == 0 and j == n - 1):
+                continue  # neighbours share a corner
+            if segments_cross(*edges[i], *edges[j]):
+                return True
+    return False
+
+
+def segments_cross(a, b, c, d) -> bool:
+    """Whether segment ab and segment cd intersect (touching counts)."""
+    def orient(p, q, r):
+        value = (q[0] - p[0]) * (r[1] - p[1]) - (q[1] - p[1]) * (r[0] - p[0])
+        return 0 if abs(value) < 1e-12 else (1 if value > 0 else -1)
+
+    def on(p, q, r):
+        return min(p[0], q[0]) - 1e-12 <= r[0] <= max(p[0], q[0]) + 1e-12 and \
+            min(p[1], q[1]) - 1e-12 <= r[1] <= max(p[1], q[1]) + 1e-12
+
+    o1, o2, o3, o4 = orient(a, b, c), orient(a, b, d), orient(c, d, a), orient(c, d, b)
+    if o1 != o2 and o3 != o4:
+        return True
+    return (o1 == 0 and on(a, b, c)) or (o2 == 0 and on(a, b, d)) or (o3 == 0 and on(c, d, a)) or \
+        (o4 == 0 and on(c, d, b))
+
+
+def _kind(kinds) -> str:
+    names = {str: "a string", int: "an integer", list: "a list", (int, float): "a number", bool: "true or false"}
+    return names.get(kinds, str(kinds))

@@ -1,0 +1,77 @@
+"""The per-frame step that turns each frame's tracked boxes into events (steps.py runs it after the tracker)."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from jetpipe.pipelines.events.engine import LineRule, Seen, ZoneRule
+from jetpipe.pipelines.events.record import EventRecord
+from jetpipe.pipelines.record import NO_TRACK
+
+log = logging.getLogger(__name__)
+
+
+class EventStep:
+    name = "events"
+
+    def __init__(self, rules: list, labels, stream_id, deliver):
+        """rules: Zone and Line; labels: the model's class names (rules name classes by them); stream_id(slot):
+        the ID of the stream in a slot now; deliver(record): to the sinks."""
+        self.labels = tuple(labels or ())
+        self.rules = [(ZoneRule if r.kind == "zone" else LineRule)(r, self._class_ids(r)) for r in rules]
+        self.stream_id, self.deliver = stream_id, deliver
+        self.counts: dict[str, dict[str, int]] = {r.name: defaultdict(int) for r in rules}
+        self.by_label: dict[tuple[str, str, str], int] = defaultdict(int)  # (rule, what, label) -> N
+        self._slot_ids: dict[int, int] = {}
+
+    def _class_ids(self, rule) -> set[int] | None:
+        if not rule.classes:
+            return None
+        return {c if isinstance(c, int) else self.labels.index(c) for c in rule.classes}
+
+    def __call__(self, slot: int, packet, results: dict) -> None:
+        stream = self.stream_id(slot)
+        self._slot_ids[slot] = stream
+        seen = self._seen(results)
+        t = packet.pts if packet.pts is not None else packet.t_capture  # the frame's clock, never ours
+        frame_hw = packet.frame.size()
+        for rule in self.rules:
+            if rule.takes(stream):
+                for happened in rule.update(stream, t, frame_hw, seen):
+                    self._deliver(happened, stream, packet)
+
+    def _seen(self, results: dict) -> list[Seen]:
+        ids = results.get("track_ids")
+        if not ids:
+            return []
+        boxes, scores = results["boxes"], results["scores"]
+        classes = results.get("classes") or [0] * len(boxes)
+        return [Seen(i, tuple(boxes[k]), float(scores[k]), int(classes[k]), self._label(int(classes[k])))
+                for k, i in enumerate(ids) if i is not None and i != NO_TRACK]
+
+    def _label(self, class_id: int) -> str | None:
+        return self.labels[class_id] if 0 <= class_id < len(self.labels) else None
+
+    def _deliver(self, happened, stream: int, packet) -> None:
+        what = happened.fields.get("direction") or happened.type.removeprefix("zone_")
+        counts = self.counts[happened.rule]
+        counts[what] += 1
+        self.by_label[(happened.rule, what, happened.seen.label or str(happened.seen.class_id))] += 1
+        seen = happened.seen
+        pts = None if packet.pts is None else round(packet.pts, 6)
+        self.deliver(EventRecord(happened.type, happened.rule, stream, packet.frame_no, pts,
+                                 round(packet.t_capture, 6), seen.track_id, seen.label, seen.class_id,
+                                 round(seen.score, 4), [round(v, 1) for v in seen.box], happened.fields,
+                                 dict(counts)))
+
+    def reset(self, slot: int) -> None:
+        """A new stream takes `slot`: the states of the stream it held go (its counts stay in the summary)."""
+        old = self._slot_ids.pop(slot, None)
+        if old is not None:
+            for rule in self.rules:
+                rule.reset(old)
+
+    def summary(self) -> dict:
+        return {"counts": {name: dict(c) for name, c in self.counts.items()},
+                "occupancy": {r.rule.name: r.occupancy() for r in self.rules if isinstance(r, ZoneRule)}}

@@ -1,0 +1,263 @@
+"""Events: the rules' checks, and the semantics on scenes with known ground truth (objects crossing a line both
+ways, flickering and hesitating on it, occluded for a few frames, crossing beside a segment's end, standing in
+a zone for known times), as tracked boxes frame by frame on the frames' clock."""
+
+import json
+
+import pytest
+
+from jetpipe.pipelines.events.engine import LineRule, Seen, ZoneRule, anchor_point, inside_polygon
+from jetpipe.pipelines.events.rules import Line, RuleError, Zone, from_flag, from_table
+
+HW = (1000, 1000)  # frames of 1000 x 1000 pixels: normalized 0.5 is pixel 500
+FPS = 10.0
+
+
+def _box(x: float, y: float = 500.0, w: float = 40.0, h: float = 80.0):
+    """A box whose bottom centre (the default anchor) is at (x, y)."""
+    return (x - w / 2, y - h, x + w / 2, y)
+
+
+def _run(rule, tracks: dict[int, list], frames: int, stream: int = 0, start: float = 0.0):
+    """Feed `frames` frames: tracks[id][k] is the anchor x (or (x, y)) of track id at frame k, or None (unseen)."""
+    happened = []
+    for k in range(frames):
+        seen = []
+        for track_id, path in tracks.items():
+            at = path[k] if k < len(path) else None
+            if at is not None:
+                x, y = at if isinstance(at, tuple) else (at, 500.0)
+                seen.append(Seen(track_id, _box(x, y), 0.9, 0, None))
+        happened += rule.update(stream, start + k / FPS, HW, seen)
+    return happened
+
+
+def _walk(x0: float, x1: float, frames: int) -> list[float]:
+    return [x0 + (x1 - x0) * k / (frames - 1) for k in range(frames)]
+
+
+DOOR = Line("door", [[0.5, 0.0], [0.5, 1.0]])  # drawn top to bottom: moving right (larger x) is "in"
+
+
+def _directions(happened) -> list[tuple[int, str]]:
+    return sorted((h.seen.track_id, h.fields["direction"]) for h in happened)
+
+
+def test_crossings_are_counted_per_direction_exactly_once():
+    tracks = {1: _walk(100, 900, 30), 2: _walk(200, 800, 25), 3: _walk(300, 700, 20),  # rightwards: in
+              4: _walk(900, 100, 30), 5: _walk(700, 300, 20)}                            # leftwards: out
+    happened = _run(LineRule(DOOR, None), tracks, 30)
+    assert _directions(happened) == [(1, "in"), (2, "in"), (3, "in"), (4, "out"), (5, "out")]
+    assert {h.type for h in happened} == {"line_cross"}
+
+
+def test_a_box_flickering_on_the_line_or_turning_back_is_no_crossing():
+    flicker = [480 if k % 2 else 520 for k in range(40)]           # one side, then the other, every frame
+    hesitate = _walk(300, 520, 12) + _walk(520, 300, 12)           # steps over for a frame or two, goes back
+    on_line = _walk(300, 499, 10) + [500.0] * 10 + _walk(499, 300, 10)  # stands on it
+    assert _run(LineRule(DOOR, None), {1: flicker, 2: hesitate, 3: on_line}, 40) == []
+
+
+def test_an_object_occluded_while_it_crosses_is_counted_once():
+    path = _walk(100, 900, 30)
+    occluded = [None if 12 <= k < 18 else x for k, x in enumerate(path)]  # unseen for 6 frames at the line
+    assert _directions(_run(LineRule(DOOR, None), {7: occluded}, 30)) == [(7, "in")]
+
+
+def test_a_segment_counts_only_between_its_ends_unless_extended():
+    short = Line("short", [[0.5, 0.0], [0.5, 0.3]])  # the upper 30 % of the frame; objects walk at y = 500
+    path = {1: _walk(100, 900, 30)}
+    assert _run(LineRule(short, None), path, 30) == []
+    extended = Line("short", [[0.5, 0.0], [0.5, 0.3]], extended=True)
+    assert _directions(_run(LineRule(extended, None), path, 30)) == [(1, "in")]
+
+
+def test_a_track_counts_once_per_direction_and_not_within_the_cooldown():
+    back_and_forth = _walk(100, 900, 20) + _walk(900, 100, 20) + _walk(100, 900, 20)
+    happened = _run(LineRule(Line("door", [[0.5, 0.0], [0.5, 1.0]], cooldown_s=0.5), None), {1: back_and_forth}, 60)
+    assert _directions(happened) == [(1, "in"), (1, "out")]  # the second "in" is not counted again
+    quick = _walk(300, 700, 8) + _walk(700, 300, 8)  # back within 0.8 s
+    happened = _run(LineRule(Line("door", [[0.5, 0.0], [0.5, 1.0]], cooldown_s=5.0), None), {1: quick}, 16)
+    assert _directions(happened) == [(1, "in")]
+
+
+def test_only_the_classes_and_scores_a_rule_names_count():
+    rule = LineRule(Line("door", [[0.5, 0.0], [0.5, 1.0]], min_score=0.5), {2})
+    happened = []
+    for k, x in enumerate(_walk(100, 900, 20)):
+        seen = [Seen(1, _box(x), 0.9, 2, "car"), Seen(2, _box(x), 0.9, 1, "person"), Seen(3, _box(x), 0.3, 2, "car")]
+        happened += rule.update(0, k / FPS, HW, seen)
+    assert _directions(happened) == [(1, "in")]
+
+
+WAITING = Zone("waiting", [[0.4, 0.3], [0.6, 0.3], [0.6, 0.7], [0.4, 0.7]], exit_grace_s=1.0)
+
+
+def test_dwell_is_the_time_inside_on_the_frames_clock():
+    # track 1 inside from frame 20 (t = 2.0) to frame 59 (t = 5.9); track 2 from frame 10 to 29, unseen for 5
+    # frames (0.5 s, within the grace) in the middle: one visit
+    one = [(200.0, 500.0)] * 20 + [(500.0, 500.0)] * 40 + [(900.0, 500.0)] * 30
+    two = [(200.0, 500.0)] * 10 + [(450.0, 600.0)] * 8 + [None] * 5 + [(450.0, 600.0)] * 7 + [(900.0, 900.0)] * 20
+    happened = _run(ZoneRule(WAITING, None), {1: one, 2: two}, 90)
+    exits = {h.seen.track_id: h.fields["dwell_s"] for h in happened if h.type == "zone_exit"}
+    enters = [h.seen.track_id for h in happened if h.type == "zone_enter"]
+    assert sorted(enters) == [1, 2] and set(exits) == {1, 2}
+    assert exits[1] == pytest.approx(5.9 - 2.0, abs=1 / FPS)
+    assert exits[2] == pytest.approx(2.9 - 1.0, abs=1 / FPS)
+
+
+def test_the_same_events_however_fast_the_frames_came():
+    """Time is the frames' own: a file processed in 2 s or played in 9 s gives the same events."""
+    tracks = {1: [(200.0, 500.0)] * 10 + [(500.0, 500.0)] * 50 + [(900.0, 500.0)] * 30}
+    first = _run(ZoneRule(WAITING, None), tracks, 90, start=0.0)
+    later = _run(ZoneRule(WAITING, None), tracks, 90, start=1000.0)
+    assert [(h.type, h.fields) for h in first] == [(h.type, h.fields) for h in later]
+
+
+def test_a_zone_visit_needs_its_frames_inside_and_streams_are_apart():
+    rule = ZoneRule(Zone("waiting", WAITING.points, enter_frames=5), None)
+    brief = [(200.0, 500.0)] * 5 + [(500.0, 500.0)] * 3 + [(200.0, 500.0)] * 20  # 3 frames inside: no visit
+    assert _run(rule, {1: brief}, 28) == []
+    assert len(_run(rule, {1: [(500.0, 500.0)] * 10}, 10, stream=0)) == 1
+    assert len(_run(rule, {1: [(500.0, 500.0)] * 10}, 10, stream=1)) == 1  # the same track ID, another stream
+    assert rule.occupancy() == 2 and rule.occupancy(1) == 1
+
+
+def test_anchors_and_polygons():
+    box = (10, 20, 30, 60)
+    assert anchor_point(box, "bottom-center") == (20, 60) and anchor_point(box, "center") == (20, 40)
+    assert anchor_point(box, "top-left") == (10, 20) and anchor_point(box, "bottom-right") == (30, 60)
+    square = [(0, 0), (10, 0), (10, 10), (0, 10)]
+    assert inside_polygon((5, 5), square) and not inside_polygon((15, 5), square)
+
+
+@pytest.mark.parametrize("table, kind, message", [
+    ({"name": "z", "points": [[0.1, 0.1], [0.2, 0.2]]}, "zone", "at least 3 points"),
+    ({"name": "z", "points": [[0.1, 0.1], [0.9, 0.9], [0.9, 0.1], [0.1, 0.9]]}, "zone", "edges cross"),
+    ({"name": "z", "points": [[0.1, 0.1], [1.5, 0.1], [0.5, 0.9]]}, "zone", "outside 0..1"),
+    ({"name": "z", "points": [[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]]}, "zone", "enclose no area"),
+    ({"name": "l", "points": [[0.5, 0.5], [0.5, 0.5]]}, "line", "needs a length"),
+    ({"name": "l", "points": [[0.5, 0.5], [0.5, 0.9]], "anchor": "feet"}, "line", "anchor 'feet'"),
+    ({"name": "l", "points": [[0.5, 0.5], [0.5, 0.9]], "frames_each_side": 0}, "line", "frames_each_side 0"),
+    ({"name": "l", "points": [[0.5, 0.5], [0.5, 0.9]], "dwell": 3}, "line", "unknown key 'dwell'"),
+    ({"name": "l", "points": [[50, 50], [50, 900]], "units": "pixels"}, "line", None),
+    ({"name": "l", "points": [[0.5, 0.5], [0.5, 0.9]], "streams": [-1]}, "line", "stream IDs"),
+    ({"points": [[0.5, 0.5], [0.5, 0.9]]}, "line", "name is required"),
+])
+def test_rules_are_checked_with_one_line_naming_the_fault(table, kind, message):
+    if message is None:
+        from_table(table, kind, "test")
+        return
+    with pytest.raises(RuleError, match=message):
+        from_table(table, kind, "test")
+
+
+def test_rule_flags():
+    assert from_flag("door:0.5,0,0.5,1", "line").points == [[0.5, 0.0], [0.5, 1.0]]
+    assert len(from_flag("w:0.1,0.5,0.4,0.5,0.4,0.9", "zone").points) == 3
+    for text in ("door", "door:0.5,0,0.5", "door:a,b,c,d"):
+        with pytest.raises(RuleError, match="write NAME:x1,y1,x2,y2"):
+            from_flag(text, "line")
+
+
+# --- through the daemon -------------------------------------------------------------------------------------
+
+FRAMES, X_LINE, FPS_VIDEO, W, H = 40, 0.8, 4, 640, 360
+
+
+@pytest.fixture(scope="module")
+def panning_video(tmp_path_factory):
+    """40 frames (4 fps, MJPEG: a 2-core machine keeps up with it in real time) of the synthetic camera's words
+    panning leftwards 8 pixels a frame, and how many words' centres cross x = 0.8 of the frame while they are
+    whole in it, with 3 frames on each side."""
+    import cv2
+    import numpy as np
+
+    from jetpipe.pipelines.sources import SyntheticCamera
+
+    camera = SyntheticCamera(W, H, FPS_VIDEO, "bgr", seed=5)
+    camera.open()
+    path = tmp_path_factory.mktemp("events") / "panning.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), FPS_VIDEO, (W, H))
+    frame = np.empty((H, W, 3), np.uint8)
+    for _ in range(FRAMES):
+        camera.paced_by_caller = True
+        camera.read_into(frame)
+        writer.write(frame)
+    writer.release()
+    line_x = X_LINE * W
+    crossing = 0
+    for word in camera.boxes:
+        centres = [((word[0] + word[2]) / 2 - camera.offset(k), word[0] - camera.offset(k) >= 0 and
+                    word[2] - camera.offset(k) <= W) for k in range(FRAMES)]
+        before = [k for k, (x, whole) in enumerate(centres) if whole and x > line_x]
+        after = [k for k, (x, whole) in enumerate(centres) if whole and x < line_x]
+        if len(before) >= 3 and len(after) >= 3 and max(before) < min(after):
+            crossing += 1
+    return path, crossing
+
+
+def _serve(det_bundle, tmp_path, extra: list[str], name: str, source: str):
+    from jetpipe.cli import main
+
+    out = tmp_path / f"{name}.jsonl"
+    summary = tmp_path / f"{name}.summary.json"
+    code = main(["serve", "--bundle", str(det_bundle), "--source", source, "--metrics", "", "--sink", f"jsonl:{out}",
+                 "--summary", str(summary), *extra])
+    assert code == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    return records, json.loads(summary.read_text())["summary"]
+
+
+def test_events_reach_the_sinks_beside_the_frames_the_same_at_any_speed(det_bundle, tmp_path, panning_video):
+    """The words panning leftwards cross a line drawn top to bottom from its left-hand side to its right: "out",
+    each word once. The file processed as fast as it goes and played at its rate give the same events: the
+    frames' clock (pts), not ours."""
+    video, truth = panning_video
+    rules = ["--line", f"door:{X_LINE},0,{X_LINE},1", "--zone", "left:0,0,0.5,0,0.5,1,0,1"]
+    fast, summary = _serve(det_bundle, tmp_path, rules, "fast", str(video))
+    events = [r for r in fast if r.get("schema") == "jetpipe.event/1"]
+    frames = [r for r in fast if "schema" not in r]
+    assert len(frames) == FRAMES and all(r["results"]["track_ids"] is not None for r in frames)  # tracker on
+    crossings = [e for e in events if e["type"] == "line_cross"]
+    assert truth >= 2 and len(crossings) == truth and {e["direction"] for e in crossings} == {"out"}
+    assert len({e["event_id"] for e in events}) == len(events)
+    assert summary["events"]["counts"]["door"] == {"out": truth}
+    assert summary["events"]["counts"]["left"].get("enter", 0) == sum(e["type"] == "zone_enter" for e in events)
+    for e in events:
+        assert set(e) >= {"schema", "event_id", "type", "rule", "stream", "frame", "pts", "time", "track_id", "label",
+                          "score", "box", "counts"} and e["pts"] is not None
+    paced, _ = _serve(det_bundle, tmp_path, [*rules, "--realtime"], "paced", str(video))
+    key = lambda e: (e["type"], e["rule"], e["frame"], e["track_id"], e.get("direction"), e.get("dwell_s"))  # noqa: E731
+    assert sorted(map(key, events)) == sorted(map(key, (r for r in paced if r.get("schema"))))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--zone", "z:0.1,0.1,0.2,0.2"], "a zone needs at least 3 points"),
+    (["--zone", "z:0.1,0.1,0.9,0.9,0.9,0.1,0.1,0.9"], "edges cross each other"),
+    (["--line", "l:0.5,0.5,1.5,0.5"], "outside 0..1"),
+    (["--line", "l:0.5,0.5,0.5,0.5"], "needs a length"),
+    (["--line", "l:0.5,0.5,0.5"], "write NAME:x1,y1,x2,y2"),
+    (["--line", "l:0,0,1,1", "--line", "l:0,1,1,0"], "two rules are named 'l'"),
+])
+def test_bad_rules_are_one_line_before_anything_runs(det_bundle, tmp_path, capsys, flags, message):
+    from jetpipe.cli import main
+
+    assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--metrics", "", "--frames", "1",
+                 "--sink", f"jsonl:{tmp_path / 'r.jsonl'}", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not (tmp_path / "r.jsonl").exists()
+
+
+def test_rules_in_the_config_are_checked_against_the_model_and_the_streams(det_bundle, tmp_path, capsys):
+    from jetpipe.cli import main
+
+    for table, message in (('[[line]]\nname = "l"\npoints = [[0.5, 0], [0.5, 1]]\nclasses = ["car"]\n',
+                            "unknown class 'car'"),
+                           ('[[zone]]\nname = "z"\npoints = [[0, 0], [1, 0], [1, 1]]\nstreams = [3]\n',
+                            "stream 3 does not exist")):
+        config = tmp_path / "c.toml"
+        config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\n[[source]]\nuri = "synthetic"\n{table}')
+        assert main(["serve", str(config), "--frames", "1", "--metrics", ""]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
