@@ -122,7 +122,11 @@ def synthetic_still(uri: SourceURI) -> bool:
 def is_loopback(address: str) -> bool:
     """Whether HOST:PORT is on this machine only (a loopback address or localhost; '' and 0.0.0.0 are every
     interface, a host name may resolve to any)."""
-    host = address.rpartition(":")[0].strip("[]")
+    return is_loopback_host(address.rpartition(":")[0].strip("[]"))
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or address (no port) is this machine's loopback: localhost or a loopback address."""
     if host == "localhost":
         return True
     try:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 
+from jetpipe.uri import is_loopback_host
+
 MAX_JSON_DEPTH = 4  # a source spec is one flat object; deeper nesting is refused before it is parsed
 MUTATING = ("POST", "PUT", "PATCH", "DELETE")
 
@@ -24,7 +26,7 @@ def default_host_names(listen: str) -> tuple[str, ...]:
     and beyond it this machine's own host name (and NAME.local, as mDNS gives it) too. IP literals are always
     answered (a rebinding needs a name)."""
     host = listen.rpartition(":")[0].strip("[]")
-    if _is_loopback_host(host):
+    if is_loopback_host(host):
         return ("localhost",)
     name = socket.gethostname().lower()
     return ("localhost", name, f"{name}.local")
@@ -104,12 +106,3 @@ def _host_part(host_header: str) -> str:
     if sep and port.isdigit():
         text = name
     return text.rstrip(".")
-
-
-def _is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
