@@ -34,6 +34,7 @@ class Metrics:
         self.batches = 0
         self.heartbeat = time.monotonic()
         self.gauges: dict[str, callable] = {}
+        self.families: list = []  # callables yielding more metric families (the events' counters)
         # the exposition: this object's values (collect()), latency histograms and process metrics
         self._exposed = ([0] * streams, [0] * streams, None)
         self.registry = CollectorRegistry()
@@ -163,3 +164,5 @@ class Metrics:
             value = read()
             if value is not None:
                 yield GaugeMetricFamily(name, name.replace("_", " "), value=value)
+        for families in self.families:
+            yield from families()

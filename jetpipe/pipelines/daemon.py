@@ -153,6 +153,8 @@ class Pipeline:
                              self.control, self.events)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
         self.metrics.gauges["jetpipe_streams"] = lambda: len(self.streams.live())
+        if self.events is not None:
+            self.metrics.families.append(self.events.metric_families)
         if runtime.backend_name != "onnxruntime-cpu":
             # on the CPU only drawing (sinks, preview) and postprocessing use OpenCV, each in a thread of its
             # own; OpenCV's pool of a thread per core inside every call made them fight (measured: 4.6 cores

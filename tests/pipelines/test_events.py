@@ -123,6 +123,61 @@ def test_a_zone_visit_needs_its_frames_inside_and_streams_are_apart():
     assert rule.occupancy() == 2 and rule.occupancy(1) == 1
 
 
+def test_a_loiter_event_once_per_visit_past_its_time():
+    rule = ZoneRule(Zone("waiting", WAITING.points, loiter_s=2.0), None)
+    stays = [(200.0, 500.0)] * 5 + [(500.0, 500.0)] * 40 + [(900.0, 500.0)] * 20  # inside 4 s
+    passes = [(200.0, 500.0)] * 5 + [(500.0, 500.0)] * 10 + [(900.0, 500.0)] * 50  # inside 1 s
+    happened = _run(rule, {1: stays, 2: passes}, 65)
+    loiters = [h for h in happened if h.type == "loiter"]
+    assert [h.seen.track_id for h in loiters] == [1]
+    assert loiters[0].fields["dwell_s"] == pytest.approx(2.0, abs=1 / FPS)
+
+
+def test_occupancy_events_hold_for_their_time_and_do_not_flicker():
+    rule = ZoneRule(Zone("waiting", WAITING.points, exit_grace_s=0.0, occupancy_at_least=2, occupancy_for_s=1.0),
+                    None)
+    inside, outside = (500.0, 500.0), (900.0, 500.0)
+    one = [inside] * 100
+    # a second object: in for 0.5 s (too short), out, then in for 3 s, then out
+    two = [outside] * 10 + [inside] * 5 + [outside] * 10 + [inside] * 30 + [outside] * 45
+    happened = [h for h in _run(rule, {1: one, 2: two}, 100) if h.type == "occupancy"]
+    assert [h.fields["state"] for h in happened] == ["above", "below"]
+    assert happened[0].seen is None and happened[0].fields["occupancy"] == 2
+    # above from frame 27 (the second object in after 3 frames) + 1 s; below 1 s after it left (frame 55)
+    assert happened[0].t == pytest.approx(2.7 + 1.0, abs=1 / FPS)
+    assert happened[1].t == pytest.approx(5.5 + 1.0, abs=2 / FPS)
+
+
+def test_events_are_counted_for_prometheus_by_rule_what_and_class():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from jetpipe.pipelines.events import EventStep
+
+    delivered = []
+    step = EventStep([DOOR, WAITING], ("person", "car"), lambda slot: 7, delivered.append)
+
+    class Packet:
+        frame_no, t_capture = 0, 0.0
+
+        class frame:  # noqa: N801
+            @staticmethod
+            def size():
+                return HW
+
+    for k, x in enumerate(_walk(100, 900, 30)):
+        packet = Packet()
+        packet.frame_no, packet.pts = k, k / FPS
+        step(0, packet, {"boxes": [_box(x)], "scores": [0.9], "classes": [1], "track_ids": [5]})
+    assert [(r.type, r.stream, r.label, r.track_id) for r in delivered] == \
+        [("zone_enter", 7, "car", 5), ("line_cross", 7, "car", 5), ("zone_exit", 7, "car", 5)]
+    registry = CollectorRegistry()
+    registry.register(type("C", (), {"collect": lambda self: step.metric_families()})())
+    text = generate_latest(registry).decode()
+    assert 'jetpipe_events_total{label="car",rule="door",what="in"} 1.0' in text
+    assert 'jetpipe_zone_occupancy{rule="waiting",stream="7"}' in text
+    assert json.loads(delivered[0].json())["schema"] == "jetpipe.event/1"
+
+
 def test_anchors_and_polygons():
     box = (10, 20, 30, 60)
     assert anchor_point(box, "bottom-center") == (20, 60) and anchor_point(box, "center") == (20, 40)

@@ -13,7 +13,9 @@ the cooldown.
 
 Zones: an object is in after `enter_frames` frames inside in a row (its visit starts at the first of them) and
 out once it has not been seen inside for `exit_grace_s` (a tracker losing it for a moment does not split the
-visit); its dwell is from its first to its last frame inside.
+visit); its dwell is from its first to its last frame inside. A visit lasting `loiter_s` gives one loiter event.
+Occupancy (the objects in a zone, per stream) gives an event when it has been at least `occupancy_at_least` for
+`occupancy_for_s`, and another when it has been below for as long (hysteresis: no event per flicker).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Happened:
     """An event before it becomes a record: what, which rule, which track, and the rule's own fields."""
     type: str
     rule: str
-    seen: Seen
+    seen: Seen | None  # None: an event of the zone, not of one object (occupancy)
     t: float
     fields: dict = field(default_factory=dict)
 
@@ -165,12 +167,20 @@ class _Visit:
     entered: float | None = None  # the visit's start (its first frame inside); None: not in
     last_inside: float = 0.0
     last_seen: Seen | None = None
+    loitered: bool = False
+
+
+@dataclass
+class _Crowd:
+    above: bool = False           # the state last reported
+    since: float | None = None    # when the count last crossed the threshold against that state
 
 
 class ZoneRule(_Rule):
     def __init__(self, rule: Zone, class_ids):
         super().__init__(rule, class_ids)
         self.visits: dict[tuple[int, int], _Visit] = {}
+        self.crowds: dict[int, _Crowd] = {}
 
     def update(self, stream: int, t: float, frame_hw, seen: list[Seen]) -> list[Happened]:
         zone, polygon = self.rule, self.points(frame_hw)
@@ -193,13 +203,34 @@ class ZoneRule(_Rule):
         for key, visit in list(self.visits.items()):
             if key[0] != stream:
                 continue
-            if visit.entered is not None and t - visit.last_inside >= zone.exit_grace_s:
+            if visit.entered is not None and visit.last_inside < t and t - visit.last_inside >= zone.exit_grace_s:
                 dwell = visit.last_inside - visit.entered
                 happened.append(Happened("zone_exit", zone.name, visit.last_seen, t, {"dwell_s": round(dwell, 6)}))
                 del self.visits[key]
             elif visit.entered is None and visit.run == 0 and t - visit.last_inside > FORGET_S:
                 del self.visits[key]
+            elif visit.entered is not None and zone.loiter_s and not visit.loitered and \
+                    visit.last_inside - visit.entered >= zone.loiter_s:
+                visit.loitered = True
+                happened.append(Happened("loiter", zone.name, visit.last_seen, t,
+                                         {"dwell_s": round(visit.last_inside - visit.entered, 6)}))
+        if zone.occupancy_at_least:
+            happened += self._crowd(stream, t)
         return happened
+
+    def _crowd(self, stream: int, t: float) -> list[Happened]:
+        """An occupancy event when the count has stood on the other side of the threshold for occupancy_for_s."""
+        crowd = self.crowds.setdefault(stream, _Crowd())
+        count = self.occupancy(stream)
+        if (count >= self.rule.occupancy_at_least) == crowd.above:
+            crowd.since = None  # as last reported
+            return []
+        crowd.since = t if crowd.since is None else crowd.since
+        if t - crowd.since < self.rule.occupancy_for_s:
+            return []
+        crowd.above, crowd.since = not crowd.above, None
+        return [Happened("occupancy", self.rule.name, None, t,
+                         {"state": "above" if crowd.above else "below", "occupancy": count})]
 
     def occupancy(self, stream: int | None = None) -> int:
         return sum(v.entered is not None for k, v in self.visits.items() if stream is None or k[0] == stream)
@@ -207,3 +238,4 @@ class ZoneRule(_Rule):
     def reset(self, stream: int) -> None:
         for key in [k for k in self.visits if k[0] == stream]:
             del self.visits[key]
+        self.crowds.pop(stream, None)

@@ -1,10 +1,12 @@
 """An event's record: `jetpipe.event/1`, written by every sink that takes records, beside the frames' records.
 
     {"schema": "jetpipe.event/1", "event_id": unique (drop duplicates by it), "type": "line_cross" |
-     "zone_enter" | "zone_exit", "rule": NAME, "stream": ID, "frame": N, "pts": seconds or null,
-     "time": the frame's capture time (wall clock), "track_id": N, "label": class name or null, "class": N,
-     "score": S, "box": [x1, y1, x2, y2] (source pixels), "direction": "in" | "out" (line_cross),
-     "dwell_s": S (zone_exit), "counts": {the rule's counts so far: direction or enter / exit -> N}}
+     "zone_enter" | "zone_exit" | "loiter" | "occupancy", "rule": NAME, "stream": ID, "frame": N, "pts":
+     seconds or null, "time": the frame's capture time (wall clock), "track_id": N, "label": class name or
+     null, "class": N, "score": S, "box": [x1, y1, x2, y2] (source pixels; these five null for occupancy),
+     "direction": "in" | "out" (line_cross), "dwell_s": S (zone_exit, loiter), "state": "above" | "below" and
+     "occupancy": N (occupancy), "counts": {the rule's counts so far: in / out, enter / exit / loiter /
+     above / below -> N}}
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ class EventRecord:
     frame: int
     pts: float | None
     time: float
-    track_id: int
+    track_id: int | None
     label: str | None
-    class_id: int
-    score: float
-    box: list
+    class_id: int | None
+    score: float | None
+    box: list | None
     fields: dict          # direction (lines), dwell_s (zone exits)
     counts: dict
     event_id: str = field(default_factory=lambda: uuid.uuid4().hex)

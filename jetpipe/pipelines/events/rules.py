@@ -10,7 +10,9 @@
     units = "normalized"           units = "normalized"  # or "pixels"
     enter_frames = 3               frames_each_side = 3
     exit_grace_s = 1.0             cooldown_s = 1.0
-                                   extended = false      # true: the whole line through the two points counts
+    loiter_s = 0                   extended = false      # true: the whole line through the two points counts
+    occupancy_at_least = 0         # 0: off
+    occupancy_for_s = 0.0
 
 On the command line: `--zone NAME:x1,y1,x2,y2,x3,y3[,...]`, `--line NAME:x1,y1,x2,y2` (normalized, every
 stream and class, the defaults above). Everything is checked before anything runs: one line naming the
@@ -50,6 +52,9 @@ class Zone:
     units: str = "normalized"
     enter_frames: int = 3         # an object is in after this many frames inside in a row
     exit_grace_s: float = 1.0     # and out after this long outside (or unseen): a lost track does not split a visit
+    loiter_s: float = 0.0         # a loiter event once per visit that lasts this long (0: none)
+    occupancy_at_least: int = 0   # an occupancy event when this many are in (0: none) ...
+    occupancy_for_s: float = 0.0  # ... for this long, and again when fewer have been in for as long
 
     kind = "zone"
 
@@ -72,7 +77,8 @@ class Line:
 
 _COMMON = {"name": str, "points": list, "streams": list, "classes": list, "min_score": (int, float), "anchor": str,
            "units": str}
-ZONE_KEYS = {**_COMMON, "enter_frames": int, "exit_grace_s": (int, float)}
+ZONE_KEYS = {**_COMMON, "enter_frames": int, "exit_grace_s": (int, float), "loiter_s": (int, float),
+             "occupancy_at_least": int, "occupancy_for_s": (int, float)}
 LINE_KEYS = {**_COMMON, "frames_each_side": int, "cooldown_s": (int, float), "extended": bool}
 
 
@@ -187,8 +193,11 @@ def _check_zone(zone: Zone, points, where: str) -> None:
         raise RuleError(f"{where}: the zone's points enclose no area")
     if not 1 <= zone.enter_frames <= MAX_FRAMES:
         raise RuleError(f"{where}: enter_frames {zone.enter_frames}: from 1 to {MAX_FRAMES}")
-    if not 0.0 <= zone.exit_grace_s <= MAX_SECONDS:
-        raise RuleError(f"{where}: exit_grace_s {zone.exit_grace_s}: seconds from 0 to {MAX_SECONDS:g}")
+    for key in ("exit_grace_s", "loiter_s", "occupancy_for_s"):
+        if not 0.0 <= getattr(zone, key) <= MAX_SECONDS:
+            raise RuleError(f"{where}: {key} {getattr(zone, key)}: seconds from 0 to {MAX_SECONDS:g}")
+    if not 0 <= zone.occupancy_at_least <= MAX_FRAMES:
+        raise RuleError(f"{where}: occupancy_at_least {zone.occupancy_at_least}: from 0 (off) to {MAX_FRAMES}")
 
 
 def _check_line(line: Line, points, where: str) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jetpipe.pipelines.events.engine import LineRule, Seen, ZoneRule
 from jetpipe.pipelines.events.record import EventRecord
@@ -24,6 +27,7 @@ class EventStep:
         self.counts: dict[str, dict[str, int]] = {r.name: defaultdict(int) for r in rules}
         self.by_label: dict[tuple[str, str, str], int] = defaultdict(int)  # (rule, what, label) -> N
         self._slot_ids: dict[int, int] = {}
+        self.lock = threading.Lock()
 
     def _class_ids(self, rule) -> set[int] | None:
         if not rule.classes:
@@ -54,16 +58,19 @@ class EventStep:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else None
 
     def _deliver(self, happened, stream: int, packet) -> None:
-        what = happened.fields.get("direction") or happened.type.removeprefix("zone_")
-        counts = self.counts[happened.rule]
-        counts[what] += 1
-        self.by_label[(happened.rule, what, happened.seen.label or str(happened.seen.class_id))] += 1
-        seen = happened.seen
+        fields, seen = happened.fields, happened.seen
+        what = fields.get("direction") or fields.get("state") or happened.type.removeprefix("zone_")
+        label = None if seen is None else seen.label or str(seen.class_id)
+        with self.lock:  # read by the metrics server's thread
+            counts = self.counts[happened.rule]
+            counts[what] += 1
+            self.by_label[(happened.rule, what, label or "")] += 1
+            counts = dict(counts)
         pts = None if packet.pts is None else round(packet.pts, 6)
+        about = (None, None, None, None, None) if seen is None else \
+            (seen.track_id, seen.label, seen.class_id, round(seen.score, 4), [round(v, 1) for v in seen.box])
         self.deliver(EventRecord(happened.type, happened.rule, stream, packet.frame_no, pts,
-                                 round(packet.t_capture, 6), seen.track_id, seen.label, seen.class_id,
-                                 round(seen.score, 4), [round(v, 1) for v in seen.box], happened.fields,
-                                 dict(counts)))
+                                 round(packet.t_capture, 6), *about, fields, counts))
 
     def reset(self, slot: int) -> None:
         """A new stream takes `slot`: the states of the stream it held go (its counts stay in the summary)."""
@@ -73,5 +80,25 @@ class EventStep:
                 rule.reset(old)
 
     def summary(self) -> dict:
-        return {"counts": {name: dict(c) for name, c in self.counts.items()},
+        with self.lock:
+            counts = {name: dict(c) for name, c in self.counts.items()}
+        return {"counts": counts,
                 "occupancy": {r.rule.name: r.occupancy() for r in self.rules if isinstance(r, ZoneRule)}}
+
+    def metric_families(self):
+        """For /metrics: events by rule, what (direction, enter, exit, loiter, above, below) and class; each
+        zone's occupancy now, per stream."""
+        events = CounterMetricFamily("jetpipe_events", "Events by rule, what happened and class.",
+                                     labels=["rule", "what", "label"])
+        with self.lock:
+            for (rule, what, label), n in sorted(self.by_label.items()):
+                events.add_metric([rule, what, label], n)
+        yield events
+        occupancy = GaugeMetricFamily("jetpipe_zone_occupancy", "Tracked objects in a zone now.",
+                                      labels=["rule", "stream"])
+        for rule in self.rules:
+            if isinstance(rule, ZoneRule):
+                for stream in sorted({k[0] for k in list(rule.visits)} | set(self._slot_ids.values())):
+                    if rule.takes(stream):
+                        occupancy.add_metric([rule.rule.name, str(stream)], rule.occupancy(stream))
+        yield occupancy
