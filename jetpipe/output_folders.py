@@ -54,6 +54,18 @@ def check_writable(path: Path, flag: str, staged: bool = False) -> None:
                            f"choose a writable {flag}") from None
 
 
+def check_new_file(path: Path, flag: str, where: str | None = None) -> None:
+    """A file a run will create, checked before any work: writable (check_writable), its folder there (no
+    writer of ours creates folders), and nothing of that name yet, a dangling link included (what is written
+    would land where it points). where: the messages' subject (default "FLAG PATH")."""
+    where = where or f"{flag} {path}"
+    check_writable(path, flag)
+    if not path.parent.is_dir():
+        raise JetpipeError(f"{where}: folder {path.parent} does not exist: create it first")
+    if os.path.lexists(path):
+        raise JetpipeError(f"{where}: {path} exists: name a new file (jetpipe never overwrites one)")
+
+
 def target(out: Path) -> Path:
     """Where an output is written: a symbolic link's folder (the link is kept), else `out` itself."""
     return Path(os.path.realpath(out)) if out.is_symlink() else out

@@ -102,7 +102,7 @@ SERVE = [
     (["--control", "--metrics", "127.0.0.1:9", "--control-folder", "{tmp}/none"], "allow_folders: '.*none' is "
      "not a folder"),
     (["--metrics-host", "http://edge-7"], "metrics hosts: 'http://edge-7' is not a host name"),
-    (["--summary", "{tmp}"], "--summary .*: the file exists: name a new file"),
+    (["--summary", "{tmp}"], "--summary .*: .* exists: name a new file"),
     (["--summary", "{tmp}/none/s.json"], "--summary .*s.json: folder .*none does not exist"),
 ]
 

@@ -353,11 +353,14 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
 
 
 def _check_rules(config: PipelineConfig, where: str) -> None:
-    """Zones and lines: named apart; they count tracks, so with rules and no tracker ByteTrack is turned on."""
+    """Zones and lines: each checked (those made in code too, not only from a table or a flag), named apart;
+    they count tracks, so with rules and no tracker ByteTrack is turned on."""
     event_rules = [*config.zones, *config.lines]
     if not event_rules:
         return
     try:
+        for rule in event_rules:
+            rules.check(rule, f"{where}: {rule.kind} {rule.name!r}")
         rules.check_names_unique(event_rules, where)
     except rules.RuleError as exc:
         raise ConfigError(str(exc)) from None

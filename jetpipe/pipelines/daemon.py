@@ -63,6 +63,13 @@ def shared_cpu_threads(secondaries: int, cores: int | None = None) -> int:
     return max(1, cores // 2)
 
 
+def stream_slots(config: PipelineConfig) -> int:
+    """Streams served at once: the sources given, or the control API's max_streams (0: the sources given)."""
+    if config.control.enabled:
+        return config.control.max_streams or len(config.sources)
+    return len(config.sources)
+
+
 class Pipeline:
     def __init__(self, config: PipelineConfig, on_result=None, profile: bool = False):
         """profile: time every batch's GPU stages with CUDA events (the summary's gpu_stage_ms)."""
@@ -81,9 +88,8 @@ class Pipeline:
                               + ("zones and lines count tracked boxes: remove them" if config.zones or config.lines
                                  else "use tracker = 'none'"))
         self.labels = options.labels
-        capacity = (config.control.max_streams or len(config.sources)) if config.control.enabled else \
-            len(config.sources)
-        rules.check_against([*config.zones, *config.lines], capacity, options.labels, config.control.enabled, "config")
+        rules.check_against([*config.zones, *config.lines], stream_slots(config), options.labels,
+                            config.control.enabled, "config")
         for secondary in config.secondaries:
             check_secondary(secondary, task, options.labels, "config")
             if secondary.every_track and config.tracker == "none":
@@ -129,7 +135,7 @@ class Pipeline:
         config, runtime = self.config, self.runtime
         log.info("postprocessing %s on the %s", self.task, "GPU" if runtime.reduction else "CPU")
         self.control = config.control.enabled
-        capacity = (config.control.max_streams or len(config.sources)) if self.control else len(config.sources)
+        capacity = stream_slots(config)
         self.streams = Streams(capacity)
         self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
                                budget_s=config.latency_budget_ms / 1000 or None)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from jetpipe import bundle as bundles
 from jetpipe.convert import ConvertOptions, convert
-from jetpipe.errors import BundleError, JetpipeError
+from jetpipe.errors import BundleError
 from jetpipe.models import BUILTIN, DEFAULT_MODEL
-from jetpipe.output_folders import check_writable
+from jetpipe.output_folders import check_new_file
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
 from jetpipe.pipelines.secondary import SecondaryConfig
@@ -75,11 +75,7 @@ class SummaryFile:
     def __init__(self, path: str):
         self.path = None if path == "-" else Path(path)
         if self.path is not None:
-            check_writable(self.path, "--summary")
-            if not self.path.parent.is_dir():
-                raise JetpipeError(f"--summary {path}: folder {self.path.parent} does not exist: create it first")
-            if os.path.lexists(self.path):
-                raise JetpipeError(f"--summary {path}: the file exists: name a new file (a run never overwrites one)")
+            check_new_file(self.path, "--summary")
 
     def write(self, summary: dict) -> None:
         text = json.dumps({"summary": summary}) + "\n"

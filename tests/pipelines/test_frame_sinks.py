@@ -139,6 +139,7 @@ def test_on_a_jetson_auto_encodes_in_hardware_through_gstreamer(monkeypatch):
     ("video:{tmp}/out.mp4?codec=av1", "codec 'av1': choose h264 or hevc"),
     ("jpeg:{tmp}/nofolder", "is not a folder: create it first"),
     ("video:{tmp}/out.mp4?width=abc", "width='abc': give a number above 0"),
+    ("video:{tmp}/out.mp4?width=", "width='': give a number above 0"),  # an empty option was ignored
     ("video:{tmp}/out.mp4?fps=0", "fps='0': give a number above 0"),
     ("jpeg:{tmp}?every=-2", "every='-2': give a number above 0"),
     pytest.param("video:{tmp}/out.mp4?encoder=gst:nosuchenc", "GStreamer has no element 'nosuchenc' here",

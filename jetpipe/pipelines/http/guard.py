@@ -21,15 +21,15 @@ MAX_JSON_DEPTH = 4  # a source spec is one flat object; deeper nesting is refuse
 MUTATING = ("POST", "PUT", "PATCH", "DELETE")
 
 
-def default_host_names(listen: str) -> tuple[str, ...]:
-    """The names this server answers to without configuration: loopback names on a loopback listen address,
-    and beyond it this machine's own host name (and NAME.local, as mDNS gives it) too. IP literals are always
-    answered (a rebinding needs a name)."""
-    host = listen.rpartition(":")[0].strip("[]")
-    if is_loopback_host(host):
-        return ("localhost",)
+def host_check(listen: str, extra_names=()):
+    """allows(host_header) for a server listening on `listen`: on a loopback address loopback names and
+    addresses only; beyond it also IP literals and this machine's own host name (and NAME.local, as mDNS gives
+    it); `extra_names` besides ("*": any). A rebinding needs a name, so IP literals are safe to answer."""
+    loopback_only = is_loopback_host(listen.rpartition(":")[0].strip("[]"))
     name = socket.gethostname().lower()
-    return ("localhost", name, f"{name}.local")
+    names = ("localhost",) if loopback_only else ("localhost", name, f"{name}.local")
+    names += tuple(h.lower() for h in extra_names)
+    return lambda header: header is not None and allowed_host(header, names, loopback_only)
 
 
 def allowed_host(host_header: str, names: tuple[str, ...], loopback_only: bool) -> bool:

@@ -17,7 +17,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.http import guard
-from jetpipe.uri import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +30,7 @@ class MetricsServer:
 
     def __init__(self, listen: str, render, healthy, pages=None, control=None, hosts: tuple[str, ...] = ()):
         host, _, port = listen.rpartition(":")
-        names = (*guard.default_host_names(listen), *(h.lower() for h in hosts))
-        handler = _handler(render, healthy, pages or (lambda path: None), control,
-                           _HostCheck(names, is_loopback(listen)))
+        handler = _handler(render, healthy, pages or (lambda path: None), control, guard.host_check(listen, hosts))
         try:
             self.server = _Server((host or "127.0.0.1", int(port)), handler)
         except OSError as exc:  # in use (a second daemon on the default port), a host this machine is not
@@ -53,14 +50,6 @@ MAX_BODY = 64 * 1024  # bytes of a control request's body (a source spec)
 REQUEST_TIMEOUT_S = 10.0  # a request's headers and body arrive within this, or the connection is closed
 
 
-class _HostCheck:
-    def __init__(self, names: tuple[str, ...], loopback_only: bool):
-        self.names, self.loopback_only = names, loopback_only
-
-    def allows(self, host_header: str | None) -> bool:
-        return host_header is not None and guard.allowed_host(host_header, self.names, self.loopback_only)
-
-
 class _Server(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         """A client that went away or was too slow is no error of ours: one debug line, no traceback."""
@@ -71,7 +60,7 @@ class _Server(ThreadingHTTPServer):
             log.exception("metrics server: a request from %s failed", client_address[0])
 
 
-def _handler(render, healthy, pages, control, hosts: _HostCheck):
+def _handler(render, healthy, pages, control, allows_host):
     class Handler(BaseHTTPRequestHandler):
         timeout = REQUEST_TIMEOUT_S  # the socket's: a silent client does not hold a thread for ever
 
@@ -100,7 +89,7 @@ def _handler(render, healthy, pages, control, hosts: _HostCheck):
         def _guarded(self, method: str) -> bool:
             """The checks before any answer (guard): False when a refusal was sent."""
             host = self.headers.get("Host")
-            if not hosts.allows(host):
+            if not allows_host(host):
                 self.close_connection = True
                 self._reply(421, f"Host {str(host)[:80]!r} is not a name this server answers to: use its IP address "
                                  "or add the name with --metrics-host NAME ([metrics] hosts)\n", "text/plain")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 from typing import Protocol
+from urllib.parse import parse_qs, urlparse
 
-from jetpipe.errors import worth_logging
+from jetpipe.errors import JetpipeError, worth_logging
 
 log = logging.getLogger(__name__)
 
@@ -57,3 +58,14 @@ class SinkBase:
 
     def end_stream(self, stream: int) -> None:
         """Records sinks have nothing to end per stream."""
+
+
+def sink_options(spec: str, known: tuple[str, ...]) -> tuple[str, dict[str, str]]:
+    """(path, ?options) of a `SCHEME:PATH?KEY=VALUE` sink; an option it does not know is a mistake (a typo was
+    silently ignored), and so is one left empty (`?width=`)."""
+    path = spec.split("?", 1)[0].split(":", 1)[1]
+    options = {k: v[-1] for k, v in parse_qs(urlparse(spec).query, keep_blank_values=True).items()}
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise JetpipeError(f"sink {spec}: unknown option {unknown[0]!r}; this sink takes {', '.join(known)}")
+    return path, options

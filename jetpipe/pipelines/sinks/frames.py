@@ -27,17 +27,16 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape
 from jetpipe.lazy import lazy_import
-from jetpipe.output_folders import check_writable
+from jetpipe.output_folders import check_new_file, check_writable
 from jetpipe.pipelines import annotate
 from jetpipe.pipelines.sinks import encoders, safe_open
-from jetpipe.pipelines.sinks.base import SinkBase
+from jetpipe.pipelines.sinks.base import SinkBase, sink_options
 
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
@@ -46,17 +45,6 @@ JPEG_NAME = re.compile(r"s\d+_\d{6,}\.jpg")  # what a jpeg: sink writes, s{strea
 SPARE_BUFFERS = 2  # per stream, beyond a whole batch: one being drawn, one waiting
 WAIT_S = 10.0      # a file's frame waits this long for a free buffer before it is dropped
 _END = object()    # a removed stream's last work item
-
-
-def _options(spec: str, known: tuple[str, ...]) -> tuple[str, dict[str, str]]:
-    """(path, ?options) of a sink; an option it does not know is a mistake (a typo was silently ignored)."""
-    parsed = urlparse(spec)
-    path = spec.split("?", 1)[0].split(":", 1)[1]
-    options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise JetpipeError(f"sink {spec}: unknown option {unknown[0]!r}; this sink takes {', '.join(known)}")
-    return path, options
 
 
 def _positive(spec: str, options: dict[str, str], key: str, kind=int, default=None):
@@ -189,7 +177,7 @@ class FrameSink(SinkBase):
 
 class VideoSink(FrameSink):
     def __init__(self, spec: str, streams: int, max_batch: int = 8):
-        path, options = _options(spec, ("width", "fps", "codec", "encoder"))
+        path, options = sink_options(spec, ("width", "fps", "codec", "encoder"))
         if not path:
             raise JetpipeError(f"sink {spec}: name the file, e.g. video:out.mp4")
         self.codec = options.get("codec", "h264")
@@ -200,9 +188,7 @@ class VideoSink(FrameSink):
         self.template, self.numbered = Path(path), streams > 1
         self.paths = {i: _stream_path(self.template, i, streams) for i in range(streams)}
         for p in self.paths.values():
-            _check_writable(spec, p)  # first: a name too long for the file system fails every lookup
-            if os.path.lexists(p):  # a dangling link too: the encoder would write where it points
-                raise JetpipeError(f"sink {spec}: {p} exists: name a new file (a sink never overwrites one)")
+            check_new_file(p, "sink", f"sink {spec}")  # FFmpeg and GStreamer create no folder
         # the destination before the encoder: it needs no tool, and choosing may run a trial encode
         self.tool, self.encoder = encoders.choose(spec, self.codec, options.get("encoder", "auto"))
         self.encoders: dict[int, subprocess.Popen] = {}
@@ -283,7 +269,7 @@ def _unplayable(path: Path, written: int) -> str | None:
 
 class JpegSink(FrameSink):
     def __init__(self, spec: str, max_batch: int = 8):
-        path, options = _options(spec, ("every", "width"))
+        path, options = sink_options(spec, ("every", "width"))
         self.folder = Path(path)
         if path:
             check_writable(self.folder / "frame.jpg", "sink")  # names first: a too-long one fails every lookup
@@ -314,11 +300,3 @@ def _stream_path(path: Path, stream: int, streams: int) -> Path:
     if "{stream}" in path.name:
         return path.with_name(path.name.replace("{stream}", str(stream)))
     return path if streams == 1 else path.with_name(f"{path.stem}-s{stream}{path.suffix}")
-
-
-def _check_writable(spec: str, path: Path) -> None:
-    """The file's folder must exist (FFmpeg and OpenCV create none) and be writable (the project's probe), its
-    name fit the file system."""
-    check_writable(path, "sink")
-    if not path.parent.is_dir():
-        raise JetpipeError(f"sink {spec}: folder {path.parent} does not exist")

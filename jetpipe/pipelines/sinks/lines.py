@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from urllib.parse import parse_qs
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.sinks import safe_open
-from jetpipe.pipelines.sinks.base import SinkBase
+from jetpipe.pipelines.sinks.base import SinkBase, sink_options
 
 
 class JsonlSink(SinkBase):
@@ -17,11 +16,7 @@ class JsonlSink(SinkBase):
     to a JSONL file (created when missing). Never through a symbolic link (safe_open)."""
 
     def __init__(self, spec: str):
-        text, _, query = spec[len("jsonl:"):].partition("?")
-        options = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
-        unknown = sorted(set(options) - {"append"})
-        if unknown:
-            raise JetpipeError(f"sink {spec}: unknown option {unknown[0]!r}; this sink takes append=1")
+        text, options = sink_options(spec, ("append",))
         if options.get("append", "0") not in ("0", "1"):
             raise JetpipeError(f"sink {spec}: append={options['append']!r}: 1 (add to the file) or 0")
         self.path, self.spec = Path(text), spec
