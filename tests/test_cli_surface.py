@@ -82,7 +82,9 @@ SERVE = [
     (["--metrics", "notaport"], "metrics listen = 'notaport': write HOST:PORT"),
     (["--metrics", "127.0.0.1:99999"], "metrics listen = '127.0.0.1:99999': write HOST:PORT"),
     (["--sink", "ftp://x"], "sink 'ftp://x': use jsonl:PATH\\[\\?append=1\\], stdout, mqtt://HOST:PORT/TOPIC, "
-     "video:FILE.mp4"),
+     "kafka://HOST:PORT/TOPIC"),
+    (["--sink", "kafka://127.0.0.1:9092/"], "flags: sink kafka://127.0.0.1:9092/: the topic '': name one"),
+    (["--sink", "redis://127.0.0.1?maxlen=x"], "sink redis://127.0.0.1\\?maxlen=x: maxlen='x'"),
     (["--sink", "jsonl:/proc/jetpipe-results.jsonl"], "sink jsonl:/proc/jetpipe-results.jsonl: cannot create "
      "/proc/jetpipe-results.jsonl"),
     (["--source", "webcam://0"], "unknown scheme 'webcam'"),

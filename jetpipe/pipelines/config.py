@@ -16,6 +16,7 @@ from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_DECODE_THREADS, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
 from jetpipe.pipelines.events import rules
 from jetpipe.pipelines.secondary import SecondaryConfig
+from jetpipe.pipelines.sinks import check_sink
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.runtime.cuda import MEMORY_MODES
@@ -338,6 +339,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
                               "backend = 'triton://HOST:PORT/NAME' (its model on a server) or 'auto' (run it here)")
     for src in config.sources:
         _check_source(src, where)
+    _check_sinks(config, where)
     for secondary in config.secondaries:
         if any(not isinstance(c, (str, int)) or isinstance(c, bool) for c in secondary.classes):
             raise ConfigError(f"{where}: secondary {secondary.label!r}: classes = {list(secondary.classes)}: class "
@@ -350,6 +352,15 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(TASKS)}")
     _check_rules(config, where)
     return config
+
+
+def _check_sinks(config: PipelineConfig, where: str) -> None:
+    """Each sink's URI and options (a broker's too, without connecting to it)."""
+    for uri in config.sinks:
+        try:
+            check_sink(uri)
+        except JetpipeError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
 
 def _check_rules(config: PipelineConfig, where: str) -> None:

@@ -159,6 +159,7 @@ class Pipeline:
                              self.control, self.events)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
         self.metrics.gauges["jetpipe_streams"] = lambda: len(self.streams.live())
+        self.metrics.families.append(self.sinks.metric_families)
         if self.events is not None:
             self.metrics.families.append(self.events.metric_families)
         if runtime.backend_name != "onnxruntime-cpu":

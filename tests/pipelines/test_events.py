@@ -217,41 +217,6 @@ def test_rule_flags():
 
 # --- through the daemon -------------------------------------------------------------------------------------
 
-FRAMES, X_LINE, FPS_VIDEO, W, H = 40, 0.8, 2, 640, 360
-
-
-@pytest.fixture(scope="module")
-def panning_video(tmp_path_factory):
-    """40 frames (2 fps, MJPEG: a loaded 2-core machine keeps up with it in real time) of the synthetic camera's words
-    panning leftwards 8 pixels a frame, and how many words' centres cross x = 0.8 of the frame while they are
-    whole in it, with 3 frames on each side."""
-    import cv2
-    import numpy as np
-
-    from jetpipe.pipelines.sources import SyntheticCamera
-
-    camera = SyntheticCamera(W, H, FPS_VIDEO, "bgr", seed=5)
-    camera.open()
-    path = tmp_path_factory.mktemp("events") / "panning.avi"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), FPS_VIDEO, (W, H))
-    frame = np.empty((H, W, 3), np.uint8)
-    for _ in range(FRAMES):
-        camera.paced_by_caller = True
-        camera.read_into(frame)
-        writer.write(frame)
-    writer.release()
-    line_x = X_LINE * W
-    crossing = 0
-    for word in camera.boxes:
-        centres = [((word[0] + word[2]) / 2 - camera.offset(k), word[0] - camera.offset(k) >= 0 and
-                    word[2] - camera.offset(k) <= W) for k in range(FRAMES)]
-        before = [k for k, (x, whole) in enumerate(centres) if whole and x > line_x]
-        after = [k for k, (x, whole) in enumerate(centres) if whole and x < line_x]
-        if len(before) >= 3 and len(after) >= 3 and max(before) < min(after):
-            crossing += 1
-    return path, crossing
-
-
 def _serve(det_bundle, tmp_path, extra: list[str], name: str, source: str):
     from jetpipe.cli import main
 
@@ -268,12 +233,13 @@ def test_events_reach_the_sinks_beside_the_frames_the_same_at_any_speed(det_bund
     """The words panning leftwards cross a line drawn top to bottom from its left-hand side to its right: "out",
     each word once. The file processed as fast as it goes and played at its rate give the same events: the
     frames' clock (pts), not ours."""
-    video, truth = panning_video
-    rules = ["--line", f"door:{X_LINE},0,{X_LINE},1", "--zone", "left:0,0,0.5,0,0.5,1,0,1"]
+    video, truth = panning_video.path, panning_video.crossings
+    rules = ["--line", f"door:{panning_video.x_line},0,{panning_video.x_line},1", "--zone", "left:0,0,0.5,0,0.5,1,0,1"]
     fast, summary = _serve(det_bundle, tmp_path, rules, "fast", str(video))
     events = [r for r in fast if r.get("schema") == "jetpipe.event/1"]
     frames = [r for r in fast if "schema" not in r]
-    assert len(frames) == FRAMES and all(r["results"]["track_ids"] is not None for r in frames)  # tracker on
+    assert len(frames) == panning_video.frames
+    assert all(r["results"]["track_ids"] is not None for r in frames)  # the tracker was turned on
     crossings = [e for e in events if e["type"] == "line_cross"]
     assert truth >= 2 and len(crossings) == truth and {e["direction"] for e in crossings} == {"out"}
     assert len({e["event_id"] for e in events}) == len(events)

@@ -87,7 +87,8 @@ def test_a_frame_sink_never_writes_through_a_link_planted_while_it_runs(tmp_path
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("ftp://x", "use jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4 or jpeg:FOLDER"),
+    ("ftp://x", "use jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, kafka://HOST:PORT/TOPIC, "
+                "redis://HOST:PORT, http(s)://HOST/PATH, video:FILE.mp4 or jpeg:FOLDER"),
     ("jsonl:/nonexistent-folder/r.jsonl", "folder /nonexistent-folder does not exist"),
     ("mqtt://127.0.0.1:1/site/+/results", "the topic 'site/+/results' holds a wildcard"),
     ("mqtt://127.0.0.1:1/site/#", "holds a wildcard"),
@@ -183,7 +184,8 @@ def test_every_sink_scheme_makes_a_sink_of_the_protocol(tmp_path):
     folder.mkdir()
     uris = {"jsonl": f"jsonl:{tmp_path / 'a.jsonl'}", "stdout": "stdout", "video": f"video:{tmp_path / 'v.mp4'}",
             "jpeg": f"jpeg:{folder}"}
-    assert set(SCHEMES) == {*uris, "mqtt"}  # mqtt: against a real broker in test_daemon
+    # the brokers: against real servers in test_delivery
+    assert set(SCHEMES) == {*uris, "mqtt", "kafka", "redis", "http", "https"}
     for scheme, uri in uris.items():
         try:
             sink = open_sink(uri)

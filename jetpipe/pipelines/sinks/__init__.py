@@ -2,24 +2,35 @@
 
     jsonl:PATH[?append=1]       one JSON line per record, in a file the sink makes (append=1: adds to it)
     stdout                      one JSON line per record on standard output
-    mqtt://HOST:PORT/TOPIC      each record published as JSON (paho-mqtt)
+    mqtt://HOST:PORT/TOPIC      each record published as JSON (paho-mqtt); events on TOPIC/events/TYPE
+    kafka://HOST:PORT/TOPIC     each event produced to a Kafka topic, keyed by stream (confluent-kafka)
+    redis://HOST:PORT[/DB]      each event appended to a Redis stream, ?stream=KEY (redis-py)
+    http(s)://HOST/PATH         each event POSTed as JSON to a web hook
     video:FILE.mp4[?...]        the frames with their results drawn, encoded (frames.VideoSink)
     jpeg:FOLDER[?every=N]       the frames with their results drawn, one JPEG each (frames.JpegSink)
 
-A new sink is a module with a class of the protocol and one line in SCHEMES.
+The brokers' sinks (mqtt, kafka, redis, http) deliver at least once from a bounded queue of their own
+(delivery.QueuedSink): a broker that is down or slow never holds up the frames. A new sink is a module with a
+class of the protocol and one line in SCHEMES (and in PARSERS where its URI can be checked before it opens).
 """
 
 from __future__ import annotations
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.sinks import kafka, mqtt, redis_streams, webhook
 from jetpipe.pipelines.sinks.base import FrameTaker, Sink, SinkBase
+from jetpipe.pipelines.sinks.delivery import QueuedSink
 from jetpipe.pipelines.sinks.fanout import SinkFanout
 from jetpipe.pipelines.sinks.frames import FrameSink, JpegSink, VideoSink
+from jetpipe.pipelines.sinks.kafka import KafkaSink  # the brokers' clients, optional, are imported by constructors
 from jetpipe.pipelines.sinks.lines import JsonlSink, StdoutSink
-from jetpipe.pipelines.sinks.mqtt import MqttSink  # paho-mqtt, optional, is imported by its constructor
+from jetpipe.pipelines.sinks.mqtt import MqttSink
+from jetpipe.pipelines.sinks.redis_streams import RedisSink
+from jetpipe.pipelines.sinks.webhook import WebhookSink
 
-__all__ = ["FrameSink", "FrameTaker", "JpegSink", "JsonlSink", "MqttSink", "SCHEMES", "Sink", "SinkBase", "SinkFanout",
-           "StdoutSink", "VideoSink", "open_sink", "open_sinks"]
+__all__ = ["FrameSink", "FrameTaker", "JpegSink", "JsonlSink", "KafkaSink", "MqttSink", "QueuedSink", "RedisSink",
+           "SCHEMES", "Sink", "SinkBase", "SinkFanout", "StdoutSink", "VideoSink", "WebhookSink", "check_sink",
+           "open_sink", "open_sinks"]
 
 
 # scheme -> the sink for a URI of it, given the streams (a video file each) and the largest batch
@@ -27,10 +38,18 @@ SCHEMES = {
     "jsonl": lambda uri, streams, max_batch: JsonlSink(uri),
     "stdout": lambda uri, streams, max_batch: StdoutSink(),
     "mqtt": lambda uri, streams, max_batch: MqttSink(uri),
+    "kafka": lambda uri, streams, max_batch: KafkaSink(uri),
+    "redis": lambda uri, streams, max_batch: RedisSink(uri),
+    "http": lambda uri, streams, max_batch: WebhookSink(uri),
+    "https": lambda uri, streams, max_batch: WebhookSink(uri),
     "video": lambda uri, streams, max_batch: VideoSink(uri, streams, max_batch),
     "jpeg": lambda uri, streams, max_batch: JpegSink(uri, max_batch),
 }
-HELP = "jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, video:FILE.mp4 or jpeg:FOLDER"
+# scheme -> its URI's check, which connects to nothing (the config's checks, before anything runs)
+PARSERS = {"mqtt": mqtt.parse, "kafka": kafka.parse, "redis": redis_streams.parse, "http": webhook.parse,
+           "https": webhook.parse}
+HELP = ("jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, kafka://HOST:PORT/TOPIC, redis://HOST:PORT, "
+        "http(s)://HOST/PATH, video:FILE.mp4 or jpeg:FOLDER")
 
 
 def scheme_of(uri: str) -> str:
@@ -38,11 +57,18 @@ def scheme_of(uri: str) -> str:
     return uri.split(":", 1)[0].lower() if ":" in uri else uri
 
 
-def open_sink(uri: str, streams: int = 1, max_batch: int = 8) -> Sink:
-    make = SCHEMES.get(scheme_of(uri))
-    if make is None or (scheme_of(uri) == "stdout" and uri != "stdout"):
+def check_sink(uri: str) -> None:
+    """A sink's URI, checked as far as it can be without opening anything: its scheme, a broker's options."""
+    if scheme_of(uri) not in SCHEMES or (scheme_of(uri) == "stdout" and uri != "stdout"):
         raise JetpipeError(f"sink {uri!r}: use {HELP}")
-    return make(uri, streams, max_batch)
+    parse = PARSERS.get(scheme_of(uri))
+    if parse is not None:
+        parse(uri)
+
+
+def open_sink(uri: str, streams: int = 1, max_batch: int = 8) -> Sink:
+    check_sink(uri)
+    return SCHEMES[scheme_of(uri)](uri, streams, max_batch)
 
 
 def open_sinks(uris: list[str], streams: int, max_batch: int) -> list[Sink]:

@@ -11,8 +11,11 @@ from __future__ import annotations
 import logging
 import queue
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from jetpipe.pipelines.record import FrameRecord
 from jetpipe.pipelines.sinks.base import Sink
+from jetpipe.pipelines.sinks.delivery import QueuedSink
 
 log = logging.getLogger(__name__)
 
@@ -84,3 +87,20 @@ class SinkFanout:
 
     def dropped(self) -> list[int]:
         return [s.dropped for s in self.sinks]
+
+    def deliveries(self) -> list[dict]:
+        """The brokers' sinks: records sent, lost, queued now and failed tries (the summary's `delivery`)."""
+        return [s.delivery() for s in self.sinks if isinstance(s, QueuedSink)]
+
+    def metric_families(self):
+        """For /metrics: each broker sink's records sent and lost, and its queue now."""
+        queued = [s for s in self.sinks if isinstance(s, QueuedSink)]
+        for name, help_text, kind, read in (
+                ("jetpipe_sink_records_sent", "Records a broker acknowledged.", CounterMetricFamily, "sent"),
+                ("jetpipe_sink_records_lost", "Records a broker sink could not deliver (queue full, refused, "
+                                              "left at stop).", CounterMetricFamily, "lost"),
+                ("jetpipe_sink_queue", "Records waiting in a broker sink's queue.", GaugeMetricFamily, "queued")):
+            family = kind(name, help_text, labels=["sink"])
+            for sink in queued:
+                family.add_metric([sink.describe()], sink.delivery()[read])
+            yield family
