@@ -49,6 +49,7 @@ def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None) -
     steps: list[FrameStep] = []
     if config.tracker != "none":
         steps.append(TrackStep(config.tracker, slots))
-    if config.zones or config.lines:  # after the tracker: events are facts about tracks
+    # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
+    if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
         steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver))
     return steps

@@ -59,14 +59,16 @@ class Serving:
     """A daemon in a thread with its control API; stop() drains it and returns its summary."""
 
     def __init__(self, bundle, sources, sinks=(), max_streams=4, listen_host="127.0.0.1", token="",
-                 max_frame_hw=(1080, 1920), backend="onnxruntime-cpu", allow_schemes=(), allow_folders=()):
+                 max_frame_hw=(1080, 1920), backend="onnxruntime-cpu", allow_schemes=(), allow_folders=(),
+                 tracker="none"):
         port = _port()
         control = ControlConfig(enabled=True, max_streams=max_streams, token=token)
         control.allow_schemes += list(allow_schemes)
         control.allow_folders = [str(f) for f in allow_folders]
         self.config = validate(PipelineConfig(
             bundle=bundle, sources=[SourceConfig(uri) for uri in sources], sinks=list(sinks),
-            metrics_listen=f"{listen_host}:{port}", backend=backend, max_frame_hw=max_frame_hw, control=control))
+            metrics_listen=f"{listen_host}:{port}", backend=backend, max_frame_hw=max_frame_hw, control=control,
+            tracker=tracker))
         self.pipeline = Pipeline(self.config)
         self.base = f"http://127.0.0.1:{port}"
         self.summary = None
@@ -160,7 +162,8 @@ def test_bad_specs_are_refused_with_the_reason_and_change_nothing(serving, tmp_p
     assert [s["id"] for s in listing["streams"]] == [0]
     assert _request(daemon.base, "GET", "/streams/7")[0] == 404
     assert _request(daemon.base, "DELETE", "/streams/x")[0] == 404
-    assert _request(daemon.base, "PUT", "/streams")[0] == 501  # http.server: no such method at all
+    assert _request(daemon.base, "PUT", "/streams")[0] == 405  # PUT is for /rules/NAME
+    assert _request(daemon.base, "PATCH", "/streams")[0] == 501  # http.server: no such method at all
     status, stream = _json(daemon.base, "POST", "/streams", {"uri": CAMERA})
     assert status == 201 and stream["id"] == 1  # the refusals took no ID and no slot
 
@@ -405,3 +408,71 @@ def test_slow_and_vanishing_clients_hold_nothing_and_leave_no_traceback(serving,
     assert _json(daemon.base, "POST", "/streams", {"uri": CAMERA})[0] == 201  # still answering
     daemon.stop()
     assert "Traceback" not in capfd.readouterr().err
+
+
+# -- the rules (zones and lines) while serving -------------------------------------------------------------
+
+def test_rules_added_changed_and_removed_while_serving_count_as_at_start_up(serving, tmp_path, panning_video):
+    """A line POSTed before a file is added counts its crossings as --line would; PUT changes it, DELETE removes
+    it, and its counts stay in the summary."""
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    shutil.copy(panning_video.path, folder / "panning.avi")
+    out = tmp_path / "out.jsonl"
+    daemon = serving([], sinks=[f"jsonl:{out}"], tracker="bytetrack", allow_folders=[folder])
+    x = panning_video.x_line
+    door = {"kind": "line", "name": "door", "points": [[x, 0], [x, 1]]}
+    assert _json(daemon.base, "GET", "/rules") == (200, [])
+    status, rule = _json(daemon.base, "POST", "/rules", door)
+    assert status == 201 and rule["kind"] == "line" and rule["points"] == [[x, 0], [x, 1]] and rule["counts"] == {}
+    assert rule["frames_each_side"] == 3 and rule["anchor"] == "bottom-center"  # the defaults, as in a table
+    status, stream = _json(daemon.base, "POST", "/streams", {"uri": str(folder / "panning.avi")})
+    assert status == 201
+    assert _wait_for(lambda: daemon.processed(stream["id"]) == panning_video.frames)
+    status, rule = _json(daemon.base, "GET", "/rules/door")
+    assert status == 200 and rule["counts"] == {"out": panning_video.crossings}
+    status, changed = _json(daemon.base, "PUT", "/rules/door", {**door, "cooldown_s": 2.5})
+    assert status == 200 and changed["cooldown_s"] == 2.5 and changed["counts"] == {"out": panning_video.crossings}
+    assert _json(daemon.base, "DELETE", "/rules/door") == (200, {"removed": "door"})
+    assert _json(daemon.base, "GET", "/rules") == (200, [])
+    summary = daemon.stop()
+    assert summary["events"]["counts"] == {"door": {"out": panning_video.crossings}}
+    events = [json.loads(line) for line in out.read_text().splitlines() if "jetpipe.event/1" in line]
+    assert len(events) == panning_video.crossings and {e["rule"] for e in events} == {"door"}
+
+
+@pytest.mark.parametrize("method, path, body, status, message", [
+    ("POST", "/rules", {"kind": "zone", "name": "z", "points": [[0.1, 0.1], [0.2, 0.2]]}, 400,
+     "POST /rules: a zone needs at least 3 points"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0.5, 0.5], [1.5, 0.5]]}, 400, "outside 0..1"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]], "classes": ["unicorn"]}, 400,
+     "unknown class 'unicorn'"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]], "colour": "red"}, 400,
+     "unknown key 'colour'"),
+    ("POST", "/rules", {"name": "l", "points": [[0, 0], [1, 1]]}, 400, "send a zone or a line"),
+    ("POST", "/rules", {"kind": "line", "name": "door", "points": [[0, 0], [1, 1]]}, 409,
+     "a rule is named 'door' already"),
+    ("PUT", "/rules/door", {"kind": "line", "name": "other", "points": [[0, 0], [1, 1]]}, 400, "keeps its name"),
+    ("PUT", "/rules/door", {"kind": "line", "points": [[0, 0], [0, 0]]}, 400, "needs a length"),
+    ("GET", "/rules/nothing", None, 404, "no such rule"),
+    ("DELETE", "/rules/nothing", None, 404, "no such rule"),
+])
+def test_bad_rules_are_refused_with_the_reason_and_change_nothing(serving, method, path, body, status, message):
+    daemon = serving([], tracker="bytetrack")
+    door = {"kind": "line", "name": "door", "points": [[0.5, 0], [0.5, 1]]}
+    assert _json(daemon.base, "POST", "/rules", door)[0] == 201
+    got, answer = _json(daemon.base, method, path, body)
+    assert got == status and message in answer["error"], answer
+    status, listed = _json(daemon.base, "GET", "/rules")
+    assert [(r["name"], r["points"], r["cooldown_s"]) for r in listed] == [("door", [[0.5, 0], [0.5, 1]], 1.0)]
+
+
+def test_rules_need_a_tracker_and_the_token(serving, monkeypatch):
+    untracked = serving([])
+    status, answer = _json(untracked.base, "POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]]})
+    assert status == 409 and "--tracker bytetrack" in answer["error"]
+    guarded = serving([], token="s3cret-s3cret-s3cret", tracker="bytetrack")
+    status, _ = _json(guarded.base, "POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]]})
+    assert status == 401
+    status, _ = _json(guarded.base, "GET", "/rules")
+    assert status == 401

@@ -1,10 +1,16 @@
-"""The per-frame step that turns each frame's tracked boxes into events (steps.py runs it after the tracker)."""
+"""The per-frame step that turns each frame's tracked boxes into events (steps.py runs it after the tracker).
+
+Its rules change while it runs (the control API's /rules): each change makes a new list, which the frames'
+threads read whole (a frame sees the rules before or after a change, never half of one). A rule changed or
+removed keeps its counts in the summary; a changed rule starts its states anew (visits, sides).
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections import defaultdict
+from dataclasses import asdict
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -22,12 +28,44 @@ class EventStep:
         """rules: Zone and Line; labels: the model's class names (rules name classes by them); stream_id(slot):
         the ID of the stream in a slot now; deliver(record): to the sinks."""
         self.labels = tuple(labels or ())
-        self.rules = [(ZoneRule if r.kind == "zone" else LineRule)(r, self._class_ids(r)) for r in rules]
+        self.rules = [self._engine(r) for r in rules]
         self.stream_id, self.deliver = stream_id, deliver
-        self.counts: dict[str, dict[str, int]] = {r.name: defaultdict(int) for r in rules}
+        self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for rule in rules:
+            self.counts[rule.name]  # every rule in the summary, those that saw nothing too
         self.by_label: dict[tuple[str, str, str], int] = defaultdict(int)  # (rule, what, label) -> N
         self._slot_ids: dict[int, int] = {}
         self.lock = threading.Lock()
+
+    def _engine(self, rule):
+        return (ZoneRule if rule.kind == "zone" else LineRule)(rule, self._class_ids(rule))
+
+    # -- the rules while serving (control API) -----------------------------------------------------------------
+    def tables(self) -> list[dict]:
+        """Each rule as its [[zone]] / [[line]] table, with its kind and its counts so far."""
+        with self.lock:
+            return [{"kind": r.rule.kind, **asdict(r.rule), "counts": dict(self.counts[r.rule.name])}
+                    for r in self.rules]
+
+    def named(self, name: str) -> dict | None:
+        return next((t for t in self.tables() if t["name"] == name), None)
+
+    def add(self, rule) -> None:
+        """A checked rule (rules.check, check_against) whose name no rule has."""
+        engine = self._engine(rule)
+        with self.lock:
+            self.rules = [*self.rules, engine]
+            self.counts[rule.name]
+
+    def change(self, rule) -> None:
+        """The rule of the same name, replaced: its states start anew, its counts go on."""
+        engine = self._engine(rule)
+        with self.lock:
+            self.rules = [engine if r.rule.name == rule.name else r for r in self.rules]
+
+    def remove(self, name: str) -> None:
+        with self.lock:
+            self.rules = [r for r in self.rules if r.rule.name != name]
 
     def _class_ids(self, rule) -> set[int] | None:
         if not rule.classes:
@@ -40,7 +78,7 @@ class EventStep:
         seen = self._seen(results)
         t = packet.pts if packet.pts is not None else packet.t_capture  # the frame's clock, never ours
         frame_hw = packet.frame.size()
-        for rule in self.rules:
+        for rule in self.rules:  # the list of now: a change makes a new one
             if rule.takes(stream):
                 for happened in rule.update(stream, t, frame_hw, seen):
                     self._deliver(happened, stream, packet)
@@ -82,8 +120,8 @@ class EventStep:
     def summary(self) -> dict:
         with self.lock:
             counts = {name: dict(c) for name, c in self.counts.items()}
-        return {"counts": counts,
-                "occupancy": {r.rule.name: r.occupancy() for r in self.rules if isinstance(r, ZoneRule)}}
+            zones = [r for r in self.rules if isinstance(r, ZoneRule)]
+        return {"counts": counts, "occupancy": {r.rule.name: r.occupancy() for r in zones}}
 
     def metric_families(self):
         """For /metrics: events by rule, what (direction, enter, exit, loiter, above, below) and class; each
@@ -96,7 +134,7 @@ class EventStep:
         yield events
         occupancy = GaugeMetricFamily("jetpipe_zone_occupancy", "Tracked objects in a zone now.",
                                       labels=["rule", "stream"])
-        for rule in self.rules:
+        for rule in list(self.rules):
             if isinstance(rule, ZoneRule):
                 for stream in sorted({k[0] for k in list(rule.visits)} | set(self._slot_ids.values())):
                     if rule.takes(stream):

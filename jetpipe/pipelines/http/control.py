@@ -6,6 +6,7 @@
     GET    /streams/ID     one stream (a removed one with its final counters)
     DELETE /streams/ID     stop its source; 200 once its queued and in-flight frames reached the sinks
                            (202 if that takes longer than 30 s: GET it to see it go)
+    /rules, /rules/NAME    the zones and lines (rule_routes.RuleRoutes)
 
 Errors are JSON {"error": reason}: 400 a malformed request, 401 without the token, 403 a source kind or
 file the operator did not allow, 404 no such stream, 409 no free slot, 422 a source that cannot be opened,
@@ -29,6 +30,7 @@ import os
 from jetpipe import uri as uris
 from jetpipe.pipelines.config import ConfigError, ControlConfig, SourceConfig, source_from_table
 from jetpipe.pipelines.http import guard
+from jetpipe.pipelines.http.rule_routes import RuleRoutes
 from jetpipe.pipelines.streams import ControlError
 
 JSON = "application/json"
@@ -73,9 +75,10 @@ class Control:
     def __init__(self, pipeline, config: ControlConfig):
         self.pipeline, self.token = pipeline, config.token
         self.policy = SourcePolicy(config)
+        self.rules = RuleRoutes(pipeline.events, pipeline.labels)
 
     def handles(self, path: str) -> bool:
-        return path == "/streams" or path.startswith("/streams/")
+        return path == "/streams" or path.startswith("/streams/") or self.rules.handles(path)
 
     def handle(self, method: str, path: str, authorization: str, body: bytes) -> tuple[int, str, str]:
         """(status, JSON body, content type) for a request to /streams or /streams/ID."""
@@ -90,11 +93,13 @@ class Control:
             return _error(400, str(exc))
 
     def _route(self, method: str, path: str, body: bytes) -> tuple[int, str, str]:
+        if self.rules.handles(path):
+            return _ok(*self.rules.route(method, path, _json(body, path) if method in ("POST", "PUT") else None))
         if path == "/streams":
             if method == "GET":
                 return _ok(200, self.pipeline.list_streams())
             if method == "POST":
-                spec = source_from_table(_json(body), "POST /streams")
+                spec = source_from_table(_json(body, path), "POST /streams")
                 self.policy.check(spec)
                 return _ok(201, self.pipeline.add_stream(spec))
             return _error(405, f"{method} /streams: use GET (list) or POST (add)")
@@ -114,15 +119,19 @@ def _stream_id(path: str) -> int:
     return int(text)
 
 
-def _json(body: bytes):
+EXAMPLES = {"/streams": '{"uri": "rtsp://camera/stream"}',
+            "/rules": '{"kind": "line", "name": "door", "points": [[0.5, 0], [0.5, 1]]}'}
+
+
+def _json(body: bytes, path: str):
+    example = EXAMPLES["/rules" if path.startswith("/rules") else "/streams"]
     if guard.json_depth(body) > guard.MAX_JSON_DEPTH:
-        raise ControlError(400, f"POST /streams: the body nests deeper than {guard.MAX_JSON_DEPTH} levels: a "
-                                'source is one flat object, e.g. {"uri": "rtsp://camera/stream"}')
+        raise ControlError(400, f"{path[:100]}: the body nests deeper than {guard.MAX_JSON_DEPTH} levels: send "
+                                f"one object, e.g. {example}")
     try:
         return json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ControlError(400, f"POST /streams: the body is not JSON ({exc}): send "
-                                '{"uri": "rtsp://camera/stream"}') from None
+        raise ControlError(400, f"{path[:100]}: the body is not JSON ({exc}): send {example}") from None
 
 
 def _ok(status: int, value) -> tuple[int, str, str]:

@@ -83,6 +83,9 @@ def _handler(render, healthy, pages, control, allows_host):
         def do_POST(self):  # noqa: N802
             self._write_method("POST")
 
+        def do_PUT(self):  # noqa: N802
+            self._write_method("PUT")
+
         def do_DELETE(self):  # noqa: N802
             self._write_method("DELETE")
 
@@ -108,7 +111,7 @@ def _handler(render, healthy, pages, control, allows_host):
             if control is None or not control.handles(path):
                 self._reply(404 if control is None else 405,
                             "no control API here (serve --control turns it on)\n" if control is None
-                            else f"{method} is for /streams\n", "text/plain")
+                            else f"{method} is for /streams and /rules\n", "text/plain")
                 return
             length = self.headers.get("Content-Length", "0")
             if not length.isdigit() or int(length) > MAX_BODY:  # refused unread: nothing of it is kept
