@@ -20,6 +20,7 @@ cv2 = lazy_import("cv2")
 PALETTE = [(75, 25, 230), (75, 180, 60), (25, 225, 255), (200, 130, 0), (48, 130, 245), (180, 30, 145),
             (240, 240, 70), (230, 50, 240), (60, 245, 210), (212, 190, 250), (128, 128, 0), (255, 190, 220)]
 UNTRACKED = (0, 255, 0)  # a box that is not (yet) part of a track
+SCENE = (255, 255, 0)  # the events' zones and lines (cyan), apart from the tracks' colours
 MASK_OPACITY = 0.4
 REGION_LABELS = 8  # the largest regions of a segmented frame named on it
 
@@ -159,7 +160,37 @@ def _label(image, text, corner, color) -> None:
     cv2.putText(image, text, (x, y - base), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1, cv2.LINE_AA)
 
 
-def render(frame: np.ndarray, fmt: str, results: dict, width: int | None) -> np.ndarray:
-    """A host frame with one record's results drawn on it, BGR, `width` wide (None: the frame's size)."""
+def draw_scene(image: np.ndarray, scene, source_hw: tuple[int, int]) -> np.ndarray:
+    """The events' zones and lines (EventStep.scene: points in source pixels) with their counts, in place. A
+    line carries an arrow to the side its "in" crossings go to."""
+    scale = np.array([image.shape[1] / source_hw[1], image.shape[0] / source_hw[0]])
+    thickness = max(1, round(image.shape[0] / 360))
+    for kind, points, text in scene:
+        corners = np.round(np.asarray(points, np.float64) * scale).astype(np.int32)
+        cv2.polylines(image, [corners], kind == "zone", SCENE, thickness, cv2.LINE_AA)
+        if kind == "line":
+            _in_arrow(image, corners, thickness)
+        _label(image, text, tuple(int(v) for v in corners[0]), SCENE)
+    return image
+
+
+def _in_arrow(image, corners, thickness) -> None:
+    """From the line's middle towards its left-hand side (walking from its first point to its second): where
+    "in" goes (rules.py's convention; y grows downwards, so the left-hand normal of (dx, dy) is (dy, -dx))."""
+    (x1, y1), (x2, y2) = corners[:2].astype(np.float64)
+    dx, dy = x2 - x1, y2 - y1
+    length = max(1e-6, np.hypot(dx, dy))
+    reach = max(16.0, image.shape[0] / 10)
+    middle = np.array([(x1 + x2) / 2, (y1 + y2) / 2])
+    tip = middle + np.array([dy, -dx]) / length * reach
+    cv2.arrowedLine(image, tuple(int(v) for v in middle.round()), tuple(int(v) for v in tip.round()), SCENE,
+                    thickness, cv2.LINE_AA, tipLength=0.3)
+    _label(image, "in", tuple(int(v) for v in tip.round()), SCENE)
+
+
+def render(frame: np.ndarray, fmt: str, results: dict, width: int | None, scene=None) -> np.ndarray:
+    """A host frame with one record's results (and the events' scene, where given) drawn on it, BGR, `width`
+    wide (None: the frame's size)."""
     source_hw = frame_size(frame, fmt)
-    return draw(to_bgr(frame, fmt, output_size(source_hw, width)), results, source_hw)
+    image = draw(to_bgr(frame, fmt, output_size(source_hw, width)), results, source_hw)
+    return draw_scene(image, scene, source_hw) if scene else image

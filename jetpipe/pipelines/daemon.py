@@ -162,6 +162,7 @@ class Pipeline:
         self.metrics.families.append(self.sinks.metric_families)
         if self.events is not None:
             self.metrics.families.append(self.events.metric_families)
+            self.sinks.scene = self.events.scene
         if runtime.backend_name != "onnxruntime-cpu":
             # on the CPU only drawing (sinks, preview) and postprocessing use OpenCV, each in a thread of its
             # own; OpenCV's pool of a thread per core inside every call made them fight (measured: 4.6 cores

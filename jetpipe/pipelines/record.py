@@ -30,6 +30,9 @@ class FrameRecord:
     latency_ms: dict[str, float]  # per stage
     task: str
     results: dict
+    # what the frame sinks draw beside the results (the events' zones, lines and counts: EventStep.scene),
+    # set when the frame is offered to them; not in the JSON
+    scene: list | None = field(default=None, repr=False)
     _json: str | None = field(default=None, init=False, repr=False)
 
     def as_dict(self) -> dict:

@@ -292,3 +292,22 @@ def test_rules_made_in_code_are_checked_by_the_config_too(det_bundle):
                             lines=[Line("door", [[0.5, 0.5], [0.5, 0.5]])])
     with pytest.raises(ConfigError, match="line 'door': the line's two points are the same"):
         validate(config)
+
+
+def test_the_frame_sinks_draw_the_rules_and_their_counts(det_bundle, tmp_path, panning_video):
+    import cv2
+    import numpy as np
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    x = panning_video.x_line
+    records, _ = _serve(det_bundle, tmp_path, ["--line", f"door:{x},0,{x},1", "--sink", f"jpeg:{folder}"], "drawn",
+                        str(panning_video.path))
+    last = cv2.imread(str(sorted(folder.glob("*.jpg"))[-1])).astype(np.int16)
+    h, w = last.shape[:2]
+    at = round(x * w)
+    # cyan over the frame's warm colours: far more blue than the pixels a few columns away (JPEG blurs a 1-pixel
+    # line, so its column is found within a pixel each side)
+    bluer = last[h // 4: 3 * h // 4, at - 1: at + 2, 0].max(axis=1) - last[h // 4: 3 * h // 4, at + 6, 0]
+    assert (bluer > 40).mean() > 0.9  # the line, all along
+    assert (last[:12, at:at + 60, 0] - last[:12, at - 60:at, 0] > 60).sum() > 50  # its label at its first point

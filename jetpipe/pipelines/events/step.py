@@ -34,6 +34,7 @@ class EventStep:
         for rule in rules:
             self.counts[rule.name]  # every rule in the summary, those that saw nothing too
         self.by_label: dict[tuple[str, str, str], int] = defaultdict(int)  # (rule, what, label) -> N
+        self.by_stream: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))  # drawn
         self._slot_ids: dict[int, int] = {}
         self.lock = threading.Lock()
 
@@ -103,12 +104,27 @@ class EventStep:
             counts = self.counts[happened.rule]
             counts[what] += 1
             self.by_label[(happened.rule, what, label or "")] += 1
+            self.by_stream[(happened.rule, stream)][what] += 1
             counts = dict(counts)
         pts = None if packet.pts is None else round(packet.pts, 6)
         about = (None, None, None, None, None) if seen is None else \
             (seen.track_id, seen.label, seen.class_id, round(seen.score, 4), [round(v, 1) for v in seen.box])
         self.deliver(EventRecord(happened.type, happened.rule, stream, packet.frame_no, pts,
                                  round(packet.t_capture, 6), *about, fields, counts))
+
+    def scene(self, stream: int, frame_hw) -> list[tuple]:
+        """What the frame sinks and the preview draw on a frame of `stream`: (kind, name, points in the frame's
+        pixels, its counts in this stream as text) for each rule that takes the stream."""
+        drawn = []
+        for rule in self.rules:
+            if rule.takes(stream):
+                counts = self.by_stream.get((rule.rule.name, stream), {})
+                if isinstance(rule, ZoneRule):
+                    text = f"{rule.rule.name}: {rule.occupancy(stream)} in, {counts.get('enter', 0)} entered"
+                else:
+                    text = f"{rule.rule.name}: in {counts.get('in', 0)}, out {counts.get('out', 0)}"
+                drawn.append((rule.rule.kind, rule.points(frame_hw), text))
+        return drawn
 
     def reset(self, slot: int) -> None:
         """A new stream takes `slot`: the states of the stream it held go (its counts stay in the summary)."""

@@ -30,6 +30,7 @@ class SinkFanout:
         self.on_record = on_record
         self.records: queue.Queue = queue.Queue(maxsize=QUEUE_RECORDS)
         self._closed: set[int] = set()
+        self.scene = None  # scene(stream, frame_hw): what is drawn beside the results (EventStep.scene)
 
     def add_viewer(self, viewer) -> None:
         """A frame taker that is no sink of the user's (the preview page): offered frames, closed by its owner."""
@@ -37,6 +38,8 @@ class SinkFanout:
 
     def offer(self, stream_id: int, frame, record, to_host, wait: bool) -> None:
         """A frame and its record to each sink that draws frames; wait: a file's frame, every one is drawn."""
+        if self.scene is not None and self.frame_takers:  # the rules and counts as they are at this frame
+            record.scene = self.scene(stream_id, frame.size())
         for sink in self.frame_takers:
             try:
                 sink.offer(stream_id, frame, record, to_host, wait=wait)

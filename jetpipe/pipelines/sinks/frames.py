@@ -196,7 +196,7 @@ class VideoSink(FrameSink):
         super().__init__(spec, max_batch, max_fps=self.fps)
 
     def consume(self, stream, frame, fmt, record) -> None:
-        image = annotate.render(frame, fmt, record.results, self.width)
+        image = annotate.render(frame, fmt, record.results, self.width, record.scene)
         encoder = self.encoders.get(stream) or self._start(stream, image.shape[:2])
         encoder.stdin.write(image.data)
         self.written[stream] = self.written.get(stream, 0) + 1
@@ -287,7 +287,7 @@ class JpegSink(FrameSink):
         return record.frame % self.every == 0
 
     def consume(self, stream, frame, fmt, record) -> None:
-        image = annotate.render(frame, fmt, record.results, self.width)
+        image = annotate.render(frame, fmt, record.results, self.width, record.scene)
         path = self.folder / f"s{stream}_{record.frame:06d}.jpg"
         ok, data = cv2.imencode(".jpg", image)
         if not ok:
