@@ -123,6 +123,17 @@ def test_a_zone_visit_needs_its_frames_inside_and_streams_are_apart():
     assert rule.occupancy() == 2 and rule.occupancy(1) == 1
 
 
+def test_a_zone_keeps_nothing_of_boxes_that_never_got_in():
+    """Bounded: boxes outside keep no state, and one that was inside for a frame, then gone, is forgotten after
+    the grace time (before, such a half-started visit was kept for ever)."""
+    rule = ZoneRule(Zone("waiting", WAITING.points, enter_frames=5), None)
+    outside = {i: [(50.0 + i, 500.0)] * 10 for i in range(20)}
+    assert _run(rule, {**outside, 99: [(500.0, 500.0)] + [None] * 9}, 10) == []  # 1 s of frames at 10 fps
+    assert rule.visits[0] == {} or set(rule.visits[0]) == {99}
+    _run(rule, outside, 20, start=1.0)
+    assert rule.visits[0] == {}
+
+
 def test_a_loiter_event_once_per_visit_past_its_time():
     rule = ZoneRule(Zone("waiting", WAITING.points, loiter_s=2.0), None)
     stays = [(200.0, 500.0)] * 5 + [(500.0, 500.0)] * 40 + [(900.0, 500.0)] * 20  # inside 4 s
@@ -244,6 +255,7 @@ def test_events_reach_the_sinks_beside_the_frames_the_same_at_any_speed(det_bund
     assert truth >= 2 and len(crossings) == truth and {e["direction"] for e in crossings} == {"out"}
     assert len({e["event_id"] for e in events}) == len(events)
     assert summary["events"]["counts"]["door"] == {"out": truth}
+    assert 0 < summary["events"]["cpu_s"] < summary["cpu_seconds"]["process"]  # what the rules cost, measured
     assert summary["events"]["counts"]["left"].get("enter", 0) == sum(e["type"] == "zone_enter" for e in events)
     for e in events:
         assert set(e) >= {"schema", "event_id", "type", "rule", "stream", "frame", "pts", "time", "track_id", "label",

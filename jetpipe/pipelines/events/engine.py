@@ -20,9 +20,9 @@ Occupancy (the objects in a zone, per stream) gives an event when it has been at
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import NamedTuple
 
 from jetpipe.pipelines.events.rules import Line, Zone, segments_cross
 
@@ -31,9 +31,8 @@ MAX_TRACKS = 4096   # per rule and stream: the states of the tracks seen longest
 FORGET_S = 60.0     # a track unseen this long (frame time) is forgotten by a line
 
 
-@dataclass
-class Seen:
-    """One confirmed track's box in one frame."""
+class Seen(NamedTuple):
+    """One confirmed track's box in one frame (a tuple: made for every box of every frame)."""
     track_id: int
     box: tuple[float, float, float, float]
     score: float
@@ -51,14 +50,27 @@ class Happened:
     fields: dict = field(default_factory=dict)
 
 
-def anchor_point(box, anchor: str) -> tuple[float, float]:
-    x1, y1, x2, y2 = box
-    xs = {"left": x1, "center": (x1 + x2) / 2, "right": x2}
-    ys = {"top": y1, "center": (y1 + y2) / 2, "bottom": y2}
+def anchor_fractions(anchor: str) -> tuple[float, float]:
+    """Where in a box its anchor is: (0, 0) its top-left corner, (0.5, 1) the middle of its bottom edge."""
     if anchor == "center":
-        return xs["center"], ys["center"]
+        return 0.5, 0.5
     vertical, horizontal = anchor.split("-")
-    return xs[horizontal], ys[vertical]
+    return {"left": 0.0, "center": 0.5, "right": 1.0}[horizontal], {"top": 0.0, "bottom": 1.0}[vertical]
+
+
+def anchor_point(box, anchor: str) -> tuple[float, float]:
+    return _at(box, anchor_fractions(anchor))
+
+
+def anchor_points(seen: list[Seen], fractions) -> list[tuple[float, float]]:
+    """Each box's anchor point: once per frame for all the rules of one anchor."""
+    fx, fy = fractions
+    return [(x1 + fx * (x2 - x1), y1 + fy * (y2 - y1)) for _, (x1, y1, x2, y2), _, _, _ in seen]
+
+
+def _at(box, fractions) -> tuple[float, float]:
+    x1, y1, x2, y2 = box
+    return x1 + fractions[0] * (x2 - x1), y1 + fractions[1] * (y2 - y1)
 
 
 def in_pixels(points, units: str, frame_hw) -> list[tuple[float, float]]:
@@ -68,9 +80,17 @@ def in_pixels(points, units: str, frame_hw) -> list[tuple[float, float]]:
 
 def inside_polygon(point, polygon) -> bool:
     """Ray casting; a point on an edge counts as inside on some edges only (as every such test)."""
+    return _inside(point, _edges(polygon))
+
+
+def _edges(polygon) -> list[tuple]:
+    return list(zip(polygon, polygon[1:] + polygon[:1]))
+
+
+def _inside(point, edges) -> bool:
     x, y = point
     inside = False
-    for (x1, y1), (x2, y2) in zip(polygon, polygon[1:] + polygon[:1]):
+    for (x1, y1), (x2, y2) in edges:
         if (y1 > y) != (y2 > y) and x < x1 + (y - y1) * (x2 - x1) / (y2 - y1):
             inside = not inside
     return inside
@@ -82,6 +102,8 @@ class _Rule:
     def __init__(self, rule, class_ids: set[int] | None):
         self.rule, self.class_ids = rule, class_ids
         self.streams = set(rule.streams)
+        self.anchor = anchor_fractions(rule.anchor)
+        self.takes_all = class_ids is None and rule.min_score <= 0  # wants() needs no look at a box
         self._geometry: dict[tuple[int, int], list] = {}
 
     def takes(self, stream: int) -> bool:
@@ -97,7 +119,7 @@ class _Rule:
         return points
 
 
-@dataclass
+@dataclass(slots=True)
 class _Side:
     side: int = 0            # -1 right-hand, +1 left-hand, 0 none yet
     run: int = 0             # frames in a row on `side`
@@ -111,24 +133,44 @@ class _Side:
 class LineRule(_Rule):
     def __init__(self, rule: Line, class_ids):
         super().__init__(rule, class_ids)
-        self.tracks: dict[tuple[int, int], _Side] = {}
+        self.tracks: dict[int, dict[int, _Side]] = {}  # stream -> track -> its side
+        self._measures: dict[tuple[int, int], tuple] = {}
         self.updates = 0
 
-    def update(self, stream: int, t: float, frame_hw, seen: list[Seen]) -> list[Happened]:
-        line, (a, b) = self.rule, self.points(frame_hw)
-        band = LINE_BAND * float(np.hypot(*frame_hw))
-        length = float(np.hypot(b[0] - a[0], b[1] - a[1]))
+    def measures(self, frame_hw) -> tuple:
+        """The line in a frame of this size: its points, (dx, dy) / its length, the band's half-width."""
+        measures = self._measures.get(frame_hw)
+        if measures is None:
+            (a, b) = self.points(frame_hw)
+            length = math.hypot(b[0] - a[0], b[1] - a[1])
+            measures = self._measures[frame_hw] = (a, b, (b[0] - a[0]) / length, (b[1] - a[1]) / length,
+                                                   LINE_BAND * math.hypot(*frame_hw))
+        return measures
+
+    def update(self, stream: int, t: float, frame_hw, seen: list[Seen], points=None) -> list[Happened]:
+        """points: each box's anchor point (as anchor_points gives them), where the caller has them already."""
+        line = self.rule
+        (ax, ay), _, ux, uy, band = self.measures(frame_hw)
+        tracks = self.tracks.get(stream)
+        if tracks is None:
+            tracks = self.tracks[stream] = {}
+        takes_all, get = self.takes_all, tracks.get
         happened = []
-        for obj in seen:
-            if not self.wants(obj):
+        for obj, point in zip(seen, points or anchor_points(seen, self.anchor)):
+            if not takes_all and not self.wants(obj):
                 continue
-            point = anchor_point(obj.box, line.anchor)
-            distance = ((b[0] - a[0]) * (point[1] - a[1]) - (b[1] - a[1]) * (point[0] - a[0])) / length
-            side = 0 if abs(distance) < band else (1 if distance < 0 else -1)  # y grows downwards
-            state = self.tracks.setdefault((stream, obj.track_id), _Side())
+            distance = ux * (point[1] - ay) - uy * (point[0] - ax)
+            side = 0 if -band < distance < band else (1 if distance < 0 else -1)  # y grows downwards
+            state = get(obj.track_id)
+            if state is None:
+                state = tracks[obj.track_id] = _Side()
             state.last_t = t
             if side == 0:
                 continue  # on the line: decides nothing, interrupts nothing
+            if side == state.settled == state.side:  # on its side still (most boxes, most frames)
+                state.run += 1
+                state.last_point = point
+                continue
             state.run = state.run + 1 if side == state.side else 1
             state.side = side
             if state.run < line.frames_each_side:
@@ -137,30 +179,29 @@ class LineRule(_Rule):
                 state.settled, state.last_point = side, point
                 continue
             direction = "in" if side == 1 else "out"  # from the right-hand side to the left-hand side: in
-            crossed = line.extended or segments_cross(a, b, state.last_point, point)
+            crossed = line.extended or segments_cross(*self.points(frame_hw), state.last_point, point)
             state.settled, state.last_point = side, point
             if crossed and t >= state.blocked_until and direction not in state.counted:
                 state.counted.add(direction)
                 state.blocked_until = t + line.cooldown_s
                 happened.append(Happened("line_cross", line.name, obj, t, {"direction": direction}))
-        self._forget(t)
+        self._forget(tracks, t)
         return happened
 
-    def _forget(self, t: float) -> None:
+    def _forget(self, tracks: dict, t: float) -> None:
         """Bounded: tracks unseen for FORGET_S of frame time go, and beyond MAX_TRACKS the longest unseen."""
         self.updates += 1
         if self.updates % 256 == 0:
-            for key in [k for k, s in self.tracks.items() if abs(t - s.last_t) > FORGET_S]:
-                del self.tracks[key]
-        while len(self.tracks) > MAX_TRACKS:
-            del self.tracks[min(self.tracks, key=lambda k: self.tracks[k].last_t)]
+            for key in [k for k, s in tracks.items() if abs(t - s.last_t) > FORGET_S]:
+                del tracks[key]
+        while len(tracks) > MAX_TRACKS:
+            del tracks[min(tracks, key=lambda k: tracks[k].last_t)]
 
     def reset(self, stream: int) -> None:
-        for key in [k for k in self.tracks if k[0] == stream]:
-            del self.tracks[key]
+        self.tracks.pop(stream, None)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Visit:
     run: int = 0                 # frames inside in a row while not in
     run_start: float = 0.0
@@ -170,7 +211,7 @@ class _Visit:
     loitered: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Crowd:
     above: bool = False           # the state last reported
     since: float | None = None    # when the count last crossed the threshold against that state
@@ -179,18 +220,34 @@ class _Crowd:
 class ZoneRule(_Rule):
     def __init__(self, rule: Zone, class_ids):
         super().__init__(rule, class_ids)
-        self.visits: dict[tuple[int, int], _Visit] = {}
+        self.visits: dict[int, dict[int, _Visit]] = {}  # stream -> track -> its visit
         self.crowds: dict[int, _Crowd] = {}
+        self._edges: dict[tuple[int, int], list] = {}
 
-    def update(self, stream: int, t: float, frame_hw, seen: list[Seen]) -> list[Happened]:
-        zone, polygon = self.rule, self.points(frame_hw)
+    def update(self, stream: int, t: float, frame_hw, seen: list[Seen], points=None) -> list[Happened]:
+        zone = self.rule
+        edges = self._edges.get(frame_hw)
+        if edges is None:
+            polygon = self.points(frame_hw)
+            xs, ys = [p[0] for p in polygon], [p[1] for p in polygon]
+            edges = self._edges[frame_hw] = (_edges(polygon), min(xs), min(ys), max(xs), max(ys))
+        edges, left, top, right, bottom = edges
+        visits = self.visits.get(stream)
+        if visits is None:
+            visits = self.visits[stream] = {}
+        takes_all = self.takes_all
         happened = []
-        for obj in seen:
-            if not self.wants(obj):
+        for obj, point in zip(seen, points or anchor_points(seen, self.anchor)):
+            if not takes_all and not self.wants(obj):
                 continue
-            visit = self.visits.setdefault((stream, obj.track_id), _Visit())
+            inside = left <= point[0] <= right and top <= point[1] <= bottom and _inside(point, edges)
+            visit = visits.get(obj.track_id)
+            if visit is None:
+                if not inside:
+                    continue  # no visit, none starting: nothing to keep (most boxes, most frames)
+                visit = visits[obj.track_id] = _Visit()
             visit.last_seen = obj
-            if inside_polygon(anchor_point(obj.box, zone.anchor), polygon):
+            if inside:
                 visit.last_inside = t
                 if visit.entered is None:
                     visit.run_start = t if visit.run == 0 else visit.run_start
@@ -199,16 +256,14 @@ class ZoneRule(_Rule):
                         visit.entered = visit.run_start
                         happened.append(Happened("zone_enter", zone.name, obj, t))
             elif visit.entered is None:
-                visit.run = 0
-        for key, visit in list(self.visits.items()):
-            if key[0] != stream:
-                continue
+                del visits[obj.track_id]  # its frames inside in a row ended before it was in: as if unseen
+        for key, visit in list(visits.items()):
             if visit.entered is not None and visit.last_inside < t and t - visit.last_inside >= zone.exit_grace_s:
                 dwell = visit.last_inside - visit.entered
                 happened.append(Happened("zone_exit", zone.name, visit.last_seen, t, {"dwell_s": round(dwell, 6)}))
-                del self.visits[key]
-            elif visit.entered is None and visit.run == 0 and t - visit.last_inside > FORGET_S:
-                del self.visits[key]
+                del visits[key]
+            elif visit.entered is None and t - visit.last_inside > zone.exit_grace_s:
+                del visits[key]  # frames inside, then gone before it was in: forgotten after the grace time
             elif visit.entered is not None and zone.loiter_s and not visit.loitered and \
                     visit.last_inside - visit.entered >= zone.loiter_s:
                 visit.loitered = True
@@ -233,9 +288,9 @@ class ZoneRule(_Rule):
                          {"state": "above" if crowd.above else "below", "occupancy": count})]
 
     def occupancy(self, stream: int | None = None) -> int:
-        return sum(v.entered is not None for k, v in self.visits.items() if stream is None or k[0] == stream)
+        streams = list(self.visits.values()) if stream is None else [self.visits.get(stream, {})]
+        return sum(v.entered is not None for visits in streams for v in list(visits.values()))
 
     def reset(self, stream: int) -> None:
-        for key in [k for k in self.visits if k[0] == stream]:
-            del self.visits[key]
+        self.visits.pop(stream, None)
         self.crowds.pop(stream, None)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from dataclasses import asdict
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from jetpipe.pipelines.events.engine import LineRule, Seen, ZoneRule
+from jetpipe.pipelines.events.engine import LineRule, Seen, ZoneRule, anchor_points
 from jetpipe.pipelines.events.record import EventRecord
 from jetpipe.pipelines.record import NO_TRACK
 
@@ -37,6 +38,7 @@ class EventStep:
         self.by_stream: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))  # drawn
         self._slot_ids: dict[int, int] = {}
         self.lock = threading.Lock()
+        self.cpu_s = 0.0  # the thread CPU time the rules took (the summary's events.cpu_s: what they cost)
 
     def _engine(self, rule):
         return (ZoneRule if rule.kind == "zone" else LineRule)(rule, self._class_ids(rule))
@@ -74,14 +76,23 @@ class EventStep:
         return {c if isinstance(c, int) else self.labels.index(c) for c in rule.classes}
 
     def __call__(self, slot: int, packet, results: dict) -> None:
+        started = time.thread_time()
+        self._decide(slot, packet, results)
+        self.cpu_s += time.thread_time() - started  # one thread (the post stage's) calls it
+
+    def _decide(self, slot: int, packet, results: dict) -> None:
         stream = self.stream_id(slot)
         self._slot_ids[slot] = stream
         seen = self._seen(results)
         t = packet.pts if packet.pts is not None else packet.t_capture  # the frame's clock, never ours
         frame_hw = packet.frame.size()
+        points: dict[tuple[float, float], list] = {}  # anchor -> the boxes' anchor points: once a frame
         for rule in self.rules:  # the list of now: a change makes a new one
             if rule.takes(stream):
-                for happened in rule.update(stream, t, frame_hw, seen):
+                at = points.get(rule.anchor)
+                if at is None:
+                    at = points[rule.anchor] = anchor_points(seen, rule.anchor)
+                for happened in rule.update(stream, t, frame_hw, seen, at):
                     self._deliver(happened, stream, packet)
 
     def _seen(self, results: dict) -> list[Seen]:
@@ -90,8 +101,9 @@ class EventStep:
             return []
         boxes, scores = results["boxes"], results["scores"]
         classes = results.get("classes") or [0] * len(boxes)
-        return [Seen(i, tuple(boxes[k]), float(scores[k]), int(classes[k]), self._label(int(classes[k])))
-                for k, i in enumerate(ids) if i is not None and i != NO_TRACK]
+        labels, named = self.labels, len(self.labels)
+        return [Seen(i, tuple(box), score, c, labels[c] if 0 <= c < named else None)
+                for i, box, score, c in zip(ids, boxes, scores, classes) if i is not None and i != NO_TRACK]
 
     def _label(self, class_id: int) -> str | None:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else None
@@ -137,7 +149,8 @@ class EventStep:
         with self.lock:
             counts = {name: dict(c) for name, c in self.counts.items()}
             zones = [r for r in self.rules if isinstance(r, ZoneRule)]
-        return {"counts": counts, "occupancy": {r.rule.name: r.occupancy() for r in zones}}
+        return {"counts": counts, "occupancy": {r.rule.name: r.occupancy() for r in zones},
+                "cpu_s": round(self.cpu_s, 3)}
 
     def metric_families(self):
         """For /metrics: events by rule, what (direction, enter, exit, loiter, above, below) and class; each
@@ -152,7 +165,7 @@ class EventStep:
                                       labels=["rule", "stream"])
         for rule in list(self.rules):
             if isinstance(rule, ZoneRule):
-                for stream in sorted({k[0] for k in list(rule.visits)} | set(self._slot_ids.values())):
+                for stream in sorted(set(list(rule.visits)) | set(self._slot_ids.values())):
                     if rule.takes(stream):
                         occupancy.add_metric([rule.rule.name, str(stream)], rule.occupancy(stream))
         yield occupancy
