@@ -92,6 +92,8 @@ def row(label: str, s: dict) -> dict:
             "events_cpu_share_percent": round(100 * s.get("events", {}).get("cpu_s", 0.0)
                                               / max(1e-9, s["cpu_seconds"]["process"]), 2),
             "tracked_per_frame": s["tracked_per_frame"], "p99_ms": s["latency_ms"]["total"]["0.99"],
+            "cpu_seconds": s["cpu_seconds"], "events_cpu_s": s.get("events", {}).get("cpu_s", 0.0),
+            "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch"),
             "delivery": s.get("delivery", [])}
 
 
