@@ -34,7 +34,7 @@ FORGET_S = 60.0     # a track unseen this long (frame time) is forgotten by a li
 class Seen(NamedTuple):
     """One confirmed track's box in one frame (a tuple: made for every box of every frame)."""
     track_id: int
-    box: tuple[float, float, float, float]
+    box: list  # [x1, y1, x2, y2], source pixels, as the record's results hold it
     score: float
     class_id: int
     label: str | None

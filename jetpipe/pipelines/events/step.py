@@ -12,6 +12,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import asdict
+from itertools import repeat
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -101,9 +102,10 @@ class EventStep:
             return []
         boxes, scores = results["boxes"], results["scores"]
         classes = results.get("classes") or [0] * len(boxes)
-        labels, named = self.labels, len(self.labels)
-        return [Seen(i, tuple(box), score, c, labels[c] if 0 <= c < named else None)
-                for i, box, score, c in zip(ids, boxes, scores, classes) if i is not None and i != NO_TRACK]
+        labels = [self._label(c) for c in classes] if self.labels else repeat(None)
+        make = Seen._make  # a tuple each box: the cheapest way to build one (this runs for every box)
+        return [make(box) for box in zip(ids, boxes, scores, classes, labels) if box[0] is not None
+                and box[0] != NO_TRACK]
 
     def _label(self, class_id: int) -> str | None:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else None
