@@ -16,6 +16,7 @@ from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_DECODE_THREADS, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
 from jetpipe.pipelines.events import rules
 from jetpipe.pipelines.secondary import SecondaryConfig
+from jetpipe.pipelines.sinks import HELP as SINKS_HELP
 from jetpipe.pipelines.sinks import check_sink
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
@@ -126,10 +127,13 @@ def _check_keys(where: str, table: dict, allowed) -> None:
 
 def load(path: str | Path) -> PipelineConfig:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a folder: name the TOML file, e.g. {path / 'jetpipe.toml'}")
     if not path.is_file():
         raise ConfigError(f"config {path} not found")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))  # TOML is UTF-8 whatever the locale says
+        # TOML is UTF-8 whatever the locale says; a byte-order mark (Windows editors write one) is dropped
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
     except UnicodeDecodeError as exc:
@@ -144,8 +148,7 @@ def load(path: str | Path) -> PipelineConfig:
     if "bundle" not in pipeline:
         raise ConfigError(f"{path}: [pipeline] bundle is required (a folder written by `jetpipe convert`)")
     sources = [SourceConfig(**t) for t in _tables(path, data, "source", _SOURCE_KEYS, "uri", "")]
-    sinks = [t["uri"] for t in _tables(path, data, "sink", {"uri": str}, "uri",
-                                       " (jsonl:PATH[?append=1], stdout or mqtt://HOST:PORT/TOPIC)")]
+    sinks = [t["uri"] for t in _tables(path, data, "sink", {"uri": str}, "uri", f" ({SINKS_HELP})")]
     secondaries = [SecondaryConfig(**{**t, "bundle": Path(t["bundle"]), "classes": tuple(t.get("classes", ())),
                                       **({"direction": Path(t["direction"])} if "direction" in t else {})})
                    for t in _tables(path, data, "secondary", _SECONDARY_KEYS, "bundle",
@@ -212,6 +215,9 @@ def _array_of_tables(path: Path, data: dict, name: str) -> list[dict]:
     value = data.get(name, [])
     if isinstance(value, dict):
         raise ConfigError(f"{path}: [{name}] is one table; write [[{name}]] (an array of tables, one per {name})")
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ConfigError(f"{path}: {name} = {str(value)[:80]!r} is not a table: write each {name} as a "
+                          f"[[{name}]] table of its own, e.g. [[source]] with uri = \"synthetic\" below it")
     return value
 
 

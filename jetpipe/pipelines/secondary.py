@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from jetpipe import bundle as bundles
-from jetpipe.errors import JetpipeError
+from jetpipe.errors import JetpipeError, some
 from jetpipe.geometry import quad_region, quad_size
 from jetpipe.limits import MAX_SIDE
 from jetpipe.runtime.api import Frame, check_priority
@@ -82,7 +82,7 @@ def check(config: SecondaryConfig, primary: Task, primary_labels, where: str) ->
                            "classes; leave classes out")
     for cls in config.classes:
         if isinstance(cls, str) and (primary_labels is None or cls not in primary_labels):
-            known = ", ".join(primary_labels[:10]) + (" ..." if len(primary_labels) > 10 else "") \
+            known = some(primary_labels, 10) \
                 if primary_labels else "none (the primary bundle has no class names: use class numbers)"
             raise JetpipeError(f"{what}: class {cls!r} is not one of the primary's classes: {known}")
 
@@ -285,9 +285,10 @@ class _DirectionStage:
         task, options = for_bundle(manifest)
         labels = options.labels or ()
         if task.name != "classification" or "180" not in labels:
+            classes = some(labels) if labels else "unnamed"
             raise JetpipeError(f"secondary {config.label!r}: direction {config.direction} is a {task.name} bundle "
-                               f"with classes {list(labels) or 'unnamed'}: it needs a classifier whose classes "
-                               "are named 0 and 180 (convert ppocr-cls)")
+                               f"with classes {classes}: it needs a classifier whose classes are named 0 and 180 "
+                               "(convert ppocr-cls)")
         self.upside, self.threshold = labels.index("180"), config.direction_threshold
         self.post = task.postprocessor(options)
         reduction = None if postprocess == "cpu" else self.post.reduction(required=postprocess == "gpu")

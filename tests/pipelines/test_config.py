@@ -83,6 +83,22 @@ def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
     assert "is not UTF-8 text" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_toml_mistakes_are_named_for_what_they_are(tmp_path):
+    """Issue 49: a source written as a key said "unknown key 's'" (the string read as a table), a folder given
+    as the config said "not found", and a byte-order mark (Windows editors) made the file invalid TOML."""
+    as_key = tmp_path / "key.toml"
+    as_key.write_text('source = "synthetic"\n[pipeline]\nbundle = "det"\n')
+    with pytest.raises(ConfigError, match=r"source = 'synthetic' is not a table: write each source as a \[\[source"):
+        load(as_key)
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match=r"configs is a folder: name the TOML file"):
+        load(folder)
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b'\xef\xbb\xbf[pipeline]\nbundle = "det"\n[[source]]\nuri = "synthetic"\n')
+    assert [s.uri for s in load(bom).sources] == ["synthetic"]
+
+
 def test_decode_threads_are_read_and_size_each_decode_process():
     from jetpipe.pipelines.decode_procs import decoding_threads
 

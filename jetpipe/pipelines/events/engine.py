@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from jetpipe.pipelines.events.rules import Line, Zone, segments_cross
+from jetpipe.pipelines.record import NO_TRACK
 
 LINE_BAND = 0.005   # of the frame's diagonal: an anchor this close to a line is on neither side
 MAX_TRACKS = 4096   # per rule and stream: the states of the tracks seen longest ago go first
@@ -38,6 +39,13 @@ class Seen(NamedTuple):
     score: float
     class_id: int
     label: str | None
+
+    @classmethod
+    def tracked(cls, rows) -> list[Seen]:
+        """(track_id, box, score, class_id, label) rows, those with a track, as Seen (_make: the cheapest way
+        to build a tuple of them, which runs for every box of every frame)."""
+        make = cls._make
+        return [make(row) for row in rows if row[0] is not None and row[0] != NO_TRACK]
 
 
 @dataclass

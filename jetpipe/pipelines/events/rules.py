@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jetpipe.errors import JetpipeError
+from jetpipe.errors import JetpipeError, some
 
 ANCHORS = ("bottom-center", "center", "top-center", "top-left", "top-right", "bottom-left", "bottom-right")
 UNITS = ("normalized", "pixels")
@@ -158,7 +158,7 @@ def check_against(rules: list, streams: int, labels, control: bool, where: str) 
                             f"0 to {streams - 1})")
         for name in (c for c in rule.classes if isinstance(c, str)):
             if not labels or name not in labels:
-                known = ", ".join(list(labels)[:12]) + (" ..." if labels and len(labels) > 12 else "") if labels \
+                known = some(labels) if labels \
                     else "none: this model's classes have no names; give numbers"
                 raise RuleError(f"{where}: {rule.kind} {rule.name!r}: unknown class {name!r}; the model's classes: "
                                 f"{known}")

@@ -18,7 +18,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jetpipe.pipelines.events.engine import LineRule, Seen, ZoneRule, anchor_points
 from jetpipe.pipelines.events.record import EventRecord
-from jetpipe.pipelines.record import NO_TRACK
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +102,7 @@ class EventStep:
         boxes, scores = results["boxes"], results["scores"]
         classes = results.get("classes") or [0] * len(boxes)
         labels = [self._label(c) for c in classes] if self.labels else repeat(None)
-        make = Seen._make  # a tuple each box: the cheapest way to build one (this runs for every box)
-        return [make(box) for box in zip(ids, boxes, scores, classes, labels) if box[0] is not None
-                and box[0] != NO_TRACK]
+        return Seen.tracked(zip(ids, boxes, scores, classes, labels))
 
     def _label(self, class_id: int) -> str | None:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else None
