@@ -340,6 +340,8 @@ def _serve_config(args):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)
+    if args.frames == 0:  # in a config, frames = 0 is "no limit"; said on the command line it meant none (issue 49)
+        raise ConfigError("--frames 0: give a count of 1 or more (leave --frames out to run until the sources end)")
     if args.metrics is not None:
         config.metrics_listen = args.metrics
     if args.control:
@@ -403,7 +405,8 @@ def _add_calibrate(sub) -> None:
     lat.add_argument("--batch", default="1,2,4,8", help="batch sizes, e.g. 1,2,4,8,16")
     lat.add_argument("--iterations", type=int, default=100, help="timed batches per batch size")
     lat.add_argument("--warmup", type=int, default=10, help="untimed batches first")
-    lat.add_argument("--source", default="synthetic:1920x1080:nv12", help="synthetic[:WxH:FORMAT] frames")
+    lat.add_argument("--source", default="synthetic://1920x1080/nv12",
+                     help="the frames timed: synthetic://WxH/FORMAT (default: synthetic://1920x1080/nv12)")
     lat.add_argument("--backend", type=_backend, metavar="BACKEND", default="auto",
                      help=f"inference backend: {BACKEND_HELP}")
     lat.add_argument("--memory", choices=MEMORY_MODES, default="auto", help="frame memory mode (GPU runtime)")

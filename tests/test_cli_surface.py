@@ -71,6 +71,7 @@ SERVE = [
     (["--max-batch", "x"], "--max-batch: invalid int value"),
     (["--max-batch", "1000"], "max_batch = 1000: allowed at most 256"),
     (["--frames", "-1"], "frames = -1: allowed an integer >= 0"),
+    (["--frames", "0"], "--frames 0: give a count of 1 or more \\(leave --frames out"),  # it ran for ever
     (["--duration", "soon"], "--duration: invalid float value"),
     (["--backend", "cuda"], "--backend: invalid choice: 'cuda'"),
     (["--memory", "shared"], "--memory: invalid choice: 'shared'"),
@@ -269,3 +270,13 @@ def test_a_metrics_port_in_use_is_one_line(made, capsys):
                      "--metrics", f"127.0.0.1:{port}"])
     assert code == 2
     _assert_one_line(capsys, f"metrics listen = '127.0.0.1:{port}': cannot listen there \\(Address already in use\\)")
+
+
+def test_calibrate_latency_help_and_errors_say_one_syntax(made, tmp_path, capsys):
+    """Issue 49: the help said synthetic[:WxH:FORMAT], the error synthetic://WxH/FORMAT."""
+    with pytest.raises(SystemExit):
+        main(["calibrate", "latency", "--help"])
+    assert "synthetic://WxH/FORMAT" in capsys.readouterr().out
+    assert _run(["calibrate", "latency", made["bundle"], "--batch", "1", "--source", "webcam", "--report",
+                 str(tmp_path / "r")]) == 2
+    _assert_one_line(capsys, "latency runs use synthetic://WxH/FORMAT frames")

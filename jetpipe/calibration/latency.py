@@ -34,7 +34,7 @@ class LatencyOptions:
     batches: tuple[int, ...] = (1, 2, 4, 8)
     iterations: int = 100
     warmup: int = 10
-    source: str = "synthetic:1920x1080:nv12"
+    source: str = "synthetic://1920x1080/nv12"
     backend: str = "auto"
     memory: str = "auto"
     progress: bool = True
