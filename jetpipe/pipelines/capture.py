@@ -130,6 +130,7 @@ class Capture:
         self.config, self.streams, self.batcher, self.metrics = config, streams, batcher, metrics
         self.stopping = stopping
         self.last_frame: list[float | None] = [None] * streams.capacity  # when each slot's stream last gave a frame
+        self.opening = [False] * streams.capacity  # in open(): a silence then is no stall but a failed connection
 
     def run(self, handle) -> None:
         """A stream's capture in a thread of its own: its steps, sleeping where they ask to."""
@@ -157,7 +158,11 @@ class Capture:
                     # the stall timer runs during the open too: a camera that accepts the connection and sends
                     # nothing would otherwise hold this stream in open() until serve is stopped
                     self.last_frame[stream] = time.monotonic()
-                    info = source.open()
+                    self.opening[stream] = True
+                    try:
+                        info = source.open()
+                    finally:
+                        self.opening[stream] = False
                     backoff = 0.5
                     self.last_frame[stream] = time.monotonic()
                 if shared:
@@ -224,8 +229,10 @@ class Capture:
         return slot
 
     def restart_stalled(self) -> None:
-        """A live stream connected but silent for its stall timeout (a camera that stopped sending) is a
-        failure: logged, counted, and its connection ended so that capture reconnects."""
+        """A live stream connected but silent for its stall timeout (a camera that stopped sending) is a stall:
+        logged, counted, and its connection ended so that capture reconnects. One still opening that long (it
+        accepted the connection and sent nothing) never connected: its open is ended the same way, and the
+        failed open counts as a failure and a reconnect (capture's), not as a stall."""
         now = time.monotonic()
         for stream in self.streams.live():
             slot, source = stream.slot, stream.source
@@ -233,9 +240,12 @@ class Capture:
             if last is None or not source.live or now - last < self._stall_timeout(source):
                 continue
             self.last_frame[slot] = None  # once per stall: the next frame (or reconnect) arms it again
-            self.metrics.count("stalls", slot)
+            opening = self.opening[slot]
+            if not opening:
+                self.metrics.count("stalls", slot)
             restarted = source.restart()
-            log.warning("source %d (%s): no frame for %.1f s%s", stream.id, source.uri, now - last,
+            log.warning("source %d (%s): %s %.1f s%s", stream.id, source.uri,
+                        "not connected after" if opening else "no frame for", now - last,
                         "; reconnecting" if restarted else "; this source cannot be restarted")
 
     def _stall_timeout(self, source) -> float:
