@@ -16,6 +16,7 @@ backend, which pytriton does not ship). With `gpu`, the Python backend's instanc
 a batch in CUDA shared memory as a GPU tensor and bind it to ONNX Runtime's CUDA provider where it is.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -38,6 +39,20 @@ CUDA_POOL_BYTES = 1 << 30
 def gpu_here() -> bool:
     """Whether this machine has an NVIDIA GPU (its device nodes): the Python backend's GPU instances need one."""
     return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+@functools.cache
+def gpu_model(python: Path) -> bool:
+    """Whether the server's model runs on the GPU: a GPU here and CUDA in the server venv's ONNX Runtime. The
+    GPU instances (inputs left on the GPU: FORCE_CPU_ONLY_INPUT_TENSORS "no") and the model's provider are
+    decided from this one check: where they were decided apart (a GPU, but an ONNX Runtime without CUDA in the
+    venv) the model was handed GPU tensors it could not read ("Tensor is stored in GPU")."""
+    if not gpu_here():
+        return False
+    probe = subprocess.run([str(python), "-c", "import onnxruntime as o; "
+                            "print('CUDAExecutionProvider' in o.get_available_providers())"],
+                           capture_output=True, text=True, timeout=120)
+    return probe.stdout.strip() == "True"
 
 
 def free_ports(count: int) -> list[int]:
@@ -75,7 +90,7 @@ class TritonServer:
         seen = self.log.stat().st_size if self.log.exists() else 0  # a restart: only what it says now counts
         out = self.log.open("a")
         repository = self.log.with_name(self.log.stem + "-repository")
-        gpu = self.gpu and gpu_here()  # asked for on a machine without a GPU: the model runs on its CPU
+        gpu = self.gpu and gpu_model(self.python)  # asked for where it cannot be: the model runs on the CPU
         if self.host == "python-backend":
             python_backend_repository(self.bundle, self.name, repository / "models", self.instances, gpu)
         self.process = subprocess.Popen([str(self.python), __file__, str(self.bundle), self.name,
