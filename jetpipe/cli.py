@@ -236,8 +236,10 @@ def _add_serve(sub) -> None:
                         "'jetpipe doctor' lists this FFmpeg's): frames are decoded by the device and downloaded "
                         "as NV12; streams the hardware cannot decode fall back to software, said in the log")
     p.add_argument("--sink", action="append", metavar="SPEC",
-                   help="jsonl:PATH[?append=1] (a new file; append=1: add to it), stdout, mqtt://HOST:PORT/TOPIC, "
-                        "video:FILE.mp4[?width=W&fps=N&codec=hevc"
+                   help="jsonl:PATH[?append=1] (a new file; append=1: add to it), stdout, the brokers' "
+                        "mqtt://HOST:PORT/TOPIC, kafka://HOST:PORT/TOPIC, redis://HOST:PORT[/DB][?stream=KEY] and "
+                        "http(s)://HOST/PATH (a web hook; each at least once from a queue of its own: ?queue=N, "
+                        "?drain=S, ?records=events|all), video:FILE.mp4[?width=W&fps=N&codec=hevc"
                         "&encoder=E] (results drawn on the frames; E: auto (nvv4l2h264enc on a Jetson, NVENC where "
                         "it works, else libx264), an FFmpeg encoder, or gst:ELEMENT), jpeg:FOLDER[?every=N]")
     p.add_argument("--max-batch", type=int, help="frames per GPU batch (default: the bundle's)")

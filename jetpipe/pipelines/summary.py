@@ -84,7 +84,7 @@ class Report:
                                for s in ("queue", "gpu", "post", "total")},
                 "sink_failures": self.sinks.failures(),
                 "sink_frames_dropped": self.sinks.dropped(),
-                **({"delivery": self.sinks.deliveries()} if self.sinks.deliveries() else {}),
+                **({"delivery": delivery} if (delivery := self.sinks.deliveries()) else {}),
                 "postprocess": "gpu" if self.runtime.reduction else "cpu",
                 "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, processed)),
                 "cpu_seconds": {k: round(v, 3) for k, v in cpu_s.items()},

@@ -111,18 +111,22 @@ class Server:
             self.proc.wait(timeout=10)
 
 
-def _binary(name: str, *elsewhere: str) -> str | None:
-    return shutil.which(name) or next((p for p in elsewhere if os.path.exists(p)), None)
+def _debian_server(binary: str, path: str, client: tuple[str, str, str], arguments: list[str]) -> Server:
+    """A server from Debian's package of the same name, started (skipped where it or its Python client, `client`:
+    module, package, jetpipe extra, is missing)."""
+    found = shutil.which(binary) or (path if os.path.exists(path) else None)
+    if found is None:
+        pytest.skip(f"{binary} is not installed (apt-get install {binary})")
+    module, package, extra = client
+    pytest.importorskip(module, reason=f"{package} is not installed (pip install 'jetpipe[{extra}]')")
+    return Server([found, *arguments])
 
 
 @pytest.fixture
 def mosquitto():
     """A real MQTT broker (Debian's mosquitto) on a free port: its port."""
-    binary = _binary("mosquitto", "/usr/sbin/mosquitto")
-    if binary is None:
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
-    pytest.importorskip("paho.mqtt.client", reason="paho-mqtt is not installed (pip install 'jetpipe[mqtt]')")
-    server = Server([binary, "-p", "{port}"])
+    server = _debian_server("mosquitto", "/usr/sbin/mosquitto", ("paho.mqtt.client", "paho-mqtt", "mqtt"),
+                            ["-p", "{port}"])
     yield server.port
     server.stop()
 
@@ -130,11 +134,8 @@ def mosquitto():
 @pytest.fixture
 def redis_server():
     """A real Redis (Debian's redis-server) on a free port, nothing kept on disk: a Server."""
-    binary = _binary("redis-server", "/usr/bin/redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    pytest.importorskip("redis", reason="redis-py is not installed (pip install 'jetpipe[redis]')")
-    server = Server([binary, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+    server = _debian_server("redis-server", "/usr/bin/redis-server", ("redis", "redis-py", "redis"),
+                            ["--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
     yield server
     server.stop()
 

@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from jetpipe.pipelines.events.engine import LineRule, Seen, ZoneRule, anchor_point, inside_polygon
+from jetpipe.pipelines.events.engine import (
+    LineRule,
+    Seen,
+    ZoneRule,
+    anchor_fractions,
+    anchor_points,
+    is_inside,
+    polygon_edges,
+)
 from jetpipe.pipelines.events.rules import Line, RuleError, Zone, from_flag, from_table
 
 HW = (1000, 1000)  # frames of 1000 x 1000 pixels: normalized 0.5 is pixel 500
@@ -190,11 +198,12 @@ def test_events_are_counted_for_prometheus_by_rule_what_and_class():
 
 
 def test_anchors_and_polygons():
-    box = (10, 20, 30, 60)
-    assert anchor_point(box, "bottom-center") == (20, 60) and anchor_point(box, "center") == (20, 40)
-    assert anchor_point(box, "top-left") == (10, 20) and anchor_point(box, "bottom-right") == (30, 60)
-    square = [(0, 0), (10, 0), (10, 10), (0, 10)]
-    assert inside_polygon((5, 5), square) and not inside_polygon((15, 5), square)
+    box = [Seen(1, (10, 20, 30, 60), 0.9, 0, None)]
+    anchor_point = lambda name: anchor_points(box, anchor_fractions(name))[0]  # noqa: E731
+    assert anchor_point("bottom-center") == (20, 60) and anchor_point("center") == (20, 40)
+    assert anchor_point("top-left") == (10, 20) and anchor_point("bottom-right") == (30, 60)
+    square = polygon_edges([(0, 0), (10, 0), (10, 10), (0, 10)])
+    assert is_inside((5, 5), square) and not is_inside((15, 5), square)
 
 
 @pytest.mark.parametrize("table, kind, message", [

@@ -66,19 +66,10 @@ def anchor_fractions(anchor: str) -> tuple[float, float]:
     return {"left": 0.0, "center": 0.5, "right": 1.0}[horizontal], {"top": 0.0, "bottom": 1.0}[vertical]
 
 
-def anchor_point(box, anchor: str) -> tuple[float, float]:
-    return _at(box, anchor_fractions(anchor))
-
-
 def anchor_points(seen: list[Seen], fractions) -> list[tuple[float, float]]:
     """Each box's anchor point: once per frame for all the rules of one anchor."""
     fx, fy = fractions
     return [(x1 + fx * (x2 - x1), y1 + fy * (y2 - y1)) for _, (x1, y1, x2, y2), _, _, _ in seen]
-
-
-def _at(box, fractions) -> tuple[float, float]:
-    x1, y1, x2, y2 = box
-    return x1 + fractions[0] * (x2 - x1), y1 + fractions[1] * (y2 - y1)
 
 
 def in_pixels(points, units: str, frame_hw) -> list[tuple[float, float]]:
@@ -86,16 +77,14 @@ def in_pixels(points, units: str, frame_hw) -> list[tuple[float, float]]:
     return [(x * width, y * height) if units == "normalized" else (x, y) for x, y in points]
 
 
-def inside_polygon(point, polygon) -> bool:
-    """Ray casting; a point on an edge counts as inside on some edges only (as every such test)."""
-    return _inside(point, _edges(polygon))
-
-
-def _edges(polygon) -> list[tuple]:
+def polygon_edges(polygon) -> list[tuple]:
+    """A polygon's edges, its last point joined to its first (what is_inside() reads)."""
     return list(zip(polygon, polygon[1:] + polygon[:1]))
 
 
-def _inside(point, edges) -> bool:
+def is_inside(point, edges) -> bool:
+    """Ray casting over polygon_edges(); a point on an edge counts as inside on some edges only (as every
+    such test)."""
     x, y = point
     inside = False
     for (x1, y1), (x2, y2) in edges:
@@ -230,16 +219,16 @@ class ZoneRule(_Rule):
         super().__init__(rule, class_ids)
         self.visits: dict[int, dict[int, _Visit]] = {}  # stream -> track -> its visit
         self.crowds: dict[int, _Crowd] = {}
-        self._edges: dict[tuple[int, int], list] = {}
+        self._shape: dict[tuple[int, int], tuple] = {}  # frame size -> the zone's edges and bounding box
 
     def update(self, stream: int, t: float, frame_hw, seen: list[Seen], points=None) -> list[Happened]:
         zone = self.rule
-        edges = self._edges.get(frame_hw)
-        if edges is None:
+        shape = self._shape.get(frame_hw)
+        if shape is None:
             polygon = self.points(frame_hw)
             xs, ys = [p[0] for p in polygon], [p[1] for p in polygon]
-            edges = self._edges[frame_hw] = (_edges(polygon), min(xs), min(ys), max(xs), max(ys))
-        edges, left, top, right, bottom = edges
+            shape = self._shape[frame_hw] = (polygon_edges(polygon), min(xs), min(ys), max(xs), max(ys))
+        edges, left, top, right, bottom = shape
         visits = self.visits.get(stream)
         if visits is None:
             visits = self.visits[stream] = {}
@@ -248,7 +237,7 @@ class ZoneRule(_Rule):
         for obj, point in zip(seen, points or anchor_points(seen, self.anchor)):
             if not takes_all and not self.wants(obj):
                 continue
-            inside = left <= point[0] <= right and top <= point[1] <= bottom and _inside(point, edges)
+            inside = left <= point[0] <= right and top <= point[1] <= bottom and is_inside(point, edges)
             visit = visits.get(obj.track_id)
             if visit is None:
                 if not inside:

@@ -59,16 +59,20 @@ def scheme_of(uri: str) -> str:
 
 def check_sink(uri: str) -> None:
     """A sink's URI, checked as far as it can be without opening anything: its scheme, a broker's options."""
-    if scheme_of(uri) not in SCHEMES or (scheme_of(uri) == "stdout" and uri != "stdout"):
-        raise JetpipeError(f"sink {uri!r}: use {HELP}")
-    parse = PARSERS.get(scheme_of(uri))
+    parse = PARSERS.get(_known_scheme(uri))
     if parse is not None:
         parse(uri)
 
 
 def open_sink(uri: str, streams: int = 1, max_batch: int = 8) -> Sink:
-    check_sink(uri)
-    return SCHEMES[scheme_of(uri)](uri, streams, max_batch)
+    return SCHEMES[_known_scheme(uri)](uri, streams, max_batch)  # each sink parses its own URI
+
+
+def _known_scheme(uri: str) -> str:
+    scheme = scheme_of(uri)
+    if scheme not in SCHEMES or (scheme == "stdout" and uri != "stdout"):
+        raise JetpipeError(f"sink {uri!r}: use {HELP}")
+    return scheme
 
 
 def open_sinks(uris: list[str], streams: int, max_batch: int) -> list[Sink]:

@@ -8,6 +8,7 @@ the pipeline and the other sinks go on. `dropped`: frames it let go while busy (
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Protocol
 from urllib.parse import parse_qs, urlparse
@@ -58,6 +59,22 @@ class SinkBase:
 
     def end_stream(self, stream: int) -> None:
         """Records sinks have nothing to end per stream."""
+
+
+def client_module(name: str, scheme: str, package: str, extra: str):
+    """A broker client's module (an optional dependency), imported when a sink of its scheme opens."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise JetpipeError(f"sink {scheme}:// needs {package}: pip install 'jetpipe[{extra}]'") from None
+
+
+def port_of(parsed, shown: str, default: int | None = None) -> int | None:
+    """A sink URI's port (`default` where it names none); one that is no port is a mistake."""
+    try:
+        return parsed.port or default
+    except ValueError:
+        raise JetpipeError(f"sink {shown}: the port is not a number from 1 to 65535") from None
 
 
 def sink_options(spec: str, known: tuple[str, ...]) -> tuple[str, dict[str, str]]:

@@ -193,9 +193,11 @@ class QueuedSink(SinkBase):
             log.debug("sink %s: reconnect failed: %s", self.describe(), exc)
 
     def _lose(self, n: int, why: str) -> None:
-        self.lost += n
-        if n > 1 or worth_logging(self.lost):
-            log.error("sink %s: %d record(s) lost so far: %s", self.describe(), self.lost, why)
+        with self.cond:  # counted from the fan-out's thread (write, close) and the sender's (refuse)
+            self.lost += n
+            lost = self.lost
+        if n > 1 or worth_logging(lost):
+            log.error("sink %s: %d record(s) lost so far: %s", self.describe(), lost, why)
 
     def delivery(self) -> dict:
         """The summary's entry for this sink."""

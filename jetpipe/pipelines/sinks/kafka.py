@@ -10,7 +10,7 @@ import re
 from urllib.parse import urlparse
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.sinks.base import sink_options
+from jetpipe.pipelines.sinks.base import client_module, sink_options
 from jetpipe.pipelines.sinks.delivery import QueuedSink, Undelivered, delivery_options
 
 log = logging.getLogger(__name__)
@@ -57,12 +57,8 @@ class _ClientLog:
 class KafkaSink(QueuedSink):
     def __init__(self, spec: str):
         settings = parse(spec)
-        try:
-            import confluent_kafka
-        except ImportError:
-            raise JetpipeError("sink kafka:// needs confluent-kafka: pip install 'jetpipe[kafka]'") from None
+        self.kafka = client_module("confluent_kafka", "kafka", "confluent-kafka", "kafka")
         super().__init__(settings["records"], settings["queue"], settings["drain"])
-        self.kafka = confluent_kafka
         self.brokers, self.topic = settings["brokers"], settings["topic"]
         self.fatal = None
         self.producer = self._producer()

@@ -9,7 +9,7 @@ import threading
 from urllib.parse import urlparse
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.sinks.base import sink_options
+from jetpipe.pipelines.sinks.base import client_module, port_of, sink_options
 from jetpipe.pipelines.sinks.delivery import QueuedSink, Undelivered, delivery_options
 
 OPTIONS = ("qos", "records", "queue", "drain")
@@ -27,10 +27,7 @@ def parse(spec: str) -> dict:
     _, options = sink_options(spec, OPTIONS)
     if options.get("qos", "1") not in ("0", "1"):
         raise JetpipeError(f"sink {spec}: qos={options['qos']!r}: 1 (acknowledged, at least once) or 0")
-    try:
-        port = parsed.port or 1883
-    except ValueError:
-        raise JetpipeError(f"sink {spec}: the port is not a number from 1 to 65535") from None
+    port = port_of(parsed, spec, 1883)
     records, queue, drain = delivery_options(spec, options, records="all")
     return {"host": parsed.hostname or "127.0.0.1", "port": port, "topic": parsed.path.strip("/") or "jetpipe/results",
             "qos": int(options.get("qos", "1")), "records": records, "queue": queue, "drain": drain}
@@ -39,10 +36,7 @@ def parse(spec: str) -> dict:
 class MqttSink(QueuedSink):
     def __init__(self, spec: str):
         settings = parse(spec)
-        try:
-            import paho.mqtt.client as mqtt
-        except ImportError:
-            raise JetpipeError("sink mqtt:// needs paho-mqtt: pip install 'jetpipe[mqtt]'") from None
+        mqtt = client_module("paho.mqtt.client", "mqtt", "paho-mqtt", "mqtt")
         super().__init__(settings["records"], settings["queue"], settings["drain"])
         self.host, self.port, self.topic, self.qos = (settings[k] for k in ("host", "port", "topic", "qos"))
         self.connected = threading.Event()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from urllib.parse import unquote, urlparse
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.sinks.base import sink_options
+from jetpipe.pipelines.sinks.base import client_module, port_of, sink_options
 from jetpipe.pipelines.sinks.delivery import QueuedSink, delivery_options
 
 OPTIONS = ("stream", "maxlen", "records", "queue", "drain")
@@ -22,10 +22,7 @@ def parse(spec: str) -> dict:
     """The sink's settings from its URI, without connecting (config checks call it before anything runs)."""
     _, options = sink_options(spec, OPTIONS)
     parsed = urlparse(spec)
-    try:
-        port = parsed.port or 6379
-    except ValueError:
-        raise JetpipeError(f"sink {spec}: the port is not a number from 1 to 65535") from None
+    port = port_of(parsed, spec, 6379)
     db_text = parsed.path.strip("/") or "0"
     if not db_text.isdigit():
         raise JetpipeError(f"sink {spec}: the path names the database, a number (redis://HOST:PORT/0); the "
@@ -46,19 +43,15 @@ class RedisSink(QueuedSink):
 
     def __init__(self, spec: str):
         settings = parse(spec)
-        try:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-        except ImportError:
-            raise JetpipeError("sink redis:// needs redis-py: pip install 'jetpipe[redis]'") from None
+        redis, retry, backoff = (client_module(m, "redis", "redis-py", "redis")
+                                 for m in ("redis", "redis.retry", "redis.backoff"))
         super().__init__(settings["records"], settings["queue"], settings["drain"])
         self.host, self.port, self.db = settings["host"], settings["port"], settings["db"]
         self.key, self.maxlen = settings["key"], settings["maxlen"]
         self.client = redis.Redis(host=self.host, port=self.port, db=self.db, username=settings["username"],
                                   password=settings["password"], socket_timeout=TIMEOUT_S,
                                   socket_connect_timeout=TIMEOUT_S,
-                                  retry=Retry(NoBackoff(), 0))  # the queue's sender tries again, with backoff
+                                  retry=retry.Retry(backoff.NoBackoff(), 0))  # the queue's sender tries again
         self.start()
 
     def describe(self) -> str:  # never the password

@@ -16,6 +16,7 @@ import ssl
 from urllib.parse import parse_qsl, urlencode, urlparse
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.sinks.base import port_of
 from jetpipe.pipelines.sinks.delivery import QueuedSink, Undelivered, delivery_options
 
 OPTIONS = ("records", "queue", "drain", "timeout", "token_env")
@@ -32,10 +33,7 @@ def parse(spec: str) -> dict:
     empty = [k for k, v in options.items() if not v]
     if empty:
         raise JetpipeError(f"sink {_shown(spec)}: option {empty[0]!r} is empty")
-    try:
-        port = parsed.port
-    except ValueError:
-        raise JetpipeError(f"sink {_shown(spec)}: the port is not a number from 1 to 65535") from None
+    port = port_of(parsed, _shown(spec))
     if not parsed.hostname:
         raise JetpipeError(f"sink {_shown(spec)}: name the host, e.g. http://127.0.0.1:8080/events")
     if parsed.username or parsed.password:
