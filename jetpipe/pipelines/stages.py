@@ -21,6 +21,7 @@ from jetpipe.pipelines.record import FrameRecord
 from jetpipe.pipelines.secondary import frames_read
 
 log = logging.getLogger(__name__)
+IDLE_S = 0.05  # the post thread with no batch this long flushes what the steps held back (events)
 
 
 class Stages:
@@ -88,8 +89,13 @@ class Stages:
 
     def post_loop(self) -> None:
         while True:
-            item = self.collected.get()
+            try:
+                item = self.collected.get(timeout=IDLE_S)
+            except queue.Empty:
+                self._flush_steps()  # no batch for a while: what the steps held back goes out
+                continue
             if item is None:
+                self._flush_steps()
                 return
             ticket, packets, t_batch = item
             handed = False
@@ -178,6 +184,13 @@ class Stages:
         phase["secondary"] += time.perf_counter() - t_secondary
         self.secondary_reads += 1
 
+    def _flush_steps(self) -> None:
+        for step in self.steps:
+            try:
+                step.flush()
+            except Exception:
+                log.exception("the %s step failed", step.name)
+
     # --- the seams -------------------------------------------------------------------------------
     def finish(self, result, packets: list[Packet]) -> list[dict]:
         """The primary's results of a collected batch (its task's finish, then each frame's steps)."""
@@ -187,8 +200,7 @@ class Stages:
         finish = self.postprocess.reduced if result.reduction else self.postprocess
         results = finish(result.outputs, result.letterboxes, sizes, pool=self.pool) if used else []
         for step in self.steps:  # a stream's frames reach this one thread in order
-            for packet, res in zip(used, results):
-                step(packet.stream, packet, res)
+            step.run(used, results)
         self.post_phase_s["finish"] += time.perf_counter() - t_finish
         return results
 

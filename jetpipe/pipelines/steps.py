@@ -1,17 +1,21 @@
 """Per-frame steps: what runs on each frame's results after the model's own postprocessing, in order.
 
-The post stage calls every step of the list the daemon builds (`build_steps`) on each frame of a finished
-batch, one stream's frames in their order, in one thread. A step may add to the frame's results (the
-tracker's `track_ids`) or read what earlier steps added (a zone counter reads the tracks). When a stream
-leaves its slot and another takes it, `reset(slot)` forgets the old stream's state.
+The post stage calls every step of the list the daemon builds (`build_steps`) on the frames of each finished
+batch, one stream's frames in their order, in one thread. A step may add to the frames' results (the
+tracker's `track_ids`) or read what earlier steps added (the events read the tracks); it may decide the
+batch at once (the events do: array operations over all its boxes). When a stream leaves its slot and another
+takes it, `reset(slot)` forgets the old stream's state (called from another thread).
 
-A new step is a class with `name`, `__call__(slot, packet, results)` and `reset(slot)`, and one line in
-`build_steps`. The packet (batcher.Packet) is the frame's: its number, pts, capture time and the frame.
+A new step is a class with `name`, `run(packets, results)`, `reset(slot)` and `flush()`, and one line in
+`build_steps`.
+A packet (batcher.Packet) is a frame's: its slot (`stream`), number, pts, capture time and the frame.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
+
+import numpy as np
 
 from jetpipe.pipelines.events import EventStep
 from jetpipe.pipelines.tracking import Tracker
@@ -20,11 +24,14 @@ from jetpipe.pipelines.tracking import Tracker
 class FrameStep(Protocol):
     name: str
 
-    def __call__(self, slot: int, packet, results: dict) -> None:
-        """One frame's results of the stream in `slot`."""
+    def run(self, packets: list, results: list[dict]) -> None:
+        """A finished batch's frames and their results, a stream's in their order."""
 
     def reset(self, slot: int) -> None:
         """A new stream takes `slot`: what was kept of the last one goes."""
+
+    def flush(self) -> None:
+        """What it held back to decide with later frames, decided now (the post stage is idle, or ends)."""
 
 
 class TrackStep:
@@ -35,21 +42,33 @@ class TrackStep:
     def __init__(self, kind: str, slots: int):
         self.kind = kind
         self.trackers = [Tracker(kind) for _ in range(slots)]
+        # the last batch's boxes and scores as the tracker read them, (N, 4) and (N,) float64 a frame: the
+        # events step reads them rather than making them again from the results' lists
+        self.arrays: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def __call__(self, slot: int, packet, results: dict) -> None:
-        results["track_ids"] = self.trackers[slot].update(results["boxes"], results["scores"])
+    def run(self, packets: list, results: list[dict]) -> None:
+        self.arrays = []
+        for packet, found in zip(packets, results):
+            boxes = np.asarray(found["boxes"], np.float64).reshape(-1, 4)
+            scores = np.asarray(found["scores"], np.float64).reshape(-1)
+            self.arrays.append((boxes, scores))
+            found["track_ids"] = self.trackers[packet.stream].update(boxes, scores)
 
     def reset(self, slot: int) -> None:
         self.trackers[slot] = Tracker(self.kind)  # the new stream's tracks number from 1
+
+    def flush(self) -> None:
+        """Nothing held back: each frame's tracks are its record's."""
 
 
 def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None) -> list[FrameStep]:
     """The steps the configuration asks for, in the order they run. labels: the model's class names;
     stream_id(slot): the ID of a slot's stream; deliver(record): to the sinks (for the events' records)."""
     steps: list[FrameStep] = []
+    tracks = None
     if config.tracker != "none":
-        steps.append(TrackStep(config.tracker, slots))
+        steps.append(tracks := TrackStep(config.tracker, slots))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
     if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
-        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver))
+        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, tracks))
     return steps

@@ -4,17 +4,11 @@ a zone for known times), as tracked boxes frame by frame on the frames' clock.""
 
 import json
 
+import numpy as np
 import pytest
 
-from jetpipe.pipelines.events.engine import (
-    LineRule,
-    Seen,
-    ZoneRule,
-    anchor_fractions,
-    anchor_points,
-    is_inside,
-    polygon_edges,
-)
+from jetpipe.pipelines.events.columns import TrackBatch
+from jetpipe.pipelines.events.engine import Engine, anchor_fractions, inside_polygon, polygon_edges
 from jetpipe.pipelines.events.rules import Line, RuleError, Zone, from_flag, from_table
 
 HW = (1000, 1000)  # frames of 1000 x 1000 pixels: normalized 0.5 is pixel 500
@@ -26,18 +20,37 @@ def _box(x: float, y: float = 500.0, w: float = 40.0, h: float = 80.0):
     return (x - w / 2, y - h, x + w / 2, y)
 
 
-def _run(rule, tracks: dict[int, list], frames: int, stream: int = 0, start: float = 0.0):
-    """Feed `frames` frames: tracks[id][k] is the anchor x (or (x, y)) of track id at frame k, or None (unseen)."""
-    happened = []
-    for k in range(frames):
-        seen = []
-        for track_id, path in tracks.items():
-            at = path[k] if k < len(path) else None
-            if at is not None:
-                x, y = at if isinstance(at, tuple) else (at, 500.0)
-                seen.append(Seen(track_id, _box(x, y), 0.9, 0, None))
-        happened += rule.update(stream, start + k / FPS, HW, seen)
-    return happened
+def _engine(*rules, class_ids=None) -> Engine:
+    """class_ids: those every rule takes (None: the numbers its `classes` names, or every class)."""
+    engine = Engine()
+    engine.rules = [engine.rule(rule, class_ids or set(rule.classes) or None) for rule in rules]
+    return engine
+
+
+def _frame(stream: int, t: float, seen: list[tuple], hw=HW, arrays: bool = False) -> tuple:
+    """A frame as the events step hands it to the engine; seen: (track_id, box, score, class_id) rows."""
+    results = {"boxes": [list(s[1]) for s in seen], "scores": [s[2] for s in seen], "classes": [s[3] for s in seen],
+               "track_ids": [s[0] for s in seen]}
+    found = (np.array(results["boxes"], np.float64).reshape(-1, 4), np.array(results["scores"], np.float64))
+    return stream, t, hw, results, found if arrays else None
+
+
+def _seen(tracks: dict[int, list], k: int) -> list[tuple]:
+    """tracks[id][k]: the anchor x (or (x, y)) of track id at frame k, or None (unseen)."""
+    seen = []
+    for track_id, path in tracks.items():
+        at = path[k] if k < len(path) else None
+        if at is not None:
+            x, y = at if isinstance(at, tuple) else (at, 500.0)
+            seen.append((track_id, _box(x, y), 0.9, 0))
+    return seen
+
+
+def _run(engine, tracks: dict[int, list], frames: int, stream: int = 0, start: float = 0.0):
+    """Feed `frames` frames of one stream, a decision a frame; the events (Happened) in order."""
+    if not isinstance(engine, Engine):
+        engine = _engine(engine)
+    return [h for k in range(frames) for _, h in engine.decide([_frame(stream, start + k / FPS, _seen(tracks, k))])]
 
 
 def _walk(x0: float, x1: float, frames: int) -> list[float]:
@@ -54,7 +67,7 @@ def _directions(happened) -> list[tuple[int, str]]:
 def test_crossings_are_counted_per_direction_exactly_once():
     tracks = {1: _walk(100, 900, 30), 2: _walk(200, 800, 25), 3: _walk(300, 700, 20),  # rightwards: in
               4: _walk(900, 100, 30), 5: _walk(700, 300, 20)}                            # leftwards: out
-    happened = _run(LineRule(DOOR, None), tracks, 30)
+    happened = _run(DOOR, tracks, 30)
     assert _directions(happened) == [(1, "in"), (2, "in"), (3, "in"), (4, "out"), (5, "out")]
     assert {h.type for h in happened} == {"line_cross"}
 
@@ -63,38 +76,38 @@ def test_a_box_flickering_on_the_line_or_turning_back_is_no_crossing():
     flicker = [480 if k % 2 else 520 for k in range(40)]           # one side, then the other, every frame
     hesitate = _walk(300, 520, 12) + _walk(520, 300, 12)           # steps over for a frame or two, goes back
     on_line = _walk(300, 499, 10) + [500.0] * 10 + _walk(499, 300, 10)  # stands on it
-    assert _run(LineRule(DOOR, None), {1: flicker, 2: hesitate, 3: on_line}, 40) == []
+    assert _run(DOOR, {1: flicker, 2: hesitate, 3: on_line}, 40) == []
 
 
 def test_an_object_occluded_while_it_crosses_is_counted_once():
     path = _walk(100, 900, 30)
     occluded = [None if 12 <= k < 18 else x for k, x in enumerate(path)]  # unseen for 6 frames at the line
-    assert _directions(_run(LineRule(DOOR, None), {7: occluded}, 30)) == [(7, "in")]
+    assert _directions(_run(DOOR, {7: occluded}, 30)) == [(7, "in")]
 
 
 def test_a_segment_counts_only_between_its_ends_unless_extended():
     short = Line("short", [[0.5, 0.0], [0.5, 0.3]])  # the upper 30 % of the frame; objects walk at y = 500
     path = {1: _walk(100, 900, 30)}
-    assert _run(LineRule(short, None), path, 30) == []
+    assert _run(short, path, 30) == []
     extended = Line("short", [[0.5, 0.0], [0.5, 0.3]], extended=True)
-    assert _directions(_run(LineRule(extended, None), path, 30)) == [(1, "in")]
+    assert _directions(_run(extended, path, 30)) == [(1, "in")]
 
 
 def test_a_track_counts_once_per_direction_and_not_within_the_cooldown():
     back_and_forth = _walk(100, 900, 20) + _walk(900, 100, 20) + _walk(100, 900, 20)
-    happened = _run(LineRule(Line("door", [[0.5, 0.0], [0.5, 1.0]], cooldown_s=0.5), None), {1: back_and_forth}, 60)
+    happened = _run(Line("door", [[0.5, 0.0], [0.5, 1.0]], cooldown_s=0.5), {1: back_and_forth}, 60)
     assert _directions(happened) == [(1, "in"), (1, "out")]  # the second "in" is not counted again
     quick = _walk(300, 700, 8) + _walk(700, 300, 8)  # back within 0.8 s
-    happened = _run(LineRule(Line("door", [[0.5, 0.0], [0.5, 1.0]], cooldown_s=5.0), None), {1: quick}, 16)
+    happened = _run(Line("door", [[0.5, 0.0], [0.5, 1.0]], cooldown_s=5.0), {1: quick}, 16)
     assert _directions(happened) == [(1, "in")]
 
 
 def test_only_the_classes_and_scores_a_rule_names_count():
-    rule = LineRule(Line("door", [[0.5, 0.0], [0.5, 1.0]], min_score=0.5), {2})
+    engine = _engine(Line("door", [[0.5, 0.0], [0.5, 1.0]], min_score=0.5), class_ids={2})
     happened = []
     for k, x in enumerate(_walk(100, 900, 20)):
-        seen = [Seen(1, _box(x), 0.9, 2, "car"), Seen(2, _box(x), 0.9, 1, "person"), Seen(3, _box(x), 0.3, 2, "car")]
-        happened += rule.update(0, k / FPS, HW, seen)
+        seen = [(1, _box(x), 0.9, 2), (2, _box(x), 0.9, 1), (3, _box(x), 0.3, 2)]
+        happened += [h for _, h in engine.decide([_frame(0, k / FPS, seen)])]
     assert _directions(happened) == [(1, "in")]
 
 
@@ -106,7 +119,7 @@ def test_dwell_is_the_time_inside_on_the_frames_clock():
     # frames (0.5 s, within the grace) in the middle: one visit
     one = [(200.0, 500.0)] * 20 + [(500.0, 500.0)] * 40 + [(900.0, 500.0)] * 30
     two = [(200.0, 500.0)] * 10 + [(450.0, 600.0)] * 8 + [None] * 5 + [(450.0, 600.0)] * 7 + [(900.0, 900.0)] * 20
-    happened = _run(ZoneRule(WAITING, None), {1: one, 2: two}, 90)
+    happened = _run(WAITING, {1: one, 2: two}, 90)
     exits = {h.seen.track_id: h.fields["dwell_s"] for h in happened if h.type == "zone_exit"}
     enters = [h.seen.track_id for h in happened if h.type == "zone_enter"]
     assert sorted(enters) == [1, 2] and set(exits) == {1, 2}
@@ -117,33 +130,34 @@ def test_dwell_is_the_time_inside_on_the_frames_clock():
 def test_the_same_events_however_fast_the_frames_came():
     """Time is the frames' own: a file processed in 2 s or played in 9 s gives the same events."""
     tracks = {1: [(200.0, 500.0)] * 10 + [(500.0, 500.0)] * 50 + [(900.0, 500.0)] * 30}
-    first = _run(ZoneRule(WAITING, None), tracks, 90, start=0.0)
-    later = _run(ZoneRule(WAITING, None), tracks, 90, start=1000.0)
+    first = _run(WAITING, tracks, 90, start=0.0)
+    later = _run(WAITING, tracks, 90, start=1000.0)
     assert [(h.type, h.fields) for h in first] == [(h.type, h.fields) for h in later]
 
 
 def test_a_zone_visit_needs_its_frames_inside_and_streams_are_apart():
-    rule = ZoneRule(Zone("waiting", WAITING.points, enter_frames=5), None)
+    engine = _engine(Zone("waiting", WAITING.points, enter_frames=5))
     brief = [(200.0, 500.0)] * 5 + [(500.0, 500.0)] * 3 + [(200.0, 500.0)] * 20  # 3 frames inside: no visit
-    assert _run(rule, {1: brief}, 28) == []
-    assert len(_run(rule, {1: [(500.0, 500.0)] * 10}, 10, stream=0)) == 1
-    assert len(_run(rule, {1: [(500.0, 500.0)] * 10}, 10, stream=1)) == 1  # the same track ID, another stream
-    assert rule.occupancy() == 2 and rule.occupancy(1) == 1
+    assert _run(engine, {1: brief}, 28) == []
+    assert len(_run(engine, {1: [(500.0, 500.0)] * 10}, 10, stream=0)) == 1
+    assert len(_run(engine, {1: [(500.0, 500.0)] * 10}, 10, stream=1)) == 1  # the same track ID, another stream
+    zone = engine.rules[0]
+    assert zone.occupancy() == 2 and zone.occupancy(1) == 1
 
 
 def test_a_zone_keeps_nothing_of_boxes_that_never_got_in():
     """Bounded: boxes outside keep no state, and one that was inside for a frame, then gone, is forgotten after
     the grace time (before, such a half-started visit was kept for ever)."""
-    rule = ZoneRule(Zone("waiting", WAITING.points, enter_frames=5), None)
+    engine = _engine(Zone("waiting", WAITING.points, enter_frames=5))
     outside = {i: [(50.0 + i, 500.0)] * 10 for i in range(20)}
-    assert _run(rule, {**outside, 99: [(500.0, 500.0)] + [None] * 9}, 10) == []  # 1 s of frames at 10 fps
-    assert rule.visits[0] == {} or set(rule.visits[0]) == {99}
-    _run(rule, outside, 20, start=1.0)
-    assert rule.visits[0] == {}
+    assert _run(engine, {**outside, 99: [(500.0, 500.0)] + [None] * 9}, 10) == []  # 1 s of frames at 10 fps
+    assert engine.rules[0].visits(0) <= 1
+    _run(engine, outside, 20, start=1.0)
+    assert engine.rules[0].visits(0) == 0
 
 
 def test_a_loiter_event_once_per_visit_past_its_time():
-    rule = ZoneRule(Zone("waiting", WAITING.points, loiter_s=2.0), None)
+    rule = Zone("waiting", WAITING.points, loiter_s=2.0)
     stays = [(200.0, 500.0)] * 5 + [(500.0, 500.0)] * 40 + [(900.0, 500.0)] * 20  # inside 4 s
     passes = [(200.0, 500.0)] * 5 + [(500.0, 500.0)] * 10 + [(900.0, 500.0)] * 50  # inside 1 s
     happened = _run(rule, {1: stays, 2: passes}, 65)
@@ -153,8 +167,7 @@ def test_a_loiter_event_once_per_visit_past_its_time():
 
 
 def test_occupancy_events_hold_for_their_time_and_do_not_flicker():
-    rule = ZoneRule(Zone("waiting", WAITING.points, exit_grace_s=0.0, occupancy_at_least=2, occupancy_for_s=1.0),
-                    None)
+    rule = Zone("waiting", WAITING.points, exit_grace_s=0.0, occupancy_at_least=2, occupancy_for_s=1.0)
     inside, outside = (500.0, 500.0), (900.0, 500.0)
     one = [inside] * 100
     # a second object: in for 0.5 s (too short), out, then in for 3 s, then out
@@ -185,8 +198,9 @@ def test_events_are_counted_for_prometheus_by_rule_what_and_class():
 
     for k, x in enumerate(_walk(100, 900, 30)):
         packet = Packet()
-        packet.frame_no, packet.pts = k, k / FPS
-        step(0, packet, {"boxes": [_box(x)], "scores": [0.9], "classes": [1], "track_ids": [5]})
+        packet.stream, packet.frame_no, packet.pts = 0, k, k / FPS
+        step.run([packet], [{"boxes": [_box(x)], "scores": [0.9], "classes": [1], "track_ids": [5]}])
+    step.flush()
     assert [(r.type, r.stream, r.label, r.track_id) for r in delivered] == \
         [("zone_enter", 7, "car", 5), ("line_cross", 7, "car", 5), ("zone_exit", 7, "car", 5)]
     registry = CollectorRegistry()
@@ -197,13 +211,105 @@ def test_events_are_counted_for_prometheus_by_rule_what_and_class():
     assert json.loads(delivered[0].json())["schema"] == "jetpipe.event/1"
 
 
+def _scene(streams: int, frames: int) -> list[list[tuple]]:
+    """Each stream's frames: objects walking across the frame both ways at several speeds, some stopping in
+    the middle for a while, some unseen for a few frames; stream 1's frames are smaller (640 x 480)."""
+    rng = np.random.default_rng(7)
+    scene = []
+    for stream in range(streams):
+        hw = (480, 640) if stream == 1 else HW
+        height, width = hw
+        walkers = []
+        for track in range(1, 13):
+            x0, x1 = (0.05, 0.95) if track % 2 else (0.95, 0.05)
+            start, speed = int(rng.integers(0, frames // 2)), float(rng.uniform(0.01, 0.04))
+            walkers.append((track, x0, x1, start, speed, float(rng.uniform(0.3, 0.9)), track % 4 == 0))
+        rows = []
+        for k in range(frames):
+            seen = []
+            for track, x0, x1, start, speed, y, stops in walkers:
+                steps = k - start
+                if steps < 0 or (track % 3 == 0 and 20 <= steps < 24):
+                    continue  # not yet in the scene, or occluded
+                if stops:
+                    steps = min(steps, 15) + max(0, steps - 45)  # stands still for 30 frames
+                x = x0 + (x1 - x0) * min(1.0, steps * speed)
+                box = (x * width - 20, y * height - 60, x * width + 20, y * height)
+                seen.append((track, box, 0.9 if track != 5 else 0.3, track % 2))
+            rows.append(_frame(stream, 100.0 * stream + k / FPS, seen, hw, arrays=True))
+        scene.append(rows)
+    return scene
+
+
+SCENE_RULES = [Line("door", [[0.5, 0.0], [0.5, 1.0]], cooldown_s=0.0),
+               Line("short", [[0.3, 0.4], [0.3, 0.7]], frames_each_side=2),
+               Line("cars", [[0.7, 1.0], [0.7, 0.0]], classes=[1], min_score=0.5),
+               Zone("middle", [[0.35, 0.2], [0.65, 0.25], [0.6, 0.95], [0.4, 0.9]], exit_grace_s=0.3, loiter_s=1.0,
+                    occupancy_at_least=2, occupancy_for_s=0.5),
+               Zone("left", [[0.0, 0.0], [0.25, 0.0], [0.25, 1.0], [0.0, 1.0]], streams=[0, 2], enter_frames=2)]
+
+
+def _decided(scene, batch_of) -> list[tuple]:
+    """The scene's events as (stream, t, type, rule, track, fields), its frames decided `batch_of` at a time in
+    the order a pipeline finishes them (stream after stream, frame by frame)."""
+    engine = _engine(*SCENE_RULES)
+    order = [frames[k] for k in range(len(scene[0])) for frames in scene]
+    events = []
+    for first in range(0, len(order), batch_of):
+        part = order[first:first + batch_of]
+        events += [(part[f][0], part[f][1], h.type, h.rule, h.seen and h.seen.track_id, h.fields)
+                   for f, h in engine.decide(part)]
+    return events
+
+
+def test_a_batch_decided_at_once_gives_the_events_of_its_frames_one_by_one():
+    """The engine decides a batch with array operations over all its boxes; the events are those of deciding
+    frame after frame, whatever the batch holds (several streams, two or more frames of one stream, frames of
+    two sizes, the tracker's arrays or the results' lists)."""
+    scene = _scene(3, 120)
+    one_by_one = _decided(scene, 1)
+    kinds = {e[2] for e in one_by_one}
+    assert kinds == {"line_cross", "zone_enter", "zone_exit", "loiter", "occupancy"}, kinds
+    for batch_of in (2, 3, 7, 32):
+        assert _decided(scene, batch_of) == one_by_one, batch_of
+    lists = [[(*frame[:4], None) for frame in frames] for frames in scene]
+    assert _decided(lists, 16) == one_by_one
+
+
+def test_the_tracks_kept_are_bounded(monkeypatch):
+    """A track unseen for FORGET_S of its stream's time goes (unless a zone holds its visit); past MAX_ROWS the
+    one seen longest ago goes; a stream that leaves takes its tracks with it. A row given anew starts clean."""
+    from jetpipe.pipelines.events import columns
+
+    engine = _engine(DOOR, Zone("all", [[0, 0], [1, 0], [1, 1], [0, 1]], exit_grace_s=1e4))
+    table = engine.table
+    engine.decide([_frame(0, 0.0, [(1, _box(200), 0.9, 0)]), _frame(1, 0.0, [(1, _box(200), 0.9, 0)])])
+    for k in range(1, columns.SWEEP_EVERY + 1):  # stream 0's track 2 only, past FORGET_S, outside the zone
+        engine.decide([_frame(0, k * columns.FORGET_S / 100, [(2, _box(200, 50), 0.9, 0)])])
+    assert set(table.index) == {0 << 32 | 1, 0 << 32 | 2, 1 << 32 | 1}  # both track 1s are in the zone: held
+    engine.rules = [engine.rules[0]]  # the zone goes: nothing holds a track any more
+    for _ in range(columns.SWEEP_EVERY):
+        engine.decide([_frame(0, 1000.0, [(2, _box(200, 50), 0.9, 0)])])
+    assert set(table.index) == {0 << 32 | 2, 1 << 32 | 1}  # stream 0's track 1 was unseen for long; stream 1 was not
+    engine.reset(1)
+    assert set(table.index) == {0 << 32 | 2}
+    monkeypatch.setattr(columns, "MAX_ROWS", table.capacity)
+    for track in range(3, 3 + table.capacity):
+        engine.decide([_frame(0, 1000.0, [(track, _box(200), 0.9, 0)])])
+    assert len(table.index) == table.capacity and 0 << 32 | 2 not in table.index  # the oldest went first
+    row = table.index[0 << 32 | 3]
+    engine.rules[0].settled[row] = 1
+    engine.decide([_frame(0, 1000.0, [(99999, _box(200), 0.9, 0)])])  # takes the row of track 3 (seen longest ago)
+    assert table.index[0 << 32 | 99999] == row and engine.rules[0].settled[row] == 0
+
+
 def test_anchors_and_polygons():
-    box = [Seen(1, (10, 20, 30, 60), 0.9, 0, None)]
-    anchor_point = lambda name: anchor_points(box, anchor_fractions(name))[0]  # noqa: E731
+    batch = TrackBatch([_frame(0, 0.0, [(1, (10, 20, 30, 60), 0.9, 0)])])
+    anchor_point = lambda name: tuple(float(v[0]) for v in batch.anchors(anchor_fractions(name)))  # noqa: E731
     assert anchor_point("bottom-center") == (20, 60) and anchor_point("center") == (20, 40)
     assert anchor_point("top-left") == (10, 20) and anchor_point("bottom-right") == (30, 60)
     square = polygon_edges([(0, 0), (10, 0), (10, 10), (0, 10)])
-    assert is_inside((5, 5), square) and not is_inside((15, 5), square)
+    assert inside_polygon(np.array([5.0, 15.0]), np.array([5.0, 5.0]), square).tolist() == [True, False]
 
 
 @pytest.mark.parametrize("table, kind, message", [

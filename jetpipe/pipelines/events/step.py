@@ -1,5 +1,9 @@
 """The per-frame step that turns each frame's tracked boxes into events (steps.py runs it after the tracker).
 
+It gathers the frames of a few batches and decides them at once (engine.py: array operations over every box):
+an event reaches the sinks at most DECIDE_S after its frame's record while frames come, and at once when the
+post stage is idle or ends (flush()).
+
 Its rules change while it runs (the control API's /rules): each change makes a new list, which the frames'
 threads read whole (a frame sees the rules before or after a change, never half of one). A rule changed or
 removed keeps its counts in the summary; a changed rule starts its states anew (visits, sides).
@@ -12,24 +16,39 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import asdict
-from itertools import repeat
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from jetpipe.pipelines.events.engine import LineRule, Seen, ZoneRule, anchor_points
+from jetpipe.pipelines.events.engine import Engine, ZoneRule
 from jetpipe.pipelines.events.record import EventRecord
 
 log = logging.getLogger(__name__)
 
 
+DECIDE_FRAMES = 32   # frames decided at once: most of the rules' cost is per decision, not per box
+DECIDE_S = 0.1       # and no frame waits longer than this for its events (while frames come)
+
+
+class _Frame:
+    """What an event record tells of its frame (the frame itself goes back to its ring before the rules run)."""
+    __slots__ = ("frame_no", "pts", "t_capture", "gathered")
+
+    def __init__(self, packet):
+        self.frame_no, self.pts, self.t_capture = packet.frame_no, packet.pts, packet.t_capture
+        self.gathered = time.monotonic()
+
+
 class EventStep:
     name = "events"
 
-    def __init__(self, rules: list, labels, stream_id, deliver):
+    def __init__(self, rules: list, labels, stream_id, deliver, tracks=None):
         """rules: Zone and Line; labels: the model's class names (rules name classes by them); stream_id(slot):
-        the ID of the stream in a slot now; deliver(record): to the sinks."""
+        the ID of the stream in a slot now; deliver(record): to the sinks; tracks: the tracker's step, whose
+        arrays of the batch's boxes it reads (None: it makes them)."""
+        self.tracks = tracks
         self.labels = tuple(labels or ())
-        self.rules = [self._engine(r) for r in rules]
+        self.engine = Engine()
+        self.engine.rules = [self._engine(r) for r in rules]
         self.stream_id, self.deliver = stream_id, deliver
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for rule in rules:
@@ -37,11 +56,17 @@ class EventStep:
         self.by_label: dict[tuple[str, str, str], int] = defaultdict(int)  # (rule, what, label) -> N
         self.by_stream: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))  # drawn
         self._slot_ids: dict[int, int] = {}
+        self._left: list[int] = []  # streams whose slot another took: forgotten by the frames' thread
+        self._waiting: list[tuple] = []  # frames gathered, not decided yet
         self.lock = threading.Lock()
         self.cpu_s = 0.0  # the thread CPU time the rules took (the summary's events.cpu_s: what they cost)
 
+    @property
+    def rules(self) -> list:
+        return self.engine.rules
+
     def _engine(self, rule):
-        return (ZoneRule if rule.kind == "zone" else LineRule)(rule, self._class_ids(rule))
+        return self.engine.rule(rule, self._class_ids(rule))
 
     # -- the rules while serving (control API) -----------------------------------------------------------------
     def tables(self) -> list[dict]:
@@ -57,52 +82,49 @@ class EventStep:
         """A checked rule (rules.check, check_against) whose name no rule has."""
         engine = self._engine(rule)
         with self.lock:
-            self.rules = [*self.rules, engine]
+            self.engine.rules = [*self.rules, engine]
             self.counts[rule.name]
 
     def change(self, rule) -> None:
         """The rule of the same name, replaced: its states start anew, its counts go on."""
         engine = self._engine(rule)
         with self.lock:
-            self.rules = [engine if r.rule.name == rule.name else r for r in self.rules]
+            self.engine.rules = [engine if r.rule.name == rule.name else r for r in self.rules]
 
     def remove(self, name: str) -> None:
         with self.lock:
-            self.rules = [r for r in self.rules if r.rule.name != name]
+            self.engine.rules = [r for r in self.rules if r.rule.name != name]
 
     def _class_ids(self, rule) -> set[int] | None:
         if not rule.classes:
             return None
         return {c if isinstance(c, int) else self.labels.index(c) for c in rule.classes}
 
-    def __call__(self, slot: int, packet, results: dict) -> None:
+    def run(self, packets: list, results: list[dict]) -> None:
+        """A finished batch's frames (packet.stream: the slot), a stream's in their order: gathered, and decided
+        DECIDE_FRAMES at a time (or once the first has waited DECIDE_S): the rules' cost is mostly per decision,
+        and a live pipeline's batches are a few frames."""
+        arrays = self.tracks.arrays if self.tracks is not None and len(self.tracks.arrays) == len(packets) else \
+            [None] * len(packets)
+        for packet, found, boxes in zip(packets, results, arrays):
+            stream = self._slot_ids[packet.stream] = self.stream_id(packet.stream)
+            t = packet.pts if packet.pts is not None else packet.t_capture  # the frame's clock, never ours
+            self._waiting.append(((stream, t, packet.frame.size(), found, boxes), _Frame(packet)))
+        if self._waiting and (len(self._waiting) >= DECIDE_FRAMES or self._left or
+                              time.monotonic() - self._waiting[0][1].gathered >= DECIDE_S):
+            self.flush()
+
+    def flush(self) -> None:
+        """Decide the frames gathered so far (the post stage calls it when idle and at the end)."""
         started = time.thread_time()
-        self._decide(slot, packet, results)
+        waiting, self._waiting = self._waiting, []
+        if waiting:
+            frames = [frame for frame, _ in waiting]
+            for index, happened in self.engine.decide(frames):
+                self._deliver(happened, frames[index][0], waiting[index][1])
+        while self._left:  # after their last frames were decided
+            self.engine.reset(self._left.pop())
         self.cpu_s += time.thread_time() - started  # one thread (the post stage's) calls it
-
-    def _decide(self, slot: int, packet, results: dict) -> None:
-        stream = self.stream_id(slot)
-        self._slot_ids[slot] = stream
-        seen = self._seen(results)
-        t = packet.pts if packet.pts is not None else packet.t_capture  # the frame's clock, never ours
-        frame_hw = packet.frame.size()
-        points: dict[tuple[float, float], list] = {}  # anchor -> the boxes' anchor points: once a frame
-        for rule in self.rules:  # the list of now: a change makes a new one
-            if rule.takes(stream):
-                at = points.get(rule.anchor)
-                if at is None:
-                    at = points[rule.anchor] = anchor_points(seen, rule.anchor)
-                for happened in rule.update(stream, t, frame_hw, seen, at):
-                    self._deliver(happened, stream, packet)
-
-    def _seen(self, results: dict) -> list[Seen]:
-        ids = results.get("track_ids")
-        if not ids:
-            return []
-        boxes, scores = results["boxes"], results["scores"]
-        classes = results.get("classes") or [0] * len(boxes)
-        labels = [self._label(c) for c in classes] if self.labels else repeat(None)
-        return Seen.tracked(zip(ids, boxes, scores, classes, labels))
 
     def _label(self, class_id: int) -> str | None:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else None
@@ -110,7 +132,8 @@ class EventStep:
     def _deliver(self, happened, stream: int, packet) -> None:
         fields, seen = happened.fields, happened.seen
         what = fields.get("direction") or fields.get("state") or happened.type.removeprefix("zone_")
-        label = None if seen is None else seen.label or str(seen.class_id)
+        name = None if seen is None else self._label(seen.class_id)  # the model's name for its class
+        label = None if seen is None else name or str(seen.class_id)
         with self.lock:  # read by the metrics server's thread
             counts = self.counts[happened.rule]
             counts[what] += 1
@@ -119,7 +142,7 @@ class EventStep:
             counts = dict(counts)
         pts = None if packet.pts is None else round(packet.pts, 6)
         about = (None, None, None, None, None) if seen is None else \
-            (seen.track_id, seen.label, seen.class_id, round(seen.score, 4), [round(v, 1) for v in seen.box])
+            (seen.track_id, name, seen.class_id, round(seen.score, 4), [round(v, 1) for v in seen.box])
         self.deliver(EventRecord(happened.type, happened.rule, stream, packet.frame_no, pts,
                                  round(packet.t_capture, 6), *about, fields, counts))
 
@@ -138,11 +161,11 @@ class EventStep:
         return drawn
 
     def reset(self, slot: int) -> None:
-        """A new stream takes `slot`: the states of the stream it held go (its counts stay in the summary)."""
+        """A new stream takes `slot`: the states of the stream it held go (its counts stay in the summary), at
+        the frames' thread's next batch (this is the control API's thread)."""
         old = self._slot_ids.pop(slot, None)
         if old is not None:
-            for rule in self.rules:
-                rule.reset(old)
+            self._left.append(old)
 
     def summary(self) -> dict:
         with self.lock:
@@ -164,7 +187,7 @@ class EventStep:
                                       labels=["rule", "stream"])
         for rule in list(self.rules):
             if isinstance(rule, ZoneRule):
-                for stream in sorted(set(list(rule.visits)) | set(self._slot_ids.values())):
+                for stream in sorted(rule.streams_visiting() | set(self._slot_ids.values())):
                     if rule.takes(stream):
                         occupancy.add_metric([rule.rule.name, str(stream)], rule.occupancy(stream))
         yield occupancy
