@@ -288,6 +288,12 @@ def _add_serve(sub) -> None:
                    help="a counting line (0..1 coordinates): an event each time a tracked object crosses it, 'in' "
                         "from its right-hand side to its left (walking from the first point to the second); [[line]] "
                         "tables set the rest (repeatable)")
+    p.add_argument("--clips", metavar="DIR",
+                   help="an MP4 clip around each event (line_cross, zone_enter, loiter, occupancy) in DIR: the "
+                        "stream's own packets from the keyframe before --clip-before seconds to --clip-after "
+                        "seconds after, never re-encoded; files decoded in-process (PyAV); [clips] sets the rest")
+    p.add_argument("--clip-before", type=float, metavar="S", help="seconds of a clip before its event (default 5)")
+    p.add_argument("--clip-after", type=float, metavar="S", help="seconds of a clip after its event (default 5)")
     p.add_argument("--summary", metavar="PATH",
                    help="also write the run's summary (JSON) to PATH, a new file written when the run ends, or '-' "
                         "for stdout (it always goes to stderr too)")
@@ -361,7 +367,19 @@ def _serve_config(args):
         config.metrics_hosts = [*config.metrics_hosts, *args.metrics_host]
     config.zones = [*config.zones, *(rules.from_flag(z, "zone") for z in args.zone or [])]
     config.lines = [*config.lines, *(rules.from_flag(line, "line") for line in args.line or [])]
+    _clip_flags(args, config)
     return validate(config, args.config or "flags")
+
+
+def _clip_flags(args, config) -> None:
+    if args.clips:
+        config.clips.folder = args.clips
+    for flag, key in (("clip_before", "before_s"), ("clip_after", "after_s")):
+        value = getattr(args, flag)
+        if value is not None:
+            if not config.clips.folder:
+                raise ConfigError(f"--{flag.replace('_', '-')} is a clip's length: add --clips DIR")
+            setattr(config.clips, key, value)
 
 
 def _add_demo(sub) -> None:

@@ -70,7 +70,26 @@ class ControlConfig:
     allow_folders: list[str] = field(default_factory=list)
 
 
+EVENT_TYPES = ("line_cross", "zone_enter", "zone_exit", "loiter", "occupancy")
+
+
+@dataclass
+class ClipsConfig:
+    """Clips around events (pipelines/clips/): each stream's compressed packets kept, cut into MP4 files
+    without decoding or encoding."""
+
+    folder: str = ""              # where the clips go ("": no clips)
+    before_s: float = 5.0         # a clip starts at the last keyframe at or before the event's time - before_s
+    after_s: float = 5.0          # and ends at its time + after_s
+    on: list[str] = field(default_factory=lambda: ["line_cross", "zone_enter", "loiter", "occupancy"])
+    ring_mb: float = 64.0         # the packets kept per stream, at most (before_s + after_s + a GOP of them)
+    max_total_mb: float = 10_000.0  # the folder's clips, at most (the oldest go)
+    max_age_h: float = 0.0        # and none older than this (0: no limit)
+
+
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
+_CLIPS_KEYS = {"folder": str, "before_s": (int, float), "after_s": (int, float), "on": list, "ring_mb": (int, float),
+               "max_total_mb": (int, float), "max_age_h": (int, float)}
 _CONTROL_KEYS = {"enabled": bool, "max_streams": int, "token": str, "allow_schemes": list, "allow_folders": list}
 _SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int,
                    "direction": str, "direction_threshold": (int, float), "every_track": int, "backend": str,
@@ -105,6 +124,7 @@ class PipelineConfig:
     fail_timeout_s: float = 30.0       # every batch failing this long stops serve, exit 1 (0: never)
     secondaries: list[SecondaryConfig] = field(default_factory=list)  # models run on the primary's boxes
     control: ControlConfig = field(default_factory=ControlConfig)
+    clips: ClipsConfig = field(default_factory=ClipsConfig)
     zones: list = field(default_factory=list)   # events.Zone: [[zone]] tables, --zone
     lines: list = field(default_factory=list)   # events.Line: [[line]] tables, --line
 
@@ -116,7 +136,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
                   "log_every_s": (int, float)}
-_TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "zone", "line"}
+_TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "zone", "line"}
 
 
 def _check_keys(where: str, table: dict, allowed) -> None:
@@ -159,6 +179,9 @@ def load(path: str | Path) -> PipelineConfig:
     control = data.get("control", {})
     _check_keys(f"{path} [control]", control, _CONTROL_KEYS)
     _check_types(f"{path} [control]", control, _CONTROL_KEYS)
+    clips = data.get("clips", {})
+    _check_keys(f"{path} [clips]", clips, _CLIPS_KEYS)
+    _check_types(f"{path} [clips]", clips, _CLIPS_KEYS)
     zones = [rules.from_table(t, "zone", f"{path} [[zone]] #{i + 1}")
              for i, t in enumerate(_array_of_tables(path, data, "zone"))]
     lines = [rules.from_table(t, "line", f"{path} [[line]] #{i + 1}")
@@ -167,7 +190,8 @@ def load(path: str | Path) -> PipelineConfig:
     if "max_frame_hw" in options:
         options["max_frame_hw"] = tuple(options["max_frame_hw"])
     config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, secondaries=secondaries,
-                            control=ControlConfig(**control), zones=zones, lines=lines, **options)
+                            control=ControlConfig(**control), clips=ClipsConfig(**clips), zones=zones, lines=lines,
+                            **options)
     if "listen" in metrics:
         config.metrics_listen = str(metrics["listen"])
     config.metrics_hosts = list(metrics.get("hosts", []))
@@ -293,6 +317,33 @@ def _check_control(config: PipelineConfig, where: str) -> None:
                           f"token: set {TOKEN_ENV} (or [control] token), or listen on 127.0.0.1")
 
 
+def _check_clips(config: PipelineConfig, where: str) -> None:
+    """Bounds, the event types, and a folder this user can write (made where missing)."""
+    clips = config.clips
+    if not clips.folder:
+        return
+    for key, low, high in (("before_s", 0.0, 300.0), ("after_s", 0.0, 300.0), ("ring_mb", 1.0, 4096.0),
+                           ("max_total_mb", 1.0, 1e9), ("max_age_h", 0.0, 1e6)):
+        value = getattr(clips, key)
+        if not low <= value <= high:
+            raise ConfigError(f"{where}: clips {key} = {value}: from {low:g} to {high:g}")
+    if clips.before_s + clips.after_s <= 0:
+        raise ConfigError(f"{where}: clips before_s + after_s = 0: a clip needs a length")
+    unknown = [t for t in clips.on if t not in EVENT_TYPES]
+    if unknown or not clips.on:
+        raise ConfigError(f"{where}: clips on = {clips.on}: event types from {', '.join(EVENT_TYPES)}")
+    folder = Path(clips.folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{where}: clips folder {folder} is not a folder this user can write: name one")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{where}: clips folder {folder}: cannot make it ({exc.strerror}): name a folder this "
+                          "user can write") from None
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: clips folder {folder} is not a folder this user can write: name one")
+
+
 def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     if not config.sources and not config.control.enabled:
         raise ConfigError(f"{where}: no source: add a [[source]] uri (or --source), e.g. synthetic")
@@ -357,6 +408,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         if config.task not in TASKS:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(TASKS)}")
     _check_rules(config, where)
+    _check_clips(config, where)
     return config
 
 

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from jetpipe import bundle as bundles
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.batcher import Batcher
+from jetpipe.pipelines.clips.writer import Clips
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.counters import Metrics
 from jetpipe.pipelines.events import rules
@@ -141,7 +142,7 @@ class Pipeline:
                                budget_s=config.latency_budget_ms / 1000 or None)
         self.metrics = Metrics(capacity)
         self.ingest = Ingest(config, runtime, self.streams, self.batcher, self.metrics, self.stop_event,
-                             self._start_thread, lambda stream: self.sinks.end_stream(stream.id), self.control)
+                             self._start_thread, self._removed, self.control)
         self.closers.append(self.ingest.close)
         self.ingest.open_configured()
         # with the control API, files are numbered by stream ID from the start (streams come and go)
@@ -150,13 +151,18 @@ class Pipeline:
         self.closers.append(self.sinks.close)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
-        steps = build_steps(config, capacity, self.labels, self.streams.id_of, self.sinks.put)
+        self.clips = Clips(config.clips, self.sinks.put) if config.clips.folder else None
+        if self.clips is not None:  # before the steps: the events' records reach it too
+            self.closers.append(self.clips.close)
+            self.clips.attach_all(self.streams.live())
+        deliver = self.sinks.put if self.clips is None else self.clips.passing(self.sinks.put)  # events' records
+        steps = build_steps(config, capacity, self.labels, self.streams.id_of, deliver)
         self.events = next((s for s in steps if s.name == "events"), None)
         self.stages = Stages(runtime, self.batcher, self.postprocess, steps, self.secondaries,
                              self.streams, self.metrics, self.sinks, self.task, self.pool, config.fail_timeout_s,
                              self.stop, self.profile)
         self.report = Report(config, self.streams, self.metrics, self.batcher, runtime, self.sinks, self.stages,
-                             self.control, self.events)
+                             self.control, self.events, self.clips)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
         self.metrics.gauges["jetpipe_streams"] = lambda: len(self.streams.live())
         self.metrics.families.append(self.sinks.metric_families)
@@ -171,6 +177,12 @@ class Pipeline:
         self.server, self.preview = None, None
         if config.metrics_listen:
             self._serve_http(capacity)
+
+    def _removed(self, stream) -> None:
+        """A removed stream's last frame reached the sinks: its outputs end, and its clips' ring goes."""
+        self.sinks.end_stream(stream.id)
+        if self.clips is not None:
+            self.clips.end(stream.id, forget=True)
 
     def _serve_http(self, capacity: int) -> None:
         """The metrics server: /metrics, /healthz, the preview page, and the control API where it is on."""
@@ -257,6 +269,8 @@ class Pipeline:
             stages.end_secondary()
             chained.join()
         self.ingest.free_removed()  # streams whose removal was asked: their frames are through now
+        if self.clips is not None:  # the clips still waiting, cut with what the rings hold: their records too
+            self.clips.close()
         self.sinks.finish()
         writer.join()
         self.thread_cpu_s["process"] = time.process_time() - cpu_started
@@ -320,7 +334,18 @@ class Pipeline:
 
     def add_stream(self, spec) -> dict:
         """Serve one more source in a free slot (Ingest.add says what may refuse it)."""
-        return self.report.describe(self.ingest.add(spec, self.stages.reset_slot))
+        stream = self.ingest.add(spec, self.stages.reset_slot)
+        if self.clips is not None:
+            self.clips.attach(stream.id, stream.source, at_start=False)
+        return self.report.describe(stream)
+
+    def request_clip(self, stream_id: int, asked) -> dict:
+        """POST /streams/ID/clips: a clip of the stream around its newest frame (Clips.around_now)."""
+        if self.clips is None:
+            raise ControlError(409, "clips are off: serve with --clips DIR ([clips] folder)")
+        if self.streams.find(stream_id) is None:
+            raise ControlError(404, f"no stream {stream_id}: GET /streams lists them")
+        return self.clips.around_now(stream_id, asked)
 
     def remove_stream(self, stream_id: int, wait_s: float = REMOVE_WAIT_S) -> tuple[int, dict]:
         """Stop a stream's source; its queued and in-flight frames finish and reach the sinks, then its slot is

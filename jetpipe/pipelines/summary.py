@@ -15,10 +15,11 @@ PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stall
 
 
 class Report:
-    def __init__(self, config, streams, metrics, batcher, runtime, sinks, stages, control: bool, events=None):
+    def __init__(self, config, streams, metrics, batcher, runtime, sinks, stages, control: bool, events=None,
+                 clips=None):
         self.config, self.streams, self.metrics, self.batcher = config, streams, metrics, batcher
         self.runtime, self.sinks, self.stages, self.control = runtime, sinks, stages, control
-        self.events = events  # events.EventStep, where zones or lines were given
+        self.events, self.clips = events, clips  # events.EventStep, clips.writer.Clips: where asked for
         self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
 
     def live_counts(self, stream) -> dict:
@@ -95,6 +96,7 @@ class Report:
                 **({"gpu_busy_share": round(gpu_busy_s / max(seconds, 1e-9), 3)} if gpu_busy_s else {}),
                 **stages,
                 **({"events": self.events.summary()} if self.events is not None else {}),
+                **({"clips": self.clips.summary()} if self.clips is not None else {}),
                 **({"interrupted": dict(interrupted)} if interrupted else {}),
                 **({"failure": failure} if failure else {})}
 

@@ -196,3 +196,14 @@ def panning_video(tmp_path_factory):
         if len(before) >= 3 and len(after) >= 3 and max(before) < min(after):
             crossing += 1
     return SimpleNamespace(path=path, crossings=crossing, x_line=X_LINE, frames=FRAMES)
+
+
+@pytest.fixture(scope="session")
+def panning_h264(panning_video, tmp_path_factory):
+    """The events tests' panning video (2 fps) as H.264 in MP4, a keyframe every 4 frames (2 s)."""
+    if not shutil.which("ffmpeg"):
+        pytest.skip("ffmpeg is not on PATH (apt-get install ffmpeg)")
+    path = tmp_path_factory.mktemp("clips") / "panning.mp4"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(panning_video.path), "-c:v", "libx264", "-g", "4",
+                    "-bf", "0", "-pix_fmt", "yuv420p", str(path)], check=True)
+    return path

@@ -9,11 +9,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import av
 import pytest
 
-from jetpipe.pipelines.config import ConfigError, ControlConfig, PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.config import ClipsConfig, ConfigError, ControlConfig, PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
 
 CAMERA = "synthetic://320x240@3/nv12"  # slow enough that the 2-core machine keeps up with four of them
@@ -60,7 +61,7 @@ class Serving:
 
     def __init__(self, bundle, sources, sinks=(), max_streams=4, listen_host="127.0.0.1", token="",
                  max_frame_hw=(1080, 1920), backend="onnxruntime-cpu", allow_schemes=(), allow_folders=(),
-                 tracker="none"):
+                 tracker="none", clips=""):
         port = _port()
         control = ControlConfig(enabled=True, max_streams=max_streams, token=token)
         control.allow_schemes += list(allow_schemes)
@@ -68,7 +69,7 @@ class Serving:
         self.config = validate(PipelineConfig(
             bundle=bundle, sources=[SourceConfig(uri) for uri in sources], sinks=list(sinks),
             metrics_listen=f"{listen_host}:{port}", backend=backend, max_frame_hw=max_frame_hw, control=control,
-            tracker=tracker))
+            tracker=tracker, clips=ClipsConfig(folder=str(clips))))
         self.pipeline = Pipeline(self.config)
         self.base = f"http://127.0.0.1:{port}"
         self.summary = None
@@ -476,3 +477,40 @@ def test_rules_need_a_tracker_and_the_token(serving, monkeypatch):
     assert status == 401
     status, _ = _json(guarded.base, "GET", "/rules")
     assert status == 401
+
+
+def test_a_clip_asked_through_the_control_api_covers_the_seconds_around_now(serving, tmp_path, panning_h264):
+    """POST /streams/ID/clips: 202 at once, then a clip_ready record once the seconds after are in; the clip is
+    the stream's own packets from a keyframe. Streams without packets, bad bodies and clips turned off: 4xx."""
+    folder, clips, out = tmp_path / "videos", tmp_path / "clips", tmp_path / "out.jsonl"
+    folder.mkdir()
+    shutil.copy(panning_h264, folder / "panning.mp4")
+    daemon = serving([CAMERA], sinks=[f"jsonl:{out}"], allow_folders=[folder], clips=clips)
+    status, stream = _json(daemon.base, "POST", "/streams", {"uri": str(folder / "panning.mp4"), "loop": True,
+                                                              "realtime": True})
+    assert status == 201
+    assert _wait_for(lambda: daemon.processed(stream["id"]) >= 8)  # 4 s of the 2 fps file
+    status, asked = _json(daemon.base, "POST", f"/streams/{stream['id']}/clips", {"before_s": 3, "after_s": 1})
+    assert status == 202 and asked["end"] - asked["start"] == pytest.approx(4.0) and not asked["merged"]
+
+    def ready():
+        return [json.loads(line) for line in out.read_text().splitlines() if '"jetpipe.clip/1"' in line]
+    assert _wait_for(lambda: ready(), timeout=30)
+    (clip,) = ready()
+    assert clip["stream"] == stream["id"] and clip["events"] == [] and Path(clip["path"]).parent == clips
+    assert asked["start"] - 2.0 <= clip["start"] <= asked["start"] and clip["end"] >= asked["end"] - 0.5
+    probe = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-show_entries", "packet=flags", "-of",
+                            "csv=p=0", clip["path"]], capture_output=True, text=True)
+    assert probe.returncode == 0 and probe.stdout.splitlines()[0].startswith("K")
+    for path, body, code, message in [
+            ("/streams/0/clips", {}, 409, "stream 0 gives no compressed packets"),  # the synthetic camera
+            (f"/streams/{stream['id']}/clips", {"before": 3}, 400, "send {\"before_s\": S, \"after_s\": S}"),
+            (f"/streams/{stream['id']}/clips", {"after_s": 500}, 400, "after_s = 500: seconds from 0 to 300"),
+            ("/streams/99/clips", {}, 404, "no stream 99")]:
+        status, answer = _json(daemon.base, "POST", path, body)
+        assert status == code and message in answer["error"], answer
+    assert _request(daemon.base, "GET", f"/streams/{stream['id']}/clips")[0] == 405
+    daemon.stop()
+    plain = serving([CAMERA])
+    status, answer = _json(plain.base, "POST", "/streams/0/clips", {})
+    assert status == 409 and "clips are off" in answer["error"]

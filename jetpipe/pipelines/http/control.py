@@ -6,6 +6,8 @@
     GET    /streams/ID     one stream (a removed one with its final counters)
     DELETE /streams/ID     stop its source; 200 once its queued and in-flight frames reached the sinks
                            (202 if that takes longer than 30 s: GET it to see it go)
+    POST   /streams/ID/clips  {"before_s": S, "after_s": S} (both optional: the [clips] defaults): a clip of
+                           the stream around its newest frame; 202, and a clip_ready record when it is written
     /rules, /rules/NAME    the zones and lines (rule_routes.RuleRoutes)
 
 Errors are JSON {"error": reason}: 400 a malformed request, 401 without the token, 403 a source kind or
@@ -103,6 +105,11 @@ class Control:
                 self.policy.check(spec)
                 return _ok(201, self.pipeline.add_stream(spec))
             return _error(405, f"{method} /streams: use GET (list) or POST (add)")
+        if path.endswith("/clips"):
+            if method != "POST":
+                return _error(405, f"{method} {path}: use POST (a clip of the stream around now)")
+            asked = _json(body, path) if body.strip() else {}
+            return _ok(202, self.pipeline.request_clip(_stream_id(path.removesuffix("/clips")), asked))
         stream_id = _stream_id(path)
         if method == "GET":
             return _ok(200, self.pipeline.describe_stream(stream_id))
@@ -119,12 +126,12 @@ def _stream_id(path: str) -> int:
     return int(text)
 
 
-EXAMPLES = {"/streams": '{"uri": "rtsp://camera/stream"}',
+EXAMPLES = {"/streams": '{"uri": "rtsp://camera/stream"}', "/clips": '{"before_s": 10, "after_s": 5}',
             "/rules": '{"kind": "line", "name": "door", "points": [[0.5, 0], [0.5, 1]]}'}
 
 
 def _json(body: bytes, path: str):
-    example = EXAMPLES["/rules" if path.startswith("/rules") else "/streams"]
+    example = EXAMPLES["/rules" if path.startswith("/rules") else "/clips" if path.endswith("/clips") else "/streams"]
     if guard.json_depth(body) > guard.MAX_JSON_DEPTH:
         raise ControlError(400, f"{path[:100]}: the body nests deeper than {guard.MAX_JSON_DEPTH} levels: send "
                                 f"one object, e.g. {example}")

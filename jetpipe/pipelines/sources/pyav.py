@@ -31,6 +31,7 @@ from fractions import Fraction
 import numpy as np
 
 from jetpipe.errors import JetpipeError, worth_logging
+from jetpipe.pipelines.clips.ring import Packet
 from jetpipe.pipelines.sources.base import EndOfStream, FrameInfo, SourceError
 from jetpipe.pipelines.sources.ffmpeg import NATIVE, StreamFormat
 from jetpipe.uri import SourceURI
@@ -124,6 +125,7 @@ class PyAVSource:
         self._start = None  # the stream's first timestamp (seconds)
         self._clock = None  # realtime: monotonic time of pts 0
         self._stopped = threading.Event()
+        self.packet_ring = None  # clips.PacketRing: each demuxed packet kept there too (clips around events)
         if self.hwaccel and self.hwaccel not in hwaccels():
             raise JetpipeError(f"source {uri.text}: hwaccel {self.hwaccel!r}: PyAV's FFmpeg has "
                                f"{', '.join(hwaccels()) or 'none'}")
@@ -185,6 +187,8 @@ class PyAVSource:
             self.open()  # decode the file again; timestamps go on from where it ended
             frame = self._next_frame()
         if frame is None:
+            if self.packet_ring is not None:
+                self.packet_ring.end()  # clips waiting for later seconds are cut with what there is
             raise EndOfStream(self.uri)
         if (frame.width, frame.height, frame.format.name) != self._layout:
             frame = self._as_first_frames(frame)
@@ -210,6 +214,8 @@ class PyAVSource:
                 self._count(f"demuxing: {exc}")
                 self._packets = None
                 return None
+            if self.packet_ring is not None and packet.size:
+                self._keep(packet)
             try:
                 self._pending = list(packet.decode())  # the last (empty) packet flushes the decoder
             except av.error.FFmpegError as exc:
@@ -218,6 +224,17 @@ class PyAVSource:
         if getattr(frame, "is_corrupt", False):
             self._count("frame decoded with errors (concealed)")
         return frame
+
+    def _keep(self, packet) -> None:
+        """The packet into the clips' ring, its times on the frames' clock (shifted across loops as theirs)."""
+        base = self.packet_ring.time_base = packet.time_base  # the ring may come after open() (a stream added)
+        shift = round((self._offset - (self._start or 0.0)) / base)  # in the time base's units
+        pts = None if packet.pts is None else packet.pts + shift
+        dts = None if packet.dts is None else packet.dts + shift
+        at = pts if pts is not None else dts
+        if at is not None:
+            self.packet_ring.add(Packet(float(at * base), bytes(packet), pts, dts, packet.duration or 0,
+                                        packet.is_keyframe))
 
     def _pts(self, frame) -> float | None:
         if frame.time is None:

@@ -1,0 +1,50 @@
+"""A clip as an MP4 made of the input's own packets: remuxed, never decoded or encoded (`ffmpeg -c copy`),
+its index at the front (faststart: it plays while it downloads).
+
+Written into a file this makes under a temporary name (refused where anything has that name, a link too),
+then linked to its name, which must not exist (nothing is overwritten), so that a reader never sees
+half a clip."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jetpipe.pipelines.clips.ring import Packet
+
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def write_clip(path: Path, template: str, time_base, packets: list[Packet]) -> None:
+    """packets (decode order, from a keyframe) into an MP4 at `path`, with the codec parameters of `template`'s
+    video stream; timestamps start near 0. Raises OSError or av.error.FFmpegError; leaves no partial file."""
+    import av
+
+    if os.path.lexists(path):  # checked again, atomically, by the link at the end
+        raise FileExistsError(f"{path} is there already: a clip never overwrites a file")
+    part = path.with_name(f".{path.name}.part")
+    source = av.open(template)
+    try:
+        # made here first (refused where anything has the name, a link too); FFmpeg then opens it by name, as
+        # faststart's second pass needs (in a sticky folder nobody else can swap it for a link meanwhile)
+        os.close(os.open(part, _NEW, 0o644))
+        out = av.open(str(part), "w", format="mp4", options={"movflags": "+faststart"})
+        try:
+            stream = out.add_stream_from_template(source.streams.video[0])
+            base = min(p.dts if p.dts is not None else p.pts for p in packets)
+            for p in packets:
+                packet = av.Packet(p.data)
+                packet.pts = None if p.pts is None else p.pts - base
+                packet.dts = None if p.dts is None else p.dts - base
+                packet.duration, packet.is_keyframe = p.duration, p.key
+                packet.stream, packet.time_base = stream, time_base
+                out.mux(packet)
+        finally:
+            out.close()
+        os.link(part, path)  # FileExistsError where anything has that name
+        part.unlink()
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    finally:
+        source.close()

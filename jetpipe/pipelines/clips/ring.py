@@ -1,0 +1,103 @@
+"""A stream's compressed packets of the last seconds, as its demuxer gave them: what a clip is cut from.
+
+Kept by group of pictures (GOP: a keyframe and the packets after it), so that what is kept always starts
+at a keyframe and a clip can start at the last keyframe at or before the moment it asks for. The ring holds
+`keep_s` seconds back from its newest packet, plus the GOP that reaches into them, and never more than
+`max_bytes` (the oldest GOPs go first; a clip then starts later than asked, and says so).
+
+Timestamps are the source's: `t` in seconds on the clock the frames' pts use (a looped file's go on across
+loops), `pts` and `dts` in the stream's time base, shifted the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Packet:
+    t: float          # its pts in seconds, the frames' clock
+    data: bytes
+    pts: int | None   # in the stream's time base
+    dts: int | None
+    duration: int
+    key: bool
+
+
+@dataclass
+class Gop:
+    packets: list[Packet] = field(default_factory=list)
+    bytes: int = 0
+
+    @property
+    def start(self) -> float:
+        return self.packets[0].t
+
+
+class PacketRing:
+    def __init__(self, keep_s: float, max_bytes: int, template: str, time_base):
+        """template: the file whose stream's codec parameters a clip copies; time_base: its stream's."""
+        self.keep_s, self.max_bytes, self.template, self.time_base = keep_s, max_bytes, template, time_base
+        self.lock = threading.Lock()
+        self.gops: deque[Gop] = deque()
+        self.bytes = 0
+        self.newest = float("-inf")
+        self.ended = False
+        self.forget = False  # its stream was removed: the ring goes once no clip waits for it
+        self.trimmed_for_room = 0  # GOPs that went because of max_bytes (not of age)
+        self.pins: dict[int, float] = {}  # a waiting clip's start: kept however old (max_bytes still holds)
+
+    def add(self, packet: Packet) -> None:
+        """One demuxed packet (the source's capture thread). Packets before the first keyframe decode to
+        nothing on their own: not kept."""
+        with self.lock:
+            if packet.key:
+                self.gops.append(Gop())
+            elif not self.gops:
+                return
+            gop = self.gops[-1]
+            gop.packets.append(packet)
+            gop.bytes += len(packet.data)
+            self.bytes += len(packet.data)
+            self.newest = max(self.newest, packet.t)
+            self._trim()
+
+    def pin(self, key: int, start: float) -> None:
+        """Keep what a waiting clip starts with until unpin(key)."""
+        with self.lock:
+            self.pins[key] = start
+
+    def unpin(self, key: int) -> None:
+        with self.lock:
+            self.pins.pop(key, None)
+
+    def _trim(self) -> None:
+        horizon = min([self.newest - self.keep_s, *self.pins.values()])
+        while len(self.gops) > 1 and (self.gops[1].start <= horizon or self.bytes > self.max_bytes):
+            if self.gops[1].start > horizon:
+                self.trimmed_for_room += 1
+            self.bytes -= self.gops.popleft().bytes
+
+    def end(self) -> None:
+        """The stream ended: no packet will come (a clip waiting for its end is cut with what there is)."""
+        with self.lock:
+            self.ended = True
+
+    def covers(self, until: float) -> bool:
+        with self.lock:
+            return self.ended or self.newest >= until
+
+    def between(self, start: float, end: float) -> list[Packet]:
+        """The packets of [start, end] in decode order: from the last keyframe at or before `start` (the oldest
+        kept where none is) to the last packet shown at or before `end` (with those it references)."""
+        with self.lock:
+            gops = list(self.gops)
+        first = 0
+        for k, gop in enumerate(gops):
+            if gop.start <= start:
+                first = k
+        packets = [p for gop in gops[first:] for p in gop.packets]
+        last = max((k for k, p in enumerate(packets) if p.t <= end + 1e-6), default=-1)
+        return packets[:last + 1]

@@ -1,0 +1,201 @@
+"""Clips around events: the stream's own packets kept in a ring and remuxed into MP4 (no decode, no encode),
+checked with FFmpeg's own tools on H.264 and HEVC inputs, and through the daemon on the panning video."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jetpipe.pipelines.clips.cut import write_clip
+from jetpipe.pipelines.clips.ring import Packet, PacketRing
+
+needs_ffmpeg = pytest.mark.skipif(not (shutil.which("ffmpeg") and shutil.which("ffprobe")),
+                                  reason="ffmpeg and ffprobe are not on PATH (apt-get install ffmpeg)")
+GOP = 15  # frames of the test videos' groups of pictures (30 fps: half a second)
+
+
+def _video(path: Path, codec: str) -> Path:
+    """6 s of 30 fps 320x240 test pattern, a keyframe every GOP frames, with B-frames."""
+    params = ["-c:v", "libx264", "-bf", "2"] if codec == "h264" else \
+        ["-c:v", "libx265", "-x265-params", "log-level=error:bframes=2"]
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=320x240:rate=30", "-t",
+                    "6", *params, "-g", str(GOP), "-keyint_min", str(GOP), "-pix_fmt", "yuv420p", str(path)],
+                   check=True)
+    return path
+
+
+def _packets(path: Path) -> list[dict]:
+    """Each packet's pts (s), keyframe flag and MD5, in decode order, as ffprobe reads them."""
+    done = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-show_packets", "-show_data_hash", "md5",
+                           "-show_entries", "packet=pts_time,flags,data_hash", "-of", "json", str(path)],
+                          capture_output=True, text=True, check=True)
+    return [{"t": float(p["pts_time"]), "key": p["flags"].startswith("K"), "md5": p["data_hash"]}
+            for p in json.loads(done.stdout)["packets"]]
+
+
+def _ring_of(path: Path, keep_s: float = 60.0, max_bytes: int = 1 << 30) -> PacketRing:
+    """A ring fed as the in-process source feeds it: every demuxed packet, times from the stream's start."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        ring = PacketRing(keep_s, max_bytes, str(path), stream.time_base)
+        start = stream.start_time or 0
+        for p in container.demux(stream):
+            if p.size:
+                pts, dts = p.pts - start, None if p.dts is None else p.dts - start
+                ring.add(Packet(float(pts * stream.time_base), bytes(p), pts, dts, p.duration or 0, p.is_keyframe))
+    return ring
+
+
+def _decoded_frames(path: Path) -> int:
+    done = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-f", "framemd5", "-"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr[-500:]
+    return sum(1 for line in done.stdout.splitlines() if line and not line.startswith("#"))
+
+
+@needs_ffmpeg
+@pytest.mark.parametrize("codec, suffix", [("h264", "mp4"), ("hevc", "mkv")])
+def test_a_clip_is_the_inputs_own_packets_from_a_keyframe_and_plays(tmp_path, codec, suffix):
+    video = _video(tmp_path / f"in.{suffix}", codec)
+    ring = _ring_of(video)
+    start, end = 2.2, 3.5
+    clip = tmp_path / "clip.mp4"
+    write_clip(clip, ring.template, ring.time_base, ring.between(start, end))
+    source, cut = _packets(video), _packets(clip)
+    assert cut[0]["key"]  # it starts at a keyframe
+    first = next(k for k, p in enumerate(source) if p["md5"] == cut[0]["md5"])
+    assert [p["md5"] for p in source[first:first + len(cut)]] == [p["md5"] for p in cut]  # the bytes, unchanged
+    shown = sorted(p["t"] for p in source[first:first + len(cut)])
+    assert start - GOP / 30 - 1e-6 <= shown[0] <= start  # from the keyframe at or before the start (one GOP)
+    assert end <= shown[-1] <= end + 3 / 30 + 1e-6      # to the end (B-frames: the P-frame they need)
+    assert _decoded_frames(clip) == len(cut)
+    with clip.open("rb") as f:
+        assert b"moov" in f.read(64)  # faststart: its index first
+    probe = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0",
+                            str(clip)], capture_output=True, text=True)
+    assert probe.stdout.strip() == codec
+
+
+@needs_ffmpeg
+def test_the_ring_keeps_its_seconds_from_a_keyframe_and_its_bytes(tmp_path):
+    video = _video(tmp_path / "in.mp4", "h264")
+    ring = _ring_of(video, keep_s=2.0)
+    kept = [p for gop in ring.gops for p in gop.packets]
+    assert kept[0].key and ring.gops[0].start <= ring.newest - 2.0 < ring.gops[1].start  # 2 s and the GOP before
+    assert ring.bytes == sum(len(p.data) for p in kept)
+    small = _ring_of(video, keep_s=60.0, max_bytes=ring.bytes // 2)
+    assert small.bytes <= ring.bytes // 2 and small.trimmed_for_room > 0 and small.gops[0].packets[0].key
+    assert small.between(0.0, small.newest)[0].t == small.gops[0].start  # asked before what it holds: its oldest
+    assert small.between(0.0, small.gops[0].start - 0.1) == []  # nothing it holds
+
+
+@needs_ffmpeg
+def test_a_clip_never_overwrites_nor_writes_through_a_link(tmp_path):
+    ring = _ring_of(_video(tmp_path / "in.mp4", "h264"))
+    packets = ring.between(1.0, 2.0)
+    mine = tmp_path / "mine.mp4"
+    mine.write_bytes(b"not a clip")
+    with pytest.raises(FileExistsError):
+        write_clip(mine, ring.template, ring.time_base, packets)
+    (tmp_path / "dangling.mp4").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileExistsError):
+        write_clip(tmp_path / "dangling.mp4", ring.template, ring.time_base, packets)
+    (tmp_path / ".link.mp4.part").symlink_to(mine)  # a link where the clip's temporary file goes
+    with pytest.raises(FileExistsError):
+        write_clip(tmp_path / "link.mp4", ring.template, ring.time_base, packets)
+    assert mine.read_bytes() == b"not a clip" and not (tmp_path / "link.mp4").exists()
+    assert not (tmp_path / "nowhere").exists()
+
+
+# --- through the daemon -------------------------------------------------------------------------------------
+
+def _serve(det_bundle, tmp_path, source: Path, extra: list[str]):
+    from jetpipe.cli import main
+
+    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    code = main(["serve", "--bundle", str(det_bundle), "--source", str(source), "--metrics", "", "--sink",
+                 f"jsonl:{out}", "--summary", str(summary), *extra])
+    assert code == 0
+    return [json.loads(line) for line in out.read_text().splitlines()], json.loads(summary.read_text())["summary"]
+
+
+@needs_ffmpeg
+def test_events_get_clips_around_them_with_a_record_each(det_bundle, tmp_path, panning_video, panning_h264):
+    """Each crossing of the door asks for [t - 4, t + 2]; requests that overlap become one clip; each clip plays,
+    starts at a keyframe, covers its events' asked times within a GOP at the start, and is announced by a
+    clip_ready record naming its events."""
+    clips = tmp_path / "clips"
+    x = panning_video.x_line
+    records, summary = _serve(det_bundle, tmp_path, panning_h264, ["--line", f"door:{x},0,{x},1", "--clips", str(clips),
+                                                                  "--clip-before", "4", "--clip-after", "2"])
+    events = {r["event_id"]: r for r in records if r.get("schema") == "jetpipe.event/1"}
+    ready = [r for r in records if r.get("schema") == "jetpipe.clip/1"]
+    assert len(events) == panning_video.crossings >= 2 and ready
+    assert sorted(e for r in ready for e in r["events"]) == sorted(events)  # every event in exactly one clip
+    assert summary["clips"] == {"written": len(ready), "failed": 0, "waiting": 0}
+    last_frame = (panning_video.frames - 1) / 2
+    for record in ready:
+        assert record["type"] == "clip_ready" and Path(record["path"]).parent == clips
+        packets = _packets(Path(record["path"]))
+        assert packets[0]["key"] and len(packets) == record["packets"] == _decoded_frames(Path(record["path"]))
+        asked = [events[e]["pts"] for e in record["events"]]
+        assert max(0.0, min(asked) - 4) - 2.0 <= record["start"] <= max(0.0, min(asked) - 4)  # GOP: 4 frames, 2 s
+        assert record["end"] == pytest.approx(min(max(asked) + 2, last_frame), abs=0.51)  # within a frame (2 fps)
+        assert record["asked"] == [pytest.approx(min(asked) - 4), pytest.approx(max(asked) + 2)]
+    assert sorted(p.name for p in clips.iterdir()) == sorted(Path(r["path"]).name for r in ready)  # no temp left
+
+
+def test_clip_options_are_checked_before_anything_runs(det_bundle, tmp_path, capsys, panning_h264):
+    from jetpipe.cli import main
+
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    base = ["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--metrics", ""]
+    for extra, message in ([["--clips", str(afile / "sub")], "cannot make it"],
+                           [["--clips", str(afile)], "is not a folder this user can write"],
+                           [["--clip-before", "3"], "add --clips DIR"],
+                           [["--clips", str(tmp_path / "c"), "--clip-after", "301"],
+                            "clips after_s = 301.0: from 0 to 300"]):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    config = tmp_path / "serve.toml"
+    config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\n[[source]]\nuri = "synthetic"\n'
+                      f'[clips]\nfolder = "{tmp_path / "c"}"\non = ["line_cross", "door_opened"]\n')
+    assert main(["serve", str(config), "--metrics", ""]) == 2
+    assert "clips on = ['line_cross', 'door_opened']: event types from" in capsys.readouterr().err
+    config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\n[[source]]\nuri = "{panning_h264}"\n'
+                      f'[clips]\nfolder = "{tmp_path / "c"}"\nbefore_s = 300\nafter_s = 300\nring_mb = 1\n')
+    assert main(["serve", str(config), "--metrics", ""]) == 2  # the ring would not hold 10 minutes of it
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "s of its packets, more than ring_mb = 1: raise ring_mb" in err[0], err
+
+
+def test_the_folder_keeps_its_size_and_only_clips_go(tmp_path):
+    """Retention: the oldest clips go past max_total_mb; a file the clips did not name stays."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    from jetpipe.pipelines.clips.writer import Clips
+
+    config = SimpleNamespace(folder=str(tmp_path), before_s=1.0, after_s=1.0, on=["line_cross"], ring_mb=8.0,
+                             max_total_mb=0.25, max_age_h=0.0)
+    clips = Clips(config, lambda record: None)
+    try:
+        theirs = tmp_path / "stream-notes.mp4"
+        theirs.write_bytes(b"x" * 200_000)
+        now = time.time()
+        for k in range(4):
+            clip = tmp_path / f"stream0-{k:011.3f}-{k + 1}.mp4"
+            clip.write_bytes(b"c" * 100_000)
+            os.utime(clip, (now - 100 + k, now - 100 + k))
+        clips._retain()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["stream-notes.mp4", "stream0-0000002.000-3.mp4",
+                                                              "stream0-0000003.000-4.mp4"]
+    finally:
+        clips.close()
