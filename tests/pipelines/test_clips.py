@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jetpipe.pipelines.clips.cut import write_clip
+from jetpipe.pipelines.clips.cut import open_template, write_clip
 from jetpipe.pipelines.clips.ring import Packet, PacketRing
 
 needs_ffmpeg = pytest.mark.skipif(not (shutil.which("ffmpeg") and shutil.which("ffprobe")),
@@ -64,7 +64,7 @@ def test_a_clip_is_the_inputs_own_packets_from_a_keyframe_and_plays(tmp_path, co
     ring = _ring_of(video)
     start, end = 2.2, 3.5
     clip = tmp_path / "clip.mp4"
-    write_clip(clip, ring.template, ring.time_base, ring.between(start, end))
+    write_clip(clip, open_template(ring.template), ring.time_base, ring.between(start, end))
     source, cut = _packets(video), _packets(clip)
     assert cut[0]["key"]  # it starts at a keyframe
     first = next(k for k, p in enumerate(source) if p["md5"] == cut[0]["md5"])
@@ -96,17 +96,17 @@ def test_the_ring_keeps_its_seconds_from_a_keyframe_and_its_bytes(tmp_path):
 @needs_ffmpeg
 def test_a_clip_never_overwrites_nor_writes_through_a_link(tmp_path):
     ring = _ring_of(_video(tmp_path / "in.mp4", "h264"))
-    packets = ring.between(1.0, 2.0)
+    packets, template = ring.between(1.0, 2.0), open_template(ring.template)
     mine = tmp_path / "mine.mp4"
     mine.write_bytes(b"not a clip")
     with pytest.raises(FileExistsError):
-        write_clip(mine, ring.template, ring.time_base, packets)
+        write_clip(mine, template, ring.time_base, packets)
     (tmp_path / "dangling.mp4").symlink_to(tmp_path / "nowhere")
     with pytest.raises(FileExistsError):
-        write_clip(tmp_path / "dangling.mp4", ring.template, ring.time_base, packets)
+        write_clip(tmp_path / "dangling.mp4", template, ring.time_base, packets)
     (tmp_path / ".link.mp4.part").symlink_to(mine)  # a link where the clip's temporary file goes
     with pytest.raises(FileExistsError):
-        write_clip(tmp_path / "link.mp4", ring.template, ring.time_base, packets)
+        write_clip(tmp_path / "link.mp4", template, ring.time_base, packets)
     assert mine.read_bytes() == b"not a clip" and not (tmp_path / "link.mp4").exists()
     assert not (tmp_path / "nowhere").exists()
 
@@ -136,7 +136,9 @@ def test_events_get_clips_around_them_with_a_record_each(det_bundle, tmp_path, p
     ready = [r for r in records if r.get("schema") == "jetpipe.clip/1"]
     assert len(events) == panning_video.crossings >= 2 and ready
     assert sorted(e for r in ready for e in r["events"]) == sorted(events)  # every event in exactly one clip
-    assert summary["clips"] == {"written": len(ready), "failed": 0, "waiting": 0}
+    counts = {k: summary["clips"][k] for k in ("written", "failed", "waiting")}
+    assert counts == {"written": len(ready), "failed": 0, "waiting": 0}
+    assert 0 < summary["clips"]["cpu_s"] < summary["cpu_seconds"]["process"]
     last_frame = (panning_video.frames - 1) / 2
     for record in ready:
         assert record["type"] == "clip_ready" and Path(record["path"]).parent == clips
@@ -197,5 +199,25 @@ def test_the_folder_keeps_its_size_and_only_clips_go(tmp_path):
         clips._retain()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["stream-notes.mp4", "stream0-0000002.000-3.mp4",
                                                               "stream0-0000003.000-4.mp4"]
+    finally:
+        clips.close()
+
+
+def test_requests_that_overlap_make_one_clip_up_to_a_minute(tmp_path):
+    from types import SimpleNamespace
+
+    from jetpipe.pipelines.clips.writer import MAX_MERGED_S, Clips
+
+    config = SimpleNamespace(folder=str(tmp_path), before_s=5.0, after_s=5.0, on=["line_cross"], ring_mb=8.0,
+                             max_total_mb=100.0, max_age_h=0.0)
+    clips = Clips(config, lambda record: None)
+    try:
+        clips.rings[0] = PacketRing(20.0, 1 << 20, "unused", None)  # holds nothing yet: the requests wait
+        assert not clips.request(0, 10.0, 20.0, "a")["merged"]
+        assert clips.request(0, 15.0, 25.0, "b") == {"stream": 0, "start": 10.0, "end": 25.0, "merged": True}
+        assert not clips.request(1, 15.0, 25.0, "c")["merged"]  # another stream
+        assert not clips.request(0, 24.0, 10.0 + MAX_MERGED_S + 1, "d")["merged"]  # the merged clip would be too long
+        assert [(r.stream, r.start, r.end, r.events) for r in clips.pending][:1] == [(0, 10.0, 25.0, ["a", "b"])]
+        assert clips.rings[0].pins  # what the waiting clips start with is kept
     finally:
         clips.close()

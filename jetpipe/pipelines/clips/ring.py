@@ -46,6 +46,8 @@ class PacketRing:
         self.newest = float("-inf")
         self.ended = False
         self.forget = False  # its stream was removed: the ring goes once no clip waits for it
+        self.opened = None   # the template's container, once a clip was cut (cut.open_template)
+        self.cpu_s = 0.0     # the source's thread time keeping packets here
         self.trimmed_for_room = 0  # GOPs that went because of max_bytes (not of age)
         self.pins: dict[int, float] = {}  # a waiting clip's start: kept however old (max_bytes still holds)
 
@@ -79,6 +81,11 @@ class PacketRing:
             if self.gops[1].start > horizon:
                 self.trimmed_for_room += 1
             self.bytes -= self.gops.popleft().bytes
+
+    def close(self) -> None:
+        if self.opened is not None:
+            self.opened.close()
+            self.opened = None
 
     def end(self) -> None:
         """The stream ended: no packet will come (a clip waiting for its end is cut with what there is)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetpipe.errors import worth_logging
-from jetpipe.pipelines.clips.cut import write_clip
+from jetpipe.pipelines.clips.cut import open_template, write_clip
 from jetpipe.pipelines.clips.ring import PacketRing
 from jetpipe.pipelines.config import ConfigError
 from jetpipe.pipelines.streams import ControlError
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 CLIP_SCHEMA = "jetpipe.clip/1"
 WAIT_AFTER_END_S = 30.0   # a request waits this long past its end for the ring to get there (a stalled stream)
 CLOSE_WAIT_S = 5.0        # at the stop, clips still being cut get this long
+MAX_MERGED_S = 60.0        # requests merge into one clip up to this length (a scene busy for an hour: many)
 MAX_SECONDS = 300.0        # before_s and after_s, at most (the config's bound too)
 LAG_S, LAG_FRAMES = 2.0, 64  # a ring keeps this much more than a clip asks for (see attach)
 SUFFIX = ".mp4"
@@ -86,6 +87,8 @@ class Clips:
         self.cond = threading.Condition()
         self.closing = False
         self.written = self.failed = 0
+        self._forgotten_cpu_s = 0.0  # the rings of removed streams
+        self.cpu_s = 0.0  # this thread's CPU time, when it ended (cutting and writing the clips)
         self._names = itertools.count(1)
         self.thread = threading.Thread(target=self._run, name="clips", daemon=True)
         self.thread.start()
@@ -153,7 +156,8 @@ class Clips:
         ring = self.rings.get(stream_id)
         with self.cond:
             for waiting in self.pending:
-                if waiting.stream == stream_id and start <= waiting.end and end >= waiting.start:
+                if waiting.stream == stream_id and start <= waiting.end and end >= waiting.start and \
+                        max(end, waiting.end) - min(start, waiting.start) <= MAX_MERGED_S:
                     waiting.start, waiting.end = min(waiting.start, start), max(waiting.end, end)
                     waiting.events += [event_id] if event_id else []
                     if ring is not None:
@@ -185,6 +189,12 @@ class Clips:
 
     # -- the clips' thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self.cpu_s = time.thread_time()
+
+    def _serve(self) -> None:
         while True:
             with self.cond:
                 ready = self._ready()
@@ -204,7 +214,9 @@ class Clips:
         with self.cond:
             waited = {r.stream for r in self.pending}
             for stream_id in [s for s, ring in self.rings.items() if ring.forget and s not in waited]:
-                del self.rings[stream_id]
+                ring = self.rings.pop(stream_id)
+                ring.close()
+                self._forgotten_cpu_s += ring.cpu_s
 
     def _ready(self) -> list[_Request]:
         """Requests whose end the ring holds (or will never hold: the stream ended, it waited long enough, or
@@ -226,7 +238,9 @@ class Clips:
         while path.exists():  # a clip of an earlier run: never overwritten
             path = self.folder / f"stream{request.stream}-{packets[0].t:011.3f}-{next(self._names)}{SUFFIX}"
         try:
-            write_clip(path, ring.template, ring.time_base, packets)
+            if ring.opened is None:
+                ring.opened = open_template(ring.template)
+            write_clip(path, ring.opened, ring.time_base, packets)
         except Exception as exc:  # a full disk, a file gone: counted and said, serving goes on
             self._fail(request, str(exc)[:200])
             return
@@ -257,7 +271,10 @@ class Clips:
             clip.unlink(missing_ok=True)
 
     def summary(self) -> dict:
-        return {"written": self.written, "failed": self.failed, "waiting": len(self.pending)}
+        """cpu_s: what clips cost, the rings' share of the sources' threads and the cutting thread's."""
+        kept = sum(ring.cpu_s for ring in self.rings.values()) + self._forgotten_cpu_s
+        return {"written": self.written, "failed": self.failed, "waiting": len(self.pending),
+                "cpu_s": round(kept + self.cpu_s, 3)}
 
     def close(self) -> None:
         """Cut what is waiting with what the rings hold (bounded by CLOSE_WAIT_S), then stop."""
@@ -265,3 +282,6 @@ class Clips:
             self.closing = True
             self.cond.notify_all()
         self.thread.join(timeout=CLOSE_WAIT_S)
+        if not self.thread.is_alive():  # else it still writes with them: they go with the process
+            for ring in list(self.rings.values()):
+                ring.close()

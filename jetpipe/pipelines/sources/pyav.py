@@ -226,15 +226,20 @@ class PyAVSource:
         return frame
 
     def _keep(self, packet) -> None:
-        """The packet into the clips' ring, its times on the frames' clock (shifted across loops as theirs)."""
-        base = self.packet_ring.time_base = packet.time_base  # the ring may come after open() (a stream added)
-        shift = round((self._offset - (self._start or 0.0)) / base)  # in the time base's units
-        pts = None if packet.pts is None else packet.pts + shift
-        dts = None if packet.dts is None else packet.dts + shift
+        """The packet into the clips' ring, its times on the frames' clock (shifted across loops as theirs).
+        Floats, not the time base's Fractions: this runs for every packet."""
+        ring, started = self.packet_ring, time.thread_time()
+        if ring.time_base is None:  # the ring may come after open() (a stream added while serving)
+            ring.time_base = packet.time_base
+        seconds = float(ring.time_base)
+        shift = round((self._offset - (self._start or 0.0)) / seconds)  # in the time base's units
+        pts, dts = packet.pts, packet.dts
+        pts = None if pts is None else pts + shift
+        dts = None if dts is None else dts + shift
         at = pts if pts is not None else dts
         if at is not None:
-            self.packet_ring.add(Packet(float(at * base), bytes(packet), pts, dts, packet.duration or 0,
-                                        packet.is_keyframe))
+            ring.add(Packet(at * seconds, bytes(packet), pts, dts, packet.duration or 0, packet.is_keyframe))
+        ring.cpu_s += time.thread_time() - started  # what keeping packets costs (the summary's clips.cpu_s)
 
     def _pts(self, frame) -> float | None:
         if frame.time is None:

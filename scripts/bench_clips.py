@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""What clips cost (issue 52): `jetpipe serve` on N live 1080p30 H.264 files decoded in-process by FFmpeg
+(PyAV: the path that keeps packets), with the same rules in every run, once without clips and once with
+`--clips` (each stream's packets kept in a ring, an MP4 remuxed around each event), alternately, --repeats
+times. Reported: the process's CPU seconds per 1,000 frames, frames dropped, clips written and their bytes.
+
+  python scripts/bench_clips.py BUNDLE [--streams 16] [--seconds 20] [--repeats 2] [--video FILE] [--json OUT]
+
+The video is bench_events.py's words panning past the text detector (made with ffmpeg where --video is not
+there yet), so the rules see crossings and zone visits: the clips' arm cuts clips while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+root = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(root), str(root / "scripts")]
+
+from bench_events import RULES, make_video  # noqa: E402
+
+
+def serve(bundle: str, video: Path, streams: int, seconds: float, clips: Path | None, out: Path) -> dict:
+    summary = out / f"summary-{time.monotonic_ns()}.json"
+    command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", str(video)] * streams),
+               "--decoder", "ffmpeg", "--loop", "--realtime", "--duration", str(seconds), "--metrics", "",
+               "--tracker", "bytetrack", "--summary", str(summary), *RULES,
+               *(["--clips", str(clips), "--clip-before", "3", "--clip-after", "2"] if clips else [])]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"jetpipe serve failed:\n{done.stderr[-3000:]}")
+    return json.loads(summary.read_text())["summary"]
+
+
+def row(label: str, s: dict, clips: Path | None) -> dict:
+    processed = sum(s["processed"])
+    written = sorted(clips.glob("*.mp4")) if clips else []
+    return {"run": label, "frames_per_s": s["throughput_fps"], "dropped": sum(s["dropped"]),
+            "cpu_s_per_1000_frames": round(1000 * s["cpu_seconds"]["process"] / max(1, processed), 3),
+            "cpu_cores": s["cpu_cores"], "cpu_seconds": s["cpu_seconds"], "p99_ms": s["latency_ms"]["total"]["0.99"],
+            "clips": s.get("clips"), "clip_mb": round(sum(p.stat().st_size for p in written) / 1e6, 1),
+            # the clips' own CPU (rings in the sources' threads, the cutting thread), as a share of the process's
+            "clips_cpu_share_percent": round(100 * (s.get("clips") or {}).get("cpu_s", 0.0)
+                                             / max(1e-9, s["cpu_seconds"]["process"]), 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundle")
+    parser.add_argument("--video", help="a 1080p30 H.264 file (made there if it is not)")
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", help="write the results here too")
+    args = parser.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="bench-clips-"))
+    video = Path(args.video) if args.video else out / "words1080.mp4"
+    if not video.exists():
+        make_video(video, 20.0, 72)
+    rows = []
+    for k in range(args.repeats):
+        for on in (False, True):
+            clips = out / f"clips-{k}" if on else None
+            rows.append(row(("clips" if on else "no clips") + f" #{k + 1}",
+                            serve(args.bundle, video, args.streams, args.seconds, clips, out), clips))
+            print(json.dumps(rows[-1]), flush=True)
+    off = [r["cpu_s_per_1000_frames"] for r in rows if r["run"].startswith("no")]
+    on = [r["cpu_s_per_1000_frames"] for r in rows if r["run"].startswith("clips")]
+    difference = [round(100 * (b - a) / a, 2) for a, b in zip(off, on)]
+    share = [r["clips_cpu_share_percent"] for r in rows if r["run"].startswith("clips")]
+    print(f"process CPU per frame, clips against none (each pair back to back): {difference} %; mean of the arms: "
+          f"{round(100 * (sum(on) - sum(off)) / sum(off), 2)} %; the clips' own share of the process's CPU: {share} %")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "difference_percent": difference,
+                                               "streams": args.streams, "seconds": args.seconds}, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
