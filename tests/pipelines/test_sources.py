@@ -336,6 +336,21 @@ def test_a_file_corrupted_mid_stream_is_counted_not_a_silent_end(videos, tiny_bu
 
 
 @needs_ffmpeg
+@pytest.mark.parametrize("container", ["mkv", "mp4"])
+def test_a_truncated_file_is_counted_and_said_not_ended_as_whole(tiny_bundle, tmp_path, caplog, container):
+    """A copy cut short in the middle (issue 49: it ended as if complete, "0 decode errors")."""
+    whole = encode(tmp_path / f"whole.{container}", frames=60, extra=("-movflags", "+faststart"))
+    cut = tmp_path / f"cut.{container}"
+    cut.write_bytes(whole.read_bytes()[:whole.stat().st_size // 2])
+    summary = Pipeline(_config(tiny_bundle, [SourceConfig(str(cut))], task="raw")).run()
+    assert summary["decode_errors"][0] >= 1 and 0 < summary["processed"][0] < 60
+    assert "its container declares: truncated" in caplog.text or container == "mp4"  # an MP4: its last packet too
+    caplog.clear()
+    summary = Pipeline(_config(tiny_bundle, [SourceConfig(str(whole))], task="raw")).run()
+    assert summary["decode_errors"] == [0] and summary["processed"] == [60] and "declares: truncated" not in caplog.text
+
+
+@needs_ffmpeg
 @pytest.mark.parametrize("make, message", [
     (lambda p: p.write_bytes(b""), "cannot open .*empty.mp4"),
     (lambda p: p.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 200), "cannot open .*empty.mp4"),
@@ -350,6 +365,28 @@ def test_unopenable_files_fail_in_one_line(tiny_bundle, tmp_path, capsys, make, 
     assert main(["serve", "--bundle", str(tiny_bundle), "--source", str(path), "--metrics", ""]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and re.search(message, err), err
+
+
+def test_a_folders_images_that_do_not_decode_are_skipped_and_counted(tiny_bundle, tmp_path, capsys):
+    """A bad first image no longer makes the folder reconnect for ever with 0 frames (issue 49): every bad image
+    is skipped, counted and said; a folder of only bad images is one line at start."""
+    import cv2
+    import numpy as np
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "0-bad.jpg").write_bytes(b"not a jpeg")
+    for k in range(1, 4):
+        cv2.imwrite(str(folder / f"{k}.png"), np.full((64, 96, 3), 40 * k, np.uint8))
+    (folder / "2b-bad.png").write_bytes(b"\x89PNG broken")
+    summary = Pipeline(_config(tiny_bundle, [SourceConfig(str(folder))], task="raw")).run()
+    assert summary["processed"] == [3] and summary["decode_errors"] == [2] and summary["reconnects"] == [0]
+    for good in folder.glob("*.png"):
+        if "bad" not in good.name:
+            good.unlink()
+    assert main(["serve", "--bundle", str(tiny_bundle), "--source", str(folder), "--metrics", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none of its 2 images could be decoded" in err[0], err
 
 
 @needs_ffmpeg

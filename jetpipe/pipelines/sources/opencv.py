@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jetpipe.errors import JetpipeError
+from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.sources.base import EndOfStream, FrameInfo, SourceError
 from jetpipe.uri import IMAGE_SUFFIXES, SourceURI
@@ -87,40 +87,51 @@ class OpenCVSource:
 
 
 class ImageFolderSource:
-    """Images of a folder in name order (decoded per frame by OpenCV, resized to the first's size)."""
+    """Images of a folder in name order (decoded per frame by OpenCV, resized to the first's size). An image that
+    does not decode is skipped, counted (decode_errors) and said; a folder where none does is refused."""
 
     memory = "host"
     shares_thread = False
     live = False
-    decode_errors = 0
 
     def __init__(self, folder: str, loop: bool = False, uri: str | None = None):
         self.folder, self.loop, self.uri = Path(folder), loop, uri or str(folder)
         self.files = sorted(p for p in self.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not self.files:
             raise JetpipeError(f"source {folder}: no images in the folder")
-        self.index, self.info = 0, None
+        self.index, self.info, self.decode_errors = 0, None, 0
+        self._first = self._next_image()  # the frames' size; at start-up, so a folder of bad images is one line
+        if self._first is None:
+            raise JetpipeError(f"source {folder}: none of its {len(self.files)} images could be decoded (OpenCV)")
+        self.index = self.decode_errors = 0  # the reads count (and say) them again
 
     def describe(self) -> str:
         return str(self.folder)
 
     def open(self) -> FrameInfo:
-        first = cv2.imread(str(self.files[0]))
-        if first is None:
-            raise SourceError(f"cannot read {self.files[0]}")
-        self.info = FrameInfo("bgr", first.shape[0] // 2 * 2, first.shape[1] // 2 * 2)
+        self.info = FrameInfo("bgr", self._first.shape[0] // 2 * 2, self._first.shape[1] // 2 * 2)
         return self.info
 
+    def _next_image(self):
+        """The next image that decodes (None at the folder's end); those that do not are counted and said."""
+        while self.index < len(self.files):
+            path = self.files[self.index]
+            self.index += 1
+            image = cv2.imread(str(path))
+            if image is not None:
+                return image
+            self.decode_errors += 1
+            if worth_logging(self.decode_errors):
+                log.warning("source %s: cannot decode %s (#%d): skipped", self.folder, path.name, self.decode_errors)
+        return None
+
     def read_into(self, slot: np.ndarray) -> None:
-        if self.index >= len(self.files):
-            if not self.loop:
-                raise EndOfStream(str(self.folder))
+        image = self._next_image()
+        if image is None and self.loop:
             self.index = 0
-        path = self.files[self.index]
-        self.index += 1
-        image = cv2.imread(str(path))
+            image = self._next_image()
         if image is None:
-            raise SourceError(f"cannot decode {path}")
+            raise EndOfStream(str(self.folder))
         cv2.resize(image, (self.info.width, self.info.height), dst=slot)
 
     def interrupt(self) -> None:

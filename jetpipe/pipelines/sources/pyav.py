@@ -89,6 +89,13 @@ def _open(location: str, name: str, hwaccel: str | None = None):
     return container
 
 
+def _declared_seconds(container, stream) -> float | None:
+    """How long the file says its video lasts (the stream's duration, else the container's), if it says."""
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    return container.duration / 1e6 if container.duration else None
+
+
 def stream_format(stream) -> StreamFormat:
     context = stream.codec_context
     if not context.width or not context.height or context.format is None:
@@ -155,6 +162,7 @@ class PyAVSource:
             stream.thread_count = self.threads or 0
         self._packets = self._container.demux(stream)
         self._start = float(stream.start_time * stream.time_base) if stream.start_time is not None else None
+        self._declared = _declared_seconds(self._container, stream)
         first = self._next_frame()
         if first is None:
             raise EndOfStream(self.uri)  # not one decodable frame (the decode errors say why)
@@ -209,6 +217,7 @@ class PyAVSource:
                 packet = next(self._packets)
             except StopIteration:
                 self._packets = None
+                self._check_whole()
                 return None
             except av.error.FFmpegError as exc:  # the container itself is damaged: what was read is all
                 self._count(f"demuxing: {exc}")
@@ -224,6 +233,15 @@ class PyAVSource:
         if getattr(frame, "is_corrupt", False):
             self._count("frame decoded with errors (concealed)")
         return frame
+
+    def _check_whole(self) -> None:
+        """At the file's end: frames that stop well before the duration its container declares are a truncated
+        file (a copy cut short, a recording whose writer died), counted and said rather than ended as whole."""
+        shown = self._last_pts - self._offset  # the last frame's time in this pass over the file
+        frame_s = 1.0 / self.info.fps if self.info.fps > 0 else 0.04
+        if self._declared and shown < self._declared - 2 * frame_s - 0.1:
+            self._count(f"the file ends at {shown:.2f} s of the {self._declared:.2f} s its container declares: "
+                        "truncated")
 
     def _keep(self, packet) -> None:
         """The packet into the clips' ring, its times on the frames' clock (shifted across loops as theirs).
