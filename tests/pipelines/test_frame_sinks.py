@@ -1,6 +1,7 @@
 """Annotated video and JPEG sinks on real components: FFmpeg-encoded input, PP-OCRv4 det, FFmpeg encoder."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -98,6 +99,27 @@ def test_a_sigterm_leaves_a_finished_video(det_bundle, tmp_path, encoder):
     assert int(video["nb_read_frames"]) > 0 and (video["codec_name"], video["width"]) == ("h264", 320)
 
 
+@pytest.mark.parametrize("encoder", ["", pytest.param("?encoder=gst:x264enc", marks=needs_x264enc)])
+def test_a_video_stays_playable_when_the_daemon_and_its_encoder_are_killed(det_bundle, tmp_path, encoder):
+    """systemd's SIGKILL after TimeoutStopSec takes the whole group, the encoder too (issue 49: every MP4 was
+    then unplayable, no moov atom): fragments, a keyframe a second, play up to the last one written."""
+    out = tmp_path / "killed.mp4"
+    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--source",
+                             "synthetic://320x240@15/nv12", "--backend", "onnxruntime-cpu", "--metrics", "",
+                             "--sink", f"video:{out}{encoder}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)  # a group of its own, as a unit's cgroup
+    try:
+        deadline = time.monotonic() + 90
+        while not (out.exists() and out.stat().st_size > 20_000) and time.monotonic() < deadline:
+            time.sleep(0.2)  # a few fragments written
+        assert out.exists() and out.stat().st_size > 20_000, proc.stderr.read().decode()[-500:]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    video = _probe(out)
+    assert int(video["nb_read_frames"]) >= 15 and (video["codec_name"], video["width"]) == ("h264", 320)
+
+
 @needs_x264enc
 def test_a_gstreamer_encoder_gets_every_drawn_frame(det_bundle, tmp_path):
     clip = _text_clip(tmp_path / "in.mp4")
@@ -125,8 +147,8 @@ def test_on_a_jetson_auto_encodes_in_hardware_through_gstreamer(monkeypatch):
     text = " ".join(argv)
     assert argv[:3] == ["gst-launch-1.0", "-q", "-e"] and "location=/videos/cam 1.mp4" in argv
     assert ("fdsrc fd=0 ! rawvideoparse format=bgr width=1920 height=1080 framerate=2997/100 ! videoconvert ! "
-            "video/x-raw,format=I420 ! nvvidconv ! video/x-raw(memory:NVMM),format=NV12 ! nvv4l2h265enc ! "
-            "h265parse ! mp4mux ! filesink") in text
+            "video/x-raw,format=I420 ! nvvidconv ! video/x-raw(memory:NVMM),format=NV12 ! nvv4l2h265enc "
+            "iframeinterval=30 ! h265parse ! mp4mux fragment-duration=1000 ! filesink") in text
     if shutil.which("gst-inspect-1.0") is None:
         pytest.skip("gst-inspect-1.0 not installed")
     with pytest.raises(JetpipeError, match="GStreamer has no element 'nvv4l2h264enc' here"):

@@ -87,10 +87,19 @@ def _gst_element(spec: str, element: str) -> str:
     return element
 
 
+def fragmented(path: Path) -> bool:
+    """MP4 and MOV are written as fragments, a keyframe each second: a file whose writer is killed (systemd's
+    SIGKILL after TimeoutStopSec takes the encoder too) plays up to its last second, where a plain MP4 has no
+    index (moov) until the end and does not open at all. Matroska plays cut short as it is."""
+    return Path(path).suffix.lower() != ".mkv"
+
+
 def ffmpeg_argv(encoder: str, codec: str, size_hw: tuple[int, int], fps: float, path: Path) -> list[str]:
     argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-f", "rawvideo",
             "-pix_fmt", "bgr24", "-s", f"{size_hw[1]}x{size_hw[0]}", "-r", f"{fps:g}", "-i", "pipe:0",
-            "-c:v", encoder, "-pix_fmt", "yuv420p"]
+            "-c:v", encoder, "-pix_fmt", "yuv420p", "-g", str(max(1, round(fps)))]
+    if fragmented(path):
+        argv += ["-movflags", "+frag_keyframe+empty_moov+default_base_moof"]
     if encoder == "libx264":
         argv += ["-preset", "veryfast"]
     if encoder == "libx265":
@@ -104,11 +113,14 @@ def gst_argv(element: str, codec: str, size_hw: tuple[int, int], fps: float, pat
     """gst-launch-1.0 reading BGR frames on stdin; -e: an interrupt still ends the file properly."""
     height, width = size_hw
     rate = Fraction(fps).limit_denominator(1001)
+    gop = max(1, round(fps))  # a keyframe a second: a fragment a second
     if element in JETSON.values():  # the hardware encoder takes NV12 in NVMM memory
-        encode = f"nvvidconv ! video/x-raw(memory:NVMM),format=NV12 ! {element}"
+        encode = f"nvvidconv ! video/x-raw(memory:NVMM),format=NV12 ! {element} iframeinterval={gop}"
     else:
-        encode = f"{element} {GST_PRESETS.get(element, '')}".strip()
+        encode = f"{element} {GST_PRESETS.get(element, '')} key-int-max={gop}".replace("  ", " ")
     muxer = MUXERS.get(Path(path).suffix.lower(), "mp4mux")
+    if fragmented(path):
+        muxer += " fragment-duration=1000"
     pipeline = (f"fdsrc fd=0 ! rawvideoparse format=bgr width={width} height={height} "
                 f"framerate={rate.numerator}/{rate.denominator} ! videoconvert ! video/x-raw,format=I420 ! "
                 f"{encode} ! {PARSERS[codec]} ! {muxer} ! filesink location={gstreamer.quote(str(path))}")
