@@ -271,4 +271,5 @@ def test_a_video_left_unplayable_by_a_full_disk_is_a_counted_failure(det_bundle,
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stderr.strip().splitlines()[-1])["summary"]
     assert summary["sink_failures"] == [1], summary["sink_failures"]
-    assert "unplayable" in done.stderr and "the disk may be full" in done.stderr
+    # a fragmented MP4 opens however short it is: it holds fewer frames than were written
+    assert ("unplayable" in done.stderr or "frames written" in done.stderr) and "the disk may be full" in done.stderr

@@ -258,6 +258,8 @@ def _unplayable(path: Path, written: int) -> str | None:
         with av.open(str(path)) as container:
             streams = container.streams.video
             frames = streams[0].frames if streams else 0
+            if streams and not frames:  # a fragmented MP4 has no index of them: its packets, counted (no decode)
+                frames = sum(1 for packet in container.demux(streams[0]) if packet.size)
     except (OSError, av.FFmpegError) as exc:
         return f"unplayable ({str(exc).strip()[:120]}): the disk may be full"
     if not streams:
