@@ -76,10 +76,19 @@ def test_video_and_jpeg_sinks_draw_the_tracked_words(det_bundle, tmp_path):
     assert diff[~near].mean() < 6  # elsewhere: the source, up to compression
 
 
+GST_WRITER = ("x264enc", "fdsrc", "rawvideoparse", "videoconvert", "h264parse", "mp4mux", "matroskamux", "filesink")
+
+
+def _gst_missing() -> list[str]:
+    """The elements of the tests' GStreamer writer this machine lacks (all of them without gst-inspect-1.0)."""
+    if shutil.which("gst-inspect-1.0") is None:
+        return list(GST_WRITER)
+    return [e for e in GST_WRITER if subprocess.run(["gst-inspect-1.0", e], capture_output=True).returncode != 0]
+
+
 needs_x264enc = pytest.mark.skipif(
-    shutil.which("gst-inspect-1.0") is None or subprocess.run(["gst-inspect-1.0", "x264enc"],
-                                                               capture_output=True).returncode != 0,
-    reason="GStreamer's x264enc not installed (apt install gstreamer1.0-plugins-ugly; .ci/run installs it)")
+    bool(_gst_missing()), reason=f"GStreamer lacks {', '.join(_gst_missing())} (x264enc: apt install "
+                                 "gstreamer1.0-plugins-ugly; muxers: -good; parsers: -bad; .ci/run installs them)")
 
 
 @pytest.mark.parametrize("encoder", ["", pytest.param("?encoder=gst:x264enc", marks=needs_x264enc)])
@@ -139,6 +148,24 @@ def test_auto_takes_nvenc_only_where_a_trial_encode_works(caplog):
     listed = subprocess.run(["ffmpeg", "-hide_banner", "-encoders"], capture_output=True, text=True).stdout
     if " h264_nvenc " in listed:
         assert "h264_nvenc is built into ffmpeg but cannot encode here" in caplog.text
+
+
+@needs_x264enc
+def test_a_gstreamer_missing_an_element_of_the_pipeline_is_one_line_at_start(det_bundle, tmp_path, monkeypatch,
+                                                                             capsys):
+    """x264enc there, the muxer not (issue 49: it started, wrote nothing and exited 0)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    real = shutil.which("gst-inspect-1.0")
+    (fake / "gst-inspect-1.0").write_text(f'#!/bin/sh\n[ "$1" = matroskamux ] && exit 1\nexec {real} "$@"\n')
+    (fake / "gst-inspect-1.0").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    out = tmp_path / "out.mkv"
+    assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "2", "--metrics", "",
+                 "--sink", f"video:{out}?encoder=gst:x264enc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no element 'matroskamux'" in err[0] and "gstreamer1.0-plugins-good" in err[0], err
+    assert not out.exists()
 
 
 def test_on_a_jetson_auto_encodes_in_hardware_through_gstreamer(monkeypatch):

@@ -77,6 +77,25 @@ def nvenc_works(codec: str) -> bool:
     return True
 
 
+# where each element of a video sink's GStreamer pipeline comes from (Debian's package names)
+GST_PACKAGES = {"fdsrc": "gstreamer1.0-tools", "filesink": "gstreamer1.0-tools",
+                "rawvideoparse": "gstreamer1.0-plugins-base", "videoconvert": "gstreamer1.0-plugins-base",
+                "h264parse": "gstreamer1.0-plugins-bad", "h265parse": "gstreamer1.0-plugins-bad",
+                "mp4mux": "gstreamer1.0-plugins-good", "qtmux": "gstreamer1.0-plugins-good",
+                "matroskamux": "gstreamer1.0-plugins-good", "nvvidconv": "JetPack's GStreamer plugins"}
+
+
+def check_gst_pipeline(spec: str, element: str, codec: str, path: Path) -> None:
+    """Every element the sink's pipeline names is there, before a frame: a GStreamer partly installed (x264enc
+    without a muxer) started, said "Broken pipe" ten times, wrote nothing and exited 0 (issue 49)."""
+    needed = ["fdsrc", "rawvideoparse", "videoconvert", *(["nvvidconv"] if element in JETSON.values() else []),
+              PARSERS[codec], MUXERS.get(Path(path).suffix.lower(), "mp4mux"), "filesink"]
+    for name in needed:
+        if subprocess.run(["gst-inspect-1.0", name], capture_output=True).returncode != 0:
+            raise JetpipeError(f"sink {spec}: GStreamer has no element {name!r} here, which writing with {element} "
+                               f"needs: apt install {GST_PACKAGES.get(name, 'its GStreamer plugin package')}")
+
+
 def _gst_element(spec: str, element: str) -> str:
     missing = gstreamer.tools_available()
     if missing:

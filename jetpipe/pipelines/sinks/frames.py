@@ -191,6 +191,8 @@ class VideoSink(FrameSink):
             check_new_file(p, "sink", f"sink {spec}")  # FFmpeg and GStreamer create no folder
         # the destination before the encoder: it needs no tool, and choosing may run a trial encode
         self.tool, self.encoder = encoders.choose(spec, self.codec, options.get("encoder", "auto"))
+        if self.tool == "gstreamer":
+            encoders.check_gst_pipeline(spec, self.encoder, self.codec, self.template)
         self.encoders: dict[int, subprocess.Popen] = {}
         self.written: dict[int, int] = {}  # frames handed to each stream's encoder: what its file must hold
         super().__init__(spec, max_batch, max_fps=self.fps)
