@@ -22,11 +22,11 @@ pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None or shutil.which("
                                 reason="ffmpeg/ffprobe not installed (apt install ffmpeg)")
 
 
-def _text_clip(path, frames=24):
+def _text_clip(path, frames=24, fps=30):
     """An H.264 file of the synthetic camera's panning words (real text for the detector to find)."""
     camera = SyntheticCamera(320, 240, 0, "bgr", seed=1, step=2)
     encoder = subprocess.Popen(["ffmpeg", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", "320x240",
-                                "-r", "30", "-i", "pipe:0", "-c:v", "libx264", "-preset", "veryfast", "-pix_fmt",
+                                "-r", str(fps), "-i", "pipe:0", "-c:v", "libx264", "-preset", "veryfast", "-pix_fmt",
                                 "yuv420p", str(path)], stdin=subprocess.PIPE)
     slot = np.empty((240, 320, 3), np.uint8)
     for _ in range(frames):
@@ -117,16 +117,41 @@ def test_a_video_stays_playable_when_the_daemon_and_its_encoder_are_killed(det_b
                              "synthetic://320x240@15/nv12", "--backend", "onnxruntime-cpu", "--metrics", "",
                              "--sink", f"video:{out}{encoder}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)  # a group of its own, as a unit's cgroup
+    def fragments_hold() -> int:
+        try:
+            return int(_probe(out)["nb_read_frames"])
+        except (subprocess.CalledProcessError, KeyError, IndexError, ValueError):
+            return 0
+
     try:
         deadline = time.monotonic() + 90
-        while not (out.exists() and out.stat().st_size > 20_000) and time.monotonic() < deadline:
-            time.sleep(0.2)  # a few fragments written
-        assert out.exists() and out.stat().st_size > 20_000, proc.stderr.read().decode()[-500:]
+        while fragments_hold() < 15 and time.monotonic() < deadline:
+            time.sleep(0.5)  # a second of fragments written
+        assert fragments_hold() >= 15, proc.stderr.read().decode()[-500:]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     video = _probe(out)
     assert int(video["nb_read_frames"]) >= 15 and (video["codec_name"], video["width"]) == ("h264", 320)
+
+
+@pytest.mark.parametrize("encoder", ["", pytest.param("?encoder=gst:x264enc", marks=needs_x264enc)])
+def test_the_annotated_video_of_a_10_fps_file_lasts_as_long_as_the_file(det_bundle, tmp_path, encoder):
+    """Issue 49: 3 s at 10 fps became 1 s (written at 30 fps); ?fps= still sets the rate."""
+    clip = _text_clip(tmp_path / "in.mp4", frames=30, fps=10)
+    out, fixed = tmp_path / "out.mp4", tmp_path / "fixed.mp4"
+    for path, extra in ((out, ""), (fixed, "&fps=30" if encoder else "?fps=30")):
+        assert main(["serve", "--bundle", str(det_bundle), "--source", str(clip), "--decoder", "ffmpeg", "--backend",
+                     "onnxruntime-cpu", "--metrics", "", "--sink", f"video:{path}{encoder}{extra}"]) == 0
+    durations = []
+    for path in (out, fixed):
+        probe = subprocess.run(["ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0", "-show_entries",
+                                "stream=nb_read_frames,r_frame_rate:format=duration", "-of", "json", str(path)],
+                               capture_output=True, text=True, check=True)
+        info = json.loads(probe.stdout)
+        assert int(info["streams"][0]["nb_read_frames"]) == 30
+        durations.append(float(info["format"]["duration"]))
+    assert durations[0] == pytest.approx(3.0, abs=0.15) and durations[1] == pytest.approx(1.0, abs=0.1)
 
 
 @needs_x264enc

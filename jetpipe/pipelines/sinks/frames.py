@@ -4,7 +4,8 @@
 Jetson GStreamer's hardware `nvv4l2h264enc` / `nvv4l2h265enc` (gst-launch-1.0); elsewhere FFmpeg's NVENC
 (`h264_nvenc`) where a one-frame trial encode shows the GPU has one, else libx264 / libx265. Any FFmpeg
 encoder by name (`?encoder=libx264`), any GStreamer element as `?encoder=gst:x264enc`. `?width=W` scales
-the drawn frames (default: the source's size), `?fps=N` (default 30). `jpeg:FOLDER` writes
+the drawn frames (default: the source's size); a file's rate is its stream's (from its first two frames'
+times, at most 30), `?fps=N` sets it (and the most frames a second it takes). `jpeg:FOLDER` writes
 `s{stream}_{frame}.jpg` (`?every=N`: every Nth frame). With several streams a video path gets `-s{stream}`
 before its suffix unless it holds `{stream}` itself.
 
@@ -185,6 +186,8 @@ class VideoSink(FrameSink):
             raise JetpipeError(f"sink {spec}: codec {self.codec!r}: choose h264 or hevc")
         self.width = _positive(spec, options, "width")
         self.fps = _positive(spec, options, "fps", float, 30.0)
+        self.fixed_rate = "fps" in options  # else each file at its stream's rate (up to fps), from two frames' times
+        self._first: dict[int, tuple] = {}  # a stream's first drawn frame and its time, until the second comes
         self.template, self.numbered = Path(path), streams > 1
         self.paths = {i: _stream_path(self.template, i, streams) for i in range(streams)}
         for p in self.paths.values():
@@ -199,9 +202,34 @@ class VideoSink(FrameSink):
 
     def consume(self, stream, frame, fmt, record) -> None:
         image = annotate.render(frame, fmt, record.results, self.width, record.scene)
-        encoder = self.encoders.get(stream) or self._start(stream, image.shape[:2])
+        t = record.pts if record.pts is not None else record.t_capture
+        encoder = self.encoders.get(stream)
+        if encoder is None and not self.fixed_rate and stream not in self._first:
+            self._first[stream] = (image.copy(), t)  # its rate comes with the next frame
+            return
+        if encoder is None:
+            first = self._first.pop(stream, None)
+            encoder = self._start(stream, image.shape[:2], self._rate(first[1], t) if first else self.fps)
+            if first is not None:
+                self._write(stream, encoder, first[0])
+        self._write(stream, encoder, image)
+
+    def _write(self, stream: int, encoder, image) -> None:
         encoder.stdin.write(image.data)
         self.written[stream] = self.written.get(stream, 0) + 1
+
+    def _rate(self, first: float, second: float) -> float:
+        """Frames a second from two frames' times: the stream's rate, as the sink takes it (at most fps); fps
+        where the times say nothing (equal, backwards, a looped file's jump)."""
+        step = second - first
+        return min(self.fps, round(1.0 / step, 3)) if step > 1e-3 else self.fps
+
+    def _flush_first(self, streams) -> None:
+        """Streams that ended after one drawn frame: their files, at fps."""
+        for stream in streams:
+            if stream in self._first:
+                image = self._first.pop(stream)[0]
+                self._write(stream, self._start(stream, image.shape[:2], self.fps), image)
 
     def _path(self, stream: int) -> Path:
         """Stream `stream`'s file; one added while serving (an ID beyond those checked at start) is checked now."""
@@ -213,23 +241,25 @@ class VideoSink(FrameSink):
             self.paths[stream] = path
         return self.paths[stream]
 
-    def _start(self, stream: int, size_hw: tuple[int, int]) -> subprocess.Popen:
+    def _start(self, stream: int, size_hw: tuple[int, int], fps: float) -> subprocess.Popen:
         build = encoders.gst_argv if self.tool == "gstreamer" else encoders.ffmpeg_argv
         path = self._path(stream)
         safe_open.claim(path, self.spec)  # the encoder writes into a file the sink made, never through a link
-        argv = build(self.encoder, self.codec, size_hw, self.fps, path)
-        log.info("sink %s: stream %d -> %s (%s %s, %dx%d)", self.spec, stream, path, self.tool,
-                 self.encoder, size_hw[1], size_hw[0])
+        argv = build(self.encoder, self.codec, size_hw, fps, path)
+        log.info("sink %s: stream %d -> %s (%s %s, %dx%d, %g fps)", self.spec, stream, path, self.tool,
+                 self.encoder, size_hw[1], size_hw[0], fps)
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.encoders[stream] = process
         return process
 
     def finish_stream(self, stream: int) -> None:
+        self._flush_first([stream])
         process = self.encoders.pop(stream, None)
         if process is not None:
             self._finish_file(stream, process)
 
     def finish(self) -> None:
+        self._flush_first(list(self._first))
         for stream, process in list(self.encoders.items()):
             self._finish_file(stream, process)
 
