@@ -263,3 +263,17 @@ def test_a_custom_operator_is_named_not_blamed_on_the_input_size(tmp_path, capsy
     assert len(err.splitlines()) == 1
     assert "uses the operator custom.ops:MyFancyOp, which ONNX Runtime does not implement" in err
     assert "--input-size" not in err and not (tmp_path / "b").exists()
+
+
+def test_an_input_size_whose_activations_do_not_fit_is_refused_before_it_runs(tmp_path, capsys, monkeypatch):
+    """Issue 49: --input-size 16384x16384 was OOM-killed at 24 GB after 81 s. The activations are estimated
+    from static shapes first (here the machine is told it has 1 GB; a 4096x4096 sample of the built-in
+    detector needs several)."""
+    from jetpipe.convert import chain
+
+    monkeypatch.setattr(chain, "_available_memory", lambda: 10**9)
+    monkeypatch.setattr(chain, "_check_runs", lambda *a: pytest.fail("the sample was run"))
+    assert main(["convert", "ppocr-det", "-o", str(tmp_path / "big"), "--input-size", "4096x4096", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "at 4096x4096: one sample's activations need about" in err[0], err
+    assert "1 GB available: choose a smaller --input-size" in err[0] and not (tmp_path / "big").exists()

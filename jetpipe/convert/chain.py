@@ -308,6 +308,7 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
     if max(size_hw) > MAX_SIDE:
         raise ModelError(f"input {info.name!r} is {size_hw[0]}x{size_hw[1]}; jetpipe takes sides up to {MAX_SIDE} "
                          "pixels: export the model for a smaller input or pass --input-size")
+    _check_memory(model, info.name, size_hw)
     sample = _random_sample(info.dims[1], size_hw)
     reference = _check_runs(model, info, size_hw, sample)
     _check_width_range(model, info, size_hw[0], width_range)
@@ -321,6 +322,31 @@ def prepare(model_path: Path, precision: str, input_size: tuple[int, int] | None
     metadata = {prop.key: prop.value for prop in exported.metadata_props}
     return Prepared(model, graph.image_input(model), size_hw, dynamic, source_sha, cleanup, layout, width_range,
                     metadata)
+
+
+ACTIVATIONS_AT_ONCE = 3  # a run holds about this many of its largest tensors at once (a layer's in and out, one more)
+
+
+def _check_memory(model: onnx.ModelProto, name: str, size_hw: tuple[int, int]) -> None:
+    """A sample at this input size must fit the memory there is before it is run (--input-size 16384x16384 was
+    OOM-killed at 24 GB after 81 s, its lock left behind)."""
+    need = ACTIVATIONS_AT_ONCE * flops.largest_activation_bytes(model)
+    have = _available_memory()
+    if have and need > have:
+        raise ModelError(f"input {name!r} at {size_hw[0]}x{size_hw[1]}: one sample's activations need about "
+                         f"{need / 1e9:.0f} GB, this machine has {have / 1e9:.0f} GB available: choose a smaller "
+                         "--input-size")
+
+
+def _available_memory() -> int:
+    """MemAvailable (Linux), in bytes; 0 where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _exported_size(model: onnx.ModelProto) -> tuple[int, int] | None:

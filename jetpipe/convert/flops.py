@@ -38,6 +38,24 @@ def _measured_shapes(model: onnx.ModelProto, size_hw) -> dict[str, tuple]:
     return {name: value.shape for name, value in zip(names, values)}
 
 
+def largest_activation_bytes(model: onnx.ModelProto) -> int:
+    """The largest tensor one sample makes as it runs (batch 1), from static shape inference; 0 where the
+    shapes are not static enough to say."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 -- an estimate: a graph inference cannot take is run as it is
+        return 0
+    largest = 0
+    for v in [*inferred.graph.value_info, *inferred.graph.output]:
+        kind = v.type.tensor_type
+        if not kind.HasField("shape") or not kind.elem_type:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else 1 for d in kind.shape.dim]
+        size = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type)).itemsize
+        largest = max(largest, int(np.prod(dims, dtype=np.int64)) * size)
+    return largest
+
+
 def layer_costs(model: onnx.ModelProto, size_hw: tuple[int, int] | None = None) -> list[dict]:
     """Per compute node: weight parameters (non-zero and total) and FLOPs for one sample (of `size_hw`,
     where the input's height or width is dynamic)."""

@@ -21,6 +21,7 @@ from jetpipe.pipelines.sources import open_source
 from jetpipe.pipelines.streams import ControlError, Stream
 from jetpipe.pipelines.summary import live_counts
 from jetpipe.uri import parse as parse_uri
+from jetpipe.uri import synthetic_spec
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ class Ingest:
                                streams=capacity, threads=self.config.decode_threads)
 
     def open_source(self, spec, seed: int):
+        uri = parse_uri(spec.uri)
+        if uri.scheme == "synthetic":  # its size is in its URI: refused before it renders (8192x8192: 34 s, 4.8 GB)
+            width, height, _, _ = synthetic_spec(uri)
+            self._check_size(spec.uri, width, height)
         if self.decoders is not None and _decodable_elsewhere(spec):
             source = self.decoders.open(parse_uri(spec.uri), spec.loop, spec.realtime, self.config.frames)
             if not isinstance(source, str):
@@ -79,11 +84,14 @@ class Ingest:
                            streams=self.streams.capacity)
 
     def check_frame_size(self, source) -> None:
-        info, (max_h, max_w) = source.info, self.config.max_frame_hw
-        if info is not None and (info.height > max_h or info.width > max_w):
-            raise ConfigError(f"source {source.uri}: frames are {info.width}x{info.height}, larger than "
-                              f"max_frame_hw [{max_h}, {max_w}]: set [pipeline] max_frame_hw = "
-                              f"[{max(info.height, max_h)}, {max(info.width, max_w)}]")
+        if source.info is not None:
+            self._check_size(source.uri, source.info.width, source.info.height)
+
+    def _check_size(self, uri: str, width: int, height: int) -> None:
+        max_h, max_w = self.config.max_frame_hw
+        if height > max_h or width > max_w:
+            raise ConfigError(f"source {uri}: frames are {width}x{height}, larger than max_frame_hw [{max_h}, "
+                              f"{max_w}]: set [pipeline] max_frame_hw = [{max(height, max_h)}, {max(width, max_w)}]")
 
     # --- capture ---------------------------------------------------------------------------------
     def start(self) -> None:

@@ -335,6 +335,18 @@ def test_a_file_corrupted_mid_stream_is_counted_not_a_silent_end(videos, tiny_bu
     assert "decode error #1" in caplog.text
 
 
+def test_a_synthetic_camera_larger_than_the_rings_is_refused_before_it_renders(tiny_bundle, monkeypatch, capsys):
+    """Issue 49: synthetic://8192x8192 rendered for 34 s and 4.8 GB before max_frame_hw refused it."""
+    from jetpipe.pipelines import sources
+
+    def rendered(*args, **kwargs):
+        raise AssertionError("the camera was made")
+    monkeypatch.setattr(sources.SyntheticCamera, "from_uri", rendered)
+    assert main(["serve", "--bundle", str(tiny_bundle), "--source", "synthetic://8192x8192", "--metrics", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "frames are 8192x8192, larger than max_frame_hw [1080, 1920]" in err[-1] and "Traceback" not in "".join(err)
+
+
 @needs_ffmpeg
 @pytest.mark.parametrize("container", ["mkv", "mp4"])
 def test_a_truncated_file_is_counted_and_said_not_ended_as_whole(tiny_bundle, tmp_path, caplog, container):
