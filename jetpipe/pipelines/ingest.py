@@ -123,7 +123,9 @@ class Ingest:
         return any(s.capturing() for s in self.streams.live())
 
     def stop(self) -> None:
-        """Every source's blocked read or open interrupted, every capture thread woken to see the stop."""
+        """Every source's blocked read or open interrupted, every capture thread woken to see the stop. The
+        results from now on are the drain's (the summary reports them apart from the run's)."""
+        self.metrics.start_drain()
         for stream in self.streams.live():
             interrupt(stream)
         self.wake()

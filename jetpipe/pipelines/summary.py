@@ -81,6 +81,8 @@ class Report:
                 # live streams dropped frames because processing fell behind (files wait instead)
                 "overloaded": dropped > 0,
                 "dropped_share": round(dropped / max(1, sum(per_stream["captured"])), 4),
+                # the run's: the frames finished after a stop (signal, --duration) are the drain's, reported apart
+                **({"drain": drain} if (drain := m.drain()) else {}),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},
                 "sink_failures": self.sinks.failures(),

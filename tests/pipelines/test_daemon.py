@@ -418,3 +418,14 @@ def test_a_source_whose_format_is_known_gets_ring_slots_of_its_frame_size(det_bu
         assert [ring.slot_bytes for ring in pipeline.streams.rings] == [640 * 480 * 3, 320 * 240 * 3]
     finally:
         pipeline.close()
+
+
+def test_the_frames_drained_after_a_stop_are_reported_apart_from_the_run(det_bundle):
+    """Issue 49: an overloaded run stopped by --duration finished its queued frames after the deadline, and
+    their latency (a queue's worth of backlog) became the summary's p90/p99. They are the drain's now."""
+    config = _config(det_bundle, ["synthetic:1280x720@30:nv12"] * 2, duration=2.0, queue_depth=8)
+    summary = Pipeline(config).run()  # the CPU runtime cannot keep up with 60 frames/s of 720p: queues fill
+    drain = summary["drain"]
+    assert 1 <= drain["frames"] < sum(summary["processed"]) and drain["seconds"] >= 0
+    assert set(drain["latency_ms"]) == {"queue", "gpu", "post", "total"} and drain["latency_ms"]["total"]["0.5"] > 0
+    assert summary["latency_ms"]["total"]  # the run's own, from the frames finished before the stop
