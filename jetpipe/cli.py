@@ -23,6 +23,7 @@ from jetpipe.cli_values import (
     parse_batches,
     parse_channel_values,
     parse_input_size,
+    parse_size,
     parse_targets,
     positive_seconds,
     read_labels,
@@ -288,6 +289,9 @@ def _add_serve(sub) -> None:
                    help="a counting line (0..1 coordinates): an event each time a tracked object crosses it, 'in' "
                         "from its right-hand side to its left (walking from the first point to the second); [[line]] "
                         "tables set the rest (repeatable)")
+    p.add_argument("--max-frame-size", metavar="HxW",
+                   help="the largest frames any stream may bring, its buffers allocated at start-up (default: "
+                        "1080x1920, grown to the largest video file among the sources; [pipeline] max_frame_hw)")
     p.add_argument("--clips", metavar="DIR",
                    help="an MP4 clip around each event (line_cross, zone_enter, loiter, occupancy) in DIR: the "
                         "stream's own packets from the keyframe before --clip-before seconds to --clip-after "
@@ -368,6 +372,8 @@ def _serve_config(args):
     config.zones = [*config.zones, *(rules.from_flag(z, "zone") for z in args.zone or [])]
     config.lines = [*config.lines, *(rules.from_flag(line, "line") for line in args.line or [])]
     _clip_flags(args, config)
+    if args.max_frame_size:
+        config.max_frame_hw, config.max_frame_set = parse_size(args.max_frame_size, "--max-frame-size"), True
     return validate(config, args.config or "flags")
 
 

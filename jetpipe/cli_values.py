@@ -21,15 +21,15 @@ def parse_channel_values(text: str, what: str) -> tuple[float, ...]:
     return values
 
 
-def parse_size(text: str) -> tuple[int, int]:
+def parse_size(text: str, flag: str = "--input-size") -> tuple[int, int]:
     """'640x480' -> (640, 480) as (height, width)."""
     parts = text.lower().split("x")
     try:
         h, w = (int(p) for p in parts)
     except ValueError:
-        raise JetpipeError(f"--input-size {text!r} must look like HxW, e.g. 640x640") from None
+        raise JetpipeError(f"{flag} {text!r} must look like HxW, e.g. 640x640") from None
     if h <= 0 or w <= 0:
-        raise JetpipeError(f"--input-size {text!r}: height and width must be positive")
+        raise JetpipeError(f"{flag} {text!r}: height and width must be positive")
     return h, w
 
 

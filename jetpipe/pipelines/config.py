@@ -117,7 +117,8 @@ class PipelineConfig:
     duration: float = 0.0              # stop after S seconds (0: until SIGTERM)
     metrics_listen: str = "127.0.0.1:9108"   # "" disables /metrics and /healthz
     metrics_hosts: list[str] = field(default_factory=list)  # Host names it answers to beyond the defaults
-    max_frame_hw: tuple[int, int] = (1080, 1920)
+    max_frame_hw: tuple[int, int] = (1080, 1920)  # frame buffers' bound; not set: the video files' largest
+    max_frame_set: bool = False        # max_frame_hw given ([pipeline], --max-frame-size): a bound, not sized
     reconnect_max_s: float = 10.0
     log_every_s: float = 5.0
     stall_timeout_s: float = 0.0       # a live stream without a frame this long reconnects (0: max(5 s, 10 frames))
@@ -188,7 +189,7 @@ def load(path: str | Path) -> PipelineConfig:
              for i, t in enumerate(_array_of_tables(path, data, "line"))]
     options = {k: v for k, v in pipeline.items() if k != "bundle"}
     if "max_frame_hw" in options:
-        options["max_frame_hw"] = tuple(options["max_frame_hw"])
+        options["max_frame_hw"], options["max_frame_set"] = tuple(options["max_frame_hw"]), True
     config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, secondaries=secondaries,
                             control=ControlConfig(**control), clips=ClipsConfig(**clips), zones=zones, lines=lines,
                             **options)

@@ -29,7 +29,7 @@ from jetpipe.pipelines.events import rules
 from jetpipe.pipelines.http.control import Control
 from jetpipe.pipelines.http.pages import PreviewPages
 from jetpipe.pipelines.http.server import MetricsServer
-from jetpipe.pipelines.ingest import Ingest
+from jetpipe.pipelines.ingest import Ingest, frame_bound
 from jetpipe.pipelines.preview import Preview
 from jetpipe.pipelines.secondary import SecondaryStage
 from jetpipe.pipelines.secondary import check as check_secondary
@@ -96,6 +96,7 @@ class Pipeline:
             if secondary.every_track and config.tracker == "none":
                 raise ConfigError(f"config: secondary {secondary.label!r}: every_track = {secondary.every_track} "
                                   "reuses a result while its track lives: add --tracker (bytetrack or iou)")
+        config.max_frame_hw = frame_bound(config)  # before the runtime allocates for it
         buffer_sets = BUFFER_SETS + (CHAINED_SETS if config.secondaries else 0)
         cpu_threads = shared_cpu_threads(len(config.secondaries))
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,

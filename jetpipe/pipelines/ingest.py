@@ -12,18 +12,36 @@ from __future__ import annotations
 import logging
 
 from jetpipe.errors import JetpipeError
+from jetpipe.limits import MAX_SIDE
 from jetpipe.pipelines import rings
 from jetpipe.pipelines.capture import Capture, CaptureGroup, capture_threads
 from jetpipe.pipelines.config import ConfigError
 from jetpipe.pipelines.decode_procs import DecodeProcesses, RemoteNvdecSource
 from jetpipe.pipelines.decoded_elsewhere import DecodedElsewhere
-from jetpipe.pipelines.sources import open_source
+from jetpipe.pipelines.sources import open_source, probed_size
 from jetpipe.pipelines.streams import ControlError, Stream
 from jetpipe.pipelines.summary import live_counts
 from jetpipe.uri import parse as parse_uri
 from jetpipe.uri import synthetic_spec
 
 log = logging.getLogger(__name__)
+
+
+def frame_bound(config) -> tuple[int, int]:
+    """The frame buffers' bound: max_frame_hw where it was set; else the default grown to the largest video file
+    among the sources (probed: a portrait 1080x1920 or a 4K file no longer needs a setting). Cameras, streams
+    and synthetic cameras are not probed: beyond the default they need max_frame_hw (--max-frame-size)."""
+    height, width = config.max_frame_hw
+    if config.max_frame_set:
+        return height, width
+    for spec in config.sources:
+        size = probed_size(spec.uri)
+        if size and (size[0] > height or size[1] > width):
+            height, width = min(MAX_SIDE, max(height, size[0])), min(MAX_SIDE, max(width, size[1]))
+    if (height, width) != tuple(config.max_frame_hw):
+        log.info("frame buffers sized for %dx%d frames (the largest video file; max_frame_hw sets a bound)",
+                 width, height)
+    return height, width
 
 
 class Ingest:
@@ -91,7 +109,8 @@ class Ingest:
         max_h, max_w = self.config.max_frame_hw
         if height > max_h or width > max_w:
             raise ConfigError(f"source {uri}: frames are {width}x{height}, larger than max_frame_hw [{max_h}, "
-                              f"{max_w}]: set [pipeline] max_frame_hw = [{max(height, max_h)}, {max(width, max_w)}]")
+                              f"{max_w}]: set [pipeline] max_frame_hw = [{max(height, max_h)}, {max(width, max_w)}] "
+                              f"(--max-frame-size {max(height, max_h)}x{max(width, max_w)})")
 
     # --- capture ---------------------------------------------------------------------------------
     def start(self) -> None:

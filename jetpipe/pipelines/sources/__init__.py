@@ -35,6 +35,18 @@ log = logging.getLogger(__name__)
 DECODERS = ("auto", "nvdec", "ffmpeg", "gstreamer", "opencv")
 
 
+def probed_size(text: str) -> tuple[int, int] | None:
+    """(height, width) of a video file's frames, read from its header (PyAV); None for anything else or a file
+    that does not open (opening it says why later)."""
+    try:
+        uri = uris.parse(text)
+    except JetpipeError:
+        return None
+    if uri.scheme != "file" or not uri.path.is_file() or pyav.missing():
+        return None
+    return pyav.frame_size(uri.location, text)
+
+
 def open_source(text: str, loop: bool = False, seed: int = 0, realtime: bool = False,
                 decoder: str = "auto", hardware=None, streams: int = 1, hwaccel: str = "") -> Source:
     """A source for a URI (files are probed now, so an unreadable one fails here; nothing is decoded yet).

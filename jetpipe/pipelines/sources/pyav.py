@@ -96,6 +96,19 @@ def _declared_seconds(container, stream) -> float | None:
     return container.duration / 1e6 if container.duration else None
 
 
+def frame_size(location: str, name: str) -> tuple[int, int] | None:
+    """(height, width) of a file's video, from its header; None where it does not open."""
+    try:
+        container = _open(location, name)
+    except SourceError:
+        return None
+    try:
+        video = container.streams.video[0].codec_context
+        return (video.height, video.width) if video.height and video.width else None
+    finally:
+        container.close()
+
+
 def stream_format(stream) -> StreamFormat:
     context = stream.codec_context
     if not context.width or not context.height or context.format is None:
