@@ -335,10 +335,9 @@ class Pipeline:
 
     def add_stream(self, spec) -> dict:
         """Serve one more source in a free slot (Ingest.add says what may refuse it)."""
-        stream = self.ingest.add(spec, self.stages.reset_slot)
-        if self.clips is not None:
-            self.clips.attach(stream.id, stream.source, at_start=False)
-        return self.report.describe(stream)
+        clips = self.clips  # its ring before the stream's first read: a clip may start at its first keyframe
+        prepare = None if clips is None else lambda stream: clips.attach(stream.id, stream.source, at_start=False)
+        return self.report.describe(self.ingest.add(spec, self.stages.reset_slot, prepare))
 
     def request_clip(self, stream_id: int, asked) -> dict:
         """POST /streams/ID/clips: a clip of the stream around its newest frame (Clips.around_now)."""

@@ -156,9 +156,10 @@ class Ingest:
             self.decoders.wake()
 
     # --- streams added and removed while serving (the control API) -------------------------------
-    def add(self, spec, reset_slot) -> Stream:
+    def add(self, spec, reset_slot, prepare=None) -> Stream:
         """Serve one more source in a free slot (its rings allocated at start-up); reset_slot(slot): what the
-        stages kept of the slot's last stream goes. ControlError: the source cannot be opened or is too large
+        stages kept of the slot's last stream goes; prepare(stream): before its first read (the clips' ring
+        takes its packets from the first). ControlError: the source cannot be opened or is too large
         (422), no free slot takes it (409), the daemon is stopping (503)."""
         if self.stopping.is_set():
             raise ControlError(503, "the daemon is stopping: no stream can be added")
@@ -167,14 +168,14 @@ class Ingest:
         except JetpipeError as exc:
             raise ControlError(422, str(exc)) from None
         try:
-            stream = self._place(spec, source, reset_slot)
+            stream = self._place(spec, source, reset_slot, prepare)
         except BaseException:
             source.close()
             raise
         log.info("stream %d added: %s (slot %d)", stream.id, spec.uri, stream.slot)
         return stream
 
-    def _place(self, spec, source, reset_slot) -> Stream:
+    def _place(self, spec, source, reset_slot, prepare=None) -> Stream:
         try:
             self.check_frame_size(source)
         except ConfigError as exc:
@@ -194,6 +195,8 @@ class Ingest:
             self.capture.last_frame[slot] = None
             reset_slot(slot)
             stream = self.streams.take(slot, ring, spec, source)
+            if prepare is not None:
+                prepare(stream)
             self.start_capture(stream)
         return stream
 
