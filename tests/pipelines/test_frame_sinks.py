@@ -201,6 +201,9 @@ def test_on_a_jetson_auto_encodes_in_hardware_through_gstreamer(monkeypatch):
     assert ("fdsrc fd=0 ! rawvideoparse format=bgr width=1920 height=1080 framerate=2997/100 ! videoconvert ! "
             "video/x-raw,format=I420 ! nvvidconv ! video/x-raw(memory:NVMM),format=NV12 ! nvv4l2h265enc "
             "iframeinterval=30 ! h265parse ! mp4mux fragment-duration=1000 ! filesink") in text
+    # the keyframe interval only where the element has that property (any other gst: element keeps its own)
+    other = " ".join(encoders.gst_argv("openh264enc", "h264", (240, 320), 15, Path("/videos/a.mkv")))
+    assert "! openh264enc ! h264parse ! matroskamux ! filesink" in other
     if shutil.which("gst-inspect-1.0") is None:
         pytest.skip("gst-inspect-1.0 not installed")
     with pytest.raises(JetpipeError, match="GStreamer has no element 'nvv4l2h264enc' here"):

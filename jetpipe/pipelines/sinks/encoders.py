@@ -27,6 +27,8 @@ JETSON = {"h264": "nvv4l2h264enc", "hevc": "nvv4l2h265enc"}
 PARSERS = {"h264": "h264parse", "hevc": "h265parse"}
 MUXERS = {".mkv": "matroskamux", ".mov": "qtmux"}  # anything else: mp4mux
 GST_PRESETS = {"x264enc": "speed-preset=veryfast", "x265enc": "speed-preset=veryfast"}
+# the property that sets an element's keyframe interval (another element named by ?encoder=gst: keeps its own)
+GST_GOP = {"x264enc": "key-int-max", "x265enc": "key-int-max", **{e: "iframeinterval" for e in JETSON.values()}}
 TRIAL_TIMEOUT_S = 20
 
 
@@ -89,9 +91,9 @@ def check_gst_pipeline(spec: str, element: str, codec: str, path: Path) -> None:
     """Every element the sink's pipeline names is there, before a frame: a GStreamer partly installed (x264enc
     without a muxer) started, said "Broken pipe" ten times, wrote nothing and exited 0 (issue 49)."""
     needed = ["fdsrc", "rawvideoparse", "videoconvert", *(["nvvidconv"] if element in JETSON.values() else []),
-              PARSERS[codec], MUXERS.get(Path(path).suffix.lower(), "mp4mux"), "filesink"]
+              PARSERS[codec], _muxer(path), "filesink"]
     for name in needed:
-        if subprocess.run(["gst-inspect-1.0", name], capture_output=True).returncode != 0:
+        if not _gst_has(name):
             raise JetpipeError(f"sink {spec}: GStreamer has no element {name!r} here, which writing with {element} "
                                f"needs: apt install {GST_PACKAGES.get(name, 'its GStreamer plugin package')}")
 
@@ -100,10 +102,18 @@ def _gst_element(spec: str, element: str) -> str:
     missing = gstreamer.tools_available()
     if missing:
         raise JetpipeError(f"sink {spec}: encoding with GStreamer needs {missing}")
-    if subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode != 0:
+    if not _gst_has(element):
         raise JetpipeError(f"sink {spec}: GStreamer has no element {element!r} here (x264enc: apt install "
                            "gstreamer1.0-plugins-ugly; nvv4l2h264enc: a Jetson with JetPack)")
     return element
+
+
+def _gst_has(element: str) -> bool:
+    return subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode == 0
+
+
+def _muxer(path: Path) -> str:
+    return MUXERS.get(Path(path).suffix.lower(), "mp4mux")
 
 
 def fragmented(path: Path) -> bool:
@@ -133,11 +143,11 @@ def gst_argv(element: str, codec: str, size_hw: tuple[int, int], fps: float, pat
     height, width = size_hw
     rate = Fraction(fps).limit_denominator(1001)
     gop = max(1, round(fps))  # a keyframe a second: a fragment a second
+    encode = " ".join(filter(None, [element, GST_PRESETS.get(element),
+                                    f"{GST_GOP[element]}={gop}" if element in GST_GOP else None]))
     if element in JETSON.values():  # the hardware encoder takes NV12 in NVMM memory
-        encode = f"nvvidconv ! video/x-raw(memory:NVMM),format=NV12 ! {element} iframeinterval={gop}"
-    else:
-        encode = f"{element} {GST_PRESETS.get(element, '')} key-int-max={gop}".replace("  ", " ")
-    muxer = MUXERS.get(Path(path).suffix.lower(), "mp4mux")
+        encode = f"nvvidconv ! video/x-raw(memory:NVMM),format=NV12 ! {encode}"
+    muxer = _muxer(path)
     if fragmented(path):
         muxer += " fragment-duration=1000"
     pipeline = (f"fdsrc fd=0 ! rawvideoparse format=bgr width={width} height={height} "
