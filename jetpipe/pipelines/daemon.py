@@ -183,7 +183,7 @@ class Pipeline:
         """A removed stream's last frame reached the sinks: its outputs end, and its clips' ring goes."""
         self.sinks.end_stream(stream.id)
         if self.clips is not None:
-            self.clips.end(stream.id, forget=True)
+            self.clips.removed(stream.id)
 
     def _serve_http(self, capacity: int) -> None:
         """The metrics server: /metrics, /healthz, the preview page, and the control API where it is on."""

@@ -66,17 +66,6 @@ class _Request:
     asked_at: float = field(default_factory=time.monotonic)
 
 
-def _bitrate(location: str) -> float:
-    """The file's bits a second, as its container says (0 where it does not)."""
-    import av
-
-    try:
-        with av.open(location) as container:
-            return float(container.bit_rate or 0)
-    except (av.error.FFmpegError, OSError):
-        return 0.0
-
-
 class Clips:
     def __init__(self, config, deliver):
         """config: ClipsConfig (checked); deliver(record): to the sinks."""
@@ -106,7 +95,7 @@ class Clips:
         # what a clip asks for, and the frames between the source's read and its event's request (queued,
         # batched, gathered by the events step): the source reads that far ahead of the events
         keep_s = self.config.before_s + self.config.after_s + max(LAG_S, LAG_FRAMES / fps)
-        need_mb = keep_s * _bitrate(source.source_uri.location) / 8e6
+        need_mb = keep_s * source.bit_rate / 8e6
         if need_mb > self.config.ring_mb:
             why = (f"clips: stream {stream_id} ({source.describe()}) needs about {need_mb:.0f} MB for {keep_s:.0f} "
                    f"s of its packets, more than ring_mb = {self.config.ring_mb:g}: raise ring_mb or shorten "
@@ -126,14 +115,13 @@ class Clips:
         for stream in streams:
             self.attach(stream.id, stream.source)
 
-    def end(self, stream_id: int, forget: bool = False) -> None:
-        """The stream ended: waiting clips are cut with what its ring holds; forget (the stream was removed):
-        the ring goes once they are."""
+    def removed(self, stream_id: int) -> None:
+        """The stream was removed: waiting clips are cut with what its ring holds, then the ring goes."""
         ring = self.rings.get(stream_id)
         if ring is not None:
             ring.end()
             with self.cond:
-                ring.forget = forget
+                ring.forget = True
                 self.cond.notify()
 
     # -- requests -----------------------------------------------------------------------------------------------
@@ -234,8 +222,8 @@ class Clips:
         if not packets:
             self._fail(request, "its ring holds no packets of that time")
             return
-        path = self.folder / f"stream{request.stream}-{packets[0].t:011.3f}-{next(self._names)}{SUFFIX}"
-        while path.exists():  # a clip of an earlier run: never overwritten
+        path = None
+        while path is None or path.exists():  # a clip of an earlier run is never overwritten
             path = self.folder / f"stream{request.stream}-{packets[0].t:011.3f}-{next(self._names)}{SUFFIX}"
         try:
             if ring.opened is None:
@@ -260,14 +248,14 @@ class Clips:
     def _retain(self) -> None:
         """The folder within max_total_mb and max_age_h: the oldest of its clips go (only the clips: files named
         as this names them; nothing else in the folder is counted or touched)."""
-        clips = sorted((p for p in self.folder.iterdir() if CLIP_NAME.fullmatch(p.name) and p.is_file()),
-                       key=lambda p: p.stat().st_mtime)
-        now, total = time.time(), sum(p.stat().st_size for p in clips)
-        for clip in clips:
-            old = self.config.max_age_h and now - clip.stat().st_mtime > self.config.max_age_h * 3600
+        clips = sorted(((p.stat(), p) for p in self.folder.iterdir() if CLIP_NAME.fullmatch(p.name) and p.is_file()),
+                       key=lambda c: c[0].st_mtime)  # each file's stat once
+        now, total = time.time(), sum(info.st_size for info, _ in clips)
+        for info, clip in clips:
+            old = self.config.max_age_h and now - info.st_mtime > self.config.max_age_h * 3600
             if not old and total <= self.config.max_total_mb * 1e6:
                 break
-            total -= clip.stat().st_size
+            total -= info.st_size
             clip.unlink(missing_ok=True)
 
     def summary(self) -> dict:

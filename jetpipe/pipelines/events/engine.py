@@ -56,9 +56,9 @@ class Happened:
 class Engine:
     """The rules of now over one table of tracks: decide() a batch's frames, in order."""
 
-    def __init__(self, rules=()):
+    def __init__(self):
         self.table = TrackTable()
-        self.rules = list(rules)  # replaced whole by a change (the step's lock): read once a batch
+        self.rules: list = []  # rule() engines, replaced whole by a change (the step's lock): read once a batch
 
     def rule(self, rule, class_ids: set[int] | None):
         """The engine of one Zone or Line (class_ids: those it takes; None: every class)."""
@@ -247,9 +247,10 @@ class LineRule(_Rule):
         if not len(batch) or (boxes is not None and not len(boxes)):
             return []
         x, y, side = self.sides(batch, boxes)
+        taken = rows if boxes is None else rows[boxes]
         happened = []
         for at in batch.parts(boxes):
-            row, now, px, py = (rows if boxes is None else rows[boxes]), side, x, y
+            row, now, px, py = taken, side, x, y
             if at is not None:
                 row, now, px, py = row[at], side[at], x[at], y[at]
             beside = now != 0  # on the line: decides nothing, interrupts nothing

@@ -153,6 +153,7 @@ class PyAVSource:
             container = _open(uri.location, uri.text)
             try:
                 self.stream = stream_format(container.streams.video[0])
+                self.bit_rate = float(container.bit_rate or 0)  # bits a second (0: not said): a clips ring's size
             finally:
                 container.close()
             if self.hwaccel:  # and so does a device that cannot be used
