@@ -24,7 +24,7 @@ from pathlib import Path
 root = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(root), str(root / "scripts")]
 
-from bench_events import RULES, make_video  # noqa: E402
+from bench_events import RULES, alternate, make_video, paired  # noqa: E402
 
 
 def serve(bundle: str, video: Path, streams: int, seconds: float, clips: Path | None, out: Path) -> dict:
@@ -64,16 +64,12 @@ def main() -> None:
     video = Path(args.video) if args.video else out / "words1080.mp4"
     if not video.exists():
         make_video(video, 20.0, 72)
-    rows = []
-    for k in range(args.repeats):
-        for on in (False, True):
-            clips = out / f"clips-{k}" if on else None
-            rows.append(row(("clips" if on else "no clips") + f" #{k + 1}",
-                            serve(args.bundle, video, args.streams, args.seconds, clips, out), clips))
-            print(json.dumps(rows[-1]), flush=True)
-    off = [r["cpu_s_per_1000_frames"] for r in rows if r["run"].startswith("no")]
-    on = [r["cpu_s_per_1000_frames"] for r in rows if r["run"].startswith("clips")]
-    difference = [round(100 * (b - a) / a, 2) for a, b in zip(off, on)]
+    def run(label: str, on: bool, k: int) -> dict:
+        clips = out / f"clips-{k}" if on else None
+        return row(label, serve(args.bundle, video, args.streams, args.seconds, clips, out), clips)
+
+    rows = alternate(args.repeats, [("no clips", False), ("clips", True)], run)
+    off, on, difference = paired(rows, "no clips", "clips")
     share = [r["clips_cpu_share_percent"] for r in rows if r["run"].startswith("clips")]
     print(f"process CPU per frame, clips against none (each pair back to back): {difference} %; mean of the arms: "
           f"{round(100 * (sum(on) - sum(off)) / sum(off), 2)} %; the clips' own share of the process's CPU: {share} %")

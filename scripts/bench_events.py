@@ -100,20 +100,33 @@ def row(label: str, s: dict) -> dict:
             "delivery": s.get("delivery", [])}
 
 
+def alternate(repeats: int, arms: list[tuple[str, object]], run) -> list[dict]:
+    """Each arm (label, value) run in turn, `repeats` times (pairs back to back: the runs' spread between machine
+    leases is larger than what is measured); run(label #k, value, k) -> its row, printed as it comes."""
+    rows = []
+    for k in range(repeats):
+        for label, value in arms:
+            rows.append(run(f"{label} #{k + 1}", value, k))
+            print(json.dumps({key: v for key, v in rows[-1].items() if key != "delivery"}), flush=True)
+    return rows
+
+
+def paired(rows: list[dict], without: str, with_: str, key: str = "cpu_s_per_1000_frames"):
+    """The key's values in the runs without and with (alternate()'s labels), and each back-to-back pair's
+    difference in per cent."""
+    off = [r[key] for r in rows if r["run"].startswith(without + " #")]
+    on = [r[key] for r in rows if r["run"].startswith(with_ + " #")]
+    return off, on, [round(100 * (b - a) / a, 2) for a, b in zip(off, on)]
+
+
 def pipeline(args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench-events-"))
     video = Path(args.video) if args.video else out / "words1080.mp4"
     if not video.exists():
         make_video(video, 20.0, args.words)
-    rows = []
-    for k in range(args.repeats):
-        for rules in (False, True):
-            rows.append(row(("rules" if rules else "no rules") + f" #{k + 1}",
-                            serve(args.bundle, video, args.streams, args.seconds, rules, args.sink, out)))
-            print(json.dumps({key: v for key, v in rows[-1].items() if key != "delivery"}), flush=True)
-    base = [r["cpu_s_per_1000_frames"] for r in rows if r["run"].startswith("no")]
-    ruled = [r["cpu_s_per_1000_frames"] for r in rows if r["run"].startswith("rules")]
-    share = [round(100 * (b - a) / a, 2) for a, b in zip(base, ruled)]
+    rows = alternate(args.repeats, [("no rules", False), ("rules", True)], lambda label, rules, k: row(
+        label, serve(args.bundle, video, args.streams, args.seconds, rules, args.sink, out)))
+    _, _, share = paired(rows, "no rules", "rules")
     inside = [r["events_cpu_share_percent"] for r in rows if r["run"].startswith("rules")]
     print(f"process CPU per frame, rules against none (each pair run back to back): {share} %; the rules' own "
           f"share of the process's CPU: {inside} %")
