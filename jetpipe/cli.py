@@ -298,6 +298,10 @@ def _add_serve(sub) -> None:
                         "seconds after, never re-encoded; files decoded in-process (PyAV); [clips] sets the rest")
     p.add_argument("--clip-before", type=float, metavar="S", help="seconds of a clip before its event (default 5)")
     p.add_argument("--clip-after", type=float, metavar="S", help="seconds of a clip after its event (default 5)")
+    p.add_argument("--snapshots", metavar="DIR",
+                   help="a JPEG of the frame of each event (line_cross, zone_enter, loiter, occupancy) in DIR, its "
+                        "boxes outlined, encoded on the GPU (nvImageCodec) where it can be, else by OpenCV; "
+                        "[snapshots] sets the rest")
     p.add_argument("--summary", metavar="PATH",
                    help="also write the run's summary (JSON) to PATH, a new file written when the run ends, or '-' "
                         "for stdout (it always goes to stderr too)")
@@ -371,13 +375,15 @@ def _serve_config(args):
         config.metrics_hosts = [*config.metrics_hosts, *args.metrics_host]
     config.zones = [*config.zones, *(rules.from_flag(z, "zone") for z in args.zone or [])]
     config.lines = [*config.lines, *(rules.from_flag(line, "line") for line in args.line or [])]
-    _clip_flags(args, config)
+    _evidence_flags(args, config)
     if args.max_frame_size:
         config.max_frame_hw, config.max_frame_set = parse_size(args.max_frame_size, "--max-frame-size"), True
     return validate(config, args.config or "flags")
 
 
-def _clip_flags(args, config) -> None:
+def _evidence_flags(args, config) -> None:
+    if args.snapshots:
+        config.snapshots.folder = args.snapshots
     if args.clips:
         config.clips.folder = args.clips
     for flag, key in (("clip_before", "before_s"), ("clip_after", "after_s")):

@@ -153,6 +153,15 @@ def opencv_bgr(frame: np.ndarray, fmt: str) -> np.ndarray:
     return cv2.cvtColor(source, getattr(cv2, _OPENCV_DECODE[fmt]))
 
 
+def frame_bgr(frame: np.ndarray, fmt: str, matrix=None) -> np.ndarray:
+    """Any frame -> BGR in its own colours: OpenCV's integer decoders where they apply (BT.601 limited range),
+    the float reference for other standards and ranges (a full-range camera, BT.709 video)."""
+    if _opencv_decodes(fmt, matrix):
+        return opencv_bgr(frame, fmt)
+    height, width = frame_size(frame, fmt)
+    return np.rint(to_rgb_float(frame, fmt, height, width, matrix)[:, :, ::-1]).astype(np.uint8)
+
+
 def preprocess_frame_fast(frame: np.ndarray, fmt: str, size_hw: tuple[int, int], spec: PreprocessSpec,
                           matrix=None, out: np.ndarray | None = None,
                           crop: Crop | None = None, quad=None) -> tuple[np.ndarray, Letterbox]:

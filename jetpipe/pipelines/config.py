@@ -21,6 +21,7 @@ from jetpipe.pipelines.sinks import check_sink
 from jetpipe.pipelines.sources import DECODERS
 from jetpipe.pipelines.tracking import TRACKERS
 from jetpipe.runtime.cuda import MEMORY_MODES
+from jetpipe.runtime.jpeg import ENCODERS as JPEG_ENCODERS
 from jetpipe.runtime.open import BACKEND_HELP, BACKENDS, check_backend
 from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import TASKS
@@ -87,9 +88,26 @@ class ClipsConfig:
     max_age_h: float = 0.0        # and none older than this (0: no limit)
 
 
+@dataclass
+class SnapshotsConfig:
+    """A JPEG of the frame of each event (pipelines/snapshots.py), encoded on the GPU where it can be."""
+
+    folder: str = ""              # where the pictures go ("": none)
+    on: list[str] = field(default_factory=lambda: ["line_cross", "zone_enter", "loiter", "occupancy"])
+    box: bool = True              # the events' boxes outlined on the frame
+    crop: bool = False            # and a picture of each event's box alone beside it
+    quality: int = 90             # JPEG quality, 1-100
+    encoder: str = "auto"         # auto (the GPU's nvJPEG where it can be had, else OpenCV) | gpu | cpu
+    buffers: int = 8              # frames waiting for the encoder at most (beyond: dropped, counted)
+    max_total_mb: float = 2_000.0  # the folder's pictures, at most (the oldest go)
+    max_age_h: float = 0.0        # and none older than this (0: no limit)
+
+
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
 _CLIPS_KEYS = {"folder": str, "before_s": (int, float), "after_s": (int, float), "on": list, "ring_mb": (int, float),
                "max_total_mb": (int, float), "max_age_h": (int, float)}
+_SNAPSHOTS_KEYS = {"folder": str, "on": list, "box": bool, "crop": bool, "quality": int, "encoder": str,
+                   "buffers": int, "max_total_mb": (int, float), "max_age_h": (int, float)}
 _CONTROL_KEYS = {"enabled": bool, "max_streams": int, "token": str, "allow_schemes": list, "allow_folders": list}
 _SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int,
                    "direction": str, "direction_threshold": (int, float), "every_track": int, "backend": str,
@@ -126,6 +144,7 @@ class PipelineConfig:
     secondaries: list[SecondaryConfig] = field(default_factory=list)  # models run on the primary's boxes
     control: ControlConfig = field(default_factory=ControlConfig)
     clips: ClipsConfig = field(default_factory=ClipsConfig)
+    snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     zones: list = field(default_factory=list)   # events.Zone: [[zone]] tables, --zone
     lines: list = field(default_factory=list)   # events.Line: [[line]] tables, --line
 
@@ -137,7 +156,8 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
                   "log_every_s": (int, float)}
-_TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "zone", "line"}
+_TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "snapshots", "zone",
+           "line"}
 
 
 def _check_keys(where: str, table: dict, allowed) -> None:
@@ -183,6 +203,9 @@ def load(path: str | Path) -> PipelineConfig:
     clips = data.get("clips", {})
     _check_keys(f"{path} [clips]", clips, _CLIPS_KEYS)
     _check_types(f"{path} [clips]", clips, _CLIPS_KEYS)
+    snapshots = data.get("snapshots", {})
+    _check_keys(f"{path} [snapshots]", snapshots, _SNAPSHOTS_KEYS)
+    _check_types(f"{path} [snapshots]", snapshots, _SNAPSHOTS_KEYS)
     zones = [rules.from_table(t, "zone", f"{path} [[zone]] #{i + 1}")
              for i, t in enumerate(_array_of_tables(path, data, "zone"))]
     lines = [rules.from_table(t, "line", f"{path} [[line]] #{i + 1}")
@@ -191,8 +214,8 @@ def load(path: str | Path) -> PipelineConfig:
     if "max_frame_hw" in options:
         options["max_frame_hw"], options["max_frame_set"] = tuple(options["max_frame_hw"]), True
     config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, secondaries=secondaries,
-                            control=ControlConfig(**control), clips=ClipsConfig(**clips), zones=zones, lines=lines,
-                            **options)
+                            control=ControlConfig(**control), clips=ClipsConfig(**clips),
+                            snapshots=SnapshotsConfig(**snapshots), zones=zones, lines=lines, **options)
     if "listen" in metrics:
         config.metrics_listen = str(metrics["listen"])
     config.metrics_hosts = list(metrics.get("hosts", []))
@@ -330,19 +353,44 @@ def _check_clips(config: PipelineConfig, where: str) -> None:
             raise ConfigError(f"{where}: clips {key} = {value}: from {low:g} to {high:g}")
     if clips.before_s + clips.after_s <= 0:
         raise ConfigError(f"{where}: clips before_s + after_s = 0: a clip needs a length")
-    unknown = [t for t in clips.on if t not in EVENT_TYPES]
-    if unknown or not clips.on:
-        raise ConfigError(f"{where}: clips on = {clips.on}: event types from {', '.join(EVENT_TYPES)}")
-    folder = Path(clips.folder)
+    _check_event_types(clips.on, f"{where}: clips on")
+    _check_folder(Path(clips.folder), f"{where}: clips folder")
+
+
+def _check_snapshots(config: PipelineConfig, where: str) -> None:
+    """Bounds, the event types, the encoder's name, and a folder this user can write (made where missing)."""
+    snapshots = config.snapshots
+    if not snapshots.folder:
+        return
+    for key, low, high in (("quality", 1, 100), ("buffers", 1, 256), ("max_total_mb", 1.0, 1e9),
+                           ("max_age_h", 0.0, 1e6)):
+        value = getattr(snapshots, key)
+        if not low <= value <= high:
+            raise ConfigError(f"{where}: snapshots {key} = {value}: from {low:g} to {high:g}")
+    if snapshots.encoder not in JPEG_ENCODERS:
+        raise ConfigError(f"{where}: snapshots encoder = {snapshots.encoder!r}: choose {', '.join(JPEG_ENCODERS)}")
+    _check_event_types(snapshots.on, f"{where}: snapshots on")
+    _check_folder(Path(snapshots.folder), f"{where}: snapshots folder")
+    if not (config.zones or config.lines or config.control.enabled):
+        log.warning("snapshots are taken of events, and no zone or line makes any: add --zone or --line")
+
+
+def _check_event_types(types: list, where: str) -> None:
+    if not types or any(t not in EVENT_TYPES for t in types):
+        raise ConfigError(f"{where} = {types}: event types from {', '.join(EVENT_TYPES)}")
+
+
+def _check_folder(folder: Path, where: str) -> None:
+    """A folder this user can write, made where it is missing; one line otherwise."""
     if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"{where}: clips folder {folder} is not a folder this user can write: name one")
+        raise ConfigError(f"{where} {folder} is not a folder this user can write: name one")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"{where}: clips folder {folder}: cannot make it ({exc.strerror}): name a folder this "
-                          "user can write") from None
+        raise ConfigError(f"{where} {folder}: cannot make it ({exc.strerror}): name a folder this user can "
+                          "write") from None
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"{where}: clips folder {folder} is not a folder this user can write: name one")
+        raise ConfigError(f"{where} {folder} is not a folder this user can write: name one")
 
 
 def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
@@ -410,6 +458,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(TASKS)}")
     _check_rules(config, where)
     _check_clips(config, where)
+    _check_snapshots(config, where)
     return config
 
 

@@ -34,6 +34,7 @@ from jetpipe.pipelines.preview import Preview
 from jetpipe.pipelines.secondary import SecondaryStage
 from jetpipe.pipelines.secondary import check as check_secondary
 from jetpipe.pipelines.sinks import SinkFanout, open_sinks
+from jetpipe.pipelines.snapshots import Snapshots, jpeg_encoder
 from jetpipe.pipelines.stages import Stages
 from jetpipe.pipelines.steps import build_steps
 from jetpipe.pipelines.streams import ControlError, Streams
@@ -71,6 +72,22 @@ def stream_slots(config: PipelineConfig) -> int:
     return len(config.sources)
 
 
+def check_against_task(config: PipelineConfig, task, labels) -> None:
+    """What the configuration asks of the model's results: boxes to track, the classes rules and secondaries
+    name (one line, ConfigError, before anything opens)."""
+    if config.tracker != "none" and not task.boxes:
+        raise ConfigError(f"tracker = {config.tracker!r} tracks detected boxes; task {task.name} has none: "
+                          + ("zones and lines count tracked boxes: remove them" if config.zones or config.lines
+                             else "use tracker = 'none'"))
+    rules.check_against([*config.zones, *config.lines], stream_slots(config), labels, config.control.enabled,
+                        "config")
+    for secondary in config.secondaries:
+        check_secondary(secondary, task, labels, "config")
+        if secondary.every_track and config.tracker == "none":
+            raise ConfigError(f"config: secondary {secondary.label!r}: every_track = {secondary.every_track} "
+                              "reuses a result while its track lives: add --tracker (bytetrack or iou)")
+
+
 class Pipeline:
     def __init__(self, config: PipelineConfig, on_result=None, profile: bool = False):
         """profile: time every batch's GPU stages with CUDA events (the summary's gpu_stage_ms)."""
@@ -84,18 +101,8 @@ class Pipeline:
         task, options = for_bundle(manifest, config.task)  # checked against the outputs before any frame
         self.task = task.name
         self.postprocess = task.postprocessor(options)
-        if config.tracker != "none" and not task.boxes:
-            raise ConfigError(f"tracker = {config.tracker!r} tracks detected boxes; task {self.task} has none: "
-                              + ("zones and lines count tracked boxes: remove them" if config.zones or config.lines
-                                 else "use tracker = 'none'"))
         self.labels = options.labels
-        rules.check_against([*config.zones, *config.lines], stream_slots(config), options.labels,
-                            config.control.enabled, "config")
-        for secondary in config.secondaries:
-            check_secondary(secondary, task, options.labels, "config")
-            if secondary.every_track and config.tracker == "none":
-                raise ConfigError(f"config: secondary {secondary.label!r}: every_track = {secondary.every_track} "
-                                  "reuses a result while its track lives: add --tracker (bytetrack or iou)")
+        check_against_task(config, task, options.labels)
         config.max_frame_hw = frame_bound(config)  # before the runtime allocates for it
         buffer_sets = BUFFER_SETS + (CHAINED_SETS if config.secondaries else 0)
         cpu_threads = shared_cpu_threads(len(config.secondaries))
@@ -148,7 +155,10 @@ class Pipeline:
         self.ingest.open_configured()
         # with the control API, files are numbered by stream ID from the start (streams come and go)
         numbered = max(2, capacity) if self.control else len(config.sources)
-        self.sinks = SinkFanout(open_sinks(config.sinks, numbered, self.runtime.max_batch), self.on_result)
+        self.jpeg = jpeg_encoder(config, runtime)  # the snapshots' and the jpeg: sinks'
+        if self.jpeg is not None:
+            self.closers.append(self.jpeg.close)  # after the sinks and the snapshots that use it
+        self.sinks = SinkFanout(open_sinks(config.sinks, numbered, self.runtime.max_batch, self.jpeg), self.on_result)
         self.closers.append(self.sinks.close)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
@@ -157,13 +167,16 @@ class Pipeline:
             self.closers.append(self.clips.close)
             self.clips.attach_all(self.streams.live())
         deliver = self.sinks.put if self.clips is None else self.clips.passing(self.sinks.put)  # events' records
-        steps = build_steps(config, capacity, self.labels, self.streams.id_of, deliver)
+        self.snapshots = Snapshots(config.snapshots, self.jpeg, self.sinks.put) if config.snapshots.folder else None
+        if self.snapshots is not None:
+            self.closers.append(self.snapshots.close)
+        steps = build_steps(config, capacity, self.labels, self.streams.id_of, deliver, self.snapshots)
         self.events = next((s for s in steps if s.name == "events"), None)
         self.stages = Stages(runtime, self.batcher, self.postprocess, steps, self.secondaries,
                              self.streams, self.metrics, self.sinks, self.task, self.pool, config.fail_timeout_s,
                              self.stop, self.profile)
         self.report = Report(config, self.streams, self.metrics, self.batcher, runtime, self.sinks, self.stages,
-                             self.control, self.events, self.clips)
+                             self.control, self.events, self.clips, self.snapshots)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
         self.metrics.gauges["jetpipe_streams"] = lambda: len(self.streams.live())
         self.metrics.families.append(self.sinks.metric_families)
@@ -270,8 +283,9 @@ class Pipeline:
             stages.end_secondary()
             chained.join()
         self.ingest.free_removed()  # streams whose removal was asked: their frames are through now
-        if self.clips is not None:  # the clips still waiting, cut with what the rings hold: their records too
-            self.clips.close()
+        for evidence in (self.clips, self.snapshots):  # clips and pictures still waiting, written: their records too
+            if evidence is not None:
+                evidence.close()
         self.sinks.finish()
         writer.join()
         self.thread_cpu_s["process"] = time.process_time() - cpu_started

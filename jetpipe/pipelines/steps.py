@@ -61,14 +61,15 @@ class TrackStep:
         """Nothing held back: each frame's tracks are its record's."""
 
 
-def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None) -> list[FrameStep]:
+def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None, snapshots=None) -> list[FrameStep]:
     """The steps the configuration asks for, in the order they run. labels: the model's class names;
-    stream_id(slot): the ID of a slot's stream; deliver(record): to the sinks (for the events' records)."""
+    stream_id(slot): the ID of a slot's stream; deliver(record): to the sinks (for the events' records);
+    snapshots: a picture of each event's frame (snapshots.Snapshots)."""
     steps: list[FrameStep] = []
     tracks = None
     if config.tracker != "none":
         steps.append(tracks := TrackStep(config.tracker, slots))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
     if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
-        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, tracks))
+        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, tracks, snapshots))
     return steps

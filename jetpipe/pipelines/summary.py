@@ -16,10 +16,11 @@ PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stall
 
 class Report:
     def __init__(self, config, streams, metrics, batcher, runtime, sinks, stages, control: bool, events=None,
-                 clips=None):
+                 clips=None, snapshots=None):
         self.config, self.streams, self.metrics, self.batcher = config, streams, metrics, batcher
         self.runtime, self.sinks, self.stages, self.control = runtime, sinks, stages, control
-        self.events, self.clips = events, clips  # events.EventStep, clips.writer.Clips: where asked for
+        # events.EventStep, clips.writer.Clips, snapshots.Snapshots: where asked for
+        self.events, self.clips, self.snapshots = events, clips, snapshots
         self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
 
     def live_counts(self, stream) -> dict:
@@ -99,6 +100,7 @@ class Report:
                 **stages,
                 **({"events": self.events.summary()} if self.events is not None else {}),
                 **({"clips": self.clips.summary()} if self.clips is not None else {}),
+                **({"snapshots": self.snapshots.summary()} if self.snapshots is not None else {}),
                 **({"interrupted": dict(interrupted)} if interrupted else {}),
                 **({"failure": failure} if failure else {})}
 

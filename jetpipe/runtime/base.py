@@ -12,6 +12,7 @@ import numpy as np
 from jetpipe import bundle as bundles
 from jetpipe.errors import BundleError, JetpipeError
 from jetpipe.runtime.api import BatchResult, Ticket
+from jetpipe.runtime.jpeg import CpuJpeg
 from jetpipe.runtime.ring import host_ring, slot_bytes
 from jetpipe.spec import PreprocessSpec
 
@@ -145,6 +146,13 @@ class RuntimeBase:
         """Copy a frame in device memory (a hardware decoder's ring slot) into host array `out`: for sinks
         that draw on frames. The CPU runtime never has one."""
         raise JetpipeError("frames in device memory need the GPU runtime")
+
+    def jpeg_encoder(self, choice: str, quality: int, buffers: int, max_hw: tuple[int, int]):
+        """The JPEG encoder of snapshots and the jpeg: sink (runtime.jpeg): OpenCV's on the CPU runtime; `gpu`
+        asked for here is a mistake."""
+        if choice == "gpu":
+            raise JetpipeError("JPEG encoder 'gpu': the CPU runtime has no GPU; use auto or cpu")
+        return CpuJpeg(quality, buffers, max_hw)
 
     def describe(self) -> dict:
         """What reports say of the device this runtime runs on."""

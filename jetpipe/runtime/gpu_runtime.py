@@ -22,6 +22,7 @@ from jetpipe.runtime.api import BatchResult, Frame, Reduction, Ticket, check_pri
 from jetpipe.runtime.backends import OrtCudaBackend
 from jetpipe.runtime.base import RuntimeBase, at_width
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
+from jetpipe.runtime.jpeg import CpuJpeg, GpuJpeg
 from jetpipe.runtime.kernels import SOURCE, GpuPreprocessor, compile_module
 from jetpipe.runtime.nvdec import import_nvdec, open_nvdec
 from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, make_reducer
@@ -502,6 +503,21 @@ class GpuRuntime(RuntimeBase):
         with self.device.active():
             self.device.cuda.memcpy_dtoh_async(out, frame.address, self.sink_stream)
             self.sink_stream.synchronize()
+
+    def jpeg_encoder(self, choice: str, quality: int, buffers: int, max_hw: tuple[int, int]):
+        """nvJPEG through nvImageCodec (`auto` and `gpu`; a trial picture at start-up), OpenCV where asked for
+        or (auto) where the GPU's cannot be had, said in the log."""
+        if choice != "cpu":
+            try:
+                encoder = GpuJpeg(self.device, self.module, quality, buffers, max_hw)
+                encoder.encode_image(np.zeros((16, 16, 3), np.uint8))
+                return encoder
+            except Exception as exc:
+                if choice == "gpu":
+                    raise JetpipeError(f"JPEG encoder 'gpu': {str(exc).strip()[:300]}") from None
+                log.info("JPEG pictures are encoded by OpenCV on the CPU: the GPU's encoder cannot be had (%s)",
+                         str(exc).strip()[:200])
+        return CpuJpeg(quality, buffers, max_hw, self.frame_to_host)
 
     def preprocess_only(self, frames, width: int | None = None) -> np.ndarray:
         """The kernel's output for a batch, copied to a new host array (tests and benchmarks)."""

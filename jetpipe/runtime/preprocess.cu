@@ -264,3 +264,32 @@ extern "C" __global__ void RESIDENT_BLOCKS preprocess_f16(const FrameParams* par
                                           float a0, float a1, float a2, int mode) {
     preprocess<__half>(params, out, out_w, out_h, batch, Affine{pad, m0, m1, m2, a0, a1, a2, mode});
 }
+
+// A frame, or a rectangle of it (origin, width x height in FrameParams), as 8-bit interleaved RGB at its own
+// size, with boxes (x0, y0, x1, y1 in what is read, end exclusive) outlined in green: what a snapshot's JPEG is
+// encoded from (runtime/jpeg.py). One thread a pixel; the colour arithmetic is the preprocessing's (fetch_rgb).
+extern "C" __global__ void frame_to_rgb8(const FrameParams* __restrict__ params, unsigned char* __restrict__ out,
+                                         int out_pitch, const int4* __restrict__ boxes, int n_boxes, int thickness) {
+    const FrameParams& f = *params;
+    const int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x >= f.width || y >= f.height) return;
+    float3 c;
+    switch (f.format) {
+    case NV12: c = fetch_rgb<NV12>(f, x, y); break;
+    case I420: c = fetch_rgb<I420>(f, x, y); break;
+    case YUYV: c = fetch_rgb<YUYV>(f, x, y); break;
+    case UYVY: c = fetch_rgb<UYVY>(f, x, y); break;
+    case BGR: c = fetch_rgb<BGR>(f, x, y); break;
+    default: c = fetch_rgb<RGB>(f, x, y); break;
+    }
+    for (int i = 0; i < n_boxes; ++i) {
+        const int4 b = boxes[i];
+        const bool outer = x >= b.x && x < b.z && y >= b.y && y < b.w;
+        const bool inner = x >= b.x + thickness && x < b.z - thickness && y >= b.y + thickness && y < b.w - thickness;
+        if (outer && !inner) c = make_float3(0.f, 255.f, 0.f);
+    }
+    unsigned char* p = out + static_cast<size_t>(y) * out_pitch + x * 3;
+    p[0] = static_cast<unsigned char>(__float2uint_rn(c.x));
+    p[1] = static_cast<unsigned char>(__float2uint_rn(c.y));
+    p[2] = static_cast<unsigned char>(__float2uint_rn(c.z));
+}

@@ -22,6 +22,7 @@ from jetpipe.errors import worth_logging
 from jetpipe.pipelines.clips.cut import open_template, write_clip
 from jetpipe.pipelines.clips.ring import PacketRing
 from jetpipe.pipelines.config import ConfigError
+from jetpipe.pipelines.retention import keep_within
 from jetpipe.pipelines.streams import ControlError
 
 log = logging.getLogger(__name__)
@@ -246,17 +247,8 @@ class Clips:
                         request.end, self.failed, why)
 
     def _retain(self) -> None:
-        """The folder within max_total_mb and max_age_h: the oldest of its clips go (only the clips: files named
-        as this names them; nothing else in the folder is counted or touched)."""
-        clips = sorted(((p.stat(), p) for p in self.folder.iterdir() if CLIP_NAME.fullmatch(p.name) and p.is_file()),
-                       key=lambda c: c[0].st_mtime)  # each file's stat once
-        now, total = time.time(), sum(info.st_size for info, _ in clips)
-        for info, clip in clips:
-            old = self.config.max_age_h and now - info.st_mtime > self.config.max_age_h * 3600
-            if not old and total <= self.config.max_total_mb * 1e6:
-                break
-            total -= info.st_size
-            clip.unlink(missing_ok=True)
+        """The folder within max_total_mb and max_age_h: the oldest clips go."""
+        keep_within(self.folder, CLIP_NAME, self.config.max_total_mb, self.config.max_age_h)
 
     def summary(self) -> dict:
         """cpu_s: what clips cost, the rings' share of the sources' threads and the cutting thread's."""

@@ -30,22 +30,25 @@ DECIDE_S = 0.1       # and no frame waits longer than this for its events (while
 
 
 class _Frame:
-    """What an event record tells of its frame (the frame itself goes back to its ring before the rules run)."""
-    __slots__ = ("frame_no", "pts", "t_capture", "gathered")
+    """What an event record tells of its frame; `image`, the frame in its ring slot, only where the rules decide
+    the batch it came in (snapshots): gathered frames go back to their rings before the rules run."""
+    __slots__ = ("frame_no", "pts", "t_capture", "gathered", "image")
 
-    def __init__(self, packet):
+    def __init__(self, packet, keep_image: bool):
         self.frame_no, self.pts, self.t_capture = packet.frame_no, packet.pts, packet.t_capture
         self.gathered = time.monotonic()
+        self.image = packet.frame if keep_image else None
 
 
 class EventStep:
     name = "events"
 
-    def __init__(self, rules: list, labels, stream_id, deliver, tracks=None):
+    def __init__(self, rules: list, labels, stream_id, deliver, tracks=None, snapshots=None):
         """rules: Zone and Line; labels: the model's class names (rules name classes by them); stream_id(slot):
         the ID of the stream in a slot now; deliver(record): to the sinks; tracks: the tracker's step, whose
-        arrays of the batch's boxes it reads (None: it makes them)."""
-        self.tracks = tracks
+        arrays of the batch's boxes it reads (None: it makes them); snapshots: where each event and its frame go
+        (snapshots.Snapshots: the frames are decided in the batch they come in, while they are in their slots)."""
+        self.tracks, self.snapshots = tracks, snapshots
         self.labels = tuple(labels or ())
         self.engine = Engine()
         self.engine.rules = [self._engine(r) for r in rules]
@@ -106,11 +109,12 @@ class EventStep:
         and a live pipeline's batches are a few frames."""
         arrays = self.tracks.arrays if self.tracks is not None and len(self.tracks.arrays) == len(packets) else \
             [None] * len(packets)
+        keep = self.snapshots is not None
         for packet, found, boxes in zip(packets, results, arrays):
             stream = self._slot_ids[packet.stream] = self.stream_id(packet.stream)
             t = packet.pts if packet.pts is not None else packet.t_capture  # the frame's clock, never ours
-            self._waiting.append(((stream, t, packet.frame.size(), found, boxes), _Frame(packet)))
-        if self._waiting and (len(self._waiting) >= DECIDE_FRAMES or self._left or
+            self._waiting.append(((stream, t, packet.frame.size(), found, boxes), _Frame(packet, keep)))
+        if self._waiting and (keep or len(self._waiting) >= DECIDE_FRAMES or self._left or
                               time.monotonic() - self._waiting[0][1].gathered >= DECIDE_S):
             self.flush()
 
@@ -143,8 +147,11 @@ class EventStep:
         pts = None if packet.pts is None else round(packet.pts, 6)
         about = (None, None, None, None, None) if seen is None else \
             (seen.track_id, name, seen.class_id, round(seen.score, 4), [round(v, 1) for v in seen.box])
-        self.deliver(EventRecord(happened.type, happened.rule, stream, packet.frame_no, pts,
-                                 round(packet.t_capture, 6), *about, fields, counts))
+        record = EventRecord(happened.type, happened.rule, stream, packet.frame_no, pts, round(packet.t_capture, 6),
+                             *about, fields, counts)
+        self.deliver(record)
+        if packet.image is not None:
+            self.snapshots.take(record, packet.image)
 
     def scene(self, stream: int, frame_hw) -> list[tuple]:
         """What the frame sinks and the preview draw on a frame of `stream`: (kind, name, points in the frame's

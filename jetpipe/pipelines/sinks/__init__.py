@@ -33,17 +33,18 @@ __all__ = ["FrameSink", "FrameTaker", "JpegSink", "JsonlSink", "KafkaSink", "Mqt
            "open_sink", "open_sinks"]
 
 
-# scheme -> the sink for a URI of it, given the streams (a video file each) and the largest batch
+# scheme -> the sink for a URI of it, given the streams (a video file each), the largest batch and the JPEG encoder
+# (runtime.jpeg; None: OpenCV's)
 SCHEMES = {
-    "jsonl": lambda uri, streams, max_batch: JsonlSink(uri),
-    "stdout": lambda uri, streams, max_batch: StdoutSink(),
-    "mqtt": lambda uri, streams, max_batch: MqttSink(uri),
-    "kafka": lambda uri, streams, max_batch: KafkaSink(uri),
-    "redis": lambda uri, streams, max_batch: RedisSink(uri),
-    "http": lambda uri, streams, max_batch: WebhookSink(uri),
-    "https": lambda uri, streams, max_batch: WebhookSink(uri),
-    "video": lambda uri, streams, max_batch: VideoSink(uri, streams, max_batch),
-    "jpeg": lambda uri, streams, max_batch: JpegSink(uri, max_batch),
+    "jsonl": lambda uri, streams, max_batch, jpeg: JsonlSink(uri),
+    "stdout": lambda uri, streams, max_batch, jpeg: StdoutSink(),
+    "mqtt": lambda uri, streams, max_batch, jpeg: MqttSink(uri),
+    "kafka": lambda uri, streams, max_batch, jpeg: KafkaSink(uri),
+    "redis": lambda uri, streams, max_batch, jpeg: RedisSink(uri),
+    "http": lambda uri, streams, max_batch, jpeg: WebhookSink(uri),
+    "https": lambda uri, streams, max_batch, jpeg: WebhookSink(uri),
+    "video": lambda uri, streams, max_batch, jpeg: VideoSink(uri, streams, max_batch),
+    "jpeg": lambda uri, streams, max_batch, jpeg: JpegSink(uri, max_batch, jpeg),
 }
 # scheme -> its URI's check, which connects to nothing (the config's checks, before anything runs)
 PARSERS = {"mqtt": mqtt.parse, "kafka": kafka.parse, "redis": redis_streams.parse, "http": webhook.parse,
@@ -64,8 +65,8 @@ def check_sink(uri: str) -> None:
         parse(uri)
 
 
-def open_sink(uri: str, streams: int = 1, max_batch: int = 8) -> Sink:
-    return SCHEMES[_known_scheme(uri)](uri, streams, max_batch)  # each sink parses its own URI
+def open_sink(uri: str, streams: int = 1, max_batch: int = 8, jpeg=None) -> Sink:
+    return SCHEMES[_known_scheme(uri)](uri, streams, max_batch, jpeg)  # each sink parses its own URI
 
 
 def _known_scheme(uri: str) -> str:
@@ -75,12 +76,12 @@ def _known_scheme(uri: str) -> str:
     return scheme
 
 
-def open_sinks(uris: list[str], streams: int, max_batch: int) -> list[Sink]:
+def open_sinks(uris: list[str], streams: int, max_batch: int, jpeg=None) -> list[Sink]:
     """Every sink, opened in order; where one cannot be opened those opened before it are closed again."""
     sinks = []
     try:
         for uri in uris:
-            sinks.append(open_sink(uri, streams, max_batch))
+            sinks.append(open_sink(uri, streams, max_batch, jpeg))
     except BaseException:
         for sink in reversed(sinks):
             sink.close()

@@ -6,8 +6,9 @@ Jetson GStreamer's hardware `nvv4l2h264enc` / `nvv4l2h265enc` (gst-launch-1.0); 
 encoder by name (`?encoder=libx264`), any GStreamer element as `?encoder=gst:x264enc`. `?width=W` scales
 the drawn frames (default: the source's size); a file's rate is its stream's (from its first two frames'
 times, at most 30), `?fps=N` sets it (and the most frames a second it takes). `jpeg:FOLDER` writes
-`s{stream}_{frame}.jpg` (`?every=N`: every Nth frame). With several streams a video path gets `-s{stream}`
-before its suffix unless it holds `{stream}` itself.
+`s{stream}_{frame}.jpg` (`?every=N`: every Nth frame; `?quality=Q`, 1-100, default 95), encoded on the GPU
+where the pipeline's JPEG encoder is (runtime/jpeg.py: nvImageCodec), else by OpenCV. With several streams a
+video path gets `-s{stream}` before its suffix unless it holds `{stream}` itself.
 
 These sinks draw in a thread per stream: the post stage only copies the frame (still YUV; from GPU memory
 for NVDEC streams) into one of the sink's preallocated buffers; conversion, drawing and encoding happen
@@ -302,8 +303,10 @@ def _unplayable(path: Path, written: int) -> str | None:
 
 
 class JpegSink(FrameSink):
-    def __init__(self, spec: str, max_batch: int = 8):
-        path, options = sink_options(spec, ("every", "width"))
+    def __init__(self, spec: str, max_batch: int = 8, jpeg=None):
+        """jpeg: the pipeline's JPEG encoder (runtime.jpeg: the GPU's where it can be had); None: OpenCV's."""
+        self.jpeg = jpeg
+        path, options = sink_options(spec, ("every", "width", "quality"))
         self.folder = Path(path)
         if path:
             check_writable(self.folder / "frame.jpg", "sink")  # names first: a too-long one fails every lookup
@@ -315,6 +318,9 @@ class JpegSink(FrameSink):
                                "empty folder (a sink never overwrites files)")
         self.every = _positive(spec, options, "every", default=1)
         self.width = _positive(spec, options, "width")
+        self.quality = _positive(spec, options, "quality", default=95)
+        if self.quality > 100:
+            raise JetpipeError(f"sink {spec}: quality={self.quality}: give 1 to 100")
         super().__init__(spec, max_batch)
 
     def wants(self, record) -> bool:
@@ -323,11 +329,13 @@ class JpegSink(FrameSink):
     def consume(self, stream, frame, fmt, record) -> None:
         image = annotate.render(frame, fmt, record.results, self.width, record.scene)
         path = self.folder / f"s{stream}_{record.frame:06d}.jpg"
-        ok, data = cv2.imencode(".jpg", image)
-        if not ok:
-            raise OSError(f"could not encode {path.name}")
-        with os.fdopen(safe_open.create(path, self.spec), "wb") as file:  # a new file, never through a link
-            file.write(data)
+        if self.jpeg is not None:
+            data = self.jpeg.encode_image(image, self.quality)
+        else:
+            ok, data = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, self.quality])
+            if not ok:
+                raise OSError(f"could not encode {path.name}")
+        safe_open.write_whole(path, data)  # a new file, whole, never through a link
 
 
 def _stream_path(path: Path, stream: int, streams: int) -> Path:

@@ -58,3 +58,17 @@ def open_append(path: Path, spec: str) -> int:
         os.close(fd)
         raise JetpipeError(f"sink {spec}: {path} is not a regular file: name a file")
     return fd
+
+
+def write_whole(path: Path, data) -> None:
+    """`data` as a new file at `path`, whole or not at all: written under a temporary name this call makes
+    (refused where anything has it, a link too), then linked to `path`, which must not exist (FileExistsError:
+    nothing is overwritten); a reader never sees half a file. Raises OSError (a full disk) leaving nothing."""
+    part = path.with_name(f".{path.name}.part")
+    fd = os.open(part, _NEW, MODE)  # only a file this call made is unlinked below
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        os.link(part, path)
+    finally:
+        part.unlink(missing_ok=True)
