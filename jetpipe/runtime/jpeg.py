@@ -145,9 +145,10 @@ class GpuJpeg:
             self.device_args = device.alloc(self.host_args.nbytes)
             self.function = module.get_function("frame_to_rgb8")
             self.function.prepare("PPiPii")
+        # nvJPEG's encoder is the one of kind HYBRID_CPU_GPU (GPU_ONLY has none; CPU_ONLY: libjpeg-turbo's)
         with _quiet_stderr():  # it loads its codecs' libraries here too
             self.codec = nvimgcodec.Encoder(device_id=device.ordinal,
-                                            backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY)])
+                                            backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU)])
         self.params = _encode_params(nvimgcodec, quality)
         self._nvimgcodec = nvimgcodec
         self.describe = f"nvJPEG on the GPU (nvImageCodec {getattr(nvimgcodec, '__version__', '?')})"

@@ -8,6 +8,7 @@
     http(s)://HOST/PATH         each event POSTed as JSON to a web hook
     video:FILE.mp4[?...]        the frames with their results drawn, encoded (frames.VideoSink)
     jpeg:FOLDER[?every=N]       the frames with their results drawn, one JPEG each (frames.JpegSink)
+    rtsp://HOST:PORT/PATH       the frames with their results drawn, served live over RTSP (rtsp.RtspSink)
 
 The brokers' sinks (mqtt, kafka, redis, http) deliver at least once from a bounded queue of their own
 (delivery.QueuedSink): a broker that is down or slow never holds up the frames. A new sink is a module with a
@@ -17,7 +18,7 @@ class of the protocol and one line in SCHEMES (and in PARSERS where its URI can 
 from __future__ import annotations
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.sinks import kafka, mqtt, redis_streams, webhook
+from jetpipe.pipelines.sinks import kafka, mqtt, redis_streams, rtsp, webhook
 from jetpipe.pipelines.sinks.base import FrameTaker, Sink, SinkBase
 from jetpipe.pipelines.sinks.delivery import QueuedSink
 from jetpipe.pipelines.sinks.fanout import SinkFanout
@@ -26,11 +27,12 @@ from jetpipe.pipelines.sinks.kafka import KafkaSink  # the brokers' clients, opt
 from jetpipe.pipelines.sinks.lines import JsonlSink, StdoutSink
 from jetpipe.pipelines.sinks.mqtt import MqttSink
 from jetpipe.pipelines.sinks.redis_streams import RedisSink
+from jetpipe.pipelines.sinks.rtsp import RtspSink
 from jetpipe.pipelines.sinks.webhook import WebhookSink
 
 __all__ = ["FrameSink", "FrameTaker", "JpegSink", "JsonlSink", "KafkaSink", "MqttSink", "QueuedSink", "RedisSink",
-           "SCHEMES", "Sink", "SinkBase", "SinkFanout", "StdoutSink", "VideoSink", "WebhookSink", "check_sink",
-           "open_sink", "open_sinks"]
+           "RtspSink", "SCHEMES", "Sink", "SinkBase", "SinkFanout", "StdoutSink", "VideoSink", "WebhookSink",
+           "check_sink", "open_sink", "open_sinks"]
 
 
 # scheme -> the sink for a URI of it, given the streams (a video file each), the largest batch and the JPEG encoder
@@ -45,12 +47,13 @@ SCHEMES = {
     "https": lambda uri, streams, max_batch, jpeg: WebhookSink(uri),
     "video": lambda uri, streams, max_batch, jpeg: VideoSink(uri, streams, max_batch),
     "jpeg": lambda uri, streams, max_batch, jpeg: JpegSink(uri, max_batch, jpeg),
+    "rtsp": lambda uri, streams, max_batch, jpeg: RtspSink(uri, streams, max_batch),
 }
 # scheme -> its URI's check, which connects to nothing (the config's checks, before anything runs)
 PARSERS = {"mqtt": mqtt.parse, "kafka": kafka.parse, "redis": redis_streams.parse, "http": webhook.parse,
-           "https": webhook.parse}
+           "https": webhook.parse, "rtsp": rtsp.parse}
 HELP = ("jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, kafka://HOST:PORT/TOPIC, redis://HOST:PORT, "
-        "http(s)://HOST/PATH, video:FILE.mp4 or jpeg:FOLDER")
+        "http(s)://HOST/PATH, video:FILE.mp4, jpeg:FOLDER or rtsp://HOST:PORT/PATH")
 
 
 def scheme_of(uri: str) -> str:

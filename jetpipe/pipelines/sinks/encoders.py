@@ -93,7 +93,7 @@ def check_gst_pipeline(spec: str, element: str, codec: str, path: Path) -> None:
     needed = ["fdsrc", "rawvideoparse", "videoconvert", *(["nvvidconv"] if element in JETSON.values() else []),
               PARSERS[codec], _muxer(path), "filesink"]
     for name in needed:
-        if not _gst_has(name):
+        if not gst_has(name):
             raise JetpipeError(f"sink {spec}: GStreamer has no element {name!r} here, which writing with {element} "
                                f"needs: apt install {GST_PACKAGES.get(name, 'its GStreamer plugin package')}")
 
@@ -102,13 +102,13 @@ def _gst_element(spec: str, element: str) -> str:
     missing = gstreamer.tools_available()
     if missing:
         raise JetpipeError(f"sink {spec}: encoding with GStreamer needs {missing}")
-    if not _gst_has(element):
+    if not gst_has(element):
         raise JetpipeError(f"sink {spec}: GStreamer has no element {element!r} here (x264enc: apt install "
                            "gstreamer1.0-plugins-ugly; nvv4l2h264enc: a Jetson with JetPack)")
     return element
 
 
-def _gst_has(element: str) -> bool:
+def gst_has(element: str) -> bool:
     return subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode == 0
 
 

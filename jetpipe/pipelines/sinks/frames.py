@@ -49,7 +49,7 @@ WAIT_S = 10.0      # a file's frame waits this long for a free buffer before it 
 _END = object()    # a removed stream's last work item
 
 
-def _positive(spec: str, options: dict[str, str], key: str, kind=int, default=None):
+def positive_option(spec: str, options: dict[str, str], key: str, kind=int, default=None):
     """?key=N as a number above 0 (`default` when absent), or one line naming the sink and the key."""
     if key not in options:
         return default
@@ -185,8 +185,8 @@ class VideoSink(FrameSink):
         self.codec = options.get("codec", "h264")
         if self.codec not in encoders.SOFTWARE:
             raise JetpipeError(f"sink {spec}: codec {self.codec!r}: choose h264 or hevc")
-        self.width = _positive(spec, options, "width")
-        self.fps = _positive(spec, options, "fps", float, 30.0)
+        self.width = positive_option(spec, options, "width")
+        self.fps = positive_option(spec, options, "fps", float, 30.0)
         self.fixed_rate = "fps" in options  # else each file at its stream's rate (up to fps), from two frames' times
         self._first: dict[int, tuple] = {}  # a stream's first drawn frame and its time, until the second comes
         self.template, self.numbered = Path(path), streams > 1
@@ -316,9 +316,9 @@ class JpegSink(FrameSink):
         if earlier:  # the names this sink writes: never overwrite them
             raise JetpipeError(f"sink {spec}: {self.folder} holds frames already ({earlier[0]}, ...): name an "
                                "empty folder (a sink never overwrites files)")
-        self.every = _positive(spec, options, "every", default=1)
-        self.width = _positive(spec, options, "width")
-        self.quality = _positive(spec, options, "quality", default=95)
+        self.every = positive_option(spec, options, "every", default=1)
+        self.width = positive_option(spec, options, "width")
+        self.quality = positive_option(spec, options, "quality", default=95)
         if self.quality > 100:
             raise JetpipeError(f"sink {spec}: quality={self.quality}: give 1 to 100")
         super().__init__(spec, max_batch)
