@@ -26,3 +26,14 @@ class FrameInfo:
     standard: str = "bt601"
     range: str = "limited"
     fps: float = 0.0
+
+
+@dataclass(slots=True)
+class Packet:
+    """A compressed video packet as a demuxer gave it (what a clip is made of: pipelines/clips)."""
+    t: float          # its pts in seconds, the frames' clock
+    data: bytes
+    pts: int | None   # in the stream's time base
+    dts: int | None
+    duration: int
+    key: bool

@@ -19,9 +19,11 @@ memory) and copied into the same device slots, said in the log.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from collections import deque
+from fractions import Fraction
 
 import numpy as np
 
@@ -29,8 +31,10 @@ from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.frames import frame_shape
 from jetpipe.uri import NETWORK_SCHEMES, SourceURI
 from jetpipe.video import EndOfStream, FrameInfo, SourceError
+from jetpipe.video import Packet as RingPacket
 
 log = logging.getLogger(__name__)
+NO_TIME = -(1 << 63)  # FFmpeg's AV_NOPTS_VALUE: a packet without a time
 
 
 def import_nvdec():
@@ -102,6 +106,8 @@ class NvdecSource:
         self._host = None          # the fallback source, once NVDEC turned out not to take the stream
         self._staging = None       # pinned host frame the fallback decodes into, copied to the slot
         self.info = None
+        self.packet_ring = None  # clips.PacketRing: each demuxed packet kept there too (clips around events)
+        self._clip_codec = None  # "h264" / "hevc": the codecs whose Annex B packets a clip is cut from
         with device.active():
             self._stream = device.stream()
         if feed is None:
@@ -155,13 +161,15 @@ class NvdecSource:
             except Exception as exc:
                 raise Unsupported(first_line(exc)) from None
         self._demuxer, self._packets = demuxer, iter(demuxer)
+        self._timebase = demuxer.GetTimebaseNum() / max(1, demuxer.GetTimebaseDen())
+        codec = str(demuxer.GetNvCodecId()).rsplit(".", 1)[-1].lower()
+        self._clip_codec = {"h264": "h264", "hevc": "hevc"}.get(codec)
         self._pending: deque = deque()
         self._index = 0
         first = self._next_frame()  # size and colour come from the decoded picture
         self._pending.appendleft(first)
         height, width = int(self._decoder.GetHeight()), int(self._decoder.GetWidth())
         fps = float(demuxer.FrameRate() or 0)
-        self._timebase = demuxer.GetTimebaseNum() / max(1, demuxer.GetTimebaseDen())
         self.info = FrameInfo("nv12", height, width, _standard(str(demuxer.ColorSpace()), height),
                               _range(str(demuxer.ColorRange())), fps)
         self._frame_bytes = height * width * 3 // 2
@@ -214,6 +222,8 @@ class NvdecSource:
             if looping and (packet is None or packet.bsl == 0):  # the end, or the decoder's flush packet
                 self._rewind()
                 continue
+            if packet is not None and self.packet_ring is not None and packet.bsl:
+                self._keep(packet)
             if packet is None:
                 if self.source_uri.live:
                     why = f" ({self.feed.why()})" if self.feed is not None else ""
@@ -229,6 +239,37 @@ class NvdecSource:
                 if worth_logging(self._decode_errors):
                     log.warning("%s: decode error #%d: %s", self.describe(), self._decode_errors, exc)
         return self._pending.popleft()
+
+    def _keep(self, packet) -> None:
+        """The packet (Annex B, as NVDEC's demuxer gives it) into the clips' ring, on the frames' clock."""
+        ring, started = self.packet_ring, time.thread_time()
+        if self._clip_codec is None:
+            if not getattr(ring, "said", False):
+                ring.said = True
+                log.warning("source %s: no clips: its codec's packets are not H.264 or HEVC", self.uri)
+            return
+        if ring.time_base is None:
+            ring.time_base, ring.annexb = Fraction(self._timebase).limit_denominator(1 << 30), self._clip_codec
+        pts = None if packet.pts in (None, NO_TIME) else int(packet.pts)
+        dts = None if packet.dts in (None, NO_TIME) else int(packet.dts)
+        at = pts if pts is not None else dts
+        if at is not None:
+            data = ctypes.string_at(packet.bsl_data, packet.bsl)
+            ring.add(RingPacket(at * self._timebase, data, pts, dts, int(packet.duration or 0), bool(packet.key)))
+        ring.cpu_s += time.thread_time() - started  # the summary's clips.cpu_s
+
+    @property
+    def bit_rate(self) -> float:
+        """Bits a second of a file (its size over its length: a clips ring's size); 0 for a network stream."""
+        if self.feed is not None:
+            return 0.0
+        try:
+            import av
+
+            with av.open(self.source_uri.location) as container:
+                return float(container.bit_rate or 0)
+        except Exception:
+            return 0.0
 
     def _rewind(self) -> None:
         """Loop: a new demuxer feeding the same decoder, which takes the next pass like one long stream

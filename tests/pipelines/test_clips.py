@@ -64,7 +64,7 @@ def test_a_clip_is_the_inputs_own_packets_from_a_keyframe_and_plays(tmp_path, co
     ring = _ring_of(video)
     start, end = 2.2, 3.5
     clip = tmp_path / "clip.mp4"
-    write_clip(clip, open_template(ring.template), ring.time_base, ring.between(start, end))
+    write_clip(clip, open_template(ring), ring.time_base, ring.between(start, end))
     source, cut = _packets(video), _packets(clip)
     assert cut[0]["key"]  # it starts at a keyframe
     first = next(k for k, p in enumerate(source) if p["md5"] == cut[0]["md5"])
@@ -78,6 +78,44 @@ def test_a_clip_is_the_inputs_own_packets_from_a_keyframe_and_plays(tmp_path, co
     probe = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0",
                             str(clip)], capture_output=True, text=True)
     assert probe.stdout.strip() == codec
+
+
+def _frame_md5s(path: Path) -> list[str]:
+    done = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-f", "framemd5", "-"], capture_output=True,
+                          text=True, check=True)
+    return [line.rsplit(",", 1)[1].strip() for line in done.stdout.splitlines() if line and not line.startswith("#")]
+
+
+@needs_ffmpeg
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+def test_a_clip_of_annex_b_packets_as_nvdec_demuxes_them_plays_its_frames(tmp_path, codec):
+    """NVDEC's demuxer gives H.264 / HEVC in Annex B (start codes, parameter sets before each keyframe), as an
+    MPEG-TS holds them: the clip takes its codec parameters from the packets and decodes to the input's own
+    pictures (no re-encode: every decoded frame's MD5 is one of the input's, in order)."""
+    video = _video(tmp_path / "in.mkv", codec)
+    ts = tmp_path / "in.ts"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(video), "-c", "copy", str(ts)], check=True)
+    ring = _ring_of(ts)
+    ring.annexb, ring.template = codec, "no file: the packets say it all"
+    assert ring.gops[0].packets[0].data[:4] in (b"\0\0\0\1", b"\0\0\1\x09")  # start codes: Annex B
+    clip = tmp_path / "clip.mp4"
+    write_clip(clip, open_template(ring), ring.time_base, ring.between(2.2, 3.5))
+    assert _packets(clip)[0]["key"]
+    source, cut = _frame_md5s(video), _frame_md5s(clip)
+    first = source.index(cut[0])
+    assert cut == source[first:first + len(cut)] and len(cut) >= round(1.3 * 30)
+    probe = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0",
+                            str(clip)], capture_output=True, text=True)
+    assert probe.stdout.strip() == codec
+
+
+def test_a_ring_whose_clock_goes_back_starts_again():
+    """NVDEC's looped file starts its times again; what was kept of the last pass goes (its times would mix)."""
+    ring = PacketRing(10.0, 1 << 20, "x", None)
+    for k in range(60):
+        ring.add(Packet(k / 10, b"x" * 10, k, k, 1, k % 10 == 0))
+    ring.add(Packet(0.0, b"y" * 10, 0, 0, 1, True))
+    assert [p.data for gop in ring.gops for p in gop.packets] == [b"y" * 10] and ring.newest == 0.0
 
 
 @needs_ffmpeg
@@ -96,7 +134,7 @@ def test_the_ring_keeps_its_seconds_from_a_keyframe_and_its_bytes(tmp_path):
 @needs_ffmpeg
 def test_a_clip_never_overwrites_nor_writes_through_a_link(tmp_path):
     ring = _ring_of(_video(tmp_path / "in.mp4", "h264"))
-    packets, template = ring.between(1.0, 2.0), open_template(ring.template)
+    packets, template = ring.between(1.0, 2.0), open_template(ring)
     mine = tmp_path / "mine.mp4"
     mine.write_bytes(b"not a clip")
     with pytest.raises(FileExistsError):

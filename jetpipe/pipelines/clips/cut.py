@@ -7,6 +7,7 @@ half a clip."""
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -15,12 +16,19 @@ from jetpipe.pipelines.clips.ring import Packet
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def open_template(location: str):
-    """The input's container, whose video stream's codec parameters a clip copies (opened once per stream: a
-    probe of the file each clip cost 0.1-0.2 s of CPU at 1080p)."""
+def open_template(ring):
+    """A container whose video stream has the codec parameters a clip copies (opened once per stream: a probe
+    of the file each clip cost 0.1-0.2 s of CPU at 1080p): the input file itself, or for Annex B packets
+    (NVDEC's) a raw stream of the ring's first GOP, whose parameter sets FFmpeg reads (its MP4 muxer then
+    writes the packets in MP4's form)."""
     import av
 
-    return av.open(location)
+    if ring.annexb is None:
+        return av.open(ring.template)
+    first = ring.first_gop()
+    if not first:
+        raise OSError("the ring holds no keyframe yet")
+    return av.open(io.BytesIO(first), format=ring.annexb)
 
 
 def write_clip(path: Path, template, time_base, packets: list[Packet]) -> None:

@@ -6,7 +6,13 @@ at a keyframe and a clip can start at the last keyframe at or before the moment 
 `max_bytes` (the oldest GOPs go first; a clip then starts later than asked, and says so).
 
 Timestamps are the source's: `t` in seconds on the clock the frames' pts use (a looped file's go on across
-loops), `pts` and `dts` in the stream's time base, shifted the same way.
+loops), `pts` and `dts` in the stream's time base, shifted the same way. Where that clock goes back (NVDEC's
+looped file starting again, a camera's clock reset), what was kept goes: the ring starts again.
+
+Packets come in one of two forms: as the container holds them (PyAV's demuxer; a clip copies the codec
+parameters of the file itself: `template`), or as NVDEC's demuxer gives them, H.264 / HEVC in Annex B
+(start codes, the parameter sets before each keyframe: `annexb` names the codec; a clip takes its parameters
+from the packets themselves).
 """
 
 from __future__ import annotations
@@ -15,15 +21,9 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from jetpipe.video import Packet
 
-@dataclass(slots=True)
-class Packet:
-    t: float          # its pts in seconds, the frames' clock
-    data: bytes
-    pts: int | None   # in the stream's time base
-    dts: int | None
-    duration: int
-    key: bool
+BACKWARDS_S = 1.0  # a packet this much older than the newest is a clock that went back (B-frames: a few frames)
 
 
 @dataclass
@@ -37,9 +37,11 @@ class Gop:
 
 
 class PacketRing:
-    def __init__(self, keep_s: float, max_bytes: int, template: str, time_base):
-        """template: the file whose stream's codec parameters a clip copies; time_base: its stream's."""
+    def __init__(self, keep_s: float, max_bytes: int, template: str, time_base, annexb: str | None = None):
+        """template: the file whose stream's codec parameters a clip copies; time_base: its stream's; annexb:
+        "h264" or "hevc" where the packets are Annex B (the source may set it, and time_base, at its first)."""
         self.keep_s, self.max_bytes, self.template, self.time_base = keep_s, max_bytes, template, time_base
+        self.annexb = annexb
         self.lock = threading.Lock()
         self.gops: deque[Gop] = deque()
         self.bytes = 0
@@ -55,6 +57,9 @@ class PacketRing:
         """One demuxed packet (the source's capture thread). Packets before the first keyframe decode to
         nothing on their own: not kept."""
         with self.lock:
+            if packet.t < self.newest - BACKWARDS_S:  # the clock went back (a loop, a reset): start again
+                self.gops.clear()
+                self.bytes, self.newest = 0, float("-inf")
             if packet.key:
                 self.gops.append(Gop())
             elif not self.gops:
@@ -81,6 +86,11 @@ class PacketRing:
             if self.gops[1].start > horizon:
                 self.trimmed_for_room += 1
             self.bytes -= self.gops.popleft().bytes
+
+    def first_gop(self) -> bytes:
+        """The oldest kept GOP's bytes (an Annex B stream's parameter sets and a picture)."""
+        with self.lock:
+            return b"".join(p.data for p in self.gops[0].packets) if self.gops else b""
 
     def close(self) -> None:
         if self.opened is not None:

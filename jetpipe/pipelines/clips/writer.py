@@ -92,7 +92,7 @@ class Clips:
             log.warning("stream %d (%s): no clips: its frames come decoded, without the compressed packets a "
                         "clip is made of", stream_id, source.describe())
             return
-        fps = source.info.fps if source.info.fps > 0 else 30.0
+        fps = source.info.fps if source.info is not None and source.info.fps > 0 else 30.0  # a camera's: at open
         # what a clip asks for, and the frames between the source's read and its event's request (queued,
         # batched, gathered by the events step): the source reads that far ahead of the events
         keep_s = self.config.before_s + self.config.after_s + max(LAG_S, LAG_FRAMES / fps)
@@ -228,7 +228,7 @@ class Clips:
             path = self.folder / f"stream{request.stream}-{packets[0].t:011.3f}-{next(self._names)}{SUFFIX}"
         try:
             if ring.opened is None:
-                ring.opened = open_template(ring.template)
+                ring.opened = open_template(ring)
             write_clip(path, ring.opened, ring.time_base, packets)
         except Exception as exc:  # a full disk, a file gone: counted and said, serving goes on
             self._fail(request, str(exc)[:200])
