@@ -4,7 +4,8 @@
 `--clips` (each stream's packets kept in a ring, an MP4 remuxed around each event), alternately, --repeats
 times. Reported: the process's CPU seconds per 1,000 frames, frames dropped, clips written and their bytes.
 
-  python scripts/bench_clips.py BUNDLE [--streams 16] [--seconds 20] [--repeats 2] [--video FILE] [--json OUT]
+  python scripts/bench_clips.py BUNDLE [--streams 16] [--seconds 20] [--repeats 2] [--decoder ffmpeg|nvdec]
+                                [--video FILE] [--json OUT]
 
 The video is bench_events.py's words panning past the text detector (made with ffmpeg where --video is not
 there yet), so the rules see crossings and zone visits: the clips' arm cuts clips while it runs.
@@ -27,10 +28,11 @@ sys.path[:0] = [str(root), str(root / "scripts")]
 from bench_events import RULES, alternate, make_video, paired  # noqa: E402
 
 
-def serve(bundle: str, video: Path, streams: int, seconds: float, clips: Path | None, out: Path) -> dict:
+def serve(bundle: str, video: Path, streams: int, seconds: float, clips: Path | None, out: Path,
+          decoder: str = "ffmpeg") -> dict:
     summary = out / f"summary-{time.monotonic_ns()}.json"
     command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", str(video)] * streams),
-               "--decoder", "ffmpeg", "--loop", "--realtime", "--duration", str(seconds), "--metrics", "",
+               "--decoder", decoder, "--loop", "--realtime", "--duration", str(seconds), "--metrics", "",
                "--tracker", "bytetrack", "--summary", str(summary), *RULES,
                *(["--clips", str(clips), "--clip-before", "3", "--clip-after", "2"] if clips else [])]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -58,6 +60,9 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--decoder", default="ffmpeg", choices=("ffmpeg", "nvdec"),
+                        help="ffmpeg: decoded in-process by PyAV (the container's packets kept); nvdec: by NVDEC in "
+                             "this process (its demuxer's Annex B packets kept)")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="bench-clips-"))
@@ -66,7 +71,7 @@ def main() -> None:
         make_video(video, 20.0, 72)
     def run(label: str, on: bool, k: int) -> dict:
         clips = out / f"clips-{k}" if on else None
-        return row(label, serve(args.bundle, video, args.streams, args.seconds, clips, out), clips)
+        return row(label, serve(args.bundle, video, args.streams, args.seconds, clips, out, args.decoder), clips)
 
     rows = alternate(args.repeats, [("no clips", False), ("clips", True)], run)
     off, on, difference = paired(rows, "no clips", "clips")

@@ -259,3 +259,41 @@ def test_requests_that_overlap_make_one_clip_up_to_a_minute(tmp_path):
         assert clips.rings[0].pins  # what the waiting clips start with is kept
     finally:
         clips.close()
+
+
+@needs_ffmpeg
+def test_a_looped_streams_waiting_clip_is_cut_before_its_ring_starts_again(tmp_path):
+    """NVDEC's looped file starts its times again at each pass: a clip waiting for later packets of the pass that
+    ended is cut with what the ring holds before the ring starts again (it lost all of it)."""
+    from types import SimpleNamespace
+
+    import av
+
+    from jetpipe.pipelines.clips.writer import Clips
+
+    video = _video(tmp_path / "in.mp4", "h264")
+    delivered = []
+    config = SimpleNamespace(folder=str(tmp_path / "clips"), before_s=1.0, after_s=1.0, on=["line_cross"],
+                             ring_mb=8.0, max_total_mb=100.0, max_age_h=0.0)
+    (tmp_path / "clips").mkdir()
+    source = SimpleNamespace(packet_ring=None, info=SimpleNamespace(fps=30.0), bit_rate=0.0,
+                             source_uri=SimpleNamespace(location=str(video)), describe=lambda: str(video))
+    clips = Clips(config, delivered.append)
+    try:
+        clips.attach(0, source)
+        ring = source.packet_ring
+        with av.open(str(video)) as container:
+            stream = container.streams.video[0]
+            ring.time_base = base = stream.time_base  # read while open: a closed container's stream is gone
+            packets = [(float(p.pts * base), bytes(p), p.pts, p.dts, p.duration or 0, p.is_keyframe)
+                       for p in container.demux(stream) if p.size]
+        for p in packets:
+            ring.add(Packet(*p))
+        clips.request(0, 4.0, 9.0, "a")  # its end is beyond the pass: it waits
+        assert not delivered and clips.pending
+        ring.add(Packet(0.0, *packets[0][1:]))  # the next pass
+        assert [r.events for r in delivered] == [["a"]] and not clips.pending
+        assert delivered[0].end == pytest.approx(6.0 - 1 / 30, abs=0.05)  # the pass's last frame
+        assert _packets(Path(delivered[0].path))[0]["key"]
+    finally:
+        clips.close()

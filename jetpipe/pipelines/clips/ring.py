@@ -52,14 +52,18 @@ class PacketRing:
         self.cpu_s = 0.0     # the source's thread time keeping packets here
         self.trimmed_for_room = 0  # GOPs that went because of max_bytes (not of age)
         self.pins: dict[int, float] = {}  # a waiting clip's start: kept however old (max_bytes still holds)
+        self.on_restart = None  # called (the source's thread) before the ring starts again: clips waiting are cut
 
     def add(self, packet: Packet) -> None:
         """One demuxed packet (the source's capture thread). Packets before the first keyframe decode to
         nothing on their own: not kept."""
-        with self.lock:
-            if packet.t < self.newest - BACKWARDS_S:  # the clock went back (a loop, a reset): start again
+        if packet.t < self.newest - BACKWARDS_S:  # the clock went back (a loop, a reset): start again
+            if self.on_restart is not None:
+                self.on_restart()  # the clips waiting for this pass's packets, cut with what it left
+            with self.lock:
                 self.gops.clear()
                 self.bytes, self.newest = 0, float("-inf")
+        with self.lock:
             if packet.key:
                 self.gops.append(Gop())
             elif not self.gops:

@@ -106,6 +106,7 @@ class Clips:
             log.warning("%s; it serves without clips", why)
             return
         ring = PacketRing(keep_s, int(self.config.ring_mb * 1e6), source.source_uri.location, None)
+        ring.on_restart = lambda: self._cut_waiting(stream_id)
         source.packet_ring = ring
         with self.cond:
             self.rings[stream_id] = ring
@@ -197,6 +198,16 @@ class Clips:
             for request in ready:
                 self._cut(request)
             self._drop_forgotten()
+
+    def _cut_waiting(self, stream_id: int) -> None:
+        """The stream's clock went back (NVDEC's looped file starting its next pass): the clips waiting for it
+        are cut now with what its ring holds, before the ring starts again (the source's thread)."""
+        with self.cond:
+            waiting = [r for r in self.pending if r.stream == stream_id]
+            for request in waiting:
+                self.pending.remove(request)
+        for request in waiting:
+            self._cut(request)
 
     def _drop_forgotten(self) -> None:
         """The rings of removed streams, once no clip waits for them (their memory back)."""
