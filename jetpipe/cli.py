@@ -466,7 +466,10 @@ def _add_export(sub) -> None:
                         "(needs --server-tensorrt and --server-compute-capability matching the engine's)")
     t.add_argument("--instance-kind", choices=tuple(triton.INSTANCE_KINDS), default="gpu",
                    help="where Triton runs the model's instances (default gpu)")
-    t.add_argument("--instances", type=int, default=1, help="model instances (default 1)")
+    t.add_argument("--instances", type=int, default=1, help="model instances (default 1; per GPU with --gpus)")
+    t.add_argument("--gpus", type=_triton_gpus, metavar="all|0,1,...",
+                   help="the GPUs the instances go on, --instances on each (default all: Triton's own, every GPU "
+                        "the server has)")
     t.add_argument("--max-queue-delay-us", type=int, default=500,
                    help="how long Triton may hold a request to fill a batch (default 500 us)")
     t.add_argument("--server-tensorrt", help="the server's TensorRT version (--platform tensorrt)")
@@ -476,10 +479,21 @@ def _add_export(sub) -> None:
     t.set_defaults(run=_run_export_triton)
 
 
+def _triton_gpus(text: str) -> list[int] | None:
+    """--gpus: all (None: Triton's default) or GPU numbers; the export checks their bounds."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return [int(g) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: GPU numbers, e.g. 0,1, or all") from None
+
+
 def _run_export_triton(args) -> int:
     folder = triton.export(triton.TritonExport(
         bundle=args.bundle, repository=args.output, name=args.name, platform=args.platform,
-        instance_kind=args.instance_kind, instances=args.instances, max_queue_delay_us=args.max_queue_delay_us,
+        instance_kind=args.instance_kind, instances=args.instances, gpus=args.gpus,
+        max_queue_delay_us=args.max_queue_delay_us,
         server_tensorrt=args.server_tensorrt, server_compute_capability=args.server_compute_capability,
         force=args.force))
     print(f"wrote {folder}: config.pbtxt, {triton.VERSION}/{triton.PLATFORMS[args.platform][1]}")

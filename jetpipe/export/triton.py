@@ -3,7 +3,8 @@ REPO/NAME/1/model.onnx (or model.plan).
 
 config.pbtxt comes from the manifest: `max_batch_size` (the batch axis stays implicit in the dims), each
 input and output with its data type and dims (a dynamic size, like a recognizer's width, is -1),
-`dynamic_batching` (preferred batch: the bundle's max; a queue delay), an `instance_group` (GPU by default)
+`dynamic_batching` (preferred batch: the bundle's max; a queue delay), an `instance_group` (GPU by default;
+`--gpus 0,1`: `--instances` on each of those GPUs, where Triton would otherwise put them on every GPU it has)
 and, as `parameters` a client reads back, the task, labels, input size and preprocessing jetpipe applies
 before the network. The file parses into Triton's own ModelConfig protobuf (the tests check it with
 tritonclient's model_config_pb2).
@@ -36,6 +37,7 @@ VERSION = "1"
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_QUEUE_DELAY_US = 10_000_000
 MAX_INSTANCES = 64
+MAX_GPUS = 64
 # numpy dtype names (as the manifest has them) -> Triton's data types
 DATA_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "float64": "TYPE_FP64", "int8": "TYPE_INT8",
               "uint8": "TYPE_UINT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32", "int64": "TYPE_INT64",
@@ -49,7 +51,8 @@ class TritonExport:
     name: str | None = None              # default: the bundle folder's name
     platform: str = "onnxruntime"        # onnxruntime | tensorrt
     instance_kind: str = "gpu"           # gpu | cpu
-    instances: int = 1
+    instances: int = 1                   # per GPU where gpus are listed
+    gpus: list[int] | None = None        # the GPUs the instances go on (None: every GPU the server has)
     max_queue_delay_us: int = 500        # how long Triton may hold a request to fill a batch
     server_tensorrt: str | None = None   # tensorrt: the server's TensorRT version, e.g. 10.3.0
     server_compute_capability: str | None = None  # tensorrt: the server GPU's, e.g. 9.0
@@ -87,6 +90,12 @@ def _check_options(opts: TritonExport) -> None:
         raise JetpipeError(f"--instance-kind {opts.instance_kind!r}: choose one of {', '.join(INSTANCE_KINDS)}")
     if not 1 <= opts.instances <= MAX_INSTANCES:
         raise JetpipeError(f"--instances {opts.instances}: from 1 to {MAX_INSTANCES}")
+    if opts.gpus is not None:
+        if opts.instance_kind != "gpu":
+            raise JetpipeError("--gpus places GPU instances: drop it, or use --instance-kind gpu")
+        if not opts.gpus or len(set(opts.gpus)) != len(opts.gpus) or not all(0 <= g < MAX_GPUS for g in opts.gpus):
+            raise JetpipeError(f"--gpus {','.join(map(str, opts.gpus))}: GPU numbers from 0 to {MAX_GPUS - 1}, each "
+                               "once (e.g. 0,1), or all")
     if not 0 <= opts.max_queue_delay_us <= MAX_QUEUE_DELAY_US:
         raise JetpipeError(f"--max-queue-delay-us {opts.max_queue_delay_us}: from 0 to {MAX_QUEUE_DELAY_US}")
 
@@ -153,7 +162,7 @@ def config_text(manifest: dict, name: str, platform: str, opts: TritonExport) ->
              f"dynamic_batching {{\n  preferred_batch_size: [ {batch} ]\n"
              f"  max_queue_delay_microseconds: {opts.max_queue_delay_us}\n}}",
              f"instance_group [\n  {{\n    count: {opts.instances}\n    kind: {INSTANCE_KINDS[opts.instance_kind]}\n"
-             "  }\n]"]
+             + (f"    gpus: [ {', '.join(map(str, opts.gpus))} ]\n" if opts.gpus is not None else "") + "  }\n]"]
     parameters = {"jetpipe_task": manifest.get("task") or "raw", "jetpipe_input_size": manifest["input_size"],
                   "jetpipe_preprocess": manifest["preprocess"], "jetpipe_precision": manifest["precision"]}
     if manifest.get("labels"):

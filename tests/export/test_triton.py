@@ -84,7 +84,20 @@ def test_an_export_is_replaced_only_with_force_and_never_a_folder_it_did_not_wri
     assert (mine / "config.pbtxt").read_text() == "name: 'mine'\n"
 
 
+def test_gpus_place_the_instances_on_each_listed_gpu(bundle, tmp_path):
+    """--gpus 0,1: Triton's instance group with its gpus list (--instances on each); all: Triton's default."""
+    repo = tmp_path / "repo"
+    assert main(["export", "triton", str(bundle), "-o", str(repo), "--gpus", "0,1", "--instances", "2"]) == 0
+    config = _triton_parse(repo / "cnn" / "config.pbtxt")
+    assert config["instanceGroup"] == [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]
+    assert main(["export", "triton", str(bundle), "-o", str(repo), "--gpus", "all", "--force"]) == 0
+    assert _triton_parse(repo / "cnn" / "config.pbtxt")["instanceGroup"] == [{"count": 1, "kind": "KIND_GPU"}]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--gpus", "0,0"], "--gpus 0,0: GPU numbers from 0 to 63, each once"),
+    (["--gpus", "-1"], "--gpus -1: GPU numbers from 0 to 63"),
+    (["--gpus", "1", "--instance-kind", "cpu"], "--gpus places GPU instances"),
     (["--platform", "tensorrt"], "has no engine"),
     (["--name", "a/b"], "a Triton model name is letters, digits"),
     (["--name", ".."], "not only dots"),
