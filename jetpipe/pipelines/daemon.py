@@ -148,6 +148,9 @@ class Pipeline:
         self.streams = Streams(capacity)
         self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
                                budget_s=config.latency_budget_ms / 1000 or None)
+        why = self.batcher.plan(runtime.engine_times((1, 2))) if config.latency_budget_ms else None  # timed now
+        if why:
+            log.warning(why)
         self.metrics = Metrics(capacity)
         self.ingest = Ingest(config, runtime, self.streams, self.batcher, self.metrics, self.stop_event,
                              self._start_thread, self._removed, self.control)

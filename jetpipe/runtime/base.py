@@ -147,6 +147,11 @@ class RuntimeBase:
         that draw on frames. The CPU runtime never has one."""
         raise JetpipeError("frames in device memory need the GPU runtime")
 
+    def engine_times(self, sizes) -> dict[int, float]:
+        """Seconds a batch of each size takes, where the runtime measures them before serving ({}: it does not;
+        the GPU runtime's warm-up runs every size and the batches' CUDA events time them as they come)."""
+        return {}
+
     def jpeg_encoder(self, choice: str, quality: int, buffers: int, max_hw: tuple[int, int]):
         """The JPEG encoder of snapshots and the jpeg: sink (runtime.jpeg): OpenCV's on the CPU runtime; `gpu`
         asked for here is a mistake."""

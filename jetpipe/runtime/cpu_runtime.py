@@ -78,6 +78,20 @@ class CpuRuntime(RuntimeBase):
         return self._submitted(Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected, timings,
                                       width=width))
 
+    def engine_times(self, sizes) -> dict[int, float]:
+        """Seconds the model takes for a batch of each size, measured now (a run to warm the shape, then one
+        timed, on zeros): what a latency budget is planned with before the first frame. A Triton server's
+        model is not timed from here ({})."""
+        if not isinstance(self.backend, OrtCpuBackend):
+            return {}
+        times = {}
+        for size in sorted({min(max(1, s), self.max_batch) for s in sizes}):
+            self.backend.run(0, size)
+            start = time.perf_counter()
+            self.backend.run(0, size)
+            times[size] = time.perf_counter() - start
+        return times
+
     def stage_times(self, ticket: Ticket) -> dict[str, float]:
         """Wall-clock milliseconds per stage of a submitted batch."""
         return dict(ticket.timings)
