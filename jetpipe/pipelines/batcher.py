@@ -260,13 +260,17 @@ class Batcher:
         batch, streams = [], len(self.queues)
         stale = time.monotonic() - self.budget_s + self._run_margin() if self.budget_s is not None else -math.inf
         while len(batch) < self.batch_cap and self._queued > 0:
-            queue = self.queues[self._next_stream]
+            stream = self._next_stream
+            queue = self.queues[stream]
             if queue:
-                if queue[0].live and queue[0].t_monotonic < stale:  # over its budget already: shed, not run
-                    self._drop(self._next_stream)
-                else:
+                # shed what cannot make its budget, and the stream's next frame takes its turn: a turn lost with
+                # the shed frame starved the streams whose frames came just after another's (2 cameras, a model
+                # slower than their period: 89 frames run of one, 5 of the other)
+                while queue and queue[0].live and queue[0].t_monotonic < stale:
+                    self._drop(stream)
+                if queue:
                     batch.append(queue.popleft())
                     self._queued -= 1
-                self._room[self._next_stream].notify()  # its capture thread, if it waits for room (files)
-            self._next_stream = (self._next_stream + 1) % streams
+                self._room[stream].notify()  # its capture thread, if it waits for room (files)
+            self._next_stream = (stream + 1) % streams
         return batch

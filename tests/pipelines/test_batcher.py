@@ -290,3 +290,18 @@ def test_the_cpu_runtime_times_its_batches_before_serving(det_bundle, caplog):
         assert any("the latency budget of 1 ms cannot be held" in r.getMessage() for r in caplog.records)
     finally:
         pipeline.close()
+
+
+def test_a_stream_whose_old_frame_is_shed_keeps_its_turn_with_its_next():
+    """Fairness under overload (issue 49 item 3): the stream whose turn it is loses its frames that cannot make
+    the budget, and its next frame runs in that turn, ahead of other streams' fresh frames; shedding used to
+    end the turn, so a stream whose frames came just after another's lost every turn."""
+    released = []
+    b = Batcher(streams=2, max_batch=1, timeout_s=0.0, depth=4, budget_s=0.1)
+    b.plan({1: 0.01})
+    now = time.monotonic()
+    b.put(Packet(0, 0, time.time(), None, lambda: released.append((0, 0)), t_monotonic=now - 0.3, live=True))
+    b.put(Packet(0, 1, time.time(), None, lambda: released.append((0, 1)), t_monotonic=now, live=True))
+    b.put(Packet(1, 0, time.time(), None, lambda: released.append((1, 0)), t_monotonic=now, live=True))
+    assert [(p.stream, p.frame_no) for p in b.next_batch()] == [(0, 1)]
+    assert released == [(0, 0)] and [(p.stream, p.frame_no) for p in b.next_batch()] == [(1, 0)]
