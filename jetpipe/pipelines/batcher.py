@@ -11,10 +11,10 @@ larger than the budget allows: under overload a frame waits for the batch ahead 
 its own, so a batch whose run, as measured, takes longer than half the budget breaks it however soon it is
 cut (an engine that needs 1.4 s for 8 frames and 0.35 s for 2 on the CPU, a budget of 1 s: batches of 2;
 budget_batch()). Under overload, a
-live frame (camera, --realtime file) that could not finish within the budget by the time its batch is taken
-(it has waited longer than the budget less its batch's engine time) is dropped (counted), not run: its
-results would come too late anyway, and running it would make every frame behind it late too. Files without
---realtime are never dropped. Where the runtime times its batches before serving (the CPU runtime: plan()),
+live frame (camera, --realtime file) that has waited longer than the budget by the time its batch is taken
+is dropped (counted), not run: its results would come too late anyway, and running it would make every
+frame behind it late too; its stream's next frame runs in that turn. Files without --realtime are never
+dropped. Where the runtime times its batches before serving (the CPU runtime: plan()),
 the budget is planned from the start, and one a frame's own run makes impossible is said at start-up.
 
 The engine time is what the GPU spent on a batch (CUDA events around its work on the compute stream), not
@@ -170,12 +170,6 @@ class Batcher:
             if self.budget_s is not None:
                 self.batch_cap = budget_batch(self.engine_s, self.budget_s)
 
-    def _run_margin(self) -> float:
-        """How much of a live frame's budget the run of the batch being taken needs (its expected size's engine
-        time): a frame with less left would finish past its budget, and is shed. At most half the budget: a
-        model too slow for its budget (said at start-up) still runs the freshest frames, late."""
-        return min(self._engine(min(self._queued, self.batch_cap)), self.budget_s / 2)
-
     def plan(self, engine_s: dict[int, float]) -> str | None:
         """Engine seconds measured before serving (the runtime's engine_times) taken as the batches' own; with a
         budget, why it cannot be held where one frame's run is over half of it (None: it can be)."""
@@ -258,7 +252,7 @@ class Batcher:
 
     def _take(self) -> list[Packet]:
         batch, streams = [], len(self.queues)
-        stale = time.monotonic() - self.budget_s + self._run_margin() if self.budget_s is not None else -math.inf
+        stale = time.monotonic() - self.budget_s if self.budget_s is not None else -math.inf
         while len(batch) < self.batch_cap and self._queued > 0:
             stream = self._next_stream
             queue = self.queues[stream]

@@ -88,7 +88,7 @@ def test_a_frame_sink_never_writes_through_a_link_planted_while_it_runs(tmp_path
 
 @pytest.mark.parametrize("spec, message", [
     ("ftp://x", "use jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, kafka://HOST:PORT/TOPIC, "
-                "redis://HOST:PORT, http(s)://HOST/PATH, video:FILE.mp4 or jpeg:FOLDER"),
+                "redis://HOST:PORT, http(s)://HOST/PATH, video:FILE.mp4, jpeg:FOLDER or rtsp://HOST:PORT/PATH"),
     ("jsonl:/nonexistent-folder/r.jsonl", "folder /nonexistent-folder does not exist"),
     ("mqtt://127.0.0.1:1/site/+/results", "the topic 'site/+/results' holds a wildcard"),
     ("mqtt://127.0.0.1:1/site/#", "holds a wildcard"),
@@ -182,19 +182,24 @@ def test_the_fanout_delivers_to_every_sink_and_counts_each_failure_once(tmp_path
 def test_every_sink_scheme_makes_a_sink_of_the_protocol(tmp_path):
     folder = tmp_path / "jpegs"
     folder.mkdir()
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     uris = {"jsonl": f"jsonl:{tmp_path / 'a.jsonl'}", "stdout": "stdout", "video": f"video:{tmp_path / 'v.mp4'}",
-            "jpeg": f"jpeg:{folder}"}
+            "jpeg": f"jpeg:{folder}", "rtsp": f"rtsp://127.0.0.1:{port}/t"}
     # the brokers: against real servers in test_delivery
     assert set(SCHEMES) == {*uris, "mqtt", "kafka", "redis", "http", "https"}
     for scheme, uri in uris.items():
         try:
             sink = open_sink(uri)
-        except JetpipeError as exc:  # the video sink needs an encoder
-            assert scheme == "video", exc
+        except JetpipeError as exc:  # the video sink needs an encoder, the rtsp sink gst-rtsp-server
+            assert scheme in ("video", "rtsp"), exc
             continue
         for name in ("describe", "write", "fail", "end_stream", "close"):
             assert callable(getattr(sink, name)), (scheme, name)
         assert sink.failures == 0 and sink.dropped == 0
-        assert sink.takes_frames is (scheme in ("video", "jpeg"))
+        assert sink.takes_frames is (scheme in ("video", "jpeg", "rtsp"))
         assert not sink.takes_frames or callable(sink.offer)
         sink.close()
