@@ -27,12 +27,14 @@ bursts, and one average gap over all streams mistook the quiet after a burst for
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
+log = logging.getLogger(__name__)
 EMA = 0.2  # weight of the newest measurement in the engine-time and arrival averages
 
 
@@ -172,15 +174,18 @@ class Batcher:
 
     def plan(self, engine_s: dict[int, float]) -> str | None:
         """Engine seconds measured before serving (the runtime's engine_times) taken as the batches' own; with a
-        budget, why it cannot be held where one frame's run is over half of it (None: it can be)."""
+        budget, why it cannot be held where one frame's run is over half of it (said in the log; None: it can
+        be)."""
         for size, seconds in sorted(engine_s.items()):
             self.record_batch(size, seconds)
         one = self._engine(1)
         if self.budget_s is None or not one or one <= self.budget_s / 2:
             return None
-        return (f"the latency budget of {self.budget_s * 1e3:.0f} ms cannot be held: one frame takes the model "
-                f"{one * 1e3:.0f} ms, and a frame may wait for the batch ahead of it, then run in its own; a budget "
-                f"of at least {2 * one * 1e3:.0f} ms, a smaller input, a lighter model or the GPU would hold it")
+        why = (f"the latency budget of {self.budget_s * 1e3:.0f} ms cannot be held: one frame takes the model "
+               f"{one * 1e3:.0f} ms, and a frame may wait for the batch ahead of it, then run in its own; a budget "
+               f"of at least {2 * one * 1e3:.0f} ms, a smaller input, a lighter model or the GPU would hold it")
+        log.warning(why)
+        return why
 
     def _engine(self, size: int) -> float:
         """Measured seconds for a batch of `size`, else of the nearest larger size measured, else of the largest

@@ -141,6 +141,7 @@ class PipelineConfig:
     log_every_s: float = 5.0
     stall_timeout_s: float = 0.0       # a live stream without a frame this long reconnects (0: max(5 s, 10 frames))
     fail_timeout_s: float = 30.0       # every batch failing this long stops serve, exit 1 (0: never)
+    stop_timeout_s: float = 20.0       # a stop's drain at most this long, then the queued frames go (0: no bound)
     secondaries: list[SecondaryConfig] = field(default_factory=list)  # models run on the primary's boxes
     control: ControlConfig = field(default_factory=ControlConfig)
     clips: ClipsConfig = field(default_factory=ClipsConfig)
@@ -154,7 +155,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "decode_processes": int, "decode_threads": int,
                   "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
-                  "stall_timeout_s": (int, float), "fail_timeout_s": (int, float),
+                  "stall_timeout_s": (int, float), "fail_timeout_s": (int, float), "stop_timeout_s": (int, float),
                   "log_every_s": (int, float)}
 _TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "snapshots", "zone",
            "line"}
@@ -417,6 +418,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (0 <= config.stall_timeout_s <= 3600, "stall_timeout_s", "seconds from 0 (auto: max(5, 10 frame periods)) "
                                                                  "to 3600"),
         (0 <= config.fail_timeout_s <= 86400, "fail_timeout_s", "seconds from 0 (never) to 86400"),
+        (0 <= config.stop_timeout_s <= 3600, "stop_timeout_s", "seconds from 0 (no bound) to 3600"),
         (len(config.max_frame_hw) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_SIDE
                                                 for v in config.max_frame_hw), "max_frame_hw",
          f"[height, width], two integers from 1 to {MAX_SIDE}"),

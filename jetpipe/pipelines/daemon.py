@@ -25,6 +25,7 @@ from jetpipe.pipelines.batcher import Batcher
 from jetpipe.pipelines.clips.writer import Clips
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.counters import Metrics
+from jetpipe.pipelines.drain import DrainBound
 from jetpipe.pipelines.events import rules
 from jetpipe.pipelines.http.control import Control
 from jetpipe.pipelines.http.pages import PreviewPages
@@ -148,9 +149,8 @@ class Pipeline:
         self.streams = Streams(capacity)
         self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
                                budget_s=config.latency_budget_ms / 1000 or None)
-        why = self.batcher.plan(runtime.engine_times((1, 2))) if config.latency_budget_ms else None  # timed now
-        if why:
-            log.warning(why)
+        if config.latency_budget_ms:  # planned from the model's time, measured now where the runtime can
+            self.batcher.plan(runtime.engine_times((1, 2)))
         self.metrics = Metrics(capacity)
         self.ingest = Ingest(config, runtime, self.streams, self.batcher, self.metrics, self.stop_event,
                              self._start_thread, self._removed, self.control)
@@ -163,6 +163,7 @@ class Pipeline:
             self.closers.append(self.jpeg.close)  # after the sinks and the snapshots that use it
         self.sinks = SinkFanout(open_sinks(config.sinks, numbered, self.runtime.max_batch, self.jpeg), self.on_result)
         self.closers.append(self.sinks.close)
+        self.drain_bound = DrainBound(config.stop_timeout_s, self.batcher, self.sinks)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
         self.clips = Clips(config.clips, self.sinks.put) if config.clips.folder else None
@@ -179,7 +180,7 @@ class Pipeline:
                              self.streams, self.metrics, self.sinks, self.task, self.pool, config.fail_timeout_s,
                              self.stop, self.profile)
         self.report = Report(config, self.streams, self.metrics, self.batcher, runtime, self.sinks, self.stages,
-                             self.control, self.events, self.clips, self.snapshots)
+                             self.control, self.events, self.clips, self.snapshots, self.drain_bound)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
         self.metrics.gauges["jetpipe_streams"] = lambda: len(self.streams.live())
         self.metrics.families.append(self.sinks.metric_families)
@@ -187,9 +188,8 @@ class Pipeline:
             self.metrics.families.append(self.events.metric_families)
             self.sinks.scene = self.events.scene
         if runtime.backend_name != "onnxruntime-cpu":
-            # on the CPU only drawing (sinks, preview) and postprocessing use OpenCV, each in a thread of its
-            # own; OpenCV's pool of a thread per core inside every call made them fight (measured: 4.6 cores
-            # and -60 % saturated throughput with 8 drawing threads on a 16-core machine)
+            # only drawing (sinks, preview) and postprocessing use OpenCV, each in a thread of its own; OpenCV's
+            # pool of a thread a core in every call made them fight (4.6 cores, -60 % with 8 drawing threads)
             cv2.setNumThreads(1)
         self.server, self.preview = None, None
         if config.metrics_listen:
@@ -241,15 +241,17 @@ class Pipeline:
 
     # --- threads -------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Stop the sources (a blocked read or open is interrupted), then drain (see run())."""
+        """Stop the sources (a blocked read or open is interrupted), then drain (see run(); bounded)."""
         self.stop_event.set()
         self.ingest.stop()
+        self.drain_bound.start()
 
     def abort(self, signal_name: str) -> None:
         """A second stop (Ctrl-C or SIGTERM while draining): drop the queued frames and finish only the
         batches already on the GPU, then write the summary as usual."""
         self.stop()
         dropped = self.batcher.abort()
+        self.sinks.cut_short()
         if self.interrupted is None:
             self.interrupted = {"signal": signal_name, "queued_frames_dropped": 0}
         self.interrupted["queued_frames_dropped"] += dropped
@@ -297,6 +299,7 @@ class Pipeline:
             self.thread_cpu_s["decode_links"] = self.decoders.link_cpu_seconds()  # part of "process"
         seconds = time.monotonic() - started
         self.sinks.close()  # before the summary: what fails while a sink finishes is counted
+        self.drain_bound.cancel()
         return self.report.summary(seconds, self.thread_cpu_s, self.interrupted)
 
     def _serve(self, started: float) -> None:

@@ -16,11 +16,12 @@ PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stall
 
 class Report:
     def __init__(self, config, streams, metrics, batcher, runtime, sinks, stages, control: bool, events=None,
-                 clips=None, snapshots=None):
+                 clips=None, snapshots=None, drain_bound=None):
         self.config, self.streams, self.metrics, self.batcher = config, streams, metrics, batcher
         self.runtime, self.sinks, self.stages, self.control = runtime, sinks, stages, control
         # events.EventStep, clips.writer.Clips, snapshots.Snapshots: where asked for
         self.events, self.clips, self.snapshots = events, clips, snapshots
+        self.drain_bound = drain_bound  # drain.DrainBound: where a stop's drain was cut short
         self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
 
     def live_counts(self, stream) -> dict:
@@ -84,6 +85,7 @@ class Report:
                 "dropped_share": round(dropped / max(1, sum(per_stream["captured"])), 4),
                 # the run's: the frames finished after a stop (signal, --duration) are the drain's, reported apart
                 **({"drain": drain} if (drain := m.drain()) else {}),
+                **({"drain_cut_short": cut} if (cut := getattr(self.drain_bound, "cut", None)) else {}),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},
                 "sink_failures": self.sinks.failures(),

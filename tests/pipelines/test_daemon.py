@@ -429,3 +429,49 @@ def test_the_frames_drained_after_a_stop_are_reported_apart_from_the_run(det_bun
     assert 1 <= drain["frames"] < sum(summary["processed"]) and drain["seconds"] >= 0
     assert set(drain["latency_ms"]) == {"queue", "gpu", "post", "total"} and drain["latency_ms"]["total"]["0.5"] > 0
     assert summary["latency_ms"]["total"]  # the run's own, from the frames finished before the stop
+
+
+def test_a_stops_drain_is_bounded_by_stop_timeout_s(det_bundle, panning_video):
+    """Issue 49 item 4: files queue every frame (3 x 40 of them, 64 deep: seconds of PP-OCRv4 det on 2 cores);
+    a stop drains what is queued for at most stop_timeout_s, then drops the rest, counted in the summary, and the
+    run ends (a service manager's own stop timeout, systemd's TimeoutStopSec, then kills nothing)."""
+    import threading
+
+    pipeline = Pipeline(_config(det_bundle, [str(panning_video.path)] * 3, metrics_listen="",
+                                backend="onnxruntime-cpu", queue_depth=64, max_batch=2, stop_timeout_s=0.5))
+    summary = {}
+    runner = threading.Thread(target=lambda: summary.update(pipeline.run()))
+    runner.start()
+    deadline = time.monotonic() + 120
+    while sum(pipeline.metrics.processed) < 2 or sum(pipeline.batcher.depths()) < 20:
+        assert time.monotonic() < deadline and runner.is_alive(), "no backlog formed"
+        time.sleep(0.05)
+    pipeline.stop()
+    runner.join(timeout=120)
+    assert not runner.is_alive()
+    cut = summary["drain_cut_short"]
+    assert cut["after_s"] == 0.5 and cut["queued_frames_dropped"] > 0 and cut["sink_frames_dropped"] == 0
+    assert sum(summary["processed"]) + cut["queued_frames_dropped"] <= sum(summary["captured"])
+
+
+def test_the_drains_bound_drops_nothing_when_the_run_ends_in_time():
+    from types import SimpleNamespace
+
+    from jetpipe.pipelines.drain import DrainBound
+
+    calls = []
+    batcher = SimpleNamespace(abort=lambda: calls.append("abort") or 3)
+    sinks = SimpleNamespace(cut_short=lambda: calls.append("sinks") or 2)
+    quick = DrainBound(30.0, batcher, sinks)
+    quick.start()
+    quick.cancel()
+    assert quick.cut is None and calls == []
+    slow = DrainBound(0.01, batcher, sinks)
+    slow.start()
+    slow.start()  # a second stop does not restart the bound
+    deadline = time.monotonic() + 10
+    while slow.cut is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slow.cut == {"after_s": 0.01, "queued_frames_dropped": 3, "sink_frames_dropped": 2}
+    assert calls == ["abort", "sinks"]
+    assert DrainBound(0.0, batcher, sinks).start() is None and calls == ["abort", "sinks"]  # 0: no bound

@@ -72,6 +72,11 @@ class SinkFanout:
         for sink in self.frame_takers:
             sink.end_stream(stream_id)
 
+    def cut_short(self) -> int:
+        """A bounded drain ran out: the frame sinks drop the frames still waiting to be drawn (counted in their
+        `dropped`); how many."""
+        return sum(sink.cut_short() for sink in self.frame_takers if hasattr(sink, "cut_short"))
+
     def close(self) -> None:
         """Close every sink once (after the run, so the summary counts what fails as they finish; or at an
         early close())."""

@@ -78,6 +78,7 @@ class FrameSink(SinkBase):
         self._due: dict[int, float] = {}
         self._work: dict[int, queue.Queue] = {}     # one worker per stream: frames stay in order
         self._threads: list[threading.Thread] = []
+        self._cut = False  # a bounded drain ran out: frames still waiting are dropped, not drawn
 
     def describe(self) -> str:
         return self.spec
@@ -154,6 +155,10 @@ class FrameSink(SinkBase):
                 self._free.pop(stream), self._work.pop(stream), self._due.pop(stream, None)  # buffers go with it
                 return
             buffer, fmt, record = item
+            if self._cut:  # the drain's bound: dropped, counted, the stream's file still finished
+                self.dropped += 1
+                self._free[stream].put(buffer)
+                continue
             try:
                 self.consume(stream, buffer, fmt, record)
             except Exception as exc:  # a full disk, an encoder that died: counted, the others go on
@@ -163,6 +168,11 @@ class FrameSink(SinkBase):
 
     def consume(self, stream: int, frame: np.ndarray, fmt: str, record) -> None:
         raise NotImplementedError
+
+    def cut_short(self) -> int:
+        """Drop the frames waiting to be drawn (a bounded drain ran out); how many wait now."""
+        self._cut = True
+        return sum(work.qsize() for work in list(self._work.values()))
 
     def close(self) -> None:
         for work in list(self._work.values()):
