@@ -77,8 +77,8 @@ def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=silent) -
     candidates = [n for n in rebuild.ranking(progress) if n not in rebuild.base][:max_nodes]
     result = SearchResult(metric, budget, False, float("nan"))
     cache: dict[int, float] = {}
-    # doubling then bisection: at most about 2 log2(candidates) trials
-    trials = progress(2 * max(1, len(candidates)).bit_length(), "precision search: trials", "trial")
+    # every candidate first, then doubling and bisection: at most about 2 log2(candidates) + 1 trials
+    trials = progress(2 * max(1, len(candidates)).bit_length() + 1, "precision search: trials", "trial")
 
     def value_at(k: int) -> float:
         if k not in cache:
@@ -106,17 +106,16 @@ def search(ctx, bundle_dir, budget: str, max_nodes: int = 32, progress=silent) -
 
 
 def smallest_meeting(count: int, meets) -> int | None:
-    """The smallest k in 1..count with meets(k), probing k = 1, 2, 4, ... then bisecting; None if even
-    k = count does not meet. Assumes meeting at k makes meeting at larger k likely, not certain: the
-    k returned was itself measured to meet."""
+    """The smallest k in 1..count with meets(k): k = count measured first (where even every candidate misses,
+    one measurement says so, not a doubling's worth of them), then k = 1, 2, 4, ... then bisecting; None if
+    k = count does not meet. Assumes meeting at k makes meeting at larger k likely, not certain: the k returned
+    was itself measured to meet."""
+    if count == 0 or not meets(count):
+        return None
     k, low = 1, 0
-    while k <= count and not meets(k):
+    while k < count and not meets(k):
         low, k = k, k * 2
-    if k > count:
-        if count == 0 or low == count or not meets(count):
-            return None
-        k = count
-    high = k
+    high = min(k, count)
     while high - low > 1:
         mid = (low + high) // 2
         if meets(mid):

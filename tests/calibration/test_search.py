@@ -20,6 +20,8 @@ def test_finds_the_smallest_k_that_meets_with_few_measurements(count):
 
 
 def test_none_when_even_all_candidates_miss():
-    assert smallest_meeting(5, lambda k: False) is None
+    measured = []
+    assert smallest_meeting(5, lambda k: measured.append(k) or False) is None
+    assert measured == [5]  # every candidate at once: out of reach in one measurement
     assert smallest_meeting(0, lambda k: True) is None
     assert smallest_meeting(4, lambda k: k >= 9) is None
