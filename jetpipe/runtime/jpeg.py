@@ -58,7 +58,33 @@ def clip_box(box, hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
     return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
 
 
-class CpuJpeg:
+class _HeldFrames:
+    """What both encoders share: buffers for the frames they hold, allocated at construction (`make()` each:
+    any format, at most 3 bytes a pixel of the largest frame), taken by hold() and given back by release()."""
+
+    def _allocate(self, buffers: int, make) -> None:
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(buffers):
+            self._free.put(make())
+
+    def hold(self, frame) -> Held | None:
+        """A copy of the frame, taken while it is in its ring slot; None (a drop) when every buffer is busy."""
+        hw = frame.size()
+        try:
+            buffer = self._free.get_nowait()
+        except queue.Empty:
+            return None
+        self._copy(frame, hw, buffer)
+        return Held(buffer, frame.format, hw, frame.standard, frame.range)
+
+    def release(self, held: Held) -> None:
+        self._free.put(held.buffer)
+
+    def _copy(self, frame, hw: tuple[int, int], buffer) -> None:
+        raise NotImplementedError
+
+
+class CpuJpeg(_HeldFrames):
     """OpenCV's encoder. to_host(frame, out): copies a frame in device memory (the GPU runtime without
     nvImageCodec); None where frames are always on the host."""
 
@@ -66,27 +92,16 @@ class CpuJpeg:
 
     def __init__(self, quality: int, buffers: int, max_hw: tuple[int, int], to_host=None):
         self.quality, self.to_host = quality, to_host
-        self._free: queue.SimpleQueue = queue.SimpleQueue()
-        for _ in range(buffers):
-            self._free.put(np.empty(max_hw[0] * max_hw[1] * 3, np.uint8))  # any format: at most 3 bytes a pixel
+        self._allocate(buffers, lambda: np.empty(max_hw[0] * max_hw[1] * 3, np.uint8))
         self.describe = "OpenCV (CPU)"
 
-    def hold(self, frame) -> Held | None:
-        try:
-            buffer = self._free.get_nowait()
-        except queue.Empty:
-            return None
-        hw = frame.size()
+    def _copy(self, frame, hw: tuple[int, int], buffer) -> None:
         shape = frame_shape(frame.format, *hw)
         view = buffer[:int(np.prod(shape))].reshape(shape)
         if frame.device:
             self.to_host(frame, view)
         else:
             np.copyto(view, frame.data)
-        return Held(buffer, frame.format, hw, frame.standard, frame.range)
-
-    def release(self, held: Held) -> None:
-        self._free.put(held.buffer)
 
     def picture(self, held: Held, boxes=(), crop=None) -> bytes:
         """The held frame as a JPEG: whole, boxes outlined, or only the rectangle `crop` (x0, y0, x1, y1)."""
@@ -122,7 +137,7 @@ class _DeviceImage:
                                          "data": (int(address), False), "version": 3, "stream": stream_handle}
 
 
-class GpuJpeg:
+class GpuJpeg(_HeldFrames):
     """nvJPEG through nvImageCodec, from frames on the GPU (see the module's note). device: the runtime's
     CudaDevice; module: its compiled preprocess.cu."""
 
@@ -133,13 +148,11 @@ class GpuJpeg:
         self.device, self.quality, self.max_hw = device, quality, max_hw
         self.capacity = max_hw[0] * max_hw[1] * 3
         self.lock = threading.Lock()  # one picture at a time: the RGB buffer, the parameters, the encoder's stream
-        self._free: queue.SimpleQueue = queue.SimpleQueue()
         self._params_dtype = PARAMS
         with device.active():
             self.copy_stream = device.stream(non_blocking=True)   # hold(): the post thread's copies
             self.stream = device.stream(non_blocking=True)        # the kernel and the encoder
-            for _ in range(buffers):
-                self._free.put(device.alloc(self.capacity))
+            self._allocate(buffers, lambda: device.alloc(self.capacity))
             self.rgb = device.alloc(self.capacity)
             self.host_args = device.pinned((PARAMS.itemsize + 16 * MAX_BOXES,), np.uint8)
             self.device_args = device.alloc(self.host_args.nbytes)
@@ -153,12 +166,7 @@ class GpuJpeg:
         self._nvimgcodec = nvimgcodec
         self.describe = f"nvJPEG on the GPU (nvImageCodec {getattr(nvimgcodec, '__version__', '?')})"
 
-    def hold(self, frame) -> Held | None:
-        try:
-            buffer = self._free.get_nowait()
-        except queue.Empty:
-            return None
-        hw = frame.size()
+    def _copy(self, frame, hw: tuple[int, int], buffer) -> None:
         cuda = self.device.cuda
         with self.device.active():
             if frame.device:
@@ -166,10 +174,6 @@ class GpuJpeg:
             else:
                 cuda.memcpy_htod_async(buffer, np.ascontiguousarray(frame.data), self.copy_stream)
             self.copy_stream.synchronize()  # the frame's ring slot may be reused once this returns
-        return Held(buffer, frame.format, hw, frame.standard, frame.range)
-
-    def release(self, held: Held) -> None:
-        self._free.put(held.buffer)
 
     def picture(self, held: Held, boxes=(), crop=None) -> bytes:
         height, width = held.hw

@@ -151,14 +151,17 @@ def test_a_clip_never_overwrites_nor_writes_through_a_link(tmp_path):
 
 # --- through the daemon -------------------------------------------------------------------------------------
 
-def _serve(det_bundle, tmp_path, source: Path, extra: list[str]):
+def _serve_argv(tmp_path, argv: list[str]):
+    """`jetpipe serve ARGV` with a jsonl sink and a summary: its records and its summary."""
     from jetpipe.cli import main
 
     out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
-    code = main(["serve", "--bundle", str(det_bundle), "--source", str(source), "--metrics", "", "--sink",
-                 f"jsonl:{out}", "--summary", str(summary), *extra])
-    assert code == 0
+    assert main(["serve", *argv, "--metrics", "", "--sink", f"jsonl:{out}", "--summary", str(summary)]) == 0
     return [json.loads(line) for line in out.read_text().splitlines()], json.loads(summary.read_text())["summary"]
+
+
+def _serve(det_bundle, tmp_path, source: Path, extra: list[str]):
+    return _serve_argv(tmp_path, ["--bundle", str(det_bundle), "--source", str(source), *extra])
 
 
 @needs_ffmpeg

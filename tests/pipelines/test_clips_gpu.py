@@ -4,37 +4,38 @@ into MP4 around each event, checked by decoding the clips against the input's ow
 Needs PyCUDA, onnxruntime-gpu, PyNvVideoCodec and ffmpeg.
 """
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.pipelines.test_clips import _frame_md5s, _packets
+from tests.pipelines.test_clips import _frame_md5s, _packets, _serve
 
 pytestmark = pytest.mark.gpu
 
 
-def test_events_on_nvdec_streams_get_clips_of_the_inputs_pictures(det_bundle, tmp_path, panning_video, panning_h264):
+def serve_nvdec_door(det_bundle, tmp_path, panning_video, panning_h264, extra: list[str]):
+    """The panning video decoded by NVDEC into the GPU runtime, a door line across it: its records and summary
+    (skipped with the reason where onnxruntime-gpu, PyNvVideoCodec or ffmpeg is missing)."""
     import onnxruntime as ort
 
     pytest.importorskip("PyNvVideoCodec", reason="PyNvVideoCodec (pip install pynvvideocodec) not installed")
     if "CUDAExecutionProvider" not in ort.get_available_providers() or not shutil.which("ffmpeg"):
         pytest.skip("onnxruntime-gpu or ffmpeg is not installed")
-    from jetpipe.cli import main
-
-    clips, out, summary = tmp_path / "clips", tmp_path / "out.jsonl", tmp_path / "summary.json"
     x = panning_video.x_line
-    assert main(["serve", "--bundle", str(det_bundle), "--source", str(panning_h264), "--decoder", "nvdec",
-                 "--backend", "onnxruntime-cuda", "--metrics", "", "--sink", f"jsonl:{out}", "--summary",
-                 str(summary), "--line", f"door:{x},0,{x},1", "--clips", str(clips), "--clip-before", "4",
-                 "--clip-after", "2"]) == 0
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    return _serve(det_bundle, tmp_path, panning_h264, ["--decoder", "nvdec", "--backend", "onnxruntime-cuda",
+                                                       "--line", f"door:{x},0,{x},1", *extra])
+
+
+def test_events_on_nvdec_streams_get_clips_of_the_inputs_pictures(det_bundle, tmp_path, panning_video, panning_h264):
+    clips = tmp_path / "clips"
+    records, summary = serve_nvdec_door(det_bundle, tmp_path, panning_video, panning_h264,
+                                        ["--clips", str(clips), "--clip-before", "4", "--clip-after", "2"])
     events = {r["event_id"]: r for r in records if r.get("schema") == "jetpipe.event/1"}
     ready = [r for r in records if r.get("schema") == "jetpipe.clip/1"]
     assert len(events) == panning_video.crossings and ready
     assert sorted(e for r in ready for e in r["events"]) == sorted(events)
-    assert json.loads(summary.read_text())["summary"]["clips"]["failed"] == 0
+    assert summary["clips"]["failed"] == 0
     source = _frame_md5s(panning_h264)
     for record in ready:
         path = Path(record["path"])

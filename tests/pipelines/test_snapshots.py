@@ -2,7 +2,6 @@
 snapshot_ready record naming its events, through the daemon on the panning video; the encoders' pictures
 checked by decoding them; files never overwritten, never half-written, the folder kept within its size."""
 
-import json
 import os
 import time
 from pathlib import Path
@@ -15,16 +14,7 @@ import pytest
 from jetpipe.frames import from_bgr
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.jpeg import CpuJpeg, clip_box
-
-
-def _serve(det_bundle, tmp_path, source: Path, extra: list[str]):
-    from jetpipe.cli import main
-
-    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
-    code = main(["serve", "--bundle", str(det_bundle), "--source", str(source), "--metrics", "", "--sink",
-                 f"jsonl:{out}", "--summary", str(summary), *extra])
-    assert code == 0
-    return [json.loads(line) for line in out.read_text().splitlines()], json.loads(summary.read_text())["summary"]
+from tests.pipelines.test_clips import _serve, _serve_argv
 
 
 def _green_outline(picture: np.ndarray, box) -> float:
@@ -73,7 +63,7 @@ def test_crops_are_the_boxes_pixels(det_bundle, tmp_path, panning_video):
     config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\n[[source]]\nuri = "{panning_video.path}"\n'
                       f'[snapshots]\nfolder = "{folder}"\ncrop = true\nbox = false\nquality = 95\n'
                       f'[[line]]\nname = "door"\npoints = [[{x}, 0], [{x}, 1]]\n')
-    records, _ = _serve_config(tmp_path, config)
+    records, _ = _serve_argv(tmp_path, [str(config)])
     events = {r["event_id"]: r for r in records if r.get("schema") == "jetpipe.event/1"}
     ready = [r for r in records if r.get("schema") == "jetpipe.snapshot/1"]
     assert ready and sorted(e for r in ready for e in r["crops"]) == sorted(events)
@@ -84,15 +74,6 @@ def test_crops_are_the_boxes_pixels(det_bundle, tmp_path, panning_video):
             crop = cv2.imread(path)
             assert crop.shape == (y1 - y0, x1 - x0, 3)
             assert np.abs(crop.astype(int) - whole[y0:y1, x0:x1]).mean() < 8  # box = false: nothing drawn
-
-
-def _serve_config(tmp_path, config: Path):
-    from jetpipe.cli import main
-
-    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
-    code = main(["serve", str(config), "--metrics", "", "--sink", f"jsonl:{out}", "--summary", str(summary)])
-    assert code == 0
-    return [json.loads(line) for line in out.read_text().splitlines()], json.loads(summary.read_text())["summary"]
 
 
 def test_snapshot_options_are_checked_before_anything_runs(det_bundle, tmp_path, capsys):

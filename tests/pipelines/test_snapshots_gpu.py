@@ -5,8 +5,6 @@ Needs PyCUDA, nvImageCodec with nvJPEG (pip install 'nvidia-nvimgcodec-cu13[nvjp
 onnxruntime-gpu, PyNvVideoCodec and ffmpeg.
 """
 
-import json
-import shutil
 from pathlib import Path
 
 import cv2
@@ -15,6 +13,7 @@ import pytest
 
 from jetpipe.frames import from_bgr
 from jetpipe.runtime.api import Frame
+from tests.pipelines.test_clips_gpu import serve_nvdec_door
 from tests.pipelines.test_snapshots import _frame, _green_outline
 
 pytestmark = pytest.mark.gpu
@@ -89,24 +88,14 @@ def test_full_range_bt709_frames_keep_their_colours(gpu_jpeg):
 
 
 def test_serve_with_nvdec_takes_snapshots_on_the_gpu(det_bundle, tmp_path, panning_video, panning_h264):
-    import onnxruntime as ort
-
     pytest.importorskip("nvidia.nvimgcodec", reason="nvImageCodec is not installed")
-    pytest.importorskip("PyNvVideoCodec", reason="PyNvVideoCodec (pip install pynvvideocodec) not installed")
-    if "CUDAExecutionProvider" not in ort.get_available_providers() or not shutil.which("ffmpeg"):
-        pytest.skip("onnxruntime-gpu or ffmpeg is not installed")
-    from jetpipe.cli import main
-
-    folder, out, summary = tmp_path / "snaps", tmp_path / "out.jsonl", tmp_path / "summary.json"
-    x = panning_video.x_line
-    assert main(["serve", "--bundle", str(det_bundle), "--source", str(panning_h264), "--decoder", "nvdec",
-                 "--backend", "onnxruntime-cuda", "--metrics", "", "--sink", f"jsonl:{out}", "--summary",
-                 str(summary), "--line", f"door:{x},0,{x},1", "--snapshots", str(folder)]) == 0
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    folder = tmp_path / "snaps"
+    records, summary = serve_nvdec_door(det_bundle, tmp_path, panning_video, panning_h264,
+                                        ["--snapshots", str(folder)])
     events = {r["event_id"]: r for r in records if r.get("schema") == "jetpipe.event/1"}
     ready = [r for r in records if r.get("schema") == "jetpipe.snapshot/1"]
     assert len(events) == panning_video.crossings and sorted(e for r in ready for e in r["events"]) == sorted(events)
-    assert json.loads(summary.read_text())["summary"]["snapshots"]["encoder"] == "gpu"
+    assert summary["snapshots"]["encoder"] == "gpu"
     for record in ready:
         picture = cv2.imread(record["path"])
         assert picture.shape[:2] == (360, 640) and Path(record["path"]).parent == folder
