@@ -185,3 +185,20 @@ def test_the_folder_keeps_its_size_and_only_snapshots_go(tmp_path):
     assert keep_within(tmp_path, SNAPSHOT_NAME, 0.25, 0.0) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stream0-00000002-3.jpg", "stream0-00000003-4.jpg",
                                                           "stream0-notes.jpg"]
+
+
+def test_a_link_named_like_a_snapshot_is_neither_counted_nor_removed(tmp_path):
+    """Someone else's symbolic link in the folder, under a snapshot's name, stays (and so does its target)."""
+    from jetpipe.pipelines.retention import keep_within
+    from jetpipe.pipelines.snapshots import SNAPSHOT_NAME
+
+    target = tmp_path.parent / f"{tmp_path.name}-target"
+    target.write_bytes(b"t" * 300_000)
+    link = tmp_path / "stream0-00000000-1.jpg"
+    link.symlink_to(target)
+    old = time.time() - 7200
+    os.utime(link, (old, old), follow_symlinks=False)
+    picture = tmp_path / "stream0-00000001-2.jpg"
+    picture.write_bytes(b"j" * 100_000)
+    assert keep_within(tmp_path, SNAPSHOT_NAME, 0.25, 1.0) == 0
+    assert link.is_symlink() and target.stat().st_size == 300_000 and picture.exists()
