@@ -260,6 +260,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--decode-threads", type=int, metavar="N",
                    help="with --decode-processes: decoding threads in each (default 0: a thread a stream, 4 at "
                         "most); each waiting thread costs CPU (NVIDIA's video library polls for its frame)")
+    p.add_argument("--gpus", metavar="all|0,1,...",
+                   help="serve on these GPUs: a worker process each, the streams placed by load (a [[source]]'s "
+                        "gpu = N pins one), one metrics port and one set of sinks (default: GPU 0 alone)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",
@@ -353,7 +356,7 @@ def _serve_config(args):
     elif args.direction:
         raise JetpipeError("--direction turns the crops of a --secondary: add --secondary BUNDLE")
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker",
-                "latency_budget_ms", "capture_threads", "decode_processes", "decode_threads"):
+                "latency_budget_ms", "capture_threads", "decode_processes", "decode_threads", "gpus"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

@@ -6,3 +6,4 @@ MAX_QUEUE_DEPTH = 1024  # frames per stream waiting to be batched
 MAX_STREAMS = 256  # streams one daemon serves at once (the control API's max_streams)
 MAX_DECODE_PROCESSES = 32  # processes NVDEC files are decoded in (serve's decode_processes)
 MAX_DECODE_THREADS = 32    # decoding threads in each of them (serve's decode_threads)
+MAX_GPUS = 64  # GPU numbers: serve --gpus, export triton --gpus

@@ -29,6 +29,7 @@ from google.protobuf import text_encoding
 from jetpipe import bundle as bundles
 from jetpipe import output_folders
 from jetpipe.errors import JetpipeError
+from jetpipe.limits import MAX_GPUS
 
 PLATFORMS = {"onnxruntime": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
 INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
@@ -37,7 +38,6 @@ VERSION = "1"
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_QUEUE_DELAY_US = 10_000_000
 MAX_INSTANCES = 64
-MAX_GPUS = 64
 # numpy dtype names (as the manifest has them) -> Triton's data types
 DATA_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "float64": "TYPE_FP64", "int8": "TYPE_INT8",
               "uint8": "TYPE_UINT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32", "int64": "TYPE_INT64",

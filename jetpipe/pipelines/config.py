@@ -12,9 +12,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jetpipe import limits
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_DECODE_THREADS, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
 from jetpipe.pipelines.events import rules
+from jetpipe.pipelines.gpus import plan as gpu_plan
 from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.pipelines.sinks import HELP as SINKS_HELP
 from jetpipe.pipelines.sinks import check_sink
@@ -57,6 +59,7 @@ class SourceConfig:
     realtime: bool = False   # files: pace at the file's frame rate (then dropped like a camera when behind)
     decoder: str = "auto"    # auto | nvdec | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.sources)
     hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, qsv, ...); "" = software
+    gpu: int | None = None   # with --gpus: the GPU that serves it (None: placed by load)
 
 
 @dataclass
@@ -103,7 +106,7 @@ class SnapshotsConfig:
     max_age_h: float = 0.0        # and none older than this (0: no limit)
 
 
-_SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str}
+_SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str, "gpu": int}
 _CLIPS_KEYS = {"folder": str, "before_s": (int, float), "after_s": (int, float), "on": list, "ring_mb": (int, float),
                "max_total_mb": (int, float), "max_age_h": (int, float)}
 _SNAPSHOTS_KEYS = {"folder": str, "on": list, "box": bool, "crop": bool, "quality": int, "encoder": str,
@@ -148,6 +151,7 @@ class PipelineConfig:
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     zones: list = field(default_factory=list)   # events.Zone: [[zone]] tables, --zone
     lines: list = field(default_factory=list)   # events.Line: [[line]] tables, --line
+    gpus: list[int] | str | None = None  # "all" or GPU numbers: a worker per GPU (pipelines/gpus); None: one
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
@@ -156,7 +160,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float), "stop_timeout_s": (int, float),
-                  "log_every_s": (int, float)}
+                  "log_every_s": (int, float), "gpus": (str, list)}
 _TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "snapshots", "zone",
            "line"}
 
@@ -279,7 +283,7 @@ def _check_types(where: str, table: dict, kinds: dict) -> None:
 
 def _kind_name(kind) -> str:
     names = {str: "a string", int: "an integer", list: "a list", (int, float): "a number",
-             bool: "true or false"}
+             bool: "true or false", (str, list): "a string or a list"}
     return names.get(kind, str(kind))
 
 
@@ -461,7 +465,22 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     _check_rules(config, where)
     _check_clips(config, where)
     _check_snapshots(config, where)
+    _check_gpus(config, where)
     return config
+
+
+def _check_gpus(config: PipelineConfig, where: str) -> None:
+    """--gpus and the streams' pins (their numbers; the GPUs themselves are looked at when serving starts)."""
+    for spec in config.sources:
+        if spec.gpu is not None and not 0 <= spec.gpu < limits.MAX_GPUS:
+            raise ConfigError(f"{where}: source {spec.uri!r}: gpu = {spec.gpu}: a GPU number from 0 to "
+                              f"{limits.MAX_GPUS - 1}")
+    try:
+        if config.gpus is not None:
+            config.gpus = gpu_plan.parse(config.gpus, where)
+        gpu_plan.check(config, where)
+    except gpu_plan.GpuError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_sinks(config: PipelineConfig, where: str) -> None:

@@ -20,7 +20,8 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.033, 0.05, 0.067, 0.1, 0.2, 0.5, 1.0, 
 
 
 class Metrics:
-    def __init__(self, streams: int, window: int = 2048):
+    def __init__(self, streams: int, window: int = 2048, ids: list[int] | None = None):
+        """ids: the configured streams' IDs where they are not 0, 1, ... (a GPU's worker: streams.Share)."""
         self.lock = threading.Lock()
         zeros = lambda: [0] * streams  # noqa: E731
         self.captured, self.processed, self.failed, self.reconnects = zeros(), zeros(), zeros(), zeros()
@@ -34,7 +35,8 @@ class Metrics:
         self.recent = [deque(maxlen=window) for _ in range(streams)]  # result times, for fps
         self.stream_total = [deque(maxlen=window // 8) for _ in range(streams)]  # each stream's total latency
         self.first_result: list[float | None] = [None] * streams
-        self.labels: list[str | None] = [str(i) for i in range(streams)]  # each slot's stream ID; None: vacant
+        ids = list(ids or ()) + list(range(len(ids or ()), streams))
+        self.labels: list[str | None] = [str(i) for i in ids[:streams]]  # each slot's stream ID; None: vacant
         self.batches = 0
         self.heartbeat = time.monotonic()
         self.gauges: dict[str, callable] = {}

@@ -38,7 +38,7 @@ from jetpipe.pipelines.sinks import SinkFanout, open_sinks
 from jetpipe.pipelines.snapshots import Snapshots, jpeg_encoder
 from jetpipe.pipelines.stages import Stages
 from jetpipe.pipelines.steps import build_steps
-from jetpipe.pipelines.streams import ControlError, Streams
+from jetpipe.pipelines.streams import ControlError, Share, Streams
 from jetpipe.pipelines.summary import Report
 from jetpipe.runtime.open import open_runtime
 from jetpipe.tasks import for_bundle
@@ -73,6 +73,15 @@ def stream_slots(config: PipelineConfig) -> int:
     return len(config.sources)
 
 
+def check_frames_reach(runtime, stage) -> None:
+    """A secondary cuts its crops where the primary read the frames: in GPU memory with the GPU runtime, which a
+    secondary on the CPU path cannot read."""
+    if runtime.device_frames and not stage.runtime.device_frames:
+        raise ConfigError(f"secondary {stage.name!r} runs on the CPU path ({stage.runtime.backend_name}) and the "
+                          "primary's frames are in GPU memory: run it on the GPU too (its backend, or "
+                          "?preprocess=gpu for a Triton model)")
+
+
 def check_against_task(config: PipelineConfig, task, labels) -> None:
     """What the configuration asks of the model's results: boxes to track, the classes rules and secondaries
     name (one line, ConfigError, before anything opens)."""
@@ -90,10 +99,11 @@ def check_against_task(config: PipelineConfig, task, labels) -> None:
 
 
 class Pipeline:
-    def __init__(self, config: PipelineConfig, on_result=None, profile: bool = False):
-        """profile: time every batch's GPU stages with CUDA events (the summary's gpu_stage_ms)."""
+    def __init__(self, config: PipelineConfig, on_result=None, profile: bool = False, share: Share | None = None):
+        """profile: time every batch's GPU stages with CUDA events (the summary's gpu_stage_ms); share: the part
+        of a daemon's streams this process serves (a GPU's worker; None: all of them)."""
 
-        self.config = config
+        self.config, self.share = config, share
         self.stop_event = threading.Event()
         self.interrupted: dict | None = None  # abort(): the second signal, and the queued frames it dropped
         self._cpu_lock = threading.Lock()
@@ -119,19 +129,11 @@ class Pipeline:
                 self.secondaries.append(SecondaryStage(secondary, secondary.backend or config.backend, config.memory,
                                                        config.max_frame_hw, config.postprocess, cpu_threads))
                 self.closers.append(self.secondaries[-1].close)
-                self._check_frames_reach(self.secondaries[-1])
+                check_frames_reach(self.runtime, self.secondaries[-1])
             self._build()
         except BaseException:
             self.close()
             raise
-
-    def _check_frames_reach(self, stage) -> None:
-        """A secondary cuts its crops where the primary read the frames: in GPU memory with the GPU runtime,
-        which a secondary on the CPU path cannot read."""
-        if self.runtime.device_frames and not stage.runtime.device_frames:
-            raise ConfigError(f"secondary {stage.name!r} runs on the CPU path ({stage.runtime.backend_name}) and the "
-                              "primary's frames are in GPU memory: run it on the GPU too (its backend, or "
-                              "?preprocess=gpu for a Triton model)")
 
     def _reduction(self):
         """What the GPU runtime should reduce on the device (None: postprocess on the CPU)."""
@@ -146,22 +148,24 @@ class Pipeline:
         log.info("postprocessing %s on the %s", self.task, "GPU" if runtime.reduction else "CPU")
         self.control = config.control.enabled
         capacity = stream_slots(config)
-        self.streams = Streams(capacity)
+        share = self.share
+        self.streams = Streams(capacity, None if share is None else share.ids)
         self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
                                budget_s=config.latency_budget_ms / 1000 or None)
         if config.latency_budget_ms:  # planned from the model's time, measured now where the runtime can
             self.batcher.plan(runtime.engine_times((1, 2)))
-        self.metrics = Metrics(capacity)
+        self.metrics = Metrics(capacity, ids=None if share is None else share.ids)
         self.ingest = Ingest(config, runtime, self.streams, self.batcher, self.metrics, self.stop_event,
                              self._start_thread, self._removed, self.control)
         self.closers.append(self.ingest.close)
         self.ingest.open_configured()
         # with the control API, files are numbered by stream ID from the start (streams come and go)
-        numbered = max(2, capacity) if self.control else len(config.sources)
+        numbered = max(2, capacity) if self.control else len(config.sources) if share is None else share.total
         self.jpeg = jpeg_encoder(config, runtime)  # the snapshots' and the jpeg: sinks'
         if self.jpeg is not None:
             self.closers.append(self.jpeg.close)  # after the sinks and the snapshots that use it
-        self.sinks = SinkFanout(open_sinks(config.sinks, numbered, self.runtime.max_batch, self.jpeg), self.on_result)
+        sinks = open_sinks(config.sinks, numbered, runtime.max_batch, self.jpeg, None if share is None else share.ids)
+        self.sinks = SinkFanout(sinks + ([share.forward] if share else []), self.on_result)
         self.closers.append(self.sinks.close)
         self.drain_bound = DrainBound(config.stop_timeout_s, self.batcher, self.sinks)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")

@@ -34,6 +34,12 @@ class RunHistogram:
         self.count += 1
         self.min, self.max = min(self.min, value), max(self.max, value)
 
+    def merge(self, other: RunHistogram) -> None:
+        """Add another histogram's values (one of the same buckets: another GPU's records)."""
+        self.counts += other.counts
+        self.count += other.count
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+
     def quantile(self, q: float) -> float | None:
         """The value at rank ceil(q * count) (nearest rank): its bucket's middle, within [min, max]."""
         if not self.count:

@@ -17,6 +17,7 @@ from jetpipe.models import BUILTIN, DEFAULT_MODEL
 from jetpipe.output_folders import check_new_file
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
+from jetpipe.pipelines.gpus.face import Face
 from jetpipe.pipelines.secondary import SecondaryConfig
 from jetpipe.spec import preset
 
@@ -29,7 +30,8 @@ def run_pipeline(config: PipelineConfig, on_result=None) -> dict:
     returns: Python's own raised KeyboardInterrupt in the main thread while the inference threads ran, and
     the process aborted (SIGABRT, no summary)."""
 
-    pipeline = Pipeline(config, on_result=on_result)
+    # with --gpus, a worker a GPU behind one face (pipelines/gpus), stopped the same way
+    pipeline = Pipeline(config, on_result=on_result) if config.gpus is None else Face(config)
     previous, signals = {}, []
 
     def stop(signum, frame):

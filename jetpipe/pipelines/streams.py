@@ -42,12 +42,15 @@ class Stream:
 
 
 class Streams:
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, ids: list[int] | None = None):
+        """ids: the IDs the configured streams take, in order (a GPU's worker serves its share of a daemon's
+        streams under their daemon-wide IDs: pipelines/gpus); None: 0, 1, ..."""
+        self.given = list(ids or ())
         self.slots: list[Stream | None] = [None] * capacity
         self.rings: list = [None] * capacity  # the ring the slot's stream writes
         self.choices: list[list] = [[] for _ in range(capacity)]  # the rings allocated for each slot
         self.retired: dict[int, dict] = {}  # removed streams: their counters when they were removed
-        self.next_id = 0
+        self.next_id = max(self.given, default=-1) + 1
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a stream was removed (its slot freed)
 
@@ -85,8 +88,11 @@ class Streams:
         return "; ".join(kinds) if kinds else "none"
 
     def take(self, slot: int, ring, spec: SourceConfig, source) -> Stream:
-        stream = Stream(self.next_id, spec, source, slot)
-        self.next_id += 1
+        if self.given:
+            stream = Stream(self.given.pop(0), spec, source, slot)
+        else:
+            stream = Stream(self.next_id, spec, source, slot)
+            self.next_id += 1
         self.slots[slot], self.rings[slot] = stream, ring
         return stream
 
@@ -97,6 +103,16 @@ class Streams:
             self.slots[stream.slot] = None
             stream.state = "removed"
             self.changed.notify_all()
+
+
+@dataclass
+class Share:
+    """This process's part of a daemon's streams: a GPU's worker (pipelines/gpus) serves some of them, under
+    their daemon-wide IDs, and hands every record on to the face."""
+
+    ids: list[int]  # the daemon-wide IDs of the configured sources, in order
+    total: int      # the streams the daemon serves in all (the frame sinks' file names are numbered by it)
+    forward: object  # the sink that takes every record to the face
 
 
 def _pixel_bytes(ring) -> int:

@@ -35,25 +35,29 @@ __all__ = ["FrameSink", "FrameTaker", "JpegSink", "JsonlSink", "KafkaSink", "Mqt
            "check_sink", "open_sink", "open_sinks"]
 
 
-# scheme -> the sink for a URI of it, given the streams (a video file each), the largest batch and the JPEG encoder
-# (runtime.jpeg; None: OpenCV's)
+# scheme -> the sink for a URI of it, given the streams (a video file each), the largest batch, the JPEG encoder
+# (runtime.jpeg; None: OpenCV's) and the IDs of the streams this process draws (None: all of them; a GPU's worker
+# draws its own: pipelines/gpus)
 SCHEMES = {
-    "jsonl": lambda uri, streams, max_batch, jpeg: JsonlSink(uri),
-    "stdout": lambda uri, streams, max_batch, jpeg: StdoutSink(),
-    "mqtt": lambda uri, streams, max_batch, jpeg: MqttSink(uri),
-    "kafka": lambda uri, streams, max_batch, jpeg: KafkaSink(uri),
-    "redis": lambda uri, streams, max_batch, jpeg: RedisSink(uri),
-    "http": lambda uri, streams, max_batch, jpeg: WebhookSink(uri),
-    "https": lambda uri, streams, max_batch, jpeg: WebhookSink(uri),
-    "video": lambda uri, streams, max_batch, jpeg: VideoSink(uri, streams, max_batch),
-    "jpeg": lambda uri, streams, max_batch, jpeg: JpegSink(uri, max_batch, jpeg),
-    "rtsp": lambda uri, streams, max_batch, jpeg: RtspSink(uri, streams, max_batch),
+    "jsonl": lambda uri, streams, max_batch, jpeg, ids: JsonlSink(uri),
+    "stdout": lambda uri, streams, max_batch, jpeg, ids: StdoutSink(),
+    "mqtt": lambda uri, streams, max_batch, jpeg, ids: MqttSink(uri),
+    "kafka": lambda uri, streams, max_batch, jpeg, ids: KafkaSink(uri),
+    "redis": lambda uri, streams, max_batch, jpeg, ids: RedisSink(uri),
+    "http": lambda uri, streams, max_batch, jpeg, ids: WebhookSink(uri),
+    "https": lambda uri, streams, max_batch, jpeg, ids: WebhookSink(uri),
+    "video": lambda uri, streams, max_batch, jpeg, ids: VideoSink(uri, streams, max_batch, ids),
+    "jpeg": lambda uri, streams, max_batch, jpeg, ids: JpegSink(uri, max_batch, jpeg, ids),
+    "rtsp": lambda uri, streams, max_batch, jpeg, ids: RtspSink(uri, streams, max_batch),
 }
 # scheme -> its URI's check, which connects to nothing (the config's checks, before anything runs)
 PARSERS = {"mqtt": mqtt.parse, "kafka": kafka.parse, "redis": redis_streams.parse, "http": webhook.parse,
            "https": webhook.parse, "rtsp": rtsp.parse}
 HELP = ("jsonl:PATH[?append=1], stdout, mqtt://HOST:PORT/TOPIC, kafka://HOST:PORT/TOPIC, redis://HOST:PORT, "
         "http(s)://HOST/PATH, video:FILE.mp4, jpeg:FOLDER or rtsp://HOST:PORT/PATH")
+
+
+FRAME_SCHEMES = ("video", "jpeg", "rtsp")  # the sinks that draw frames (sit where the frames are)
 
 
 def scheme_of(uri: str) -> str:
@@ -68,8 +72,8 @@ def check_sink(uri: str) -> None:
         parse(uri)
 
 
-def open_sink(uri: str, streams: int = 1, max_batch: int = 8, jpeg=None) -> Sink:
-    return SCHEMES[_known_scheme(uri)](uri, streams, max_batch, jpeg)  # each sink parses its own URI
+def open_sink(uri: str, streams: int = 1, max_batch: int = 8, jpeg=None, ids=None) -> Sink:
+    return SCHEMES[_known_scheme(uri)](uri, streams, max_batch, jpeg, ids)  # each sink parses its own URI
 
 
 def _known_scheme(uri: str) -> str:
@@ -79,12 +83,12 @@ def _known_scheme(uri: str) -> str:
     return scheme
 
 
-def open_sinks(uris: list[str], streams: int, max_batch: int, jpeg=None) -> list[Sink]:
+def open_sinks(uris: list[str], streams: int, max_batch: int, jpeg=None, ids=None) -> list[Sink]:
     """Every sink, opened in order; where one cannot be opened those opened before it are closed again."""
     sinks = []
     try:
         for uri in uris:
-            sinks.append(open_sink(uri, streams, max_batch, jpeg))
+            sinks.append(open_sink(uri, streams, max_batch, jpeg, ids))
     except BaseException:
         for sink in reversed(sinks):
             sink.close()

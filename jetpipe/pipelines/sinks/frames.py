@@ -43,7 +43,7 @@ from jetpipe.pipelines.sinks.base import SinkBase, sink_options
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
 
-JPEG_NAME = re.compile(r"s\d+_\d{6,}\.jpg")  # what a jpeg: sink writes, s{stream}_{frame:06d}.jpg
+JPEG_NAME = re.compile(r"s(\d+)_\d{6,}\.jpg")  # what a jpeg: sink writes, s{stream}_{frame:06d}.jpg
 SPARE_BUFFERS = 2  # per stream, beyond a whole batch: one being drawn, one waiting
 WAIT_S = 10.0      # a file's frame waits this long for a free buffer before it is dropped
 _END = object()    # a removed stream's last work item
@@ -188,7 +188,8 @@ class FrameSink(SinkBase):
 
 
 class VideoSink(FrameSink):
-    def __init__(self, spec: str, streams: int, max_batch: int = 8):
+    def __init__(self, spec: str, streams: int, max_batch: int = 8, ids=None):
+        """streams: how many the daemon serves (one: no number in the name); ids: those drawn here (None: all)."""
         path, options = sink_options(spec, ("width", "fps", "codec", "encoder"))
         if not path:
             raise JetpipeError(f"sink {spec}: name the file, e.g. video:out.mp4")
@@ -200,7 +201,7 @@ class VideoSink(FrameSink):
         self.fixed_rate = "fps" in options  # else each file at its stream's rate (up to fps), from two frames' times
         self._first: dict[int, tuple] = {}  # a stream's first drawn frame and its time, until the second comes
         self.template, self.numbered = Path(path), streams > 1
-        self.paths = {i: _stream_path(self.template, i, streams) for i in range(streams)}
+        self.paths = {i: _stream_path(self.template, i, streams) for i in (range(streams) if ids is None else ids)}
         for p in self.paths.values():
             check_new_file(p, "sink", f"sink {spec}")  # FFmpeg and GStreamer create no folder
         # the destination before the encoder: it needs no tool, and choosing may run a trial encode
@@ -313,8 +314,9 @@ def _unplayable(path: Path, written: int) -> str | None:
 
 
 class JpegSink(FrameSink):
-    def __init__(self, spec: str, max_batch: int = 8, jpeg=None):
-        """jpeg: the pipeline's JPEG encoder (runtime.jpeg: the GPU's where it can be had); None: OpenCV's."""
+    def __init__(self, spec: str, max_batch: int = 8, jpeg=None, ids=None):
+        """jpeg: the pipeline's JPEG encoder (runtime.jpeg: the GPU's where it can be had); None: OpenCV's.
+        ids: the streams drawn here (None: all; a GPU's worker looks only for its own streams' frames)."""
         self.jpeg = jpeg
         path, options = sink_options(spec, ("every", "width", "quality"))
         self.folder = Path(path)
@@ -322,7 +324,8 @@ class JpegSink(FrameSink):
             check_writable(self.folder / "frame.jpg", "sink")  # names first: a too-long one fails every lookup
         if not path or not self.folder.is_dir():
             raise JetpipeError(f"sink {spec}: {path!r} is not a folder: create it first")
-        earlier = sorted(p.name for p in self.folder.iterdir() if JPEG_NAME.fullmatch(p.name))
+        earlier = sorted(p.name for p in self.folder.iterdir() if (m := JPEG_NAME.fullmatch(p.name))
+                         and (ids is None or int(m.group(1)) in ids))
         if earlier:  # the names this sink writes: never overwrite them
             raise JetpipeError(f"sink {spec}: {self.folder} holds frames already ({earlier[0]}, ...): name an "
                                "empty folder (a sink never overwrites files)")

@@ -1,0 +1,51 @@
+"""The workers' /metrics and /healthz as the face answers them: each worker's text, its samples labelled with
+its GPU, the families merged (Prometheus' text format wants a family's samples together, under one HELP and
+TYPE)."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+SCRAPE_TIMEOUT_S = 2.0
+
+
+def fetch(address: str, path: str) -> tuple[int, str]:
+    """(status, body) of GET http://address/path from a worker's server on loopback; (0, why) where none came."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=SCRAPE_TIMEOUT_S) as reply:  # noqa: S310
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        return 0, str(exc)
+
+
+def merge(texts: dict[int, str]) -> str:
+    """One exposition from each GPU's: every sample gets gpu="N", each family once, in the order first seen."""
+    families: dict[str, dict] = {}
+    for gpu, text in texts.items():
+        current = None
+        for line in text.splitlines():
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                name = line.split(" ", 3)[2]
+                current = families.setdefault(name, {"help": None, "type": None, "samples": []})
+                current["help" if line[2] == "H" else "type"] = current["help" if line[2] == "H" else "type"] or line
+            elif line and not line.startswith("#"):
+                if current is None:
+                    current = families.setdefault("", {"help": None, "type": None, "samples": []})
+                current["samples"].append(labelled(line, gpu))
+    out = []
+    for family in families.values():
+        out += [line for line in (family["help"], family["type"]) if line] + family["samples"]
+    return "\n".join(out) + "\n"
+
+
+def labelled(sample: str, gpu: int) -> str:
+    """`name{a="b"} 1` -> `name{gpu="0",a="b"} 1`; `name 1` -> `name{gpu="0"} 1`."""
+    brace = sample.find("{")
+    space = sample.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        inner = sample[brace + 1:]
+        return f'{sample[:brace]}{{gpu="{gpu}"{"," if not inner.startswith("}") else ""}{inner}'
+    return f'{sample[:space]}{{gpu="{gpu}"}}{sample[space:]}'

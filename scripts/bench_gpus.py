@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Serving on one GPU against two (issue 53): N live copies of one video (`--loop --realtime`: cameras, NVDEC)
+through `jetpipe serve --gpus 0` and `--gpus 0,1`, one after the other for each N; reported per arm: frames/s,
+the p99 latency, frames dropped, each stream's processed frames against the mean (the spread, per cent), the
+CPU cores of every process, and the two-GPU arm's frames/s over the one-GPU arm's.
+
+  python scripts/bench_gpus.py BUNDLE VIDEO [--streams 16,48,96] [--seconds 30] [--budget-ms 66] [--json OUT]
+
+`--plain` adds a third arm, serve without --gpus (one process, no face): what the face costs on one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def run(bundle: str, video: str, streams: int, gpus: str | None, seconds: float, budget_ms: float, out: Path) -> dict:
+    summary = out / f"summary-{streams}-{gpus or 'plain'}.json"
+    command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", video] * streams),
+               "--loop", "--realtime", "--duration", str(seconds), "--metrics", "", "--summary", str(summary),
+               *(["--latency-budget-ms", str(budget_ms)] if budget_ms else []), *(["--gpus", gpus] if gpus else [])]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"jetpipe serve failed:\n{done.stderr[-3000:]}")
+    s = json.loads(summary.read_text())["summary"]
+    processed = s["processed"]
+    mean = sum(processed) / len(processed)
+    return {"streams": streams, "gpus": gpus or "plain", "frames_per_s": s["throughput_fps"],
+            "p50_ms": s["latency_ms"]["total"]["0.5"], "p99_ms": s["latency_ms"]["total"]["0.99"],
+            "captured": sum(s["captured"]), "dropped": sum(s["dropped"]),
+            "spread_percent": [round(100 * (min(processed) - mean) / mean, 1),
+                               round(100 * (max(processed) - mean) / mean, 1)],
+            "cpu_cores": s["cpu_cores"], "face_cpu_cores": s.get("face_cpu_cores"),
+            "per_gpu_fps": [g["throughput_fps"] for g in s.get("gpus", [])]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundle")
+    parser.add_argument("video", help="a 1080p30 video file (bench_events.py makes one)")
+    parser.add_argument("--streams", default="16,48,96")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--budget-ms", type=float, default=66.0, help="0: no latency budget")
+    parser.add_argument("--plain", action="store_true", help="also serve without --gpus")
+    parser.add_argument("--json", help="write the rows here too")
+    args = parser.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="bench-gpus-"))
+    rows = []
+    for streams in (int(n) for n in args.streams.split(",")):
+        arms = {}
+        for gpus in ([None] if args.plain else []) + ["0", "0,1"]:
+            arms[gpus] = run(args.bundle, args.video, streams, gpus, args.seconds, args.budget_ms, out)
+            print(json.dumps(arms[gpus]), flush=True)
+        ratio = round(arms["0,1"]["frames_per_s"] / max(arms["0"]["frames_per_s"], 1e-9), 3)
+        print(json.dumps({"streams": streams, "two_over_one": ratio}), flush=True)
+        rows += [*arms.values(), {"streams": streams, "two_over_one": ratio}]
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Serving on several GPUs (pipelines/gpus): the placement, the checks, and the face over real worker processes.
+
+On this machine the workers run the CPU runtime and stand for GPUs (JETPIPE_SIMULATED_GPUS); the GPU
+machine runs the same face over real GPUs in test_gpus_gpu.py.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from jetpipe.pipelines.config import ConfigError, PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.gpus import plan, scrape
+from jetpipe.pipelines.gpus.plan import SIMULATED_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- placement --------------------------------------------------------------------------------------------
+def test_equal_streams_spread_evenly_and_pins_hold():
+    assert plan.place([30.0] * 5, [0, 1], [None] * 5) == [0, 1, 0, 1, 0]
+    assert plan.place([30.0] * 4, [0, 1], [1, 1, None, None]) == [1, 1, 0, 0]
+
+
+def test_a_mix_of_rates_is_placed_by_load_from_the_highest():
+    placed = plan.place([60.0, 15.0, 15.0, 30.0], [0, 1], [None] * 4)
+    load = {g: sum(r for r, p in zip([60.0, 15.0, 15.0, 30.0], placed) if p == g) for g in (0, 1)}
+    assert load == {0: 60.0, 1: 60.0}
+
+
+def test_a_faster_gpu_takes_more_and_streams_already_served_count():
+    assert plan.place([30.0] * 3, [0, 1], [None] * 3, capacities={0: 200.0, 1: 100.0}).count(0) == 2
+    assert plan.place([30.0] * 2, [0, 1], [None] * 2, loads={0: 90.0}) == [1, 1]
+
+
+def test_a_synthetic_camera_offers_its_rate():
+    assert plan.offered_rate(SourceConfig("synthetic:64x64@12")) == 12.0
+    assert plan.offered_rate(SourceConfig("rtsp://camera/stream")) == plan.CAMERA_FPS
+
+
+# --- the configuration's checks ---------------------------------------------------------------------------
+@pytest.mark.parametrize("gpus, sources, extra, said", [
+    ("0,x", [SourceConfig("synthetic")], {}, "gpus = '0,x': all, or GPU numbers"),
+    ([0, 0], [SourceConfig("synthetic")], {}, "each from 0 to 63 and once"),
+    (None, [SourceConfig("synthetic", gpu=1)], {}, "gpu = 1 places it on one of the GPUs serve runs on: add --gpus"),
+    ("all", [SourceConfig("synthetic")], {"backend": "onnxruntime-cpu"}, "backend onnxruntime-cpu runs on the CPU"),
+    ("all", [SourceConfig("synthetic")], {"sinks": ["rtsp://127.0.0.1:8554/cam"]}, "drop the rtsp sink or --gpus"),
+    ("all", [SourceConfig("synthetic", gpu=99)], {}, "gpu = 99: a GPU number from 0 to 63"),
+])
+def test_what_gpus_cannot_go_with_is_one_line(gpus, sources, extra, said):
+    with pytest.raises(ConfigError, match="^flags: .*") as caught:
+        validate(PipelineConfig(bundle=Path("b"), sources=sources, gpus=gpus, **extra), "flags")
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--gpus", "7"], "--gpus 7: this machine has 2 GPU(s) (0 to 1): GPU 7 is not one"),
+    (["--gpus", "0,1", "--backend", "onnxruntime-cpu"], "backend onnxruntime-cpu runs on the CPU"),
+])
+def test_bad_gpus_at_the_command_line_exit_2(det_bundle, tmp_path, argv, said):
+    done = _serve(det_bundle, ["--source", "synthetic:64x64@5", "--frames", "2", *argv], tmp_path, wait=True)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and said in errors[0] and "Traceback" not in done.stderr
+
+
+def test_a_pin_on_a_gpu_not_served_is_one_line(det_bundle, tmp_path):
+    config = tmp_path / "serve.toml"
+    config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\ngpus = [0]\n[[source]]\nuri = "synthetic:64x64@5"\n'
+                      'gpu = 1\n')
+    done = subprocess.run([sys.executable, "-m", "jetpipe", "serve", str(config), "--frames", "2"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "gpu = 1 is not among the GPUs served (0)" in done.stderr and "Traceback" not in done.stderr
+
+
+# --- the face over two workers ----------------------------------------------------------------------------
+def test_two_workers_one_face_every_record_in_order_and_one_summary(det_bundle, tmp_path):
+    out = tmp_path / "records.jsonl"
+    argv = ["--gpus", "all", "--frames", "8", "--sink", f"jsonl:{out}", "--summary", str(tmp_path / "summary.json"),
+            "--metrics", "", "--sink", f"video:{tmp_path / 'drawn.mp4'}?fps=4"]
+    uris = ["synthetic:96x64@4/nv12", "synthetic:96x64@4/yuyv", "synthetic:96x64@4/uyvy"]
+    for uri in uris:
+        argv += ["--source", uri]
+    done = _serve(det_bundle, argv, tmp_path, wait=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+    assert [(g["gpu"], g["streams"], g["ended"]) for g in summary["gpus"]] == [(0, [0, 2], "ran to the end"),
+                                                                                (1, [1], "ran to the end")]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    for stream in range(3):
+        frames = [r["frame"] for r in records if r["stream"] == stream]
+        assert frames == sorted(frames) and len(frames) == summary["processed"][stream]
+        assert summary["captured"][stream] == 8 == summary["processed"][stream] + summary["dropped"][stream]
+        assert {r["source"] for r in records if r["stream"] == stream} == {uris[stream]}
+    assert summary["latency_ms"]["total"]["0.99"] > 0 and summary["throughput_fps"] > 0
+    assert summary["sink_failures"] == [0, 0] and "failure" not in summary
+    for stream in range(3):  # each drawn by the worker that has the stream's frames, named as one process names it
+        assert _frames_in(tmp_path / f"drawn-s{stream}.mp4") == summary["processed"][stream]
+
+
+def test_the_face_answers_for_every_gpu_and_a_killed_worker_costs_only_its_streams(det_bundle, tmp_path):
+    """GPU 1's worker killed mid-run: GPU 0's streams run to their end, whole; the face says what was lost,
+    /healthz says which GPU, and the run exits 1."""
+    out = tmp_path / "records.jsonl"
+    argv = ["--gpus", "0,1", "--frames", "40", "--sink", f"jsonl:{out}", "--summary", str(tmp_path / "summary.json"),
+            "--metrics", f"127.0.0.1:{_free_port()}", "--source", "synthetic:96x64@8", "--source", "synthetic:96x64@8"]
+    face = _serve(det_bundle, argv, tmp_path)
+    try:
+        address = _wait_for_line(face, "metrics of 2 GPU(s) on http://").split("http://", 1)[1].split("/", 1)[0]
+        streams = json.loads(_get(address, "/streams"))
+        assert [(s["id"], s["gpu"], s["worker"]) for s in streams["streams"]] == [(0, 0, "serving"), (1, 1, "serving")]
+        metrics = _get(address, "/metrics")
+        assert 'jetpipe_frames_processed_total{gpu="0",stream="0"' in metrics
+        assert 'jetpipe_frames_processed_total{gpu="1",stream="1"' in metrics
+        assert _wait_until(lambda: _records_of(out, 0) >= 2 and _records_of(out, 1) >= 2)
+        os.kill(_worker_pid(face.pid, gpu=1), signal.SIGKILL)
+        assert _wait_until(lambda: "GPU 1's worker was killed by signal 9" in _health(address))
+        stdout, stderr = face.communicate(timeout=180)
+    finally:
+        if face.poll() is None:
+            face.kill()
+            face.communicate()
+    assert face.returncode == 1, stderr[-3000:]
+    assert "GPU 1's worker was killed by signal 9: stream(s) 1 are no longer served" in stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+    assert summary["failure"] == "gpu 1: its worker was killed by signal 9"
+    assert summary["captured"][0] == 40 and _records_of(out, 0) == summary["processed"][0]
+    assert summary["processed"][0] + summary["dropped"][0] == 40 and summary["processed"][1] == 0
+
+
+def test_the_workers_metrics_are_merged_a_family_once_each_sample_labelled():
+    texts = {0: '# HELP x_total X.\n# TYPE x_total counter\nx_total{stream="0"} 3.0\ny 1\n',
+             1: '# HELP x_total X.\n# TYPE x_total counter\nx_total{stream="1"} 4.0\n'}
+    assert scrape.merge(texts).splitlines() == ['# HELP x_total X.', '# TYPE x_total counter',
+                                                'x_total{gpu="0",stream="0"} 3.0', 'y{gpu="0"} 1',
+                                                'x_total{gpu="1",stream="1"} 4.0']
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+def _frames_in(path: Path) -> int:
+    probe = subprocess.run(["ffprobe", "-v", "error", "-count_packets", "-select_streams", "v:0", "-show_entries",
+                            "stream=nb_read_packets", "-of", "csv=p=0", str(path)], capture_output=True, text=True)
+    return int(probe.stdout.strip() or 0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    return {**os.environ, SIMULATED_ENV: "2", "PYTHONPATH": str(ROOT)}
+
+
+def _serve(bundle, argv, cwd, wait: bool = False):
+    command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", str(bundle), *argv]
+    if wait:
+        return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.Popen(command, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_line(process, text: str, timeout: float = 180.0) -> str:
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        seen.append(line)
+        if text in line:
+            return line
+        if not line and process.poll() is not None:
+            break
+    raise AssertionError(f"{text!r} not said; stderr: {''.join(seen)[-3000:]}")
+
+
+def _wait_until(condition, timeout: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _get(address: str, path: str) -> str:
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as reply:
+        return reply.read().decode()
+
+
+def _health(address: str) -> str:
+    try:
+        return _get(address, "/healthz")
+    except urllib.error.HTTPError as exc:
+        return exc.read().decode()
+
+
+def _records_of(path: Path, stream: int) -> int:
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    return sum(1 for line in lines if line.endswith("}") and json.loads(line)["stream"] == stream)
+
+
+def _worker_pid(face_pid: int, gpu: int) -> int:
+    """The face's child that runs GPU `gpu` (its environment says CUDA_VISIBLE_DEVICES)."""
+    children = Path(f"/proc/{face_pid}/task/{face_pid}/children").read_text().split()
+    for pid in map(int, children):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"CUDA_VISIBLE_DEVICES={gpu}".encode() in environ:
+            return pid
+    raise AssertionError(f"no worker of GPU {gpu} among {children}")
+
+
+def test_a_frames_record_goes_alone_as_its_latency_where_the_face_has_no_sink_for_it(tmp_path):
+    from jetpipe.pipelines.events.record import EventRecord
+    from jetpipe.pipelines.gpus import channel
+    from jetpipe.pipelines.record import FrameRecord
+
+    frame = FrameRecord(3, "synthetic", 7, 0.25, 1.0, 1.1, {"total": 12.5}, "text-detection", {"boxes": []})
+    event = EventRecord("line_cross", "door", 3, 7, 0.25, 1.0, 1, None, None, 0.9, [0, 0, 1, 1], {}, {})
+    for records in (True, False):
+        read, write = os.pipe()
+        sink = channel.ForwardSink(channel.Outbox(write), records=records)
+        sink.write(frame)
+        sink.write(event)
+        sink.outbox.close()
+        with os.fdopen(read, "rb") as lines:
+            (_, (first, latency)), (_, (second, none)) = [channel.parse(line) for line in lines]
+        assert latency == 12.5 and none is None
+        assert (first is not None) == records and (first is None or first.json() == frame.json())
+        assert (second.stream, second.type, second.json()) == (3, "line_cross", event.json())

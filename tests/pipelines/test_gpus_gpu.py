@@ -1,0 +1,46 @@
+"""Serving on real GPUs (marker gpu): one worker on GPU 0, and a worker on each of two GPUs where there are two."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.pipelines.test_gpus import ROOT
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _cuda_ep():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+
+
+@pytest.mark.parametrize("gpus", ["0", "0,1"])
+def test_every_stream_served_on_its_gpu(det_bundle, tmp_path, gpus):
+    from jetpipe.runtime.probe import probe_gpu
+
+    asked, present = gpus.split(","), probe_gpu().devices
+    if present < len(asked):
+        pytest.skip(f"needs {len(asked)} GPUs; this machine has {present}")
+    out, summary_path = tmp_path / "records.jsonl", tmp_path / "summary.json"
+    argv = [sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--gpus", gpus, "--frames", "30",
+            "--backend", "onnxruntime-cuda", "--sink", f"jsonl:{out}", "--summary", str(summary_path), "--metrics", ""]
+    for _ in range(4):
+        argv += ["--source", "synthetic:1280x720@15:nv12"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())["summary"]
+    expected = [[0, 1, 2, 3]] if len(asked) == 1 else [[0, 2], [1, 3]]
+    assert [g["streams"] for g in summary["gpus"]] == expected
+    assert all(g["backend"] == "onnxruntime-cuda" and g["ended"] == "ran to the end" for g in summary["gpus"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    for stream in range(4):
+        frames = [r["frame"] for r in records if r["stream"] == stream]
+        assert frames == sorted(frames) and len(frames) == summary["processed"][stream] > 0
+        assert summary["captured"][stream] == 30
+    assert any(r["results"]["boxes"] for r in records)
+    print(json.dumps({"gpus": gpus, "throughput_fps": summary["throughput_fps"], "latency_ms": summary["latency_ms"]}))
