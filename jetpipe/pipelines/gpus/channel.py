@@ -112,12 +112,12 @@ class ForwardSink(SinkBase):
 
 
 def parse(line: bytes) -> tuple[str, object]:
-    """(kind, what it carries): a record line -> (Forwarded or None where only its latency came, latency ms or
-    None); the others -> their dict."""
+    """(kind, what it carries): a record line -> (its stream, the Forwarded record or None where only its latency
+    came, the latency ms or None); the others -> their dict."""
     text = line.decode().rstrip("\n")
     kind, _, rest = text.partition(" ")
     if kind != "R":
         return kind, json.loads(rest)
     stream, kind_of, latency, body = rest.split(" ", 3)
     record = None if body == NONE else Forwarded(int(stream), None if kind_of == NONE else kind_of, body)
-    return "R", (record, None if latency == NONE else float(latency))
+    return "R", (int(stream), record, None if latency == NONE else float(latency))

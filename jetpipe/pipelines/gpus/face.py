@@ -2,130 +2,30 @@
 records to the sinks that take records, answers /metrics, /healthz and /streams for all of them, and merges
 the summary. It runs no model and touches no GPU (the placement asks the driver how many there are).
 
-A worker that dies is said (which GPU, which streams, its exit code) and counted in the summary; the other
-GPUs keep serving, and the run's exit status says it failed.
+A worker that dies (killed, a CUDA error, out of memory) is said (which GPU, which streams, how it ended) and
+started again on its GPU, its streams resuming there, up to MAX_RESTARTS times a GPU; the other GPUs keep
+serving meanwhile. The summary counts the restarts and the frames each ended worker had delivered; a GPU
+whose worker stays dead makes the run fail (exit 1).
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import logging
-import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
-import jetpipe
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.gpus import channel, plan, scrape, totals
+from jetpipe.pipelines.gpus import plan, scrape, totals
+from jetpipe.pipelines.gpus.workers import WorkerProcess, worker_config
 from jetpipe.pipelines.http.server import MetricsServer
 from jetpipe.pipelines.quantiles import RunHistogram
 from jetpipe.pipelines.sinks import FRAME_SCHEMES, SinkFanout, open_sinks, scheme_of
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 600.0  # a worker builds its pipeline (an engine may be built) within this
 LEFT_BEHIND_S = 30.0  # after every worker was told to stop: one still running then is killed
-
-
-class WorkerProcess:
-    """One GPU's worker as the face sees it: its process, its lines read in a thread of their own."""
-
-    def __init__(self, gpu: int, config, ids: list[int], total: int, on_record, records: bool):
-        self.gpu, self.ids, self.on_record = gpu, ids, on_record
-        self.hello: dict | None = None
-        self.error: str | None = None
-        self.summary: dict | None = None
-        self.ready = threading.Event()
-        self.latency = RunHistogram()  # this GPU's records' total latency (the summary's quantiles)
-        read, write = os.pipe()
-        root = str(Path(jetpipe.__file__).resolve().parents[1])
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu),
-               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        try:  # its own session: a terminal's Ctrl-C reaches the face, which tells the workers
-            self.process = subprocess.Popen([sys.executable, "-m", "jetpipe.pipelines.gpus.worker"],
-                                            stdin=subprocess.PIPE, pass_fds=(write,), env=env, start_new_session=True)
-        finally:
-            os.close(write)
-        self.lines = os.fdopen(read, "rb")
-        self.reader = threading.Thread(target=self._read, name=f"gpu-{gpu}", daemon=True)
-        self.reader.start()
-        channel.send_job(self.process.stdin, channel.Job(gpu, config, ids, total, write, records))
-
-    def _read(self) -> None:
-        try:
-            for line in self.lines:
-                kind, what = channel.parse(line)
-                if kind == "R":
-                    record, latency = what
-                    if latency is not None:
-                        self.latency.add(latency)
-                    if record is not None:
-                        self.on_record(record)
-                elif kind == "H":
-                    self.hello = what
-                    self.ready.set()
-                elif kind == "E":
-                    self.error = what["error"]
-                elif kind == "S":
-                    self.summary = what
-        finally:
-            self.ready.set()  # an end before its hello: wait_ready says why
-
-    def wait_ready(self) -> None:
-        """Back once it serves; JetpipeError with its own line where it could not start."""
-        self.ready.wait(START_TIMEOUT_S)
-        if self.hello is None:
-            why = self.error or f"its worker ended (exit code {self.process.poll()}) before serving: see above"
-            raise JetpipeError(f"GPU {self.gpu}: {why}")
-
-    def tell(self, line: str) -> None:
-        try:
-            self.process.stdin.write(line.encode() + b"\n")
-            self.process.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError):  # it ended already
-            pass
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def ended(self) -> str:
-        code = self.process.poll()
-        return "ran to the end" if self.summary is not None else (
-            f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}")
-
-    def join(self, timeout: float | None = None) -> None:
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.error("GPU %d's worker did not stop: killed", self.gpu)
-            self.process.kill()
-            self.process.wait()
-        self.reader.join()
-
-    def close(self) -> None:
-        if self.alive():
-            self.process.kill()
-        self.join()
-        for stream in (self.process.stdin, self.lines):
-            try:
-                stream.close()
-            except OSError:
-                pass
-
-
-def worker_config(config, sources: list, listen: bool):
-    """A worker's configuration: its sources, the sinks that draw frames, its metrics on loopback (a free port)
-    where the face serves them."""
-    part = copy.deepcopy(config)
-    part.sources = [dataclasses.replace(s, gpu=None) for s in sources]
-    part.sinks = [u for u in config.sinks if scheme_of(u) in FRAME_SCHEMES]
-    part.metrics_listen, part.metrics_hosts, part.gpus = ("127.0.0.1:0" if listen else ""), [], None
-    return part
+MAX_RESTARTS = 3  # a GPU's worker started again at most this often in a run (a fault that repeats is said)
 
 
 class Face:
@@ -141,7 +41,8 @@ class Face:
         record_sinks = [u for u in config.sinks if scheme_of(u) not in FRAME_SCHEMES]
         self.sinks = SinkFanout(open_sinks(record_sinks, len(config.sources), 1))
         self.closers.append(self.sinks.close)
-        self.workers: list[WorkerProcess] = []
+        self.workers: list[WorkerProcess] = []  # each GPU's worker now
+        self.ended: list[WorkerProcess] = []    # workers that died and were replaced
         self.server = None
         try:
             self._start(gpus)
@@ -156,10 +57,7 @@ class Face:
                 log.warning("GPU %d has no stream to serve: no worker there", gpu)
                 continue
             log.info("GPU %d serves stream(s) %s", gpu, ", ".join(map(str, ids)))
-            part = worker_config(self.config, [self.config.sources[i] for i in ids], bool(self.config.metrics_listen))
-            self.workers.append(WorkerProcess(gpu, part, ids, len(self.uris), self.sinks.put,
-                                              records=bool(self.sinks.sinks)))
-            self.closers.append(self.workers[-1].close)
+            self.workers.append(self._worker(gpu, ids, 0))
         for worker in self.workers:  # they build at once: an engine per GPU
             worker.wait_ready()
         if self.config.metrics_listen:
@@ -168,6 +66,36 @@ class Face:
             self.closers.append(self.server.close)
             log.info("metrics of %d GPU(s) on http://%s/metrics, streams on http://%s/streams", len(self.workers),
                      self.server.address, self.server.address)
+
+    def _worker(self, gpu: int, ids: list[int], restart: int) -> WorkerProcess:
+        part = worker_config(self.config, [self.config.sources[i] for i in ids], bool(self.config.metrics_listen),
+                             restart)
+        worker = WorkerProcess(gpu, part, ids, len(self.uris), self.sinks.put, records=bool(self.sinks.sinks),
+                               restart=restart)
+        self.closers.append(worker.close)
+        return worker
+
+    def _replace(self, dead: WorkerProcess) -> None:
+        """A worker that died: said; started again on its GPU where it has restarts left (its streams resume)."""
+        log.error("GPU %d's worker %s: stream(s) %s are not served until it is started again; the other GPUs go on",
+                  dead.gpu, dead.ended(), ", ".join(map(str, dead.ids)))
+        if dead.restart >= MAX_RESTARTS:
+            log.error("GPU %d's worker died %d times: not started again", dead.gpu, dead.restart + 1)
+            dead.given_up = True
+            return
+        worker = self._worker(dead.gpu, dead.ids, dead.restart + 1)
+        self.workers[self.workers.index(dead)] = worker
+        self.ended.append(dead)
+        if self.stopping.is_set():
+            worker.tell("stop")
+        try:
+            worker.wait_ready()
+        except JetpipeError as exc:
+            log.error("%s: not started again", exc)
+            worker.given_up = True
+            return
+        log.info("GPU %d's worker started again (restart %d of %d): stream(s) %s resume", dead.gpu, worker.restart,
+                 MAX_RESTARTS, ", ".join(map(str, dead.ids)))
 
     # --- http ---------------------------------------------------------------------------------------
     def render_metrics(self) -> str:
@@ -219,13 +147,12 @@ class Face:
         started, cpu_started = time.monotonic(), time.process_time()
         writer = threading.Thread(target=self.sinks.run, name="sinks", daemon=True)
         writer.start()
-        said: set[int] = set()
-        while any(w.alive() for w in self.workers):
-            for worker in self.workers:
-                if not worker.alive() and worker.summary is None and worker.gpu not in said:
-                    said.add(worker.gpu)
-                    log.error("GPU %d's worker %s: stream(s) %s are no longer served; the other GPUs go on",
-                              worker.gpu, worker.ended(), ", ".join(map(str, worker.ids)))
+        while any(w.alive() for w in self.workers) or any(self._dead()):
+            for worker in self._dead():
+                if self.stopping.is_set():
+                    worker.given_up = True  # a stop asked meanwhile: not started again
+                else:
+                    self._replace(worker)
             time.sleep(0.1)
         for worker in self.workers:
             worker.join(LEFT_BEHIND_S)
@@ -235,15 +162,21 @@ class Face:
         self.sinks.close()
         return self.summary(seconds, time.process_time() - cpu_started)
 
+    def _dead(self) -> list[WorkerProcess]:
+        """Workers that ended without their summary (killed, crashed) and are not yet replaced or given up."""
+        return [w for w in self.workers if not w.alive() and w.summary is None and not w.given_up and
+                not w.reader.is_alive()]
+
     def summary(self, seconds: float, cpu_s: float) -> dict:
         latency = RunHistogram()
-        for worker in self.workers:
+        every = [*self.ended, *self.workers]
+        for worker in every:
             latency.merge(worker.latency)
-        summary = totals.merge([(w.gpu, w.summary, w.ids, w.ended()) for w in self.workers], seconds, latency,
-                               self.config.sinks, self.sinks, FRAME_SCHEMES, cpu_s)
+        summary = totals.merge([w.outcome() for w in every], seconds, latency, self.config.sinks, self.sinks,
+                               FRAME_SCHEMES, cpu_s)
         if self.interrupted is not None:
             dropped = sum(w.summary.get("interrupted", {}).get("queued_frames_dropped", 0)
-                          for w in self.workers if w.summary is not None)
+                          for w in every if w.summary is not None)
             summary["interrupted"] = {**self.interrupted, "queued_frames_dropped": dropped}
         return summary
 

@@ -1,5 +1,6 @@
 """The summary of a run on several GPUs: the one-process summary's keys over every stream, by stream ID, and
-each GPU's own summary under `gpus`.
+each GPU's own summary under `gpus`. A stream whose worker died and was started again counts both workers'
+frames: the first one's as far as the face knows them (the records it delivered); `worker_exits` says each death.
 
 Counts are summed; the latency quantiles are those of every frame's record as the face received them (not
 an average of the workers' quantiles, which would hide one GPU's tail).
@@ -14,24 +15,23 @@ KEPT_APART = ("stream_ids", *PER_STREAM)  # each GPU's summary keeps the rest of
 
 def merge(workers: list, seconds: float, latency, sink_uris: list[str], face_sinks, frame_schemes,
           face_cpu_s: float) -> dict:
-    """workers: (gpu, its summary or None where it died, its IDs, how it ended); latency: the face's RunHistogram
-    of the records' total latency; face_sinks: the SinkFanout of the sinks that take records; face_cpu_s: the
-    face's own CPU time."""
-    by_id: dict[int, dict] = {}
-    per_gpu = []
-    for gpu, summary, ids, ended in workers:
-        if summary is None:
-            per_gpu.append({"gpu": gpu, "streams": ids, "ended": ended})
-            continue
-        for k, stream in enumerate(summary["stream_ids"]):
-            by_id[stream] = {name: summary[name][k] for name in PER_STREAM}
-        per_gpu.append({"gpu": gpu, "streams": ids, "ended": ended,
-                        **{k: v for k, v in summary.items() if k not in KEPT_APART}})
-    ids = sorted({i for _, _, worker_ids, _ in workers for i in worker_ids})
-    lost = {name: 0 for name in PER_STREAM}
-    per_stream = {name: [by_id.get(i, lost)[name] for i in ids] for name in PER_STREAM}
+    """workers: each worker of the run's outcome() (gpu, its summary or None where it died, its IDs, how it ended,
+    the frames' records it delivered per stream, its restart number), those that died and were replaced first;
+    latency: the face's RunHistogram of the records' total latency; face_sinks: the SinkFanout of the sinks that
+    take records; face_cpu_s: the face's own CPU time."""
+    last = {gpu: (summary, ids, ended) for gpu, summary, ids, ended, _, _ in workers}  # each GPU's newest
+    counts: dict[int, dict] = {}
+    for _, summary, ids, _, delivered, _ in workers:
+        for k, stream in enumerate(ids):  # a worker that died: the frames it delivered, nothing else known
+            got = ({name: summary[name][k] for name in PER_STREAM} if summary is not None else
+                   {**dict.fromkeys(PER_STREAM, 0), "processed": delivered[stream]})
+            counts[stream] = {name: counts.get(stream, {}).get(name, 0) + got[name] for name in PER_STREAM}
+    ids = sorted(counts)
+    per_stream = {name: [counts[i][name] for i in ids] for name in PER_STREAM}
     processed, dropped = sum(per_stream["processed"]), sum(per_stream["dropped"])
-    done = [s for _, s, _, _ in workers if s is not None]
+    done = [w[1] for w in workers if w[1] is not None]
+    exits = [{"gpu": gpu, "restart": restart, "ended": ended, "frames_delivered": sum(delivered.values())}
+             for gpu, summary, _, ended, delivered, restart in workers if summary is None]
     summary = {"seconds": round(seconds, 2), "backend": done[0]["backend"] if done else None,
                **per_stream,
                "throughput_fps": round(processed / max(seconds, 1e-9), 2),
@@ -46,9 +46,13 @@ def merge(workers: list, seconds: float, latency, sink_uris: list[str], face_sin
                # every process's: the workers' (their decode processes too) and the face's, also said apart
                "cpu_cores": round(sum(s["cpu_cores"] for s in done) + face_cpu_s / max(seconds, 1e-9), 2),
                "face_cpu_cores": round(face_cpu_s / max(seconds, 1e-9), 3),
-               "gpus": per_gpu}
-    failures = [f"gpu {g}: {s['failure']}" for g, s, _, _ in workers if s is not None and s.get("failure")]
-    failures += [f"gpu {g}: its worker {ended}" for g, s, _, ended in workers if s is None]
+               **({"worker_exits": exits} if exits else {}),
+               "gpus": [{"gpu": gpu, "streams": ids, "ended": ended,
+                         "restarts": sum(1 for w in workers if w[0] == gpu) - 1,
+                         **({k: v for k, v in s.items() if k not in KEPT_APART} if s is not None else {})}
+                        for gpu, (s, ids, ended) in sorted(last.items())]}
+    failures = [f"gpu {g}: {s['failure']}" for g, (s, _, _) in last.items() if s is not None and s.get("failure")]
+    failures += [f"gpu {g}: its worker {ended}" for g, (s, _, ended) in last.items() if s is None]
     if failures:
         summary["failure"] = "; ".join(failures)
     return summary

@@ -1,0 +1,146 @@
+"""The face's side of each GPU's worker: its process, the lines it sends (read in a thread of their own), and
+the configuration it is given (its share of the streams, the sinks that draw frames)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jetpipe
+from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.gpus import channel
+from jetpipe.pipelines.quantiles import RunHistogram
+from jetpipe.pipelines.sinks import FRAME_SCHEMES, scheme_of
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 600.0  # a worker builds its pipeline (an engine may be built) within this
+
+
+class WorkerProcess:
+    """One GPU's worker as the face sees it: its process, its lines read in a thread of their own."""
+
+    def __init__(self, gpu: int, config, ids: list[int], total: int, on_record, records: bool, restart: int = 0):
+        """restart: how many workers of this GPU died before this one."""
+        self.gpu, self.ids, self.on_record, self.restart = gpu, ids, on_record, restart
+        self.given_up = False  # it died and is not started again
+        self.delivered = dict.fromkeys(ids, 0)  # frames' records received from it, per stream
+        self.hello: dict | None = None
+        self.error: str | None = None
+        self.summary: dict | None = None
+        self.ready = threading.Event()
+        self.latency = RunHistogram()  # this GPU's records' total latency (the summary's quantiles)
+        read, write = os.pipe()
+        root = str(Path(jetpipe.__file__).resolve().parents[1])
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu),
+               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        try:  # its own session: a terminal's Ctrl-C reaches the face, which tells the workers
+            self.process = subprocess.Popen([sys.executable, "-m", "jetpipe.pipelines.gpus.worker"],
+                                            stdin=subprocess.PIPE, pass_fds=(write,), env=env, start_new_session=True)
+        finally:
+            os.close(write)
+        self.lines = os.fdopen(read, "rb")
+        self.reader = threading.Thread(target=self._read, name=f"gpu-{gpu}", daemon=True)
+        self.reader.start()
+        channel.send_job(self.process.stdin, channel.Job(gpu, config, ids, total, write, records))
+
+    def _read(self) -> None:
+        try:
+            for line in self.lines:
+                kind, what = channel.parse(line)
+                if kind == "R":
+                    stream, record, latency = what
+                    if latency is not None:  # a frame's
+                        self.latency.add(latency)
+                        self.delivered[stream] += 1
+                    if record is not None:
+                        self.on_record(record)
+                elif kind == "H":
+                    self.hello = what
+                    self.ready.set()
+                elif kind == "E":
+                    self.error = what["error"]
+                elif kind == "S":
+                    self.summary = what
+        finally:
+            self.ready.set()  # an end before its hello: wait_ready says why
+
+    def wait_ready(self) -> None:
+        """Back once it serves; JetpipeError with its own line where it could not start."""
+        self.ready.wait(START_TIMEOUT_S)
+        if self.hello is None:
+            why = self.error or f"its worker ended (exit code {self.process.poll()}) before serving: see above"
+            raise JetpipeError(f"GPU {self.gpu}: {why}")
+
+    def tell(self, line: str) -> None:
+        try:
+            self.process.stdin.write(line.encode() + b"\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):  # it ended already
+            pass
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def ended(self) -> str:
+        code = self.process.poll()
+        return "ran to the end" if self.summary is not None else (
+            f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}")
+
+    def outcome(self) -> tuple:
+        """What the summary takes of it: (GPU, its summary or None, its stream IDs, how it ended, the frames'
+        records it delivered per stream, its restart number)."""
+        return self.gpu, self.summary, self.ids, self.ended(), self.delivered, self.restart
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.error("GPU %d's worker did not stop: killed", self.gpu)
+            self.process.kill()
+            self.process.wait()
+        self.reader.join()
+
+    def close(self) -> None:
+        if self.alive():
+            self.process.kill()
+        self.join()
+        for stream in (self.process.stdin, self.lines):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+def worker_config(config, sources: list, listen: bool, restart: int = 0):
+    """A worker's configuration: its sources, the sinks that draw frames, its metrics on loopback (a free port)
+    where the face serves them. A restarted worker (restart n > 0) draws into files of its own, `out-restartN.mp4`
+    beside `out.mp4` (a sink never writes over the files of the worker before it); a `jpeg:` folder, which holds
+    that worker's pictures under the same names, is left out and said."""
+    part = copy.deepcopy(config)
+    part.sources = [dataclasses.replace(s, gpu=None) for s in sources]
+    part.sinks = [restarted(u, restart) for u in config.sinks if scheme_of(u) in FRAME_SCHEMES]
+    dropped = [u for u in part.sinks if u is None]
+    if dropped:
+        log.warning("the restarted worker draws no jpeg: pictures (its folder holds the earlier worker's under the "
+                    "same names)")
+    part.sinks = [u for u in part.sinks if u is not None]
+    part.metrics_listen, part.metrics_hosts, part.gpus = ("127.0.0.1:0" if listen else ""), [], None
+    return part
+
+
+def restarted(uri: str, restart: int) -> str | None:
+    """A frame sink's URI for the n-th restart of a worker: a video file of another name; None for a jpeg: sink."""
+    if not restart:
+        return uri
+    if scheme_of(uri) != "video":
+        return None
+    head, sep, options = uri.partition("?")
+    path = Path(head.split(":", 1)[1])
+    return f"video:{path.with_name(f'{path.stem}-restart{restart}{path.suffix}')}{sep}{options}"
