@@ -149,7 +149,8 @@ class Pipeline:
         self.control = config.control.enabled
         capacity = stream_slots(config)
         share = self.share
-        self.streams = Streams(capacity, None if share is None else share.ids)
+        self.streams = Streams(capacity) if share is None else Streams(capacity, share.ids, share.first_added,
+                                                                        share.stride)
         self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
                                budget_s=config.latency_budget_ms / 1000 or None)
         if config.latency_budget_ms:  # planned from the model's time, measured now where the runtime can

@@ -42,15 +42,16 @@ class Stream:
 
 
 class Streams:
-    def __init__(self, capacity: int, ids: list[int] | None = None):
+    def __init__(self, capacity: int, ids: list[int] | None = None, first_added: int | None = None, stride: int = 1):
         """ids: the IDs the configured streams take, in order (a GPU's worker serves its share of a daemon's
-        streams under their daemon-wide IDs: pipelines/gpus); None: 0, 1, ..."""
-        self.given = list(ids or ())
+        streams under their daemon-wide IDs: pipelines/gpus); None: 0, 1, ... Streams added later take
+        first_added, then every stride-th (each GPU's worker its own residue: IDs unique over the daemon)."""
+        self.given, self.stride = list(ids or ()), stride
         self.slots: list[Stream | None] = [None] * capacity
         self.rings: list = [None] * capacity  # the ring the slot's stream writes
         self.choices: list[list] = [[] for _ in range(capacity)]  # the rings allocated for each slot
         self.retired: dict[int, dict] = {}  # removed streams: their counters when they were removed
-        self.next_id = max(self.given, default=-1) + 1
+        self.next_id = max(self.given, default=-1) + 1 if first_added is None else first_added
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a stream was removed (its slot freed)
 
@@ -92,7 +93,7 @@ class Streams:
             stream = Stream(self.given.pop(0), spec, source, slot)
         else:
             stream = Stream(self.next_id, spec, source, slot)
-            self.next_id += 1
+            self.next_id += self.stride
         self.slots[slot], self.rings[slot] = stream, ring
         return stream
 
@@ -113,6 +114,8 @@ class Share:
     ids: list[int]  # the daemon-wide IDs of the configured sources, in order
     total: int      # the streams the daemon serves in all (the frame sinks' file names are numbered by it)
     forward: object  # the sink that takes every record to the face
+    first_added: int | None = None  # the ID of the first stream added through the control API
+    stride: int = 1  # and of each after it: every stride-th
 
 
 def _pixel_bytes(ring) -> int:

@@ -147,6 +147,56 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(det
     assert _frames_in(tmp_path / "drawn-restart1-s1.mp4") > 0 and _frames_in(tmp_path / "drawn-s0.mp4") > 0
 
 
+def test_streams_added_through_the_face_go_where_there_is_headroom_and_come_back_whole(det_bundle, tmp_path):
+    token = "t" * 32
+    out, port = tmp_path / "records.jsonl", _free_port()
+    argv = ["--gpus", "0,1", "--control", "--max-streams", "2", "--sink", f"jsonl:{out}", "--summary",
+            str(tmp_path / "summary.json"), "--metrics", f"127.0.0.1:{port}", "--source", "synthetic:96x64@5"]
+    face = _serve(det_bundle, argv, tmp_path, env={"JETPIPE_CONTROL_TOKEN": token})
+    address = f"127.0.0.1:{port}"
+    try:
+        _wait_for_line(face, "metrics of 2 GPU(s) on http://")
+        assert _call(address, "GET", "/streams")[0] == 401  # the face checks the caller's token
+        status, added = _call(address, "POST", "/streams", {"uri": "synthetic:96x64@5"}, token)
+        assert (status, added["gpu"], added["id"]) == (201, 1, 2)  # GPU 1 had nothing; its IDs: 2, 4, ...
+        status, pinned = _call(address, "POST", "/streams", {"uri": "synthetic:96x64@5", "gpu": 0}, token)
+        assert (status, pinned["gpu"], pinned["id"]) == (201, 0, 1)
+        status, refused = _call(address, "POST", "/streams", {"uri": "gst:videotestsrc ! appsink"}, token)
+        assert status == 403 and "not allowed" in refused["error"]
+        assert _call(address, "POST", "/streams", {"uri": "synthetic", "gpu": 5}, token)[0] == 400
+        status, listed = _call(address, "GET", "/streams", token=token)
+        assert [(s["id"], s["gpu"]) for s in listed["streams"]] == [(0, 0), (1, 0), (2, 1)]
+        assert _call(address, "GET", "/streams/2", token=token)[1]["gpu"] == 1
+        assert _call(address, "GET", "/streams/9", token=token)[0] == 404
+        assert _call(address, "PUT", "/rules/door", {"kind": "line"}, token)[0] == 501
+        assert _wait_until(lambda: _records_of(out, 2) >= 3 and _records_of(out, 1) >= 3)
+        status, removed = _call(address, "DELETE", "/streams/2", token=token)
+        assert status == 200 and removed["state"] == "removed" and removed["gpu"] == 1
+        face.send_signal(signal.SIGTERM)
+        stdout, stderr = face.communicate(timeout=120)
+    finally:
+        if face.poll() is None:
+            face.kill()
+            face.communicate()
+    assert face.returncode == 0, stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+    assert len(summary["processed"]) == 3  # streams 0, 1, 2 by ID, the removed one too
+    for stream in range(3):
+        assert summary["processed"][stream] == _records_of(out, stream) > 0
+
+
+def _call(address: str, method: str, path: str, body=None, token: str | None = None):
+    request = urllib.request.Request(f"http://{address}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
 def test_the_workers_metrics_are_merged_a_family_once_each_sample_labelled():
     texts = {0: '# HELP x_total X.\n# TYPE x_total counter\nx_total{stream="0"} 3.0\ny 1\n',
              1: '# HELP x_total X.\n# TYPE x_total counter\nx_total{stream="1"} 4.0\n'}
@@ -172,11 +222,12 @@ def _env() -> dict:
     return {**os.environ, SIMULATED_ENV: "2", "PYTHONPATH": str(ROOT)}
 
 
-def _serve(bundle, argv, cwd, wait: bool = False):
+def _serve(bundle, argv, cwd, wait: bool = False, env: dict | None = None):
     command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", str(bundle), *argv]
+    env = {**_env(), **(env or {})}
     if wait:
-        return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
-    return subprocess.Popen(command, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for_line(process, text: str, timeout: float = 180.0) -> str:

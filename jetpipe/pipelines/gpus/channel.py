@@ -40,6 +40,8 @@ class Job:
     total: int          # streams the daemon serves in all
     fd: int             # the pipe it writes its lines to
     records: bool = True  # the face has sinks of records: frames' records go whole (else their latency only)
+    first_added: int | None = None  # streams added through the control API: this ID, then every stride-th
+    stride: int = 1
 
 
 def send_job(stream, job: Job) -> None:

@@ -16,7 +16,8 @@ import threading
 import time
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.gpus import plan, scrape, totals
+from jetpipe.pipelines.gpus import channel, plan, scrape, totals
+from jetpipe.pipelines.gpus.routes import FaceRoutes
 from jetpipe.pipelines.gpus.workers import WorkerProcess, worker_config
 from jetpipe.pipelines.http.server import MetricsServer
 from jetpipe.pipelines.quantiles import RunHistogram
@@ -37,6 +38,7 @@ class Face:
         gpus = plan.resolve(config.gpus, config, "--gpus")
         rates = [plan.offered_rate(s) for s in config.sources]
         self.placement = plan.place(rates, gpus, [s.gpu for s in config.sources])
+        self.placed = plan.Placed(gpus, self.placement, rates)
         self.uris = [s.uri for s in config.sources]
         record_sinks = [u for u in config.sinks if scheme_of(u) not in FRAME_SCHEMES]
         self.sinks = SinkFanout(open_sinks(record_sinks, len(config.sources), 1))
@@ -53,7 +55,7 @@ class Face:
     def _start(self, gpus: list[int]) -> None:
         for gpu in gpus:
             ids = [i for i, g in enumerate(self.placement) if g == gpu]
-            if not ids:
+            if not ids and not self.config.control.enabled:
                 log.warning("GPU %d has no stream to serve: no worker there", gpu)
                 continue
             log.info("GPU %d serves stream(s) %s", gpu, ", ".join(map(str, ids)))
@@ -61,8 +63,10 @@ class Face:
         for worker in self.workers:  # they build at once: an engine per GPU
             worker.wait_ready()
         if self.config.metrics_listen:
+            control = self.config.control
+            routes = FaceRoutes(self, control.token) if control.enabled else None
             self.server = MetricsServer(self.config.metrics_listen, self.render_metrics, self.health, self.pages,
-                                        hosts=tuple(self.config.metrics_hosts))
+                                        routes, hosts=tuple(self.config.metrics_hosts))
             self.closers.append(self.server.close)
             log.info("metrics of %d GPU(s) on http://%s/metrics, streams on http://%s/streams", len(self.workers),
                      self.server.address, self.server.address)
@@ -70,10 +74,15 @@ class Face:
     def _worker(self, gpu: int, ids: list[int], restart: int) -> WorkerProcess:
         part = worker_config(self.config, [self.config.sources[i] for i in ids], bool(self.config.metrics_listen),
                              restart)
-        worker = WorkerProcess(gpu, part, ids, len(self.uris), self.sinks.put, records=bool(self.sinks.sinks),
-                               restart=restart)
+        job = channel.Job(gpu, part, ids, len(self.uris), -1, records=bool(self.sinks.sinks),
+                          first_added=self.placed.next_added(gpu), stride=self.placed.stride)
+        worker = WorkerProcess(job, self.sinks.put, restart=restart)
         self.closers.append(worker.close)
         return worker
+
+    def serving(self) -> list[WorkerProcess]:
+        """The workers serving now (started, not dead)."""
+        return [w for w in self.workers if w.hello is not None and w.alive()]
 
     def _replace(self, dead: WorkerProcess) -> None:
         """A worker that died: said; started again on its GPU where it has restarts left (its streams resume)."""
@@ -83,6 +92,12 @@ class Face:
             log.error("GPU %d's worker died %d times: not started again", dead.gpu, dead.restart + 1)
             dead.given_up = True
             return
+        lost = sorted(i for i in self.placed.live if self.placed.gpu_of[i] == dead.gpu and i not in dead.ids)
+        if lost:  # added through the control API: the new worker serves the configured streams
+            log.error("stream(s) %s added through the control API on GPU %d are not restored: add them again",
+                      ", ".join(map(str, lost)), dead.gpu)
+            for stream in lost:
+                self.placed.removed(stream)
         worker = self._worker(dead.gpu, dead.ids, dead.restart + 1)
         self.workers[self.workers.index(dead)] = worker
         self.ended.append(dead)

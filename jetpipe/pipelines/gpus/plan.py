@@ -58,9 +58,6 @@ def check(config, where: str) -> None:
         if sink.lower().startswith("rtsp:"):
             raise GpuError(f"{where}: sink {sink}: an RTSP server serves one process's frames, and with --gpus "
                            "each GPU's frames stay in its worker: drop the rtsp sink or --gpus")
-    if config.control.enabled:
-        raise GpuError(f"{where}: the control API with --gpus is not built yet: serve the streams from the "
-                       "configuration, or drop --gpus")
     if config.decode_processes:
         raise GpuError(f"{where}: decode_processes with --gpus: each GPU's worker decodes its own streams; "
                        "drop decode_processes")
@@ -120,3 +117,34 @@ def place(rates: list[float], gpus: list[int], pins: list[int | None],
         placed[i] = best
         load[best] += rates[i]
     return placed
+
+
+class Placed:
+    """The face's table of which GPU serves each stream and the rate it offers: the start-up placement, then the
+    streams added and removed through the control API. IDs of added streams are each GPU's own residue (GPU k of
+    G: total + k, then every G-th), so that a worker gives them without asking."""
+
+    def __init__(self, gpus: list[int], placement: list[int], rates: list[float]):
+        self.gpus, self.stride, self.total = list(gpus), len(gpus), len(placement)
+        self.gpu_of = dict(enumerate(placement))
+        self.rate_of = dict(enumerate(rates))
+        self.live = set(self.gpu_of)
+
+    def next_added(self, gpu: int) -> int:
+        """The first ID a worker started (or started again) on `gpu` gives an added stream: past those given."""
+        given = [i for i, g in self.gpu_of.items() if g == gpu and i >= self.total]
+        return max(given) + self.stride if given else self.total + self.gpus.index(gpu)
+
+    def order(self, rate: float, pin: int | None, serving: list[int]) -> list[int]:
+        """The GPUs to try for a new stream, best first: the pinned one alone, else by load after it."""
+        if pin is not None:
+            return [pin]
+        loads = {g: sum(self.rate_of[i] for i in self.live if self.gpu_of[i] == g) for g in serving}
+        return sorted(serving, key=lambda g: (loads[g] + rate, g))
+
+    def added(self, stream: int, gpu: int, rate: float) -> None:
+        self.gpu_of[stream], self.rate_of[stream] = gpu, rate
+        self.live.add(stream)
+
+    def removed(self, stream: int) -> None:
+        self.live.discard(stream)

@@ -22,9 +22,11 @@ def merge(workers: list, seconds: float, latency, sink_uris: list[str], face_sin
     last = {gpu: (summary, ids, ended) for gpu, summary, ids, ended, _, _ in workers}  # each GPU's newest
     counts: dict[int, dict] = {}
     for _, summary, ids, _, delivered, _ in workers:
-        for k, stream in enumerate(ids):  # a worker that died: the frames it delivered, nothing else known
+        # a summary's lists are by its stream IDs (added ones too); a worker that died: the frames it delivered
+        streams = summary["stream_ids"] if summary is not None else sorted({*ids, *delivered})
+        for k, stream in enumerate(streams):
             got = ({name: summary[name][k] for name in PER_STREAM} if summary is not None else
-                   {**dict.fromkeys(PER_STREAM, 0), "processed": delivered[stream]})
+                   {**dict.fromkeys(PER_STREAM, 0), "processed": delivered.get(stream, 0)})
             counts[stream] = {name: counts.get(stream, {}).get(name, 0) + got[name] for name in PER_STREAM}
     ids = sorted(counts)
     per_stream = {name: [counts[i][name] for i in ids] for name in PER_STREAM}

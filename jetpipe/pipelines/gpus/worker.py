@@ -27,7 +27,8 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the face says when to stop (a terminal's Ctrl-C reaches it)
     outbox = Outbox(job.fd)
     try:
-        pipeline = Pipeline(job.config, share=Share(job.ids, job.total, ForwardSink(outbox, job.records)))
+        share = Share(job.ids, job.total, ForwardSink(outbox, job.records), job.first_added, job.stride)
+        pipeline = Pipeline(job.config, share=share)
     except JetpipeError as exc:
         outbox.send("E", {"error": str(exc)})
         return 2
@@ -35,7 +36,10 @@ def main() -> int:
     outbox.send("H", {"address": address, "backend": pipeline.runtime.backend_name})
     threading.Thread(target=_obey, args=(pipeline, sys.stdin.buffer), name="face", daemon=True).start()
     summary = pipeline.run()
-    outbox.send("S", {**summary, "stream_ids": job.ids})
+    streams = pipeline.streams  # the summary's per-stream lists are by ID: added and removed ones too
+    with streams.lock:
+        ids = sorted([s.id for s in streams.live()] + list(streams.retired))
+    outbox.send("S", {**summary, "stream_ids": ids})
     outbox.close()
     return 0
 

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -26,9 +27,11 @@ START_TIMEOUT_S = 600.0  # a worker builds its pipeline (an engine may be built)
 class WorkerProcess:
     """One GPU's worker as the face sees it: its process, its lines read in a thread of their own."""
 
-    def __init__(self, gpu: int, config, ids: list[int], total: int, on_record, records: bool, restart: int = 0):
-        """restart: how many workers of this GPU died before this one."""
+    def __init__(self, job: channel.Job, on_record, restart: int = 0):
+        """job: its part (its fd is filled in here); restart: how many workers of this GPU died before this one."""
+        gpu, ids = job.gpu, job.ids
         self.gpu, self.ids, self.on_record, self.restart = gpu, ids, on_record, restart
+        self.token = job.config.control.token  # its control API's (the face forwards the callers' requests)
         self.given_up = False  # it died and is not started again
         self.delivered = dict.fromkeys(ids, 0)  # frames' records received from it, per stream
         self.hello: dict | None = None
@@ -48,7 +51,7 @@ class WorkerProcess:
         self.lines = os.fdopen(read, "rb")
         self.reader = threading.Thread(target=self._read, name=f"gpu-{gpu}", daemon=True)
         self.reader.start()
-        channel.send_job(self.process.stdin, channel.Job(gpu, config, ids, total, write, records))
+        channel.send_job(self.process.stdin, dataclasses.replace(job, fd=write))
 
     def _read(self) -> None:
         try:
@@ -58,7 +61,7 @@ class WorkerProcess:
                     stream, record, latency = what
                     if latency is not None:  # a frame's
                         self.latency.add(latency)
-                        self.delivered[stream] += 1
+                        self.delivered[stream] = self.delivered.get(stream, 0) + 1
                     if record is not None:
                         self.on_record(record)
                 elif kind == "H":
@@ -132,6 +135,8 @@ def worker_config(config, sources: list, listen: bool, restart: int = 0):
                     "same names)")
     part.sinks = [u for u in part.sinks if u is not None]
     part.metrics_listen, part.metrics_hosts, part.gpus = ("127.0.0.1:0" if listen else ""), [], None
+    part.control.token = secrets.token_hex(16)  # the face's alone: callers go through the face
+    part.control.max_streams = config.control.max_streams or len(config.sources)  # each GPU's slots
     return part
 
 
