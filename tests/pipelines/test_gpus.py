@@ -122,6 +122,10 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(det
         metrics = _get(address, "/metrics")
         assert 'jetpipe_frames_processed_total{gpu="0",stream="0"' in metrics
         assert 'jetpipe_frames_processed_total{gpu="1",stream="1"' in metrics
+        assert _health(address) == "ok\n"  # every worker's own /healthz answered 200
+        assert [s["id"] for s in json.loads(_get(address, "/stats.json"))["streams"]] == [0, 1]  # the preview's
+        assert 'alt="stream 0"' in _get(address, "/") and 'alt="stream 1"' in _get(address, "/")
+        assert _wait_until(lambda: _picture(address, 1).startswith(b"\xff\xd8"))  # from GPU 1's worker
         assert _wait_until(lambda: _records_of(out, 0) >= 2 and _records_of(out, 1) >= 2)
         os.kill(_worker_pid(face.pid, gpu=1), signal.SIGKILL)
         _wait_for_line(face, "GPU 1's worker was killed by signal 9: stream(s) 1 are not served until it is started")
@@ -255,6 +259,14 @@ def _wait_until(condition, timeout: float = 120.0) -> bool:
 def _get(address: str, path: str) -> str:
     with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as reply:
         return reply.read().decode()
+
+
+def _picture(address: str, stream: int) -> bytes:
+    try:
+        with urllib.request.urlopen(f"http://{address}/preview/{stream}.jpg", timeout=10) as reply:
+            return reply.read()
+    except urllib.error.HTTPError:
+        return b""
 
 
 def _health(address: str) -> str:

@@ -16,6 +16,7 @@ import threading
 import time
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines import preview
 from jetpipe.pipelines.gpus import channel, plan, scrape, totals
 from jetpipe.pipelines.gpus.routes import FaceRoutes
 from jetpipe.pipelines.gpus.workers import WorkerProcess, worker_config
@@ -133,12 +134,33 @@ class Face:
         return True, "ok"
 
     def pages(self, path: str):
+        """/streams (without the control API), and the preview: its page over every GPU's streams, their
+        stats.json merged, and each stream's picture from its worker."""
+        if path in ("/", "/index.html", "/stats.json") or path.startswith("/preview/"):
+            return self._preview(path)
         if path != "/streams":
             return None
         gpu_of = {i: w for w in self.workers for i in w.ids}
         streams = [{"id": i, "uri": uri, "gpu": gpu_of[i].gpu, "worker": "serving" if gpu_of[i].alive()
                     else gpu_of[i].ended()} for i, uri in enumerate(self.uris) if i in gpu_of]
         return 200, json.dumps({"gpus": [w.gpu for w in self.workers], "streams": streams}), "application/json"
+
+    def _preview(self, path: str):
+        if path.startswith("/preview/"):
+            text = path[len("/preview/"):].removesuffix(".jpg")
+            gpu = self.placed.gpu_of.get(int(text)) if text.isdigit() and len(text) <= 9 else None
+            worker = next((w for w in self.serving() if w.gpu == gpu), None)
+            if worker is None:
+                return None
+            status, body, ctype = scrape.fetch_bytes(worker.hello["address"], path)
+            return (status, body, ctype) if status else (503, b"its GPU's worker does not answer\n", "text/plain")
+        texts = [text for status, text in (scrape.fetch(w.hello["address"], "/stats.json") for w in self.serving())
+                 if status == 200]
+        merged = scrape.stats(texts)
+        if path == "/stats.json":
+            return 200, merged, "application/json"
+        shown = [(s["id"], s["uri"]) for s in json.loads(merged)["streams"]]
+        return 200, preview.page(shown), "text/html; charset=utf-8"
 
     # --- the run ------------------------------------------------------------------------------------
     def stop(self) -> None:

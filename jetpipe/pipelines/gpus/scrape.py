@@ -1,9 +1,10 @@
-"""The workers' /metrics and /healthz as the face answers them: each worker's text, its samples labelled with
+"""The workers' /metrics, /healthz and preview as the face answers them: each worker's text, its samples labelled with
 its GPU, the families merged (Prometheus' text format wants a family's samples together, under one HELP and
 TYPE)."""
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 
@@ -12,13 +13,26 @@ SCRAPE_TIMEOUT_S = 2.0
 
 def fetch(address: str, path: str) -> tuple[int, str]:
     """(status, body) of GET http://address/path from a worker's server on loopback; (0, why) where none came."""
+    status, body, _ = fetch_bytes(address, path)
+    return status, body.decode(errors="replace")
+
+
+def fetch_bytes(address: str, path: str) -> tuple[int, bytes, str]:
+    """(status, body, content type) of GET http://address/path; (0, why, text/plain) where none came."""
     try:
         with urllib.request.urlopen(f"http://{address}{path}", timeout=SCRAPE_TIMEOUT_S) as reply:  # noqa: S310
-            return reply.status, reply.read().decode()
+            return reply.status, reply.read(), reply.headers.get("Content-Type", "text/plain")
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
+        return exc.code, exc.read(), exc.headers.get("Content-Type", "text/plain")
     except (OSError, ValueError) as exc:
-        return 0, str(exc)
+        return 0, str(exc).encode(), "text/plain"
+
+
+def stats(texts: list[str]) -> str:
+    """The preview's /stats.json of every worker as one: their streams by ID, the totals summed."""
+    shown = sorted((s for text in texts for s in json.loads(text)["streams"]), key=lambda s: s["id"])
+    return json.dumps({"processed": sum(s["processed"] for s in shown), "dropped": sum(s["dropped"] for s in shown),
+                       "streams": shown})
 
 
 def merge(texts: dict[int, str]) -> str:
