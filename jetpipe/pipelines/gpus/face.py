@@ -37,6 +37,11 @@ class Face:
         self.interrupted: dict | None = None
         self.closers: list = []
         gpus = plan.resolve(config.gpus, config, "--gpus")
+        models = plan.models_of(gpus)
+        if len(set(models.values())) > 1:
+            log.warning("the GPUs differ (%s): streams are placed as if they were alike, and a TensorRT engine "
+                        "runs only on the GPU model it was built for (each worker checks it): convert on each model, "
+                        "or serve the ONNX model", ", ".join(f"{g}: {name}" for g, name in models.items()))
         rates = [plan.offered_rate(s) for s in config.sources]
         self.placement = plan.place(rates, gpus, [s.gpu for s in config.sources])
         self.placed = plan.Placed(gpus, self.placement, rates)

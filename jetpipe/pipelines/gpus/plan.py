@@ -81,6 +81,14 @@ def resolve(asked, config, where: str) -> list[int]:
     return gpus
 
 
+def models_of(gpus: list[int]) -> dict[int, str]:
+    """Each GPU's model name (empty where simulated): GPUs of different models are said at start-up, since a
+    bundle's TensorRT engine runs on the compute capability it was built for (each worker checks its own)."""
+    if os.environ.get(SIMULATED_ENV):
+        return dict.fromkeys(gpus, "")
+    return {g: probe_gpu(g).name or "" for g in gpus}
+
+
 def visible_gpus() -> tuple[int, str]:
     """(how many GPUs this process sees, their name or why there are none); SIMULATED_ENV stands in for them."""
     simulated = os.environ.get(SIMULATED_ENV)
