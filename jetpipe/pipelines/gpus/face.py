@@ -1,6 +1,7 @@
 """The face of a daemon on several GPUs: it places the streams, starts a worker per GPU, hands the workers'
-records to the sinks that take records, answers /metrics, /healthz and /streams for all of them, and merges
-the summary. It runs no model and touches no GPU (the placement asks the driver how many there are).
+records to the sinks that take records, answers /metrics, /healthz, /streams, the preview and the control API
+(routes.py) for all of them, and merges the summary (totals.py). It runs no model and touches no GPU (it asks
+the driver how many there are and their names).
 
 A worker that dies (killed, a CUDA error, out of memory) is said (which GPU, which streams, how it ended) and
 started again on its GPU, its streams resuming there, up to MAX_RESTARTS times a GPU; the other GPUs keep
