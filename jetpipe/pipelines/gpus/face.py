@@ -11,14 +11,13 @@ whose worker stays dead makes the run fail (exit 1).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines import preview
-from jetpipe.pipelines.gpus import channel, plan, scrape, totals
+from jetpipe.pipelines.gpus import channel, plan, totals
+from jetpipe.pipelines.gpus.pages import FacePages
 from jetpipe.pipelines.gpus.routes import FaceRoutes
 from jetpipe.pipelines.gpus.workers import WorkerProcess, worker_config
 from jetpipe.pipelines.http.server import MetricsServer
@@ -72,7 +71,8 @@ class Face:
         if self.config.metrics_listen:
             control = self.config.control
             routes = FaceRoutes(self, control.token) if control.enabled else None
-            self.server = MetricsServer(self.config.metrics_listen, self.render_metrics, self.health, self.pages,
+            pages = FacePages(self)
+            self.server = MetricsServer(self.config.metrics_listen, pages.render_metrics, pages.health, pages.pages,
                                         routes, hosts=tuple(self.config.metrics_hosts))
             self.closers.append(self.server.close)
             log.info("metrics of %d GPU(s) on http://%s/metrics, streams on http://%s/streams", len(self.workers),
@@ -118,55 +118,6 @@ class Face:
             return
         log.info("GPU %d's worker started again (restart %d of %d): stream(s) %s resume", dead.gpu, worker.restart,
                  MAX_RESTARTS, ", ".join(map(str, dead.ids)))
-
-    # --- http ---------------------------------------------------------------------------------------
-    def render_metrics(self) -> str:
-        texts = {}
-        for worker in self.workers:
-            status, text = scrape.fetch(worker.hello["address"], "/metrics") if worker.alive() else (0, "")
-            if status == 200:
-                texts[worker.gpu] = text
-        return scrape.merge(texts)
-
-    def health(self) -> tuple[bool, str]:
-        if self.stopping.is_set():
-            return False, "stopping"
-        for worker in self.workers:
-            if not worker.alive():
-                return False, f"GPU {worker.gpu}'s worker {worker.ended()}"
-            status, why = scrape.fetch(worker.hello["address"], "/healthz")
-            if status != 200:
-                return False, f"GPU {worker.gpu}: {why.strip()}"
-        return True, "ok"
-
-    def pages(self, path: str):
-        """/streams (without the control API), and the preview: its page over every GPU's streams, their
-        stats.json merged, and each stream's picture from its worker."""
-        if path in ("/", "/index.html", "/stats.json") or path.startswith("/preview/"):
-            return self._preview(path)
-        if path != "/streams":
-            return None
-        gpu_of = {i: w for w in self.workers for i in w.ids}
-        streams = [{"id": i, "uri": uri, "gpu": gpu_of[i].gpu, "worker": "serving" if gpu_of[i].alive()
-                    else gpu_of[i].ended()} for i, uri in enumerate(self.uris) if i in gpu_of]
-        return 200, json.dumps({"gpus": [w.gpu for w in self.workers], "streams": streams}), "application/json"
-
-    def _preview(self, path: str):
-        if path.startswith("/preview/"):
-            text = path[len("/preview/"):].removesuffix(".jpg")
-            gpu = self.placed.gpu_of.get(int(text)) if text.isdigit() and len(text) <= 9 else None
-            worker = next((w for w in self.serving() if w.gpu == gpu), None)
-            if worker is None:
-                return None
-            status, body, ctype = scrape.fetch_bytes(worker.hello["address"], path)
-            return (status, body, ctype) if status else (503, b"its GPU's worker does not answer\n", "text/plain")
-        texts = [text for status, text in (scrape.fetch(w.hello["address"], "/stats.json") for w in self.serving())
-                 if status == 200]
-        merged = scrape.stats(texts)
-        if path == "/stats.json":
-            return 200, merged, "application/json"
-        shown = [(s["id"], s["uri"]) for s in json.loads(merged)["streams"]]
-        return 200, preview.page(shown), "text/html; charset=utf-8"
 
     # --- the run ------------------------------------------------------------------------------------
     def stop(self) -> None:
