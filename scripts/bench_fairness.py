@@ -16,22 +16,24 @@ import tempfile
 from pathlib import Path
 
 
-def run(bundle: str, video: str, streams: int, seconds: float, budget_ms: float, out: Path) -> dict:
-    summary = out / f"summary-{streams}.json"
+def run(bundle: str, video: str, streams: int, seconds: float, budget_ms: float, out: Path,
+        extra: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """(the row, the whole summary) of one `jetpipe serve` of `streams` live copies (extra: more flags)."""
+    summary = out / f"summary-{streams}-{'-'.join(extra).replace(',', '_') or 'plain'}.json"
     command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", video] * streams),
-               "--loop", "--realtime", "--duration", str(seconds), "--latency-budget-ms", str(budget_ms),
-               "--metrics", "", "--summary", str(summary)]
+               "--loop", "--realtime", "--duration", str(seconds), "--metrics", "", "--summary", str(summary),
+               *(["--latency-budget-ms", str(budget_ms)] if budget_ms else []), *extra]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"jetpipe serve failed:\n{done.stderr[-3000:]}")
     s = json.loads(summary.read_text())["summary"]
     processed = s["processed"]
     mean = sum(processed) / len(processed)
-    return {"streams": streams, "frames_per_s": s["throughput_fps"], "p99_ms": s["latency_ms"]["total"]["0.99"],
-            "captured": sum(s["captured"]), "dropped": sum(s["dropped"]),
+    return {"streams": streams, "frames_per_s": s["throughput_fps"], "p50_ms": s["latency_ms"]["total"]["0.5"],
+            "p99_ms": s["latency_ms"]["total"]["0.99"], "captured": sum(s["captured"]), "dropped": sum(s["dropped"]),
             "processed_min_mean_max": [min(processed), round(mean, 1), max(processed)],
             "spread_percent": [round(100 * (min(processed) - mean) / mean, 1),
-                               round(100 * (max(processed) - mean) / mean, 1)]}
+                               round(100 * (max(processed) - mean) / mean, 1)], "cpu_cores": s["cpu_cores"]}, s
 
 
 def main() -> None:
@@ -46,7 +48,7 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="bench-fair-"))
     rows = []
     for streams in (int(n) for n in args.streams.split(",")):
-        rows.append(run(args.bundle, args.video, streams, args.seconds, args.budget_ms, out))
+        rows.append(run(args.bundle, args.video, streams, args.seconds, args.budget_ms, out)[0])
         print(json.dumps(rows[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -13,30 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fairness import run as fairness_run  # noqa: E402
+
 
 def run(bundle: str, video: str, streams: int, gpus: str | None, seconds: float, budget_ms: float, out: Path) -> dict:
-    summary = out / f"summary-{streams}-{gpus or 'plain'}.json"
-    command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", video] * streams),
-               "--loop", "--realtime", "--duration", str(seconds), "--metrics", "", "--summary", str(summary),
-               *(["--latency-budget-ms", str(budget_ms)] if budget_ms else []), *(["--gpus", gpus] if gpus else [])]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"jetpipe serve failed:\n{done.stderr[-3000:]}")
-    s = json.loads(summary.read_text())["summary"]
-    processed = s["processed"]
-    mean = sum(processed) / len(processed)
-    return {"streams": streams, "gpus": gpus or "plain", "frames_per_s": s["throughput_fps"],
-            "p50_ms": s["latency_ms"]["total"]["0.5"], "p99_ms": s["latency_ms"]["total"]["0.99"],
-            "captured": sum(s["captured"]), "dropped": sum(s["dropped"]),
-            "spread_percent": [round(100 * (min(processed) - mean) / mean, 1),
-                               round(100 * (max(processed) - mean) / mean, 1)],
-            "cpu_cores": s["cpu_cores"], "face_cpu_cores": s.get("face_cpu_cores"),
-            "per_gpu_fps": [g["throughput_fps"] for g in s.get("gpus", [])]}
+    row, summary = fairness_run(bundle, video, streams, seconds, budget_ms, out, ("--gpus", gpus) if gpus else ())
+    return {**row, "gpus": gpus or "plain", "face_cpu_cores": summary.get("face_cpu_cores"),
+            "per_gpu_fps": [g["throughput_fps"] for g in summary.get("gpus", [])]}
 
 
 def main() -> None:

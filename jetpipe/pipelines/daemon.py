@@ -23,6 +23,7 @@ from jetpipe import bundle as bundles
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.batcher import Batcher
 from jetpipe.pipelines.clips.writer import Clips
+from jetpipe.pipelines.closing import close_in_reverse
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.counters import Metrics
 from jetpipe.pipelines.drain import DrainBound
@@ -388,9 +389,4 @@ class Pipeline:
         return self.report.status_line()
 
     def close(self) -> None:
-        for close in reversed(self.closers):
-            try:
-                close()
-            except Exception as exc:
-                log.warning("while closing: %s", exc)
-        self.closers = []
+        close_in_reverse(self.closers)

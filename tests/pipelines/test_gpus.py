@@ -4,6 +4,7 @@ On this machine the workers run the CPU runtime and stand for GPUs (JETPIPE_SIMU
 machine runs the same face over real GPUs in test_gpus_gpu.py.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -115,7 +116,7 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(det
             "--metrics", f"127.0.0.1:{_free_port()}", "--source", "synthetic:96x64@8", "--source", "synthetic:96x64@8",
             "--sink", f"video:{tmp_path / 'drawn.mp4'}?fps=8"]
     face = _serve(det_bundle, argv, tmp_path)
-    try:
+    with _killed_at_the_end(face):
         address = _wait_for_line(face, "metrics of 2 GPU(s) on http://").split("http://", 1)[1].split("/", 1)[0]
         streams = json.loads(_get(address, "/streams"))
         assert [(s["id"], s["gpu"], s["worker"]) for s in streams["streams"]] == [(0, 0, "serving"), (1, 1, "serving")]
@@ -134,10 +135,6 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(det
         assert _wait_until(lambda: _records_of(out, 1) > before)
         assert json.loads(_get(address, "/streams"))["streams"][1]["worker"] == "serving"
         stdout, stderr = face.communicate(timeout=180)
-    finally:
-        if face.poll() is None:
-            face.kill()
-            face.communicate()
     assert face.returncode == 0, stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
     assert "failure" not in summary and [g["restarts"] for g in summary["gpus"]] == [0, 1]
@@ -158,7 +155,7 @@ def test_streams_added_through_the_face_go_where_there_is_headroom_and_come_back
             str(tmp_path / "summary.json"), "--metrics", f"127.0.0.1:{port}", "--source", "synthetic:96x64@5"]
     face = _serve(det_bundle, argv, tmp_path, env={"JETPIPE_CONTROL_TOKEN": token})
     address = f"127.0.0.1:{port}"
-    try:
+    with _killed_at_the_end(face):
         _wait_for_line(face, "metrics of 2 GPU(s) on http://")
         assert _call(address, "GET", "/streams")[0] == 401  # the face checks the caller's token
         status, added = _call(address, "POST", "/streams", {"uri": "synthetic:96x64@5"}, token)
@@ -178,10 +175,6 @@ def test_streams_added_through_the_face_go_where_there_is_headroom_and_come_back
         assert status == 200 and removed["state"] == "removed" and removed["gpu"] == 1
         face.send_signal(signal.SIGTERM)
         stdout, stderr = face.communicate(timeout=120)
-    finally:
-        if face.poll() is None:
-            face.kill()
-            face.communicate()
     assert face.returncode == 0, stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
     assert len(summary["processed"]) == 3  # streams 0, 1, 2 by ID, the removed one too
@@ -232,6 +225,17 @@ def _serve(bundle, argv, cwd, wait: bool = False, env: dict | None = None):
     if wait:
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def _killed_at_the_end(process):
+    """The process, killed (with its output read) where the test left it running."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 
 def _wait_for_line(process, text: str, timeout: float = 180.0) -> str:

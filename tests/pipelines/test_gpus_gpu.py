@@ -6,17 +6,10 @@ import sys
 
 import pytest
 
+from tests.pipelines.test_daemon_gpu import _cuda_ep  # noqa: F401 (autouse: skips without ONNX Runtime's CUDA EP)
 from tests.pipelines.test_gpus import ROOT
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _cuda_ep():
-    import onnxruntime as ort
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
 
 
 @pytest.mark.parametrize("gpus", ["0", "0,1"])

@@ -16,6 +16,7 @@ import threading
 import time
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.closing import close_in_reverse
 from jetpipe.pipelines.gpus import channel, plan, totals
 from jetpipe.pipelines.gpus.pages import FacePages
 from jetpipe.pipelines.gpus.routes import FaceRoutes
@@ -175,9 +176,4 @@ class Face:
         return summary
 
     def close(self) -> None:
-        for close in reversed(self.closers):
-            try:
-                close()
-            except Exception as exc:
-                log.warning("while closing: %s", exc)
-        self.closers = []
+        close_in_reverse(self.closers)
