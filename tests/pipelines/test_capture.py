@@ -137,3 +137,29 @@ def test_decode_processes_without_nvdec_decode_in_the_serving_process_and_say_so
     assert "decode_processes = 2: no NVDEC here" in caplog.text
     summary = pipeline.run()
     assert summary["processed"] == [5, 5] and "decode_processes" not in summary["cpu_seconds"]
+
+
+def test_a_source_still_in_a_read_is_not_closed_under_it():
+    """At close, a source whose capture thread was left behind in a read stays open (FFmpeg aborted the process
+    when its decoder was closed under a decode); the others close."""
+    from jetpipe.pipelines.config import SourceConfig
+    from jetpipe.pipelines.ingest import Ingest
+    from jetpipe.pipelines.streams import Streams
+
+    class Source:
+        def __init__(self, uri):
+            self.uri, self.closed = uri, 0
+
+        def close(self):
+            self.closed += 1
+
+    streams = Streams(2)
+    reading, ended = Source("reading"), Source("ended")
+    for slot, source in enumerate((reading, ended)):
+        stream = streams.take(slot, None, SourceConfig(source.uri), source)
+        stream.started = True
+    streams.find(1).done.set()
+    ingest = Ingest.__new__(Ingest)  # close() reads only these
+    ingest.streams, ingest.opened, ingest.decoders = streams, [], None
+    ingest.close()
+    assert (reading.closed, ended.closed) == (0, 1)
