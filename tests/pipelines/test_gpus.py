@@ -21,6 +21,7 @@ import pytest
 from jetpipe.pipelines.config import ConfigError, PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.gpus import plan, scrape
 from jetpipe.pipelines.gpus.plan import SIMULATED_ENV
+from jetpipe.pipelines.summary import PER_STREAM
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,6 +193,32 @@ def _call(address: str, method: str, path: str, body=None, token: str | None = N
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_each_sinks_counts_are_its_own_when_a_restarted_worker_draws_fewer_sinks():
+    """A restarted worker has no jpeg: sink: its video sink's count is still the video sink's."""
+    from jetpipe.pipelines.gpus.totals import Outcome, merge
+    from jetpipe.pipelines.quantiles import RunHistogram
+
+    class FaceSinks:
+        def failures(self):
+            return [5]
+
+        def dropped(self):
+            return [0]
+
+        def deliveries(self):
+            return []
+
+    def summary(failures):
+        return {"stream_ids": [0], **{name: [1] for name in PER_STREAM}, "backend": "b", "cpu_cores": 0.5,
+                "sink_failures": failures, "sink_frames_dropped": [0] * len(failures)}
+
+    uris = ["jpeg:pictures", "video:out.mp4", "jsonl:out.jsonl"]
+    first = Outcome(0, summary([1, 2, 0]), [0], "ran to the end", {}, 0, [0, 1])  # jpeg, video, the face's link
+    again = Outcome(1, summary([7, 0]), [1], "ran to the end", {}, 1, [1])  # restarted: video, the face's link
+    merged = merge([first, again], 1.0, RunHistogram(), uris, FaceSinks(), 0.0)
+    assert merged["sink_failures"] == [1, 9, 5]
 
 
 def test_the_workers_metrics_are_merged_a_family_once_each_sample_labelled():

@@ -44,8 +44,7 @@ class Face:
                         "runs only on the GPU model it was built for (each worker checks it): convert on each model, "
                         "or serve the ONNX model", ", ".join(f"{g}: {name}" for g, name in models.items()))
         rates = [plan.offered_rate(s) for s in config.sources]
-        self.placement = plan.place(rates, gpus, [s.gpu for s in config.sources])
-        self.placed = plan.Placed(gpus, self.placement, rates)
+        self.placed = plan.Placed(gpus, plan.place(rates, gpus, [s.gpu for s in config.sources]), rates)
         self.uris = [s.uri for s in config.sources]
         record_sinks = [u for u in config.sinks if scheme_of(u) not in FRAME_SCHEMES]
         self.sinks = SinkFanout(open_sinks(record_sinks, len(config.sources), 1))
@@ -61,7 +60,7 @@ class Face:
 
     def _start(self, gpus: list[int]) -> None:
         for gpu in gpus:
-            ids = [i for i, g in enumerate(self.placement) if g == gpu]
+            ids = [i for i, g in self.placed.gpu_of.items() if g == gpu]
             if not ids and not self.config.control.enabled:
                 log.warning("GPU %d has no stream to serve: no worker there", gpu)
                 continue
@@ -80,11 +79,11 @@ class Face:
                      self.server.address, self.server.address)
 
     def _worker(self, gpu: int, ids: list[int], restart: int) -> WorkerProcess:
-        part = worker_config(self.config, [self.config.sources[i] for i in ids], bool(self.config.metrics_listen),
-                             restart)
+        part, drawn = worker_config(self.config, [self.config.sources[i] for i in ids],
+                                    bool(self.config.metrics_listen), restart)
         job = channel.Job(gpu, part, ids, len(self.uris), -1, records=bool(self.sinks.sinks),
                           first_added=self.placed.next_added(gpu), stride=self.placed.stride)
-        worker = WorkerProcess(job, self.sinks.put, restart=restart)
+        worker = WorkerProcess(job, self.sinks.put, restart=restart, drawn=drawn)
         self.closers.append(worker.close)
         return worker
 
@@ -167,8 +166,7 @@ class Face:
         every = [*self.ended, *self.workers]
         for worker in every:
             latency.merge(worker.latency)
-        summary = totals.merge([w.outcome() for w in every], seconds, latency, self.config.sinks, self.sinks,
-                               FRAME_SCHEMES, cpu_s)
+        summary = totals.merge([w.outcome() for w in every], seconds, latency, self.config.sinks, self.sinks, cpu_s)
         if self.interrupted is not None:
             dropped = sum(w.summary.get("interrupted", {}).get("queued_frames_dropped", 0)
                           for w in every if w.summary is not None)

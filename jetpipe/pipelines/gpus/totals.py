@@ -8,66 +8,80 @@ an average of the workers' quantiles, which would hide one GPU's tail).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from jetpipe.pipelines.sinks import FRAME_SCHEMES, scheme_of
 from jetpipe.pipelines.summary import PER_STREAM
 
 KEPT_APART = ("stream_ids", *PER_STREAM)  # each GPU's summary keeps the rest of its keys under "gpus"
 
 
-def merge(workers: list, seconds: float, latency, sink_uris: list[str], face_sinks, frame_schemes,
+@dataclass
+class Outcome:
+    """One worker of the run, as the summary takes it."""
+
+    gpu: int
+    summary: dict | None      # its own summary; None where it died
+    ids: list[int]            # its configured streams' IDs
+    ended: str                # how it ended
+    delivered: dict           # the frames' records it delivered, per stream
+    restart: int              # how many workers of its GPU died before it
+    drawn: list[int]          # where its frame sinks stand in the configuration's sinks, in its own order
+
+
+def merge(workers: list[Outcome], seconds: float, latency, sink_uris: list[str], face_sinks,
           face_cpu_s: float) -> dict:
-    """workers: each worker of the run's outcome() (gpu, its summary or None where it died, its IDs, how it ended,
-    the frames' records it delivered per stream, its restart number), those that died and were replaced first;
-    latency: the face's RunHistogram of the records' total latency; face_sinks: the SinkFanout of the sinks that
-    take records; face_cpu_s: the face's own CPU time."""
-    last = {gpu: (summary, ids, ended) for gpu, summary, ids, ended, _, _ in workers}  # each GPU's newest
+    """workers: every worker of the run, those that died and were replaced first; latency: the face's
+    RunHistogram of the records' total latency; face_sinks: the SinkFanout of the sinks that take records;
+    face_cpu_s: the face's own CPU time."""
+    last = {w.gpu: w for w in workers}  # each GPU's newest
     counts: dict[int, dict] = {}
-    for _, summary, ids, _, delivered, _ in workers:
+    for w in workers:
         # a summary's lists are by its stream IDs (added ones too); a worker that died: the frames it delivered
-        streams = summary["stream_ids"] if summary is not None else sorted({*ids, *delivered})
+        streams = w.summary["stream_ids"] if w.summary is not None else sorted({*w.ids, *w.delivered})
         for k, stream in enumerate(streams):
-            got = ({name: summary[name][k] for name in PER_STREAM} if summary is not None else
-                   {**dict.fromkeys(PER_STREAM, 0), "processed": delivered.get(stream, 0)})
+            got = ({name: w.summary[name][k] for name in PER_STREAM} if w.summary is not None else
+                   {**dict.fromkeys(PER_STREAM, 0), "processed": w.delivered.get(stream, 0)})
             counts[stream] = {name: counts.get(stream, {}).get(name, 0) + got[name] for name in PER_STREAM}
     ids = sorted(counts)
     per_stream = {name: [counts[i][name] for i in ids] for name in PER_STREAM}
     processed, dropped = sum(per_stream["processed"]), sum(per_stream["dropped"])
-    done = [w[1] for w in workers if w[1] is not None]
-    exits = [{"gpu": gpu, "restart": restart, "ended": ended, "frames_delivered": sum(delivered.values())}
-             for gpu, summary, _, ended, delivered, restart in workers if summary is None]
-    summary = {"seconds": round(seconds, 2), "backend": done[0]["backend"] if done else None,
+    done = [w for w in workers if w.summary is not None]
+    exits = [{"gpu": w.gpu, "restart": w.restart, "ended": w.ended, "frames_delivered": sum(w.delivered.values())}
+             for w in workers if w.summary is None]
+    summary = {"seconds": round(seconds, 2), "backend": done[0].summary["backend"] if done else None,
                **per_stream,
                "throughput_fps": round(processed / max(seconds, 1e-9), 2),
                "overloaded": dropped > 0,
                "dropped_share": round(dropped / max(1, sum(per_stream["captured"])), 4),
                "latency_ms": {"total": {str(q): round(latency.quantile(q), 2)
                                         for q in (0.5, 0.9, 0.99) if latency.count}},
-               "sink_failures": _sink_counts(sink_uris, done, face_sinks.failures(), "sink_failures", frame_schemes),
-               "sink_frames_dropped": _sink_counts(sink_uris, done, face_sinks.dropped(), "sink_frames_dropped",
-                                                   frame_schemes),
+               "sink_failures": _sink_counts(sink_uris, done, face_sinks.failures(), "sink_failures"),
+               "sink_frames_dropped": _sink_counts(sink_uris, done, face_sinks.dropped(), "sink_frames_dropped"),
                **({"delivery": delivery} if (delivery := face_sinks.deliveries()) else {}),
                # every process's: the workers' (their decode processes too) and the face's, also said apart
-               "cpu_cores": round(sum(s["cpu_cores"] for s in done) + face_cpu_s / max(seconds, 1e-9), 2),
+               "cpu_cores": round(sum(w.summary["cpu_cores"] for w in done) + face_cpu_s / max(seconds, 1e-9), 2),
                "face_cpu_cores": round(face_cpu_s / max(seconds, 1e-9), 3),
                **({"worker_exits": exits} if exits else {}),
-               "gpus": [{"gpu": gpu, "streams": ids, "ended": ended,
-                         "restarts": sum(1 for w in workers if w[0] == gpu) - 1,
-                         **({k: v for k, v in s.items() if k not in KEPT_APART} if s is not None else {})}
-                        for gpu, (s, ids, ended) in sorted(last.items())]}
-    failures = [f"gpu {g}: {s['failure']}" for g, (s, _, _) in last.items() if s is not None and s.get("failure")]
-    failures += [f"gpu {g}: its worker {ended}" for g, (s, _, ended) in last.items() if s is None]
+               "gpus": [{"gpu": gpu, "streams": w.ids, "ended": w.ended,
+                         "restarts": w.restart,
+                         **({k: v for k, v in w.summary.items() if k not in KEPT_APART} if w.summary else {})}
+                        for gpu, w in sorted(last.items())]}
+    failures = [f"gpu {g}: {w.summary['failure']}" for g, w in last.items() if w.summary and w.summary.get("failure")]
+    failures += [f"gpu {g}: its worker {w.ended}" for g, w in last.items() if w.summary is None]
     if failures:
         summary["failure"] = "; ".join(failures)
     return summary
 
 
-def _sink_counts(uris: list[str], done: list[dict], face_counts: list[int], key: str, frame_schemes) -> list[int]:
-    """A count per sink in the order given: the face's for the record sinks, the workers' sum for the frame sinks
-    (each worker's list holds its frame sinks in the same order, then its link to the face)."""
-    counts, face, frames = [], iter(face_counts), 0
-    for uri in uris:
-        if uri.split(":", 1)[0].lower() in frame_schemes:
-            counts.append(sum(s[key][frames] for s in done))
-            frames += 1
-        else:
-            counts.append(next(face))
+def _sink_counts(uris: list[str], done: list[Outcome], face_counts: list[int], key: str) -> list[int]:
+    """A count per sink in the order given: the face's for the sinks of records, the workers' sum for the frame
+    sinks (each worker's list holds its frame sinks in the order `drawn` says, then its link to the face: a
+    restarted worker has no jpeg: sink)."""
+    counts = [0] * len(uris)
+    for i, count in zip([i for i, u in enumerate(uris) if scheme_of(u) not in FRAME_SCHEMES], face_counts):
+        counts[i] = count
+    for w in done:
+        for position, i in enumerate(w.drawn):
+            counts[i] += w.summary[key][position]
     return counts

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jetpipe
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.gpus import channel
+from jetpipe.pipelines.gpus import channel, totals
 from jetpipe.pipelines.quantiles import RunHistogram
 from jetpipe.pipelines.sinks import FRAME_SCHEMES, scheme_of
 
@@ -27,10 +27,11 @@ START_TIMEOUT_S = 600.0  # a worker builds its pipeline (an engine may be built)
 class WorkerProcess:
     """One GPU's worker as the face sees it: its process, its lines read in a thread of their own."""
 
-    def __init__(self, job: channel.Job, on_record, restart: int = 0):
-        """job: its part (its fd is filled in here); restart: how many workers of this GPU died before this one."""
+    def __init__(self, job: channel.Job, on_record, restart: int = 0, drawn: list[int] = ()):
+        """job: its part (its fd is filled in here); restart: how many workers of this GPU died before this one;
+        drawn: where its frame sinks stand in the configuration's sinks (worker_config)."""
         gpu, ids = job.gpu, job.ids
-        self.gpu, self.ids, self.on_record, self.restart = gpu, ids, on_record, restart
+        self.gpu, self.ids, self.on_record, self.restart, self.drawn = gpu, ids, on_record, restart, list(drawn)
         self.token = job.config.control.token  # its control API's (the face forwards the callers' requests)
         self.given_up = False  # it died and is not started again
         self.delivered = dict.fromkeys(ids, 0)  # frames' records received from it, per stream
@@ -96,10 +97,10 @@ class WorkerProcess:
         return "ran to the end" if self.summary is not None else (
             f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}")
 
-    def outcome(self) -> tuple:
-        """What the summary takes of it: (GPU, its summary or None, its stream IDs, how it ended, the frames'
-        records it delivered per stream, its restart number)."""
-        return self.gpu, self.summary, self.ids, self.ended(), self.delivered, self.restart
+    def outcome(self) -> totals.Outcome:
+        """What the summary takes of it."""
+        return totals.Outcome(self.gpu, self.summary, self.ids, self.ended(), self.delivered, self.restart,
+                              self.drawn)
 
     def join(self, timeout: float | None = None) -> None:
         try:
@@ -121,23 +122,24 @@ class WorkerProcess:
                 pass
 
 
-def worker_config(config, sources: list, listen: bool, restart: int = 0):
-    """A worker's configuration: its sources, the sinks that draw frames, its metrics on loopback (a free port)
-    where the face serves them. A restarted worker (restart n > 0) draws into files of its own, `out-restartN.mp4`
-    beside `out.mp4` (a sink never writes over the files of the worker before it); a `jpeg:` folder, which holds
-    that worker's pictures under the same names, is left out and said."""
+def worker_config(config, sources: list, listen: bool, restart: int = 0) -> tuple:
+    """(a worker's configuration, where each of its frame sinks stands in config.sinks): its sources, the sinks
+    that draw frames, its metrics on loopback (a free port) where the face serves them. A restarted worker
+    (restart n > 0) draws into files of its own, `out-restartN.mp4` beside `out.mp4` (a sink never writes over
+    the files of the worker before it); a `jpeg:` folder, which holds that worker's pictures under the same
+    names, is left out and said."""
     part = copy.deepcopy(config)
     part.sources = [dataclasses.replace(s, gpu=None) for s in sources]
-    part.sinks = [restarted(u, restart) for u in config.sinks if scheme_of(u) in FRAME_SCHEMES]
-    dropped = [u for u in part.sinks if u is None]
-    if dropped:
+    frames = [i for i, u in enumerate(config.sinks) if scheme_of(u) in FRAME_SCHEMES]
+    drawn = [i for i in frames if restarted(config.sinks[i], restart) is not None]
+    if len(drawn) < len(frames):
         log.warning("the restarted worker draws no jpeg: pictures (its folder holds the earlier worker's under the "
                     "same names)")
-    part.sinks = [u for u in part.sinks if u is not None]
+    part.sinks = [restarted(config.sinks[i], restart) for i in drawn]
     part.metrics_listen, part.metrics_hosts, part.gpus = ("127.0.0.1:0" if listen else ""), [], None
     part.control.token = secrets.token_hex(16)  # the face's alone: callers go through the face
     part.control.max_streams = config.control.max_streams or len(config.sources)  # each GPU's slots
-    return part
+    return part, drawn
 
 
 def restarted(uri: str, restart: int) -> str | None:
