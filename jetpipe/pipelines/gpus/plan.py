@@ -14,6 +14,7 @@ from jetpipe import uri as uris
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_GPUS
 from jetpipe.runtime.probe import probe_gpu
+from jetpipe.runtime.triton_backend import is_triton
 
 GPUS_HELP = "all, or GPU numbers such as 0,1"
 SIMULATED_ENV = "JETPIPE_SIMULATED_GPUS"  # tests: N workers on the CPU runtime stand for N GPUs
@@ -51,7 +52,7 @@ def check(config, where: str) -> None:
     if config.backend == "onnxruntime-cpu":
         raise GpuError(f"{where}: --gpus runs a pipeline on each GPU; backend onnxruntime-cpu runs on the CPU: "
                        "drop --gpus, or use backend auto")
-    if config.backend.startswith("triton"):
+    if is_triton(config.backend):
         raise GpuError(f"{where}: --gpus with a Triton backend: the server places the model on its GPUs "
                        "(jetpipe export triton --gpus); drop --gpus here")
     for sink in config.sinks:

@@ -12,17 +12,14 @@ The workers answer as one daemon does (control.py: its statuses and JSON errors)
 
 from __future__ import annotations
 
-import hmac
 import json
 import threading
-import urllib.error
-import urllib.request
 
 from jetpipe.pipelines.config import SourceConfig
-from jetpipe.pipelines.gpus import plan
-from jetpipe.pipelines.http import guard
+from jetpipe.pipelines.gpus import plan, scrape
+from jetpipe.pipelines.http.control import JSON, error, json_body, ok, unauthorized
+from jetpipe.pipelines.streams import ControlError
 
-JSON = "application/json"
 FORWARD_TIMEOUT_S = 45.0  # a DELETE waits up to 30 s for the stream's frames (REMOVE_WAIT_S), then says 202
 
 
@@ -35,18 +32,18 @@ class FaceRoutes:
         return path == "/streams" or path.startswith("/streams/") or path == "/rules" or path.startswith("/rules/")
 
     def handle(self, method: str, path: str, authorization: str, body: bytes) -> tuple[int, str, str]:
-        given = guard.bearer_token(authorization)
-        if self.token and not hmac.compare_digest(given.encode(), self.token.encode()):
-            return _error(401, "the control API needs Authorization: Bearer TOKEN (the daemon's control token)")
+        refusal = unauthorized(self.token, authorization)
+        if refusal is not None:
+            return refusal
         if path.startswith("/rules"):
-            return _error(501, "rules through the control API are not served with --gpus yet: set the zones and "
+            return error(501, "rules through the control API are not served with --gpus yet: set the zones and "
                                "lines in the configuration")
         if path == "/streams" and method == "GET":
             return self._list()
         if path == "/streams" and method == "POST":
             return self._add(body)
         if path == "/streams":
-            return _error(405, f"{method} /streams: use GET (list) or POST (add)")
+            return error(405, f"{method} /streams: use GET (list) or POST (add)")
         return self._to_owner(method, path, body)
 
     def _list(self) -> tuple[int, str, str]:
@@ -58,20 +55,20 @@ class FaceRoutes:
             answer = json.loads(text)
             slots += answer["max_streams"]
             streams += [{**s, "gpu": worker.gpu} for s in answer["streams"]]
-        return _ok(200, {"gpus": [w.gpu for w in self.face.serving()], "max_streams": slots,
+        return ok(200, {"gpus": [w.gpu for w in self.face.serving()], "max_streams": slots,
                          "streams": sorted(streams, key=lambda s: s["id"])})
 
     def _add(self, body: bytes) -> tuple[int, str, str]:
         try:
-            table = json.loads(body.decode("utf-8")) if guard.json_depth(body) <= guard.MAX_JSON_DEPTH else None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            table = None
+            table = json_body(body, "/streams")
+        except ControlError as exc:
+            return error(exc.status, str(exc))
         if not isinstance(table, dict):
-            return _error(400, 'POST /streams: send one JSON object, e.g. {"uri": "rtsp://camera/stream"}')
+            return error(400, 'POST /streams: send one JSON object, e.g. {"uri": "rtsp://camera/stream"}')
         pin = table.get("gpu")
         serving = {w.gpu: w for w in self.face.serving()}
         if pin is not None and pin not in serving:
-            return _error(400, f"POST /streams: gpu = {pin!r}: the GPUs served are {', '.join(map(str, serving))}")
+            return error(400, f"POST /streams: gpu = {pin!r}: the GPUs served are {', '.join(map(str, serving))}")
         with self.lock:
             rate = plan.offered_rate(SourceConfig(str(table.get("uri", ""))))
             status, text = 409, json.dumps({"error": "no GPU has a free slot"})
@@ -80,7 +77,7 @@ class FaceRoutes:
                 if status == 201:
                     stream = json.loads(text)
                     self.face.placed.added(stream["id"], gpu, rate)
-                    return _ok(201, {**stream, "gpu": gpu})
+                    return ok(201, {**stream, "gpu": gpu})
                 if status != 409:  # the worker's no to this source (400, 403, 422): the same on every GPU
                     break
         return status, text, JSON
@@ -90,7 +87,7 @@ class FaceRoutes:
         gpu = self.face.placed.gpu_of.get(int(text)) if text.isdigit() and len(text) <= 9 else None
         worker = next((w for w in self.face.serving() if w.gpu == gpu), None)
         if worker is None:
-            return _error(404, f"{path[:100]}: no such stream (GET /streams lists them)")
+            return error(404, f"{path[:100]}: no such stream (GET /streams lists them)")
         status, answer = forward(worker, method, path, body)
         if method == "DELETE" and status in (200, 202):
             self.face.placed.removed(int(text))
@@ -101,20 +98,9 @@ class FaceRoutes:
 
 def forward(worker, method: str, path: str, body: bytes = b"") -> tuple[int, str]:
     """(status, body) of the request sent on to a worker's control API; 503 where it does not answer."""
-    request = urllib.request.Request(f"http://{worker.hello['address']}{path}", data=body or None, method=method,
-                                     headers={"Authorization": f"Bearer {worker.token}", "Content-Type": JSON})
-    try:
-        with urllib.request.urlopen(request, timeout=FORWARD_TIMEOUT_S) as reply:  # noqa: S310 (loopback)
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except OSError as exc:
-        return 503, json.dumps({"error": f"GPU {worker.gpu}'s worker does not answer ({exc}): try again"}) + "\n"
-
-
-def _ok(status: int, value) -> tuple[int, str, str]:
-    return status, json.dumps(value) + "\n", JSON
-
-
-def _error(status: int, reason: str) -> tuple[int, str, str]:
-    return status, json.dumps({"error": reason}) + "\n", JSON
+    headers = {"Authorization": f"Bearer {worker.token}", "Content-Type": JSON}
+    status, answer, _ = scrape.request(worker.hello["address"], path, method, body, headers, FORWARD_TIMEOUT_S)
+    if not status:
+        return 503, json.dumps({"error": f"GPU {worker.gpu}'s worker does not answer ({answer.decode()}): "
+                                         "try again"}) + "\n"
+    return status, answer.decode(errors="replace")

@@ -19,8 +19,16 @@ def fetch(address: str, path: str) -> tuple[int, str]:
 
 def fetch_bytes(address: str, path: str) -> tuple[int, bytes, str]:
     """(status, body, content type) of GET http://address/path; (0, why, text/plain) where none came."""
+    return request(address, path)
+
+
+def request(address: str, path: str, method: str = "GET", body: bytes = b"", headers: dict | None = None,
+            timeout: float = SCRAPE_TIMEOUT_S) -> tuple[int, bytes, str]:
+    """(status, body, content type) of a request to a worker's server on loopback (the face's way to each
+    worker: its pages and its control API); (0, why, text/plain) where no answer came."""
+    sent = urllib.request.Request(f"http://{address}{path}", data=body or None, method=method, headers=headers or {})
     try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=SCRAPE_TIMEOUT_S) as reply:  # noqa: S310
+        with urllib.request.urlopen(sent, timeout=timeout) as reply:  # noqa: S310 (loopback)
             return reply.status, reply.read(), reply.headers.get("Content-Type", "text/plain")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(), exc.headers.get("Content-Type", "text/plain")

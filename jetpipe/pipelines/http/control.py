@@ -84,39 +84,39 @@ class Control:
 
     def handle(self, method: str, path: str, authorization: str, body: bytes) -> tuple[int, str, str]:
         """(status, JSON body, content type) for a request to /streams or /streams/ID."""
-        given = guard.bearer_token(authorization)
-        if self.token and not hmac.compare_digest(given.encode(), self.token.encode()):
-            return _error(401, "the control API needs Authorization: Bearer TOKEN (the daemon's control token)")
+        refusal = unauthorized(self.token, authorization)
+        if refusal is not None:
+            return refusal
         try:
             return self._route(method, path, body)
         except ControlError as exc:
-            return _error(exc.status, str(exc))
+            return error(exc.status, str(exc))
         except ConfigError as exc:
-            return _error(400, str(exc))
+            return error(400, str(exc))
 
     def _route(self, method: str, path: str, body: bytes) -> tuple[int, str, str]:
         if self.rules.handles(path):
-            return _ok(*self.rules.route(method, path, _json(body, path) if method in ("POST", "PUT") else None))
+            return ok(*self.rules.route(method, path, json_body(body, path) if method in ("POST", "PUT") else None))
         if path == "/streams":
             if method == "GET":
-                return _ok(200, self.pipeline.list_streams())
+                return ok(200, self.pipeline.list_streams())
             if method == "POST":
-                spec = source_from_table(_json(body, path), "POST /streams")
+                spec = source_from_table(json_body(body, path), "POST /streams")
                 self.policy.check(spec)
-                return _ok(201, self.pipeline.add_stream(spec))
-            return _error(405, f"{method} /streams: use GET (list) or POST (add)")
+                return ok(201, self.pipeline.add_stream(spec))
+            return error(405, f"{method} /streams: use GET (list) or POST (add)")
         if path.endswith("/clips"):
             if method != "POST":
-                return _error(405, f"{method} {path}: use POST (a clip of the stream around now)")
-            asked = _json(body, path) if body.strip() else {}
-            return _ok(202, self.pipeline.request_clip(_stream_id(path.removesuffix("/clips")), asked))
+                return error(405, f"{method} {path}: use POST (a clip of the stream around now)")
+            asked = json_body(body, path) if body.strip() else {}
+            return ok(202, self.pipeline.request_clip(_stream_id(path.removesuffix("/clips")), asked))
         stream_id = _stream_id(path)
         if method == "GET":
-            return _ok(200, self.pipeline.describe_stream(stream_id))
+            return ok(200, self.pipeline.describe_stream(stream_id))
         if method == "DELETE":
             status, stream = self.pipeline.remove_stream(stream_id)
-            return _ok(status, stream)
-        return _error(405, f"{method} {path}: use GET or DELETE")
+            return ok(status, stream)
+        return error(405, f"{method} {path}: use GET or DELETE")
 
 
 def _stream_id(path: str) -> int:
@@ -130,7 +130,16 @@ EXAMPLES = {"/streams": '{"uri": "rtsp://camera/stream"}', "/clips": '{"before_s
             "/rules": '{"kind": "line", "name": "door", "points": [[0.5, 0], [0.5, 1]]}'}
 
 
-def _json(body: bytes, path: str):
+def unauthorized(token: str, authorization: str) -> tuple[int, str, str] | None:
+    """The 401 answer where a token is set and the request's Authorization does not carry it; None: go on."""
+    given = guard.bearer_token(authorization)
+    if token and not hmac.compare_digest(given.encode(), token.encode()):
+        return error(401, "the control API needs Authorization: Bearer TOKEN (the daemon's control token)")
+    return None
+
+
+def json_body(body: bytes, path: str):
+    """A request's JSON body (ControlError 400 naming what to send where it is not JSON or nests too deep)."""
     example = EXAMPLES["/rules" if path.startswith("/rules") else "/clips" if path.endswith("/clips") else "/streams"]
     if guard.json_depth(body) > guard.MAX_JSON_DEPTH:
         raise ControlError(400, f"{path[:100]}: the body nests deeper than {guard.MAX_JSON_DEPTH} levels: send "
@@ -141,9 +150,9 @@ def _json(body: bytes, path: str):
         raise ControlError(400, f"{path[:100]}: the body is not JSON ({exc}): send {example}") from None
 
 
-def _ok(status: int, value) -> tuple[int, str, str]:
+def ok(status: int, value) -> tuple[int, str, str]:
     return status, json.dumps(value) + "\n", JSON
 
 
-def _error(status: int, reason: str) -> tuple[int, str, str]:
+def error(status: int, reason: str) -> tuple[int, str, str]:
     return status, json.dumps({"error": reason}) + "\n", JSON
