@@ -149,6 +149,30 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(det
     assert _frames_in(tmp_path / "drawn-restart1-s1.mp4") > 0 and _frames_in(tmp_path / "drawn-s0.mp4") > 0
 
 
+def test_a_worker_that_does_not_stop_is_killed_after_the_drain_bound(det_bundle, tmp_path):
+    """GPU 1's worker frozen (SIGSTOP), then SIGTERM: the face ends anyway, stop_timeout_s + LEFT_BEHIND_S
+    after the stop (it waited for ever before), says the kill, and GPU 0's stream is whole."""
+    out, port = tmp_path / "records.jsonl", _free_port()
+    config = tmp_path / "serve.toml"
+    config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\ngpus = [0, 1]\nstop_timeout_s = 1\n'
+                      f'[metrics]\nlisten = "127.0.0.1:{port}"\n[[sink]]\nuri = "jsonl:{out}"\n'
+                      '[[source]]\nuri = "synthetic:96x64@5"\n[[source]]\nuri = "synthetic:96x64@5"\n')
+    face = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", str(config), "--summary",
+                             str(tmp_path / "summary.json")], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    with _killed_at_the_end(face):
+        _wait_for_line(face, "metrics of 2 GPU(s) on http://")
+        assert _wait_until(lambda: _records_of(out, 0) >= 2)
+        frozen = _worker_pid(face.pid, gpu=1)
+        os.kill(frozen, signal.SIGSTOP)
+        face.send_signal(signal.SIGTERM)
+        stdout, stderr = face.communicate(timeout=120)
+    assert face.returncode == 1 and "GPU 1's worker did not stop: killed" in stderr, stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+    assert summary["failure"] == "gpu 1: its worker was killed by signal 9"
+    assert summary["processed"][0] == _records_of(out, 0) > 0
+
+
 def test_streams_added_through_the_face_go_where_there_is_headroom_and_come_back_whole(det_bundle, tmp_path):
     token = "t" * 32
     out, port = tmp_path / "records.jsonl", _free_port()

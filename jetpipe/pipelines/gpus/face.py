@@ -27,7 +27,7 @@ from jetpipe.pipelines.sinks import FRAME_SCHEMES, SinkFanout, open_sinks, schem
 
 log = logging.getLogger(__name__)
 
-LEFT_BEHIND_S = 30.0  # after every worker was told to stop: one still running then is killed
+LEFT_BEHIND_S = 10.0  # beyond its drain's bound (stop_timeout_s) a worker told to stop has this long, then is killed
 MAX_RESTARTS = 3  # a GPU's worker started again at most this often in a run (a fault that repeats is said)
 
 
@@ -35,6 +35,7 @@ class Face:
     def __init__(self, config):
         self.config = config
         self.stopping = threading.Event()
+        self.stopped_at: float | None = None  # when the first stop came (the workers' ends are bounded from then)
         self.interrupted: dict | None = None
         self.closers: list = []
         gpus = plan.resolve(config.gpus, config, "--gpus")
@@ -121,11 +122,13 @@ class Face:
 
     # --- the run ------------------------------------------------------------------------------------
     def stop(self) -> None:
+        self.stopped_at = self.stopped_at or time.monotonic()
         self.stopping.set()
         for worker in self.workers:
             worker.tell("stop")
 
     def abort(self, signal_name: str) -> None:
+        self.stopped_at = self.stopped_at or time.monotonic()
         self.stopping.set()
         self.interrupted = {"signal": signal_name}
         for worker in self.workers:
@@ -141,20 +144,27 @@ class Face:
         started, cpu_started = time.monotonic(), time.process_time()
         writer = threading.Thread(target=self.sinks.run, name="sinks", daemon=True)
         writer.start()
-        while any(w.alive() for w in self.workers) or any(self._dead()):
+        while (any(w.alive() for w in self.workers) or any(self._dead())) and not self._overdue():
+            if self.config.duration and time.monotonic() - started >= self.config.duration:
+                self.stop()  # the workers keep their own duration: this bounds their ends from now
             for worker in self._dead():
                 if self.stopping.is_set():
                     worker.given_up = True  # a stop asked meanwhile: not started again
                 else:
                     self._replace(worker)
             time.sleep(0.1)
-        for worker in self.workers:
-            worker.join(LEFT_BEHIND_S)
+        for worker in self.workers:  # one still running past its bound is killed (said, and the run's failure)
+            worker.join(0.0 if self._overdue() else None)
         seconds = time.monotonic() - started
         self.sinks.finish()
         writer.join()
         self.sinks.close()
         return self.summary(seconds, time.process_time() - cpu_started)
+
+    def _overdue(self) -> bool:
+        """A stop came longer ago than the workers' drain bound (stop_timeout_s; 0: none) and LEFT_BEHIND_S."""
+        bound = self.config.stop_timeout_s
+        return bool(self.stopped_at and bound and time.monotonic() - self.stopped_at > bound + LEFT_BEHIND_S)
 
     def _dead(self) -> list[WorkerProcess]:
         """Workers that ended without their summary (killed, crashed) and are not yet replaced or given up."""
