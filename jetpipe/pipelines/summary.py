@@ -33,13 +33,19 @@ class Report:
                 "fps": round(self.metrics.fps(stream.slot), 2), **self.live_counts(stream)}
 
     def stream_counts(self) -> list[dict]:
-        """Every stream's counters by ID: those in slots now, and those removed as they were then."""
+        """Every stream's counters in the order of stream_ids(): those in slots now, and those removed as they
+        were then."""
         with self.streams.lock:
             live = {s.id: s for s in self.streams.live()}
             retired = dict(self.streams.retired)
         return [retired[i] if i in retired else {"uri": live[i].spec.uri, "state": live[i].state,
                                                  **self.live_counts(live[i])}
-                for i in sorted([*live, *retired])]
+                for i in _by_id(live, retired)]
+
+    def stream_ids(self) -> list[int]:
+        """The IDs the summary's per-stream lists follow (a GPU's worker tells the face which is which)."""
+        with self.streams.lock:
+            return _by_id({s.id: s for s in self.streams.live()}, self.streams.retired)
 
     def totals(self) -> dict[str, int]:
         """Each counter summed over every stream, removed ones included."""
@@ -105,6 +111,10 @@ class Report:
                 **({"snapshots": self.snapshots.summary()} if self.snapshots is not None else {}),
                 **({"interrupted": dict(interrupted)} if interrupted else {}),
                 **({"failure": failure} if failure else {})}
+
+
+def _by_id(live: dict, retired: dict) -> list[int]:
+    return sorted([*live, *retired])
 
 
 def live_counts(stream, metrics, batcher) -> dict:

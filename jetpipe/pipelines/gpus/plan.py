@@ -13,6 +13,7 @@ import os
 from jetpipe import uri as uris
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_GPUS
+from jetpipe.pipelines.sinks import scheme_of
 from jetpipe.runtime.probe import probe_gpu
 from jetpipe.runtime.triton_backend import is_triton
 
@@ -56,7 +57,7 @@ def check(config, where: str) -> None:
         raise GpuError(f"{where}: --gpus with a Triton backend: the server places the model on its GPUs "
                        "(jetpipe export triton --gpus); drop --gpus here")
     for sink in config.sinks:
-        if sink.lower().startswith("rtsp:"):
+        if scheme_of(sink) == "rtsp":
             raise GpuError(f"{where}: sink {sink}: an RTSP server serves one process's frames, and with --gpus "
                            "each GPU's frames stay in its worker: drop the rtsp sink or --gpus")
     if config.decode_processes:

@@ -36,10 +36,7 @@ def main() -> int:
     outbox.send("H", {"address": address, "backend": pipeline.runtime.backend_name})
     threading.Thread(target=_obey, args=(pipeline, sys.stdin.buffer), name="face", daemon=True).start()
     summary = pipeline.run()
-    streams = pipeline.streams  # the summary's per-stream lists are by ID: added and removed ones too
-    with streams.lock:
-        ids = sorted([s.id for s in streams.live()] + list(streams.retired))
-    outbox.send("S", {**summary, "stream_ids": ids})
+    outbox.send("S", {**summary, "stream_ids": pipeline.report.stream_ids()})  # the lists' IDs, added ones too
     outbox.close()
     return 0
 
