@@ -60,6 +60,15 @@ def _backend(value: str) -> str:
         raise argparse.ArgumentTypeError(f"invalid choice: {value!r} ({reason})") from None
 
 
+def _count_or_auto(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: a count, e.g. 1, or auto") from None
+
+
 def _add_convert(sub) -> None:
     p = sub.add_parser("convert", help="ONNX -> FP16/INT8 -> TensorRT engine bundle",
                        description="Convert an ONNX model (or a built-in model name, e.g. ppocr-det) "
@@ -253,10 +262,11 @@ def _add_serve(sub) -> None:
                    help="threads reading the streams that can share one (video files NVDEC decodes, synthetic "
                         "cameras), a frame each in turn; other streams get a thread each (default 0: half the "
                         "cores; N >= the streams: a thread each)")
-    p.add_argument("--decode-processes", type=int, metavar="N",
+    p.add_argument("--decode-processes", type=_count_or_auto, metavar="N|auto",
                    help="decode video files with NVDEC in N processes of their own, the frames written into this "
                         "process's GPU memory (CUDA IPC): for many streams into a light model, where decoding in "
-                        "this process holds it below NVDEC's rate (default 0: decode here)")
+                        "this process holds it below NVDEC's rate (0: decode here; default auto: one process where "
+                        "8 or more NVDEC files could go faster than this process decodes, said in the log)")
     p.add_argument("--decode-threads", type=int, metavar="N",
                    help="with --decode-processes: decoding threads in each (default 0: a thread a stream, 4 at "
                         "most); each waiting thread costs CPU (NVIDIA's video library polls for its frame)")

@@ -17,11 +17,14 @@ from pathlib import Path
 
 
 def run(bundle: str, video: str, streams: int, seconds: float, budget_ms: float, out: Path,
-        extra: tuple[str, ...] = ()) -> tuple[dict, dict]:
-    """(the row, the whole summary) of one `jetpipe serve` of `streams` live copies (extra: more flags)."""
-    summary = out / f"summary-{streams}-{'-'.join(extra).replace(',', '_') or 'plain'}.json"
+        extra: tuple[str, ...] = (), live: bool = True) -> tuple[dict, dict]:
+    """(the row, the whole summary) of one `jetpipe serve` of `streams` live copies (extra: more flags; live
+    False: looping files read as fast as they are taken, saturated)."""
+    name = "-".join(extra).replace(",", "_").replace("/", "_") or "plain"
+    summary = out / f"summary-{streams}-{name}{'' if live else '-files'}.json"
     command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", video] * streams),
-               "--loop", "--realtime", "--duration", str(seconds), "--metrics", "", "--summary", str(summary),
+               "--loop", *(["--realtime"] if live else []), "--duration", str(seconds), "--metrics", "",
+               "--summary", str(summary),
                *(["--latency-budget-ms", str(budget_ms)] if budget_ms else []), *extra]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:

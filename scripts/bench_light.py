@@ -123,7 +123,7 @@ def serve_child(args) -> None:
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=sources, duration=args.seconds,
                                      max_batch=args.max_batch, metrics_listen="", log_every_s=1e9, queue_depth=4,
                                      capture_threads=int(args.capture_threads),
-                                     decode_processes=int(args.decode_processes),
+                                     decode_processes=_processes(args.decode_processes),
                                      decode_threads=int(args.decode_threads)))
     pipeline = Pipeline(config)  # start-up (allocation, warm-up, decoders opened) is not timed
     paths = sorted({s.describe().rsplit("(", 1)[-1].rstrip(")") for s in pipeline.sources})
@@ -140,7 +140,9 @@ def serve_child(args) -> None:
     processed = sum(summary["processed"])
     total = summary["latency_ms"]["total"]
     print(json.dumps({"what": "serve", "streams": args.streams, "capture_threads": int(args.capture_threads),
-                      "decode_processes": int(args.decode_processes), "decode_threads": int(args.decode_threads),
+                      "decode_processes": _processes(args.decode_processes),
+                      "decoded_elsewhere": "decode_processes" in summary["cpu_seconds"],
+                      "decode_threads": int(args.decode_threads),
                       "switch_ms": sys.getswitchinterval() * 1000,
                       "threads": memory.threads, "paths": paths, "fps": processed / wall,
                       "frames": processed, "dropped": sum(summary["dropped"]), "failed": sum(summary["failed"]),
@@ -217,13 +219,18 @@ def _rss_mb() -> float:
 
 
 def run_child(what: str, clip: Path, streams: int, seconds: float, bundle: Path, max_batch: int,
-              capture_threads: int = 0, switch_ms: float = 0.0, decode_processes: int = 0,
+              capture_threads: int = 0, switch_ms: float = 0.0, decode_processes: int | str = 0,
               decode_threads: int = 0) -> dict:
     argv = [sys.executable, __file__, what, "--clip", str(clip), "--streams", str(streams), "--seconds",
             str(seconds), "--bundle", str(bundle), "--max-batch", str(max_batch), "--capture-threads",
             str(capture_threads), "--switch-ms", str(switch_ms), "--decode-processes", str(decode_processes),
             "--decode-threads", str(decode_threads)]
     return last_json(argv, {"what": what, "streams": streams}, timeout=900)
+
+
+def _processes(text: str) -> int | str:
+    """serve's decode_processes: a count, or auto (serve's default: decode_choice)."""
+    return text if text == "auto" else int(text)
 
 
 def convert(model: Path, out: Path, max_batch: int) -> Path:
@@ -242,7 +249,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--capture-threads", default="0", help="serve's capture_threads, one row each (0: default)")
     parser.add_argument("--decode-processes", default="0,1", help="serve's decode_processes, one row each (0: decode "
-                        "in the serving process; default 0,1: both, side by side)")
+                        "in the serving process; auto: serve's default; default 0,1: both, side by side)")
     parser.add_argument("--decode-threads", default="0", help="serve's decode_threads for the rows with decode "
                         "processes, one row each (0: serve's default, a thread a stream, 4 at most), e.g. 0,8")
     parser.add_argument("--switch-ms", default="0", help="serve's Python switch interval in ms, one row each "
@@ -289,7 +296,7 @@ def run_all(args) -> None:
             ceiling = run_child("decode", clip, n, args.seconds, bundle, args.max_batch)
             rows.append(ceiling)
             print(json.dumps(rows[-1]), flush=True)
-            variants = [(int(t), float(ms), int(dp), int(dt)) for t in args.capture_threads.split(",")
+            variants = [(int(t), float(ms), _processes(dp), int(dt)) for t in args.capture_threads.split(",")
                         for ms in args.switch_ms.split(",") for dp in args.decode_processes.split(",")
                         for dt in (args.decode_threads.split(",") if dp != "0" else ["0"])]
             for threads, switch_ms, processes, decode_threads in variants:

@@ -127,7 +127,7 @@ class PipelineConfig:
     latency_budget_ms: float = 0.0     # capture to results: batches cut to keep it (0: off, batch_timeout_ms only)
     queue_depth: int = 4               # frames per stream waiting to be batched
     capture_threads: int = 0           # threads reading the streams that can share one (NVDEC files): 0 = auto
-    decode_processes: int = 0          # processes NVDEC files are decoded in (0: in this process)
+    decode_processes: int | str = "auto"  # processes NVDEC files are decoded in (0: this one; auto: decode_choice)
     decode_threads: int = 0            # decoding threads in each (0: a thread a stream, 4 at most)
     backend: str = "auto"
     memory: str = "auto"
@@ -156,7 +156,7 @@ class PipelineConfig:
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
                   "latency_budget_ms": (int, float), "queue_depth": int, "capture_threads": int,
-                  "decode_processes": int, "decode_threads": int,
+                  "decode_processes": (int, str), "decode_threads": int,
                   "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float), "stop_timeout_s": (int, float),
@@ -283,7 +283,7 @@ def _check_types(where: str, table: dict, kinds: dict) -> None:
 
 def _kind_name(kind) -> str:
     names = {str: "a string", int: "an integer", list: "a list", (int, float): "a number",
-             bool: "true or false", (str, list): "a string or a list"}
+             bool: "true or false", (str, list): "a string or a list", (int, str): "an integer or a string"}
     return names.get(kind, str(kind))
 
 
@@ -409,8 +409,10 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (1 <= config.queue_depth <= MAX_QUEUE_DEPTH, "queue_depth", f"an integer from 1 to {MAX_QUEUE_DEPTH}"),
         (0 <= config.capture_threads <= MAX_STREAMS, "capture_threads",
          f"an integer from 0 (auto: half the cores) to {MAX_STREAMS}"),
-        (0 <= config.decode_processes <= MAX_DECODE_PROCESSES, "decode_processes",
-         f"an integer from 0 (decode in the serving process) to {MAX_DECODE_PROCESSES}"),
+        (config.decode_processes == "auto" or (type(config.decode_processes) is int
+                                                and 0 <= config.decode_processes <= MAX_DECODE_PROCESSES),
+         "decode_processes", f"auto (where they pay) or an integer from 0 (decode in the serving process) to "
+                             f"{MAX_DECODE_PROCESSES}"),
         (0 <= config.decode_threads <= MAX_DECODE_THREADS, "decode_threads",
          f"an integer from 0 (auto: a thread a stream, 4 at most) to {MAX_DECODE_THREADS}"),
         (config.backend in BACKENDS or is_triton(config.backend), "backend", BACKEND_HELP),
@@ -431,7 +433,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     for ok, key, allowed in checks:
         if not ok:
             raise ConfigError(f"{where}: {key} = {getattr(config, key)!r}: allowed {allowed}")
-    if config.decode_threads and not config.decode_processes:
+    if config.decode_threads and config.decode_processes == 0:
         raise ConfigError(f"{where}: decode_threads = {config.decode_threads} sets the threads of decode processes, "
                           "and there are none: add decode_processes = N (--decode-processes N)")
     _check_listen(config.metrics_listen, where)

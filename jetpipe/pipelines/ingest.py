@@ -13,7 +13,7 @@ import logging
 
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_SIDE
-from jetpipe.pipelines import rings
+from jetpipe.pipelines import decode_choice, rings
 from jetpipe.pipelines.capture import Capture, CaptureGroup, capture_threads
 from jetpipe.pipelines.config import ConfigError
 from jetpipe.pipelines.decode_procs import DecodeProcesses, RemoteNvdecSource
@@ -72,18 +72,32 @@ class Ingest:
             self.metrics.labels[slot] = None  # spare: no stream yet
 
     def _decode_processes(self, capacity: int) -> DecodeProcesses | None:
-        """The decode processes NVDEC files are decoded in (decode_processes), or None: none asked, or no NVDEC
-        here. At most one a stream."""
+        """The decode processes NVDEC files are decoded in (decode_processes; "auto": decode_choice), or None:
+        none asked or chosen, or no NVDEC here. At most one a stream."""
         asked = self.config.decode_processes
         if not asked:
             return None
         if not self.runtime.decodes_to_device:
-            log.info("decode_processes = %d: no NVDEC here (the GPU runtime and PyNvVideoCodec on a discrete GPU); "
-                     "sources are decoded in this process", asked)
+            if asked != decode_choice.AUTO:
+                log.info("decode_processes = %d: no NVDEC here (the GPU runtime and PyNvVideoCodec on a discrete "
+                         "GPU); sources are decoded in this process", asked)
             return None
+        if asked == decode_choice.AUTO:
+            asked = self._chosen_decode_processes()
+            if not asked:
+                return None
         return DecodeProcesses(min(asked, capacity), self.runtime.device, DecodedElsewhere(self.capture),
                                lambda target, name: self.start_thread(target, "sources", name=name),
                                streams=capacity, threads=self.config.decode_threads)
+
+    def _chosen_decode_processes(self) -> int:
+        """decode_processes = "auto": by the NVDEC files configured and the model's rate, measured now where
+        they are enough to matter (said in the log; streams added later go where this put them)."""
+        files = [spec for spec in self.config.sources if _decodable_elsewhere(spec)]
+        engine_fps = self.runtime.max_batch_fps() if len(files) >= decode_choice.MIN_FILES else None
+        choice = decode_choice.choose(len(files), sum(spec.realtime for spec in files), engine_fps)
+        log.info("decode_processes auto: %s", choice.why)
+        return choice.processes
 
     def open_source(self, spec, seed: int):
         uri = parse_uri(spec.uri)

@@ -148,9 +148,15 @@ class RuntimeBase:
         raise JetpipeError("frames in device memory need the GPU runtime")
 
     def engine_times(self, sizes) -> dict[int, float]:
-        """Seconds a batch of each size takes, where the runtime measures them before serving ({}: it does not;
-        the GPU runtime's warm-up runs every size and the batches' CUDA events time them as they come)."""
+        """Seconds a batch of each size takes, where the runtime measures them before serving ({}: it does not, and
+        the batches' own times are learnt as they come)."""
         return {}
+
+    def max_batch_fps(self) -> float | None:
+        """Frames a second the model runs at its largest batch, measured now (engine_times; None where the
+        runtime does not measure)."""
+        seconds = self.engine_times((self.max_batch,)).get(self.max_batch)
+        return self.max_batch / seconds if seconds else None
 
     def jpeg_encoder(self, choice: str, quality: int, buffers: int, max_hw: tuple[int, int]):
         """The JPEG encoder of snapshots and the jpeg: sink (runtime.jpeg): OpenCV's on the CPU runtime; `gpu`

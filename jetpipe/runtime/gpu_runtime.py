@@ -11,6 +11,7 @@ batch k+1's inference. Frame memory by strategy:
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from jetpipe.runtime.trt_builder import import_family
 log = logging.getLogger(__name__)
 
 ENGINE_BACKENDS = ("tensorrt", "tensorrt-rtx")
+TIMED_RUNS = 5  # runs of each batch size engine_times() averages (a few ms each for the models served)
 # profiling events: frame upload (copy stream), kernel, inference, GPU postprocessing, download (compute stream)
 STAGE_MARKS = ("h2d_start", "h2d_end", "pre_start", "pre_end", "infer_end", "post_end", "d2h_end")
 STAGES = {"h2d": ("h2d_start", "h2d_end"), "preprocess": ("pre_start", "pre_end"),
@@ -252,6 +254,23 @@ class GpuRuntime(RuntimeBase):
                     self.backend.run(buffers_index, batch, self.compute_stream, width)
         self.compute_stream.synchronize()
         self.backend.capture_graphs(self.compute_stream)
+
+    def engine_times(self, sizes) -> dict[int, float]:
+        """Seconds a batch of each size takes the model at the bundle's width, timed now over a few runs after
+        warm-up (call before serving: the runs use the first buffer set); {} for a server's model (its time is
+        the server's, measured as batches come)."""
+        if self.remote:
+            return {}
+        times = {}
+        with self.device.active():
+            for size in sorted({min(max(1, int(s)), self.max_batch) for s in sizes}):
+                self.compute_stream.synchronize()
+                start = time.perf_counter()
+                for _ in range(TIMED_RUNS):
+                    self.backend.run(0, size, self.compute_stream, self.width_of(None))
+                self.compute_stream.synchronize()
+                times[size] = (time.perf_counter() - start) / TIMED_RUNS
+        return times
 
     def submit(self, frames, width: int | None = None) -> Ticket:
         """Queue one batch on the GPU's streams and return (collect() waits for it). width: the input width

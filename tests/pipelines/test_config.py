@@ -24,13 +24,15 @@ HEAD = "[pipeline]\nbundle = 'b'\n"
     (HEAD + "[[source]]\nuri = 'synthetic'\n[metrics]\nlisten = 'notaport'\n", r"listen = 'notaport': write HOST:PORT"),
     (HEAD + "[[source]]\nuri = 'synthetic'\n[metrics]\nlisten = ':99999'\n", r"listen = ':99999': write HOST:PORT"),
     (HEAD + "decode_processes = 33\n[[source]]\nuri = 'synthetic'\n",
-     r"decode_processes = 33: allowed an integer from 0 \(decode in the serving process\) to 32"),
-    (HEAD + "decode_processes = 1.5\n[[source]]\nuri = 'synthetic'\n", r"decode_processes = 1.5: expected an integer"),
+     r"decode_processes = 33: allowed auto \(where they pay\) or an integer from 0 \(decode in the serving "
+     r"process\) to 32"),
+    (HEAD + "decode_processes = 1.5\n[[source]]\nuri = 'synthetic'\n",
+     r"decode_processes = 1.5: expected an integer or a string"),
     (HEAD + "decode_threads = 33\n[[source]]\nuri = 'synthetic'\n",
      r"decode_threads = 33: allowed an integer from 0 \(auto: a thread a stream, 4 at most\) to 32"),
     (HEAD + "decode_threads = -1\n[[source]]\nuri = 'synthetic'\n", r"decode_threads = -1: allowed an integer"),
-    (HEAD + "decode_threads = 8\n[[source]]\nuri = 'synthetic'\n", r"decode_threads = 8 sets the threads of "
-     r"decode processes, and there are none: add decode_processes = N"),
+    (HEAD + "decode_processes = 0\ndecode_threads = 8\n[[source]]\nuri = 'synthetic'\n", r"decode_threads = 8 sets "
+     r"the threads of decode processes, and there are none: add decode_processes = N"),
 ])
 def test_config_traps_are_named(tmp_path, text, message):
     path = tmp_path / "c.toml"

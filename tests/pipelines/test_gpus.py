@@ -43,6 +43,14 @@ def test_a_faster_gpu_takes_more_and_streams_already_served_count():
     assert plan.place([30.0] * 2, [0, 1], [None] * 2, loads={0: 90.0}) == [1, 1]
 
 
+def test_an_added_stream_goes_by_each_gpus_measured_rate_where_every_one_was_measured():
+    placed = plan.Placed([0, 1], [0, 1, 0], [30.0] * 3)  # GPU 0 serves 60 frames/s, GPU 1 30
+    assert placed.order(30.0, None, [0, 1]) == [1, 0]
+    assert placed.order(30.0, None, [0, 1], {0: 1000.0, 1: 300.0}) == [0, 1]  # 90/1000 < 60/300
+    assert placed.order(30.0, None, [0, 1], {0: 1000.0, 1: None}) == [1, 0]  # one unmeasured: alike
+    assert placed.order(30.0, 1, [0, 1], {0: 1000.0, 1: 300.0}) == [1]
+
+
 def test_a_synthetic_camera_offers_its_rate():
     assert plan.offered_rate(SourceConfig("synthetic:64x64@12")) == 12.0
     assert plan.offered_rate(SourceConfig("rtsp://camera/stream")) == plan.CAMERA_FPS

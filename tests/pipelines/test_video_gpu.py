@@ -3,6 +3,7 @@
 Needs PyCUDA, onnxruntime-gpu, PyNvVideoCodec and ffmpeg (to encode the clips at test time).
 """
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -123,6 +124,30 @@ def _records(path):
         r = json.loads(line)
         records[(r["stream"], r["frame"])] = {k: v for k, v in r.items() if k not in timing}
     return records
+
+
+def test_engine_times_are_measured_for_each_size_asked(runtime):
+    times = runtime.engine_times((1, 4, 99))  # 99: the max batch, 4
+    assert sorted(times) == [1, 4] and all(t > 0 for t in times.values())
+    assert runtime.max_batch_fps() > 0
+
+
+def test_auto_decode_processes_go_by_the_measured_model_and_say_so(det_bundle, clips, caplog, monkeypatch):
+    """decode_processes auto (the default), 8 NVDEC files: det runs below what this process decodes, so they are
+    decoded here; with that bar set below the model's measured rate, in one process of their own. Every frame
+    through either way, the choice said in the log."""
+    from jetpipe.pipelines import decode_choice
+
+    sources = [SourceConfig(str(clips["h264"])) for _ in range(decode_choice.MIN_FILES)]
+    for bar, processes in ((1e9, 0), (1.0, 1)):
+        monkeypatch.setattr(decode_choice, "SERVING_DECODE_FPS", bar)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="jetpipe.pipelines.ingest"):
+            summary = Pipeline(_config(det_bundle, sources, backend="onnxruntime-cuda", max_batch=4)).run()
+        said = [r.getMessage() for r in caplog.records if "decode_processes auto:" in r.getMessage()]
+        assert len(said) == 1 and ("process of its own" in said[0]) == bool(processes), said
+        assert ("decode_processes" in summary["cpu_seconds"]) == bool(processes), summary["cpu_seconds"]
+        assert summary["processed"] == [24] * len(sources) and summary["failed"] == [0] * len(sources)
 
 
 def test_decode_processes_give_the_records_of_decoding_in_the_serving_process(det_bundle, clips, tmp_path):

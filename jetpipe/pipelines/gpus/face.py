@@ -40,8 +40,10 @@ class Face:
         self.closers: list = []
         gpus = plan.resolve(config.gpus, config, "--gpus")
         models = plan.models_of(gpus)
-        if len(set(models.values())) > 1:
-            log.warning("the GPUs differ (%s): streams are placed as if they were alike, and a TensorRT engine "
+        self.alike = len(set(models.values())) <= 1  # else added streams are placed by each GPU's model rate
+        if not self.alike:
+            log.warning("the GPUs differ (%s): streams are placed at start-up as if they were alike, those added "
+                        "later by the rate each GPU's worker measured its model at; a TensorRT engine "
                         "runs only on the GPU model it was built for (each worker checks it): convert on each model, "
                         "or serve the ONNX model", ", ".join(f"{g}: {name}" for g, name in models.items()))
         rates = [plan.offered_rate(s) for s in config.sources]

@@ -60,9 +60,6 @@ def check(config, where: str) -> None:
         if scheme_of(sink) == "rtsp":
             raise GpuError(f"{where}: sink {sink}: an RTSP server serves one process's frames, and with --gpus "
                            "each GPU's frames stay in its worker: drop the rtsp sink or --gpus")
-    if config.decode_processes:
-        raise GpuError(f"{where}: decode_processes with --gpus: each GPU's worker decodes its own streams; "
-                       "drop decode_processes")
 
 
 def resolve(asked, config, where: str) -> list[int]:
@@ -145,12 +142,17 @@ class Placed:
         given = [i for i, g in self.gpu_of.items() if g == gpu and i >= self.total]
         return max(given) + self.stride if given else self.total + self.gpus.index(gpu)
 
-    def order(self, rate: float, pin: int | None, serving: list[int]) -> list[int]:
-        """The GPUs to try for a new stream, best first: the pinned one alone, else by load after it."""
+    def order(self, rate: float, pin: int | None, serving: list[int],
+              capacities: dict[int, float | None] | None = None) -> list[int]:
+        """The GPUs to try for a new stream, best first: the pinned one alone, else by load after it: the
+        offered frames/s over what the GPU's model runs (capacities: measured by each worker at start-up; the
+        GPUs alike unless every one was measured)."""
         if pin is not None:
             return [pin]
+        known = capacities or {}
+        capacity = {g: known[g] if all(known.get(s) for s in serving) else 1.0 for g in serving}
         loads = {g: sum(self.rate_of[i] for i in self.live if self.gpu_of[i] == g) for g in serving}
-        return sorted(serving, key=lambda g: (loads[g] + rate, g))
+        return sorted(serving, key=lambda g: ((loads[g] + rate) / capacity[g], loads[g], g))
 
     def added(self, stream: int, gpu: int, rate: float) -> None:
         self.gpu_of[stream], self.rate_of[stream] = gpu, rate

@@ -72,7 +72,9 @@ class FaceRoutes:
         with self.lock:
             rate = plan.offered_rate(SourceConfig(str(table.get("uri", ""))))
             status, text = 409, json.dumps({"error": "no GPU has a free slot"})
-            for gpu in self.face.placed.order(rate, pin, list(serving)):
+            # GPUs of one model measure a few per cent apart, noise: weighed only where the models differ
+            capacities = None if self.face.alike else {g: w.hello.get("engine_fps") for g, w in serving.items()}
+            for gpu in self.face.placed.order(rate, pin, list(serving), capacities):
                 status, text = forward(serving[gpu], "POST", "/streams", body)
                 if status == 201:
                     stream = json.loads(text)

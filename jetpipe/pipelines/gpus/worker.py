@@ -33,7 +33,10 @@ def main() -> int:
         outbox.send("E", {"error": str(exc)})
         return 2
     address = pipeline.server.address if pipeline.server is not None else None
-    outbox.send("H", {"address": address, "backend": pipeline.runtime.backend_name})
+    engine_fps = pipeline.runtime.max_batch_fps()  # the face weighs the GPUs by it when placing added streams
+    if engine_fps:
+        log.info("the model runs %.0f frames/s at batch %d here", engine_fps, pipeline.runtime.max_batch)
+    outbox.send("H", {"address": address, "backend": pipeline.runtime.backend_name, "engine_fps": engine_fps})
     threading.Thread(target=_obey, args=(pipeline, sys.stdin.buffer), name="face", daemon=True).start()
     summary = pipeline.run()
     outbox.send("S", {**summary, "stream_ids": pipeline.report.stream_ids()})  # the lists' IDs, added ones too
