@@ -112,6 +112,9 @@ def test_two_workers_one_face_every_record_in_order_and_one_summary(det_bundle, 
         assert summary["captured"][stream] == 8 == summary["processed"][stream] + summary["dropped"][stream]
         assert {r["source"] for r in records if r["stream"] == stream} == {uris[stream]}
     assert summary["latency_ms"]["total"]["0.99"] > 0 and summary["throughput_fps"] > 0
+    # over the time the GPUs served, as one process counts it: not the workers' start-up, drain and exit too
+    assert summary["seconds"] == max(g["seconds"] for g in summary["gpus"]) < summary["face_seconds"]
+    assert summary["throughput_fps"] == round(sum(summary["processed"]) / summary["seconds"], 2)
     assert summary["sink_failures"] == [0, 0] and "failure" not in summary
     for stream in range(3):  # each drawn by the worker that has the stream's frames, named as one process names it
         assert _frames_in(tmp_path / f"drawn-s{stream}.mp4") == summary["processed"][stream]
@@ -244,7 +247,7 @@ def test_each_sinks_counts_are_its_own_when_a_restarted_worker_draws_fewer_sinks
 
     def summary(failures):
         return {"stream_ids": [0], **{name: [1] for name in PER_STREAM}, "backend": "b", "cpu_cores": 0.5,
-                "sink_failures": failures, "sink_frames_dropped": [0] * len(failures)}
+                "seconds": 1.0, "sink_failures": failures, "sink_frames_dropped": [0] * len(failures)}
 
     uris = ["jpeg:pictures", "video:out.mp4", "jsonl:out.jsonl"]
     first = Outcome(0, summary([1, 2, 0]), [0], "ran to the end", {}, 0, [0, 1])  # jpeg, video, the face's link
