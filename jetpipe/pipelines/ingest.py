@@ -94,8 +94,9 @@ class Ingest:
         """decode_processes = "auto": by the NVDEC files configured and the model's rate, measured now where
         they are enough to matter (said in the log; streams added later go where this put them)."""
         files = [spec for spec in self.config.sources if _decodable_elsewhere(spec)]
-        engine_fps = self.runtime.max_batch_fps() if len(files) >= decode_choice.MIN_FILES else None
-        choice = decode_choice.choose(len(files), sum(spec.realtime for spec in files), engine_fps)
+        clips = bool(self.config.clips.folder)
+        engine_fps = self.runtime.max_batch_fps() if len(files) >= decode_choice.MIN_FILES and not clips else None
+        choice = decode_choice.choose(len(files), sum(spec.realtime for spec in files), engine_fps, clips)
         log.info("decode_processes auto: %s", choice.why)
         return choice.processes
 
@@ -128,12 +129,14 @@ class Ingest:
 
     # --- capture ---------------------------------------------------------------------------------
     def start(self) -> None:
-        """Every stream in a slot now starts being read."""
+        """Every stream in a slot now starts being read: those not started already (the control API listens
+        from start-up, and starts a stream it adds at once: a second start was a second reader of its source)."""
         if self.decoders is not None:
             self.decoders.mark_cpu()
         with self.streams.lock:
             for stream in self.streams.live():
-                self.start_capture(stream)
+                if not stream.started:
+                    self.start_capture(stream)
 
     def start_capture(self, stream: Stream) -> None:
         """A stream whose reads never block for long is read by a shared capture thread (the least loaded),

@@ -515,3 +515,26 @@ def test_a_clip_asked_through_the_control_api_covers_the_seconds_around_now(serv
     plain = serving([CAMERA])
     status, answer = _json(plain.base, "POST", "/streams/0/clips", {})
     assert status == 409 and "clips are off" in answer["error"]
+
+
+def test_a_stream_added_before_the_run_starts_is_read_by_one_capture_only(det_bundle, tmp_path):
+    """The control API listens from start-up, before run() starts the captures: a stream added in between was
+    started twice (by the add and again by the run), two readers on one source (a PyAV file's: a segfault in
+    the suite); now once, its frames each read once, in order."""
+    out = tmp_path / "out.jsonl"
+    control = ControlConfig(enabled=True, max_streams=2)
+    config = validate(PipelineConfig(bundle=det_bundle, sources=[], sinks=[f"jsonl:{out}"],
+                                     metrics_listen=f"127.0.0.1:{_port()}",
+                                     backend="onnxruntime-cpu", frames=6, control=control))
+    pipeline = Pipeline(config)
+    added = pipeline.add_stream(SourceConfig("synthetic:64x48@30"))
+    runner = threading.Thread(target=lambda: setattr(pipeline, "summary", pipeline.run()))
+    runner.start()
+    try:
+        assert _wait_for(lambda: pipeline.metrics.captured[0] >= 6)
+    finally:
+        pipeline.stop()
+        runner.join(60)
+    frames = [json.loads(line)["frame"] for line in out.read_text().splitlines()
+              if json.loads(line)["stream"] == added["id"]]
+    assert frames == sorted(set(frames)) and len(frames) == pipeline.summary["processed"][0] > 0
