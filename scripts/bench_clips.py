@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -30,15 +31,46 @@ from bench_events import RULES, alternate, make_video, paired  # noqa: E402
 
 def serve(bundle: str, video: Path, streams: int, seconds: float, clips: Path | None, out: Path,
           decoder: str = "ffmpeg") -> dict:
+    """The run's summary, with `children_cpu_s`: the CPU of serve and of every process it ran (its ffmpegs)."""
     summary = out / f"summary-{time.monotonic_ns()}.json"
-    command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", str(video)] * streams),
-               "--decoder", decoder, "--loop", "--realtime", "--duration", str(seconds), "--metrics", "",
-               "--tracker", "bytetrack", "--summary", str(summary), *RULES,
+    cameras = Cameras(video, streams) if decoder == "ffmpeg-process" else None
+    sources = cameras.urls if cameras else [str(video)] * streams
+    pacing = ["--realtime"] if cameras else ["--decoder", decoder, "--loop", "--realtime"]
+    command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle,
+               *[arg for url in sources for arg in ("--source", url)], *pacing, "--duration", str(seconds),
+               "--metrics", "", "--tracker", "bytetrack", "--summary", str(summary), *RULES,
                *(["--clips", str(clips), "--clip-before", "3", "--clip-after", "2"] if clips else [])]
-    done = subprocess.run(command, capture_output=True, text=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finally:
+        if cameras:
+            cameras.close()
     if done.returncode != 0:
         raise SystemExit(f"jetpipe serve failed:\n{done.stderr[-3000:]}")
-    return json.loads(summary.read_text())["summary"]
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {**json.loads(summary.read_text())["summary"], "children_cpu_s": cpu}
+
+
+class Cameras:
+    """N network cameras sending the video as MPEG-TS over TCP on loopback (the tests' camera: each client gets
+    the stream from its start), read in real time (`--realtime`: ffmpeg's -re): live streams an ffmpeg process
+    decodes. Runs no longer than the video: past its end the stream starts again, faster than real time."""
+
+    def __init__(self, video: Path, count: int):
+        from tests.stream_server import StreamServer
+
+        ts = video.with_suffix(".ts")
+        if not ts.exists():
+            subprocess.run(["ffmpeg", "-v", "error", "-i", str(video), "-c", "copy", "-f", "mpegts", str(ts)],
+                           check=True)
+        self.servers = [StreamServer(ts.read_bytes()) for _ in range(count)]
+        self.urls = [server.url for server in self.servers]
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.unplug()
 
 
 def row(label: str, s: dict, clips: Path | None) -> dict:
@@ -46,6 +78,8 @@ def row(label: str, s: dict, clips: Path | None) -> dict:
     written = sorted(clips.glob("*.mp4")) if clips else []
     return {"run": label, "frames_per_s": s["throughput_fps"], "dropped": sum(s["dropped"]),
             "cpu_s_per_1000_frames": round(1000 * s["cpu_seconds"]["process"] / max(1, processed), 3),
+            # serve's and its decoders' (ffmpeg processes): what the ffmpeg-process path's clips cost is in both
+            "cpu_s_per_1000_frames_with_decoders": round(1000 * s["children_cpu_s"] / max(1, processed), 3),
             "cpu_cores": s["cpu_cores"], "cpu_seconds": s["cpu_seconds"], "p99_ms": s["latency_ms"]["total"]["0.99"],
             "clips": s.get("clips"), "clip_mb": round(sum(p.stat().st_size for p in written) / 1e6, 1),
             # the clips' own CPU (rings in the sources' threads, the cutting thread), as a share of the process's
@@ -60,9 +94,11 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--decoder", default="ffmpeg", choices=("ffmpeg", "nvdec"),
+    parser.add_argument("--decoder", default="ffmpeg", choices=("ffmpeg", "nvdec", "ffmpeg-process"),
                         help="ffmpeg: decoded in-process by PyAV (the container's packets kept); nvdec: by NVDEC in "
-                             "this process (its demuxer's Annex B packets kept)")
+                             "this process (its demuxer's Annex B packets kept); ffmpeg-process: network cameras "
+                             "(MPEG-TS over TCP, real time) decoded by an ffmpeg process each, which also copies "
+                             "their packets to a pipe")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="bench-clips-"))
@@ -75,6 +111,9 @@ def main() -> None:
 
     rows = alternate(args.repeats, [("no clips", False), ("clips", True)], run)
     off, on, difference = paired(rows, "no clips", "clips")
+    if args.decoder == "ffmpeg-process":
+        total = paired(rows, "no clips", "clips", "cpu_s_per_1000_frames_with_decoders")[2]
+        print(f"serve's and its ffmpegs' CPU per frame, clips against none: {total} %")
     share = [r["clips_cpu_share_percent"] for r in rows if r["run"].startswith("clips")]
     print(f"process CPU per frame, clips against none (each pair back to back): {difference} %; mean of the arms: "
           f"{round(100 * (sum(on) - sum(off)) / sum(off), 2)} %; the clips' own share of the process's CPU: {share} %")

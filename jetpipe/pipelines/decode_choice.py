@@ -25,10 +25,12 @@ class DecodeChoice:
     why: str
 
 
-def choose(files: int, realtime_files: int, engine_fps: float | None) -> DecodeChoice:
+def choose(files: int, realtime_files: int, engine_fps: float | None, clips: bool = False) -> DecodeChoice:
     """The decode processes for `files` NVDEC files (`realtime_files` of them paced as cameras; the others as
     fast as they are taken) into a model that runs `engine_fps` frames/s at its largest batch (None: not
-    measured here)."""
+    measured here); clips: clips are on (their rings keep the packets of streams decoded here alone)."""
+    if clips:
+        return DecodeChoice(0, "clips keep the packets of streams decoded in this process: decoding here")
     if files < MIN_FILES:
         return DecodeChoice(0, f"{files} NVDEC file(s), fewer than {MIN_FILES}: decoding in this process")
     offered = math.inf if files > realtime_files else realtime_files * LIVE_FILE_FPS

@@ -109,6 +109,53 @@ def test_a_clip_of_annex_b_packets_as_nvdec_demuxes_them_plays_its_frames(tmp_pa
     assert probe.stdout.strip() == codec
 
 
+@needs_ffmpeg
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+def test_a_network_stream_an_ffmpeg_process_decodes_keeps_its_own_packets_for_clips(tmp_path, codec):
+    """A camera's stream decoded by an ffmpeg process (no NVDEC: a CPU machine): the same ffmpeg copies its
+    packets to a second pipe, and the ring holds exactly the stream's packets (MD5s, all 180), on the frames' clock,
+    from a keyframe; a clip cut from them decodes to the stream's own pictures."""
+    import hashlib
+
+    import numpy as np
+
+    from jetpipe import uri as uris
+    from jetpipe.frames import frame_shape
+    from jetpipe.pipelines.sources import FFmpegSource, SourceError
+    from tests.stream_server import StreamServer
+
+    ts = tmp_path / "camera.ts"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(_video(tmp_path / "in.mkv", codec)), "-c", "copy", str(ts)],
+                   check=True)
+    camera = StreamServer(ts.read_bytes(), once=True)
+    source = FFmpegSource(uris.parse(camera.url))
+    source.packet_ring = PacketRing(60.0, 1 << 30, camera.url, None)
+    try:
+        info = source.open()
+        slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+        frames = []
+        with pytest.raises(SourceError, match="stream ended"):
+            while True:
+                frames.append(source.read_into(slot))
+    finally:
+        source.close()
+        camera.unplug()
+    ring = source.packet_ring
+    kept = [p for gop in ring.gops for p in gop.packets]
+    assert ring.annexb == codec and kept[0].key and len(kept) == len(frames) == 180
+    # the stream's packets as PyAV demuxes the camera's bytes from the file (ffprobe's FFmpeg splits HEVC's by a
+    # byte otherwise where its version differs)
+    assert [hashlib.md5(p.data).digest() for p in kept] == [hashlib.md5(p.data).digest()
+                                                            for gop in _ring_of(ts).gops for p in gop.packets]
+    assert sorted(p.t for p in kept) == pytest.approx(frames, abs=1e-3)  # frame k at k / 30 s (MKV: ms)
+    clip = tmp_path / "clip.mp4"
+    write_clip(clip, open_template(ring), ring.time_base, ring.between(2.2, 3.5))
+    assert _packets(clip)[0]["key"]
+    whole, cut = _frame_md5s(ts), _frame_md5s(clip)
+    first = whole.index(cut[0])
+    assert cut == whole[first:first + len(cut)] and len(cut) >= round(1.3 * 30)
+
+
 def test_a_ring_whose_clock_goes_back_starts_again():
     """NVDEC's looped file starts its times again; what was kept of the last pass goes (its times would mix)."""
     ring = PacketRing(10.0, 1 << 20, "x", None)
@@ -190,6 +237,37 @@ def test_events_get_clips_around_them_with_a_record_each(det_bundle, tmp_path, p
         assert record["end"] == pytest.approx(min(max(asked) + 2, last_frame), abs=0.51)  # within a frame (2 fps)
         assert record["asked"] == [pytest.approx(min(asked) - 4), pytest.approx(max(asked) + 2)]
     assert sorted(p.name for p in clips.iterdir()) == sorted(Path(r["path"]).name for r in ready)  # no temp left
+
+
+@needs_ffmpeg
+def test_a_cameras_events_get_clips_where_an_ffmpeg_process_decodes_it(det_bundle, tmp_path, panning_video,
+                                                                        panning_h264):
+    """The panning video from a network camera (MPEG-TS over TCP), decoded by an ffmpeg process as on a machine
+    without NVDEC: its events get clips of its own packets, each playing from a keyframe, announced by a
+    clip_ready record (before, such a stream had no clips: its frames came decoded)."""
+    from tests.pipelines.test_sources import as_mpegts
+    from tests.stream_server import StreamServer
+
+    camera = StreamServer(as_mpegts(panning_h264, tmp_path / "camera.ts").read_bytes(), once=True)
+    clips, x, config = tmp_path / "clips", 0.8, tmp_path / "serve.toml"
+    # the camera sends its 20 s at once (a real one sends them in real time): a queue that holds them all, so that
+    # no frame (and no crossing) is shed, and clips long enough that the ring keeps the whole stream meanwhile
+    config.write_text(f"[pipeline]\nbundle = '{det_bundle}'\nqueue_depth = 64\n[[source]]\nuri = '{camera.url}'\n")
+    try:
+        records, summary = _serve_argv(tmp_path, [
+            str(config), "--frames", "40", "--line", f"door:{x},0,{x},1", "--clips", str(clips), "--clip-before", "4",
+            "--clip-after", "16"])
+    finally:
+        camera.unplug()
+    events = {r["event_id"]: r for r in records if r.get("schema") == "jetpipe.event/1"}
+    ready = [r for r in records if r.get("schema") == "jetpipe.clip/1"]
+    assert summary["processed"] == [40] and len(events) == panning_video.crossings and ready
+    assert summary["clips"]["failed"] == 0 and sorted(e for r in ready for e in r["events"]) == sorted(events)
+    for record in ready:
+        packets = _packets(Path(record["path"]))
+        assert packets[0]["key"] and len(packets) == record["packets"] == _decoded_frames(Path(record["path"]))
+        asked = [events[e]["pts"] for e in record["events"]]
+        assert max(0.0, min(asked) - 4) - 2.0 <= record["start"] <= max(0.0, min(asked) - 4)  # GOP: 2 s
 
 
 def test_clip_options_are_checked_before_anything_runs(det_bundle, tmp_path, capsys, panning_h264):

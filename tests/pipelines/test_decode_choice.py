@@ -28,6 +28,11 @@ def test_decoding_stays_here_where_it_is_not_the_limit(files, realtime, engine_f
     assert choice.processes == 0 and held_by in choice.why and "decoding in this process" in choice.why
 
 
+def test_clips_keep_decoding_here_where_their_packets_are():
+    choice = choose(64, 0, LIGHT_FPS, clips=True)
+    assert choice.processes == 0 and "clips" in choice.why
+
+
 def test_enough_live_files_into_a_light_model_go_to_a_process():
     streams = int(SERVING_DECODE_FPS // 30) + 1
     assert choose(streams, streams, LIGHT_FPS).processes == 1

@@ -10,13 +10,16 @@ their last row/column (crop, still YUV): 4:2:0 needs even sizes.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 from dataclasses import dataclass
 from fractions import Fraction
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.sources import packet_tap
 from jetpipe.pipelines.sources.base import FrameInfo, SourceError
+from jetpipe.pipelines.sources.packet_tap import PacketTap
 from jetpipe.pipelines.sources.pipe import DecoderProcess, DecoderRuns, PipeSource
 from jetpipe.uri import SourceURI
 
@@ -31,6 +34,8 @@ NATIVE = {
 FALLBACK = ("nv12", "nv12", None)  # anything else (10-bit, 4:4:4): FFmpeg repacks to NV12, still YUV
 BT601_SPACES = ("smpte170m", "bt470bg", "fcc", "smpte240m")
 PROBE_TIMEOUT_S = 15
+
+log = logging.getLogger(__name__)
 
 
 def tools_available() -> str | None:
@@ -48,6 +53,7 @@ class StreamFormat:
     fps: float
     color_space: str
     color_range: str
+    bit_rate: float = 0.0  # bits a second where the container says (0: not said, as a network stream's)
 
     def frame_info(self, native: dict = NATIVE) -> FrameInfo:
         """What frames of this stream become; `native`: decoder pixel format -> (format, _, implied range)."""
@@ -78,7 +84,7 @@ def probe(uri: SourceURI, started=None) -> StreamFormat:
 
     started(process) is called with the running ffprobe, so a stopping daemon can kill a hanging probe."""
     argv = ["ffprobe", "-v", "error", *input_args(uri), "-select_streams", "v:0", "-show_entries",
-            "stream=codec_name,width,height,pix_fmt,avg_frame_rate,r_frame_rate,color_space,color_range",
+            "stream=codec_name,width,height,pix_fmt,avg_frame_rate,r_frame_rate,color_space,color_range,bit_rate",
             "-of", "json", uri.location]
     try:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -103,7 +109,8 @@ def probe(uri: SourceURI, started=None) -> StreamFormat:
     s = streams[0]
     return StreamFormat(codec=s.get("codec_name", "?"), width=int(s["width"]), height=int(s["height"]),
                         pix_fmt=s.get("pix_fmt", "?"), fps=_rate(s.get("avg_frame_rate"), s.get("r_frame_rate")),
-                        color_space=s.get("color_space", "unknown"), color_range=s.get("color_range", "unknown"))
+                        color_space=s.get("color_space", "unknown"), color_range=s.get("color_range", "unknown"),
+                        bit_rate=float(s["bit_rate"]) if str(s.get("bit_rate", "")).isdigit() else 0.0)
 
 
 def _rate(*candidates) -> float:
@@ -125,6 +132,8 @@ class FFmpegSource(PipeSource):
         super().__init__(uri, loop, realtime)
         self.threads = threads
         self.stream: StreamFormat | None = None
+        self.packet_ring = None  # clips.PacketRing: the stream's packets, copied by its ffmpeg (packet_tap)
+        self._tap: PacketTap | None = None
         if uri.scheme == "file":  # a file that cannot be opened fails now, in one line, not in a reconnect loop
             try:
                 self.info = self.probe()
@@ -137,6 +146,42 @@ class FFmpegSource(PipeSource):
 
     def restarts_itself(self) -> bool:
         return self.loop and self.source_uri.scheme == "file"
+
+    @property
+    def bit_rate(self) -> float:
+        """Bits a second, where the container says (a clips ring's size); 0 where not (a network stream)."""
+        return self.stream.bit_rate if self.stream is not None else 0.0
+
+    def _start_process(self, frame_bytes: int) -> DecoderProcess:
+        """This run's ffmpeg; where clips keep the stream's packets, it also copies them to the tap's pipe."""
+        tap = self._packet_tap()
+        if tap is None or not tap.takes(self.stream.codec):
+            return super()._start_process(frame_bytes)
+        fd = tap.open_pipe()
+        try:
+            process = DecoderProcess(self.command() + tap.output_args(), frame_bytes, self.describe(), pass_fds=(fd,))
+        except BaseException:
+            tap.failed()
+            raise
+        tap.started(self.stream.codec)
+        return process
+
+    def _packet_tap(self) -> PacketTap | None:
+        if self.packet_ring is None:
+            return None
+        if self._tap is None:
+            why = packet_tap.missing()
+            if why is not None:
+                log.warning("source %s: no clips: %s", self.uri, why)
+                self.packet_ring = None
+                return None
+            self._tap = PacketTap(self.packet_ring, self.uri)
+        return self._tap
+
+    def close(self) -> None:
+        super().close()
+        if self._tap is not None:
+            self._tap.close()
 
     def command(self) -> list[str]:
         info, stream = self.info, self.stream

@@ -32,13 +32,15 @@ PIPE_BYTES = 1 << 20
 class DecoderProcess:
     """One run of a decoder command; read_frame() fills a slot with exactly one frame."""
 
-    def __init__(self, argv: list[str], frame_bytes: int, name: str):
+    def __init__(self, argv: list[str], frame_bytes: int, name: str, pass_fds: tuple[int, ...] = ()):
+        """pass_fds: more pipes the decoder writes to (named in argv by their numbers)."""
         self.argv, self.frame_bytes, self.name = argv, frame_bytes, name
         self.errors, self.recent = 0, deque(maxlen=5)
         self.interrupted = False
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+                                         stderr=subprocess.PIPE, bufsize=0, start_new_session=True,
+                                         pass_fds=pass_fds)
         except OSError as exc:
             raise SourceError(f"{name}: cannot start {argv[0]} ({exc.strerror})") from None
         with contextlib.suppress(OSError):
@@ -183,11 +185,15 @@ class PipeSource(DecoderRuns):
         if self._interrupted:
             raise SourceError(f"{self.uri}: stopped")
         size = int(np.prod(frame_shape(self.info.format, self.info.height, self.info.width)))
-        self._process = DecoderProcess(self.command(), size, self.describe())
+        self._process = self._start_process(size)
         self._index = 0
         log.info("source %s: %s %dx%d %s %s range: %s", self.uri, self.info.format, self.info.width,
                  self.info.height, self.info.standard, self.info.range, shlex.join(self._process.argv))
         return self.info
+
+    def _start_process(self, frame_bytes: int) -> DecoderProcess:
+        """This run's decoder (a subclass with more outputs passes their pipes)."""
+        return DecoderProcess(self.command(), frame_bytes, self.describe())
 
     def read_into(self, slot: np.ndarray) -> float | None:
         while True:

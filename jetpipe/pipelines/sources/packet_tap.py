@@ -1,0 +1,123 @@
+"""The compressed packets of a stream an ffmpeg process decodes, for the clips' ring (pipelines/clips).
+
+The same ffmpeg that decodes the stream also copies its video packets, untouched (`-c:v copy`: no decode, no
+encode), as MPEG-TS to a second pipe; a thread of the source's own demuxes them with PyAV and keeps each in
+the ring. MPEG-TS carries H.264 and HEVC in Annex B, with the parameter sets before each keyframe, so the ring
+takes them as it takes NVDEC's demuxer's. The frames of an ffmpeg run count from 0 at its first frame, which
+is its first keyframe: the packets' clock starts there too. A reconnect starts both again from 0, and the
+ring starts again (its clock went back).
+
+The pipe is always read to its end, even where a packet cannot be kept: an unread pipe would stop the ffmpeg,
+and with it the stream's frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+
+from jetpipe.video import Packet
+
+log = logging.getLogger(__name__)
+
+ANNEXB_CODECS = ("h264", "hevc")  # what a clip of MPEG-TS packets is cut from (clips.cut: Annex B)
+READ_BYTES = 1 << 16
+JOIN_S = 5.0  # the thread ends at the pipe's end, once its ffmpeg exited
+
+
+def missing() -> str | None:
+    """None where the packets can be read (PyAV imports), else why not, with the fix."""
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        return "the packets an ffmpeg process copies are read with PyAV, which is not installed: pip install av"
+    return None
+
+
+class PacketTap:
+    def __init__(self, ring, name: str):
+        """ring: the stream's clips.PacketRing; name: the source, for the log."""
+        self.ring, self.name = ring, name
+        self.write_fd: int | None = None
+        self._read_fd: int | None = None
+        self.thread: threading.Thread | None = None
+        self.said = False
+
+    def takes(self, codec: str) -> bool:
+        """Whether a stream of this codec (ffprobe's name) has packets a clip is cut from (said once where not:
+        raw video, MJPEG)."""
+        if codec in ANNEXB_CODECS:
+            return True
+        self._say(f"its codec ({codec}) is not H.264 or HEVC")
+        return False
+
+    def output_args(self) -> list[str]:
+        """ffmpeg's second output: the video packets as they are, to the pipe made by open_pipe()."""
+        return ["-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy", "-f", "mpegts", "-flush_packets", "1",
+                f"pipe:{self.write_fd}"]
+
+    def open_pipe(self) -> int:
+        """A new pipe for the next ffmpeg run; the end it writes to (passed to the process)."""
+        self._close_fds()
+        self._read_fd, self.write_fd = os.pipe()
+        return self.write_fd
+
+    def started(self, codec: str) -> None:
+        """The ffmpeg run holds its end now: this process's copy closes (its exit is the pipe's end), and the
+        packets are read. codec: the stream's, one it takes()."""
+        os.close(self.write_fd)
+        self.write_fd = None
+        fd, self._read_fd = self._read_fd, None
+        self.thread = threading.Thread(target=self._run, args=(fd, codec), name=f"{self.name}-packets", daemon=True)
+        self.thread.start()
+
+    def failed(self) -> None:
+        """The ffmpeg run did not start: the pipe goes."""
+        self._close_fds()
+
+    def close(self) -> None:
+        self._close_fds()
+        if self.thread is not None:
+            self.thread.join(JOIN_S)
+
+    def _close_fds(self) -> None:
+        for fd in (self.write_fd, self._read_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.write_fd = self._read_fd = None
+
+    def _run(self, fd: int, codec: str) -> None:
+        with open(fd, "rb", buffering=0) as pipe:
+            try:
+                self._keep(pipe, codec)
+            except Exception as exc:  # noqa: BLE001 (PyAV's errors, a broken stream: the frames go on)
+                self._say(f"its packets could not be read ({exc})")
+            while pipe.read(READ_BYTES):  # to the end: ffmpeg must never wait on this pipe
+                pass
+
+    def _keep(self, pipe, codec: str) -> None:
+        import av
+
+        with av.open(pipe, format="mpegts") as container:
+            stream = container.streams.video[0]
+            ring, base, first = self.ring, stream.time_base, None
+            if ring.time_base is None:
+                ring.time_base, ring.annexb = base, codec
+            for p in container.demux(stream):
+                started = time.thread_time()
+                at = p.pts if p.pts is not None else p.dts
+                if not p.size or at is None or (first is None and not p.is_keyframe):
+                    continue  # before the first keyframe: its frames were not decoded either
+                first = at if first is None else first
+                ring.add(Packet(float((at - first) * base), bytes(p), None if p.pts is None else p.pts - first,
+                                None if p.dts is None else p.dts - first, p.duration or 0, p.is_keyframe))
+                ring.cpu_s += time.thread_time() - started
+
+    def _say(self, why: str) -> None:
+        if not self.said:
+            self.said = True
+            log.warning("source %s: no clips: %s", self.name, why)
