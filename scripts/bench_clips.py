@@ -4,8 +4,12 @@
 `--clips` (each stream's packets kept in a ring, an MP4 remuxed around each event), alternately, --repeats
 times. Reported: the process's CPU seconds per 1,000 frames, frames dropped, clips written and their bytes.
 
-  python scripts/bench_clips.py BUNDLE [--streams 16] [--seconds 20] [--repeats 2] [--decoder ffmpeg|nvdec]
-                                [--video FILE] [--json OUT]
+  python scripts/bench_clips.py BUNDLE [--streams 16] [--seconds 20] [--repeats 2]
+                                [--decoder ffmpeg|nvdec|ffmpeg-process [--sources-only]] [--video FILE] [--json OUT]
+
+--decoder ffmpeg-process serves network cameras (MPEG-TS over TCP, real time) that an ffmpeg process decodes,
+its CPU counted with serve's; --sources-only reads those cameras alone, without the model: what keeping the
+packets costs beside decoding them.
 
 The video is bench_events.py's words panning past the text detector (made with ffmpeg where --video is not
 there yet), so the rules see crossings and zone visits: the clips' arm cuts clips while it runs.
@@ -73,6 +77,48 @@ class Cameras:
             server.unplug()
 
 
+def read_cameras(label: str, video: Path, streams: int, seconds: float, keep: bool) -> dict:
+    """The cameras read alone (no model, nothing queued): an ffmpeg process decoding each in real time, read in
+    a thread each for `seconds`, with the clips' ring fed (keep) or not. Reported: the CPU of this process and
+    of the ffmpegs per 1,000 frames, and the tap's own thread time."""
+    import threading
+
+    import numpy as np
+
+    from jetpipe import uri as uris
+    from jetpipe.frames import frame_shape
+    from jetpipe.pipelines.clips.ring import PacketRing
+    from jetpipe.pipelines.sources import FFmpegSource
+
+    cameras = Cameras(video, streams)
+    sources = [FFmpegSource(uris.parse(url), realtime=True) for url in cameras.urls]
+    for source in sources if keep else []:
+        source.packet_ring = PacketRing(10.0, 64 << 20, source.uri, None)
+    counts, end = [0] * streams, time.monotonic() + seconds
+
+    def read(i: int) -> None:
+        info = sources[i].open()
+        slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+        while time.monotonic() < end:
+            sources[i].read_into(slot)
+            counts[i] += 1
+
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for source in sources:
+        source.close()  # the ffmpegs reaped: their CPU in RUSAGE_CHILDREN
+    cameras.close()
+    cpu = sum(now.ru_utime + now.ru_stime - then.ru_utime - then.ru_stime for now, then in
+              zip([resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)], usage))
+    frames = sum(counts)
+    return {"run": label, "frames": frames, "cpu_s_per_1000_frames": round(1000 * cpu / max(1, frames), 3),
+            "tap_cpu_s": round(sum(s.packet_ring.cpu_s for s in sources if s.packet_ring is not None), 3)}
+
+
 def row(label: str, s: dict, clips: Path | None) -> dict:
     processed = sum(s["processed"])
     written = sorted(clips.glob("*.mp4")) if clips else []
@@ -99,6 +145,9 @@ def main() -> None:
                              "this process (its demuxer's Annex B packets kept); ffmpeg-process: network cameras "
                              "(MPEG-TS over TCP, real time) decoded by an ffmpeg process each, which also copies "
                              "their packets to a pipe")
+    parser.add_argument("--sources-only", action="store_true",
+                        help="with --decoder ffmpeg-process: the cameras read alone, no model (what keeping the "
+                             "packets costs beside decoding)")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="bench-clips-"))
@@ -106,15 +155,17 @@ def main() -> None:
     if not video.exists():
         make_video(video, 20.0, 72)
     def run(label: str, on: bool, k: int) -> dict:
+        if args.sources_only:
+            return read_cameras(label, video, args.streams, args.seconds, on)
         clips = out / f"clips-{k}" if on else None
         return row(label, serve(args.bundle, video, args.streams, args.seconds, clips, out, args.decoder), clips)
 
     rows = alternate(args.repeats, [("no clips", False), ("clips", True)], run)
     off, on, difference = paired(rows, "no clips", "clips")
-    if args.decoder == "ffmpeg-process":
+    if args.decoder == "ffmpeg-process" and not args.sources_only:
         total = paired(rows, "no clips", "clips", "cpu_s_per_1000_frames_with_decoders")[2]
         print(f"serve's and its ffmpegs' CPU per frame, clips against none: {total} %")
-    share = [r["clips_cpu_share_percent"] for r in rows if r["run"].startswith("clips")]
+    share = [r.get("clips_cpu_share_percent") for r in rows if r["run"].startswith("clips")]
     print(f"process CPU per frame, clips against none (each pair back to back): {difference} %; mean of the arms: "
           f"{round(100 * (sum(on) - sum(off)) / sum(off), 2)} %; the clips' own share of the process's CPU: {share} %")
     if args.json:

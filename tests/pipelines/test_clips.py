@@ -86,6 +86,18 @@ def _frame_md5s(path: Path) -> list[str]:
     return [line.rsplit(",", 1)[1].strip() for line in done.stdout.splitlines() if line and not line.startswith("#")]
 
 
+def _cut_decodes_to_the_sources_pictures(ring, source: Path, tmp_path) -> Path:
+    """A clip of [2.2, 3.5] s cut from the ring: it starts at a keyframe, and its frames decode to the source's
+    own pictures, in order (no re-encode: each frame's MD5 is the source's)."""
+    clip = tmp_path / "clip.mp4"
+    write_clip(clip, open_template(ring), ring.time_base, ring.between(2.2, 3.5))
+    assert _packets(clip)[0]["key"]
+    whole, cut = _frame_md5s(source), _frame_md5s(clip)
+    first = whole.index(cut[0])
+    assert cut == whole[first:first + len(cut)] and len(cut) >= round(1.3 * 30)
+    return clip
+
+
 @needs_ffmpeg
 @pytest.mark.parametrize("codec", ["h264", "hevc"])
 def test_a_clip_of_annex_b_packets_as_nvdec_demuxes_them_plays_its_frames(tmp_path, codec):
@@ -98,12 +110,7 @@ def test_a_clip_of_annex_b_packets_as_nvdec_demuxes_them_plays_its_frames(tmp_pa
     ring = _ring_of(ts)
     ring.annexb, ring.template = codec, "no file: the packets say it all"
     assert ring.gops[0].packets[0].data[:4] in (b"\0\0\0\1", b"\0\0\1\x09")  # start codes: Annex B
-    clip = tmp_path / "clip.mp4"
-    write_clip(clip, open_template(ring), ring.time_base, ring.between(2.2, 3.5))
-    assert _packets(clip)[0]["key"]
-    source, cut = _frame_md5s(video), _frame_md5s(clip)
-    first = source.index(cut[0])
-    assert cut == source[first:first + len(cut)] and len(cut) >= round(1.3 * 30)
+    clip = _cut_decodes_to_the_sources_pictures(ring, video, tmp_path)
     probe = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "stream=codec_name", "-of", "csv=p=0",
                             str(clip)], capture_output=True, text=True)
     assert probe.stdout.strip() == codec
@@ -148,12 +155,7 @@ def test_a_network_stream_an_ffmpeg_process_decodes_keeps_its_own_packets_for_cl
     assert [hashlib.md5(p.data).digest() for p in kept] == [hashlib.md5(p.data).digest()
                                                             for gop in _ring_of(ts).gops for p in gop.packets]
     assert sorted(p.t for p in kept) == pytest.approx(frames, abs=1e-3)  # frame k at k / 30 s (MKV: ms)
-    clip = tmp_path / "clip.mp4"
-    write_clip(clip, open_template(ring), ring.time_base, ring.between(2.2, 3.5))
-    assert _packets(clip)[0]["key"]
-    whole, cut = _frame_md5s(ts), _frame_md5s(clip)
-    first = whole.index(cut[0])
-    assert cut == whole[first:first + len(cut)] and len(cut) >= round(1.3 * 30)
+    _cut_decodes_to_the_sources_pictures(ring, ts, tmp_path)
 
 
 def test_a_ring_whose_clock_goes_back_starts_again():

@@ -91,31 +91,36 @@ class PacketTap:
         self.write_fd = self._read_fd = None
 
     def _run(self, fd: int, codec: str) -> None:
-        with open(fd, "rb", buffering=0) as pipe:
-            try:
-                self._keep(pipe, codec)
-            except Exception as exc:  # noqa: BLE001 (PyAV's errors, a broken stream: the frames go on)
-                self._say(f"its packets could not be read ({exc})")
-            while pipe.read(READ_BYTES):  # to the end: ffmpeg must never wait on this pipe
-                pass
+        try:
+            self._keep(fd, codec)
+        except Exception as exc:  # noqa: BLE001 (PyAV's errors, a broken stream: the frames go on)
+            self._say(f"its packets could not be read ({exc})")
+        finally:
+            with contextlib.suppress(OSError):
+                while os.read(fd, READ_BYTES):  # to the end: ffmpeg must never wait on this pipe
+                    pass
+            os.close(fd)
 
-    def _keep(self, pipe, codec: str) -> None:
+    def _keep(self, fd: int, codec: str) -> None:
+        """Demuxed by FFmpeg's own pipe protocol (its reads in C, the GIL released while it waits: through a
+        Python file object, every read was a Python call). The thread's whole time is the ring's cpu_s."""
         import av
 
-        with av.open(pipe, format="mpegts") as container:
+        last = time.thread_time()
+        with av.open(f"pipe:{fd}", format="mpegts") as container:
             stream = container.streams.video[0]
             ring, base, first = self.ring, stream.time_base, None
             if ring.time_base is None:
                 ring.time_base, ring.annexb = base, codec
             for p in container.demux(stream):
-                started = time.thread_time()
                 at = p.pts if p.pts is not None else p.dts
-                if not p.size or at is None or (first is None and not p.is_keyframe):
-                    continue  # before the first keyframe: its frames were not decoded either
-                first = at if first is None else first
-                ring.add(Packet(float((at - first) * base), bytes(p), None if p.pts is None else p.pts - first,
-                                None if p.dts is None else p.dts - first, p.duration or 0, p.is_keyframe))
-                ring.cpu_s += time.thread_time() - started
+                if p.size and at is not None and (first is not None or p.is_keyframe):
+                    first = at if first is None else first  # before the first keyframe: its frames were not decoded
+                    ring.add(Packet(float((at - first) * base), bytes(p), None if p.pts is None else p.pts - first,
+                                    None if p.dts is None else p.dts - first, p.duration or 0, p.is_keyframe))
+                now = time.thread_time()
+                ring.cpu_s += now - last  # demuxing and keeping: all this thread does
+                last = now
 
     def _say(self, why: str) -> None:
         if not self.said:
