@@ -94,9 +94,10 @@ def test_precision_search_meets_a_budget_plain_int8_misses(tmp_path, det_model_p
     """PP-OCRv4 det INT8 without sensitive-layer exclusion misses f1>=0.99; the search fixes it,
     and `convert --exclude-from` rebuilds the bundle with its choice."""
     bundle, report_dir = tmp_path / "int8", tmp_path / "report"
-    images = write_text_images(tmp_path / "eval", 8, seed=0, size_hw=(480, 640))  # not calibration seeds
+    images = write_text_images(tmp_path / "eval", 8, seed=0, size_hw=(240, 320))  # not calibration seeds
+    size = ["--input-size", "320x320"]  # the search's steps at a quarter of 640's pixels: a quarter of the time
     assert main(["convert", "ppocr-det", "-o", str(bundle), "--precision", "int8", "--calib", "synthetic",
-                 "--calib-size", "16", "--no-auto-exclude", "--quiet"]) == 0
+                 "--calib-size", "16", "--no-auto-exclude", *size, "--quiet"]) == 0
     code = main(["calibrate", "accuracy", str(bundle), "--data", str(images), "--budget", "f1>=0.99",
                  "--report", str(report_dir)])
     report = _valid_pngs(report_dir)
@@ -106,7 +107,7 @@ def test_precision_search_meets_a_budget_plain_int8_misses(tmp_path, det_model_p
     assert 1 <= len(search["added"]) <= 32 and "precision_search.png" in report["plots"]
     rebuilt = tmp_path / "int8-searched"
     assert main(["convert", "ppocr-det", "-o", str(rebuilt), "--precision", "int8", "--calib", "synthetic",
-                 "--calib-size", "16", "--exclude-from", str(report_dir), "--quiet"]) == 0
+                 "--calib-size", "16", "--exclude-from", str(report_dir), *size, "--quiet"]) == 0
     manifest = json.loads((rebuilt / "manifest.json").read_text())
     assert set(manifest["excluded_nodes"]) == set(search["excluded_nodes"])
     check = tmp_path / "check"
@@ -118,9 +119,10 @@ def test_precision_search_meets_a_budget_plain_int8_misses(tmp_path, det_model_p
 @pytest.mark.slow
 def test_unreachable_budget_is_a_verdict_not_a_crash(tmp_path, det_model_path, capsys):
     bundle, report_dir = tmp_path / "int8", tmp_path / "report"
-    images = write_text_images(tmp_path / "eval", 4, seed=0, size_hw=(480, 640))
+    images = write_text_images(tmp_path / "eval", 4, seed=0, size_hw=(240, 320))
+    # at 320x320: a budget no per-node precision reaches is out of reach at any size (a quarter of 640's time)
     assert main(["convert", "ppocr-det", "-o", str(bundle), "--precision", "int8", "--calib", "synthetic",
-                 "--calib-size", "8", "--quiet"]) == 0
+                 "--calib-size", "8", "--input-size", "320x320", "--quiet"]) == 0
     code = main(["calibrate", "accuracy", str(bundle), "--data", str(images), "--budget", "mae<=1e-9",
                  "--report", str(report_dir)])
     assert code == 1

@@ -23,6 +23,19 @@ def det_bundle(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory):
+    """A small residual CNN at 64x64, batch up to 4: for the pipeline's plumbing (rings, sources, sinks), where
+    a real model's seconds a frame on the CPU would only slow the test."""
+    from jetpipe.cli import main
+    from tests.helpers import residual_cnn, save
+
+    folder = tmp_path_factory.mktemp("tiny")
+    assert main(["convert", save(residual_cnn(size=64), folder / "m.onnx"), "-o", str(folder / "b"),
+                 "--max-batch", "4", "--engine", "never", "--quiet"]) == 0
+    return folder / "b"
+
+
+@pytest.fixture(scope="session")
 def rec_bundle(tmp_path_factory):
     """PP-OCRv4 rec, FP32, lines 48 high (80 to 960 wide, fed at 320), batch up to 8."""
     model = BUILTIN["ppocr-rec"]

@@ -60,7 +60,7 @@ def test_a_streams_ring_holds_its_queue_and_its_share_of_each_batch_not_max_batc
     assert sum(summary["processed"]) > 0
 
 
-def test_streams_of_one_size_share_the_slots_their_batches_hold(det_bundle, tmp_path):
+def test_streams_of_one_size_share_the_slots_their_batches_hold(tiny_bundle, tmp_path):
     """Issue 27 (memory per stream): each stream's ring held 4 x min(queue_depth, max_batch) slots for its
     frames in batches, 16 of 22 at depth 4, although all the batches in flight hold at most 4 x max_batch frames
     together: 64 x 1080p streams took 4.4 GB of rings. Now streams of one size share those, and files (which
@@ -68,7 +68,7 @@ def test_streams_of_one_size_share_the_slots_their_batches_hold(det_bundle, tmp_
     clip = tmp_path / "clip.mp4"
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=160x120:r=30", "-frames:v",
                     "40", "-c:v", "libx264", "-pix_fmt", "yuv420p", str(clip)], check=True)
-    config = _config(det_bundle, [str(clip)] * 8, queue_depth=4, max_batch=4)
+    config = _config(tiny_bundle, [str(clip)] * 8, queue_depth=4, max_batch=4)  # the rings, not the model
     pipeline = Pipeline(config)
     rings = pipeline.streams.rings
     sets = pipeline.runtime.buffer_sets

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jetpipe.cli import main
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
-from tests.helpers import residual_cnn, save
 
 SERVER = Path(__file__).resolve().parents[1] / "rtsp_server.py"
 SYSTEM_PYTHON = "/usr/bin/python3"  # PyGObject comes from Debian's packages, not from the venv
@@ -66,14 +64,6 @@ def rtsp(tmp_path):
     server.start()
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def tiny_bundle(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("rtsp")
-    assert main(["convert", save(residual_cnn(size=64), folder / "m.onnx"), "-o", str(folder / "b"),
-                 "--max-batch", "4", "--engine", "never", "--quiet"]) == 0
-    return folder / "b"
 
 
 def _wait_for(condition, timeout_s: float, what: str) -> None:

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from jetpipe.cli import main
-from tests.pipelines.test_rtsp import tiny_bundle  # noqa: F401  (a fixture)
 
 FRAMES, FPS, W, H = 120, 10, 320, 240
 BITS = 8  # the frame's number, as 8 blocks along its top (white: 1)
