@@ -4,6 +4,7 @@ checked with FFmpeg's own tools on H.264 and HEVC inputs, and through the daemon
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -380,3 +381,44 @@ def test_a_looped_streams_waiting_clip_is_cut_before_its_ring_starts_again(tmp_p
         assert _packets(Path(delivered[0].path))[0]["key"]
     finally:
         clips.close()
+
+
+@needs_ffmpeg
+def test_a_jetsons_gstreamer_pipeline_keeps_its_packets_for_clips(tmp_path, monkeypatch):
+    """A file decoded by the GStreamer pipeline built for a Jetson (parsebin ! nvv4l2decoder ! nvvidconv, here
+    with a software decoder in nvv4l2decoder's place: no Jetson on hand): a tee after parsebin sends the packets,
+    as MPEG-TS, to the tap's pipe; the ring holds them on the frames' clock, and a clip cut from them decodes to
+    the file's own pictures (the parameter sets before every keyframe)."""
+    import numpy as np
+
+    from jetpipe import uri as uris
+    from jetpipe.frames import frame_shape
+    from jetpipe.pipelines.sources import EndOfStream, gstreamer
+    from jetpipe.pipelines.sources.ffmpeg import probe
+
+    for element in ("openh264dec", "mpegtsmux", "h264parse", "parsebin"):
+        if subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode != 0:
+            pytest.skip(f"GStreamer's {element} is not installed (gstreamer1.0-plugins-bad / -base)")
+    monkeypatch.setattr(gstreamer, "DECODER", "openh264dec")
+    monkeypatch.setattr(gstreamer, "TO_NV12", "videoconvert")
+    video = _video(tmp_path / "in.mp4", "h264")
+    uri = uris.parse(str(video))
+    stream = probe(uri)
+    source = gstreamer.GstSource(uri, info=stream.frame_info(), codec=stream.codec)
+    source.info = source.pipeline_info = replace(source.info, format="nv12")
+    source.packet_ring = PacketRing(60.0, 1 << 30, str(video), None)
+    frames = []
+    try:
+        info = source.open()
+        assert "tee name=packets" in " ".join(source._process.argv)
+        slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+        with pytest.raises(EndOfStream):
+            while True:
+                frames.append(source.read_into(slot))
+    finally:
+        source.close()
+    ring = source.packet_ring
+    kept = [p for gop in ring.gops for p in gop.packets]
+    assert ring.annexb == "h264" and kept[0].key and len(kept) == len(frames) == 180
+    assert sorted(p.t for p in kept) == pytest.approx(frames, abs=1e-3)
+    _cut_decodes_to_the_sources_pictures(ring, video, tmp_path)

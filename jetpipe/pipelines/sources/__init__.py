@@ -91,7 +91,7 @@ def _open_source(text, loop, seed, realtime, decoder, hardware, streams, hwaccel
     if chosen == "opencv":
         return OpenCVSource(uri, loop)
     if chosen == "gstreamer":
-        return GstSource(uri, loop, realtime, info=_jetson_info(uri))
+        return GstSource(uri, loop, realtime, *_jetson_stream(uri))
     if chosen == "pyav":
         return PyAVSource(uri, loop, realtime, threads=threads, hwaccel=hwaccel)
     return FFmpegSource(uri, loop, realtime, threads=threads)
@@ -131,14 +131,15 @@ def _choose_decoder(uri: uris.SourceURI, decoder: str) -> str:
     return decoder
 
 
-def _jetson_info(uri: uris.SourceURI) -> FrameInfo:
-    """Frame size for a Jetson pipeline: CSI defaults, else what ffprobe says of the stream."""
+def _jetson_stream(uri: uris.SourceURI) -> tuple[FrameInfo, str]:
+    """Frame size for a Jetson pipeline and the stream's codec: CSI defaults, else what ffprobe says."""
     if uri.scheme == "csi":
         w, h, fps = gstreamer.CSI_DEFAULT
-        return FrameInfo("nv12", h, w, fps=fps)
+        return FrameInfo("nv12", h, w, fps=fps), "raw"
     if ffmpeg.tools_available() is not None:
         raise JetpipeError(f"source {uri.text}: the frame size is needed for the GStreamer pipeline and "
                            "ffprobe is missing (apt install ffmpeg)")
-    info = ffmpeg.probe(uri).frame_info()
+    stream = ffmpeg.probe(uri)
+    info = stream.frame_info()
     fmt = "yuyv" if uri.scheme == "v4l2" and info.format == "yuyv" else "nv12"
-    return FrameInfo(fmt, info.height, info.width, info.standard, info.range, info.fps)
+    return FrameInfo(fmt, info.height, info.width, info.standard, info.range, info.fps), stream.codec

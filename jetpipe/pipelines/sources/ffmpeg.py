@@ -10,16 +10,13 @@ their last row/column (crop, still YUV): 4:2:0 needs even sizes.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import subprocess
 from dataclasses import dataclass
 from fractions import Fraction
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.sources import packet_tap
 from jetpipe.pipelines.sources.base import FrameInfo, SourceError
-from jetpipe.pipelines.sources.packet_tap import PacketTap
 from jetpipe.pipelines.sources.pipe import DecoderProcess, DecoderRuns, PipeSource
 from jetpipe.uri import SourceURI
 
@@ -34,8 +31,6 @@ NATIVE = {
 FALLBACK = ("nv12", "nv12", None)  # anything else (10-bit, 4:4:4): FFmpeg repacks to NV12, still YUV
 BT601_SPACES = ("smpte170m", "bt470bg", "fcc", "smpte240m")
 PROBE_TIMEOUT_S = 15
-
-log = logging.getLogger(__name__)
 
 
 def tools_available() -> str | None:
@@ -133,7 +128,6 @@ class FFmpegSource(PipeSource):
         self.threads = threads
         self.stream: StreamFormat | None = None
         self.packet_ring = None  # clips.PacketRing: the stream's packets, copied by its ffmpeg (packet_tap)
-        self._tap: PacketTap | None = None
         if uri.scheme == "file":  # a file that cannot be opened fails now, in one line, not in a reconnect loop
             try:
                 self.info = self.probe()
@@ -152,38 +146,10 @@ class FFmpegSource(PipeSource):
         """Bits a second, where the container says (a clips ring's size); 0 where not (a network stream)."""
         return self.stream.bit_rate if self.stream is not None else 0.0
 
-    def _start_process(self, frame_bytes: int) -> DecoderProcess:
-        """This run's ffmpeg; where clips keep the stream's packets, it also copies them to the tap's pipe."""
-        tap = self._packet_tap()
-        if tap is None or not tap.takes(self.stream.codec):
-            return super()._start_process(frame_bytes)
-        fd = tap.open_pipe()
-        try:
-            process = DecoderProcess(self.command() + tap.output_args(), frame_bytes, self.describe(), pass_fds=(fd,))
-        except BaseException:
-            tap.failed()
-            raise
-        tap.started(self.stream.codec)
-        return process
+    def packet_codec(self) -> str:
+        return self.stream.codec if self.stream is not None else "?"
 
-    def _packet_tap(self) -> PacketTap | None:
-        if self.packet_ring is None:
-            return None
-        if self._tap is None:
-            why = packet_tap.missing()
-            if why is not None:
-                log.warning("source %s: no clips: %s", self.uri, why)
-                self.packet_ring = None
-                return None
-            self._tap = PacketTap(self.packet_ring, self.uri)
-        return self._tap
-
-    def close(self) -> None:
-        super().close()
-        if self._tap is not None:
-            self._tap.close()
-
-    def command(self) -> list[str]:
+    def command(self, packets_fd: int | None = None) -> list[str]:
         info, stream = self.info, self.stream
         argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *input_args(self.source_uri)]
         if self.realtime:
@@ -198,6 +164,9 @@ class FFmpegSource(PipeSource):
         # avioflags direct: each frame goes to the pipe in one write, not copied through a 32 KiB buffer first
         argv += ["-vsync", "passthrough", "-f", "rawvideo", "-pix_fmt", stream.output_pix_fmt(),
                  "-avioflags", "direct", "pipe:1"]
+        if packets_fd is not None:  # a second output: the packets as they are (clips)
+            argv += ["-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy", "-f", "mpegts", "-flush_packets", "1",
+                     f"pipe:{packets_fd}"]
         return argv
 
 

@@ -24,6 +24,9 @@ from jetpipe.pipelines.sources.pipe import PipeSource
 from jetpipe.uri import SourceURI
 
 GST_FORMATS = {"NV12": "nv12", "I420": "i420", "YUY2": "yuyv", "UYVY": "uyvy", "BGR": "bgr", "RGB": "rgb"}
+DECODER = "nvv4l2decoder"  # a Jetson's hardware decoder (the tests put a software one here on other machines)
+TO_NV12 = "nvvidconv"      # its NVMM surfaces copied out as NV12
+TAP = "packets"            # the tee the clips' branch leaves from (jetson_pipeline(tap=True))
 CSI_DEFAULT = (1920, 1080, 30)
 _CAPS = re.compile(r"video/x-raw\s*,([^!]*)$")
 
@@ -41,11 +44,21 @@ def quote(value: str) -> str:
 
 
 def _nv12_out(width: int, height: int) -> str:
-    return f"nvvidconv ! video/x-raw,format=NV12,width={width},height={height}"
+    return f"{TO_NV12} ! video/x-raw,format=NV12,width={width},height={height}"
 
 
-def jetson_pipeline(uri: SourceURI, info: FrameInfo) -> str:
-    """The gst-launch pipeline (without the sink) that gives `info`-shaped raw frames on a Jetson."""
+PARSERS = {"h264": "h264parse", "hevc": "h265parse"}
+
+
+def tap_branch(fd: int, codec: str) -> str:
+    """The clips' branch of a tapped pipeline: the parsed packets as MPEG-TS to pipe `fd` (never paced:
+    sync=false), the parameter sets before every keyframe (config-interval=-1: a clip may start at any)."""
+    return f"{TAP}. ! queue ! {PARSERS[codec]} config-interval=-1 ! mpegtsmux ! fdsink fd={fd} sync=false"
+
+
+def jetson_pipeline(uri: SourceURI, info: FrameInfo, tap: bool = False) -> str:
+    """The gst-launch pipeline (without the sink) that gives `info`-shaped raw frames on a Jetson; tap: a file's
+    or a network stream's parsed packets also go to a tee named TAP (tap_branch)."""
     w, h = info.width, info.height
     if uri.scheme == "csi":
         fps = int(info.fps or CSI_DEFAULT[2])
@@ -56,10 +69,11 @@ def jetson_pipeline(uri: SourceURI, info: FrameInfo) -> str:
             return f"v4l2src device={uri.location} ! video/x-raw,format=YUY2,width={w},height={h}"
         return (f"v4l2src device={uri.location} ! image/jpeg,width={w},height={h} ! nvv4l2decoder mjpeg=1 ! "
                 f"{_nv12_out(w, h)}")  # MJPEG cameras: hardware JPEG decode, no BGR detour
+    parsed = f"parsebin ! tee name={TAP} ! queue" if tap else "parsebin"
     if uri.scheme == "file":
-        return f"filesrc location={quote(str(Path(uri.location).resolve()))} ! parsebin ! nvv4l2decoder ! " \
+        return f"filesrc location={quote(str(Path(uri.location).resolve()))} ! {parsed} ! {DECODER} ! " \
                f"{_nv12_out(w, h)}"
-    return f"rtspsrc location={quote(uri.location)} latency=200 ! parsebin ! nvv4l2decoder ! {_nv12_out(w, h)}"
+    return f"rtspsrc location={quote(uri.location)} latency=200 ! {parsed} ! {DECODER} ! {_nv12_out(w, h)}"
 
 
 def caps_of(pipeline: str, text: str) -> FrameInfo:
@@ -81,9 +95,13 @@ class GstSource(PipeSource):
 
     decoder_name = "gstreamer"
 
-    def __init__(self, uri: SourceURI, loop: bool = False, realtime: bool = False, info: FrameInfo | None = None):
+    def __init__(self, uri: SourceURI, loop: bool = False, realtime: bool = False, info: FrameInfo | None = None,
+                 codec: str = "?"):
+        """info: the frames of a pipeline built here (a Jetson's), codec: its stream's (ffprobe's name)."""
         super().__init__(uri, loop, realtime)
-        self.pipeline_info = info
+        self.pipeline_info, self.codec = info, codec
+        if uri.scheme not in ("gst", "csi", "v4l2"):  # a file or a network stream: its packets can be copied
+            self.packet_ring = None  # clips.PacketRing (packet_tap)
         if uri.scheme == "gst":
             self.info = caps_of(uri.location, uri.text)
         elif info is None:
@@ -94,12 +112,18 @@ class GstSource(PipeSource):
     def probe(self) -> FrameInfo:
         return self.info
 
-    def pipeline(self) -> str:
+    def pipeline(self, tap: bool = False) -> str:
         if self.source_uri.scheme == "gst":
             return self.source_uri.location
-        return jetson_pipeline(self.source_uri, self.info)
+        return jetson_pipeline(self.source_uri, self.info, tap)
 
-    def command(self) -> list[str]:
+    def packet_codec(self) -> str:
+        return self.codec
+
+    def command(self, packets_fd: int | None = None) -> list[str]:
         sync = "true" if (self.realtime or self.source_uri.live) else "false"
+        text = f"{self.pipeline(tap=packets_fd is not None)} ! fdsink fd=1 sync={sync}"
+        if packets_fd is not None:
+            text += f" {tap_branch(packets_fd, self.codec)}"
         # one argv element per token: gst-launch escapes spaces inside an element (a quoted location)
-        return ["gst-launch-1.0", "-q", *shlex.split(f"{self.pipeline()} ! fdsink fd=1 sync={sync}")]
+        return ["gst-launch-1.0", "-q", *shlex.split(text)]

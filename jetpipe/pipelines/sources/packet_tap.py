@@ -54,11 +54,6 @@ class PacketTap:
         self._say(f"its codec ({codec}) is not H.264 or HEVC")
         return False
 
-    def output_args(self) -> list[str]:
-        """ffmpeg's second output: the video packets as they are, to the pipe made by open_pipe()."""
-        return ["-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy", "-f", "mpegts", "-flush_packets", "1",
-                f"pipe:{self.write_fd}"]
-
     def open_pipe(self) -> int:
         """A new pipe for the next ffmpeg run; the end it writes to (passed to the process)."""
         self._close_fds()

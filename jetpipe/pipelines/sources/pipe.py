@@ -21,7 +21,9 @@ import numpy as np
 
 from jetpipe.errors import worth_logging
 from jetpipe.frames import frame_shape
+from jetpipe.pipelines.sources import packet_tap
 from jetpipe.pipelines.sources.base import EndOfStream, FrameInfo, SourceError
+from jetpipe.pipelines.sources.packet_tap import PacketTap
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +160,7 @@ class PipeSource(DecoderRuns):
         self._index = 0
         self._interrupted = False
         self._probe_process = None  # a running probe (ffprobe): killed by interrupt()
+        self._tap: PacketTap | None = None  # where clips keep the packets (packet_tap)
 
     def _probing(self, process) -> None:
         self._probe_process = process
@@ -165,7 +168,9 @@ class PipeSource(DecoderRuns):
             process.kill()
 
     # subclasses
-    def command(self) -> list[str]:
+    def command(self, packets_fd: int | None = None) -> list[str]:
+        """The decoder's argv; with packets_fd, it also writes the stream's packets, untouched, as MPEG-TS to
+        that pipe (sources that can: a `packet_ring` attribute)."""
         raise NotImplementedError
 
     def probe(self) -> FrameInfo:
@@ -192,8 +197,35 @@ class PipeSource(DecoderRuns):
         return self.info
 
     def _start_process(self, frame_bytes: int) -> DecoderProcess:
-        """This run's decoder (a subclass with more outputs passes their pipes)."""
-        return DecoderProcess(self.command(), frame_bytes, self.describe())
+        """This run's decoder; where clips keep the stream's packets (packet_ring set on a source that can copy
+        them), it also writes them to the tap's pipe."""
+        tap = self._packet_tap()
+        if tap is None or not tap.takes(self.packet_codec()):
+            return DecoderProcess(self.command(), frame_bytes, self.describe())
+        fd = tap.open_pipe()
+        try:
+            process = DecoderProcess(self.command(packets_fd=fd), frame_bytes, self.describe(), pass_fds=(fd,))
+        except BaseException:
+            tap.failed()
+            raise
+        tap.started(self.packet_codec())
+        return process
+
+    def packet_codec(self) -> str:
+        """The stream's codec, ffprobe's name (what a tap takes: H.264, HEVC)."""
+        return "?"
+
+    def _packet_tap(self) -> PacketTap | None:
+        if getattr(self, "packet_ring", None) is None:
+            return None
+        if self._tap is None:
+            why = packet_tap.missing()
+            if why is not None:
+                log.warning("source %s: no clips: %s", self.uri, why)
+                self.packet_ring = None
+                return None
+            self._tap = PacketTap(self.packet_ring, self.uri)
+        return self._tap
 
     def read_into(self, slot: np.ndarray) -> float | None:
         while True:
@@ -232,3 +264,5 @@ class PipeSource(DecoderRuns):
 
     def close(self) -> None:
         self._end_process()
+        if self._tap is not None:
+            self._tap.close()
