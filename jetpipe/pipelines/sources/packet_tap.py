@@ -1,13 +1,14 @@
-"""The compressed packets of a stream an ffmpeg process decodes, for the clips' ring (pipelines/clips).
+"""The compressed packets of a stream a decoder subprocess decodes, for the clips' ring (pipelines/clips).
 
-The same ffmpeg that decodes the stream also copies its video packets, untouched (`-c:v copy`: no decode, no
-encode), as MPEG-TS to a second pipe; a thread of the source's own demuxes them with PyAV and keeps each in
+The decoder that decodes the stream also writes its video packets, untouched, as MPEG-TS to a second pipe: an
+ffmpeg through a second output (`-c:v copy`: no decode, no encode), a Jetson's GStreamer pipeline through a tee
+after its parser (sources/gstreamer.py). A thread of the source's own demuxes them with PyAV and keeps each in
 the ring. MPEG-TS carries H.264 and HEVC in Annex B, with the parameter sets before each keyframe, so the ring
-takes them as it takes NVDEC's demuxer's. The frames of an ffmpeg run count from 0 at its first frame, which
+takes them as it takes NVDEC's demuxer's. The frames of a decoder run count from 0 at its first frame, which
 is its first keyframe: the packets' clock starts there too. A reconnect starts both again from 0, and the
 ring starts again (its clock went back).
 
-The pipe is always read to its end, even where a packet cannot be kept: an unread pipe would stop the ffmpeg,
+The pipe is always read to its end, even where a packet cannot be kept: an unread pipe would stop the decoder,
 and with it the stream's frames.
 """
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 ANNEXB_CODECS = ("h264", "hevc")  # what a clip of MPEG-TS packets is cut from (clips.cut: Annex B)
 READ_BYTES = 1 << 16
-JOIN_S = 5.0  # the thread ends at the pipe's end, once its ffmpeg exited
+JOIN_S = 5.0  # the thread ends at the pipe's end, once its decoder exited
 
 
 def missing() -> str | None:
@@ -33,7 +34,7 @@ def missing() -> str | None:
     try:
         import av  # noqa: F401
     except ImportError:
-        return "the packets an ffmpeg process copies are read with PyAV, which is not installed: pip install av"
+        return "the packets a decoder process copies are read with PyAV, which is not installed: pip install av"
     return None
 
 
@@ -55,13 +56,17 @@ class PacketTap:
         return False
 
     def open_pipe(self) -> int:
-        """A new pipe for the next ffmpeg run; the end it writes to (passed to the process)."""
+        """A new pipe for the decoder's next run; the end it writes to (passed to the process). The last run's
+        reader ends first (its process is gone: its pipe's end is near), so that the ring never takes the two
+        runs' packets interleaved."""
+        if self.thread is not None:
+            self.thread.join(JOIN_S)
         self._close_fds()
         self._read_fd, self.write_fd = os.pipe()
         return self.write_fd
 
     def started(self, codec: str) -> None:
-        """The ffmpeg run holds its end now: this process's copy closes (its exit is the pipe's end), and the
+        """The decoder's run holds its end now: this process's copy closes (its exit is the pipe's end), and the
         packets are read. codec: the stream's, one it takes()."""
         os.close(self.write_fd)
         self.write_fd = None
@@ -70,7 +75,7 @@ class PacketTap:
         self.thread.start()
 
     def failed(self) -> None:
-        """The ffmpeg run did not start: the pipe goes."""
+        """The decoder's run did not start: the pipe goes."""
         self._close_fds()
 
     def close(self) -> None:
@@ -92,7 +97,7 @@ class PacketTap:
             self._say(f"its packets could not be read ({exc})")
         finally:
             with contextlib.suppress(OSError):
-                while os.read(fd, READ_BYTES):  # to the end: ffmpeg must never wait on this pipe
+                while os.read(fd, READ_BYTES):  # to the end: the decoder must never wait on this pipe
                     pass
             os.close(fd)
 
