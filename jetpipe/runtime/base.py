@@ -105,6 +105,8 @@ class RuntimeBase:
         self.widths = width_buckets(self.size_hw[1], self.manifest.get("input_width_range"))
         self.model_path = str(self.bundle_dir / bundles.MODEL_FILE)
         self.rejected_frames = 0
+        self._max_batch_fps: float | None = None
+        self._rate_measured = False  # max_batch_fps() measures once: a worker's hello and auto decode ask both
 
     def width_of(self, width: int | None) -> int:
         """The width a batch runs at: one of `widths` (None: the bundle's own)."""
@@ -153,10 +155,13 @@ class RuntimeBase:
         return {}
 
     def max_batch_fps(self) -> float | None:
-        """Frames a second the model runs at its largest batch, measured now (engine_times; None where the
-        runtime does not measure)."""
-        seconds = self.engine_times((self.max_batch,)).get(self.max_batch)
-        return self.max_batch / seconds if seconds else None
+        """Frames a second the model runs at its largest batch, measured the first time it is asked (before
+        serving: engine_times); None where the runtime does not measure."""
+        if not self._rate_measured:
+            seconds = self.engine_times((self.max_batch,)).get(self.max_batch)
+            self._max_batch_fps = self.max_batch / seconds if seconds else None
+            self._rate_measured = True
+        return self._max_batch_fps
 
     def jpeg_encoder(self, choice: str, quality: int, buffers: int, max_hw: tuple[int, int]):
         """The JPEG encoder of snapshots and the jpeg: sink (runtime.jpeg): OpenCV's on the CPU runtime; `gpu`

@@ -181,3 +181,13 @@ def test_the_cpu_runtimes_session_waits_asleep_not_spinning(tiny_bundle):
     with CpuRuntime(tiny_bundle) as rt:
         options = rt.backend.session.get_session_options()
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_the_models_rate_at_its_largest_batch_is_measured_once(tiny_bundle, monkeypatch):
+    """A worker's hello and the decode-process choice both ask for it: one measurement serves both."""
+    with open_runtime(tiny_bundle, backend="onnxruntime-cpu") as rt:
+        calls = []
+        measure = rt.engine_times
+        monkeypatch.setattr(rt, "engine_times", lambda sizes: calls.append(sizes) or measure(sizes))
+        first = rt.max_batch_fps()
+        assert first > 0 and rt.max_batch_fps() == first and calls == [(rt.max_batch,)]

@@ -150,7 +150,8 @@ class Placed:
         if pin is not None:
             return [pin]
         known = capacities or {}
-        capacity = {g: known[g] if all(known.get(s) for s in serving) else 1.0 for g in serving}
+        measured = all(known.get(g) for g in serving)
+        capacity = {g: known[g] if measured else 1.0 for g in serving}
         loads = {g: sum(self.rate_of[i] for i in self.live if self.gpu_of[i] == g) for g in serving}
         return sorted(serving, key=lambda g: ((loads[g] + rate) / capacity[g], loads[g], g))
 
