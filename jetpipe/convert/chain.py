@@ -734,8 +734,8 @@ def _versions() -> dict:
     import onnxruntime
     import onnxslim
 
-
-    trt, rtx = trt_builder.import_family("tensorrt"), trt_builder.import_family("tensorrt-rtx")
+    # the TensorRT that built this bundle's engine, if one did (one installed but not used made nothing here)
+    trt, rtx = trt_builder.loaded_family("tensorrt"), trt_builder.loaded_family("tensorrt-rtx")
     return {"jetpipe": __version__, "python": platform.python_version(), "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "onnxslim": onnxslim.__version__,
             "numpy": np.__version__, "tensorrt": trt.__version__ if trt else None,
