@@ -230,6 +230,9 @@ def test_events_get_clips_around_them_with_a_record_each(det_bundle, tmp_path, p
     counts = {k: summary["clips"][k] for k in ("written", "failed", "waiting")}
     assert counts == {"written": len(ready), "failed": 0, "waiting": 0}
     assert 0 < summary["clips"]["cpu_s"] < summary["cpu_seconds"]["process"]
+    assert summary["clips"]["rings_s"] > 0 and summary["clips"]["cutting_s"] > 0
+    assert summary["clips"]["cpu_s"] == pytest.approx(summary["clips"]["rings_s"] + summary["clips"]["cutting_s"],
+                                                      abs=2e-3)
     last_frame = (panning_video.frames - 1) / 2
     for record in ready:
         assert record["type"] == "clip_ready" and Path(record["path"]).parent == clips
@@ -346,16 +349,30 @@ def test_requests_that_overlap_make_one_clip_up_to_a_minute(tmp_path):
 
 
 @needs_ffmpeg
-def test_a_looped_streams_waiting_clip_is_cut_before_its_ring_starts_again(tmp_path):
+@pytest.mark.parametrize("form", ["container", "annexb"])
+def test_a_looped_streams_waiting_clip_is_cut_from_the_pass_that_ended_by_the_clips_thread(tmp_path, monkeypatch,
+                                                                                            form):
     """NVDEC's looped file starts its times again at each pass: a clip waiting for later packets of the pass that
-    ended is cut with what the ring holds before the ring starts again (it lost all of it)."""
+    ended takes what the ring holds before the ring starts again (it loses all of it), and the clips' thread cuts
+    it, never the source's (its frames would wait for the file). Annex B packets (NVDEC's): the clip's codec
+    parameters come from its own packets, the ring holding none of that pass any more."""
+    import threading
+    import time
     from types import SimpleNamespace
 
     import av
 
+    from jetpipe.pipelines.clips import writer
     from jetpipe.pipelines.clips.writer import Clips
 
     video = _video(tmp_path / "in.mp4", "h264")
+    if form == "annexb":
+        video_ts = tmp_path / "in.ts"
+        subprocess.run(["ffmpeg", "-v", "error", "-i", str(video), "-c", "copy", str(video_ts)], check=True)
+        video = video_ts
+    cut_by = []
+    monkeypatch.setattr(writer, "write_clip", lambda *args: (cut_by.append(threading.current_thread().name),
+                                                             write_clip(*args)))
     delivered = []
     config = SimpleNamespace(folder=str(tmp_path / "clips"), before_s=1.0, after_s=1.0, on=["line_cross"],
                              ring_mb=8.0, max_total_mb=100.0, max_age_h=0.0)
@@ -369,16 +386,23 @@ def test_a_looped_streams_waiting_clip_is_cut_before_its_ring_starts_again(tmp_p
         with av.open(str(video)) as container:
             stream = container.streams.video[0]
             ring.time_base = base = stream.time_base  # read while open: a closed container's stream is gone
-            packets = [(float(p.pts * base), bytes(p), p.pts, p.dts, p.duration or 0, p.is_keyframe)
-                       for p in container.demux(stream) if p.size]
+            begin = stream.start_time or 0
+            packets = [(float((p.pts - begin) * base), bytes(p), p.pts - begin, p.dts - begin, p.duration or 0,
+                        p.is_keyframe) for p in container.demux(stream) if p.size]
+        if form == "annexb":
+            ring.annexb, ring.template = "h264", "no file: the packets say it all"
         for p in packets:
             ring.add(Packet(*p))
         clips.request(0, 4.0, 9.0, "a")  # its end is beyond the pass: it waits
         assert not delivered and clips.pending
         ring.add(Packet(0.0, *packets[0][1:]))  # the next pass
-        assert [r.events for r in delivered] == [["a"]] and not clips.pending
+        deadline = time.monotonic() + 30
+        while not delivered and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [r.events for r in delivered] == [["a"]] and not clips.pending and cut_by == ["clips"]
         assert delivered[0].end == pytest.approx(6.0 - 1 / 30, abs=0.05)  # the pass's last frame
         assert _packets(Path(delivered[0].path))[0]["key"]
+        assert _decoded_frames(Path(delivered[0].path)) == delivered[0].packets
     finally:
         clips.close()
 

@@ -16,19 +16,28 @@ from jetpipe.pipelines.clips.ring import Packet
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def open_template(ring):
+def open_template(ring, packets: list[Packet] = ()):
     """A container whose video stream has the codec parameters a clip copies (opened once per stream: a probe
     of the file each clip cost 0.1-0.2 s of CPU at 1080p): the input file itself, or for Annex B packets
     (NVDEC's) a raw stream of the ring's first GOP, whose parameter sets FFmpeg reads (its MP4 muxer then
-    writes the packets in MP4's form)."""
+    writes the packets in MP4's form). packets: the clip's, whose first GOP serves where the ring holds none
+    (it started again since they were taken)."""
     import av
 
     if ring.annexb is None:
         return av.open(ring.template)
-    first = ring.first_gop()
+    first = ring.first_gop() or first_gop(packets)
     if not first:
         raise OSError("the ring holds no keyframe yet")
     return av.open(io.BytesIO(first), format=ring.annexb)
+
+
+def first_gop(packets: list[Packet]) -> bytes:
+    """The bytes of the packets from the first keyframe up to the next."""
+    keys = [k for k, p in enumerate(packets) if p.key][:2]
+    if not keys:
+        return b""
+    return b"".join(p.data for p in packets[keys[0]:keys[1] if len(keys) > 1 else len(packets)])
 
 
 def write_clip(path: Path, template, time_base, packets: list[Packet]) -> None:

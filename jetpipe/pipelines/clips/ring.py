@@ -3,7 +3,8 @@
 Kept by group of pictures (GOP: a keyframe and the packets after it), so that what is kept always starts
 at a keyframe and a clip can start at the last keyframe at or before the moment it asks for. The ring holds
 `keep_s` seconds back from its newest packet, plus the GOP that reaches into them, and never more than
-`max_bytes` (the oldest GOPs go first; a clip then starts later than asked, and says so).
+`max_bytes` (the oldest GOPs go first; a clip then starts later than asked, and says so). GOPs older than
+that go when the next GOP starts.
 
 Timestamps are the source's: `t` in seconds on the clock the frames' pts use (a looped file's go on across
 loops), `pts` and `dts` in the stream's time base, shifted the same way. Where that clock goes back (NVDEC's
@@ -49,15 +50,18 @@ class PacketRing:
         self.ended = False
         self.forget = False  # its stream was removed: the ring goes once no clip waits for it
         self.opened = None   # the template's container, once a clip was cut (cut.open_template)
-        self.cpu_s = 0.0     # the source's thread time keeping packets here
+        self.cpu_s = 0.0     # the source's time keeping packets here (copying them, add(): no waits but the lock)
         self.trimmed_for_room = 0  # GOPs that went because of max_bytes (not of age)
         self.pins: dict[int, float] = {}  # a waiting clip's start: kept however old (max_bytes still holds)
         self.on_restart = None  # called (the source's thread) before the ring starts again: clips waiting are cut
 
     def add(self, packet: Packet) -> None:
         """One demuxed packet (the source's capture thread). Packets before the first keyframe decode to
-        nothing on their own: not kept."""
-        if packet.t < self.newest - BACKWARDS_S:  # the clock went back (a loop, a reset): start again
+        nothing on their own: not kept. This runs for every packet of every stream, in a thread that has just
+        woken for its frame (where each Python step costs several times what it does in a warm loop), so it
+        does as little as it can: old GOPs go when a new one starts, or when the bytes pass max_bytes."""
+        t, size = packet.t, len(packet.data)
+        if t < self.newest - BACKWARDS_S:  # the clock went back (a loop, a reset): start again
             if self.on_restart is not None:
                 self.on_restart()  # the clips waiting for this pass's packets, cut with what it left
             with self.lock:
@@ -70,10 +74,12 @@ class PacketRing:
                 return
             gop = self.gops[-1]
             gop.packets.append(packet)
-            gop.bytes += len(packet.data)
-            self.bytes += len(packet.data)
-            self.newest = max(self.newest, packet.t)
-            self._trim()
+            gop.bytes += size
+            self.bytes += size
+            if t > self.newest:
+                self.newest = t
+            if packet.key or self.bytes > self.max_bytes:
+                self._trim()
 
     def pin(self, key: int, start: float) -> None:
         """Keep what a waiting clip starts with until unpin(key)."""
@@ -85,7 +91,9 @@ class PacketRing:
             self.pins.pop(key, None)
 
     def _trim(self) -> None:
-        horizon = min([self.newest - self.keep_s, *self.pins.values()])
+        horizon = self.newest - self.keep_s
+        if self.pins:
+            horizon = min(horizon, *self.pins.values())
         while len(self.gops) > 1 and (self.gops[1].start <= horizon or self.bytes > self.max_bytes):
             if self.gops[1].start > horizon:
                 self.trimmed_for_room += 1

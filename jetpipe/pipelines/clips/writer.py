@@ -65,6 +65,7 @@ class _Request:
     end: float
     events: list = field(default_factory=list)
     asked_at: float = field(default_factory=time.monotonic)
+    packets: list | None = None  # taken from the ring before it started again: cut these
 
 
 class Clips:
@@ -146,6 +147,8 @@ class Clips:
         ring = self.rings.get(stream_id)
         with self.cond:
             for waiting in self.pending:
+                if waiting.packets is not None:  # its packets were taken: it grows no more
+                    continue
                 if waiting.stream == stream_id and start <= waiting.end and end >= waiting.start and \
                         max(end, waiting.end) - min(start, waiting.start) <= MAX_MERGED_S:
                     waiting.start, waiting.end = min(waiting.start, start), max(waiting.end, end)
@@ -201,13 +204,15 @@ class Clips:
 
     def _cut_waiting(self, stream_id: int) -> None:
         """The stream's clock went back (NVDEC's looped file starting its next pass): the clips waiting for it
-        are cut now with what its ring holds, before the ring starts again (the source's thread)."""
+        take what its ring holds before it starts again (the source's thread), and the cutting thread cuts them
+        (a source's thread never writes a file: its frames would wait)."""
         with self.cond:
-            waiting = [r for r in self.pending if r.stream == stream_id]
-            for request in waiting:
-                self.pending.remove(request)
-        for request in waiting:
-            self._cut(request)
+            ring = self.rings.get(stream_id)
+            for request in self.pending:
+                if request.stream == stream_id and request.packets is None and ring is not None:
+                    request.packets = ring.between(request.start, request.end)
+                    ring.unpin(id(request))
+            self.cond.notify()
 
     def _drop_forgotten(self) -> None:
         """The rings of removed streams, once no clip waits for them (their memory back)."""
@@ -223,12 +228,14 @@ class Clips:
         the run is stopping)."""
         now = time.monotonic()
         return [r for r in self.pending
-                if self.closing or r.stream not in self.rings or self.rings[r.stream].covers(r.end)
-                or now - r.asked_at > WAIT_AFTER_END_S + (r.end - r.start)]
+                if self.closing or r.packets is not None or r.stream not in self.rings
+                or self.rings[r.stream].covers(r.end) or now - r.asked_at > WAIT_AFTER_END_S + (r.end - r.start)]
 
     def _cut(self, request: _Request) -> None:
         ring = self.rings.get(request.stream)
-        packets = ring.between(request.start, request.end) if ring is not None else []
+        packets = request.packets
+        if packets is None:
+            packets = ring.between(request.start, request.end) if ring is not None else []
         if ring is not None:
             ring.unpin(id(request))
         if not packets:
@@ -239,7 +246,7 @@ class Clips:
             path = self.folder / f"stream{request.stream}-{packets[0].t:011.3f}-{next(self._names)}{SUFFIX}"
         try:
             if ring.opened is None:
-                ring.opened = open_template(ring)
+                ring.opened = open_template(ring, packets)
             write_clip(path, ring.opened, ring.time_base, packets)
         except Exception as exc:  # a full disk, a file gone: counted and said, serving goes on
             self._fail(request, str(exc)[:200])
@@ -262,10 +269,11 @@ class Clips:
         keep_within(self.folder, CLIP_NAME, self.config.max_total_mb, self.config.max_age_h)
 
     def summary(self) -> dict:
-        """cpu_s: what clips cost, the rings' share of the sources' threads and the cutting thread's."""
+        """cpu_s: what clips cost, the sum of rings_s (keeping packets, in the sources' threads: their time
+        there, an upper bound of its CPU) and cutting_s (the cutting thread's CPU time)."""
         kept = sum(ring.cpu_s for ring in self.rings.values()) + self._forgotten_cpu_s
         return {"written": self.written, "failed": self.failed, "waiting": len(self.pending),
-                "cpu_s": round(kept + self.cpu_s, 3)}
+                "cpu_s": round(kept + self.cpu_s, 3), "rings_s": round(kept, 3), "cutting_s": round(self.cpu_s, 3)}
 
     def close(self) -> None:
         """Cut what is waiting with what the rings hold (bounded by CLOSE_WAIT_S), then stop."""
