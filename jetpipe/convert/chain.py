@@ -730,16 +730,17 @@ def _io(model: onnx.ModelProto) -> dict:
             "outputs": [describe(v) for v in model.graph.output]}
 
 
-def _versions() -> dict:
+def _versions(engine: dict | None) -> dict:
     import onnxruntime
     import onnxslim
 
-    # the TensorRT that built this bundle's engine, if one did (one installed but not used made nothing here)
-    trt, rtx = trt_builder.loaded_family("tensorrt"), trt_builder.loaded_family("tensorrt-rtx")
+    # the TensorRT that built this bundle's engine, if one did: one installed but unused made nothing here (and
+    # loading TensorRT-RTX's libraries only to read its version takes seconds)
+    family, version = (engine or {}).get("family"), (engine or {}).get("version")
     return {"jetpipe": __version__, "python": platform.python_version(), "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "onnxslim": onnxslim.__version__,
-            "numpy": np.__version__, "tensorrt": trt.__version__ if trt else None,
-            "tensorrt_rtx": rtx.__version__ if rtx else None}
+            "numpy": np.__version__, "tensorrt": version if family == "tensorrt" else None,
+            "tensorrt_rtx": version if family == "tensorrt-rtx" else None}
 
 
 def _manifest(opts, prepared, model, excluded, calibration, check, engine, batch_proof) -> dict:
@@ -763,7 +764,7 @@ def _manifest(opts, prepared, model, excluded, calibration, check, engine, batch
         "calibration": calibration.summary() if calibration is not None else None,
         "accuracy_check": check,
         "engine": engine,
-        "versions": _versions(),
+        "versions": _versions(engine),
     }
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,12 +42,6 @@ def import_family(family: str):
         except ImportError:
             continue
     return None
-
-
-def loaded_family(family: str):
-    """The builder module of one family if this process has already loaded it (it built or checked an engine),
-    else None: loading TensorRT-RTX's libraries only to read a version takes seconds."""
-    return next((sys.modules[name] for name in _MODULES[family] if name in sys.modules), None)
 
 
 def import_tensorrt():
