@@ -223,9 +223,42 @@ def _subtract_from_bias(graph, index: GraphIndex, node, shift: np.ndarray) -> No
 
 
 def _insert_sorted(graph, new_nodes) -> None:
-    """Add nodes and restore topological order (Q/DQ after their input's producer)."""
-    nodes = [clone(n) for n in graph.node] + new_nodes
+    """Add the Q/DQ nodes in topological order: each pair right after the node that makes its input, the graph's
+    own order otherwise. Linear in the nodes: sorting level by level took seconds a model, and the sensitivity
+    ranking and the precision search quantize the model once for each node they try. A graph whose own order is
+    not topological is still sorted level by level."""
+    nodes = [clone(n) for n in graph.node]
     available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    ordered = _after_producers(nodes, new_nodes, set(available))
+    if ordered is None:
+        ordered = _by_levels(nodes + new_nodes, available)
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _after_producers(nodes: list, new_nodes: list, available: set) -> list | None:
+    """nodes with each new node right after the node that makes its first input (a Q: its activation; a DQ: its
+    Q's output); None where the nodes are not in topological order."""
+    readers: dict[str, list] = {}
+    for node in new_nodes:
+        readers.setdefault(node.input[0], []).append(node)
+    first = [n for name in list(readers) if name in available for n in readers.pop(name)]  # a graph input's Q
+    ordered = []
+    for node in [*first, *nodes]:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if not all(i in available for i in n.input):
+                return None
+            ordered.append(n)
+            for out in n.output:
+                available.add(out)
+                stack.extend(reversed(readers.pop(out, [])))
+    return None if readers else ordered
+
+
+def _by_levels(nodes: list, available: set) -> list:
+    """Kahn's sort a level at a time: every node whose inputs are all made, in the given order, then again."""
     ordered, pending = [], nodes
     while pending:
         ready = [n for n in pending if all(i in available for i in n.input)]
@@ -236,5 +269,4 @@ def _insert_sorted(graph, new_nodes) -> None:
             ordered.append(n)
             available.update(n.output)
         pending = [n for n in pending if id(n) not in ready_ids]
-    del graph.node[:]
-    graph.node.extend(ordered)
+    return ordered

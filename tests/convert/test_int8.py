@@ -182,3 +182,41 @@ def test_a_long_tailed_weight_channel_is_clipped_where_that_loses_less():
     assert scales[0] < absmax[0]  # the long-tailed channel is clipped
     assert scales[1] == pytest.approx(absmax[1], rel=0.03)  # a uniform one barely
     assert (error(scales) <= error(absmax)).all() and error(scales)[0] < error(absmax)[0]
+
+
+def test_each_qdq_pair_follows_the_node_that_makes_its_activation(det_model_path):
+    """On PP-OCRv4 det: Q/DQ are placed right after their activation's producer (linear in the nodes: the
+    sensitivity ranking quantizes the model once per node), and the graph stays topological."""
+    from jetpipe.convert import graph
+
+    det = graph.simplify(graph.load(det_model_path))  # cleaned up, as convert plans it
+    qplan = int8.plan(det, set())
+    q = int8.quantize(det, qplan, {name: 1.0 for name in qplan.activations})  # the structure needs no real ranges
+    nodes = list(q.graph.node)
+    made = {i.name for i in q.graph.input} | {t.name for t in q.graph.initializer} | {""}
+    for node in nodes:  # topological: each input made before
+        assert all(i in made for i in node.input), node.name
+        made.update(node.output)
+    made_by = {out: k for k, node in enumerate(nodes) for out in node.output}
+    inputs = {i.name for i in q.graph.input}
+    pairs = 0
+    for k, node in enumerate(nodes):
+        if node.op_type == "QuantizeLinear" and node.input[0] not in inputs:
+            assert made_by[node.input[0]] == k - 1 or nodes[k - 1].op_type == "DequantizeLinear", node.name
+            assert nodes[k + 1].op_type == "DequantizeLinear" and nodes[k + 1].input[0] == node.output[0]
+            pairs += 1
+    assert pairs > 50
+
+
+def test_a_graph_out_of_topological_order_is_still_sorted(model, data):
+    shuffled = onnx.ModelProto()
+    shuffled.CopyFrom(model)
+    reordered = list(reversed([onnx.NodeProto.FromString(n.SerializeToString()) for n in shuffled.graph.node]))
+    del shuffled.graph.node[:]
+    shuffled.graph.node.extend(reordered)
+    _, collected, want = _quantized(model, data)
+    qplan = int8.plan(shuffled, set())
+    got = int8.quantize(shuffled, qplan, collected.ranges("minmax", qplan.activations))
+    onnx.checker.check_model(got)
+    np.testing.assert_array_equal(cpu_session(got).run(None, {"x": data})[0],
+                                  cpu_session(want).run(None, {"x": data})[0])
