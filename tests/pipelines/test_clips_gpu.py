@@ -14,7 +14,7 @@ from tests.pipelines.test_clips import _frame_md5s, _packets, _serve
 pytestmark = pytest.mark.gpu
 
 
-def serve_nvdec_door(det_bundle, tmp_path, panning_video, panning_h264, extra: list[str]):
+def serve_nvdec_door(det_bundle_square, tmp_path, panning_video, panning_h264, extra: list[str]):
     """The panning video decoded by NVDEC into the GPU runtime, a door line across it: its records and summary
     (skipped with the reason where onnxruntime-gpu, PyNvVideoCodec or ffmpeg is missing)."""
     import onnxruntime as ort
@@ -23,13 +23,14 @@ def serve_nvdec_door(det_bundle, tmp_path, panning_video, panning_h264, extra: l
     if "CUDAExecutionProvider" not in ort.get_available_providers() or not shutil.which("ffmpeg"):
         pytest.skip("onnxruntime-gpu or ffmpeg is not installed")
     x = panning_video.x_line
-    return _serve(det_bundle, tmp_path, panning_h264, ["--decoder", "nvdec", "--backend", "onnxruntime-cuda",
+    return _serve(det_bundle_square, tmp_path, panning_h264, ["--decoder", "nvdec", "--backend", "onnxruntime-cuda",
                                                        "--line", f"door:{x},0,{x},1", *extra])
 
 
-def test_events_on_nvdec_streams_get_clips_of_the_inputs_pictures(det_bundle, tmp_path, panning_video, panning_h264):
+def test_events_on_nvdec_streams_get_clips_of_the_inputs_pictures(det_bundle_square, tmp_path, panning_video,
+                                                                  panning_h264):
     clips = tmp_path / "clips"
-    records, summary = serve_nvdec_door(det_bundle, tmp_path, panning_video, panning_h264,
+    records, summary = serve_nvdec_door(det_bundle_square, tmp_path, panning_video, panning_h264,
                                         ["--clips", str(clips), "--clip-before", "4", "--clip-after", "2"])
     events = {r["event_id"]: r for r in records if r.get("schema") == "jetpipe.event/1"}
     ready = [r for r in records if r.get("schema") == "jetpipe.clip/1"]

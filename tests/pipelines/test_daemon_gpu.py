@@ -21,10 +21,10 @@ def _cuda_ep():
 
 
 @pytest.mark.parametrize("memory", ["staged", "mapped"])
-def test_gpu_pipeline_accounts_for_every_frame_and_finds_text(det_bundle, tmp_path, memory):
+def test_gpu_pipeline_accounts_for_every_frame_and_finds_text(det_bundle_square, tmp_path, memory):
     out = tmp_path / "r.jsonl"
     uri = "synthetic:1280x720@0:nv12"
-    config = _config(det_bundle, [uri, "synthetic:640x480@0:yuyv"], sinks=[f"jsonl:{out}"], frames=40,
+    config = _config(det_bundle_square, [uri, "synthetic:640x480@0:yuyv"], sinks=[f"jsonl:{out}"], frames=40,
                      backend="onnxruntime-cuda", memory=memory, queue_depth=4)
     pipeline = Pipeline(config)
     assert pipeline.runtime.backend_name == "onnxruntime-cuda" and pipeline.runtime.memory == memory
@@ -43,11 +43,11 @@ def test_gpu_pipeline_accounts_for_every_frame_and_finds_text(det_bundle, tmp_pa
     print(json.dumps({"memory": memory, **{k: summary[k] for k in ("processed", "dropped", "throughput_fps")}}))
 
 
-def test_gpu_and_cpu_postprocessing_agree_in_the_daemon(det_bundle, tmp_path):
+def test_gpu_and_cpu_postprocessing_agree_in_the_daemon(det_bundle_square, tmp_path):
     runs = {}
     for where in ("gpu", "cpu"):
         out = tmp_path / f"{where}.jsonl"
-        config = _config(det_bundle, ["synthetic:1280x720@30:nv12"], sinks=[f"jsonl:{out}"], frames=30,
+        config = _config(det_bundle_square, ["synthetic:1280x720@30:nv12"], sinks=[f"jsonl:{out}"], frames=30,
                          backend="onnxruntime-cuda", postprocess=where)
         summary = Pipeline(config, profile=True).run()
         assert summary["postprocess"] == where and summary["gpu_stage_ms"]["infer"] > 0

@@ -13,15 +13,16 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("gpus", ["0", "0,1"])
-def test_every_stream_served_on_its_gpu(det_bundle, tmp_path, gpus):
+def test_every_stream_served_on_its_gpu(det_bundle_square, tmp_path, gpus):
     from jetpipe.runtime.probe import probe_gpu
 
     asked, present = gpus.split(","), probe_gpu().devices
     if present < len(asked):
         pytest.skip(f"needs {len(asked)} GPUs; this machine has {present}")
     out, summary_path = tmp_path / "records.jsonl", tmp_path / "summary.json"
-    argv = [sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--gpus", gpus, "--frames", "30",
-            "--backend", "onnxruntime-cuda", "--sink", f"jsonl:{out}", "--summary", str(summary_path), "--metrics", ""]
+    argv = [sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle_square), "--gpus", gpus,
+            "--frames", "30", "--backend", "onnxruntime-cuda", "--sink", f"jsonl:{out}", "--summary", str(summary_path),
+            "--metrics", ""]
     for _ in range(4):
         argv += ["--source", "synthetic:1280x720@15:nv12"]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -40,7 +41,7 @@ def test_every_stream_served_on_its_gpu(det_bundle, tmp_path, gpus):
 
 
 @pytest.mark.parametrize("gpus", ["0", "0,1"])
-def test_each_workers_nvdec_files_are_decoded_in_its_own_decode_process(det_bundle, tmp_path, gpus):
+def test_each_workers_nvdec_files_are_decoded_in_its_own_decode_process(det_bundle_square, tmp_path, gpus):
     """--decode-processes with --gpus: each worker decodes its files in a process of its own on its GPU (CUDA
     IPC into its ring slots); every frame of every file comes through, in order."""
     import shutil
@@ -56,7 +57,7 @@ def test_each_workers_nvdec_files_are_decoded_in_its_own_decode_process(det_bund
         pytest.skip(f"needs {len(asked)} GPUs; this machine has {probe_gpu().devices}")
     clip = encode(tmp_path / "clip.mp4", "1280x720", 20)
     out, summary_path = tmp_path / "records.jsonl", tmp_path / "summary.json"
-    argv = [sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--gpus", gpus,
+    argv = [sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle_square), "--gpus", gpus,
             "--decode-processes", "1", "--backend", "onnxruntime-cuda", "--sink", f"jsonl:{out}",
             "--summary", str(summary_path), "--metrics", "", *(["--source", str(clip)] * 4)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)

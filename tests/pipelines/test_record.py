@@ -31,7 +31,7 @@ def serve(bundle, sinks) -> dict:
     return Pipeline(config).run()
 
 
-def test_jsonl_and_mqtt_records_are_what_they_were_byte_for_byte(det_bundle, tmp_path, mosquitto):
+def test_jsonl_and_mqtt_records_are_what_they_were_byte_for_byte(det_bundle_square, tmp_path, mosquitto):
     import paho.mqtt.client as mqtt
 
     received = []
@@ -46,7 +46,7 @@ def test_jsonl_and_mqtt_records_are_what_they_were_byte_for_byte(det_bundle, tmp
     while not subscribed and time.monotonic() < deadline:
         time.sleep(0.05)
     out = tmp_path / "records.jsonl"
-    summary = serve(det_bundle, [f"jsonl:{out}", f"mqtt://127.0.0.1:{mosquitto}/jetpipe/golden"])
+    summary = serve(det_bundle_square, [f"jsonl:{out}", f"mqtt://127.0.0.1:{mosquitto}/jetpipe/golden"])
     while len(received) < sum(summary["processed"]) and time.monotonic() < deadline + 30:
         time.sleep(0.05)
     subscriber.loop_stop()

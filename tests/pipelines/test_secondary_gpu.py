@@ -32,16 +32,16 @@ def _serve(det, rec, video, backend, decoder, out, capsys) -> tuple[list, dict]:
     return [[e["text"] if e else None for e in r["results"]["secondary"][rec.name]] for r in records], summary
 
 
-def test_det_then_rec_on_the_gpu_reads_what_the_cpu_runtime_reads(det_bundle, rec_bundle, h264_text, tmp_path,
+def test_det_then_rec_on_the_gpu_reads_what_the_cpu_runtime_reads(det_bundle_square, rec_bundle, h264_text, tmp_path,
                                                                    capsys):
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
     video, words = h264_text
-    cpu, _ = _serve(det_bundle, rec_bundle, video, "onnxruntime-cpu", "ffmpeg", tmp_path / "cpu.jsonl", capsys)
+    cpu, _ = _serve(det_bundle_square, rec_bundle, video, "onnxruntime-cpu", "ffmpeg", tmp_path / "cpu.jsonl", capsys)
     for decoder in ("ffmpeg", "nvdec"):
-        gpu, summary = _serve(det_bundle, rec_bundle, video, "onnxruntime-cuda", decoder,
+        gpu, summary = _serve(det_bundle_square, rec_bundle, video, "onnxruntime-cuda", decoder,
                               tmp_path / f"{decoder}.jsonl", capsys)
         stage = summary["secondary"][rec_bundle.name]
         assert stage["postprocess"] == "gpu" and stage["crops"] >= 40

@@ -87,10 +87,10 @@ def test_full_range_bt709_frames_keep_their_colours(gpu_jpeg):
     encoder.release(held)
 
 
-def test_serve_with_nvdec_takes_snapshots_on_the_gpu(det_bundle, tmp_path, panning_video, panning_h264):
+def test_serve_with_nvdec_takes_snapshots_on_the_gpu(det_bundle_square, tmp_path, panning_video, panning_h264):
     pytest.importorskip("nvidia.nvimgcodec", reason="nvImageCodec is not installed")
     folder = tmp_path / "snaps"
-    records, summary = serve_nvdec_door(det_bundle, tmp_path, panning_video, panning_h264,
+    records, summary = serve_nvdec_door(det_bundle_square, tmp_path, panning_video, panning_h264,
                                         ["--snapshots", str(folder)])
     events = {r["event_id"]: r for r in records if r.get("schema") == "jetpipe.event/1"}
     ready = [r for r in records if r.get("schema") == "jetpipe.snapshot/1"]

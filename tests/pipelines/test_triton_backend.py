@@ -224,8 +224,9 @@ def test_two_batches_in_flight_through_triton_each_get_their_own_answer(det_bund
 
 
 @pytest.mark.gpu
-def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_runtime_reads(det_bundle, gpu_server,
-                                                                                         text_video, tmp_path):
+def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_runtime_reads(det_bundle_square,
+                                                                                         gpu_server, text_video,
+                                                                                         tmp_path):
     """On the GPU machine: frames preprocessed by our kernel, the batch through CUDA shared memory (auto: the
     server reads our device buffer in place) and through system shared memory, the outputs reduced on the
     GPU (postprocess auto): the boxes of every frame are the local GPU runtime's (onnxruntime-cuda) within a
@@ -243,7 +244,7 @@ def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_run
     for name, backend in (("cuda", gpu_server.uri), ("system", gpu_server.uri + "?shm=system"),
                           ("local", "onnxruntime-cuda")):
         out = tmp_path / f"{name}.jsonl"
-        config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(str(video), decoder="ffmpeg")],
+        config = validate(PipelineConfig(bundle=det_bundle_square, sources=[SourceConfig(str(video), decoder="ffmpeg")],
                                          sinks=[f"jsonl:{out}"], backend=backend, metrics_listen=""))
         pipeline = Pipeline(config)
         assert type(pipeline.runtime).__name__ == "GpuRuntime"
@@ -261,7 +262,7 @@ def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_run
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_both_models_through_triton_read_what_the_local_gpu_runtime_reads(det_bundle, rec_bundle,
+def test_on_the_gpu_both_models_through_triton_read_what_the_local_gpu_runtime_reads(det_bundle_square, rec_bundle,
                                                                                      text_video, tmp_path):
     """GPU runtimes in front of two servers (det, rec on ONNX Runtime's CUDA provider): the detector's frames
     and the recognizer's crops cut on this GPU, each batch through shared memory; the records match the
@@ -278,7 +279,7 @@ def test_on_the_gpu_both_models_through_triton_read_what_the_local_gpu_runtime_r
 
     _needs_triton()
     servers = [TritonServer(bundle, name, tmp_path / f"{name}.log", gpu=True)
-               for bundle, name in ((det_bundle, "det"), (rec_bundle, "rec"))]
+               for bundle, name in ((det_bundle_square, "det"), (rec_bundle, "rec"))]
     for server in servers:
         server.start()
     video, words = text_video
@@ -288,7 +289,7 @@ def test_on_the_gpu_both_models_through_triton_read_what_the_local_gpu_runtime_r
                                          ("triton", servers[0].uri, servers[1].uri)):
             out = tmp_path / f"{name}.jsonl"
             config = validate(PipelineConfig(
-                bundle=det_bundle, sources=[SourceConfig(str(video), decoder="ffmpeg")], sinks=[f"jsonl:{out}"],
+                bundle=det_bundle_square, sources=[SourceConfig(str(video), decoder="ffmpeg")], sinks=[f"jsonl:{out}"],
                 backend=primary, metrics_listen="",
                 secondaries=[SecondaryConfig(rec_bundle, name="text", backend=secondary)]))
             pipeline = Pipeline(config)

@@ -42,10 +42,10 @@ def clips(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runtime(det_bundle):
+def runtime(det_bundle_square):
     from jetpipe.runtime.gpu_runtime import GpuRuntime
 
-    rt = GpuRuntime(det_bundle, max_batch=4, backend="onnxruntime-cuda")
+    rt = GpuRuntime(det_bundle_square, max_batch=4, backend="onnxruntime-cuda")
     yield rt
     rt.close()
 
@@ -105,8 +105,8 @@ def test_nvdec_kernel_output_equals_ffmpeg_yuv_kernel_output(runtime, clips, nam
     assert diff.max() <= 1.0 + 1e-3, diff.max()
 
 
-def test_nvdec_pipeline_copies_no_pixels_on_the_host_and_processes_every_frame(det_bundle, clips, tmp_path):
-    config = _config(det_bundle, [SourceConfig(str(clips["h264"])), SourceConfig(str(clips["hevc"]))],
+def test_nvdec_pipeline_copies_no_pixels_on_the_host_and_processes_every_frame(det_bundle_square, clips, tmp_path):
+    config = _config(det_bundle_square, [SourceConfig(str(clips["h264"])), SourceConfig(str(clips["hevc"]))],
                      backend="onnxruntime-cuda", max_batch=4, queue_depth=2)
     pipeline = Pipeline(config)
     assert [s.describe().endswith("(nvdec)") for s in pipeline.sources] == [True, True]
@@ -132,7 +132,7 @@ def test_engine_times_are_measured_for_each_size_asked(runtime):
     assert runtime.max_batch_fps() > 0
 
 
-def test_auto_decode_processes_go_by_the_measured_model_and_say_so(det_bundle, clips, caplog, monkeypatch):
+def test_auto_decode_processes_go_by_the_measured_model_and_say_so(det_bundle_square, clips, caplog, monkeypatch):
     """decode_processes auto (the default), 8 NVDEC files: det runs below what this process decodes, so they are
     decoded here; with that bar set below the model's measured rate, in one process of their own. Every frame
     through either way, the choice said in the log."""
@@ -143,14 +143,14 @@ def test_auto_decode_processes_go_by_the_measured_model_and_say_so(det_bundle, c
         monkeypatch.setattr(decode_choice, "SERVING_DECODE_FPS", bar)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="jetpipe.pipelines.ingest"):
-            summary = Pipeline(_config(det_bundle, sources, backend="onnxruntime-cuda", max_batch=4)).run()
+            summary = Pipeline(_config(det_bundle_square, sources, backend="onnxruntime-cuda", max_batch=4)).run()
         said = [r.getMessage() for r in caplog.records if "decode_processes auto:" in r.getMessage()]
         assert len(said) == 1 and ("process of its own" in said[0]) == bool(processes), said
         assert ("decode_processes" in summary["cpu_seconds"]) == bool(processes), summary["cpu_seconds"]
         assert summary["processed"] == [24] * len(sources) and summary["failed"] == [0] * len(sources)
 
 
-def test_decode_processes_give_the_records_of_decoding_in_the_serving_process(det_bundle, clips, tmp_path):
+def test_decode_processes_give_the_records_of_decoding_in_the_serving_process(det_bundle_square, clips, tmp_path):
     """Two files NVDEC decodes in processes of their own (CUDA IPC into this process's ring slots), and one it
     cannot (4:4:4: FFmpeg here): every frame, in order, the same results as decoding them all here. The first
     loops (24 frames) and stops at the run's frame limit, 30."""
@@ -159,7 +159,7 @@ def test_decode_processes_give_the_records_of_decoding_in_the_serving_process(de
     for processes in (0, 2):
         out = tmp_path / f"r{processes}.jsonl"
         sources = [SourceConfig(str(clips[n]), loop=n == "h264") for n in names]
-        config = _config(det_bundle, sources, backend="onnxruntime-cuda", max_batch=1, queue_depth=2, frames=30,
+        config = _config(det_bundle_square, sources, backend="onnxruntime-cuda", max_batch=1, queue_depth=2, frames=30,
                          sinks=[f"jsonl:{out}"], decode_processes=processes)
         pipeline = Pipeline(config)
         described = [s.describe() for s in pipeline.sources]
@@ -175,11 +175,11 @@ def test_decode_processes_give_the_records_of_decoding_in_the_serving_process(de
     assert pipeline.decoders.links == []  # closed: the processes exited
 
 
-def test_decode_processes_serve_realtime_looping_files_and_stop_in_time(det_bundle, clips):
+def test_decode_processes_serve_realtime_looping_files_and_stop_in_time(det_bundle_square, clips):
     """Paced (--realtime) looping files decoded in a process: served never faster than their rate, paced from
     the run's start (not from their opening at start-up: a second's frames would come at once), until the
     run's duration; then every stream ends and the process exits; nothing fails."""
-    config = _config(det_bundle, [SourceConfig(str(clips["h264"]), loop=True, realtime=True) for _ in range(3)],
+    config = _config(det_bundle_square, [SourceConfig(str(clips["h264"]), loop=True, realtime=True) for _ in range(3)],
                      backend="onnxruntime-cuda", max_batch=4, duration=3.0, decode_processes=1)
     pipeline = Pipeline(config)
     process, fps = pipeline.decoders.links[0].process, pipeline.sources[0].info.fps
@@ -194,7 +194,7 @@ def test_decode_processes_serve_realtime_looping_files_and_stop_in_time(det_bund
     assert not process.is_alive()
 
 
-def test_decode_processes_take_streams_added_and_removed_while_serving(det_bundle, clips):
+def test_decode_processes_take_streams_added_and_removed_while_serving(det_bundle_square, clips):
     """With the control API, a stream added while serving is decoded in a decode process too: a file to its
     end, and a looping one until it is removed (its frames through, its slot freed)."""
     import socket
@@ -204,7 +204,7 @@ def test_decode_processes_take_streams_added_and_removed_while_serving(det_bundl
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = _config(det_bundle, [], backend="onnxruntime-cuda", max_batch=4, decode_processes=1,
+    config = _config(det_bundle_square, [], backend="onnxruntime-cuda", max_batch=4, decode_processes=1,
                      metrics_listen=f"127.0.0.1:{port}", control=ControlConfig(enabled=True, max_streams=2))
     pipeline, summaries = Pipeline(config), []
     runner = threading.Thread(target=lambda: summaries.append(pipeline.run()))
@@ -227,13 +227,13 @@ def test_decode_processes_take_streams_added_and_removed_while_serving(det_bundl
     assert not runner.is_alive() and summaries[0]["failed"] == [0, 0]
 
 
-def test_a_decode_process_that_dies_is_replaced_and_its_streams_go_on(det_bundle, clips, caplog):
+def test_a_decode_process_that_dies_is_replaced_and_its_streams_go_on(det_bundle_square, clips, caplog):
     """A decode process killed while serving (a crash in the decoder would do the same): its streams count a
     failure and a reconnect, a new process opens them again, and they go on; the run ends cleanly."""
     import os
     import signal
 
-    config = _config(det_bundle, [SourceConfig(str(clips[n]), loop=True) for n in ("h264", "hevc")],
+    config = _config(det_bundle_square, [SourceConfig(str(clips[n]), loop=True) for n in ("h264", "hevc")],
                      backend="onnxruntime-cuda", max_batch=4, decode_processes=1)
     pipeline, summaries = Pipeline(config), []
     runner = threading.Thread(target=lambda: summaries.append(pipeline.run()))
@@ -263,7 +263,7 @@ def test_a_decode_process_that_dies_is_replaced_and_its_streams_go_on(det_bundle
     assert "decode process 0 exited (exit code -9)" in caplog.text
 
 
-def test_ctrl_c_reaching_the_decode_processes_too_drains_and_exits_0(det_bundle, clips, tmp_path):
+def test_ctrl_c_reaching_the_decode_processes_too_drains_and_exits_0(det_bundle_square, clips, tmp_path):
     """Ctrl-C goes to the whole process group, decode processes included: they keep decoding until the serving
     process has stopped its streams and drained; no stream fails, exit 0 with the summary."""
     import json
@@ -271,7 +271,7 @@ def test_ctrl_c_reaching_the_decode_processes_too_drains_and_exits_0(det_bundle,
     import signal
 
     out = tmp_path / "r.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle),
+    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle_square),
                              "--source", str(clips["h264"]), "--source", str(clips["hevc"]), "--loop",
                              "--decode-processes", "2", "--backend", "onnxruntime-cuda", "--sink", f"jsonl:{out}",
                              "--metrics", ""],
@@ -309,8 +309,8 @@ def test_ffmpeg_hwaccel_cuda_decodes_what_nvdec_cannot_in_software_and_says_so(c
     assert "software: cuda cannot decode this stream (h264 yuv444p)" in caplog.text
 
 
-def test_a_stream_nvdec_cannot_take_falls_back_to_ffmpeg_and_says_why(det_bundle, clips, caplog):
-    config = _config(det_bundle, [SourceConfig(str(clips["yuv444"]))], backend="onnxruntime-cuda", max_batch=4)
+def test_a_stream_nvdec_cannot_take_falls_back_to_ffmpeg_and_says_why(det_bundle_square, clips, caplog):
+    config = _config(det_bundle_square, [SourceConfig(str(clips["yuv444"]))], backend="onnxruntime-cuda", max_batch=4)
     pipeline = Pipeline(config)
     assert pipeline.sources[0].describe().endswith("(ffmpeg in-process)")
     assert "NVDEC cannot decode it" in caplog.text and "decoding with FFmpeg" in caplog.text
@@ -319,14 +319,14 @@ def test_a_stream_nvdec_cannot_take_falls_back_to_ffmpeg_and_says_why(det_bundle
     assert pipeline.runtime.frame_bytes_uploaded > 0  # the FFmpeg path uploads from pinned ring slots
 
 
-def test_nvdec_frames_reach_a_drawing_sink_from_gpu_memory(det_bundle, clips, tmp_path):
+def test_nvdec_frames_reach_a_drawing_sink_from_gpu_memory(det_bundle_square, clips, tmp_path):
     """Frames NVDEC decoded into device memory are copied to the host for a drawing sink (at its rate only):
     the JPEGs show the decoded picture, and inference still uploads no pixel."""
     import cv2
 
     folder = tmp_path / "jpegs"
     folder.mkdir()
-    config = _config(det_bundle, [SourceConfig(str(clips["h264"]))], backend="onnxruntime-cuda", max_batch=4,
+    config = _config(det_bundle_square, [SourceConfig(str(clips["h264"]))], backend="onnxruntime-cuda", max_batch=4,
                      sinks=[f"jpeg:{folder}?every=8&width=960"])
     pipeline = Pipeline(config)
     assert pipeline.sources[0].describe().endswith("(nvdec)")
@@ -409,9 +409,9 @@ def test_nvdec_decodes_a_network_stream_like_the_file_and_opens_again(runtime, c
     assert source.decode_errors == 0
 
 
-def test_a_network_stream_through_nvdec_uploads_no_pixels_and_reconnects(det_bundle, ts_clips, network_feed):
+def test_a_network_stream_through_nvdec_uploads_no_pixels_and_reconnects(det_bundle_square, ts_clips, network_feed):
     server = StreamServer(ts_clips["h264"].read_bytes(), once=True)  # 24 frames a connection
-    config = _config(det_bundle, [SourceConfig(server.url)], backend="onnxruntime-cuda", max_batch=4,
+    config = _config(det_bundle_square, [SourceConfig(server.url)], backend="onnxruntime-cuda", max_batch=4,
                      frames=60, reconnect_max_s=0.2, duration=60)
     try:
         pipeline = Pipeline(config)
@@ -423,12 +423,13 @@ def test_a_network_stream_through_nvdec_uploads_no_pixels_and_reconnects(det_bun
     assert pipeline.runtime.frame_bytes_uploaded == 0 and pipeline.runtime.host_frame_copies == 0
 
 
-def test_a_network_stream_through_nvdec_that_goes_silent_is_reconnected(det_bundle, ts_clips, network_feed, caplog):
+def test_a_network_stream_through_nvdec_that_goes_silent_is_reconnected(det_bundle_square, ts_clips, network_feed,
+                                                                         caplog):
     """A camera that stays connected but stops sending, decoded by NVDEC: after its stall timeout it is logged,
     counted and reconnected (NVDEC sources could not be restarted: it sat silent until stopped)."""
     data = ts_clips["h264"].read_bytes() * 4  # enough for the demuxer's probe and frames before the stall
     server = StreamServer(data, stall_after=len(data) * 3 // 4, stall_connection=1)  # the first connection stalls
-    config = _config(det_bundle, [SourceConfig(server.url)], backend="onnxruntime-cuda", max_batch=4,
+    config = _config(det_bundle_square, [SourceConfig(server.url)], backend="onnxruntime-cuda", max_batch=4,
                      reconnect_max_s=0.5, stall_timeout_s=1.0, duration=60)
     pipeline = Pipeline(config)
     assert pipeline.sources[0].describe().endswith("(nvdec)")
