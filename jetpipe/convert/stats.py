@@ -53,8 +53,10 @@ class TensorStats:
             self.hist, self.edge = np.zeros(NUM_BINS, np.int64), max(batch_max, 1e-12)
         elif batch_max > self.edge:
             self._widen(batch_max * 1.25)  # headroom: fewer re-binnings
-        index = np.minimum((a * (NUM_BINS / self.edge)).astype(np.int64), NUM_BINS - 1)
-        self.hist += np.bincount(index, minlength=NUM_BINS)
+        # in place on |x| (its own copy): the bins as floats, clipped to the last, then counted
+        np.multiply(a, np.float32(NUM_BINS / self.edge), out=a)
+        np.minimum(a, np.float32(NUM_BINS - 1), out=a)
+        self.hist += np.bincount(a.astype(np.intp), minlength=NUM_BINS)
 
     def _widen(self, new_edge: float) -> None:
         """Redistribute counts onto wider bins, linearly inside each old bin."""
