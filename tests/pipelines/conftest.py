@@ -3,6 +3,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -194,11 +195,10 @@ def _free_port() -> int:
 FRAMES, X_LINE, FPS_VIDEO, W, H = 40, 0.8, 2, 640, 360
 
 
-@pytest.fixture(scope="session")
-def panning_video(tmp_path_factory):
-    """40 frames (2 fps, MJPEG: a loaded 2-core machine keeps up with it in real time) of the synthetic camera's words
-    panning leftwards 8 pixels a frame, and how many words' centres cross x = 0.8 of the frame while they are
-    whole in it, with 3 frames on each side (the events' ground truth): path, crossings, x_line, frames."""
+def write_panning_video(path: Path, fps: float) -> SimpleNamespace:
+    """40 frames of the synthetic camera's words panning leftwards 8 pixels a frame (MJPEG at `fps`: the same
+    pictures at any rate), and how many words' centres cross x = 0.8 of the frame while they are whole in it,
+    with 3 frames on each side (the events' ground truth): path, crossings, x_line, frames."""
     import cv2
     import numpy as np
 
@@ -206,8 +206,7 @@ def panning_video(tmp_path_factory):
 
     camera = SyntheticCamera(W, H, FPS_VIDEO, "bgr", seed=5)
     camera.open()
-    path = tmp_path_factory.mktemp("events") / "panning.avi"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), FPS_VIDEO, (W, H))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (W, H))
     frame = np.empty((H, W, 3), np.uint8)
     for _ in range(FRAMES):
         camera.paced_by_caller = True
@@ -224,6 +223,13 @@ def panning_video(tmp_path_factory):
         if len(before) >= 3 and len(after) >= 3 and max(before) < min(after):
             crossing += 1
     return SimpleNamespace(path=path, crossings=crossing, x_line=X_LINE, frames=FRAMES)
+
+
+@pytest.fixture(scope="session")
+def panning_video(tmp_path_factory):
+    """The panning words at 2 fps (a loaded 2-core machine keeps up with it in real time): path, crossings,
+    x_line, frames (see write_panning_video)."""
+    return write_panning_video(tmp_path_factory.mktemp("events") / "panning.avi", FPS_VIDEO)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import pytest
 
 from jetpipe.cli import main
 
-FRAMES, FPS, W, H = 120, 10, 320, 240
+FRAMES, FPS, W, H = 120, 20, 320, 240  # 6 s played in real time
 BITS = 8  # the frame's number, as 8 blocks along its top (white: 1)
 
 
