@@ -446,3 +446,10 @@ def test_a_jetsons_gstreamer_pipeline_keeps_its_packets_for_clips(tmp_path, monk
     assert ring.annexb == "h264" and kept[0].key and len(kept) == len(frames) == 180
     assert sorted(p.t for p in kept) == pytest.approx(frames, abs=1e-3)
     _cut_decodes_to_the_sources_pictures(ring, video, tmp_path)
+
+
+def test_each_codec_a_clip_is_cut_from_has_a_gstreamer_parser():
+    """The packet tap takes H.264 and HEVC (Annex B); a Jetson's GStreamer tap and the encoders parse each."""
+    from jetpipe.pipelines.sources import gstreamer, packet_tap
+
+    assert set(gstreamer.PARSERS) == set(packet_tap.ANNEXB_CODECS)

@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 SOFTWARE = {"h264": "libx264", "hevc": "libx265"}
 NVENC = {"h264": "h264_nvenc", "hevc": "hevc_nvenc"}
 JETSON = {"h264": "nvv4l2h264enc", "hevc": "nvv4l2h265enc"}
-PARSERS = {"h264": "h264parse", "hevc": "h265parse"}
 MUXERS = {".mkv": "matroskamux", ".mov": "qtmux"}  # anything else: mp4mux
 GST_PRESETS = {"x264enc": "speed-preset=veryfast", "x265enc": "speed-preset=veryfast"}
 # the property that sets an element's keyframe interval (another element named by ?encoder=gst: keeps its own)
@@ -91,7 +90,7 @@ def check_gst_pipeline(spec: str, element: str, codec: str, path: Path) -> None:
     """Every element the sink's pipeline names is there, before a frame: a GStreamer partly installed (x264enc
     without a muxer) started, said "Broken pipe" ten times, wrote nothing and exited 0 (issue 49)."""
     needed = ["fdsrc", "rawvideoparse", "videoconvert", *(["nvvidconv"] if element in JETSON.values() else []),
-              PARSERS[codec], _muxer(path), "filesink"]
+              gstreamer.PARSERS[codec], _muxer(path), "filesink"]
     for name in needed:
         if not gst_has(name):
             raise JetpipeError(f"sink {spec}: GStreamer has no element {name!r} here, which writing with {element} "
@@ -152,6 +151,6 @@ def gst_argv(element: str, codec: str, size_hw: tuple[int, int], fps: float, pat
         muxer += " fragment-duration=1000"
     pipeline = (f"fdsrc fd=0 ! rawvideoparse format=bgr width={width} height={height} "
                 f"framerate={rate.numerator}/{rate.denominator} ! videoconvert ! video/x-raw,format=I420 ! "
-                f"{encode} ! {PARSERS[codec]} ! {muxer} ! filesink location={gstreamer.quote(str(path))}")
+                f"{encode} ! {gstreamer.PARSERS[codec]} ! {muxer} ! filesink location={gstreamer.quote(str(path))}")
     # one argv element per token, as the GStreamer sources run theirs (a quoted location keeps its spaces)
     return ["gst-launch-1.0", "-q", "-e", *shlex.split(pipeline)]

@@ -47,7 +47,7 @@ def _nv12_out(width: int, height: int) -> str:
     return f"{TO_NV12} ! video/x-raw,format=NV12,width={width},height={height}"
 
 
-PARSERS = {"h264": "h264parse", "hevc": "h265parse"}
+PARSERS = {"h264": "h264parse", "hevc": "h265parse"}  # for each codec a clip is cut from (packet_tap), and the encoders
 
 
 def tap_branch(fd: int, codec: str) -> str:
