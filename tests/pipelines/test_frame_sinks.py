@@ -92,10 +92,10 @@ needs_x264enc = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize("encoder", ["", pytest.param("?encoder=gst:x264enc", marks=needs_x264enc)])
-def test_a_sigterm_leaves_a_finished_video(det_bundle, tmp_path, encoder):
+def test_a_sigterm_leaves_a_finished_video(tiny_bundle, tmp_path, encoder):
     """FFmpeg, and GStreamer as it runs on a Jetson (there with nvv4l2h264enc): a finished file either way."""
     out = tmp_path / "live with space.mp4"
-    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--source",
+    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(tiny_bundle), "--source",
                              "synthetic://320x240@15/nv12", "--backend", "onnxruntime-cpu", "--metrics", "",
                              "--sink", f"video:{out}{encoder}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
@@ -109,11 +109,11 @@ def test_a_sigterm_leaves_a_finished_video(det_bundle, tmp_path, encoder):
 
 
 @pytest.mark.parametrize("encoder", ["", pytest.param("?encoder=gst:x264enc", marks=needs_x264enc)])
-def test_a_video_stays_playable_when_the_daemon_and_its_encoder_are_killed(det_bundle, tmp_path, encoder):
+def test_a_video_stays_playable_when_the_daemon_and_its_encoder_are_killed(tiny_bundle, tmp_path, encoder):
     """systemd's SIGKILL after TimeoutStopSec takes the whole group, the encoder too (issue 49: every MP4 was
     then unplayable, no moov atom): fragments, a keyframe a second, play up to the last one written."""
     out = tmp_path / "killed.mp4"
-    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--source",
+    proc = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(tiny_bundle), "--source",
                              "synthetic://320x240@15/nv12", "--backend", "onnxruntime-cpu", "--metrics", "",
                              "--sink", f"video:{out}{encoder}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)  # a group of its own, as a unit's cgroup
@@ -136,12 +136,12 @@ def test_a_video_stays_playable_when_the_daemon_and_its_encoder_are_killed(det_b
 
 
 @pytest.mark.parametrize("encoder", ["", pytest.param("?encoder=gst:x264enc", marks=needs_x264enc)])
-def test_the_annotated_video_of_a_10_fps_file_lasts_as_long_as_the_file(det_bundle, tmp_path, encoder):
+def test_the_annotated_video_of_a_10_fps_file_lasts_as_long_as_the_file(tiny_bundle, tmp_path, encoder):
     """Issue 49: 3 s at 10 fps became 1 s (written at 30 fps); ?fps= still sets the rate."""
     clip = _text_clip(tmp_path / "in.mp4", frames=30, fps=10)
     out, fixed = tmp_path / "out.mp4", tmp_path / "fixed.mp4"
     for path, extra in ((out, ""), (fixed, "&fps=30" if encoder else "?fps=30")):
-        assert main(["serve", "--bundle", str(det_bundle), "--source", str(clip), "--decoder", "ffmpeg", "--backend",
+        assert main(["serve", "--bundle", str(tiny_bundle), "--source", str(clip), "--decoder", "ffmpeg", "--backend",
                      "onnxruntime-cpu", "--metrics", "", "--sink", f"video:{path}{encoder}{extra}"]) == 0
     durations = []
     for path in (out, fixed):
@@ -155,10 +155,10 @@ def test_the_annotated_video_of_a_10_fps_file_lasts_as_long_as_the_file(det_bund
 
 
 @needs_x264enc
-def test_a_gstreamer_encoder_gets_every_drawn_frame(det_bundle, tmp_path):
+def test_a_gstreamer_encoder_gets_every_drawn_frame(tiny_bundle, tmp_path):
     clip = _text_clip(tmp_path / "in.mp4")
     out = tmp_path / "out.mkv"
-    assert main(["serve", "--bundle", str(det_bundle), "--source", str(clip), "--decoder", "ffmpeg", "--backend",
+    assert main(["serve", "--bundle", str(tiny_bundle), "--source", str(clip), "--decoder", "ffmpeg", "--backend",
                  "onnxruntime-cpu", "--metrics", "", "--sink", f"video:{out}?encoder=gst:x264enc&width=160"]) == 0
     video = _probe(out)
     assert (video["codec_name"], video["width"], video["height"]) == ("h264", 160, 120)
@@ -176,7 +176,7 @@ def test_auto_takes_nvenc_only_where_a_trial_encode_works(caplog):
 
 
 @needs_x264enc
-def test_a_gstreamer_missing_an_element_of_the_pipeline_is_one_line_at_start(det_bundle, tmp_path, monkeypatch,
+def test_a_gstreamer_missing_an_element_of_the_pipeline_is_one_line_at_start(tiny_bundle, tmp_path, monkeypatch,
                                                                              capsys):
     """x264enc there, the muxer not (issue 49: it started, wrote nothing and exited 0)."""
     fake = tmp_path / "bin"
@@ -186,7 +186,7 @@ def test_a_gstreamer_missing_an_element_of_the_pipeline_is_one_line_at_start(det
     (fake / "gst-inspect-1.0").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     out = tmp_path / "out.mkv"
-    assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "2", "--metrics", "",
+    assert main(["serve", "--bundle", str(tiny_bundle), "--source", "synthetic", "--frames", "2", "--metrics", "",
                  "--sink", f"video:{out}?encoder=gst:x264enc"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no element 'matroskamux'" in err[0] and "gstreamer1.0-plugins-good" in err[0], err
@@ -226,10 +226,10 @@ def test_on_a_jetson_auto_encodes_in_hardware_through_gstreamer(monkeypatch):
     ("video:{tmp}/out.mp4?widht=320", "unknown option 'widht'; this sink takes width, fps, codec, encoder"),
     ("video:{tmp}/dangling.mp4", "dangling.mp4 exists: name a new file"),
 ])
-def test_bad_frame_sinks_are_one_line_at_start(det_bundle, tmp_path, capsys, sink, message):
+def test_bad_frame_sinks_are_one_line_at_start(tiny_bundle, tmp_path, capsys, sink, message):
     (tmp_path / "exists.mp4").write_bytes(b"a user's video")
     (tmp_path / "dangling.mp4").symlink_to(tmp_path / "made-through-a-link.mp4")
-    assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "1", "--metrics", "",
+    assert main(["serve", "--bundle", str(tiny_bundle), "--source", "synthetic", "--frames", "1", "--metrics", "",
                  "--sink", sink.format(tmp=tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err and "Traceback" not in err
@@ -237,31 +237,31 @@ def test_bad_frame_sinks_are_one_line_at_start(det_bundle, tmp_path, capsys, sin
     assert not (tmp_path / "made-through-a-link.mp4").exists()
 
 
-def test_a_jpeg_sink_never_overwrites_frames_in_its_folder(det_bundle, tmp_path, capsys):
+def test_a_jpeg_sink_never_overwrites_frames_in_its_folder(tiny_bundle, tmp_path, capsys):
     folder = tmp_path / "frames"
     folder.mkdir()
     (folder / "s0_000000.jpg").write_bytes(b"a frame from before")
-    assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "2", "--metrics", "",
+    assert main(["serve", "--bundle", str(tiny_bundle), "--source", "synthetic", "--frames", "2", "--metrics", "",
                  "--sink", f"jpeg:{folder}"]) == 2
     assert "holds frames already (s0_000000.jpg, ...): name an empty folder" in capsys.readouterr().err
     assert (folder / "s0_000000.jpg").read_bytes() == b"a frame from before"
 
 
-def test_a_missing_encoder_is_one_line_at_start(det_bundle, tmp_path, capsys, monkeypatch):
+def test_a_missing_encoder_is_one_line_at_start(tiny_bundle, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no ffmpeg on it
-    assert main(["serve", "--bundle", str(det_bundle), "--source", "synthetic", "--frames", "1", "--metrics", "",
+    assert main(["serve", "--bundle", str(tiny_bundle), "--source", "synthetic", "--frames", "1", "--metrics", "",
                  "--sink", f"video:{tmp_path / 'out.mp4'}"]) == 2
     assert "needs ffmpeg to encode video: apt install ffmpeg" in capsys.readouterr().err
 
 
-def test_an_encoder_that_dies_at_the_end_is_counted_in_the_summary(det_bundle, tmp_path):
+def test_an_encoder_that_dies_at_the_end_is_counted_in_the_summary(tiny_bundle, tmp_path):
     """The summary comes after the sinks have finished: an encoder killed at the last result (its file left
     unfinished) is a sink failure, not a log line after a summary that says 0."""
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
     from jetpipe.pipelines.daemon import Pipeline
 
     clip = _text_clip(tmp_path / "in.mp4", frames=12)
-    config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(str(clip), decoder="ffmpeg")],
+    config = validate(PipelineConfig(bundle=tiny_bundle, sources=[SourceConfig(str(clip), decoder="ffmpeg")],
                                      sinks=[f"video:{tmp_path / 'out.mp4'}?encoder=libx264"], backend="onnxruntime-cpu",
                                      metrics_listen=""))
     killed = []
@@ -296,10 +296,10 @@ def full_disk(tmp_path):
     subprocess.run(["umount", str(mount)], check=False)
 
 
-def test_a_full_disk_fails_the_sink_and_nothing_else(det_bundle, tmp_path, full_disk):
+def test_a_full_disk_fails_the_sink_and_nothing_else(tiny_bundle, tmp_path, full_disk):
     clip = _text_clip(tmp_path / "in.mp4", frames=24)
     records = tmp_path / "r.jsonl"
-    argv = ["serve", "--bundle", str(det_bundle), "--source", str(clip), "--decoder", "ffmpeg", "--backend",
+    argv = ["serve", "--bundle", str(tiny_bundle), "--source", str(clip), "--decoder", "ffmpeg", "--backend",
             "onnxruntime-cpu", "--metrics", "", "--sink", f"jpeg:{full_disk}", "--sink", f"video:{full_disk / 'v.mp4'}",
             "--sink", f"jsonl:{records}"]
     import io
@@ -313,13 +313,13 @@ def test_a_full_disk_fails_the_sink_and_nothing_else(det_bundle, tmp_path, full_
     assert summary["sink_failures"][0] > 0  # the JPEGs that did not fit were counted
 
 
-def test_a_video_left_unplayable_by_a_full_disk_is_a_counted_failure(det_bundle, tmp_path):
+def test_a_video_left_unplayable_by_a_full_disk_is_a_counted_failure(tiny_bundle, tmp_path):
     """ffmpeg 5.1 exits 0 after failing to write the trailer on a full disk: the sink opens its file when it
     closes, and a file that does not play is a failure in the summary (it said sink_failures [0])."""
     from tests.helpers import nearly_full_disk
 
     with nearly_full_disk(tmp_path / "small", 64, free_kb=8) as small:  # less than the video
-        done = subprocess.run([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(det_bundle), "--source",
+        done = subprocess.run([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(tiny_bundle), "--source",
                                "synthetic:640x480", "--frames", "40", "--metrics", "", "--backend", "onnxruntime-cpu",
                                "--sink", f"video:{small / 'out.mp4'}?encoder=libx264"],
                               capture_output=True, text=True, timeout=300)
