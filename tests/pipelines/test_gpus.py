@@ -75,16 +75,16 @@ def test_what_gpus_cannot_go_with_is_one_line(gpus, sources, extra, said):
     (["--gpus", "7"], "--gpus 7: this machine has 2 GPU(s) (0 to 1): GPU 7 is not one"),
     (["--gpus", "0,1", "--backend", "onnxruntime-cpu"], "backend onnxruntime-cpu runs on the CPU"),
 ])
-def test_bad_gpus_at_the_command_line_exit_2(det_bundle, tmp_path, argv, said):
-    done = _serve(det_bundle, ["--source", "synthetic:64x64@5", "--frames", "2", *argv], tmp_path, wait=True)
+def test_bad_gpus_at_the_command_line_exit_2(tiny_bundle, tmp_path, argv, said):
+    done = _serve(tiny_bundle, ["--source", "synthetic:64x64@5", "--frames", "2", *argv], tmp_path, wait=True)
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and said in errors[0] and "Traceback" not in done.stderr
 
 
-def test_a_pin_on_a_gpu_not_served_is_one_line(det_bundle, tmp_path):
+def test_a_pin_on_a_gpu_not_served_is_one_line(tiny_bundle, tmp_path):
     config = tmp_path / "serve.toml"
-    config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\ngpus = [0]\n[[source]]\nuri = "synthetic:64x64@5"\n'
+    config.write_text(f'[pipeline]\nbundle = "{tiny_bundle}"\ngpus = [0]\n[[source]]\nuri = "synthetic:64x64@5"\n'
                       'gpu = 1\n')
     done = subprocess.run([sys.executable, "-m", "jetpipe", "serve", str(config), "--frames", "2"], cwd=tmp_path,
                           env=_env(), capture_output=True, text=True, timeout=120)
@@ -93,14 +93,14 @@ def test_a_pin_on_a_gpu_not_served_is_one_line(det_bundle, tmp_path):
 
 
 # --- the face over two workers ----------------------------------------------------------------------------
-def test_two_workers_one_face_every_record_in_order_and_one_summary(det_bundle, tmp_path):
+def test_two_workers_one_face_every_record_in_order_and_one_summary(tiny_bundle, tmp_path):
     out = tmp_path / "records.jsonl"
     argv = ["--gpus", "all", "--frames", "8", "--sink", f"jsonl:{out}", "--summary", str(tmp_path / "summary.json"),
             "--metrics", "", "--sink", f"video:{tmp_path / 'drawn.mp4'}?fps=4"]
     uris = ["synthetic:96x64@4/nv12", "synthetic:96x64@4/yuyv", "synthetic:96x64@4/uyvy"]
     for uri in uris:
         argv += ["--source", uri]
-    done = _serve(det_bundle, argv, tmp_path, wait=True)
+    done = _serve(tiny_bundle, argv, tmp_path, wait=True)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
     assert [(g["gpu"], g["streams"], g["ended"]) for g in summary["gpus"]] == [(0, [0, 2], "ran to the end"),
@@ -120,14 +120,14 @@ def test_two_workers_one_face_every_record_in_order_and_one_summary(det_bundle, 
         assert _frames_in(tmp_path / f"drawn-s{stream}.mp4") == summary["processed"][stream]
 
 
-def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(det_bundle, tmp_path):
+def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(tiny_bundle, tmp_path):
     """GPU 1's worker killed mid-run: said, started again, its stream resumes; GPU 0's stream runs to its end,
     whole; the summary counts the death and both workers' frames."""
     out = tmp_path / "records.jsonl"
     argv = ["--gpus", "0,1", "--frames", "40", "--sink", f"jsonl:{out}", "--summary", str(tmp_path / "summary.json"),
             "--metrics", f"127.0.0.1:{_free_port()}", "--source", "synthetic:96x64@8", "--source", "synthetic:96x64@8",
             "--sink", f"video:{tmp_path / 'drawn.mp4'}?fps=8"]
-    face = _serve(det_bundle, argv, tmp_path)
+    face = _serve(tiny_bundle, argv, tmp_path)
     with _killed_at_the_end(face):
         address = _wait_for_line(face, "metrics of 2 GPU(s) on http://").split("http://", 1)[1].split("/", 1)[0]
         streams = json.loads(_get(address, "/streams"))
@@ -160,12 +160,12 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(det
     assert _frames_in(tmp_path / "drawn-restart1-s1.mp4") > 0 and _frames_in(tmp_path / "drawn-s0.mp4") > 0
 
 
-def test_a_worker_that_does_not_stop_is_killed_after_the_drain_bound(det_bundle, tmp_path):
+def test_a_worker_that_does_not_stop_is_killed_after_the_drain_bound(tiny_bundle, tmp_path):
     """GPU 1's worker frozen (SIGSTOP), then SIGTERM: the face ends anyway, stop_timeout_s + LEFT_BEHIND_S
     after the stop (it waited for ever before), says the kill, and GPU 0's stream is whole."""
     out, port = tmp_path / "records.jsonl", _free_port()
     config = tmp_path / "serve.toml"
-    config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\ngpus = [0, 1]\nstop_timeout_s = 1\n'
+    config.write_text(f'[pipeline]\nbundle = "{tiny_bundle}"\ngpus = [0, 1]\nstop_timeout_s = 1\n'
                       f'[metrics]\nlisten = "127.0.0.1:{port}"\n[[sink]]\nuri = "jsonl:{out}"\n'
                       '[[source]]\nuri = "synthetic:96x64@5"\n[[source]]\nuri = "synthetic:96x64@5"\n')
     face = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", str(config), "--summary",
@@ -184,12 +184,12 @@ def test_a_worker_that_does_not_stop_is_killed_after_the_drain_bound(det_bundle,
     assert summary["processed"][0] == _records_of(out, 0) > 0
 
 
-def test_streams_added_through_the_face_go_where_there_is_headroom_and_come_back_whole(det_bundle, tmp_path):
+def test_streams_added_through_the_face_go_where_there_is_headroom_and_come_back_whole(tiny_bundle, tmp_path):
     token = "t" * 32
     out, port = tmp_path / "records.jsonl", _free_port()
     argv = ["--gpus", "0,1", "--control", "--max-streams", "2", "--sink", f"jsonl:{out}", "--summary",
             str(tmp_path / "summary.json"), "--metrics", f"127.0.0.1:{port}", "--source", "synthetic:96x64@5"]
-    face = _serve(det_bundle, argv, tmp_path, env={"JETPIPE_CONTROL_TOKEN": token})
+    face = _serve(tiny_bundle, argv, tmp_path, env={"JETPIPE_CONTROL_TOKEN": token})
     address = f"127.0.0.1:{port}"
     with _killed_at_the_end(face):
         _wait_for_line(face, "metrics of 2 GPU(s) on http://")
