@@ -25,9 +25,9 @@ def _lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_every_frame_is_accounted_for(det_bundle, tmp_path):
+def test_every_frame_is_accounted_for(tiny_bundle, tmp_path):
     out = tmp_path / "results.jsonl"
-    config = _config(det_bundle, ["synthetic:640x480@0:nv12", "synthetic:320x240@0:bgr"],
+    config = _config(tiny_bundle, ["synthetic:640x480@0:nv12", "synthetic:320x240@0:bgr"],
                      sinks=[f"jsonl:{out}"], frames=12, queue_depth=2)
     summary = Pipeline(config).run()
     for s in range(2):
@@ -46,10 +46,10 @@ def _iou(a, b):
     return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
-def test_a_streams_ring_holds_its_queue_and_its_share_of_each_batch_not_max_batch_per_batch(det_bundle):
+def test_a_streams_ring_holds_its_queue_and_its_share_of_each_batch_not_max_batch_per_batch(tiny_bundle):
     """Issue 27 (many streams): a batch takes a stream's frames from its queue, so it holds at most queue_depth
     of them; rings sized by max_batch took 70 slots a stream at batch 32 and depth 4 (435 MB a 1080p stream)."""
-    config = _config(det_bundle, ["synthetic:320x240@0:nv12"] * 2, frames=24, queue_depth=1, max_batch=4)
+    config = _config(tiny_bundle, ["synthetic:320x240@0:nv12"] * 2, frames=24, queue_depth=1, max_batch=4)
     pipeline = Pipeline(config)
     sets = pipeline.runtime.buffer_sets
     rings = [pipeline.streams.choices[s][0] for s in range(2)]
@@ -116,8 +116,8 @@ class FlakySynthetic(SyntheticCamera):
         super().read_into(slot)
 
 
-def test_failing_source_reconnects_and_others_keep_going(det_bundle):
-    config = _config(det_bundle, ["synthetic:320x240@0:nv12", "synthetic:320x240@0:nv12"], frames=10,
+def test_failing_source_reconnects_and_others_keep_going(tiny_bundle):
+    config = _config(tiny_bundle, ["synthetic:320x240@0:nv12", "synthetic:320x240@0:nv12"], frames=10,
                      reconnect_max_s=0.05)
     pipeline = Pipeline(config)
     pipeline.streams.slots[0].source = FlakySynthetic(320, 240, 0, "nv12")
@@ -165,9 +165,9 @@ def _serve(args, **kw):
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_sigterm_drains_flushes_and_exits_zero(det_bundle, tmp_path):
+def test_sigterm_drains_flushes_and_exits_zero(tiny_bundle, tmp_path):
     out = tmp_path / "results.jsonl"
-    proc = _serve(["--bundle", str(det_bundle), "--source", "synthetic:320x240@15:nv12",
+    proc = _serve(["--bundle", str(tiny_bundle), "--source", "synthetic:320x240@15:nv12",
                    "--sink", f"jsonl:{out}", "--metrics", ""])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not out.exists() or not out.read_text()):
