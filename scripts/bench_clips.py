@@ -42,13 +42,15 @@ def serve(bundle: str, video: Path, streams: int, seconds: float, clips: Path | 
     """The run's summary, with `children_cpu_s`: the CPU of serve and of every process it ran (its ffmpegs).
     cut=False: the rings kept, but clips only on loiter events, which these rules never give (no clip cut)."""
     summary = out / f"summary-{time.monotonic_ns()}.json"
-    config = out / "rings-only.toml"
-    config.write_text(f'[pipeline]\nbundle = {json.dumps(str(Path(bundle).resolve()))}\n'  # the flags override them
-                      f'[[source]]\nuri = {json.dumps(str(video.resolve()))}\n[clips]\non = ["loiter"]\n')
+    config = []  # cut=False: a config whose clips come only on loiter events (its bundle and source: the flags')
+    if not cut:
+        config = [str(out / "rings-only.toml")]
+        Path(config[0]).write_text(f'[pipeline]\nbundle = {json.dumps(str(Path(bundle).resolve()))}\n'
+                                   f'[[source]]\nuri = {json.dumps(str(video.resolve()))}\n[clips]\non = ["loiter"]\n')
     cameras = Cameras(video, streams) if decoder == "ffmpeg-process" else None
     sources = cameras.urls if cameras else [str(video)] * streams
     pacing = ["--realtime"] if cameras else ["--decoder", decoder, "--loop", "--realtime"]
-    command = [sys.executable, "-m", "jetpipe", "serve", *([] if cut else [str(config)]), "--bundle", bundle,
+    command = [sys.executable, "-m", "jetpipe", "serve", *config, "--bundle", bundle,
                *[arg for url in sources for arg in ("--source", url)], *pacing, "--duration", str(seconds),
                "--metrics", "", "--tracker", "bytetrack", "--summary", str(summary), *RULES,
                *(["--clips", str(clips), "--clip-before", "3", "--clip-after", "2"] if clips else [])]

@@ -53,7 +53,8 @@ class PacketRing:
         self.cpu_s = 0.0     # the source's time keeping packets here (copying them, add(): no waits but the lock)
         self.trimmed_for_room = 0  # GOPs that went because of max_bytes (not of age)
         self.pins: dict[int, float] = {}  # a waiting clip's start: kept however old (max_bytes still holds)
-        self.on_restart = None  # called (the source's thread) before the ring starts again: clips waiting are cut
+        self.on_restart = None  # called (the source's thread) before the ring starts again: clips waiting take
+        #                         their packets (the clips' thread cuts them)
 
     def add(self, packet: Packet) -> None:
         """One demuxed packet (the source's capture thread). Packets before the first keyframe decode to
@@ -63,7 +64,7 @@ class PacketRing:
         t, size = packet.t, len(packet.data)
         if t < self.newest - BACKWARDS_S:  # the clock went back (a loop, a reset): start again
             if self.on_restart is not None:
-                self.on_restart()  # the clips waiting for this pass's packets, cut with what it left
+                self.on_restart()  # the clips waiting for this pass's packets take what it left
             with self.lock:
                 self.gops.clear()
                 self.bytes, self.newest = 0, float("-inf")

@@ -208,8 +208,10 @@ class Clips:
         (a source's thread never writes a file: its frames would wait)."""
         with self.cond:
             ring = self.rings.get(stream_id)
+            if ring is None:
+                return
             for request in self.pending:
-                if request.stream == stream_id and request.packets is None and ring is not None:
+                if request.stream == stream_id and request.packets is None:
                     request.packets = ring.between(request.start, request.end)
                     ring.unpin(id(request))
             self.cond.notify()
