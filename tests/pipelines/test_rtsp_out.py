@@ -76,9 +76,11 @@ class Client:
     def _run(self) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not self.numbers:
+            # every frame as it was received: ffmpeg's default for raw output (a constant rate) drops a frame that
+            # comes soon after the one before it, as frames do after a pause of the server's
             self.process = subprocess.Popen(["ffmpeg", "-v", "error", "-rtsp_transport", "tcp", "-i", self.url,
-                                             "-f", "rawvideo", "-pix_fmt", "gray", "-"], stdout=subprocess.PIPE,
-                                            stderr=subprocess.DEVNULL)
+                                             "-f", "rawvideo", "-pix_fmt", "gray", "-fps_mode", "passthrough", "-"],
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             while (data := self.process.stdout.read(W * H)) and len(data) == W * H:
                 self.numbers.append(_number(np.frombuffer(data, np.uint8).reshape(H, W)))
             self.process.wait()

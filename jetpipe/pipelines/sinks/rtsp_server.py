@@ -30,6 +30,8 @@ HEADER = struct.Struct("<4sIIIII")  # magic, kind, stream, width, height, bytes 
 MAGIC, FRAME, END = b"JPF1", 0, 1
 ROLE = "viewer"
 END_S = 1.0  # at the end of the input, the clients get this long for the last frames
+QUEUE_FRAMES = 15  # a stream's frames waiting for its encoder: at most half a second's at 30 fps ...
+QUEUE_BYTES = 64 << 20  # ... and 64 MiB (ten 1080p frames, two at 4K)
 
 
 def say(line: str) -> None:
@@ -45,11 +47,13 @@ class Mount:
         self.lock = threading.Lock()
         self.factory = GstRtspServer.RTSPMediaFactory()
         self.factory.set_shared(True)  # every client of the path gets the same encoder's output
-        # leaky appsrc: a stalled pipeline (a slow client) drops the oldest frames, never blocks the reader
+        # leaky appsrc: a stalled pipeline (a slow client) drops the oldest frames, never blocks the reader. Its
+        # queue is bounded in frames and bytes both: appsrc's default 200 kB held less than one frame, so any pause
+        # of the encoder's thread longer than a frame's interval cost frames
         self.factory.set_launch(
-            "( appsrc name=src is-live=true format=time do-timestamp=true block=false max-buffers=2 "
-            f"leaky-type=downstream ! videoconvert ! video/x-raw,format=I420 ! {encode} ! h264parse ! "
-            "rtph264pay name=pay0 pt=96 config-interval=1 )")
+            f"( appsrc name=src is-live=true format=time do-timestamp=true block=false max-buffers={QUEUE_FRAMES} "
+            f"max-bytes={QUEUE_BYTES} leaky-type=downstream ! videoconvert ! video/x-raw,format=I420 ! {encode} ! "
+            "h264parse ! rtph264pay name=pay0 pt=96 config-interval=1 )")
         if permissions is not None:
             self.factory.set_permissions(permissions)
         self.factory.connect("media-configure", self.configure)
