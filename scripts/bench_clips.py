@@ -5,15 +5,16 @@
 times. Reported: the process's CPU seconds per 1,000 frames, frames dropped, clips written and their bytes.
 
   python scripts/bench_clips.py BUNDLE [--streams 16] [--seconds 20] [--repeats 2]
-                                [--decoder ffmpeg|nvdec|ffmpeg-process] [--sources-only | --rings-only]
-                                [--video FILE] [--json OUT]
+                                [--decoder ffmpeg|nvdec|ffmpeg-process] [--decode-processes N]
+                                [--sources-only | --rings-only] [--video FILE] [--json OUT]
 
 --decoder ffmpeg-process serves network cameras (MPEG-TS over TCP, real time) that an ffmpeg process decodes,
 its CPU counted with serve's. --sources-only reads the sources alone (those cameras, or with --decoder nvdec the
 file looped through NVDEC in this process), without the model: what keeping the packets costs beside decoding
 them. --rings-only adds an arm with the rings kept but no clip cut (clips asked only for loiter events, which
 these rules never give): what the rings cost apart from cutting. The summary splits the clips' own CPU the same
-way (rings_s, cutting_s).
+way (rings_s, cutting_s). --decode-processes N (with --decoder nvdec): NVDEC decodes in N processes of its own,
+which send the packets to this process's rings.
 
 The video is bench_events.py's words panning past the text detector (made with ffmpeg where --video is not
 there yet), so the rules see crossings and zone visits: the clips' arm cuts clips while it runs.
@@ -38,7 +39,7 @@ from bench_events import RULES, alternate, make_video, paired  # noqa: E402
 
 
 def serve(bundle: str, video: Path, streams: int, seconds: float, clips: Path | None, out: Path,
-          decoder: str = "ffmpeg", cut: bool = True) -> dict:
+          decoder: str = "ffmpeg", cut: bool = True, decode_processes: int = 0) -> dict:
     """The run's summary, with `children_cpu_s`: the CPU of serve and of every process it ran (its ffmpegs).
     cut=False: the rings kept, but clips only on loiter events, which these rules never give (no clip cut)."""
     summary = out / f"summary-{time.monotonic_ns()}.json"
@@ -50,6 +51,8 @@ def serve(bundle: str, video: Path, streams: int, seconds: float, clips: Path | 
     cameras = Cameras(video, streams) if decoder == "ffmpeg-process" else None
     sources = cameras.urls if cameras else [str(video)] * streams
     pacing = ["--realtime"] if cameras else ["--decoder", decoder, "--loop", "--realtime"]
+    if decode_processes:
+        pacing += ["--decode-processes", str(decode_processes)]
     command = [sys.executable, "-m", "jetpipe", "serve", *config, "--bundle", bundle,
                *[arg for url in sources for arg in ("--source", url)], *pacing, "--duration", str(seconds),
                "--metrics", "", "--tracker", "bytetrack", "--summary", str(summary), *RULES,
@@ -206,6 +209,8 @@ def main() -> None:
                              "this process (its demuxer's Annex B packets kept); ffmpeg-process: network cameras "
                              "(MPEG-TS over TCP, real time) decoded by an ffmpeg process each, which also copies "
                              "their packets to a pipe")
+    parser.add_argument("--decode-processes", type=int, default=0, metavar="N",
+                        help="with --decoder nvdec: decoded in N processes of their own (default 0: in this one)")
     parser.add_argument("--sources-only", action="store_true",
                         help="with --decoder ffmpeg-process or nvdec: the sources read alone, no model (what keeping "
                              "the packets costs beside decoding)")
@@ -216,6 +221,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.sources_only and args.decoder == "ffmpeg":
         parser.error("--sources-only reads --decoder nvdec or ffmpeg-process sources")
+    if args.sources_only and (args.rings_only or args.decode_processes):
+        parser.error("--sources-only reads the sources in this process, with their rings: it takes neither "
+                     "--rings-only nor --decode-processes")
+    if args.decode_processes and args.decoder != "nvdec":
+        parser.error("--decode-processes is NVDEC's: add --decoder nvdec")
     out = Path(tempfile.mkdtemp(prefix="bench-clips-"))
     video = Path(args.video) if args.video else out / "words1080.mp4"
     if not video.exists():
@@ -226,10 +236,10 @@ def main() -> None:
             return read(label, video, args.streams, args.seconds, on)
         clips = out / f"clips-{label.replace(' ', '-').replace('#', '')}" if on else None
         return row(label, serve(args.bundle, video, args.streams, args.seconds, clips, out, args.decoder,
-                                cut=on != "rings"), clips)
+                                cut=on != "rings", decode_processes=args.decode_processes), clips)
 
     arms = [("no clips", False), ("clips", True)]
-    if args.rings_only and not args.sources_only:
+    if args.rings_only:
         arms.insert(1, ("rings", "rings"))
     rows = alternate(args.repeats, arms, run)
     if len(arms) == 3:

@@ -28,9 +28,11 @@ class DecodeChoice:
 def choose(files: int, realtime_files: int, engine_fps: float | None, clips: bool = False) -> DecodeChoice:
     """The decode processes for `files` NVDEC files (`realtime_files` of them paced as cameras; the others as
     fast as they are taken) into a model that runs `engine_fps` frames/s at its largest batch (None: not
-    measured here); clips: clips are on (their rings keep the packets of streams decoded here alone)."""
+    measured here); clips: clips are on. Decode processes send their packets to the rings here, a copy between
+    processes that decoding here does without, and a path not yet measured on a GPU: auto decodes here."""
     if clips:
-        return DecodeChoice(0, "clips keep the packets of streams decoded in this process: decoding here")
+        return DecodeChoice(0, "clips are on: decoding in this process, whose packets reach the clips' rings "
+                               "without crossing processes (decode_processes = N sends them from N processes)")
     if files < MIN_FILES:
         return DecodeChoice(0, f"{files} NVDEC file(s), fewer than {MIN_FILES}: decoding in this process")
     offered = math.inf if files > realtime_files else realtime_files * LIVE_FILE_FPS

@@ -23,8 +23,8 @@ from multiprocessing.connection import wait as wait_for_any
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
-from jetpipe.runtime.nvdec_procs import CREDIT, RECORD, TAG_CREDITS, TAG_FRAMES, pack_message, worker_main
-from jetpipe.video import FrameInfo
+from jetpipe.runtime.nvdec_procs import CREDIT, RECORD, TAG_CREDITS, TAG_FRAMES, TAG_PACKETS, pack_message, worker_main
+from jetpipe.video import FrameInfo, Packet, file_bit_rate
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,12 @@ class RemoteNvdecSource:
     decoder_name = "nvdec"
     shares_thread = False
     paced_by_caller = True
+    keeps_packets = True  # its process's demuxer sends them (the link adds them to the ring)
 
     def __init__(self, uri, loop: bool, realtime: bool, info: FrameInfo, remote_id: int, process: int):
         """uri: the file's SourceURI."""
-        self.uri, self.location = uri.text, uri.location
+        self.source_uri, self.uri, self.location = uri, uri.text, uri.location
+        self.packet_ring = None  # clips.PacketRing, set by the clips writer
         self.loop, self.realtime, self.live = loop, realtime, realtime
         self.info, self.remote_id, self.process = info, remote_id, process
         self.decode_errors = 0
@@ -69,6 +71,10 @@ class RemoteNvdecSource:
 
     def describe(self) -> str:
         return f"{self.uri} (nvdec, decode process {self.process})"
+
+    @property
+    def bit_rate(self) -> float:
+        return file_bit_rate(self.location)
 
     def interrupt(self) -> None:
         """Stopping is asked through the link (the stream's stop event)."""
@@ -91,12 +97,29 @@ class _Remote:
     next_token: int = 0
     frames: int = 0                  # frames delivered
     remove_sent: bool = False
+    packets_asked: bool = False      # its process was asked for its packets (clips)
 
     def open_message(self) -> bytes:
         """Its open, for a process that takes it over: what is left of its frame limit."""
         left = max(1, self.limit - self.frames) if self.limit else 0
         source = self.source
         return _open_message(source.remote_id, source.location, source.loop, source.realtime, left)
+
+
+def keep_packets(remotes: dict, batches: list) -> None:
+    """A decode process's demuxed packets (runtime.nvdec_procs.packets_message), into the clips rings of their
+    streams (remote id -> _Remote), timed as a source's keeping is."""
+    for rid, time_base, annexb, packets in batches:
+        remote = remotes.get(rid)
+        ring = None if remote is None else remote.source.packet_ring
+        if ring is None:  # removed meanwhile
+            continue
+        started = time.perf_counter()
+        if ring.time_base is None:
+            ring.time_base, ring.annexb = time_base, annexb
+        for fields in packets:
+            ring.add(Packet(*fields))
+        ring.cpu_s += time.perf_counter() - started
 
 
 def _open_message(remote_id: int, location: str, loop: bool, realtime: bool, limit: int) -> bytes:
@@ -216,6 +239,7 @@ class _Link:
         if self.conn in ready:
             self._receive()
         self._ask_removals()
+        self._ask_packets()
 
     def _replace(self, exc: BaseException) -> None:
         """The process exited while serving (a crash in the decoder, killed): nothing writes the slots it held
@@ -234,7 +258,7 @@ class _Link:
         log.error("%s: its %d stream(s) open in a new one in %.1f s", why, len(remotes), self._backoff)
         for remote in remotes:
             self._free_credits(remote)
-            remote.reopening = True
+            remote.reopening, remote.packets_asked = True, False
             self.host.failed(remote.handle, why, self._backoff)
         self.conn.close()
         self.cpu_spent, self.cpu_s = self.cpu_spent + self.cpu_s, 0.0
@@ -281,6 +305,8 @@ class _Link:
             data = self.conn.recv_bytes()
             if data[:1] == TAG_FRAMES:
                 self._frames(memoryview(data)[1:])
+            elif data[:1] == TAG_PACKETS:
+                keep_packets(self.remotes, pickle.loads(memoryview(data)[1:]))
             else:
                 self._message(pickle.loads(data[1:]))
             if not self.conn.poll(0):
@@ -346,6 +372,16 @@ class _Link:
                 self.remotes[rid].remove_sent = True
         for rid in asked:
             self.send(pack_message("remove", rid))
+
+    def _ask_packets(self) -> None:
+        """Streams given a clips ring since the last turn: their process sends their packets from now on."""
+        with self.lock:
+            asked = [rid for rid, r in self.remotes.items()
+                     if r.source.packet_ring is not None and not (r.packets_asked or r.reopening or r.remove_sent)]
+            for rid in asked:
+                self.remotes[rid].packets_asked = True
+        for rid in asked:
+            self.send(pack_message("packets", rid))
 
     def _lost(self, why: str) -> None:
         """The process is gone: nothing writes the slots it held now; its streams end, said why."""

@@ -30,7 +30,7 @@ import numpy as np
 from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.frames import frame_shape
 from jetpipe.uri import NETWORK_SCHEMES, SourceURI
-from jetpipe.video import EndOfStream, FrameInfo, SourceError
+from jetpipe.video import EndOfStream, FrameInfo, SourceError, file_bit_rate
 from jetpipe.video import Packet as RingPacket
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ class NvdecSource:
     memory = "device"
     decoder_name = "nvdec"
     paced_by_caller = False  # set by a shared capture thread: it waits for due_in(), read_into does not sleep
+    keeps_packets = True  # its demuxer's (H.264 / HEVC; said where the codec is another)
 
     def __init__(self, device, nvc, uri: SourceURI, loop: bool = False, realtime: bool = False, feed=None,
                  fallback=None):
@@ -265,15 +266,7 @@ class NvdecSource:
     @property
     def bit_rate(self) -> float:
         """Bits a second of a file (its size over its length: a clips ring's size); 0 for a network stream."""
-        if self.feed is not None:
-            return 0.0
-        try:
-            import av
-
-            with av.open(self.source_uri.location) as container:
-                return float(container.bit_rate or 0)
-        except Exception:
-            return 0.0
+        return 0.0 if self.feed is not None else file_bit_rate(self.source_uri.location)
 
     def _rewind(self) -> None:
         """Loop: a new demuxer feeding the same decoder, which takes the next pass like one long stream

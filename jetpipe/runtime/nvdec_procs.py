@@ -17,7 +17,9 @@ frame kept) or as slots are free (--realtime files, paced here by their frame ra
 drops their oldest when behind).
 
 Messages both ways are bytes: a tag, then either packed fixed-size structs (credits, records: the hot path,
-no pickling) or a pickled tuple (opening, removing, ending a stream: rare).
+no pickling) or a pickled tuple (opening, removing, ending a stream: rare). A stream whose packets the serving
+process keeps (clips around events) has each round's demuxed packets sent before the round's records, pickled
+as tuples: its ring holds a frame's packet before the frame's event can ask for it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 
 CREDIT = struct.Struct("<iiQ")      # stream, token, allocation key (the slot's address in the serving process)
 RECORD = struct.Struct("<iidi")     # stream, token, presentation time (s; NaN: unknown), decode errors so far
-TAG_CREDITS, TAG_FRAMES, TAG_MESSAGE = b"C", b"F", b"M"
+TAG_CREDITS, TAG_FRAMES, TAG_MESSAGE, TAG_PACKETS = b"C", b"F", b"M", b"P"
 IDLE_WAIT_S = 0.05      # the longest a lane waits when none of its streams has a frame due
 CU_CTX_SCHED_BLOCKING_SYNC = 0x04
 RETRY_MAX_S = 10.0      # a stream that failed is opened again after a backoff up to this
@@ -50,6 +52,12 @@ RETRY_MAX_S = 10.0      # a stream that failed is opened again after a backoff u
 
 def pack_message(*message) -> bytes:
     return TAG_MESSAGE + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def packets_message(batches: list) -> bytes:
+    """Demuxed packets for the serving process's clips rings: [(stream, time base, Annex B codec, [Packet fields
+    as a tuple, ...]), ...] (PacketBatch.take's, with the stream)."""
+    return TAG_PACKETS + pickle.dumps(batches, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 @dataclass
@@ -66,6 +74,27 @@ class _Decoding:
     backoff: float = 0.5
     failed: bool = False
     paced: bool = False             # its pace (--realtime) started at its first credit
+
+
+class PacketBatch:
+    """Stands for a clips ring in a decode process: NvdecSource keeps its stream's packets here (as it would in
+    the ring), and the stream's lane sends them on to the serving process's ring with the round's records."""
+
+    def __init__(self):
+        self.time_base = self.annexb = None  # set by the source at its first packet
+        self.said = False
+        self.cpu_s = 0.0
+        self.packets: list[tuple] = []  # a Packet's fields: a tuple pickles and unpickles faster than a dataclass
+
+    def add(self, packet) -> None:
+        self.packets.append((packet.t, packet.data, packet.pts, packet.dts, packet.duration, packet.key))
+
+    def take(self) -> tuple | None:
+        """(time base, Annex B codec, packets) of what was kept since the last take; None if nothing was."""
+        if not self.packets:
+            return None
+        packets, self.packets = self.packets, []
+        return self.time_base, self.annexb, packets
 
 
 class _IpcHandle(ctypes.Structure):
@@ -165,6 +194,8 @@ class DecodeWorker:
             self.slots.learn(message[1])
         elif kind == "remove":
             self.lane(message[1]).remove(message[1])
+        elif kind == "packets":
+            self.lane(message[1]).keep_packets(message[1])
         elif kind == "exit":
             self.running = False
 
@@ -248,6 +279,13 @@ class _Lane:
             self._removing.add(stream)
             self.cond.notify()
 
+    def keep_packets(self, stream: int) -> None:
+        """The stream's packets go to the serving process from now on (its clips' ring)."""
+        with self.cond:
+            decoding = self.streams.get(stream)
+            if decoding is not None and decoding.source.packet_ring is None:
+                decoding.source.packet_ring = PacketBatch()
+
     def stop(self) -> None:
         with self.cond:
             self.cond.notify()
@@ -280,8 +318,16 @@ class _Lane:
             for decoding in removed:
                 self.worker.ended(decoding, "removed")
             records = self._round(turn)
+            self._send_packets(turn)
             if records:
                 self.worker.send(TAG_FRAMES + b"".join(records))
+
+    def _send_packets(self, turn: list[_Decoding]) -> None:
+        """The packets the round demuxed, of the streams whose packets are kept, in one message."""
+        batches = [(d.stream, *taken) for d in turn
+                   if d.source.packet_ring is not None and (taken := d.source.packet_ring.take()) is not None]
+        if batches:
+            self.worker.send(packets_message(batches))
 
     def _idle_wait(self, now: float) -> float:
         """Until the soonest paced frame or retry is due, at most IDLE_WAIT_S."""
@@ -336,7 +382,8 @@ class _Lane:
         record = RECORD.pack(decoding.stream, token, float("nan") if pts is None else pts,
                              decoding.source.decode_errors)
         if decoding.limit and decoding.frames >= decoding.limit:
-            self.worker.send(TAG_FRAMES + record)  # before its end, so the serving process counts it
+            self._send_packets([decoding])  # its last packets and record before its end, so that they count
+            self.worker.send(TAG_FRAMES + record)
             self._end(decoding, "limit")
             return None
         return record

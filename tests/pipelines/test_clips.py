@@ -377,7 +377,7 @@ def test_a_looped_streams_waiting_clip_is_cut_from_the_pass_that_ended_by_the_cl
     config = SimpleNamespace(folder=str(tmp_path / "clips"), before_s=1.0, after_s=1.0, on=["line_cross"],
                              ring_mb=8.0, max_total_mb=100.0, max_age_h=0.0)
     (tmp_path / "clips").mkdir()
-    source = SimpleNamespace(packet_ring=None, info=SimpleNamespace(fps=30.0), bit_rate=0.0,
+    source = SimpleNamespace(keeps_packets=True, packet_ring=None, info=SimpleNamespace(fps=30.0), bit_rate=0.0,
                              source_uri=SimpleNamespace(location=str(video)), describe=lambda: str(video))
     clips = Clips(config, delivered.append)
     try:
@@ -446,6 +446,52 @@ def test_a_jetsons_gstreamer_pipeline_keeps_its_packets_for_clips(tmp_path, monk
     assert ring.annexb == "h264" and kept[0].key and len(kept) == len(frames) == 180
     assert sorted(p.t for p in kept) == pytest.approx(frames, abs=1e-3)
     _cut_decodes_to_the_sources_pictures(ring, video, tmp_path)
+
+
+@needs_ffmpeg
+def test_a_decode_processs_packets_reach_the_serving_processs_ring_and_cut_to_the_files_pictures(tmp_path):
+    """NVDEC decoding in a decode process (--decode-processes): the Annex B packets its demuxer reads are kept there
+    (a PacketBatch in the ring's place, as NvdecSource keeps them), sent a round at a time as its lanes send them,
+    and added by the serving process's link to the ring the clips writer gave the stream; a clip cut from that
+    ring decodes to the file's own pictures. Before, such a stream had no clips. (The decoding needs a GPU:
+    test_clips_gpu runs the whole path.)"""
+    import pickle
+    from types import SimpleNamespace
+
+    from jetpipe import uri as uris
+    from jetpipe.pipelines.clips.writer import Clips
+    from jetpipe.pipelines.decode_procs import RemoteNvdecSource, _Remote, keep_packets
+    from jetpipe.runtime.nvdec_procs import TAG_PACKETS, PacketBatch, packets_message
+    from jetpipe.video import FrameInfo
+
+    video = _video(tmp_path / "in.mkv", "h264")
+    ts = tmp_path / "in.ts"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(video), "-c", "copy", str(ts)], check=True)
+    demuxed = _ring_of(ts)
+    config = SimpleNamespace(folder=str(tmp_path / "clips"), before_s=4.0, after_s=1.0, on=["line_cross"],
+                             ring_mb=8.0, max_total_mb=100.0, max_age_h=0.0)  # the ring keeps the clip's 2.2 s on
+    (tmp_path / "clips").mkdir()
+    source = RemoteNvdecSource(uris.parse(str(ts)), False, False, FrameInfo("nv12", 240, 320, fps=30.0), 7, 0)
+    clips = Clips(config, lambda record: None)
+    try:
+        clips.attach(0, source)
+        assert source.packet_ring is not None and source.bit_rate > 0
+        batch, remotes = PacketBatch(), {7: _Remote(source, 0)}
+        batch.time_base, batch.annexb = demuxed.time_base, "h264"  # as NvdecSource sets them at its first packet
+        packets = [p for gop in demuxed.gops for p in gop.packets]
+        for k in range(0, len(packets), 3):  # a lane's round: a frame's packets of each of its streams
+            for packet in packets[k:k + 3]:
+                batch.add(packet)
+            message = packets_message([(7, *batch.take())])
+            assert message[:1] == TAG_PACKETS and batch.take() is None
+            keep_packets(remotes, pickle.loads(message[1:]))
+        ring = source.packet_ring
+        ring.template = "no file: the packets say it all"
+        kept = [p.data for g in ring.gops for p in g.packets]  # the last seconds (keep_s), from a keyframe
+        assert ring.annexb == "h264" and ring.gops[0].packets[0].key and kept == [p.data for p in packets][-len(kept):]
+        _cut_decodes_to_the_sources_pictures(ring, video, tmp_path)
+    finally:
+        clips.close()
 
 
 def test_each_codec_a_clip_is_cut_from_has_a_gstreamer_parser():

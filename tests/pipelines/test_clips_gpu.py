@@ -27,11 +27,15 @@ def serve_nvdec_door(det_bundle_square, tmp_path, panning_video, panning_h264, e
                                                        "--line", f"door:{x},0,{x},1", *extra])
 
 
+@pytest.mark.parametrize("processes", [0, 1], ids=["in-process", "decode-process"])
 def test_events_on_nvdec_streams_get_clips_of_the_inputs_pictures(det_bundle_square, tmp_path, panning_video,
-                                                                  panning_h264):
+                                                                  panning_h264, processes):
+    """Decoded in the serving process, and in a decode process, which sends the packets its demuxer read to the
+    serving process's ring (before, such a stream had no clips)."""
     clips = tmp_path / "clips"
     records, summary = serve_nvdec_door(det_bundle_square, tmp_path, panning_video, panning_h264,
-                                        ["--clips", str(clips), "--clip-before", "4", "--clip-after", "2"])
+                                        ["--clips", str(clips), "--clip-before", "4", "--clip-after", "2",
+                                         "--decode-processes", str(processes)])
     events = {r["event_id"]: r for r in records if r.get("schema") == "jetpipe.event/1"}
     ready = [r for r in records if r.get("schema") == "jetpipe.clip/1"]
     assert len(events) == panning_video.crossings and ready

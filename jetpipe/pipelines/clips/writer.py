@@ -89,7 +89,7 @@ class Clips:
         """A ring for the stream where its source gives its packets (a file decoded in-process); said where it
         does not. A ring its stream's bitrate would overflow: one line (ConfigError) at start-up; a stream added
         later serves without clips (said)."""
-        if not hasattr(source, "packet_ring"):
+        if not source.keeps_packets:
             log.warning("stream %d (%s): no clips: its frames come decoded, without the compressed packets a "
                         "clip is made of", stream_id, source.describe())
             return

@@ -18,6 +18,11 @@ class Source(Protocol):
     info: FrameInfo | None  # known before open() where the source can tell (files); sizes the ring
     decode_errors: int
     shares_thread: bool  # its reads never block for long: a shared capture thread reads it (pipelines.capture)
+    # clips around events (pipelines/clips): whether it can give its compressed packets as its demuxer read them
+    # (not where its frames come decoded: a camera's raw frames, OpenCV's reads), and the ring they go to once
+    # the clips writer set one (None: not kept)
+    keeps_packets: bool
+    packet_ring: object | None
 
     def describe(self) -> str: ...
 

@@ -127,7 +127,6 @@ class FFmpegSource(PipeSource):
         super().__init__(uri, loop, realtime)
         self.threads = threads
         self.stream: StreamFormat | None = None
-        self.packet_ring = None  # clips.PacketRing: the stream's packets, copied by its ffmpeg (packet_tap)
         if uri.scheme == "file":  # a file that cannot be opened fails now, in one line, not in a reconnect loop
             try:
                 self.info = self.probe()

@@ -100,8 +100,9 @@ class GstSource(PipeSource):
         """info: the frames of a pipeline built here (a Jetson's), codec: its stream's (ffprobe's name)."""
         super().__init__(uri, loop, realtime)
         self.pipeline_info, self.codec = info, codec
-        if uri.scheme not in ("gst", "csi", "v4l2"):  # a file or a network stream: its packets can be copied
-            self.packet_ring = None  # clips.PacketRing (packet_tap)
+        # a file or a network stream: its packets can be copied (packet_tap); a pipeline of the user's, a camera's
+        # raw frames: none
+        self.keeps_packets = uri.scheme not in ("gst", "csi", "v4l2")
         if uri.scheme == "gst":
             self.info = caps_of(uri.location, uri.text)
         elif info is None:

@@ -27,6 +27,7 @@ class OpenCVSource:
     memory = "host"
     shares_thread = False
     decode_errors = 0
+    keeps_packets, packet_ring = False, None  # VideoCapture gives decoded frames only: no clips
 
     def __init__(self, uri: SourceURI, loop: bool = False):
         self.source_uri, self.uri, self.loop, self.capture, self.info = uri, uri.text, loop, None, None
@@ -93,6 +94,7 @@ class ImageFolderSource:
     memory = "host"
     shares_thread = False
     live = False
+    keeps_packets, packet_ring = False, None  # still pictures: no clips
 
     def __init__(self, folder: str, loop: bool = False, uri: str | None = None):
         self.folder, self.loop, self.uri = Path(folder), loop, uri or str(folder)

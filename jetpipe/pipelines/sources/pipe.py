@@ -150,8 +150,8 @@ class PipeSource(DecoderRuns):
     """
 
     memory = "host"
-
     decoder_name = "decoder"
+    keeps_packets = True  # its decoder also writes them to a pipe (packet_tap); codecs a clip cannot take: said
 
     def __init__(self, uri, loop: bool = False, realtime: bool = False):
         self.source_uri, self.uri, self.loop, self.realtime = uri, uri.text, loop, realtime
@@ -161,6 +161,7 @@ class PipeSource(DecoderRuns):
         self._interrupted = False
         self._probe_process = None  # a running probe (ffprobe): killed by interrupt()
         self._tap: PacketTap | None = None  # where clips keep the packets (packet_tap)
+        self.packet_ring = None  # clips.PacketRing: the stream's packets, copied by its decoder (packet_tap)
 
     def _probing(self, process) -> None:
         self._probe_process = process
@@ -170,7 +171,7 @@ class PipeSource(DecoderRuns):
     # subclasses
     def command(self, packets_fd: int | None = None) -> list[str]:
         """The decoder's argv; with packets_fd, it also writes the stream's packets, untouched, as MPEG-TS to
-        that pipe (sources that can: a `packet_ring` attribute)."""
+        that pipe (sources that can: keeps_packets)."""
         raise NotImplementedError
 
     def probe(self) -> FrameInfo:
@@ -216,7 +217,7 @@ class PipeSource(DecoderRuns):
         return "?"
 
     def _packet_tap(self) -> PacketTap | None:
-        if getattr(self, "packet_ring", None) is None:
+        if self.packet_ring is None:
             return None
         if self._tap is None:
             why = packet_tap.missing()

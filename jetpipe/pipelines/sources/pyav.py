@@ -126,6 +126,7 @@ class PyAVSource:
     memory = "host"
     live = False
     shares_thread = False  # a read decodes on the CPU: a thread of its own
+    keeps_packets = True  # its demuxer's, as the container holds them
 
     def __init__(self, uri: SourceURI, loop: bool = False, realtime: bool = False, threads: int | None = None,
                  hwaccel: str | None = None):

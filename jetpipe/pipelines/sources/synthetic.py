@@ -25,6 +25,7 @@ class SyntheticCamera:
     pan = 512  # pixels of canvas beyond the frame width; frames step PAN_STEP pixels
     decode_errors = 0
     shares_thread = True     # a read is a copy: a capture thread can serve several (pipelines.capture)
+    keeps_packets, packet_ring = False, None  # no compressed stream: no clips
     paced_by_caller = False  # set by a shared capture thread: it waits for due_in(), read_into does not sleep
 
     def __init__(self, width=640, height=480, fps=30.0, fmt="nv12", seed=0, step=8, uri: str = "synthetic",
