@@ -182,3 +182,25 @@ def _own(value: ast.AST) -> bool:
     if isinstance(value, ast.Name):
         return value.id in ("self", "cls")
     return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super"
+
+
+# (module, attribute) probed where what is probed is not ours: PyAV's releases differ, os differs by platform
+FOREIGN_PROBES = {("jetpipe.pipelines.sources.pyav", "is_corrupt"), ("jetpipe.pipelines.daemon", "sched_getaffinity"),
+                  ("jetpipe.pipelines.daemon", "id")}
+
+
+def test_the_pipelines_ask_their_parts_through_declared_protocols_not_by_probing():
+    """hasattr(x, "name") and getattr(x, "name", default) in the pipelines: what a source, sink, runtime or record
+    has is declared (sources/base.py, sinks/base.py, runtime/api.py, record.py), never guessed at (issue 50)."""
+    probes = []
+    for name, path in _modules().items():
+        if not name.startswith("jetpipe.pipelines"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2):
+                continue
+            probing = node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3)
+            attribute = node.args[1]
+            if probing and isinstance(attribute, ast.Constant) and (name, attribute.value) not in FOREIGN_PROBES:
+                probes.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert probes == []

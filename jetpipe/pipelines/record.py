@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -21,6 +22,8 @@ NO_TRACK = -1  # track_ids(): a box that is not (yet) part of a confirmed track
 
 @dataclass(slots=True, eq=False)
 class FrameRecord:
+    # the records that travel with it name their kind (an event's "line_cross", "clip_ready", ...); a frame's none
+    type: ClassVar[str | None] = None
     stream: int                  # the stream's ID (never reused)
     source: str                  # its URI as the user wrote it
     frame: int                   # the frame's number in its stream

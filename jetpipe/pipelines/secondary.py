@@ -259,16 +259,14 @@ class SecondaryStage:
                 **self._priority_got(),
                 **({"crops_turned": self.crops_turned} if self.direction is not None else {}),
                 **({"crops_reused": self.crops_reused} if self.config.every_track else {}),
-                "frame_bytes_uploaded": getattr(self.runtime, "frame_bytes_uploaded", 0),
-                "d2h_bytes_per_crop": round(getattr(self.runtime, "output_bytes_downloaded", 0)
-                                            / max(1, self.crops_run))}
+                "frame_bytes_uploaded": self.runtime.frame_bytes_uploaded,
+                "d2h_bytes_per_crop": round(self.runtime.output_bytes_downloaded / max(1, self.crops_run))}
 
     def _priority_got(self) -> dict:
         """What its runs got: "normal" where "high" was asked of a backend that cannot give it (ONNX Runtime
         without graphs); nothing on a CPU runtime or a server's model, which have no stream of ours."""
-        if not hasattr(self.runtime, "lane") or getattr(self.runtime, "remote", False):
-            return {}
-        return {"priority": "high" if self.runtime.lane is not None else "normal"}
+        got = self.runtime.priority_got()
+        return {} if got is None else {"priority": got}
 
     def close(self) -> None:
         if self.direction is not None:

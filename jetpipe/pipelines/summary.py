@@ -91,7 +91,7 @@ class Report:
                 "dropped_share": round(dropped / max(1, sum(per_stream["captured"])), 4),
                 # the run's: the frames finished after a stop (signal, --duration) are the drain's, reported apart
                 **({"drain": drain} if (drain := m.drain()) else {}),
-                **({"drain_cut_short": cut} if (cut := getattr(self.drain_bound, "cut", None)) else {}),
+                **({"drain_cut_short": cut} if (cut := self.drain_bound and self.drain_bound.cut) else {}),
                 "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
                                for s in ("queue", "gpu", "post", "total")},
                 "sink_failures": self.sinks.failures(),

@@ -185,6 +185,7 @@ class Runtime(Protocol):
     decodes_to_device: bool  # NVDEC decodes into GPU memory here (hardware_decoder gives sources)
     device: object         # the CUDA device the decode processes share memory with (None on the CPU runtime)
     output_bytes_downloaded: int  # device -> host bytes of outputs so far
+    frame_bytes_uploaded: int     # host -> device bytes of frames so far (0 for NVDEC's and mapped frames)
 
     def submit(self, frames, width: int | None = None) -> Ticket: ...
 
@@ -209,6 +210,10 @@ class Runtime(Protocol):
     def max_batch_fps(self) -> float | None: ...
 
     def describe(self) -> dict: ...
+
+    def priority_got(self) -> str | None:
+        """The GPU priority its runs got ("high", or "normal" where the backend cannot raise it); None where
+        there is no stream of ours to raise (the CPU runtime, a Triton server's model)."""
 
     def gpu_free_memory(self) -> int | None: ...
 

@@ -48,6 +48,7 @@ class RuntimeBase:
     device_frames = False  # reads frames (and crops of them) in GPU memory
     reduction = None  # the CPU runtime returns the model's outputs; the GPU one may reduce them
     output_bytes_downloaded = 0  # device -> host bytes of outputs (none on the CPU)
+    frame_bytes_uploaded = 0  # host -> device bytes of frames (none on the CPU)
     memory = "host"  # where frames wait: host, or the GPU runtime's mapped / staged / device
 
     def _init_sets(self, count: int) -> None:
@@ -176,6 +177,10 @@ class RuntimeBase:
 
     def gpu_free_memory(self) -> int | None:
         """Free GPU memory in bytes (None: no GPU)."""
+        return None
+
+    def priority_got(self) -> str | None:
+        """No GPU stream to raise on the CPU (the GPU runtime says what its runs got)."""
         return None
 
     def __enter__(self):

@@ -155,6 +155,12 @@ class GpuRuntime(RuntimeBase):
                  self.device.compute_capability, "integrated" if self.device.integrated else "discrete",
                  self.backend_name, self.memory)
 
+    def priority_got(self) -> str | None:
+        """"high" where its runs go on the high-priority lane, "normal" where not; None for a server's model."""
+        if self.remote:
+            return None
+        return "high" if self.lane is not None else "normal"
+
     def _priority_lane(self, priority: str):
         """The stream inference runs on at priority "high" (after warm-up: graphs are captured by then)."""
         if priority == "normal" or self.remote:  # a server's model runs at the server's priorities

@@ -137,7 +137,7 @@ class Clips:
 
     def on_event(self, record) -> None:
         """An event record (the events step's deliver): a clip around it where its type asks for one."""
-        if getattr(record, "type", None) in self.config.on and record.stream in self.rings:
+        if record.type in self.config.on and record.stream in self.rings:
             t = record.pts if record.pts is not None else record.time
             self.request(record.stream, t - self.config.before_s, t + self.config.after_s, record.event_id)
 

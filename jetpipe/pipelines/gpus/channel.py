@@ -103,7 +103,7 @@ class ForwardSink(SinkBase):
         return "face"
 
     def write(self, record) -> None:
-        kind = getattr(record, "type", None) or NONE
+        kind = record.type or NONE
         frame = isinstance(record, FrameRecord)
         latency = f"{record.latency_ms['total']:.3f}" if frame else NONE
         body = record.json() if self.records or not frame else NONE

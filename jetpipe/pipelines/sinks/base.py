@@ -41,6 +41,9 @@ class FrameTaker(Sink, Protocol):
     def offer(self, stream: int, frame, record, to_host=None, wait: bool = False) -> bool:
         """Take a copy of the frame (YUV as it sits in the ring) for drawing; False when it was not taken."""
 
+    def cut_short(self) -> int:
+        """A bounded drain ran out: drop the frames still waiting to be drawn (counted in `dropped`); how many."""
+
 
 class SinkBase:
     """The counting every sink shares."""

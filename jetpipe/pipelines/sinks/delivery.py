@@ -98,7 +98,7 @@ class QueuedSink(SinkBase):
         self.thread.start()
 
     def wants(self, record) -> bool:
-        return self.records == "all" or getattr(record, "type", None) is not None  # events have a type
+        return self.records == "all" or record.type is not None  # events have a type
 
     def write(self, record) -> None:
         if not self.wants(record):

@@ -75,7 +75,7 @@ class SinkFanout:
     def cut_short(self) -> int:
         """A bounded drain ran out: the frame sinks drop the frames still waiting to be drawn (counted in their
         `dropped`); how many."""
-        return sum(sink.cut_short() for sink in self.frame_takers if hasattr(sink, "cut_short"))
+        return sum(sink.cut_short() for sink in self.frame_takers)
 
     def close(self) -> None:
         """Close every sink once (after the run, so the summary counts what fails as they finish; or at an

@@ -52,7 +52,7 @@ class MqttSink(QueuedSink):
         return f"mqtt://{self.host}:{self.port}/{self.topic}"
 
     def topic_of(self, record) -> str:
-        kind = getattr(record, "type", None)
+        kind = record.type
         return self.topic if kind is None else f"{self.topic}/events/{kind}"
 
     def send(self, batch: list) -> None:

@@ -60,7 +60,7 @@ class RedisSink(QueuedSink):
     def send(self, batch: list) -> None:
         pipe = self.client.pipeline(transaction=False)
         for record in batch:
-            pipe.xadd(self.key, {"type": getattr(record, "type", None) or "frame", "stream": record.stream,
+            pipe.xadd(self.key, {"type": record.type or "frame", "stream": record.stream,
                                  "json": record.json()}, maxlen=self.maxlen, approximate=True)
         replies = pipe.execute(raise_on_error=False)  # a connection error raises: the batch is sent again
         for reply in replies:
