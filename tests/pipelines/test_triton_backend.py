@@ -24,15 +24,26 @@ def _needs_triton() -> None:
     pytest.importorskip("tritonclient.grpc", reason="the Triton backend's client: pip install 'tritonclient[grpc]'")
 
 
-@pytest.fixture(params=HOSTS)
-def server(det_bundle, tmp_path, request):
+def _cpu_server(det_bundle, folder, host: str):
     """The model on the server's CPU: its outputs bit-equal to the local onnxruntime-cpu backend's. Hosted
     through pytriton and as a model repository of Triton's Python backend (tests/triton_server.py)."""
     _needs_triton()
-    triton = TritonServer(det_bundle, "det", tmp_path / "triton.log", host=request.param)
+    triton = TritonServer(det_bundle, "det", folder / "triton.log", host=host)
     triton.start()
     yield triton
     triton.stop()
+
+
+@pytest.fixture(scope="module", params=HOSTS)
+def server(det_bundle, tmp_path_factory, request):
+    """One server a host for the tests that only ask it (a start and a stop cost 6-8 s on two cores)."""
+    yield from _cpu_server(det_bundle, tmp_path_factory.mktemp("triton"), request.param)
+
+
+@pytest.fixture(params=HOSTS)
+def server_to_lose(det_bundle, tmp_path, request):
+    """A server of the test's own: it stops and starts it."""
+    yield from _cpu_server(det_bundle, tmp_path, request.param)
 
 
 @pytest.fixture(params=HOSTS)
@@ -118,7 +129,7 @@ def test_a_malformed_backend_uri_is_refused_before_anything_starts(det_bundle, t
     assert message in capsys.readouterr().err
 
 
-def test_a_server_lost_mid_run_fails_its_batches_and_is_served_again_once_back(det_bundle, server, tmp_path):
+def test_a_server_lost_mid_run_fails_its_batches_and_is_served_again_once_back(det_bundle, server_to_lose, tmp_path):
     """The server killed while a live stream runs: batches fail (counted) instead of the pipeline, the
     backend asks again after its backoff, and once the server is back frames are processed again (through
     shared memory: the restarted server is told of the regions again)."""
@@ -127,7 +138,7 @@ def test_a_server_lost_mid_run_fails_its_batches_and_is_served_again_once_back(d
 
     out = tmp_path / "out.jsonl"
     config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig("synthetic://320x240@10/nv12")],
-                                     sinks=[f"jsonl:{out}"], backend=server.uri, metrics_listen="", max_batch=1,
+                                     sinks=[f"jsonl:{out}"], backend=server_to_lose.uri, metrics_listen="", max_batch=1,
                                      fail_timeout_s=0.0))
     pipeline = Pipeline(config)
     assert pipeline.runtime.backend.transport.endswith("shared memory")  # CUDA's with the GPU runtime
@@ -143,9 +154,9 @@ def test_a_server_lost_mid_run_fails_its_batches_and_is_served_again_once_back(d
 
     try:
         wait_for(lambda: sum(pipeline.metrics.processed) >= 3, "frames served")
-        server.stop()
+        server_to_lose.stop()
         wait_for(lambda: sum(pipeline.metrics.failed) >= 2, "failed batches while the server is gone")
-        server.start()
+        server_to_lose.start()
         back_at = sum(pipeline.metrics.processed)
         wait_for(lambda: sum(pipeline.metrics.processed) >= back_at + 3, "frames served again")
     finally:
