@@ -230,8 +230,11 @@ class _Link:
             self.finished.set()
 
     def _serve(self) -> None:
-        """One turn: credits granted, then what the process sent or the batcher woke it for."""
+        """One turn: credits granted, then what the process sent or the batcher woke it for. A stream's packets
+        are asked for before its credits: the process reads its messages in order, so its first frame's packets
+        (the keyframe and parameter sets a clip starts with) are kept."""
         if self.gone is None:
+            self._ask_packets()
             self._grant()
         ready = wait_for_any([self.conn, self.waker.read_fd], STARVED_S if self._starved else POLL_S)
         if self.waker.read_fd in ready:
@@ -239,7 +242,6 @@ class _Link:
         if self.conn in ready:
             self._receive()
         self._ask_removals()
-        self._ask_packets()
 
     def _replace(self, exc: BaseException) -> None:
         """The process exited while serving (a crash in the decoder, killed): nothing writes the slots it held
