@@ -109,6 +109,9 @@ class NvdecSource:
         self.info = None
         self.packet_ring = None  # clips.PacketRing: each demuxed packet kept there too (clips around events)
         self._clip_codec = None  # "h264" / "hevc": the codecs whose Annex B packets a clip is cut from
+        # the packets opening demuxed to decode its first frame (the keyframe a clip of the stream's first seconds
+        # starts with), kept for a ring set after the opening: a file opens at construction, before clips attach
+        self._opening_packets: list | None = None
         with device.active():
             self._stream = device.stream()
         if feed is None:
@@ -167,7 +170,13 @@ class NvdecSource:
         self._clip_codec = {"h264": "h264", "hevc": "hevc"}.get(codec)
         self._pending: deque = deque()
         self._index = 0
-        first = self._next_frame()  # size and colour come from the decoded picture
+        self._opening_packets = []
+        try:
+            first = self._next_frame()  # size and colour come from the decoded picture
+        finally:
+            opened, self._opening_packets = self._opening_packets, None
+        if self.packet_ring is None and self._clip_codec is not None:
+            self._opening_packets = opened  # a handful of packets: what the decoder took to give a picture
         self._pending.appendleft(first)
         height, width = int(self._decoder.GetHeight()), int(self._decoder.GetWidth())
         fps = float(demuxer.FrameRate() or 0)
@@ -225,6 +234,8 @@ class NvdecSource:
                 continue
             if size and self.packet_ring is not None:
                 self._keep(packet, size)
+            elif size and self._opening_packets is not None and self._clip_codec is not None:
+                self._opening_packets.append(self._ring_packet(packet, size))
             if packet is None:
                 if self.source_uri.live:
                     why = f" ({self.feed.why()})" if self.feed is not None else ""
@@ -254,14 +265,25 @@ class NvdecSource:
             return
         if ring.time_base is None:
             ring.time_base, ring.annexb = Fraction(self._timebase).limit_denominator(1 << 30), self._clip_codec
+            for early in self._opening_packets or ():  # demuxed at the opening, before the ring was set
+                if early is not None:
+                    ring.add(early)
+            self._opening_packets = None
+        kept = self._ring_packet(packet, size)
+        if kept is not None:
+            ring.add(kept)
+        ring.cpu_s += time.perf_counter() - started  # the summary's clips.cpu_s
+
+    def _ring_packet(self, packet, size: int) -> RingPacket | None:
+        """The packet as a ring keeps it, its bytes copied (the demuxer reuses its buffer); None without a time."""
         pts, dts = packet.pts, packet.dts
         pts = None if pts is None or pts == NO_TIME else int(pts)
         dts = None if dts is None or dts == NO_TIME else int(dts)
         at = pts if pts is not None else dts
-        if at is not None:
-            data = ctypes.string_at(packet.bsl_data, size)
-            ring.add(RingPacket(at * self._timebase, data, pts, dts, int(packet.duration or 0), bool(packet.key)))
-        ring.cpu_s += time.perf_counter() - started  # the summary's clips.cpu_s
+        if at is None:
+            return None
+        return RingPacket(at * self._timebase, ctypes.string_at(packet.bsl_data, size), pts, dts,
+                          int(packet.duration or 0), bool(packet.key))
 
     @property
     def bit_rate(self) -> float:
