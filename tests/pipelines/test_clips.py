@@ -230,7 +230,9 @@ def test_events_get_clips_around_them_with_a_record_each(det_bundle, tmp_path, p
     counts = {k: summary["clips"][k] for k in ("written", "failed", "waiting")}
     assert counts == {"written": len(ready), "failed": 0, "waiting": 0}
     assert 0 < summary["clips"]["cpu_s"] < summary["cpu_seconds"]["process"]
-    assert summary["clips"]["rings_s"] > 0 and summary["clips"]["cutting_s"] > 0
+    # 40 packets kept cost a few hundred microseconds, which the summary's milliseconds may round to 0.0 (CI saw
+    # it); cutting four clips costs milliseconds
+    assert summary["clips"]["rings_s"] >= 0 and summary["clips"]["cutting_s"] > 0
     assert summary["clips"]["cpu_s"] == pytest.approx(summary["clips"]["rings_s"] + summary["clips"]["cutting_s"],
                                                       abs=2e-3)
     last_frame = (panning_video.frames - 1) / 2
