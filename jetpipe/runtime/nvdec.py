@@ -110,8 +110,10 @@ class NvdecSource:
         self.packet_ring = None  # clips.PacketRing: each demuxed packet kept there too (clips around events)
         self._clip_codec = None  # "h264" / "hevc": the codecs whose Annex B packets a clip is cut from
         # the packets opening demuxed to decode its first frame (the keyframe a clip of the stream's first seconds
-        # starts with), kept for a ring set after the opening: a file opens at construction, before clips attach
+        # starts with): gathered while opening (a list only then), and kept for a ring set after the opening (a
+        # file opens at construction, before clips attach) until its first packet
         self._opening_packets: list | None = None
+        self._opened_packets: list | None = None
         with device.active():
             self._stream = device.stream()
         if feed is None:
@@ -176,7 +178,7 @@ class NvdecSource:
         finally:
             opened, self._opening_packets = self._opening_packets, None
         if self.packet_ring is None and self._clip_codec is not None:
-            self._opening_packets = opened  # a handful of packets: what the decoder took to give a picture
+            self._opened_packets = opened  # a handful of packets: what the decoder took to give a picture
         self._pending.appendleft(first)
         height, width = int(self._decoder.GetHeight()), int(self._decoder.GetWidth())
         fps = float(demuxer.FrameRate() or 0)
@@ -265,10 +267,10 @@ class NvdecSource:
             return
         if ring.time_base is None:
             ring.time_base, ring.annexb = Fraction(self._timebase).limit_denominator(1 << 30), self._clip_codec
-            for early in self._opening_packets or ():  # demuxed at the opening, before the ring was set
+            for early in self._opened_packets or ():  # demuxed at the opening, before the ring was set
                 if early is not None:
                     ring.add(early)
-            self._opening_packets = None
+            self._opened_packets = None
         kept = self._ring_packet(packet, size)
         if kept is not None:
             ring.add(kept)
