@@ -177,8 +177,9 @@ class NvdecSource:
             first = self._next_frame()  # size and colour come from the decoded picture
         finally:
             opened, self._opening_packets = self._opening_packets, None
-        if self.packet_ring is None and self._clip_codec is not None:
-            self._opened_packets = opened  # a handful of packets: what the decoder took to give a picture
+        # a handful of packets, what the decoder took to give a picture: none where a ring already kept them, or
+        # where the codec is not one a clip is cut from (the gathering skipped them)
+        self._opened_packets = opened or None
         self._pending.appendleft(first)
         height, width = int(self._decoder.GetHeight()), int(self._decoder.GetWidth())
         fps = float(demuxer.FrameRate() or 0)
