@@ -3,6 +3,7 @@ frame of a file source reaches each client in order (each frame carries its numb
 at once, one killed and one stalled mid-stream leave the others and the other sinks whole; a password; bad input
 is one line, exit 2."""
 
+import functools
 import json
 import shutil
 import signal
@@ -65,6 +66,14 @@ def _number(frame: np.ndarray) -> int:
     return sum(1 << bit for bit in range(BITS) if frame[8:32, bit * 40 + 8:bit * 40 + 32].mean() > 128)
 
 
+@functools.cache
+def _every_frame() -> list[str]:
+    """ffmpeg's option that passes every frame through: -fps_mode from FFmpeg 5.1, -vsync before it (Ubuntu
+    22.04's, JetPack 6's, is 4.4)."""
+    options = subprocess.run(["ffmpeg", "-hide_banner", "-h", "long"], capture_output=True, text=True).stdout
+    return ["-fps_mode" if "-fps_mode" in options else "-vsync", "passthrough"]
+
+
 class Client:
     """ffmpeg reading the stream (TCP), decoded to gray frames; the number on each, as it comes."""
 
@@ -79,7 +88,7 @@ class Client:
             # every frame as it was received: ffmpeg's default for raw output (a constant rate) drops a frame that
             # comes soon after the one before it, as frames do after a pause of the server's
             self.process = subprocess.Popen(["ffmpeg", "-v", "error", "-rtsp_transport", "tcp", "-i", self.url,
-                                             "-f", "rawvideo", "-pix_fmt", "gray", "-fps_mode", "passthrough", "-"],
+                                             "-f", "rawvideo", "-pix_fmt", "gray", *_every_frame(), "-"],
                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             while (data := self.process.stdout.read(W * H)) and len(data) == W * H:
                 self.numbers.append(_number(np.frombuffer(data, np.uint8).reshape(H, W)))
