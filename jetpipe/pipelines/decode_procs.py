@@ -23,7 +23,16 @@ from multiprocessing.connection import wait as wait_for_any
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
-from jetpipe.runtime.nvdec_procs import CREDIT, RECORD, TAG_CREDITS, TAG_FRAMES, TAG_PACKETS, pack_message, worker_main
+from jetpipe.runtime.nvdec_procs import (
+    CREDIT,
+    RECORD,
+    TAG_CREDITS,
+    TAG_FRAMES,
+    TAG_PACKETS,
+    pack_message,
+    read_round,
+    worker_main,
+)
 from jetpipe.video import FrameInfo, Packet, file_bit_rate
 
 log = logging.getLogger(__name__)
@@ -107,7 +116,7 @@ class _Remote:
 
 
 def keep_packets(remotes: dict, batches: list) -> None:
-    """A decode process's demuxed packets (runtime.nvdec_procs.packets_message), into the clips rings of their
+    """A decode process's demuxed packets (runtime.nvdec_procs.round_message), into the clips rings of their
     streams (remote id -> _Remote), timed as a source's keeping is."""
     for rid, time_base, annexb, packets in batches:
         remote = remotes.get(rid)
@@ -307,8 +316,10 @@ class _Link:
             data = self.conn.recv_bytes()
             if data[:1] == TAG_FRAMES:
                 self._frames(memoryview(data)[1:])
-            elif data[:1] == TAG_PACKETS:
-                keep_packets(self.remotes, pickle.loads(memoryview(data)[1:]))
+            elif data[:1] == TAG_PACKETS:  # a round whose packets clips keep: the packets first
+                batches, records = read_round(memoryview(data))
+                keep_packets(self.remotes, batches)
+                self._frames(records)
             else:
                 self._message(pickle.loads(data[1:]))
             if not self.conn.poll(0):

@@ -18,8 +18,8 @@ drops their oldest when behind).
 
 Messages both ways are bytes: a tag, then either packed fixed-size structs (credits, records: the hot path,
 no pickling) or a pickled tuple (opening, removing, ending a stream: rare). A stream whose packets the serving
-process keeps (clips around events) has each round's demuxed packets sent before the round's records, pickled
-as tuples: its ring holds a frame's packet before the frame's event can ask for it.
+process keeps (clips around events) has each round's demuxed packets in the round's message, pickled as tuples
+ahead of the records: its ring holds a frame's packet before the frame's event can ask for it.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 CREDIT = struct.Struct("<iiQ")      # stream, token, allocation key (the slot's address in the serving process)
 RECORD = struct.Struct("<iidi")     # stream, token, presentation time (s; NaN: unknown), decode errors so far
+PACKETS_LENGTH = struct.Struct("<I")  # a round's pickled packets, ahead of its records
 TAG_CREDITS, TAG_FRAMES, TAG_MESSAGE, TAG_PACKETS = b"C", b"F", b"M", b"P"
 IDLE_WAIT_S = 0.05      # the longest a lane waits when none of its streams has a frame due
 CU_CTX_SCHED_BLOCKING_SYNC = 0x04
@@ -54,10 +55,23 @@ def pack_message(*message) -> bytes:
     return TAG_MESSAGE + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def packets_message(batches: list) -> bytes:
-    """Demuxed packets for the serving process's clips rings: [(stream, time base, Annex B codec, [Packet fields
-    as a tuple, ...]), ...] (PacketBatch.take's, with the stream)."""
-    return TAG_PACKETS + pickle.dumps(batches, protocol=pickle.HIGHEST_PROTOCOL)
+def round_message(batches: list, records: list[bytes]) -> bytes:
+    """A lane's round in one message: its frames' records, after the packets it demuxed for the serving process's
+    clips rings, if any: [(stream, time base, Annex B codec, [Packet fields as a tuple, ...]), ...]
+    (PacketBatch.take's, with the stream). One message, not one each: one write here and at most one turn of the
+    serving process's link there, and a round's records never arrive apart from its packets. (Measured against
+    two messages: no difference larger than the runs' spread; docs/lab/benchmarks.md.)"""
+    if not batches:
+        return TAG_FRAMES + b"".join(records)
+    packets = pickle.dumps(batches, protocol=pickle.HIGHEST_PROTOCOL)
+    return b"".join((TAG_PACKETS, PACKETS_LENGTH.pack(len(packets)), packets, *records))
+
+
+def read_round(message: memoryview) -> tuple[list, memoryview]:
+    """A TAG_PACKETS message's packets (round_message's batches) and its records (RECORD structs)."""
+    length, = PACKETS_LENGTH.unpack_from(message, 1)
+    start = 1 + PACKETS_LENGTH.size
+    return pickle.loads(message[start:start + length]), message[start + length:]
 
 
 @dataclass
@@ -318,16 +332,15 @@ class _Lane:
             for decoding in removed:
                 self.worker.ended(decoding, "removed")
             records = self._round(turn)
-            self._send_packets(turn)
-            if records:
-                self.worker.send(TAG_FRAMES + b"".join(records))
+            batches = self._packets_taken(turn)
+            if records or batches:
+                self.worker.send(round_message(batches, records))
 
-    def _send_packets(self, turn: list[_Decoding]) -> None:
-        """The packets the round demuxed, of the streams whose packets are kept, in one message."""
-        batches = [(d.stream, *taken) for d in turn
-                   if d.source.packet_ring is not None and (taken := d.source.packet_ring.take()) is not None]
-        if batches:
-            self.worker.send(packets_message(batches))
+    @staticmethod
+    def _packets_taken(turn: list[_Decoding]) -> list:
+        """The packets the round demuxed, of the streams whose packets are kept."""
+        return [(d.stream, *taken) for d in turn
+                if d.source.packet_ring is not None and (taken := d.source.packet_ring.take()) is not None]
 
     def _idle_wait(self, now: float) -> float:
         """Until the soonest paced frame or retry is due, at most IDLE_WAIT_S."""
@@ -382,8 +395,8 @@ class _Lane:
         record = RECORD.pack(decoding.stream, token, float("nan") if pts is None else pts,
                              decoding.source.decode_errors)
         if decoding.limit and decoding.frames >= decoding.limit:
-            self._send_packets([decoding])  # its last packets and record before its end, so that they count
-            self.worker.send(TAG_FRAMES + record)
+            # its last packets and record before its end, so that they count
+            self.worker.send(round_message(self._packets_taken([decoding]), [record]))
             self._end(decoding, "limit")
             return None
         return record

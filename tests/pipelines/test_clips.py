@@ -454,16 +454,15 @@ def test_a_jetsons_gstreamer_pipeline_keeps_its_packets_for_clips(tmp_path, monk
 def test_a_decode_processs_packets_reach_the_serving_processs_ring_and_cut_to_the_files_pictures(tmp_path):
     """NVDEC decoding in a decode process (--decode-processes): the Annex B packets its demuxer reads are kept there
     (a PacketBatch in the ring's place, as NvdecSource keeps them), sent a round at a time as its lanes send them,
-    and added by the serving process's link to the ring the clips writer gave the stream; a clip cut from that
-    ring decodes to the file's own pictures. Before, such a stream had no clips. (The decoding needs a GPU:
-    test_clips_gpu runs the whole path.)"""
-    import pickle
+    ahead of its records in the round's one message, and added by the serving process's link to the ring the clips
+    writer gave the stream; a clip cut from that ring decodes to the file's own pictures. Before, such a stream had
+    no clips. (The decoding needs a GPU: test_clips_gpu runs the whole path.)"""
     from types import SimpleNamespace
 
     from jetpipe import uri as uris
     from jetpipe.pipelines.clips.writer import Clips
     from jetpipe.pipelines.decode_procs import RemoteNvdecSource, _Remote, keep_packets
-    from jetpipe.runtime.nvdec_procs import TAG_PACKETS, PacketBatch, packets_message
+    from jetpipe.runtime.nvdec_procs import RECORD, TAG_FRAMES, TAG_PACKETS, PacketBatch, read_round, round_message
     from jetpipe.video import FrameInfo
 
     video = _video(tmp_path / "in.mkv", "h264")
@@ -484,9 +483,13 @@ def test_a_decode_processs_packets_reach_the_serving_processs_ring_and_cut_to_th
         for k in range(0, len(packets), 3):  # a lane's round: a frame's packets of each of its streams
             for packet in packets[k:k + 3]:
                 batch.add(packet)
-            message = packets_message([(7, *batch.take())])
+            records = [RECORD.pack(7, k + 1, k / 30, 0), RECORD.pack(7, k + 2, (k + 1) / 30, 0)]
+            message = round_message([(7, *batch.take())], records)
             assert message[:1] == TAG_PACKETS and batch.take() is None
-            keep_packets(remotes, pickle.loads(message[1:]))
+            batches, records_read = read_round(memoryview(message))
+            assert bytes(records_read) == b"".join(records)  # the frames' records follow their packets
+            keep_packets(remotes, batches)
+        assert round_message([], records) == TAG_FRAMES + b"".join(records)  # a round with no packets kept
         ring = source.packet_ring
         ring.template = "no file: the packets say it all"
         kept = [p.data for g in ring.gops for p in g.packets]  # the last seconds (keep_s), from a keyframe
