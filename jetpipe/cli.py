@@ -308,8 +308,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--clips", metavar="DIR",
                    help="an MP4 clip around each event (line_cross, zone_enter, loiter, occupancy) in DIR: the "
                         "stream's own packets from the keyframe before --clip-before seconds to --clip-after "
-                        "seconds after, never re-encoded; streams decoded in-process (PyAV, NVDEC); [clips] sets "
-                        "the rest")
+                        "seconds after, never re-encoded; from every source that demuxes (PyAV, NVDEC, ffmpeg, "
+                        "GStreamer; not raw cameras); [clips] sets the rest")
     p.add_argument("--clip-before", type=float, metavar="S", help="seconds of a clip before its event (default 5)")
     p.add_argument("--clip-after", type=float, metavar="S", help="seconds of a clip after its event (default 5)")
     p.add_argument("--snapshots", metavar="DIR",

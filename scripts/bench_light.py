@@ -113,14 +113,16 @@ def decode_child(args) -> None:
 
 def serve_child(args) -> None:
     """jetpipe's pipeline on N NVDEC streams, saturated; prints one JSON line."""
-    from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
+    from jetpipe.pipelines.config import ClipsConfig, PipelineConfig, SourceConfig, validate
     from jetpipe.pipelines.daemon import Pipeline
 
     memory = MemorySampler(args.seconds)
     if float(args.switch_ms) > 0:
         sys.setswitchinterval(float(args.switch_ms) / 1000)
     sources = [SourceConfig(str(args.clip), loop=True, decoder="nvdec") for _ in range(args.streams)]
+    clips_folder = tempfile.mkdtemp(prefix="bench-light-clips-") if args.clips == "on" else ""
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=sources, duration=args.seconds,
+                                     clips=ClipsConfig(folder=clips_folder),  # no rules: rings kept, none cut
                                      max_batch=args.max_batch, metrics_listen="", log_every_s=1e9, queue_depth=4,
                                      capture_threads=int(args.capture_threads),
                                      decode_processes=_processes(args.decode_processes),
@@ -133,6 +135,8 @@ def serve_child(args) -> None:
     memory.start()
     summary = pipeline.run()
     after, wall = os.times(), time.perf_counter() - wall
+    if clips_folder:
+        os.rmdir(clips_folder)  # rings only: no clip was cut into it
     census = thread_census(census)
     # the decode processes' CPU over the run, as they said it (their start-up, in os.times()'s children, is not)
     cpu = _cpu(before, after, children=False) + summary["cpu_seconds"].get("decode_processes", 0.0)
@@ -142,6 +146,7 @@ def serve_child(args) -> None:
     print(json.dumps({"what": "serve", "streams": args.streams, "capture_threads": int(args.capture_threads),
                       "decode_processes": _processes(args.decode_processes),
                       "decoded_elsewhere": "decode_processes" in summary["cpu_seconds"],
+                      "clips": args.clips, "clips_summary": summary.get("clips"),
                       "decode_threads": int(args.decode_threads),
                       "switch_ms": sys.getswitchinterval() * 1000,
                       "threads": memory.threads, "paths": paths, "fps": processed / wall,
@@ -220,11 +225,11 @@ def _rss_mb() -> float:
 
 def run_child(what: str, clip: Path, streams: int, seconds: float, bundle: Path, max_batch: int,
               capture_threads: int = 0, switch_ms: float = 0.0, decode_processes: int | str = 0,
-              decode_threads: int = 0) -> dict:
+              decode_threads: int = 0, clips: str = "off") -> dict:
     argv = [sys.executable, __file__, what, "--clip", str(clip), "--streams", str(streams), "--seconds",
             str(seconds), "--bundle", str(bundle), "--max-batch", str(max_batch), "--capture-threads",
             str(capture_threads), "--switch-ms", str(switch_ms), "--decode-processes", str(decode_processes),
-            "--decode-threads", str(decode_threads)]
+            "--decode-threads", str(decode_threads), "--clips", clips]
     return last_json(argv, {"what": what, "streams": streams}, timeout=900)
 
 
@@ -254,6 +259,8 @@ def main() -> None:
                         "processes, one row each (0: serve's default, a thread a stream, 4 at most), e.g. 0,8")
     parser.add_argument("--switch-ms", default="0", help="serve's Python switch interval in ms, one row each "
                         "(0: the interpreter's, 5 ms)")
+    parser.add_argument("--clips", default="off", help="clips' packet rings kept (on) or not (off), one row each, "
+                        "e.g. off,on; no rules, so no clip is cut: what keeping every stream's packets costs")
     parser.add_argument("--clip", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bundle", type=Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:]
@@ -296,12 +303,13 @@ def run_all(args) -> None:
             ceiling = run_child("decode", clip, n, args.seconds, bundle, args.max_batch)
             rows.append(ceiling)
             print(json.dumps(rows[-1]), flush=True)
-            variants = [(int(t), float(ms), _processes(dp), int(dt)) for t in args.capture_threads.split(",")
+            variants = [(int(t), float(ms), _processes(dp), int(dt), c) for t in args.capture_threads.split(",")
                         for ms in args.switch_ms.split(",") for dp in args.decode_processes.split(",")
-                        for dt in (args.decode_threads.split(",") if dp != "0" else ["0"])]
-            for threads, switch_ms, processes, decode_threads in variants:
+                        for dt in (args.decode_threads.split(",") if dp != "0" else ["0"])
+                        for c in args.clips.split(",")]
+            for threads, switch_ms, processes, decode_threads, clips in variants:
                 rows.append(run_child("serve", clip, n, args.seconds, bundle, args.max_batch, threads, switch_ms,
-                                      processes, decode_threads))
+                                      processes, decode_threads, clips))
                 if "fps" in rows[-1] and "fps" in ceiling:
                     rows[-1]["pct_of_decode"] = 100 * rows[-1]["fps"] / ceiling["fps"]
                 print(json.dumps(rows[-1]), flush=True)
@@ -326,8 +334,9 @@ def report(rows: list[dict], args) -> None:
         pct = f"{r['pct_of_decode']:.0f} %" if "pct_of_decode" in r else ""
         gpu = r.get("gpu_memory_added_mib")
         threads = f" ({r['decode_threads']})" if r.get("decode_threads") else ""
+        clips = ", clips" if r.get("clips") == "on" else ""
         print(f"| {r['streams']} | {r['what']} | {r.get('capture_threads', '')}, {r.get('switch_ms', 0):g}, "
-              f"{r.get('decode_processes', '')}{threads} "
+              f"{r.get('decode_processes', '')}{threads}{clips} "
               f"| {r['fps']:.0f} | {pct} "
               f"| {r['cpu_cores']:.2f} | {r['rss_mb']:.0f} | "
               f"{gpu if gpu is not None else 'n/a'} | {r.get('dropped', '')} | {r.get('p99_ms') or ''} | "
@@ -335,10 +344,12 @@ def report(rows: list[dict], args) -> None:
     first = int(args.capture_threads.split(",")[0])
     first_processes = int(args.decode_processes.split(",")[0])
     r0_ms = next((r["switch_ms"] for r in rows if r["what"] == "serve" and "switch_ms" in r), 5)
+    first_clips = args.clips.split(",")[0]
     for what in ("decode", "serve"):  # serve: the first variant's rows only
         ok = sorted((r for r in rows if r["what"] == what and "error" not in r and
                      r.get("capture_threads", first) == first and r.get("switch_ms", 5) == r0_ms and
-                     r.get("decode_processes", first_processes) == first_processes),
+                     r.get("decode_processes", first_processes) == first_processes and
+                     r.get("clips", first_clips) == first_clips),
                     key=lambda r: r["streams"])
         if len(ok) >= 2 and ok[-1]["streams"] > ok[0]["streams"]:
             added = ok[-1]["streams"] - ok[0]["streams"]

@@ -94,9 +94,9 @@ class Ingest:
         """decode_processes = "auto": by the NVDEC files configured and the model's rate, measured now where
         they are enough to matter (said in the log; streams added later go where this put them)."""
         files = [spec for spec in self.config.sources if _decodable_elsewhere(spec)]
-        clips = bool(self.config.clips.folder)
-        engine_fps = self.runtime.max_batch_fps() if len(files) >= decode_choice.MIN_FILES and not clips else None
-        choice = decode_choice.choose(len(files), sum(spec.realtime for spec in files), engine_fps, clips)
+        engine_fps = self.runtime.max_batch_fps() if len(files) >= decode_choice.MIN_FILES else None
+        choice = decode_choice.choose(len(files), sum(spec.realtime for spec in files), engine_fps,
+                                      clips=bool(self.config.clips.folder))
         log.info("decode_processes auto: %s", choice.why)
         return choice.processes
 
