@@ -9,7 +9,7 @@ could be served faster than the serving process decodes, by what they offer and 
 
 With clips on, the serving process also keeps each packet, and decodes less: 32 files into the light detector
 on an H200, 1,702 frames/s with the rings against 2,010 without; in a decode process, 4,411 with them (97 % of
-NVDEC). A decode process's packets cost more CPU per frame than keeping them here (about 5 % against under 1 %
+NVDEC). A decode process's packets cost more CPU per frame than keeping them here (about 6 % against under 1 %
 at 16 x 1080p30, where both keep up), so with clips the bar is lower, not gone (docs/lab/benchmarks.md).
 """
 
