@@ -109,6 +109,7 @@ class NvdecSource:
         self.info = None
         self.packet_ring = None  # clips.PacketRing: each demuxed packet kept there too (clips around events)
         self._clip_codec = None  # "h264" / "hevc": the codecs whose Annex B packets a clip is cut from
+        self._said_no_clips = False  # another codec's stream with a ring: said once
         # the packets opening demuxed to decode its first frame (the keyframe a clip of the stream's first seconds
         # starts with): gathered while opening (a list only then), and kept for a ring set after the opening (a
         # file opens at construction, before clips attach) until its first packet
@@ -262,8 +263,8 @@ class NvdecSource:
         read is a system call; nothing here waits but the ring's lock)."""
         ring, started = self.packet_ring, time.perf_counter()
         if self._clip_codec is None:
-            if not getattr(ring, "said", False):
-                ring.said = True
+            if not self._said_no_clips:
+                self._said_no_clips = True
                 log.warning("source %s: no clips: its codec's packets are not H.264 or HEVC", self.uri)
             return
         if ring.time_base is None:

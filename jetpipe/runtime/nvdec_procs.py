@@ -96,7 +96,6 @@ class PacketBatch:
 
     def __init__(self):
         self.time_base = self.annexb = None  # set by the source at its first packet
-        self.said = False
         self.cpu_s = 0.0
         self.packets: list[tuple] = []  # a Packet's fields: a tuple pickles and unpickles faster than a dataclass
 
