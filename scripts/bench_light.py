@@ -275,6 +275,8 @@ def main() -> None:
     args = parser.parse_args(["run", *argv])
     if args.model is None:
         parser.error("give the model: scripts/bench_light.py MODEL.onnx")
+    if not set(args.clips.split(",")) <= {"off", "on"}:
+        parser.error(f"--clips {args.clips}: give off, on or off,on")
     run_all(args)
 
 
