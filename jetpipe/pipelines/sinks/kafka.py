@@ -1,6 +1,12 @@
 """`kafka://HOST:PORT[,HOST:PORT...]/TOPIC`: each event produced to a Kafka topic through confluent-kafka
 (librdkafka), at least once (delivery.QueuedSink): acks from all in-sync replicas, the idempotent producer, and
 the stream's ID as the key, so that a stream's events stay in order in one partition.
+
+A producer whose messages timed out is not trusted again: the idempotent producer then bumps its epoch, which a
+broker back from a pause or a restart may refuse for good ("a newer producer ... fences the current one"), and
+librdkafka does not call that fatal, so the old producer failed every send after a 12 s pause while a new one
+delivered at once. After REPLACE_AFTER failed sends in a row (or a fatal error) the sink makes a new producer;
+what the old one still held is purged (it is in the sink's own queue, sent again).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ OPTIONS = ("records", "queue", "drain")
 NEVER = {10, 87}  # MSG_SIZE_TOO_LARGE, INVALID_RECORD
 FATAL = -150  # KafkaError._FATAL, librdkafka's own (local) code: the producer has stopped
 MESSAGE_TIMEOUT_S = 10  # librdkafka gives up on a message after this (and we send it again)
+REPLACE_AFTER = 2  # failed sends in a row (each up to MESSAGE_TIMEOUT_S) after which the producer is replaced
 TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 BROKER = re.compile(r"[A-Za-z0-9.-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5}")
 
@@ -61,6 +68,7 @@ class KafkaSink(QueuedSink):
         super().__init__(settings["records"], settings["queue"], settings["drain"])
         self.brokers, self.topic = settings["brokers"], settings["topic"]
         self.fatal = None
+        self.failed_in_row = 0  # sends since the last one that delivered everything
         self.producer = self._producer()
         self.start()
 
@@ -80,6 +88,7 @@ class KafkaSink(QueuedSink):
 
     def send(self, batch: list) -> None:
         outcome: list = [None] * len(batch)
+        self.failed_in_row += 1  # until every record is acknowledged or refused for good (reset at the end)
 
         def delivered(i):
             return lambda err, msg: outcome.__setitem__(i, err if err is not None else True)
@@ -96,6 +105,7 @@ class KafkaSink(QueuedSink):
                 self.refuse(result.str())
                 continue
             raise Undelivered(i, "no acknowledgement" if result is None else result.str())
+        self.failed_in_row = 0
 
     def _produce(self, record, on_delivery) -> None:
         while True:
@@ -115,10 +125,21 @@ class KafkaSink(QueuedSink):
         return err.fatal() or err.code() == FATAL
 
     def reconnect(self) -> None:
+        """After a failed send: a new producer where the old one stopped or failed REPLACE_AFTER sends in a row."""
         if self.fatal is not None:
-            log.warning("sink %s: the producer stopped (%s); making a new one", self.describe(), self.fatal)
-            self.producer.flush(0)
-            self.fatal, self.producer = None, self._producer()
+            why = f"the producer stopped ({self.fatal})"
+        elif self.failed_in_row >= REPLACE_AFTER:
+            why = f"{self.failed_in_row} sends in a row were not acknowledged"
+        else:
+            return
+        log.warning("sink %s: %s; making a new one", self.describe(), why)
+        self._drop_producer()
+        self.fatal, self.failed_in_row, self.producer = None, 0, self._producer()
+
+    def _drop_producer(self) -> None:
+        """What the producer still holds is forgotten (the sink's queue keeps it, or the drain counted it lost)."""
+        self.producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self.producer.flush(0)
 
     def disconnect(self) -> None:
-        self.producer.flush(0)  # what is still in librdkafka's queue was counted lost by the drain
+        self._drop_producer()
