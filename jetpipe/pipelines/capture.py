@@ -149,9 +149,10 @@ class Capture:
 
     def _loop(self, handle, shared: bool):
         stream, source, ring, config = handle.slot, handle.source, self.streams.rings[handle.slot], self.config
-        backoff, frame_no, info = 0.5, 0, None
+        backoff, read, info = 0.5, 0, None
+        frame_no = self.streams.frame_number(handle, 0)  # a restarted worker's goes on
         running = lambda: not (self.stopping.is_set() or handle.stop.is_set())  # noqa: E731
-        while running() and not (config.frames and frame_no >= config.frames):
+        while running() and not (config.frames and frame_no is not None and frame_no >= config.frames):
             slot = None
             try:
                 if info is None:
@@ -179,16 +180,19 @@ class Capture:
                     continue
                 view = ring.view(slot, info.format, info.height, info.width)
                 pts = source.read_into(view)
-                # files wait for room (every frame is processed); cameras push out their oldest frame
-                self.queue_frame(stream, ring, slot, info, frame_no, pts, source.live, wait=not source.live)
-                frame_no += 1
+                if frame_no is None:  # a file's frame delivered by the worker before this one (Streams.resume)
+                    ring.release(slot)
+                else:  # files wait for room (every frame is processed); cameras push out their oldest frame
+                    self.queue_frame(stream, ring, slot, info, frame_no, pts, source.live, wait=not source.live)
+                read += 1
+                frame_no = self.streams.frame_number(handle, read)
                 if shared:
                     yield 0.0
             except EndOfStream:
                 if slot is not None:
                     ring.release(slot)
                 log.info("source %d (%s) ended after %d frames, %d decode error(s)", handle.id, source.describe(),
-                         frame_no, source.decode_errors)
+                         read, source.decode_errors)
                 source.close()
                 handle.state = "ended" if handle.state == "running" else handle.state
                 return

@@ -151,7 +151,7 @@ class Pipeline:
         capacity = stream_slots(config)
         share = self.share
         self.streams = Streams(capacity) if share is None else Streams(capacity, share.ids, share.first_added,
-                                                                        share.stride)
+                                                                        share.stride, share.resume)
         self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
                                budget_s=config.latency_budget_ms / 1000 or None)
         if config.latency_budget_ms:  # planned from the model's time, measured now where the runtime can
@@ -180,7 +180,8 @@ class Pipeline:
         self.snapshots = Snapshots(config.snapshots, self.jpeg, self.sinks.put) if config.snapshots.folder else None
         if self.snapshots is not None:
             self.closers.append(self.snapshots.close)
-        steps = build_steps(config, capacity, self.labels, self.streams.id_of, deliver, self.snapshots)
+        steps = build_steps(config, capacity, self.labels, self.streams.id_of, deliver, self.snapshots,
+                            self.streams.resume)
         self.events = next((s for s in steps if s.name == "events"), None)
         self.stages = Stages(runtime, self.batcher, self.postprocess, steps, self.secondaries,
                              self.streams, self.metrics, self.sinks, self.task, self.pool, config.fail_timeout_s,

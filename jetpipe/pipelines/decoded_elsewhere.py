@@ -31,7 +31,12 @@ class DecodedElsewhere:
         info = handle.source.info
         return self.capture.streams.rings[handle.slot].view(slot, info.format, info.height, info.width).address
 
-    def deliver(self, handle, slot: int, pts: float | None, frame_no: int) -> None:
+    def deliver(self, handle, slot: int, pts: float | None, count: int) -> None:
+        """The stream's count-th frame decoded (from 0), in ring slot `slot`."""
+        frame_no = self.capture.streams.frame_number(handle, count)
+        if frame_no is None:  # delivered by the worker before this one (Streams.resume)
+            self.release(handle, slot)
+            return
         # never waits: a file's credits were its queue's room
         self.capture.queue_frame(handle.slot, self.capture.streams.rings[handle.slot], slot, handle.source.info,
                                  frame_no, pts, handle.source.live, wait=False)

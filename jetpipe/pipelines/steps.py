@@ -39,9 +39,10 @@ class TrackStep:
 
     name = "tracker"
 
-    def __init__(self, kind: str, slots: int):
+    def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None):
+        """first_ids: the first track ID of each slot's stream (a restarted GPU worker's go on; else 1)."""
         self.kind = kind
-        self.trackers = [Tracker(kind) for _ in range(slots)]
+        self.trackers = [Tracker(kind, next_id=n) for n in (first_ids or [1] * slots)]
         # the last batch's boxes and scores as the tracker read them, (N, 4) and (N,) float64 a frame: the
         # events step reads them rather than making them again from the results' lists
         self.arrays: list[tuple[np.ndarray, np.ndarray]] = []
@@ -61,15 +62,28 @@ class TrackStep:
         """Nothing held back: each frame's tracks are its record's."""
 
 
-def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None, snapshots=None) -> list[FrameStep]:
+def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None, snapshots=None,
+                resume=None) -> list[FrameStep]:
     """The steps the configuration asks for, in the order they run. labels: the model's class names;
     stream_id(slot): the ID of a slot's stream; deliver(record): to the sinks (for the events' records);
-    snapshots: a picture of each event's frame (snapshots.Snapshots)."""
+    snapshots: a picture of each event's frame (snapshots.Snapshots); resume: a restarted GPU worker's
+    streams.Resume (track IDs and counts go on from it)."""
     steps: list[FrameStep] = []
     tracks = None
     if config.tracker != "none":
-        steps.append(tracks := TrackStep(config.tracker, slots))
+        first = {} if resume is None else resume.track_ids
+        first_ids = [first.get(_slot_stream(stream_id, slot), 1) for slot in range(slots)]
+        steps.append(tracks := TrackStep(config.tracker, slots, first_ids))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
     if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
-        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, tracks, snapshots))
+        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, tracks, snapshots,
+                               None if resume is None else resume.event_counts))
     return steps
+
+
+def _slot_stream(stream_id, slot: int) -> int | None:
+    """The ID of the stream in `slot` at start-up (None: the slot is empty)."""
+    try:
+        return None if stream_id is None else stream_id(slot)
+    except AttributeError:  # an empty slot
+        return None

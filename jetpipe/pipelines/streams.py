@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from jetpipe import uri
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.config import SourceConfig
 from jetpipe.runtime.ring import slot_bytes
@@ -33,16 +34,21 @@ class Stream:
     source: object
     slot: int
     state: str = "running"  # running | ended (source ended; slot kept until removed or needed) | stopping | removed
+    camera: bool = field(init=False)  # a camera or network stream (its frames are not read again), not a file
     stop: threading.Event = field(default_factory=threading.Event)  # removal asked: capture ends
     started: bool = False  # its capture was started (in a thread of its own or a shared one)
     done: threading.Event = field(default_factory=threading.Event)  # its capture ended
+
+    def __post_init__(self):
+        self.camera = uri.parse(self.spec.uri).live
 
     def capturing(self) -> bool:
         return self.started and not self.done.is_set()
 
 
 class Streams:
-    def __init__(self, capacity: int, ids: list[int] | None = None, first_added: int | None = None, stride: int = 1):
+    def __init__(self, capacity: int, ids: list[int] | None = None, first_added: int | None = None, stride: int = 1,
+                 resume: Resume | None = None):
         """ids: the IDs the configured streams take, in order (a GPU's worker serves its share of a daemon's
         streams under their daemon-wide IDs: pipelines/gpus); None: 0, 1, ... Streams added later take
         first_added, then every stride-th (each GPU's worker its own residue: IDs unique over the daemon)."""
@@ -52,6 +58,7 @@ class Streams:
         self.choices: list[list] = [[] for _ in range(capacity)]  # the rings allocated for each slot
         self.retired: dict[int, dict] = {}  # removed streams: their counters when they were removed
         self.next_id = max(self.given, default=-1) + 1 if first_added is None else first_added
+        self.resume = resume or Resume()
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a stream was removed (its slot freed)
 
@@ -70,6 +77,15 @@ class Streams:
 
     def id_of(self, slot: int) -> int:
         return self.slots[slot].id
+
+    def frame_number(self, stream: Stream, count: int) -> int | None:
+        """The number of a stream's count-th frame read (from 0), or None where it is skipped: a restarted worker's
+        camera goes on numbering where the last worker's records ended; its file (paced or not) is read again from
+        its start (a frame's number is its place in the file), the frames already delivered skipped."""
+        first = self.resume.frames.get(stream.id, 0)
+        if stream.camera:
+            return first + count
+        return count if count >= first else None
 
     def ring_for(self, hw: tuple[int, int], device: bool, fmt: str | None = None) -> tuple[int, object] | None:
         """A free slot with a ring of this memory that holds frames up to hw (of format fmt where the source
@@ -107,6 +123,18 @@ class Streams:
 
 
 @dataclass
+class Resume:
+    """Where a restarted GPU worker's streams go on from (pipelines/gpus): the worker before it died, and what it
+    had delivered is history the new one must not write again. By daemon-wide stream ID: the next frame number
+    (a camera's numbering goes on there; a file, read again from its start, skips to it), the next track ID (a
+    new object never takes an ID already delivered); by rule, the events counted so far (counts go on)."""
+
+    frames: dict[int, int] = field(default_factory=dict)
+    track_ids: dict[int, int] = field(default_factory=dict)
+    event_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass
 class Share:
     """This process's part of a daemon's streams: a GPU's worker (pipelines/gpus) serves some of them, under
     their daemon-wide IDs, and hands every record on to the face."""
@@ -116,6 +144,7 @@ class Share:
     forward: object  # the sink that takes every record to the face
     first_added: int | None = None  # the ID of the first stream added through the control API
     stride: int = 1  # and of each after it: every stride-th
+    resume: Resume | None = None  # a restarted worker's: where its streams go on from
 
 
 def _pixel_bytes(ring) -> int:

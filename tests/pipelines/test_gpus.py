@@ -160,6 +160,58 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(tin
     assert _frames_in(tmp_path / "drawn-restart1-s1.mp4") > 0 and _frames_in(tmp_path / "drawn-s0.mp4") > 0
 
 
+def test_a_restarted_worker_goes_on_with_its_streams_frame_numbers_track_ids_and_counts(det_bundle, tmp_path):
+    """GPU 1's worker killed mid-run on a tracked stream with rules: the new worker's frames are numbered on from
+    the dead one's last record (they started at 0 again: frames twice in the JSONL), its tracks take IDs above
+    every ID the dead one delivered (IDs 1 and 2 were given to other objects), the summary's counts of the stream
+    add up and the top-level summary counts every event, the dead worker's too (it had no `events`)."""
+    out, summary_path = tmp_path / "records.jsonl", tmp_path / "summary.json"
+    argv = ["--gpus", "0,1", "--source", "synthetic:640x360@4", "--source", "synthetic:640x360@4",
+            "--line", "door:0.5,0,0.5,1", "--zone", "left:0,0,0.5,0,0.5,1,0,1", "--tracker", "bytetrack",
+            "--sink", f"jsonl:{out}", "--summary", str(summary_path), "--metrics", ""]
+    face = _serve(det_bundle, argv, tmp_path)
+    with _killed_at_the_end(face):
+        assert _wait_until(lambda: len(_tracked(out, 1)) >= 6, timeout=240), "no tracked frames of stream 1"
+        os.kill(_worker_pid(face.pid, gpu=1), signal.SIGKILL)
+        _wait_for_line(face, "GPU 1's worker started again (restart 1 of 3)")
+        before, tracked = _records_of(out, 1), len(_tracked(out, 1))
+        assert _wait_until(lambda: _records_of(out, 1) >= before + 8 and len(_tracked(out, 1)) >= tracked + 4,
+                           timeout=240), "stream 1 did not resume with tracks"
+        face.send_signal(signal.SIGTERM)
+        _, stderr = face.communicate(timeout=120)
+    assert face.returncode == 0, stderr[-3000:]
+    summary = json.loads(summary_path.read_text())["summary"]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    frames = [r for r in records if r.get("schema") is None and r["stream"] == 1]
+    (death,) = summary["worker_exits"]
+    dead, new = frames[:death["frames_delivered"]], frames[death["frames_delivered"]:]
+    numbers = [r["frame"] for r in frames]
+    assert numbers == sorted(set(numbers)), "a frame number of stream 1 came twice"
+    assert new[0]["frame"] == dead[-1]["frame"] + 1  # a camera: numbered on from the dead worker's last record
+    old_ids = {i for r in dead for i in r["results"]["track_ids"] if i is not None}
+    new_ids = {i for r in new for i in r["results"]["track_ids"] if i is not None}
+    assert old_ids and new_ids and min(new_ids) > max(old_ids), (sorted(old_ids), sorted(new_ids))
+    assert summary["processed"][1] == len(frames)
+    for stream in (0, 1):
+        assert summary["captured"][stream] == (summary["processed"][stream] + summary["dropped"][stream] +
+                                               summary["failed"][stream])
+    tally: dict = {}
+    for event in (r for r in records if r.get("schema") == "jetpipe.event/1"):
+        what = event.get("direction") or event.get("state") or event["type"].removeprefix("zone_")
+        tally.setdefault(event["rule"], {}).setdefault(what, 0)
+        tally[event["rule"]][what] += 1
+    assert tally and {rule: c for rule, c in summary["events"]["counts"].items() if c} == tally
+
+
+def _tracked(path: Path, stream: int) -> list[dict]:
+    """The frames' records of a stream that hold a track."""
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return [r for r in records if r.get("schema") is None and r["stream"] == stream and
+            any(i is not None for i in r["results"].get("track_ids", []))]
+
+
 def test_a_worker_that_does_not_stop_is_killed_after_the_drain_bound(tiny_bundle, tmp_path):
     """GPU 1's worker frozen (SIGSTOP), then SIGTERM: the face ends anyway, stop_timeout_s + LEFT_BEHIND_S
     after the stop (it waited for ever before), says the kill, and GPU 0's stream is whole."""
@@ -364,7 +416,8 @@ def test_a_frames_record_goes_alone_as_its_latency_where_the_face_has_no_sink_fo
     from jetpipe.pipelines.gpus import channel
     from jetpipe.pipelines.record import FrameRecord
 
-    frame = FrameRecord(3, "synthetic", 7, 0.25, 1.0, 1.1, {"total": 12.5}, "text-detection", {"boxes": []})
+    frame = FrameRecord(3, "synthetic", 7, 0.25, 1.0, 1.1, {"total": 12.5}, "text-detection",
+                        {"boxes": [[0, 0, 1, 1]] * 3, "track_ids": [4, None, 9]})
     event = EventRecord("line_cross", "door", 3, 7, 0.25, 1.0, 1, None, None, 0.9, [0, 0, 1, 1], {}, {})
     for records in (True, False):
         read, write = os.pipe()
@@ -373,7 +426,38 @@ def test_a_frames_record_goes_alone_as_its_latency_where_the_face_has_no_sink_fo
         sink.write(event)
         sink.outbox.close()
         with os.fdopen(read, "rb") as lines:
-            (_, (_, first, latency)), (_, (stream, second, none)) = [channel.parse(line) for line in lines]
-        assert latency == 12.5 and none is None and stream == 3
-        assert (first is not None) == records and (first is None or first.json() == frame.json())
-        assert (second.stream, second.type, second.json()) == (3, "line_cross", event.json())
+            (_, first), (_, second) = [channel.parse(line) for line in lines]
+        assert first.latency_ms == 12.5 and second.latency_ms is None and second.stream == 3
+        assert (first.record is not None) == records and (first.record is None or
+                                                          first.record.json() == frame.json())
+        assert (second.record.stream, second.record.type, second.record.json()) == (3, "line_cross", event.json())
+        assert (first.frame, first.track, second.frame, second.track) == (7, 9, 7, 1)  # where a restart goes on
+
+
+def test_a_restarted_workers_camera_numbers_on_and_its_file_skips_what_was_delivered():
+    from jetpipe.pipelines.config import SourceConfig
+    from jetpipe.pipelines.streams import Resume, Stream, Streams
+
+    streams = Streams(2, [4, 5], resume=Resume(frames={4: 20, 5: 3}))
+    camera, file = Stream(4, SourceConfig("synthetic:64x64@5"), None, 0), Stream(5, SourceConfig("clip.mp4"), None, 1)
+    assert [streams.frame_number(camera, n) for n in (0, 1)] == [20, 21]
+    assert [streams.frame_number(file, n) for n in range(5)] == [None, None, None, 3, 4]  # read again from its start
+    assert Streams(1).frame_number(camera, 0) == 0  # not restarted
+
+
+def test_a_dead_workers_frames_and_events_are_counted_as_its_records_tell():
+    from jetpipe.pipelines.gpus import totals
+    from jetpipe.pipelines.streams import Resume
+
+    dead = totals.Outcome(1, None, [1], "was killed by signal 9", {1: 15}, 0, [], Resume(),
+                          Resume({1: 20}, {1: 7}, {"door": {"in": 2}}))
+    assert dead.died_with(1) == {"captured": 20, "processed": 15, "dropped": 5, "failed": 0, "reconnects": 0,
+                                 "stalls": 0, "decode_errors": 0}
+    newer = totals.Outcome(1, {"events": {"counts": {"door": {"in": 3}}, "occupancy": {}, "cpu_s": 0.5}}, [1], "ran",
+                           {1: 9}, 1, [], Resume({1: 20}), Resume())
+    other = totals.Outcome(0, {"events": {"counts": {"door": {"out": 1}}, "occupancy": {}, "cpu_s": 0.25}}, [0],
+                           "ran", {0: 9}, 0, [], Resume(), Resume())
+    # GPU 1's newest worker counts on from the dead one's 2 (its 3 hold them); GPU 0's add
+    assert totals.merged_events([dead, newer, other]) == {"counts": {"door": {"in": 3, "out": 1}}, "occupancy": {},
+                                                          "cpu_s": 0.75}
+    assert totals.merged_events([other, dead])["counts"] == {"door": {"out": 1, "in": 2}}

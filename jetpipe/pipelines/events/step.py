@@ -43,11 +43,12 @@ class _Frame:
 class EventStep:
     name = "events"
 
-    def __init__(self, rules: list, labels, stream_id, deliver, tracks=None, snapshots=None):
+    def __init__(self, rules: list, labels, stream_id, deliver, tracks=None, snapshots=None, counts=None):
         """rules: Zone and Line; labels: the model's class names (rules name classes by them); stream_id(slot):
         the ID of the stream in a slot now; deliver(record): to the sinks; tracks: the tracker's step, whose
         arrays of the batch's boxes it reads (None: it makes them); snapshots: where each event and its frame go
-        (snapshots.Snapshots: the frames are decided in the batch they come in, while they are in their slots)."""
+        (snapshots.Snapshots: the frames are decided in the batch they come in, while they are in their slots);
+        counts: each rule's counts so far (a restarted GPU worker's go on from its predecessor's)."""
         self.tracks, self.snapshots = tracks, snapshots
         self.labels = tuple(labels or ())
         self.engine = Engine()
@@ -56,6 +57,8 @@ class EventStep:
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for rule in rules:
             self.counts[rule.name]  # every rule in the summary, those that saw nothing too
+        for name, counted in (counts or {}).items():
+            self.counts[name].update(counted)
         self.by_label: dict[tuple[str, str, str], int] = defaultdict(int)  # (rule, what, label) -> N
         self.by_stream: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))  # drawn
         self._slot_ids: dict[int, int] = {}

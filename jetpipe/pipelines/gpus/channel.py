@@ -4,8 +4,13 @@ Worker -> face, one line each on a pipe of its own (standard output stays the wo
 
     H {json}                                   hello: built, serving (its metrics address, backend, engine time)
     E {json}                                   it could not start: {"error": the one line}
-    R STREAM TYPE LATENCY_MS RECORD_JSON       a record, as the sinks take it (TYPE and LATENCY_MS: - for none;
-                                               RECORD_JSON - where the face has no sink for frames' records)
+    R STREAM TYPE LATENCY_MS FRAME TRACK RECORD_JSON
+                                               a record, as the sinks take it (TYPE and LATENCY_MS: - for none;
+                                               FRAME: its frame's number, - for a clip or
+                                               snapshot; TRACK: the highest track ID in it, -
+                                               for none; RECORD_JSON - where the face has no sink for frames'
+                                               records). FRAME and TRACK let the face start a worker again
+                                               where the dead one's records ended (streams.Resume)
     S {json}                                   its run's summary, the last line
 
 Face -> worker, on the worker's standard input: first the job (its length, then the pickled Job), then lines:
@@ -23,8 +28,10 @@ import struct
 import threading
 from dataclasses import dataclass
 
+from jetpipe.pipelines.events.record import EventRecord
 from jetpipe.pipelines.record import FrameRecord
 from jetpipe.pipelines.sinks.base import SinkBase
+from jetpipe.pipelines.streams import Resume
 
 LENGTH = struct.Struct("<Q")
 NONE = "-"
@@ -42,6 +49,7 @@ class Job:
     records: bool = True  # the face has sinks of records: frames' records go whole (else their latency only)
     first_added: int | None = None  # streams added through the control API: this ID, then every stride-th
     stride: int = 1
+    resume: Resume | None = None  # a restarted worker's: where its streams go on from
 
 
 def send_job(stream, job: Job) -> None:
@@ -107,19 +115,50 @@ class ForwardSink(SinkBase):
         frame = isinstance(record, FrameRecord)
         latency = f"{record.latency_ms['total']:.3f}" if frame else NONE
         body = record.json() if self.records or not frame else NONE
-        self.outbox.line(f"R {record.stream} {kind} {latency} {body}")
+        at, track = _progress(record)
+        self.outbox.line(f"R {record.stream} {kind} {latency} {_word(at)} {_word(track)} {body}")
+
+
+def _progress(record) -> tuple[int | None, int | None]:
+    """(its frame's number, the highest track ID in it): what the face resumes a restarted worker from."""
+    if isinstance(record, FrameRecord):
+        return record.frame, highest_track(record)
+    if isinstance(record, EventRecord):
+        return record.frame, record.track_id
+    return None, None  # a clip's or snapshot's record: the frames' records say it already
+
+
+def _word(value: int | None) -> str:
+    return NONE if value is None else str(value)
+
+
+def highest_track(record: FrameRecord) -> int | None:
+    """The highest track ID among a frame's results (None: no tracks)."""
+    ids = record.results.get("track_ids") if isinstance(record.results, dict) else None
+    return max((i for i in ids if i is not None), default=None) if ids else None
 
     def close(self) -> None:
         self.outbox.flush()
 
 
+@dataclass(slots=True)
+class Line:
+    """A record line at the face."""
+
+    stream: int
+    record: Forwarded | None  # None where only its latency came
+    latency_ms: float | None  # a frame's; None for the others
+    frame: int | None         # its frame's number (None: a clip's or a snapshot's record)
+    track: int | None         # the highest track ID in it
+
+
 def parse(line: bytes) -> tuple[str, object]:
-    """(kind, what it carries): a record line -> (its stream, the Forwarded record or None where only its latency
-    came, the latency ms or None); the others -> their dict."""
+    """(kind, what it carries): a record line -> a Line; the others -> their dict."""
     text = line.decode().rstrip("\n")
     kind, _, rest = text.partition(" ")
     if kind != "R":
         return kind, json.loads(rest)
-    stream, kind_of, latency, body = rest.split(" ", 3)
+    stream, kind_of, latency, frame, track, body = rest.split(" ", 5)
     record = None if body == NONE else Forwarded(int(stream), None if kind_of == NONE else kind_of, body)
-    return "R", (int(stream), record, None if latency == NONE else float(latency))
+    return "R", Line(int(stream), record, None if latency == NONE else float(latency),
+                     None if frame == NONE else int(frame), None if track == NONE else int(track))

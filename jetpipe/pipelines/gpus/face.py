@@ -81,11 +81,12 @@ class Face:
             log.info("metrics of %d GPU(s) on http://%s/metrics, streams on http://%s/streams", len(self.workers),
                      self.server.address, self.server.address)
 
-    def _worker(self, gpu: int, ids: list[int], restart: int) -> WorkerProcess:
+    def _worker(self, gpu: int, ids: list[int], restart: int, resume=None) -> WorkerProcess:
+        """resume: where a dead worker's records ended (streams.Resume): the new one goes on from there."""
         part, drawn = worker_config(self.config, [self.config.sources[i] for i in ids],
                                     bool(self.config.metrics_listen), restart)
         job = channel.Job(gpu, part, ids, len(self.uris), -1, records=bool(self.sinks.sinks),
-                          first_added=self.placed.next_added(gpu), stride=self.placed.stride)
+                          first_added=self.placed.next_added(gpu), stride=self.placed.stride, resume=resume)
         worker = WorkerProcess(job, self.sinks.put, restart=restart, drawn=drawn)
         self.closers.append(worker.close)
         return worker
@@ -108,7 +109,8 @@ class Face:
                       ", ".join(map(str, lost)), dead.gpu)
             for stream in lost:
                 self.placed.removed(stream)
-        worker = self._worker(dead.gpu, dead.ids, dead.restart + 1)
+        # its streams' frame numbers, track IDs and the rules' counts go on where its records ended
+        worker = self._worker(dead.gpu, dead.ids, dead.restart + 1, dead.reached)
         self.workers[self.workers.index(dead)] = worker
         self.ended.append(dead)
         if self.stopping.is_set():

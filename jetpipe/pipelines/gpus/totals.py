@@ -8,9 +8,10 @@ an average of the workers' quantiles, which would hide one GPU's tail).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jetpipe.pipelines.sinks import FRAME_SCHEMES, scheme_of
+from jetpipe.pipelines.streams import Resume
 from jetpipe.pipelines.summary import PER_STREAM
 
 KEPT_APART = ("stream_ids", *PER_STREAM)  # each GPU's summary keeps the rest of its keys under "gpus"
@@ -27,6 +28,16 @@ class Outcome:
     delivered: dict           # the frames' records it delivered, per stream
     restart: int              # how many workers of its GPU died before it
     drawn: list[int]          # where its frame sinks stand in the configuration's sinks, in its own order
+    resumed_from: Resume = field(default_factory=Resume)  # where its streams began (a restarted worker's go on)
+    reached: Resume = field(default_factory=Resume)       # where its records ended, as the face received them
+
+    def died_with(self, stream: int) -> dict:
+        """A dead worker's counts of a stream as far as the face knows them: the frames it numbered (as far as its
+        records tell), those it delivered, and the rest dropped (by the latency budget, or with the worker)."""
+        captured = max(0, self.reached.frames.get(stream, 0) - self.resumed_from.frames.get(stream, 0))
+        processed = self.delivered.get(stream, 0)
+        return {**dict.fromkeys(PER_STREAM, 0), "captured": max(captured, processed), "processed": processed,
+                "dropped": max(0, captured - processed)}
 
 
 def merge(workers: list[Outcome], face_s: float, latency, sink_uris: list[str], face_sinks,
@@ -41,13 +52,14 @@ def merge(workers: list[Outcome], face_s: float, latency, sink_uris: list[str], 
         streams = w.summary["stream_ids"] if w.summary is not None else sorted({*w.ids, *w.delivered})
         for k, stream in enumerate(streams):
             got = ({name: w.summary[name][k] for name in PER_STREAM} if w.summary is not None else
-                   {**dict.fromkeys(PER_STREAM, 0), "processed": w.delivered.get(stream, 0)})
+                   w.died_with(stream))
             counts[stream] = {name: counts.get(stream, {}).get(name, 0) + got[name] for name in PER_STREAM}
     ids = sorted(counts)
     per_stream = {name: [counts[i][name] for i in ids] for name in PER_STREAM}
     processed, dropped = sum(per_stream["processed"]), sum(per_stream["dropped"])
     done = [w for w in workers if w.summary is not None]
-    exits = [{"gpu": w.gpu, "restart": w.restart, "ended": w.ended, "frames_delivered": sum(w.delivered.values())}
+    exits = [{"gpu": w.gpu, "restart": w.restart, "ended": w.ended, "frames_delivered": sum(w.delivered.values()),
+              "frames_lost": sum(w.died_with(i)["dropped"] for i in w.ids)}
              for w in workers if w.summary is None]
     # the time served, as one process counts it (its drain said apart): the longest a worker served; the face's
     # own run adds the workers' drains and exits (at 96 streams, 2-3 s of 20: a tenth off the rate)
@@ -66,6 +78,7 @@ def merge(workers: list[Outcome], face_s: float, latency, sink_uris: list[str], 
                # every process's: the workers' (their decode processes too) and the face's, also said apart
                "cpu_cores": round(sum(w.summary["cpu_cores"] for w in done) + face_cpu_s / max(face_s, 1e-9), 2),
                "face_cpu_cores": round(face_cpu_s / max(face_s, 1e-9), 3),
+               **({"events": events} if (events := merged_events(workers)) else {}),
                **({"worker_exits": exits} if exits else {}),
                "gpus": [{"gpu": gpu, "streams": w.ids, "ended": w.ended,
                          "restarts": w.restart,
@@ -89,3 +102,24 @@ def _sink_counts(uris: list[str], done: list[Outcome], face_counts: list[int], k
         for position, i in enumerate(w.drawn):
             counts[i] += w.summary[key][position]
     return counts
+
+
+def merged_events(workers: list[Outcome]) -> dict | None:
+    """The events of every GPU, as one process says them: each rule's counts summed over the GPUs (a GPU's
+    newest worker counts on from the ones that died before it; where it died too, its records' last counts),
+    the zones' occupancy now, the rules' CPU seconds. None where no worker has rules."""
+    newest = {w.gpu: w for w in workers}
+    counts: dict[str, dict[str, int]] = {}
+    occupancy: dict[str, int] = {}
+    for w in newest.values():
+        said = w.summary.get("events") if w.summary is not None else None
+        for rule, counted in (said["counts"] if said else w.reached.event_counts).items():
+            mine = counts.setdefault(rule, {})
+            for what, n in counted.items():
+                mine[what] = mine.get(what, 0) + n
+        for zone, n in (said["occupancy"] if said else {}).items():
+            occupancy[zone] = occupancy.get(zone, 0) + n
+    cpu_s = [w.summary["events"]["cpu_s"] for w in workers if w.summary is not None and "events" in w.summary]
+    if not counts and not cpu_s:
+        return None
+    return {"counts": counts, "occupancy": occupancy, "cpu_s": round(sum(cpu_s), 3)}

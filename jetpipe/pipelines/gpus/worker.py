@@ -27,7 +27,8 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the face says when to stop (a terminal's Ctrl-C reaches it)
     outbox = Outbox(job.fd)
     try:
-        share = Share(job.ids, job.total, ForwardSink(outbox, job.records), job.first_added, job.stride)
+        share = Share(job.ids, job.total, ForwardSink(outbox, job.records), job.first_added, job.stride,
+                      job.resume)
         pipeline = Pipeline(job.config, share=share)
     except JetpipeError as exc:
         outbox.send("E", {"error": str(exc)})

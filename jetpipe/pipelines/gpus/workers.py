@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import os
 import secrets
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import jetpipe
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.events.record import EVENT_TYPES
 from jetpipe.pipelines.gpus import channel, totals
 from jetpipe.pipelines.quantiles import RunHistogram
 from jetpipe.pipelines.sinks import FRAME_SCHEMES, scheme_of
+from jetpipe.pipelines.streams import Resume
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,10 @@ class WorkerProcess:
         self.token = job.config.control.token  # its control API's (the face forwards the callers' requests)
         self.given_up = False  # it died and is not started again
         self.delivered = dict.fromkeys(ids, 0)  # frames' records received from it, per stream
+        # where its records ended, for a worker started in its place (streams.Resume): begun where it began
+        self.resumed_from = job.resume or Resume()
+        self.reached = Resume({**self.resumed_from.frames}, {**self.resumed_from.track_ids},
+                              {rule: dict(c) for rule, c in self.resumed_from.event_counts.items()})
         self.hello: dict | None = None
         self.error: str | None = None
         self.summary: dict | None = None
@@ -59,12 +66,12 @@ class WorkerProcess:
             for line in self.lines:
                 kind, what = channel.parse(line)
                 if kind == "R":
-                    stream, record, latency = what
-                    if latency is not None:  # a frame's
-                        self.latency.add(latency)
-                        self.delivered[stream] = self.delivered.get(stream, 0) + 1
-                    if record is not None:
-                        self.on_record(record)
+                    if what.latency_ms is not None:  # a frame's
+                        self.latency.add(what.latency_ms)
+                        self.delivered[what.stream] = self.delivered.get(what.stream, 0) + 1
+                    self._reach(what)
+                    if what.record is not None:
+                        self.on_record(what.record)
                 elif kind == "H":
                     self.hello = what
                     self.ready.set()
@@ -74,6 +81,18 @@ class WorkerProcess:
                     self.summary = what
         finally:
             self.ready.set()  # an end before its hello: wait_ready says why
+
+    def _reach(self, line: channel.Line) -> None:
+        """What a record says of where the worker's streams are: their next frame number and track ID, and (an
+        event's) its rule's counts so far."""
+        reached, stream = self.reached, line.stream
+        if line.frame is not None:
+            reached.frames[stream] = max(reached.frames.get(stream, 0), line.frame + 1)
+        if line.track is not None:
+            reached.track_ids[stream] = max(reached.track_ids.get(stream, 1), line.track + 1)
+        if line.record is not None and line.record.type in EVENT_TYPES:  # its counts: the rule's in this worker
+            event = json.loads(line.record.text)
+            reached.event_counts[event["rule"]] = event["counts"]
 
     def wait_ready(self) -> None:
         """Back once it serves; JetpipeError with its own line where it could not start."""
@@ -100,7 +119,7 @@ class WorkerProcess:
     def outcome(self) -> totals.Outcome:
         """What the summary takes of it."""
         return totals.Outcome(self.gpu, self.summary, self.ids, self.ended(), self.delivered, self.restart,
-                              self.drawn)
+                              self.drawn, self.resumed_from, self.reached)
 
     def join(self, timeout: float | None = None) -> None:
         try:
