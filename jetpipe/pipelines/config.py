@@ -323,7 +323,11 @@ def _check_source_policy(control: ControlConfig, where: str) -> None:
 def _check_control(config: PipelineConfig, where: str) -> None:
     control = config.control
     _check_source_policy(control, where)
-    control.token = control.token or os.environ.get(TOKEN_ENV, "")
+    given = control.token or os.environ.get(TOKEN_ENV, "")
+    control.token = given.strip()  # a Secret file's newline: the header's token arrives stripped
+    if given and (not control.token or any(c.isspace() for c in control.token)):
+        raise ConfigError(f"{where}: the control token {'is only spaces' if not control.token else 'holds spaces'}: "
+                          "a bearer token is one word (e.g. `openssl rand -hex 16`)")
     if not 0 <= control.max_streams <= MAX_STREAMS:
         raise ConfigError(f"{where}: control max_streams = {control.max_streams}: from 0 (the sources given) to "
                           f"{MAX_STREAMS}")
@@ -504,6 +508,7 @@ def _check_rules(config: PipelineConfig, where: str) -> None:
         for rule in event_rules:
             rules.check(rule, f"{where}: {rule.kind} {rule.name!r}")
         rules.check_names_unique(event_rules, where)
+        rules.check_count(event_rules, where)
     except rules.RuleError as exc:
         raise ConfigError(str(exc)) from None
     if config.tracker == "none":

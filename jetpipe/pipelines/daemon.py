@@ -83,7 +83,7 @@ def check_frames_reach(runtime, stage) -> None:
                           "?preprocess=gpu for a Triton model)")
 
 
-def check_against_task(config: PipelineConfig, task, labels) -> None:
+def check_against_task(config: PipelineConfig, task, labels, classes: int | None = None) -> None:
     """What the configuration asks of the model's results: boxes to track, the classes rules and secondaries
     name (one line, ConfigError, before anything opens)."""
     if config.tracker != "none" and not task.boxes:
@@ -91,7 +91,7 @@ def check_against_task(config: PipelineConfig, task, labels) -> None:
                           + ("zones and lines count tracked boxes: remove them" if config.zones or config.lines
                              else "use tracker = 'none'"))
     rules.check_against([*config.zones, *config.lines], stream_slots(config), labels, config.control.enabled,
-                        "config")
+                        "config", classes)
     for secondary in config.secondaries:
         check_secondary(secondary, task, labels, "config")
         if secondary.every_track and config.tracker == "none":
@@ -114,7 +114,8 @@ class Pipeline:
         self.task = task.name
         self.postprocess = task.postprocessor(options)
         self.labels = options.labels
-        check_against_task(config, task, options.labels)
+        self.class_count = task.class_count(options)  # rules' class numbers are held to it
+        check_against_task(config, task, options.labels, self.class_count)
         config.max_frame_hw = frame_bound(config)  # before the runtime allocates for it
         buffer_sets = BUFFER_SETS + (CHAINED_SETS if config.secondaries else 0)
         cpu_threads = shared_cpu_threads(len(config.secondaries))

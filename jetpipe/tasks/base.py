@@ -104,6 +104,14 @@ class Task:
     def postprocessor(self, options: TaskOptions):
         raise NotImplementedError
 
+    def class_count(self, options: TaskOptions) -> int | None:
+        """How many classes its boxes may carry (rules' class numbers are held to it); None: not known."""
+        if not self.boxes:
+            return None
+        if not self.class_ids:
+            return 1  # boxes of one kind (text lines, people): class 0
+        return len(options.labels) if options.labels else None
+
     def metric(self, reference: list, candidate: list, options: TaskOptions) -> dict:
         raise NotImplementedError
 

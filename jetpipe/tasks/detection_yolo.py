@@ -170,5 +170,16 @@ class YoloDetectionTask(DetectorTask):
         shape = facts.outputs[0][1] if len(facts.outputs) == 1 else ()
         return self.mismatch(facts) is None and len(shape) == 3 and known(shape[1]) and known(shape[2])
 
+    def class_count(self, options: TaskOptions) -> int | None:
+        """The head's own: [N, 4 + C, A] (YOLOv8/11) or [N, A, 5 + C] (YOLOv5, YOLOX), or the names given."""
+        if options.labels:
+            return len(options.labels)
+        shape = options.outputs[0][1] if len(options.outputs) == 1 else ()
+        if len(shape) != 3 or not (known(shape[1]) and known(shape[2])):
+            return None
+        anchors = anchor_points(options.input_hw)
+        _, a, b = shape
+        return a - 4 if b in (anchors, 3 * anchors) else b - 5 if a in (anchors, 3 * anchors) else None
+
     def postprocessor(self, options: TaskOptions) -> YoloDetection:
         return YoloDetection(input_hw=tuple(options.input_hw), labels=options.labels)

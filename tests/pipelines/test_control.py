@@ -436,8 +436,11 @@ def test_rules_added_changed_and_removed_while_serving_count_as_at_start_up(serv
     assert status == 200 and changed["cooldown_s"] == 2.5 and changed["counts"] == {"out": panning_video.crossings}
     assert _json(daemon.base, "DELETE", "/rules/door") == (200, {"removed": "door"})
     assert _json(daemon.base, "GET", "/rules") == (200, [])
+    status, again = _json(daemon.base, "POST", "/rules", door)  # a new rule under the old name counts from zero
+    assert status == 201 and again["counts"] == {}
     summary = daemon.stop()
-    assert summary["events"]["counts"] == {"door": {"out": panning_video.crossings}}
+    assert summary["events"]["counts"] == {"door": {}}
+    assert summary["events"]["removed"] == [{"rule": "door", "counts": {"out": panning_video.crossings}}]
     events = [json.loads(line) for line in out.read_text().splitlines() if "jetpipe.event/1" in line]
     assert len(events) == panning_video.crossings and {e["rule"] for e in events} == {"door"}
 
@@ -457,6 +460,22 @@ def test_rules_added_changed_and_removed_while_serving_count_as_at_start_up(serv
     ("PUT", "/rules/door", {"kind": "line", "points": [[0, 0], [0, 0]]}, 400, "needs a length"),
     ("GET", "/rules/nothing", None, 404, "no such rule"),
     ("DELETE", "/rules/nothing", None, 404, "no such rule"),
+    ("GET", "/rules/caf%C3", None, 400, "not UTF-8 once percent-decoded"),
+    # numbers that parse but could never be right (issue 63: a huge one killed the request)
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]], "streams": [10**30]}, 400,
+     "stream IDs (0 to 999,999,999)"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]], "classes": [10**30]}, 400,
+     "class names or numbers (0 to 9,999)"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]], "classes": [3]}, 400,
+     "class 3 is not one of the model's: it has 1 class (0 to 0)"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1e308, 5]], "units": "pixels"}, 400,
+     "pixels from 0 to 65,536"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [10**400, 5]], "units": "pixels"}, 400,
+     "finite numbers"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0.5, 0.5], [0.5, 0.5 + 1e-17]]}, 400,
+     "at least 0.001 (of the frame)"),
+    ("POST", "/rules", {"kind": "zone", "name": "z", "points": [[0, 0], [1e-4, 0], [1e-4, 1e-4]]}, 400,
+     "enclose no area"),
 ])
 def test_bad_rules_are_refused_with_the_reason_and_change_nothing(serving, method, path, body, status, message):
     daemon = serving([], tracker="bytetrack")
@@ -466,6 +485,56 @@ def test_bad_rules_are_refused_with_the_reason_and_change_nothing(serving, metho
     assert got == status and message in answer["error"], answer
     status, listed = _json(daemon.base, "GET", "/rules")
     assert [(r["name"], r["points"], r["cooldown_s"]) for r in listed] == [("door", [[0.5, 0], [0.5, 1]], 1.0)]
+
+
+def test_a_rule_named_beyond_ascii_is_found_by_its_percent_encoded_path(serving):
+    daemon = serving([], tracker="bytetrack")
+    cafe = {"kind": "line", "name": "café", "points": [[0.5, 0], [0.5, 1]]}
+    status, rule = _json(daemon.base, "POST", "/rules", cafe)
+    assert status == 201 and rule["name"] == "café"
+    assert _json(daemon.base, "GET", "/rules/caf%C3%A9")[1]["name"] == "café"
+    assert _json(daemon.base, "DELETE", "/rules/caf%C3%A9") == (200, {"removed": "café"})
+
+
+def test_the_rules_a_stream_takes_are_capped(serving):
+    from jetpipe.pipelines.events.rules import MAX_RULES_PER_STREAM
+
+    daemon = serving([], tracker="bytetrack")
+    for n in range(MAX_RULES_PER_STREAM):
+        line = {"kind": "line", "name": f"l{n}", "points": [[0.5, 0], [0.5, 1]]}
+        assert _json(daemon.base, "POST", "/rules", line)[0] == 201
+    status, answer = _json(daemon.base, "POST", "/rules", {**line, "name": "one-more"})
+    assert status == 409 and f"at most {MAX_RULES_PER_STREAM} a stream" in answer["error"]
+    other = {**line, "name": "other-stream", "streams": [3]}  # every rule so far takes stream 3 too
+    assert _json(daemon.base, "POST", "/rules", other)[0] == 409
+
+
+def test_a_clip_of_a_stream_without_packets_yet_is_409_not_infinity():
+    from jetpipe.pipelines.clips.ring import PacketRing
+    from jetpipe.pipelines.clips.writer import Clips
+    from jetpipe.pipelines.config import ClipsConfig
+    from jetpipe.pipelines.streams import ControlError
+
+    clips = Clips(ClipsConfig(folder="unused"), lambda record: None)
+    try:
+        clips.rings[4] = PacketRing(10.0, 1 << 20, "unused.mp4", None)
+        with pytest.raises(ControlError, match="stream 4 has no packets yet") as caught:
+            clips.around_now(4, {})
+        assert caught.value.status == 409
+    finally:
+        clips.close()
+
+
+@pytest.mark.parametrize("token, accepted", [("0123456789abcdef\n", "0123456789abcdef"), ("   ", None),
+                                             ("01234567 89abcdef", None)])
+def test_a_control_token_is_stripped_and_one_of_spaces_refused(det_bundle, token, accepted):
+    config = PipelineConfig(bundle=det_bundle, sources=[SourceConfig(CAMERA)], metrics_listen="127.0.0.1:9108",
+                            control=ControlConfig(enabled=True, token=token))
+    if accepted is None:
+        with pytest.raises(ConfigError, match="a bearer token is one word"):
+            validate(config)
+    else:
+        assert validate(config).control.token == accepted
 
 
 def test_rules_need_a_tracker_and_the_token(serving, monkeypatch):

@@ -178,6 +178,8 @@ class Clips:
                 raise ControlError(400, f"{where}: {key} = {value!r}: seconds from 0 to {MAX_SECONDS:g}")
             seconds[key] = float(value)
         now = self.rings[stream_id].newest
+        if now == float("-inf"):  # its source has not given a packet yet (connecting, or a first GOP on the way)
+            raise ControlError(409, f"{where}: stream {stream_id} has no packets yet: ask again once it gives frames")
         return self.request(stream_id, now - seconds["before_s"], now + seconds["after_s"])
 
     # -- the clips' thread --------------------------------------------------------------------------------------

@@ -35,6 +35,13 @@ UNITS = ("normalized", "pixels")
 MAX_POINTS = 256
 MAX_SECONDS = 86_400.0
 MAX_FRAMES = 1_000
+MAX_STREAM_ID = 999_999_999  # the control API's /streams/ID takes up to 9 digits
+MAX_CLASS_ID = 9_999         # where the model's own number of classes is not known
+MAX_PIXELS = 65_536.0        # a coordinate in pixels (16K video is 15,360 wide)
+MIN_LENGTH = {"normalized": 1e-3, "pixels": 1.0}  # the shortest line (a thousandth of the frame; one pixel)
+MIN_AREA = {"normalized": 1e-6, "pixels": 1.0}    # the smallest zone
+MAX_RULES = 1_000            # rules in all (each costs memory and time in every frame it takes)
+MAX_RULES_PER_STREAM = 100   # rules that take any one stream (those of every stream count for each)
 
 
 class RuleError(JetpipeError):
@@ -130,10 +137,13 @@ def check(rule: Zone | Line, where: str) -> None:
         raise RuleError(f"{where}: units {rule.units!r}: normalized (0..1 of the frame) or pixels")
     if not 0.0 <= rule.min_score <= 1.0:
         raise RuleError(f"{where}: min_score {rule.min_score}: from 0 to 1")
-    if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in rule.streams):
-        raise RuleError(f"{where}: streams {rule.streams}: stream IDs (0, 1, ...), or [] for every stream")
-    if any(not isinstance(c, (str, int)) or isinstance(c, bool) for c in rule.classes):
-        raise RuleError(f"{where}: classes {rule.classes}: class names or numbers, or [] for every class")
+    if any(not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= MAX_STREAM_ID for s in rule.streams):
+        raise RuleError(f"{where}: streams {_shown(rule.streams)}: stream IDs (0 to {MAX_STREAM_ID:,}), or [] for "
+                        "every stream")
+    if any(not isinstance(c, (str, int)) or isinstance(c, bool) or (isinstance(c, int) and not 0 <= c <= MAX_CLASS_ID)
+           for c in rule.classes):
+        raise RuleError(f"{where}: classes {_shown(rule.classes)}: class names or numbers (0 to {MAX_CLASS_ID:,}), "
+                        "or [] for every class")
     points = _points(rule, where)
     if rule.kind == "zone":
         _check_zone(rule, points, where)
@@ -148,20 +158,48 @@ def check_names_unique(rules: list, where: str) -> None:
         raise RuleError(f"{where}: two rules are named {twice[0]!r}: give each zone and line its own name")
 
 
-def check_against(rules: list, streams: int, labels, control: bool, where: str) -> None:
-    """Rules against the pipeline: streams that exist (with the control API any ID may come later), class names
-    the model has."""
+def check_against(rules: list, streams: int, labels, control: bool, where: str, classes: int | None = None) -> None:
+    """Rules against the pipeline: streams that exist (with the control API any ID may come later), the classes
+    the model has (names; numbers below `classes`, its number of classes where known)."""
     for rule in rules:
         missing = [s for s in rule.streams if s >= streams]
         if missing and not control:
             raise RuleError(f"{where}: {rule.kind} {rule.name!r}: stream {missing[0]} does not exist (the streams are "
                             f"0 to {streams - 1})")
+        beyond = [c for c in rule.classes if isinstance(c, int) and classes is not None and c >= classes]
+        if beyond:
+            raise RuleError(f"{where}: {rule.kind} {rule.name!r}: class {beyond[0]} is not one of the model's: it has "
+                            f"{classes} class{'es' if classes != 1 else ''} (0 to {classes - 1}); the rule could "
+                            "never count")
         for name in (c for c in rule.classes if isinstance(c, str)):
             if not labels or name not in labels:
                 known = some(labels) if labels \
                     else "none: this model's classes have no names; give numbers"
                 raise RuleError(f"{where}: {rule.kind} {rule.name!r}: unknown class {name!r}; the model's classes: "
                                 f"{known}")
+
+
+def check_count(rules: list, where: str) -> None:
+    """At most MAX_RULES rules, and MAX_RULES_PER_STREAM taking any one stream."""
+    if len(rules) > MAX_RULES:
+        raise RuleError(f"{where}: {len(rules)} rules: at most {MAX_RULES:,} (each is weighed in every frame it takes)")
+    every = sum(1 for r in rules if not r.streams)
+    named: dict[int, int] = {}
+    for rule in rules:
+        for stream in set(rule.streams):
+            named[stream] = named.get(stream, 0) + 1
+    busiest = max(named.items(), key=lambda item: item[1], default=(None, 0))
+    if every + busiest[1] > MAX_RULES_PER_STREAM:
+        which = "every stream" if busiest[0] is None else f"stream {busiest[0]}"
+        raise RuleError(f"{where}: {every + busiest[1]} rules take {which}: at most {MAX_RULES_PER_STREAM} a stream "
+                        "(each is weighed in every frame of the stream)")
+
+
+def _shown(values: list) -> str:
+    """A list as a message shows it: its first values, and a number too long to print shortened."""
+    shown = [v if not isinstance(v, int) or abs(v) < 10**12 else f"{str(v)[:6]}...({len(str(v))} digits)"
+             for v in values[:5]]
+    return f"[{', '.join(map(str, shown))}{', ...' if len(values) > 5 else ''}]"
 
 
 def _points(rule, where: str) -> list[tuple[float, float]]:
@@ -172,14 +210,17 @@ def _points(rule, where: str) -> list[tuple[float, float]]:
         if not (isinstance(p, (list, tuple)) and len(p) == 2 and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)):
             raise RuleError(f"{where}: point {p!r}: write [x, y]")
-        x, y = float(p[0]), float(p[1])
+        try:
+            x, y = float(p[0]), float(p[1])
+        except OverflowError:  # an integer beyond any float
+            raise RuleError(f"{where}: point {_shown(list(p))}: finite numbers") from None
         if not (x == x and y == y) or abs(x) == float("inf") or abs(y) == float("inf"):
             raise RuleError(f"{where}: point {p!r}: finite numbers")
         if rule.units == "normalized" and not (0.0 <= x <= 1.0 and 0.0 <= y <= 1.0):
             raise RuleError(f"{where}: point {p!r} is outside 0..1: normalized coordinates are fractions of the "
                             "frame (units = \"pixels\" for pixels)")
-        if rule.units == "pixels" and (x < 0 or y < 0):
-            raise RuleError(f"{where}: point {p!r}: pixels from 0")
+        if rule.units == "pixels" and not (0 <= x <= MAX_PIXELS and 0 <= y <= MAX_PIXELS):
+            raise RuleError(f"{where}: point {_shown(list(p))}: pixels from 0 to {MAX_PIXELS:,.0f}")
         points.append((x, y))
     return points
 
@@ -189,8 +230,9 @@ def _check_zone(zone: Zone, points, where: str) -> None:
         raise RuleError(f"{where}: a zone needs at least 3 points, got {len(points)}")
     if _self_intersecting(points):
         raise RuleError(f"{where}: the zone's edges cross each other: list its points in order around it")
-    if abs(_area(points)) < 1e-12:
-        raise RuleError(f"{where}: the zone's points enclose no area")
+    if abs(_area(points)) < MIN_AREA[zone.units]:
+        raise RuleError(f"{where}: the zone's points enclose no area (at least {MIN_AREA[zone.units]:g} "
+                        f"{'of the frame' if zone.units == 'normalized' else 'square pixels'})")
     if not 1 <= zone.enter_frames <= MAX_FRAMES:
         raise RuleError(f"{where}: enter_frames {zone.enter_frames}: from 1 to {MAX_FRAMES}")
     for key in ("exit_grace_s", "loiter_s", "occupancy_for_s"):
@@ -203,8 +245,12 @@ def _check_zone(zone: Zone, points, where: str) -> None:
 def _check_line(line: Line, points, where: str) -> None:
     if len(points) != 2:
         raise RuleError(f"{where}: a line has 2 points, got {len(points)}")
-    if points[0] == points[1]:
+    length = ((points[1][0] - points[0][0]) ** 2 + (points[1][1] - points[0][1]) ** 2) ** 0.5
+    if length == 0:
         raise RuleError(f"{where}: the line's two points are the same: a line needs a length")
+    if length < MIN_LENGTH[line.units]:
+        raise RuleError(f"{where}: the line is {length:.3g} long: at least {MIN_LENGTH[line.units]:g} "
+                        f"({'of the frame' if line.units == 'normalized' else 'pixel'}), a line needs a length")
     if not 1 <= line.frames_each_side <= MAX_FRAMES:
         raise RuleError(f"{where}: frames_each_side {line.frames_each_side}: from 1 to {MAX_FRAMES}")
     if not 0.0 <= line.cooldown_s <= MAX_SECONDS:

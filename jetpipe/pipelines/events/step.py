@@ -53,6 +53,8 @@ class EventStep:
         self.labels = tuple(labels or ())
         self.engine = Engine()
         self.engine.rules = [self._engine(r) for r in rules]
+        self._named = {r.rule.name: r for r in self.engine.rules}  # by name: found in time independent of their number
+        self.removed: list[dict] = []  # rules removed while serving, with their counts (the summary's)
         self.stream_id, self.deliver = stream_id, deliver
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for rule in rules:
@@ -78,17 +80,26 @@ class EventStep:
     def tables(self) -> list[dict]:
         """Each rule as its [[zone]] / [[line]] table, with its kind and its counts so far."""
         with self.lock:
-            return [{"kind": r.rule.kind, **asdict(r.rule), "counts": dict(self.counts[r.rule.name])}
-                    for r in self.rules]
+            return [self._table(r) for r in self.rules]
+
+    def _table(self, engine) -> dict:
+        return {"kind": engine.rule.kind, **asdict(engine.rule), "counts": dict(self.counts[engine.rule.name])}
 
     def named(self, name: str) -> dict | None:
-        return next((t for t in self.tables() if t["name"] == name), None)
+        with self.lock:
+            engine = self._named.get(name)
+            return None if engine is None else self._table(engine)
+
+    def rule_tables(self) -> list:
+        """The rules as configured (rules.Zone / rules.Line), for the caps on their number."""
+        return [r.rule for r in self.rules]
 
     def add(self, rule) -> None:
-        """A checked rule (rules.check, check_against) whose name no rule has."""
+        """A checked rule (rules.check, check_against) whose name no rule has: it counts from zero."""
         engine = self._engine(rule)
         with self.lock:
             self.engine.rules = [*self.rules, engine]
+            self._named[rule.name] = engine
             self.counts[rule.name]
 
     def change(self, rule) -> None:
@@ -96,10 +107,17 @@ class EventStep:
         engine = self._engine(rule)
         with self.lock:
             self.engine.rules = [engine if r.rule.name == rule.name else r for r in self.rules]
+            self._named[rule.name] = engine
 
     def remove(self, name: str) -> None:
+        """The rule goes; its counts are kept apart (the summary's `removed`): a rule added later under its name
+        counts from zero."""
         with self.lock:
             self.engine.rules = [r for r in self.rules if r.rule.name != name]
+            self._named.pop(name, None)
+            self.removed.append({"rule": name, "counts": dict(self.counts.pop(name, {}))})
+            for key in [k for k in self.by_stream if k[0] == name]:
+                del self.by_stream[key]
 
     def _class_ids(self, rule) -> set[int] | None:
         if not rule.classes:
@@ -181,8 +199,9 @@ class EventStep:
         with self.lock:
             counts = {name: dict(c) for name, c in self.counts.items()}
             zones = [r for r in self.rules if isinstance(r, ZoneRule)]
+            removed = list(self.removed)
         return {"counts": counts, "occupancy": {r.rule.name: r.occupancy() for r in zones},
-                "cpu_s": round(self.cpu_s, 3)}
+                "cpu_s": round(self.cpu_s, 3), **({"removed": removed} if removed else {})}
 
     def metric_families(self):
         """For /metrics: events by rule, what (direction, enter, exit, loiter, above, below) and class; each
