@@ -5,6 +5,8 @@ is one line, exit 2."""
 
 import functools
 import json
+import os
+import re
 import shutil
 import signal
 import socket
@@ -141,11 +143,13 @@ def test_every_frame_reaches_each_client_and_a_killed_client_costs_nothing(tiny_
 
 
 def test_a_password_is_asked_of_every_client_and_never_shown(tiny_bundle, numbered_video, tmp_path):  # noqa: F811
+    """The password from an environment variable (password_env): never in the process list, nor in the log."""
     port = _free_port()
     serve = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(tiny_bundle), "--source",
                               str(numbered_video), "--realtime", "--backend", "onnxruntime-cpu", "--metrics", "",
-                              "--sink", f"rtsp://viewer:s3cret@127.0.0.1:{port}/cam"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              "--sink", f"rtsp://viewer@127.0.0.1:{port}/cam?password_env=JETPIPE_TEST_RTSP"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "JETPIPE_TEST_RTSP": "s3cret"})
     try:
         def probe(credentials: str) -> subprocess.CompletedProcess:
             return subprocess.run(["ffprobe", "-v", "error", "-rtsp_transport", "tcp", "-show_entries",
@@ -162,7 +166,24 @@ def test_a_password_is_asked_of_every_client_and_never_shown(tiny_bundle, number
     finally:
         serve.send_signal(signal.SIGTERM)
         log = serve.communicate(timeout=60)[1]
-    assert "s3cret" not in log and "viewer:***@" in log
+    assert "s3cret" not in log and "viewer@127.0.0.1" in log
+
+
+@pytest.mark.parametrize("uri, said", [
+    ("rtsp://0.0.0.0:8554/cam", "0.0.0.0 serves every client of its networks without a password"),
+    ("rtsp://0.0.0.0:8554/cam?public=yes", "public='yes'"),
+    ("rtsp://viewer@0.0.0.0:8554/cam?password_env=JETPIPE_TEST_NO_SUCH_VARIABLE", "environment variable is not set"),
+    ("rtsp://viewer:a@0.0.0.0:8554/cam?password_env=HOME", "a password in the URI and password_env=HOME"),
+    ("rtsp://0.0.0.0:8554/cam?password_env=HOME", "a password needs a user"),
+])
+def test_rtsp_beyond_loopback_needs_a_password_or_public(uri, said):
+    from jetpipe.errors import JetpipeError
+    from jetpipe.pipelines.sinks.rtsp import parse
+
+    with pytest.raises(JetpipeError, match=re.escape(said)):
+        parse(uri)
+    assert parse("rtsp://0.0.0.0:8554/cam?public=1")["public"]  # meant: served, said loudly at start
+    assert parse("rtsp://viewer@0.0.0.0:8554/cam?password_env=HOME")["password"] == os.environ["HOME"]
 
 
 def test_rtsp_sinks_that_cannot_serve_say_so_in_one_line(tiny_bundle, tmp_path, capsys):  # noqa: F811

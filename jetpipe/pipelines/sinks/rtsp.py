@@ -4,10 +4,12 @@ open (ffplay, VLC, Frigate, an NVR's "add camera").
 The server is GStreamer's gst-rtsp-server (rtsp_server.py, in a process of its own: PyGObject comes from the
 system's packages, not from this Python's). With several streams a path gets `-s{stream}` unless it holds
 `{stream}` itself; HOST:PORT is where it listens (127.0.0.1: this machine only; 0.0.0.0: every network it is on).
-`rtsp://USER:PASSWORD@HOST:PORT/PATH` makes every client give them. Options: `?draw=0` the frames as they came
-(no results drawn), `?width=W` scaled, `?fps=N` at most N frames a second a stream (default 30),
-`?encoder=` a GStreamer H.264 encoder element (auto: the Jetson's nvv4l2h264enc, NVENC's nvh264enc where
-GStreamer has it, else x264enc; said in the log).
+`rtsp://USER@HOST:PORT/PATH?password_env=NAME` makes every client give USER and the password that environment
+variable holds (`rtsp://USER:PASSWORD@...` too, but a password in the URI shows in `ps`). A host beyond
+loopback without a password is refused unless `?public=1` says it is meant (then said loudly). Options:
+`?draw=0` the frames as they came (no results drawn), `?width=W` scaled, `?fps=N` at most N frames a second a
+stream (default 30), `?encoder=` a GStreamer H.264 encoder element (auto: the Jetson's nvv4l2h264enc, NVENC's
+nvh264enc where GStreamer has it, else x264enc; said in the log).
 
 Nothing is drawn or encoded for a stream nobody watches (the server says when its first client comes, and its
 last goes), but its first frame, which gives the path its size. Frames are drawn in this sink's threads and
@@ -34,6 +36,7 @@ from jetpipe.pipelines.sinks import encoders
 from jetpipe.pipelines.sinks.base import port_of, sink_options
 from jetpipe.pipelines.sinks.frames import FrameSink, positive_option
 from jetpipe.pipelines.sources import gstreamer
+from jetpipe.uri import is_loopback_host
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ _END, _FRAME = 1, 0
 
 def parse(spec: str) -> dict:
     """Where it listens, its path template and options, checked without starting anything."""
-    path, options = sink_options(spec, ("draw", "width", "fps", "encoder"))
+    path, options = sink_options(spec, ("draw", "width", "fps", "encoder", "public", "password_env"))
     parsed = urlparse(spec.split("?", 1)[0])
     host, port = parsed.hostname, port_of(parsed, spec, 8554)
     mount = parsed.path
@@ -68,9 +71,36 @@ def parse(spec: str) -> dict:
     encoder = options.get("encoder", "auto")
     if encoder != "auto" and encoder not in ENCODERS:
         raise JetpipeError(f"sink {spec}: encoder {encoder!r}: choose auto, {', '.join(ENCODERS)}")
+    user, password = unquote(parsed.username or ""), _password(spec, parsed, options)
+    if options.get("public", "0") not in ("0", "1"):
+        raise JetpipeError(f"sink {_without_password(spec)}: public={options['public']!r}: 1 (serve beyond this "
+                           "machine without a password, on purpose) or 0")
+    public = options.get("public", "0") == "1"
+    if not password and not public and not is_loopback_host(host):
+        raise JetpipeError(f"sink {_without_password(spec)}: {host} serves every client of its networks without a "
+                           "password: give one (rtsp://USER@HOST:PORT/PATH?password_env=NAME), listen on 127.0.0.1, "
+                           "or add ?public=1 if that is meant")
     return {"host": host, "port": port, "path": mount, "draw": options.get("draw", "1") == "1",
-            "encoder": encoder, "user": unquote(parsed.username or ""), "password": unquote(parsed.password or ""),
+            "encoder": encoder, "user": user, "password": password, "public": public and not password,
             "options": options}
+
+
+def _password(spec: str, parsed, options: dict) -> str:
+    """The clients' password: from ?password_env=NAME (kept out of process lists) or the URI; with a user."""
+    name = options.get("password_env")
+    shown = _without_password(spec)
+    if name is None:
+        password = unquote(parsed.password or "")
+    elif parsed.password:
+        raise JetpipeError(f"sink {shown}: a password in the URI and password_env={name}: give one (password_env)")
+    elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or not os.environ.get(name):
+        raise JetpipeError(f"sink {shown}: password_env={name!r}: that environment variable is not set (or is "
+                           "empty): export it with the password the clients give")
+    else:
+        password = os.environ[name]
+    if password and not parsed.username:
+        raise JetpipeError(f"sink {shown}: a password needs a user: rtsp://USER@HOST:PORT/PATH?password_env=NAME")
+    return password
 
 
 class RtspSink(FrameSink):
@@ -97,6 +127,9 @@ class RtspSink(FrameSink):
         _PORTS[(self.host, self.port)] = shown
         self.url = f"rtsp://{self.host}:{self.port}{template}"
         log.info("sink %s: serving %s (H.264 by %s)", shown, self.url, self.element)
+        if where["public"]:
+            log.warning("sink %s: serving %s to every client that reaches %s:%d, without a password (?public=1)",
+                        shown, self.url, self.host, self.port)
 
     def _start(self, shown: str, where: dict, streams: int) -> subprocess.Popen:
         python = _gi_python(shown)
