@@ -9,13 +9,14 @@ from collections import deque
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from jetpipe.pipelines.quantiles import RunHistogram
 
 STAGES = ("queue", "gpu", "post", "total")
 COUNTERS = ("captured", "processed", "failed", "reconnects", "stalls")  # per stream
 QUANTILES = (0.5, 0.9, 0.99)
+RECENT_LATENCY = "jetpipe_recent_latency_seconds"
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.033, 0.05, 0.067, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -32,6 +33,8 @@ class Metrics:
         # quantiles they took over (an overloaded run's p99 of 2.8 s read 9-14 s)
         self.drain_latency = {stage: RunHistogram() for stage in STAGES}
         self.drain_started: float | None = None
+        self.result_count = dict.fromkeys(STAGES, 0)  # every result's, and their latencies' sum (the summary's)
+        self.result_sum_ms = dict.fromkeys(STAGES, 0.0)
         self.recent = [deque(maxlen=window) for _ in range(streams)]  # result times, for fps
         self.stream_total = [deque(maxlen=window // 8) for _ in range(streams)]  # each stream's total latency
         self.first_result: list[float | None] = [None] * streams
@@ -66,6 +69,8 @@ class Metrics:
             for stage, value in latencies.items():
                 self.latency[stage].append(value)
                 histograms[stage].add(value)
+                self.result_count[stage] = self.result_count.get(stage, 0) + 1
+                self.result_sum_ms[stage] = self.result_sum_ms.get(stage, 0.0) + value
             if "total" in latencies:
                 self.stream_total[stream].append(latencies["total"])
         for stage, value in latencies.items():
@@ -141,6 +146,22 @@ class Metrics:
             return {}
         return {q: float(np.quantile(values, q)) for q in QUANTILES}
 
+    def _recent_latency(self) -> Metric:
+        """jetpipe_recent_latency_seconds: a summary per stage, its quantiles over the last results (what the status
+        line shows), its _count and _sum over the run (a summary's quantile label on a gauge, and `_ms` in the name,
+        failed `promtool check metrics`: it was jetpipe_latency_ms)."""
+        family = Metric(RECENT_LATENCY, "Per-stage latency (capture to result): quantiles over the last results.",
+                        "summary")
+        with self.lock:
+            totals = {stage: (self.result_count[stage], self.result_sum_ms[stage]) for stage in STAGES}
+        for stage in STAGES:
+            for q, v in self.recent_percentiles(stage).items():
+                family.add_sample(RECENT_LATENCY, {"stage": stage, "quantile": str(q)}, round(v / 1000.0, 6))
+            count, total_ms = totals[stage]
+            family.add_sample(f"{RECENT_LATENCY}_count", {"stage": stage}, count)
+            family.add_sample(f"{RECENT_LATENCY}_sum", {"stage": stage}, round(total_ms / 1000.0, 6))
+        return family
+
     def prometheus(self, dropped: list[int], depths: list[int], decode_errors: list[int] | None = None) -> str:
         """The Prometheus text exposition, written by prometheus-client: these counters and gauges, the
         latency histograms, and the process collector (CPU seconds, resident memory, open files)."""
@@ -175,12 +196,7 @@ class Metrics:
                 if label is not None:  # a vacant slot (the control API's spare capacity) is no stream
                     family.add_metric([label], value)
             yield family
-        quantiles = GaugeMetricFamily("jetpipe_latency_ms", "Per-stage latency percentiles over the last "
-                                      "results, milliseconds.", labels=["stage", "quantile"])
-        for stage in STAGES:
-            for q, v in self.recent_percentiles(stage).items():
-                quantiles.add_metric([stage, str(q)], round(v, 3))
-        yield quantiles
+        yield self._recent_latency()
         yield CounterMetricFamily("jetpipe_batches", "Batches run.", value=batches)
         for name, read in self.gauges.items():
             value = read()

@@ -7,6 +7,7 @@ machine runs the same face over real GPUs in test_gpus_gpu.py.
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -135,6 +136,9 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(tin
         metrics = _get(address, "/metrics")
         assert 'jetpipe_frames_processed_total{gpu="0",stream="0"' in metrics
         assert 'jetpipe_frames_processed_total{gpu="1",stream="1"' in metrics
+        if shutil.which("promtool"):  # the merged exposition is as valid as each worker's (Prometheus' own lint)
+            checked = subprocess.run(["promtool", "check", "metrics"], input=metrics, capture_output=True, text=True)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
         assert _health(address) == "ok\n"  # every worker's own /healthz answered 200
         assert [s["id"] for s in json.loads(_get(address, "/stats.json"))["streams"]] == [0, 1]  # the preview's
         assert 'alt="stream 0"' in _get(address, "/") and 'alt="stream 1"' in _get(address, "/")
