@@ -235,9 +235,8 @@ def test_two_batches_in_flight_through_triton_each_get_their_own_answer(det_bund
 
 
 @pytest.mark.gpu
-def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_runtime_reads(det_bundle_square,
-                                                                                         gpu_server, text_video,
-                                                                                         tmp_path):
+def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_runtime_reads(det_bundle, gpu_server,
+                                                                                         text_video, tmp_path):
     """On the GPU machine: frames preprocessed by our kernel, the batch through CUDA shared memory (auto: the
     server reads our device buffer in place) and through system shared memory, the outputs reduced on the
     GPU (postprocess auto): the boxes of every frame are the local GPU runtime's (onnxruntime-cuda) within a
@@ -255,7 +254,8 @@ def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_run
     for name, backend in (("cuda", gpu_server.uri), ("system", gpu_server.uri + "?shm=system"),
                           ("local", "onnxruntime-cuda")):
         out = tmp_path / f"{name}.jsonl"
-        config = validate(PipelineConfig(bundle=det_bundle_square, sources=[SourceConfig(str(video), decoder="ffmpeg")],
+        # the bundle the server hosts (gpu_server: det_bundle, 384x640); the square one was refused by the server
+        config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig(str(video), decoder="ffmpeg")],
                                          sinks=[f"jsonl:{out}"], backend=backend, metrics_listen=""))
         pipeline = Pipeline(config)
         assert type(pipeline.runtime).__name__ == "GpuRuntime"
