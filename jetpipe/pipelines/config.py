@@ -42,6 +42,9 @@ TOKEN_ENV = "JETPIPE_CONTROL_TOKEN"  # the control API's bearer token, kept out 
 MIN_TOKEN_CHARS = 16  # a shorter bearer token is guessable
 _HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
 MAX_BUDGET_MS = 60_000  # a latency budget beyond a minute is a typo
+MAX_BATCH_TIMEOUT_MS = 10_000  # a batch waits at most this for its frames (beyond: every stream stalls)
+MAX_FRAMES = 10**12           # --frames: more than a year of 30 fps is no limit; say 0
+MAX_DURATION_S = 10 * 366 * 86_400.0  # --duration: ten years (inf parsed and meant nothing: say 0)
 MIN_BUDGET_MS = 1.0  # below, no frame can be captured, batched and run in time: every frame would be dropped
 # sources a control API caller may start unless the operator says otherwise: cameras and RTSP streams (a gst:
 # pipeline runs any GStreamer element, files and http/udp/tcp reach what the daemon's user can)
@@ -407,7 +410,8 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         raise ConfigError(f"{where}: no source: add a [[source]] uri (or --source), e.g. synthetic")
     checks = [
         (config.max_batch is None or config.max_batch >= 1, "max_batch", "a positive integer"),
-        (config.batch_timeout_ms >= 0, "batch_timeout_ms", "a number >= 0"),
+        (0 <= config.batch_timeout_ms <= MAX_BATCH_TIMEOUT_MS, "batch_timeout_ms",
+         f"milliseconds from 0 to {MAX_BATCH_TIMEOUT_MS:,}"),
         (config.latency_budget_ms == 0 or MIN_BUDGET_MS <= config.latency_budget_ms <= MAX_BUDGET_MS,
          "latency_budget_ms", f"0 (off) or milliseconds from {MIN_BUDGET_MS} to {MAX_BUDGET_MS}"),
         (1 <= config.queue_depth <= MAX_QUEUE_DEPTH, "queue_depth", f"an integer from 1 to {MAX_QUEUE_DEPTH}"),
@@ -423,8 +427,10 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (config.memory in MEMORY_MODES, "memory", " | ".join(MEMORY_MODES)),
         (config.postprocess in POSTPROCESS_PLACES, "postprocess", " | ".join(POSTPROCESS_PLACES)),
         (config.tracker in TRACKERS, "tracker", " | ".join(TRACKERS)),
-        (config.frames >= 0, "frames", "an integer >= 0"),
-        (config.duration >= 0, "duration", "a number >= 0 (seconds)"),
+        (0 <= config.frames <= MAX_FRAMES, "frames", f"an integer from 0 (no limit) to {MAX_FRAMES:,}"),
+        (0 <= config.duration <= MAX_DURATION_S, "duration", f"seconds from 0 (no limit) to {MAX_DURATION_S:,.0f}"),
+        (0.1 <= config.reconnect_max_s <= 3600, "reconnect_max_s", "seconds from 0.1 to 3600"),
+        (0.1 <= config.log_every_s <= 1e9, "log_every_s", "seconds from 0.1 to 1e9 (1e9: never)"),
         (0 <= config.stall_timeout_s <= 3600, "stall_timeout_s", "seconds from 0 (auto: max(5, 10 frame periods)) "
                                                                  "to 3600"),
         (0 <= config.fail_timeout_s <= 86400, "fail_timeout_s", "seconds from 0 (never) to 86400"),

@@ -1,8 +1,10 @@
 """Config traps: booleans are booleans, tables vs arrays of tables, required keys (no tracebacks)."""
 
+import re
+
 import pytest
 
-from jetpipe.pipelines.config import ConfigError, load
+from jetpipe.pipelines.config import ConfigError, PipelineConfig, SourceConfig, load, validate
 
 HEAD = "[pipeline]\nbundle = 'b'\n"
 
@@ -116,3 +118,37 @@ def test_decode_threads_from_toml_and_cli(tmp_path):
     assert load(path).decode_threads == 8
     args = build_parser().parse_args(["serve", str(path), "--decode-threads", "4"])
     assert _serve_config(args).decode_threads == 4
+
+
+# -- values that parse but mean nothing (issue 63's held-out list): each refused in one line naming the key -------
+@pytest.mark.parametrize("key, value", [
+    ("batch_timeout_ms", float("inf")), ("batch_timeout_ms", 1e308), ("frames", 10**30), ("duration", float("inf")),
+    ("reconnect_max_s", 0), ("reconnect_max_s", float("nan")), ("log_every_s", -1), ("stop_timeout_s", 1e9),
+    ("queue_depth", 10**30), ("latency_budget_ms", float("nan")),
+])
+def test_pipeline_values_beyond_any_meaning_are_refused(key, value):
+    from pathlib import Path
+
+    with pytest.raises(ConfigError, match=f"^config: {key} = .*: allowed "):
+        validate(PipelineConfig(bundle=Path("b"), sources=[SourceConfig("synthetic")], **{key: value}))
+
+
+@pytest.mark.parametrize("uri, said", [
+    ("video:{d}/a.mp4?fps=inf", "fps='inf': give a number above 0, at most 1000"),
+    ("video:{d}/a.mp4?fps=1e308", "at most 1000"),
+    ("video:{d}/a.mp4?width=100000000", "width='100000000': give a number above 0, at most 8192"),
+    ("video:{d}/a.txt", "name a video file ending in .mp4"),
+    ("jpeg:{d}?quality=1000", "quality='1000': give a number above 0, at most 100"),
+    ("jpeg:{d}?every=0", "every='0'"),
+    ("redis://127.0.0.1:0", "the port is not a number from 1 to 65535"),
+    ("mqtt://127.0.0.1:0/t", "the port is not a number from 1 to 65535"),
+    ("http://127.0.0.1:0/hook", "the port is not a number from 1 to 65535"),
+    ("rtsp://127.0.0.1:0/cam", "the port is not a number from 1 to 65535"),
+])
+def test_sink_values_beyond_any_meaning_are_refused(uri, said, tmp_path):
+    from jetpipe.errors import JetpipeError
+    from jetpipe.pipelines.sinks import open_sink
+
+    with pytest.raises(JetpipeError, match=re.escape(said)):
+        open_sink(uri.format(d=tmp_path)).close()
+    assert list(tmp_path.iterdir()) == []  # nothing written

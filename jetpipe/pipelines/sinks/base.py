@@ -75,9 +75,12 @@ def client_module(name: str, scheme: str, package: str, extra: str):
 def port_of(parsed, shown: str, default: int | None = None) -> int | None:
     """A sink URI's port (`default` where it names none); one that is no port is a mistake."""
     try:
-        return parsed.port or default
+        port = parsed.port
     except ValueError:
-        raise JetpipeError(f"sink {shown}: the port is not a number from 1 to 65535") from None
+        port = 0
+    if port == 0:  # ':0' was taken as no port at all: the default, silently
+        raise JetpipeError(f"sink {shown}: the port is not a number from 1 to 65535")
+    return default if port is None else port
 
 
 def sink_options(spec: str, known: tuple[str, ...]) -> tuple[str, dict[str, str]]:

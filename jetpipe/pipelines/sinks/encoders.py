@@ -25,6 +25,7 @@ SOFTWARE = {"h264": "libx264", "hevc": "libx265"}
 NVENC = {"h264": "h264_nvenc", "hevc": "hevc_nvenc"}
 JETSON = {"h264": "nvv4l2h264enc", "hevc": "nvv4l2h265enc"}
 MUXERS = {".mkv": "matroskamux", ".mov": "qtmux"}  # anything else: mp4mux
+CONTAINERS = (".mp4", ".m4v", ".mov", ".mkv")  # what a video: sink writes (mp4mux, qtmux, matroskamux)
 GST_PRESETS = {"x264enc": "speed-preset=veryfast", "x265enc": "speed-preset=veryfast"}
 # the property that sets an element's keyframe interval (another element named by ?encoder=gst: keeps its own)
 GST_GOP = {"x264enc": "key-int-max", "x265enc": "key-int-max", **{e: "iframeinterval" for e in JETSON.values()}}

@@ -49,16 +49,21 @@ WAIT_S = 10.0      # a file's frame waits this long for a free buffer before it 
 _END = object()    # a removed stream's last work item
 
 
+OPTION_BOUNDS = {"width": 8192, "fps": 1000.0, "every": 100_000, "quality": 100}  # the most each option means
+
+
 def positive_option(spec: str, options: dict[str, str], key: str, kind=int, default=None):
-    """?key=N as a number above 0 (`default` when absent), or one line naming the sink and the key."""
+    """?key=N as a number above 0 and at most OPTION_BOUNDS[key] (`default` when absent), or one line naming the
+    sink and the key (fps=inf and width=100000000 were taken: an 8K frame is 7,680 wide)."""
     if key not in options:
         return default
     try:
         value = kind(options[key])
     except ValueError:
         value = None
-    if value is None or not value > 0:
-        raise JetpipeError(f"sink {spec}: {key}={options[key]!r}: give a number above 0")
+    high = OPTION_BOUNDS.get(key, float("inf"))
+    if value is None or not 0 < value <= high:
+        raise JetpipeError(f"sink {spec}: {key}={options[key]!r}: give a number above 0, at most {high:g}")
     return value
 
 
@@ -193,6 +198,9 @@ class VideoSink(FrameSink):
         path, options = sink_options(spec, ("width", "fps", "codec", "encoder"))
         if not path:
             raise JetpipeError(f"sink {spec}: name the file, e.g. video:out.mp4")
+        if Path(path).suffix.lower() not in encoders.CONTAINERS:
+            raise JetpipeError(f"sink {spec}: {Path(path).name!r}: name a video file ending in "
+                               f"{', '.join(encoders.CONTAINERS)} (its container)")
         self.codec = options.get("codec", "h264")
         if self.codec not in encoders.SOFTWARE:
             raise JetpipeError(f"sink {spec}: codec {self.codec!r}: choose h264 or hevc")
@@ -332,8 +340,6 @@ class JpegSink(FrameSink):
         self.every = positive_option(spec, options, "every", default=1)
         self.width = positive_option(spec, options, "width")
         self.quality = positive_option(spec, options, "quality", default=95)
-        if self.quality > 100:
-            raise JetpipeError(f"sink {spec}: quality={self.quality}: give 1 to 100")
         super().__init__(spec, max_batch)
 
     def wants(self, record) -> bool:
