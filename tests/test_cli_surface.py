@@ -70,7 +70,7 @@ def test_convert_flags(made, tmp_path, capsys, args, message):
 SERVE = [
     (["--max-batch", "x"], "--max-batch: invalid int value"),
     (["--max-batch", "1000"], "max_batch = 1000: allowed at most 256"),
-    (["--frames", "-1"], "frames = -1: allowed an integer >= 0"),
+    (["--frames", "-1"], "frames = -1: allowed an integer from 0"),
     (["--frames", "0"], "--frames 0: give a count of 1 or more \\(leave --frames out"),  # it ran for ever
     (["--duration", "soon"], "--duration: invalid float value"),
     (["--backend", "cuda"], "--backend: invalid choice: 'cuda'"),

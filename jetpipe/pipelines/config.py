@@ -429,7 +429,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
         (config.tracker in TRACKERS, "tracker", " | ".join(TRACKERS)),
         (0 <= config.frames <= MAX_FRAMES, "frames", f"an integer from 0 (no limit) to {MAX_FRAMES:,}"),
         (0 <= config.duration <= MAX_DURATION_S, "duration", f"seconds from 0 (no limit) to {MAX_DURATION_S:,.0f}"),
-        (0.1 <= config.reconnect_max_s <= 3600, "reconnect_max_s", "seconds from 0.1 to 3600"),
+        (0.01 <= config.reconnect_max_s <= 3600, "reconnect_max_s", "seconds from 0.01 to 3600"),
         (0.1 <= config.log_every_s <= 1e9, "log_every_s", "seconds from 0.1 to 1e9 (1e9: never)"),
         (0 <= config.stall_timeout_s <= 3600, "stall_timeout_s", "seconds from 0 (auto: max(5, 10 frame periods)) "
                                                                  "to 3600"),

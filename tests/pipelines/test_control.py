@@ -472,7 +472,7 @@ def test_rules_added_changed_and_removed_while_serving_count_as_at_start_up(serv
      "pixels from 0 to 65,536"),
     ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [10**400, 5]], "units": "pixels"}, 400,
      "finite numbers"),
-    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0.5, 0.5], [0.5, 0.5 + 1e-17]]}, 400,
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0.5, 0.5], [0.5, 0.5 + 1e-9]]}, 400,
      "at least 0.001 (of the frame)"),
     ("POST", "/rules", {"kind": "zone", "name": "z", "points": [[0, 0], [1e-4, 0], [1e-4, 1e-4]]}, 400,
      "enclose no area"),
