@@ -411,6 +411,37 @@ def test_slow_and_vanishing_clients_hold_nothing_and_leave_no_traceback(serving,
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_clients_trickling_their_headers_cannot_hold_the_few_handlers(serving, monkeypatch):
+    """More slow clients than the server has handlers, each sending a header byte every 0.3 s (within the socket's
+    timeout every time): each is cut when its request's time is up, and a caller after them is answered."""
+    from jetpipe.pipelines.http import server
+
+    monkeypatch.setattr(server, "REQUEST_TIMEOUT_S", 1.0)
+    daemon = serving([CAMERA])
+    host, port = daemon.base.removeprefix("http://").split(":")
+    stop = threading.Event()
+
+    def trickle():
+        with socket.create_connection((host, int(port)), timeout=60) as slow:
+            slow.sendall(b"GET /streams HTTP/1.1\r\nHost: " + host.encode())
+            while not stop.is_set():
+                try:
+                    slow.sendall(b"x")
+                except OSError:  # cut by the server: what is asked of it
+                    return
+                time.sleep(0.3)
+
+    slow = [threading.Thread(target=trickle, daemon=True) for _ in range(server.MAX_HANDLERS + 2)]
+    for thread in slow:
+        thread.start()
+    try:
+        time.sleep(0.5)  # they hold every handler now
+        assert _request(daemon.base, "GET", "/streams")[0] == 200
+    finally:
+        stop.set()
+    daemon.stop()
+
+
 # -- the rules (zones and lines) while serving -------------------------------------------------------------
 
 def test_rules_added_changed_and_removed_while_serving_count_as_at_start_up(serving, tmp_path, panning_video):

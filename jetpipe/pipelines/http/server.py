@@ -8,6 +8,7 @@ control.Control answers /streams, pages.PreviewPages the preview, the daemon's c
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import threading
 import time
@@ -51,8 +52,9 @@ MAX_BODY = 64 * 1024  # bytes of a control request's body (a source spec)
 REQUEST_TIMEOUT_S = 10.0  # a request's headers and body arrive within this, or the connection is closed
 
 
-MAX_HANDLERS = 8  # requests answered at once; those beyond wait their turn (the frames' threads keep the GIL)
+MAX_HANDLERS = 4  # requests answered at once; those beyond wait their turn (the frames' threads keep the GIL)
 MAX_WAITING = 4096  # connections waiting for a handler; one beyond is answered 503 with Retry-After at once
+REAP_EVERY_S = 0.2  # how often overdue requests are looked for
 LISTEN_BACKLOG = 1024  # connections the kernel holds before accept (socketserver's 5 reset 654 of 1,000)
 
 
@@ -67,8 +69,34 @@ class _Server(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._waiting: deque = deque()
         self._handlers = 0
+        self._reading: dict = {}  # connection -> when its request's line and headers are due
+        self._closed = threading.Event()
         self.shed = 0  # connections answered 503 because MAX_WAITING were waiting
         super().__init__(address, handler)
+        self._reaper = threading.Thread(target=self._reap, name="http-reaper", daemon=True)
+        self._reaper.start()
+
+    def watch(self, connection, seconds: float) -> None:
+        with self._lock:
+            self._reading[connection] = time.monotonic() + seconds
+
+    def unwatch(self, connection) -> None:
+        with self._lock:
+            self._reading.pop(connection, None)
+
+    def _reap(self) -> None:
+        """Connections whose request is overdue, shut (the handler's read ends, its thread goes to the next)."""
+        while not self._closed.wait(REAP_EVERY_S):
+            now = time.monotonic()
+            with self._lock:
+                overdue = [c for c, due in self._reading.items() if now > due]
+                for connection in overdue:
+                    del self._reading[connection]
+            for connection in overdue:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def process_request(self, request, client_address):
         with self._lock:
@@ -100,6 +128,7 @@ class _Server(ThreadingHTTPServer):
                 request, client_address = self._waiting.popleft()
 
     def server_close(self) -> None:
+        self._closed.set()
         super().server_close()
         with self._lock:
             waiting, self._waiting = list(self._waiting), deque()
@@ -132,7 +161,18 @@ def _handler(render, healthy, pages, control, allows_host):
     class Handler(BaseHTTPRequestHandler):
         timeout = REQUEST_TIMEOUT_S  # the socket's: a silent client does not hold a thread for ever
 
+        def handle_one_request(self):
+            """A request's line and headers arrive within REQUEST_TIMEOUT_S in all (the server's reaper cuts the
+            connection then): a client trickling them a byte at a time, each within the socket's timeout, would
+            hold one of the few handlers for ever."""
+            self.server.watch(self.connection, REQUEST_TIMEOUT_S)
+            try:
+                super().handle_one_request()
+            finally:
+                self.server.unwatch(self.connection)
+
         def do_GET(self):  # noqa: N802 (http.server's name)
+            self.server.unwatch(self.connection)  # its headers are in: what it asks may take its time
             if not self._guarded("GET"):
                 return
             path = self.path.split("?", 1)[0]
@@ -173,6 +213,7 @@ def _handler(render, healthy, pages, control, allows_host):
             return True
 
         def _write_method(self, method: str) -> None:
+            self.server.unwatch(self.connection)  # its headers are in; its body has a deadline of its own
             if not self._guarded(method):
                 return
             path = self.path.split("?", 1)[0]
