@@ -19,13 +19,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(condition, timeout: float = 60.0, what: str = "", every: float = 0.05) -> None:
-    """Until condition() is true; fails the test naming `what` after `timeout` seconds (a loaded 2-core machine
-    is slow, never wrong: wait for the condition, not for a fixed time)."""
+def wait_for(condition, timeout: float = 120.0, what: str = "", every: float = 0.05) -> bool:
+    """Until condition() is true (then True); fails the test naming `what` after `timeout` seconds (a loaded
+    2-core machine is slow, never wrong: wait for the condition, not for a fixed time)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what or condition}"
         time.sleep(every)
+    return True
 
 
 def serve_process(argv, cwd=None, env: dict | None = None) -> subprocess.Popen:

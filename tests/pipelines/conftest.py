@@ -12,6 +12,7 @@ import pytest
 from jetpipe.convert import ConvertOptions, convert
 from jetpipe.models import BUILTIN
 from jetpipe.spec import preset
+from tests.support import free_port
 
 
 def _det(tmp_path_factory, size: tuple[int, int]):
@@ -117,7 +118,7 @@ class Server:
 
     def __init__(self, command, config: tuple[Path, str] | None = None):
         """command: its parts, {port} filled in; config: a file (path, text with {port}) written before it starts."""
-        self.port = _free_port()
+        self.port = free_port()
         self.command = [str(part).format(port=self.port) for part in command]
         if config is not None:
             config[0].write_text(config[1].format(port=self.port))
@@ -219,12 +220,6 @@ def kafka_broker():
     server = kafka_process()
     yield server
     server.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 FRAMES, X_LINE, FPS_VIDEO, W, H = 40, 0.8, 2, 640, 360

@@ -16,14 +16,9 @@ import pytest
 
 from jetpipe.pipelines.config import ClipsConfig, ConfigError, ControlConfig, PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
+from tests.support import free_port, wait_for
 
 CAMERA = "synthetic://320x240@3/nv12"  # slow enough that the 2-core machine keeps up with four of them
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _request(base, method, path, body=None, token=None, headers=None):
@@ -47,22 +42,13 @@ def _json(base, method, path, body=None, token=None):
     return status, json.loads(text)
 
 
-def _wait_for(condition, timeout=120.0):
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
-
-
 class Serving:
     """A daemon in a thread with its control API; stop() drains it and returns its summary."""
 
     def __init__(self, bundle, sources, sinks=(), max_streams=4, listen_host="127.0.0.1", token="",
                  max_frame_hw=(1080, 1920), backend="onnxruntime-cpu", allow_schemes=(), allow_folders=(),
                  tracker="none", clips=""):
-        port = _port()
+        port = free_port()
         control = ControlConfig(enabled=True, max_streams=max_streams, token=token)
         control.allow_schemes += list(allow_schemes)
         control.allow_folders = [str(f) for f in allow_folders]
@@ -115,7 +101,7 @@ def test_streams_added_and_removed_while_serving_lose_no_frame(serving, tmp_path
     assert added == [1, 2, 3]
     status, listing = _json(daemon.base, "GET", "/streams")
     assert status == 200 and listing["max_streams"] == 4 and [s["id"] for s in listing["streams"]] == [0, 1, 2, 3]
-    assert _wait_for(lambda: all(daemon.processed(i) >= 3 for i in added))
+    assert wait_for(lambda: all(daemon.processed(i) >= 3 for i in added))
     status, metrics = _request(daemon.base, "GET", "/metrics")
     assert 'jetpipe_frames_processed_total{stream="3"}' in metrics
     removed = {}
@@ -177,7 +163,7 @@ def test_capacity_is_fixed_at_start_and_a_freed_slot_is_reused_under_a_new_id(se
     assert _json(daemon.base, "DELETE", "/streams/0")[0] == 200
     status, stream = _json(daemon.base, "POST", "/streams", {"uri": CAMERA})
     assert status == 201 and stream["id"] == 2  # IDs are never reused
-    assert _wait_for(lambda: daemon.processed(2) >= 2)
+    assert wait_for(lambda: daemon.processed(2) >= 2)
     status, gone = _json(daemon.base, "GET", "/streams/0")
     assert status == 200 and gone["state"] == "removed"
     assert _json(daemon.base, "DELETE", "/streams/0")[0] == 404
@@ -221,10 +207,10 @@ def test_a_daemon_may_start_with_no_stream_and_a_removed_streams_video_is_finish
     status, listing = _json(daemon.base, "GET", "/streams")
     assert status == 200 and listing["streams"] == []
     assert _json(daemon.base, "POST", "/streams", {"uri": CAMERA})[0] == 201
-    assert _wait_for(lambda: daemon.processed(0) >= 4)
+    assert wait_for(lambda: daemon.processed(0) >= 4)
     status, final = _json(daemon.base, "DELETE", "/streams/0")
     path = tmp_path / "out-s0.mp4"
-    assert status == 200 and _wait_for(lambda: _frames_in(path) > 0, timeout=60)  # playable while serving
+    assert status == 200 and wait_for(lambda: _frames_in(path) > 0, timeout=60)  # playable while serving
     summary = daemon.stop()
     assert summary["processed"] == [final["processed"]] and summary["sink_failures"] == [0]
 
@@ -271,11 +257,11 @@ def test_adding_streams_allocates_no_gpu_memory(serving):
     daemon = serving(["synthetic://640x480@0/nv12"], backend="onnxruntime-cuda")
     runtime = daemon.pipeline.runtime
     assert runtime.backend_name == "onnxruntime-cuda"
-    assert _wait_for(lambda: daemon.processed(0) >= 100)
+    assert wait_for(lambda: daemon.processed(0) >= 100)
     before = runtime.gpu_free_memory()
     for _ in range(3):
         assert _json(daemon.base, "POST", "/streams", {"uri": "synthetic://1280x720@30/nv12"})[0] == 201
-    assert _wait_for(lambda: all(daemon.processed(i) >= 30 for i in (1, 2, 3)))
+    assert wait_for(lambda: all(daemon.processed(i) >= 30 for i in (1, 2, 3)))
     after = runtime.gpu_free_memory()
     print(json.dumps({"gpu_free_before_mb": before / 2**20, "gpu_free_after_mb": after / 2**20}))
     assert after == before
@@ -322,7 +308,7 @@ def test_a_gst_pipeline_runs_through_the_api_only_where_the_operator_allows_it(s
     allowed = serving([CAMERA], max_streams=2, allow_schemes=["gst"])
     status, stream = _json(allowed.base, "POST", "/streams", {"uri": _gst_writing(written)})
     assert status == 201, stream
-    assert _wait_for(lambda: allowed.processed(stream["id"]) >= 1)
+    assert wait_for(lambda: allowed.processed(stream["id"]) >= 1)
 
 
 def test_files_come_through_the_api_only_from_the_folders_allowed(serving, tmp_path):
@@ -460,9 +446,9 @@ def test_rules_added_changed_and_removed_while_serving_count_as_at_start_up(serv
     assert rule["frames_each_side"] == 3 and rule["anchor"] == "bottom-center"  # the defaults, as in a table
     status, stream = _json(daemon.base, "POST", "/streams", {"uri": str(folder / "panning.avi")})
     assert status == 201
-    assert _wait_for(lambda: daemon.processed(stream["id"]) == panning_video.frames)
+    assert wait_for(lambda: daemon.processed(stream["id"]) == panning_video.frames)
     # the events step decides a few batches' frames at once: their events follow within a fraction of a second
-    assert _wait_for(lambda: _json(daemon.base, "GET", "/rules/door")[1]["counts"] == {"out": panning_video.crossings})
+    assert wait_for(lambda: _json(daemon.base, "GET", "/rules/door")[1]["counts"] == {"out": panning_video.crossings})
     status, changed = _json(daemon.base, "PUT", "/rules/door", {**door, "cooldown_s": 2.5})
     assert status == 200 and changed["cooldown_s"] == 2.5 and changed["counts"] == {"out": panning_video.crossings}
     assert _json(daemon.base, "DELETE", "/rules/door") == (200, {"removed": "door"})
@@ -625,13 +611,13 @@ def test_a_clip_asked_through_the_control_api_covers_the_seconds_around_now(serv
     status, stream = _json(daemon.base, "POST", "/streams", {"uri": str(folder / "panning.mp4"), "loop": True,
                                                               "realtime": True})
     assert status == 201
-    assert _wait_for(lambda: daemon.processed(stream["id"]) >= 8)  # 4 s of the 2 fps file
+    assert wait_for(lambda: daemon.processed(stream["id"]) >= 8)  # 4 s of the 2 fps file
     status, asked = _json(daemon.base, "POST", f"/streams/{stream['id']}/clips", {"before_s": 3, "after_s": 1})
     assert status == 202 and asked["end"] - asked["start"] == pytest.approx(4.0) and not asked["merged"]
 
     def ready():
         return [json.loads(line) for line in out.read_text().splitlines() if '"jetpipe.clip/1"' in line]
-    assert _wait_for(lambda: ready(), timeout=30)
+    assert wait_for(lambda: ready(), timeout=30)
     (clip,) = ready()
     assert clip["stream"] == stream["id"] and clip["events"] == [] and Path(clip["path"]).parent == clips
     # from the keyframe before the start (GOP: 2 s) to the last frame at or before the end (a frame: 0.5 s)
@@ -660,14 +646,14 @@ def test_a_stream_added_before_the_run_starts_is_read_by_one_capture_only(det_bu
     out = tmp_path / "out.jsonl"
     control = ControlConfig(enabled=True, max_streams=2)
     config = validate(PipelineConfig(bundle=det_bundle, sources=[], sinks=[f"jsonl:{out}"],
-                                     metrics_listen=f"127.0.0.1:{_port()}",
+                                     metrics_listen=f"127.0.0.1:{free_port()}",
                                      backend="onnxruntime-cpu", frames=6, control=control))
     pipeline = Pipeline(config)
     added = pipeline.add_stream(SourceConfig("synthetic:64x48@30"))
     runner = threading.Thread(target=lambda: setattr(pipeline, "summary", pipeline.run()))
     runner.start()
     try:
-        assert _wait_for(lambda: pipeline.metrics.captured[0] >= 6)
+        assert wait_for(lambda: pipeline.metrics.captured[0] >= 6)
     finally:
         pipeline.stop()
         runner.join(60)

@@ -3,7 +3,6 @@
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
 from jetpipe.pipelines.sources import SourceError, SyntheticCamera
+from tests.support import free_port
 
 
 def _config(bundle, sources, **kw):
@@ -128,21 +128,15 @@ def test_failing_source_reconnects_and_others_keep_going(tiny_bundle):
     assert summary["processed"][1] + summary["dropped"][1] == 10
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_metrics_and_health_endpoints(det_bundle):
     """/metrics with every family a run may have (the events' and a broker sink's among them) parses, and passes
     `promtool check metrics` where Prometheus' promtool is installed (it failed: a gauge with the summaries'
     `quantile` label, `_ms` in a name)."""
     from jetpipe.pipelines.events.rules import Line
 
-    port = _free_port()
+    port = free_port()
     config = _config(det_bundle, ["synthetic:320x240@20:nv12"], duration=30.0, metrics_listen=f"127.0.0.1:{port}",
-                     lines=[Line("door", [[0.5, 0.0], [0.5, 1.0]])], sinks=[f"http://127.0.0.1:{_free_port()}/hook"])
+                     lines=[Line("door", [[0.5, 0.0], [0.5, 1.0]])], sinks=[f"http://127.0.0.1:{free_port()}/hook"])
     pipeline = Pipeline(config)
     scraped = {}
 
@@ -431,7 +425,7 @@ def test_a_source_whose_format_is_known_gets_ring_slots_of_its_frame_size(det_bu
     from jetpipe.pipelines.config import ControlConfig
 
     pipeline = Pipeline(_config(det_bundle, sources, frames=2, control=ControlConfig(enabled=True, max_streams=2),
-                                metrics_listen=f"127.0.0.1:{_free_port()}"))
+                                metrics_listen=f"127.0.0.1:{free_port()}"))
     try:
         assert [ring.slot_bytes for ring in pipeline.streams.rings] == [640 * 480 * 3, 320 * 240 * 3]
     finally:

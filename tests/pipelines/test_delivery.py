@@ -13,18 +13,12 @@ import pytest
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.events.record import EventRecord
 from jetpipe.pipelines.sinks import KafkaSink, RedisSink, WebhookSink, check_sink
+from tests.support import wait_for
 
 
 def _event(n: int, stream: int = 0, type_: str = "line_cross") -> EventRecord:
     return EventRecord(type_, "door", stream, n, n / 10, 1.7e9 + n, n, "person", 0, 0.9, [1.0, 2.0, 3.0, 4.0],
                        {"direction": "in"}, {"in": n + 1})
-
-
-def _wait(condition, timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
-        time.sleep(0.05)
 
 
 def _redis_ids(port: int, key: str = "jetpipe:events") -> list[str]:
@@ -96,15 +90,15 @@ def test_a_redis_that_goes_away_is_counted_and_gets_every_event_when_back(redis_
     first = [_event(n) for n in range(5)]
     for event in first:
         sink.write(event)
-    _wait(lambda: sink.sent == 5, what="the first events")
+    wait_for(lambda: sink.sent == 5, what="the first events")
     redis_server.stop()
     later = [_event(n) for n in range(5, 20)]
     for event in later:
         sink.write(event)  # never blocks: queued
-    _wait(lambda: sink.failures >= 1, what="a failed try")
+    wait_for(lambda: sink.failures >= 1, what="a failed try")
     assert sink.sent == 5 and sink.queued() == 15
     redis_server.start()  # a new, empty server on the same port
-    _wait(lambda: sink.queued() == 0, what="the queue to drain after the reconnect")
+    wait_for(lambda: sink.queued() == 0, what="the queue to drain after the reconnect")
     sink.close()
     assert _redis_ids(redis_server.port) == [e.event_id for e in later]  # every one, in order
     assert sink.lost == 0 and sink.sent == 20
@@ -174,15 +168,15 @@ def test_kafka_takes_each_event_keyed_by_its_stream(kafka_broker):
 def test_a_kafka_broker_that_goes_away_is_counted_and_reconnected(kafka_broker):
     sink = KafkaSink(f"kafka://127.0.0.1:{kafka_broker.port}/events?drain=60")
     sink.write(_event(0))
-    _wait(lambda: sink.sent == 1, what="the first event")
+    wait_for(lambda: sink.sent == 1, what="the first event")
     kafka_broker.stop()
     later = [_event(n) for n in range(1, 11)]
     for event in later:
         sink.write(event)
-    _wait(lambda: sink.failures >= 1, what="a failed try")
+    wait_for(lambda: sink.failures >= 1, what="a failed try")
     assert sink.sent == 1
     kafka_broker.start()  # in memory: a new, empty broker on the same port
-    _wait(lambda: sink.queued() == 0, timeout=90, what="the queue to drain after the reconnect")
+    wait_for(lambda: sink.queued() == 0, timeout=90, what="the queue to drain after the reconnect")
     sink.close()
     got = {value["event_id"] for _, value in _consume(kafka_broker.port, "events", 10)}
     assert got >= {e.event_id for e in later} and sink.lost == 0
@@ -298,7 +292,7 @@ def test_the_daemons_events_reach_redis_kafka_and_mqtt_as_in_the_jsonl(det_bundl
     assert len(ids) == panning_video.crossings >= 2
     assert _redis_ids(redis_server.port) == ids
     assert sorted(value["event_id"] for _, value in _consume(kafka_broker.port, "door", len(ids))) == sorted(ids)
-    _wait(lambda: topics.count("site/door/events/line_cross") == len(ids), what="the MQTT events")
+    wait_for(lambda: topics.count("site/door/events/line_cross") == len(ids), what="the MQTT events")
     subscriber.loop_stop()
     assert topics.count("site/door") == panning_video.frames  # the frames' records, on the topic itself
     summary = json.loads(summary_path.read_text())["summary"]

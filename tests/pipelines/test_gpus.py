@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from jetpipe.pipelines.config import ConfigError, PipelineConfig, SourceConfig, 
 from jetpipe.pipelines.gpus import plan, scrape
 from jetpipe.pipelines.gpus.plan import SIMULATED_ENV
 from jetpipe.pipelines.summary import PER_STREAM
+from tests.support import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,7 +126,7 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(tin
     whole; the summary counts the death and both workers' frames."""
     out = tmp_path / "records.jsonl"
     argv = ["--gpus", "0,1", "--frames", "40", "--sink", f"jsonl:{out}", "--summary", str(tmp_path / "summary.json"),
-            "--metrics", f"127.0.0.1:{_free_port()}", "--source", "synthetic:96x64@8", "--source", "synthetic:96x64@8",
+            "--metrics", f"127.0.0.1:{free_port()}", "--source", "synthetic:96x64@8", "--source", "synthetic:96x64@8",
             "--sink", f"video:{tmp_path / 'drawn.mp4'}?fps=8"]
     face = _serve(tiny_bundle, argv, tmp_path)
     with _killed_at_the_end(face):
@@ -142,13 +142,13 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(tin
         assert _health(address) == "ok\n"  # every worker's own /healthz answered 200
         assert [s["id"] for s in json.loads(_get(address, "/stats.json"))["streams"]] == [0, 1]  # the preview's
         assert 'alt="stream 0"' in _get(address, "/") and 'alt="stream 1"' in _get(address, "/")
-        assert _wait_until(lambda: _picture(address, 1).startswith(b"\xff\xd8"))  # from GPU 1's worker
-        assert _wait_until(lambda: _records_of(out, 0) >= 2 and _records_of(out, 1) >= 2)
+        assert wait_for(lambda: _picture(address, 1).startswith(b"\xff\xd8"))  # from GPU 1's worker
+        assert wait_for(lambda: _records_of(out, 0) >= 2 and _records_of(out, 1) >= 2)
         os.kill(_worker_pid(face.pid, gpu=1), signal.SIGKILL)
         _wait_for_line(face, "GPU 1's worker was killed by signal 9: stream(s) 1 are not served until it is started")
         _wait_for_line(face, "GPU 1's worker started again (restart 1 of 3): stream(s) 1 resume")
         before = _records_of(out, 1)
-        assert _wait_until(lambda: _records_of(out, 1) > before)
+        assert wait_for(lambda: _records_of(out, 1) > before)
         assert json.loads(_get(address, "/streams"))["streams"][1]["worker"] == "serving"
         stdout, stderr = face.communicate(timeout=180)
     assert face.returncode == 0, stderr[-3000:]
@@ -160,7 +160,7 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(tin
     assert summary["processed"][0] + summary["dropped"][0] == 40
     assert summary["processed"][1] == _records_of(out, 1)  # both workers' frames of stream 1
     # the dead worker's file stays (its encoder finished it), the new worker's goes on in a file of its own
-    assert _wait_until(lambda: _frames_in(tmp_path / "drawn-s1.mp4") > 0)
+    assert wait_for(lambda: _frames_in(tmp_path / "drawn-s1.mp4") > 0)
     assert _frames_in(tmp_path / "drawn-restart1-s1.mp4") > 0 and _frames_in(tmp_path / "drawn-s0.mp4") > 0
 
 
@@ -175,11 +175,11 @@ def test_a_restarted_worker_goes_on_with_its_streams_frame_numbers_track_ids_and
             "--sink", f"jsonl:{out}", "--summary", str(summary_path), "--metrics", ""]
     face = _serve(det_bundle, argv, tmp_path)
     with _killed_at_the_end(face):
-        assert _wait_until(lambda: len(_tracked(out, 1)) >= 6, timeout=240), "no tracked frames of stream 1"
+        assert wait_for(lambda: len(_tracked(out, 1)) >= 6, timeout=240), "no tracked frames of stream 1"
         os.kill(_worker_pid(face.pid, gpu=1), signal.SIGKILL)
         _wait_for_line(face, "GPU 1's worker started again (restart 1 of 3)")
         before, tracked = _records_of(out, 1), len(_tracked(out, 1))
-        assert _wait_until(lambda: _records_of(out, 1) >= before + 8 and len(_tracked(out, 1)) >= tracked + 4,
+        assert wait_for(lambda: _records_of(out, 1) >= before + 8 and len(_tracked(out, 1)) >= tracked + 4,
                            timeout=240), "stream 1 did not resume with tracks"
         face.send_signal(signal.SIGTERM)
         _, stderr = face.communicate(timeout=120)
@@ -219,7 +219,7 @@ def _tracked(path: Path, stream: int) -> list[dict]:
 def test_a_worker_that_does_not_stop_is_killed_after_the_drain_bound(tiny_bundle, tmp_path):
     """GPU 1's worker frozen (SIGSTOP), then SIGTERM: the face ends anyway, stop_timeout_s + LEFT_BEHIND_S
     after the stop (it waited for ever before), says the kill, and GPU 0's stream is whole."""
-    out, port = tmp_path / "records.jsonl", _free_port()
+    out, port = tmp_path / "records.jsonl", free_port()
     config = tmp_path / "serve.toml"
     config.write_text(f'[pipeline]\nbundle = "{tiny_bundle}"\ngpus = [0, 1]\nstop_timeout_s = 1\n'
                       f'[metrics]\nlisten = "127.0.0.1:{port}"\n[[sink]]\nuri = "jsonl:{out}"\n'
@@ -229,7 +229,7 @@ def test_a_worker_that_does_not_stop_is_killed_after_the_drain_bound(tiny_bundle
                             stderr=subprocess.PIPE, text=True)
     with _killed_at_the_end(face):
         _wait_for_line(face, "metrics of 2 GPU(s) on http://")
-        assert _wait_until(lambda: _records_of(out, 0) >= 2)
+        assert wait_for(lambda: _records_of(out, 0) >= 2)
         frozen = _worker_pid(face.pid, gpu=1)
         os.kill(frozen, signal.SIGSTOP)
         face.send_signal(signal.SIGTERM)
@@ -242,7 +242,7 @@ def test_a_worker_that_does_not_stop_is_killed_after_the_drain_bound(tiny_bundle
 
 def test_streams_added_through_the_face_go_where_there_is_headroom_and_come_back_whole(tiny_bundle, tmp_path):
     token = "t" * 32
-    out, port = tmp_path / "records.jsonl", _free_port()
+    out, port = tmp_path / "records.jsonl", free_port()
     argv = ["--gpus", "0,1", "--control", "--max-streams", "2", "--sink", f"jsonl:{out}", "--summary",
             str(tmp_path / "summary.json"), "--metrics", f"127.0.0.1:{port}", "--source", "synthetic:96x64@5"]
     face = _serve(tiny_bundle, argv, tmp_path, env={"JETPIPE_CONTROL_TOKEN": token})
@@ -262,7 +262,7 @@ def test_streams_added_through_the_face_go_where_there_is_headroom_and_come_back
         assert _call(address, "GET", "/streams/2", token=token)[1]["gpu"] == 1
         assert _call(address, "GET", "/streams/9", token=token)[0] == 404
         assert _call(address, "PUT", "/rules/door", {"kind": "line"}, token)[0] == 501
-        assert _wait_until(lambda: _records_of(out, 2) >= 3 and _records_of(out, 1) >= 3)
+        assert wait_for(lambda: _records_of(out, 2) >= 3 and _records_of(out, 1) >= 3)
         status, removed = _call(address, "DELETE", "/streams/2", token=token)
         assert status == 200 and removed["state"] == "removed" and removed["gpu"] == 1
         face.send_signal(signal.SIGTERM)
@@ -327,12 +327,6 @@ def _frames_in(path: Path) -> int:
     return int(probe.stdout.strip() or 0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env() -> dict:
     return {**os.environ, SIMULATED_ENV: "2", "PYTHONPATH": str(ROOT)}
 
@@ -367,15 +361,6 @@ def _wait_for_line(process, text: str, timeout: float = 180.0) -> str:
         if not line and process.poll() is not None:
             break
     raise AssertionError(f"{text!r} not said; stderr: {''.join(seen)[-3000:]}")
-
-
-def _wait_until(condition, timeout: float = 120.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _get(address: str, path: str) -> str:

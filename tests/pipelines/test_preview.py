@@ -2,7 +2,6 @@
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -19,12 +18,7 @@ from jetpipe.pipelines.counters import Metrics
 from jetpipe.pipelines.daemon import Pipeline
 from jetpipe.pipelines.preview import stats_json
 from jetpipe.pipelines.sources import SyntheticCamera
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support import free_port, wait_for
 
 
 def _get(url):
@@ -38,7 +32,7 @@ def _get(url):
 @pytest.fixture
 def serving(det_bundle):
     """A daemon on the synthetic camera (640x480 at 10 fps, every frame tracked) with its metrics server."""
-    port = _port()
+    port = free_port()
     config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig("synthetic://640x480@10/nv12")],
                                      metrics_listen=f"127.0.0.1:{port}", backend="onnxruntime-cpu",
                                      tracker="bytetrack"))
@@ -64,16 +58,9 @@ def _watch(base, frames, timeout=120.0):
     return seen, time.monotonic() - start
 
 
-def _wait_for(condition, timeout=120.0):
-    start = time.monotonic()
-    while not condition() and time.monotonic() - start < timeout:
-        time.sleep(0.1)
-    return condition()
-
-
 def test_frames_are_drawn_only_while_someone_watches_and_then_update(serving):
     pipeline, base = serving
-    assert _wait_for(lambda: pipeline.metrics.processed[0] >= 5)
+    assert wait_for(lambda: pipeline.metrics.processed[0] >= 5)
     assert pipeline.preview.drawn == 0  # unwatched: nothing drawn
     frames, watched = _watch(base, 3)
     assert len(frames) >= 3  # the image updates

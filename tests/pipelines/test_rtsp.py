@@ -5,13 +5,13 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.daemon import Pipeline
+from tests.support import wait_for
 
 SERVER = Path(__file__).resolve().parents[1] / "rtsp_server.py"
 SYSTEM_PYTHON = "/usr/bin/python3"  # PyGObject comes from Debian's packages, not from the venv
@@ -66,13 +66,6 @@ def rtsp(tmp_path):
     server.stop()
 
 
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_an_rtsp_camera_that_drops_out_is_reconnected(tiny_bundle, rtsp):
     config = validate(PipelineConfig(bundle=tiny_bundle, sources=[SourceConfig(rtsp.url, decoder="ffmpeg")],
                                      metrics_listen="", reconnect_max_s=0.5, backend="onnxruntime-cpu"))
@@ -82,14 +75,14 @@ def test_an_rtsp_camera_that_drops_out_is_reconnected(tiny_bundle, rtsp):
     runner.start()
     try:
         m = pipeline.metrics
-        _wait_for(lambda: m.captured[0] >= 30, 30, "the first 30 frames")
+        wait_for(lambda: m.captured[0] >= 30, 30, "the first 30 frames")
         source = pipeline.sources[0]
         assert source.info.format in ("nv12", "i420") and (source.info.width, source.info.height) == (320, 240)
         rtsp.stop()  # the camera goes away mid-stream
-        _wait_for(lambda: m.reconnects[0] >= 1, 30, "the source to notice and retry")
+        wait_for(lambda: m.reconnects[0] >= 1, 30, "the source to notice and retry")
         before = m.captured[0]
         rtsp.start()  # and comes back on the same address
-        _wait_for(lambda: m.captured[0] >= before + 30, 60, "frames after the camera came back")
+        wait_for(lambda: m.captured[0] >= before + 30, 60, "frames after the camera came back")
     finally:
         pipeline.stop()
         runner.join(30)

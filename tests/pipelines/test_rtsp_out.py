@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from jetpipe.cli import main
+from tests.support import free_port, wait_for
 
 FRAMES, FPS, W, H = 120, 20, 320, 240  # 6 s played in real time
 BITS = 8  # the frame's number, as 8 blocks along its top (white: 1)
@@ -39,12 +40,6 @@ def _missing() -> str | None:
 
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -105,16 +100,9 @@ class Client:
         self.process.send_signal(signal.SIGSTOP)
 
 
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_every_frame_reaches_each_client_and_a_killed_client_costs_nothing(tiny_bundle, numbered_video,  # noqa: F811
                                                                             tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"rtsp://127.0.0.1:{port}/cam"
     records, summary = tmp_path / "r.jsonl", tmp_path / "summary.json"
     serve = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(tiny_bundle), "--source",
@@ -123,7 +111,7 @@ def test_every_frame_reaches_each_client_and_a_killed_client_costs_nothing(tiny_
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     clients = [Client(url) for _ in range(4)]
     try:
-        _wait_for(lambda: len(clients[0].numbers) >= 10 and len(clients[1].numbers) >= 10, 60,
+        wait_for(lambda: len(clients[0].numbers) >= 10 and len(clients[1].numbers) >= 10, 60,
                   "the first clients' first frames")
         clients[0].kill()  # mid-stream: the others and the pipeline go on
         clients[1].stall()  # and one that stops reading holds up neither
@@ -144,7 +132,7 @@ def test_every_frame_reaches_each_client_and_a_killed_client_costs_nothing(tiny_
 
 def test_a_password_is_asked_of_every_client_and_never_shown(tiny_bundle, numbered_video, tmp_path):  # noqa: F811
     """The password from an environment variable (password_env): never in the process list, nor in the log."""
-    port = _free_port()
+    port = free_port()
     serve = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(tiny_bundle), "--source",
                               str(numbered_video), "--realtime", "--backend", "onnxruntime-cpu", "--metrics", "",
                               "--sink", f"rtsp://viewer@127.0.0.1:{port}/cam?password_env=JETPIPE_TEST_RTSP"],
@@ -193,7 +181,7 @@ def test_rtsp_sinks_that_cannot_serve_say_so_in_one_line(tiny_bundle, tmp_path, 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        free = _free_port()
+        free = free_port()
         for sinks, message in (([f"rtsp://127.0.0.1:{port}/cam"], "cannot listen on 127.0.0.1"),
                                ([f"rtsp://127.0.0.1:{free}/a", f"rtsp://127.0.0.1:{free}/b"],
                                 f"127.0.0.1:{free} is served by sink rtsp://127.0.0.1:{free}/a already"),

@@ -28,6 +28,7 @@ from jetpipe.preprocess import preprocess_bgr, preprocess_frame
 from jetpipe.spec import PreprocessSpec
 from tests.helpers import residual_cnn, save
 from tests.stream_server import StreamServer
+from tests.support import wait_for
 
 needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None,
                                   reason="ffmpeg/ffprobe not installed (apt install ffmpeg; .ci/run installs it)")
@@ -437,12 +438,12 @@ def test_a_network_stream_that_drops_is_reconnected(videos, tiny_bundle, tmp_pat
     runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
     runner.start()
     try:
-        _wait(lambda: pipeline.metrics.processed[0] >= 5)
+        wait_for(lambda: pipeline.metrics.processed[0] >= 5)
         camera.unplug()
-        _wait(lambda: pipeline.metrics.reconnects[0] >= 1)
+        wait_for(lambda: pipeline.metrics.reconnects[0] >= 1)
         camera = StreamServer(ts.read_bytes(), camera.port)
         seen = pipeline.metrics.processed[0]
-        _wait(lambda: pipeline.metrics.processed[0] >= seen + 5)
+        wait_for(lambda: pipeline.metrics.processed[0] >= seen + 5)
     finally:
         pipeline.stop()
         runner.join(timeout=10)
@@ -467,9 +468,9 @@ def serve_through_a_stall(pipeline, server, caplog, join_timeout: float = 10.0) 
     runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
     runner.start()
     try:
-        _wait(lambda: pipeline.metrics.stalls[0] >= 1)
+        wait_for(lambda: pipeline.metrics.stalls[0] >= 1)
         seen = pipeline.metrics.captured[0]
-        _wait(lambda: pipeline.metrics.captured[0] >= seen + 5)
+        wait_for(lambda: pipeline.metrics.captured[0] >= seen + 5)
     finally:
         pipeline.stop()
         runner.join(timeout=join_timeout)
@@ -489,20 +490,13 @@ def test_a_network_stream_that_connects_and_never_sends_is_reconnected(tiny_bund
     runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
     runner.start()
     try:
-        _wait(lambda: pipeline.metrics.reconnects[0] >= 2)
+        wait_for(lambda: pipeline.metrics.reconnects[0] >= 2)
     finally:
         pipeline.stop()
         runner.join(timeout=10)
         camera.unplug()
     assert not runner.is_alive() and pipeline.result["stalls"] == [0] and pipeline.result["failed"][0] >= 2
     assert "not connected after" in caplog.text and "; reconnecting" in caplog.text
-
-
-def _wait(condition, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 @needs_ffmpeg
