@@ -111,7 +111,7 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]],
     found = [0, 0]
 
     def count(record):
-        texts = [e["text"] if e else None for e in record.results["secondary"]["rec"]]
+        texts = [e["text"] if e else None for e in record.detections.secondary["rec"]]
         hit, total = recall(words[record.frame % len(words)], texts)
         found[0], found[1] = found[0] + hit, found[1] + total
 

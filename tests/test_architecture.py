@@ -204,3 +204,30 @@ def test_the_pipelines_ask_their_parts_through_declared_protocols_not_by_probing
             if probing and isinstance(attribute, ast.Constant) and (name, attribute.value) not in FOREIGN_PROBES:
                 probes.append(f"{name}:{node.lineno} {ast.unparse(node)}")
     assert probes == []
+
+
+# the keys of a frame's results that are the typed record's arrays (tasks.detections.Detections)
+RESULT_KEYS = {"boxes", "scores", "classes", "labels", "track_ids"}
+# modules of the pipelines that may read results by key: the sinks (JSON is made there), the configuration's
+# TOML tables (a [[secondary]]'s "classes" is no result)
+KEYED_READS_ALLOWED = ("jetpipe.pipelines.sinks", "jetpipe.pipelines.config")
+
+
+def test_the_pipelines_read_a_frames_results_as_arrays_not_by_key():
+    """results["boxes"], .get("track_ids"): 20 such reads sat in the pipelines (secondary, annotate, events,
+    record, steps, ...), each converting lists again (issue 64). The pipelines read the typed record's arrays;
+    JSON's keys are the sinks' business."""
+    reads = []
+    for name, path in _modules().items():
+        if not name.startswith("jetpipe.pipelines") or name.startswith(KEYED_READS_ALLOWED):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            key = None
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                key = node.slice.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "get", "setdefault") and node.args and isinstance(node.args[0], ast.Constant):
+                key = node.args[0].value
+            if key in RESULT_KEYS:
+                reads.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert reads == []

@@ -12,6 +12,7 @@ import numpy as np
 from jetpipe.frames import frame_size, native_planes
 from jetpipe.lazy import lazy_import
 from jetpipe.preprocess import opencv_bgr
+from jetpipe.tasks.detections import NO_TRACK, Detections, as_detections
 from jetpipe.tasks.pose_yolo import COCO_LIMBS, VISIBLE
 
 cv2 = lazy_import("cv2")
@@ -60,28 +61,33 @@ def _resize_420(frame, fmt, height, width, h, w) -> np.ndarray:
     return out
 
 
-def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.ndarray:
-    """Draw one record's results (in source pixels) on `image` (BGR, any size), in place."""
+def draw(image: np.ndarray, found: Detections, source_hw: tuple[int, int]) -> np.ndarray:
+    """Draw one frame's results (in source pixels; a results dict is taken too) on `image` (BGR, any size), in
+    place."""
+    found = as_detections(found)
     scale_y, scale_x = image.shape[0] / source_hw[0], image.shape[1] / source_hw[1]
-    boxes = np.asarray(results.get("boxes") or [], np.float64).reshape(-1, 4) * [scale_x, scale_y, scale_x, scale_y]
-    scores = results.get("scores") or [None] * len(boxes)
-    classes = _class_names(results) or [None] * len(boxes)
-    tracks = results.get("track_ids") or [None] * len(boxes)
-    said = _secondary_words(results, len(boxes))
-    quads = results.get("quads") or [None] * len(boxes)
+    boxes = found.xyxy.astype(np.float64) * [scale_x, scale_y, scale_x, scale_y]
+    scores = found.confidence.tolist() if found.has_boxes else [None] * len(boxes)
+    classes = found.names() or [None] * len(boxes)
+    tracks = [None if t == NO_TRACK else t for t in found.tracker_id.tolist()] if found.tracker_id is not None \
+        else [None] * len(boxes)
+    said = _secondary_words(found.secondary, len(boxes))
+    quads = found.data.get("quads")
+    quads = [None] * len(boxes) if quads is None else quads
     thickness = max(1, round(image.shape[0] / 360))
-    if results.get("regions"):  # semantic segmentation: regions of each class, filled in its colour
-        regions = results["regions"]
+    frame = found.frame_data
+    if frame.get("regions"):  # semantic segmentation: regions of each class, filled in its colour
+        regions = frame["regions"]
         _fill_outlines(image, [r["polygon"] for r in regions], [r["class"] for r in regions], (scale_x, scale_y))
         for region in regions[:REGION_LABELS]:
             top = min(region["polygon"], key=lambda p: p[1], default=None)
             if top is not None:
                 _label(image, region["label"], (int(top[0] * scale_x), int(top[1] * scale_y)),
                        _object_colour(0, region["class"]))
-    if results.get("polygons"):
-        _fill_outlines(image, results["polygons"], tracks, (scale_x, scale_y))
-    if results.get("keypoints"):
-        _draw_skeletons(image, results["keypoints"], tracks, (scale_x, scale_y), thickness)
+    if len(found.data.get("polygons", ())):
+        _fill_outlines(image, found.data["polygons"], tracks, (scale_x, scale_y))
+    if len(found.data.get("keypoints", ())):
+        _draw_skeletons(image, found.data["keypoints"], tracks, (scale_x, scale_y), thickness)
     for box, quad, score, cls, track, words in zip(boxes.round().astype(int), quads, scores, classes, tracks, said):
         color = PALETTE[track % len(PALETTE)] if track is not None else UNTRACKED
         if quad is not None:  # a text line's quadrilateral, turned with the line
@@ -93,11 +99,11 @@ def draw(image: np.ndarray, results: dict, source_hw: tuple[int, int]) -> np.nda
                                      f"{score:.2f}" if score is not None else "", words) if p)
         if label:
             _label(image, label, (int(box[0]), int(box[1])), color)
-    if "boxes" not in results and results.get("classes"):  # classification: the top classes, top left
-        top = zip(_class_names(results)[:3], results.get("scores") or [])
-        _label(image, ", ".join(f"{c}: {s:.2f}" for c, s in top), (4, 4), (255, 255, 255))
-    if "text" in results:  # a recognizer's line: what it read, top left
-        _label(image, f"{results['text'].strip()} ({results.get('score', 0):.2f})", (4, 4), (255, 255, 255))
+    _, top_scores, top_names = found.top()
+    if top_names:  # classification: the top classes, top left
+        _label(image, ", ".join(f"{c}: {s:.2f}" for c, s in zip(top_names[:3], top_scores)), (4, 4), (255, 255, 255))
+    if "text" in frame:  # a recognizer's line: what it read, top left
+        _label(image, f"{frame['text'].strip()} ({frame.get('score', 0):.2f})", (4, 4), (255, 255, 255))
     return image
 
 
@@ -133,23 +139,16 @@ def _draw_skeletons(image, keypoints, tracks, scale, thickness) -> None:
                 cv2.circle(image, (int(x), int(y)), radius, colour, -1, cv2.LINE_AA)
 
 
-def _secondary_words(results: dict, count: int) -> list[str]:
+def _secondary_words(secondary: dict, count: int) -> list[str]:
     """Per box, what the secondary models said of it: the text read, or the top class."""
     words = [[] for _ in range(count)]
-    for entries in (results.get("secondary") or {}).values():
+    for entries in secondary.values():
         for said, entry in zip(words, entries):
             if entry and entry.get("text", "").strip():
                 said.append(repr(entry["text"].strip()))
-            elif entry and entry.get("classes"):
-                said.append((_class_names(entry) or [""])[0])
+            elif entry and (named := as_detections(entry).top()[2]):  # a secondary classifier's best class
+                said.append(named[0])
     return [" ".join(w) for w in words]
-
-
-def _class_names(results: dict) -> list[str] | None:
-    """What a box or a classification is called on screen: its label where the bundle has names, else c<N>."""
-    if results.get("labels"):
-        return list(results["labels"])
-    return [f"c{c}" for c in results["classes"]] if results.get("classes") else None
 
 
 def _label(image, text, corner, color) -> None:
@@ -188,9 +187,9 @@ def _in_arrow(image, corners, thickness) -> None:
     _label(image, "in", tuple(int(v) for v in tip.round()), SCENE)
 
 
-def render(frame: np.ndarray, fmt: str, results: dict, width: int | None, scene=None) -> np.ndarray:
+def render(frame: np.ndarray, fmt: str, found: Detections, width: int | None, scene=None) -> np.ndarray:
     """A host frame with one record's results (and the events' scene, where given) drawn on it, BGR, `width`
     wide (None: the frame's size)."""
     source_hw = frame_size(frame, fmt)
-    image = draw(to_bgr(frame, fmt, output_size(source_hw, width)), results, source_hw)
+    image = draw(to_bgr(frame, fmt, output_size(source_hw, width)), found, source_hw)
     return draw_scene(image, scene, source_hw) if scene else image

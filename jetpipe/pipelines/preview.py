@@ -41,7 +41,7 @@ class Preview(FrameSink):
         return super().offer(stream, frame, record, to_host)  # a viewer's frame never waits
 
     def consume(self, stream: int, frame: np.ndarray, fmt: str, record) -> None:
-        image = annotate.render(frame, fmt, record.results, WIDTH, record.scene)
+        image = annotate.render(frame, fmt, record.detections, WIDTH, record.scene)
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 80])
         if ok:
             self.latest[stream] = jpeg.tobytes()

@@ -26,6 +26,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError, some
 from jetpipe.geometry import quad_region, quad_size
@@ -34,6 +36,7 @@ from jetpipe.runtime.api import Frame, check_priority
 from jetpipe.runtime.open import open_runtime
 from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import Task, for_bundle
+from jetpipe.tasks.detections import NO_TRACK, Detections, as_detections
 
 log = logging.getLogger(__name__)
 
@@ -151,35 +154,37 @@ class SecondaryStage:
                  self.name, task.name, self.runtime.backend_name, self.runtime.max_batch,
                  "GPU" if self.runtime.reduction else "CPU")
 
-    def chosen(self, result: dict) -> list[int]:
+    def chosen(self, found: Detections) -> list[int]:
         """Indices of the boxes it runs on: class, size, then the highest scores up to max_per_frame."""
-        boxes, scores = result.get("boxes") or [], result.get("scores") or []
-        classes, labels, quads = result.get("classes"), result.get("labels"), result.get("quads")
+        scores = found.confidence.tolist()
+        classes = None if found.class_id is None else found.class_id.tolist()
+        labels, quads = found.labelled(), found.data.get("quads")
         picked = []
-        for i, (x0, y0, x1, y1) in enumerate(boxes):
+        for i, (x0, y0, x1, y1) in enumerate(found.xyxy.tolist()):
             if self.classes and not ({classes[i] if classes else None, labels[i] if labels else None} & self.classes):
                 continue
-            if min(quad_size(quads[i]) if quads else (x1 - x0, y1 - y0)) < self.config.min_size:
+            if min(quad_size(_listed(quads[i])) if quads is not None else (x1 - x0, y1 - y0)) < self.config.min_size:
                 continue
             picked.append(i)
         picked.sort(key=lambda i: -(scores[i] if i < len(scores) else 0.0))
         return sorted(picked[:self.config.max_per_frame])
 
-    def run(self, results: list[dict], frames: list[Frame], streams: list[int] | None = None) -> None:
-        """Add results["secondary"][name] to each of a batch's results; `frames`: what the primary read;
+    def run(self, results: list[Detections], frames: list[Frame], streams: list[int] | None = None) -> None:
+        """Add secondary[name] to each of a batch's results (an entry a box); `frames`: what the primary read;
         `streams`: each result's stream (every_track keys its tracks by stream)."""
         jobs, fresh = [], []
-        for k, (result, frame) in enumerate(zip(results, frames)):
-            entries = [None] * len(result.get("boxes") or [])
-            result.setdefault("secondary", {})[self.name] = entries
+        for k, (found, frame) in enumerate(zip(results, frames)):
+            entries = [None] * len(found)
+            found.secondary[self.name] = entries
             height, width = frame.size()
-            quads = result.get("quads")
-            chosen = self.chosen(result)
-            if self.config.every_track and result.get("track_ids") is not None:
-                chosen = self._reuse(entries, chosen, result["track_ids"], streams[k] if streams else 0, fresh)
+            quads = found.data.get("quads")
+            chosen = self.chosen(found)
+            if self.config.every_track and found.tracker_id is not None:
+                ids = [None if t == NO_TRACK else t for t in found.tracker_id.tolist()]
+                chosen = self._reuse(entries, chosen, ids, streams[k] if streams else 0, fresh)
             for i in chosen:
-                quad = tuple(map(tuple, quads[i])) if quads else None
-                crop = quad_region(quad, height, width) if quad else _crop_of(result["boxes"][i], height, width)
+                quad = tuple(map(tuple, _listed(quads[i]))) if quads is not None else None
+                crop = quad_region(quad, height, width) if quad else _crop_of(found.xyxy[i].tolist(), height, width)
                 if crop is not None:
                     jobs.append((entries, i, replace(frame, crop=crop, quad=quad)))
         turned = self._turn_upside_down(jobs) if self.direction is not None else []
@@ -296,11 +301,20 @@ class _DirectionStage:
 
     def upside_down(self, frames: list[Frame]) -> list[int]:
         """Indices of the frames (crops) whose best class is "180" at a score of at least the threshold."""
-        return [index for index, row in _read(self.runtime, self.post, frames)
-                if row["classes"][0] == self.upside and row["scores"][0] >= self.threshold]
+        upside = []
+        for index, row in _read(self.runtime, self.post, frames):
+            classes, scores, _ = as_detections(row).top()
+            if classes[0] == self.upside and scores[0] >= self.threshold:
+                upside.append(index)
+        return upside
 
     def close(self) -> None:
         self.runtime.close()
+
+
+def _listed(value):
+    """A per-object value as lists (a task's array, or the list it wrote)."""
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def _read(runtime, post, crops: list[Frame], width: int | None = None) -> list[tuple[int, dict]]:

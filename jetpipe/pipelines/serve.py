@@ -174,10 +174,10 @@ def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-de
         now = time.monotonic()
         if now - shown[record.stream] >= 1.0:  # one line per stream per second
             shown[record.stream] = now
-            boxes = record.results["boxes"]
-            read = [e["text"].strip() for e in record.results["secondary"]["text"] if e and e["text"].strip()]
+            found = record.detections
+            read = [e["text"].strip() for e in found.secondary["text"] if e and e["text"].strip()]
             words = " ".join(repr(t) for t in read[:6])
-            print(f"stream {record.stream} frame {record.frame:>4}: {len(boxes)} text boxes, read "
+            print(f"stream {record.stream} frame {record.frame:>4}: {len(found)} text boxes, read "
                   f"{words}{' ...' if len(read) > 6 else ''}  ({record.latency_ms['total']:.0f} ms)")
 
     summary = run_pipeline(config, on_result=show)

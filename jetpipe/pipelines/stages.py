@@ -19,6 +19,7 @@ from jetpipe.pipelines.batcher import Packet
 from jetpipe.pipelines.chain_gate import ChainGate
 from jetpipe.pipelines.record import FrameRecord
 from jetpipe.pipelines.secondary import frames_read
+from jetpipe.tasks.detections import Detections, as_detections
 
 log = logging.getLogger(__name__)
 IDLE_S = 0.05  # the post thread with no batch this long flushes what the steps held back (events)
@@ -192,19 +193,20 @@ class Stages:
                 log.exception("the %s step failed", step.name)
 
     # --- the seams -------------------------------------------------------------------------------
-    def finish(self, result, packets: list[Packet]) -> list[dict]:
+    def finish(self, result, packets: list[Packet]) -> list[Detections]:
         """The primary's results of a collected batch (its task's finish, then each frame's steps)."""
         t_finish = time.perf_counter()
         used = [packets[i] for i in result.frame_indices]
         sizes = [p.frame.size() for p in used]
         finish = self.postprocess.reduced if result.reduction else self.postprocess
-        results = finish(result.outputs, result.letterboxes, sizes, pool=self.pool) if used else []
+        results = [as_detections(r) for r in finish(result.outputs, result.letterboxes, sizes, pool=self.pool)] \
+            if used else []
         for step in self.steps:  # a stream's frames reach this one thread in order
             step.run(used, results)
         self.post_phase_s["finish"] += time.perf_counter() - t_finish
         return results
 
-    def emit(self, result, packets: list[Packet], results: list[dict], t_batch: float, t_gpu: float,
+    def emit(self, result, packets: list[Packet], results: list[Detections], t_batch: float, t_gpu: float,
              phase: dict) -> None:
         """Records of a finished batch to the sinks (frames to those that draw them); its ring slots released."""
         t_records = time.perf_counter()

@@ -2,7 +2,7 @@
 
 The post stage calls every step of the list the daemon builds (`build_steps`) on the frames of each finished
 batch, one stream's frames in their order, in one thread. A step may add to the frames' results (the
-tracker's `track_ids`) or read what earlier steps added (the events read the tracks); it may decide the
+tracker's `tracker_id`) or read what earlier steps added (the events read the tracks); it may decide the
 batch at once (the events do: array operations over all its boxes). When a stream leaves its slot and another
 takes it, `reset(slot)` forgets the old stream's state (called from another thread).
 
@@ -19,13 +19,14 @@ import numpy as np
 
 from jetpipe.pipelines.events import EventStep
 from jetpipe.pipelines.tracking import Tracker
+from jetpipe.tasks.detections import NO_TRACK, Detections
 
 
 class FrameStep(Protocol):
     name: str
 
-    def run(self, packets: list, results: list[dict]) -> None:
-        """A finished batch's frames and their results, a stream's in their order."""
+    def run(self, packets: list, results: list[Detections]) -> None:
+        """A finished batch's frames and their results (arrays), a stream's in their order."""
 
     def reset(self, slot: int) -> None:
         """A new stream takes `slot`: what was kept of the last one goes."""
@@ -43,17 +44,12 @@ class TrackStep:
         """first_ids: the first track ID of each slot's stream (a restarted GPU worker's go on; else 1)."""
         self.kind = kind
         self.trackers = [Tracker(kind, next_id=n) for n in (first_ids or [1] * slots)]
-        # the last batch's boxes and scores as the tracker read them, (N, 4) and (N,) float64 a frame: the
-        # events step reads them rather than making them again from the results' lists
-        self.arrays: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def run(self, packets: list, results: list[dict]) -> None:
-        self.arrays = []
+    def run(self, packets: list, results: list[Detections]) -> None:
         for packet, found in zip(packets, results):
-            boxes = np.asarray(found["boxes"], np.float64).reshape(-1, 4)
-            scores = np.asarray(found["scores"], np.float64).reshape(-1)
-            self.arrays.append((boxes, scores))
-            found["track_ids"] = self.trackers[packet.stream].update(boxes, scores)
+            ids = self.trackers[packet.stream].update(found.xyxy.astype(np.float64),
+                                                      found.confidence.astype(np.float64))
+            found.tracker_id = np.array([NO_TRACK if i is None else i for i in ids], np.int64)
 
     def reset(self, slot: int) -> None:
         self.trackers[slot] = Tracker(self.kind)  # the new stream's tracks number from 1
@@ -69,14 +65,13 @@ def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None, s
     snapshots: a picture of each event's frame (snapshots.Snapshots); resume: a restarted GPU worker's
     streams.Resume (track IDs and counts go on from it)."""
     steps: list[FrameStep] = []
-    tracks = None
     if config.tracker != "none":
         first = {} if resume is None else resume.track_ids
         first_ids = [first.get(_slot_stream(stream_id, slot), 1) for slot in range(slots)]
-        steps.append(tracks := TrackStep(config.tracker, slots, first_ids))
+        steps.append(TrackStep(config.tracker, slots, first_ids))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
     if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
-        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, tracks, snapshots,
+        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, snapshots,
                                None if resume is None else resume.event_counts))
     return steps
 

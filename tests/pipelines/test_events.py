@@ -10,6 +10,7 @@ import pytest
 from jetpipe.pipelines.events.columns import TrackBatch
 from jetpipe.pipelines.events.engine import Engine, anchor_fractions, inside_polygon, polygon_edges
 from jetpipe.pipelines.events.rules import Line, RuleError, Zone, from_flag, from_table
+from jetpipe.tasks.detections import NO_TRACK, Detections
 
 HW = (1000, 1000)  # frames of 1000 x 1000 pixels: normalized 0.5 is pixel 500
 FPS = 10.0
@@ -27,12 +28,12 @@ def _engine(*rules, class_ids=None) -> Engine:
     return engine
 
 
-def _frame(stream: int, t: float, seen: list[tuple], hw=HW, arrays: bool = False) -> tuple:
+def _frame(stream: int, t: float, seen: list[tuple], hw=HW) -> tuple:
     """A frame as the events step hands it to the engine; seen: (track_id, box, score, class_id) rows."""
-    results = {"boxes": [list(s[1]) for s in seen], "scores": [s[2] for s in seen], "classes": [s[3] for s in seen],
-               "track_ids": [s[0] for s in seen]}
-    found = (np.array(results["boxes"], np.float64).reshape(-1, 4), np.array(results["scores"], np.float64))
-    return stream, t, hw, results, found if arrays else None
+    found = Detections(np.array([s[1] for s in seen], np.float64).reshape(-1, 4), [s[2] for s in seen],
+                       [s[3] for s in seen], layout=("boxes", "scores", "classes"),
+                       tracker_id=[NO_TRACK if s[0] is None else s[0] for s in seen])
+    return stream, t, hw, found
 
 
 def _seen(tracks: dict[int, list], k: int) -> list[tuple]:
@@ -199,7 +200,7 @@ def test_events_are_counted_for_prometheus_by_rule_what_and_class():
     for k, x in enumerate(_walk(100, 900, 30)):
         packet = Packet()
         packet.stream, packet.frame_no, packet.pts = 0, k, k / FPS
-        step.run([packet], [{"boxes": [_box(x)], "scores": [0.9], "classes": [1], "track_ids": [5]}])
+        step.run([packet], [Detections([_box(x)], [0.9], [1], layout=("boxes", "scores", "classes"), tracker_id=[5])])
     step.flush()
     assert [(r.type, r.stream, r.label, r.track_id) for r in delivered] == \
         [("zone_enter", 7, "car", 5), ("line_cross", 7, "car", 5), ("zone_exit", 7, "car", 5)]
@@ -236,7 +237,7 @@ def _scene(streams: int, frames: int) -> list[list[tuple]]:
                 x = x0 + (x1 - x0) * min(1.0, steps * speed)
                 box = (x * width - 20, y * height - 60, x * width + 20, y * height)
                 seen.append((track, box, 0.9 if track != 5 else 0.3, track % 2))
-            rows.append(_frame(stream, 100.0 * stream + k / FPS, seen, hw, arrays=True))
+            rows.append(_frame(stream, 100.0 * stream + k / FPS, seen, hw))
         scene.append(rows)
     return scene
 

@@ -58,14 +58,15 @@ def test_jsonl_and_mqtt_records_are_what_they_were_byte_for_byte(det_bundle_squa
 def test_a_record_serializes_once_and_gives_its_results_as_arrays():
     record = FrameRecord(stream=2, source="rtsp://cam/1", frame=7, pts=0.233333, t_capture=1.5, t_result=1.75,
                          latency_ms={"total": 250.0}, task="detection",
-                         results={"boxes": [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]], "scores": [0.9, 0.5],
-                                  "classes": [0, 3], "track_ids": [4, None]})
+                         detections={"boxes": [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]], "scores": [0.9, 0.5],
+                                     "classes": [0, 3], "track_ids": [4, None]})
     assert record.json() is record.json()
     assert json.loads(record.json()) == record.as_dict()
     assert list(record.as_dict()) == ["stream", "source", "frame", "pts", "t_capture", "t_result", "latency_ms",
                                       "task", "results"]
-    assert record.boxes().shape == (2, 4) and record.boxes().dtype == np.float32
-    assert record.scores().tolist() == pytest.approx([0.9, 0.5]) and record.classes().tolist() == [0, 3]
-    assert record.track_ids().tolist() == [4, -1]  # -1: no confirmed track
+    found = record.detections
+    assert found.xyxy.shape == (2, 4) and found.xyxy.dtype == np.float32
+    assert found.confidence.tolist() == pytest.approx([0.9, 0.5]) and found.class_ids.tolist() == [0, 3]
+    assert found.track_ids.tolist() == [4, -1]  # -1: no confirmed track
     empty = FrameRecord(0, "s", 0, None, 0.0, 0.0, {}, "classification", {"top": [[1, 0.5]]})
-    assert empty.boxes().shape == (0, 4) and empty.track_ids().shape == (0,)
+    assert empty.detections.xyxy.shape == (0, 4) and empty.detections.track_ids.shape == (0,)

@@ -13,6 +13,7 @@ from jetpipe.pipelines.secondary import SecondaryConfig, SecondaryStage
 from jetpipe.preprocess import preprocess_frame, preprocess_frame_fast
 from jetpipe.spec import preset
 from jetpipe.synth import render_text_image
+from jetpipe.tasks.detections import Detections
 
 OPENCV_MAJOR = int(__import__("cv2").__version__.split(".")[0])
 CROPS = [(101, 37, 331, 85), (0, 0, 64, 30), (1, 3, 640, 480), (333, 401, 334, 402)]
@@ -142,12 +143,13 @@ def test_boxes_are_chosen_by_class_size_and_score(rec_bundle):
     result = {"boxes": [[0, 0, 50, 20], [0, 0, 5, 40], [10, 10, 90, 40], [0, 0, 30, 30]],
               "scores": [0.5, 0.9, 0.8, 0.7], "classes": [0, 0, 1, 0], "labels": ["line", "line", "sign", "line"]}
     stage = _stage(rec_bundle, min_size=8, max_per_frame=2)
+    found = Detections.from_results(result)
     try:
-        assert stage.chosen(result) == [2, 3]  # box 1 is 5 wide; of 0, 2, 3 the two best scores
+        assert stage.chosen(found) == [2, 3]  # box 1 is 5 wide; of 0, 2, 3 the two best scores
         stage.classes = {"line"}
-        assert stage.chosen(result) == [0, 3]
+        assert stage.chosen(found) == [0, 3]
         stage.classes = {1}
-        assert stage.chosen(result) == [2]
+        assert stage.chosen(found) == [2]
     finally:
         stage.close()
 
@@ -189,9 +191,10 @@ def test_tilted_lines_are_read_along_their_quadrilaterals(det_bundle, rec_bundle
             result = post(found.outputs, found.letterboxes, [(720, 1280)])[0]
             assert any(abs(q[1][1] - q[0][1]) > 5 for q in result["quads"])  # tilted quads, not boxes
             for crops in read:
-                one = dict(result) if crops == "quads" else {k: v for k, v in result.items() if k != "quads"}
+                one = Detections.from_results(result if crops == "quads" else {k: v for k, v in result.items()
+                                                                             if k != "quads"})
                 stage.run([one], [frame])
-                texts = {e["text"].replace(" ", "") for e in one["secondary"][stage.name] if e}
+                texts = {e["text"].replace(" ", "") for e in one.secondary[stage.name] if e}
                 read[crops] += sum(word.replace(" ", "") in texts for word in image.words)
             total += len(image.words)
     finally:
@@ -203,9 +206,9 @@ def test_tilted_lines_are_read_along_their_quadrilaterals(det_bundle, rec_bundle
 def _words_read(stage, frames, results, images) -> tuple[int, int]:
     read = total = 0
     for frame, result, image in zip(frames, results, images):
-        one = dict(result)
+        one = Detections.from_results(result)
         stage.run([one], [frame])
-        said = set(" ".join(e["text"] for e in one["secondary"][stage.name] if e).split())
+        said = set(" ".join(e["text"] for e in one.secondary[stage.name] if e).split())
         truth = set(" ".join(image.words).split())
         read, total = read + len(truth & said), total + len(truth)
     return read, total
@@ -341,7 +344,7 @@ def test_upside_down_lines_are_turned_by_the_direction_classifier_before_they_ar
         turned = turning.summary()["crops_turned"]
         read_upright, upright_total = _words_read(turning, frames[4:], results[4:], upright)
         turned_upright = turning.summary()["crops_turned"] - turned
-        one = dict(results[0])
+        one = Detections.from_results(results[0])
         turning.run([one], [frames[0]])
     finally:
         plain.close()
@@ -349,7 +352,7 @@ def test_upside_down_lines_are_turned_by_the_direction_classifier_before_they_ar
     boxes = sum(len(r["boxes"]) for r in results[:4])
     assert read_turned >= 0.8 * total and read_plain <= 0.3 * total, (read_turned, read_plain, total)
     assert turned >= 0.8 * boxes and turned_upright <= 1, (turned, boxes, turned_upright)
-    assert any(e and e.get("angle") == 180 for e in one["secondary"][turning.name])
+    assert any(e and e.get("angle") == 180 for e in one.secondary[turning.name])
     assert read_upright >= 0.8 * upright_total
 
 

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from jetpipe.cli import main
+from jetpipe.tasks.detections import Detections
 
 pytestmark = pytest.mark.gpu
 
@@ -71,9 +72,9 @@ def test_long_lines_at_the_recognizers_widths_read_on_the_gpu_as_on_the_cpu(rec_
             assert stage.runtime.widths == (320, 640, 960)
             said = []
             for frame, result in zip(frames, results):
-                one = dict(result)
+                one = Detections.from_results(result)
                 stage.run([one], [frame])
-                said += [e["text"] if e else None for e in one["secondary"][stage.name]]
+                said += [e["text"] if e else None for e in one.secondary[stage.name]]
             texts[backend] = said
             if backend == "onnxruntime-cuda":
                 assert stage.summary()["postprocess"] == "gpu"
@@ -102,10 +103,10 @@ def test_upside_down_lines_are_turned_on_the_gpu_as_on_the_cpu(rec_bundle, detec
     for backend in ("onnxruntime-cpu", "onnxruntime-cuda"):
         stage = SecondaryStage(SecondaryConfig(rec_bundle, direction=cls), backend, "auto", (720, 1280), "auto")
         try:
-            copies = [dict(r) for r in results]
+            copies = [Detections.from_results(r) for r in results]
             stage.run(copies, frames)
             said[backend] = [(e["text"], e.get("angle")) if e else None for r in copies
-                             for e in r["secondary"][stage.name]]
+                             for e in r.secondary[stage.name]]
             turned = stage.summary()["crops_turned"]
         finally:
             stage.close()
@@ -138,9 +139,9 @@ def test_a_stage_at_priority_high_runs_on_the_highest_priority_stream_and_reads_
             texts[priority] = []
             for _ in range(3):  # batches in flight on both buffer sets: each waits for its own crops
                 for frame, result in zip(frames, results):
-                    one = dict(result)
+                    one = Detections.from_results(result)
                     stage.run([one], [frame])
-                    texts[priority] += [e["text"] if e else None for e in one["secondary"][stage.name]]
+                    texts[priority] += [e["text"] if e else None for e in one.secondary[stage.name]]
         finally:
             stage.close()
     assert texts["high"] == texts["normal"] and any(texts["high"])

@@ -12,11 +12,11 @@ runs ahead of the others), its second frame is in the batch's second *generation
 from __future__ import annotations
 
 import math
-from itertools import chain, repeat
+from itertools import repeat
 
 import numpy as np
 
-from jetpipe.pipelines.record import NO_TRACK
+from jetpipe.tasks.detections import NO_TRACK
 
 MAX_ROWS = 1 << 16   # tracks kept at once over all streams: beyond it the one seen longest ago goes
 FORGET_S = 60.0      # a track unseen this long (its stream's frame time) is forgotten, unless a zone holds it
@@ -28,28 +28,27 @@ class TrackBatch:
     in frame order; and each frame's stream, time and size."""
 
     def __init__(self, frames):
-        """frames: (stream, t, (height, width), results, arrays) of each frame, in the order they were finished;
-        arrays: its boxes and scores as (N, 4) and (N,) float64 (the tracker's), or None: from the results."""
+        """frames: (stream, t, (height, width), detections) of each frame, in the order they were finished."""
         self.streams = [f[0] for f in frames]
         self.times = [f[1] for f in frames]
         self.sizes = [f[2] for f in frames]
         self.generation_of = _generations(self.streams)
         self.generations = 1 + max(self.generation_of, default=-1)
-        ids, classes, counts = [], [], []
-        for frame in frames:
-            found = frame[3].get("track_ids") or ()
-            counts.append(len(found))
-            if found:
-                ids += found
-                classes += frame[3].get("classes") or repeat(0, len(found))
-        box, score = _boxes(frames, len(ids))
-        track = np.array(ids, np.float64)  # None (no track yet) is NaN
-        keep = ~np.isnan(track) & (track != NO_TRACK)
-        frame, class_id = np.repeat(np.arange(len(frames)), counts), np.array(classes, np.int64)
+        found = [f[3] for f in frames]
+        counts = [len(d) if d.tracker_id is not None else 0 for d in found]
+        tracked = [d for d, n in zip(found, counts) if n]
+        if tracked:
+            track = np.concatenate([d.tracker_id for d in tracked])
+            box = np.concatenate([d.xyxy for d in tracked]).astype(np.float64)
+            score = np.concatenate([d.confidence for d in tracked]).astype(np.float64)
+            class_id = np.concatenate([d.class_ids for d in tracked])
+        else:
+            track, box, score, class_id = np.zeros(0, np.int64), np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64)
+        frame = np.repeat(np.arange(len(frames)), counts)
+        keep = track != NO_TRACK  # a box without a confirmed track decides nothing
         if not keep.all():
             frame, track, box, score, class_id = frame[keep], track[keep], box[keep], score[keep], class_id[keep]
-        self.frame, self.track, self.box, self.score, self.class_id = frame, track.astype(np.int64), box, score, \
-            class_id
+        self.frame, self.track, self.box, self.score, self.class_id = frame, track, box, score, class_id
         self.stream = np.array(self.streams, np.int64)[frame]
         self.t = np.array(self.times, np.float64)[frame]
         # one frame size (most batches): the rules' geometry in scalars; several: per box
@@ -90,18 +89,6 @@ class TrackBatch:
 
     def frames_of(self, generation: int) -> list[int]:
         return [k for k, g in enumerate(self.generation_of) if g == generation]
-
-
-def _boxes(frames, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The frames' boxes (n, 4) and scores (n,) of the frames with tracks, joined: the tracker's arrays where
-    every frame has them, else from the results' lists."""
-    tracked = [f for f in frames if f[3].get("track_ids")]
-    if all(f[4] is not None for f in tracked):
-        if not tracked:
-            return np.zeros((0, 4)), np.zeros(0)
-        return np.concatenate([f[4][0] for f in tracked]), np.concatenate([f[4][1] for f in tracked])
-    box = np.fromiter(chain.from_iterable(chain.from_iterable(f[3]["boxes"] for f in tracked)), np.float64, 4 * n)
-    return box.reshape(n, 4), np.array(list(chain.from_iterable(f[3]["scores"] for f in tracked)), np.float64)
 
 
 def _generations(streams: list[int]) -> list[int]:

@@ -43,13 +43,12 @@ class _Frame:
 class EventStep:
     name = "events"
 
-    def __init__(self, rules: list, labels, stream_id, deliver, tracks=None, snapshots=None, counts=None):
+    def __init__(self, rules: list, labels, stream_id, deliver, snapshots=None, counts=None):
         """rules: Zone and Line; labels: the model's class names (rules name classes by them); stream_id(slot):
-        the ID of the stream in a slot now; deliver(record): to the sinks; tracks: the tracker's step, whose
-        arrays of the batch's boxes it reads (None: it makes them); snapshots: where each event and its frame go
+        the ID of the stream in a slot now; deliver(record): to the sinks; snapshots: where each event and its frame go
         (snapshots.Snapshots: the frames are decided in the batch they come in, while they are in their slots);
         counts: each rule's counts so far (a restarted GPU worker's go on from its predecessor's)."""
-        self.tracks, self.snapshots = tracks, snapshots
+        self.snapshots = snapshots
         self.labels = tuple(labels or ())
         self.engine = Engine()
         self.engine.rules = [self._engine(r) for r in rules]
@@ -124,17 +123,15 @@ class EventStep:
             return None
         return {c if isinstance(c, int) else self.labels.index(c) for c in rule.classes}
 
-    def run(self, packets: list, results: list[dict]) -> None:
+    def run(self, packets: list, results: list) -> None:
         """A finished batch's frames (packet.stream: the slot), a stream's in their order: gathered, and decided
         DECIDE_FRAMES at a time (or once the first has waited DECIDE_S): the rules' cost is mostly per decision,
         and a live pipeline's batches are a few frames."""
-        arrays = self.tracks.arrays if self.tracks is not None and len(self.tracks.arrays) == len(packets) else \
-            [None] * len(packets)
         keep = self.snapshots is not None
-        for packet, found, boxes in zip(packets, results, arrays):
+        for packet, found in zip(packets, results):
             stream = self._slot_ids[packet.stream] = self.stream_id(packet.stream)
             t = packet.pts if packet.pts is not None else packet.t_capture  # the frame's clock, never ours
-            self._waiting.append(((stream, t, packet.frame.size(), found, boxes), _Frame(packet, keep)))
+            self._waiting.append(((stream, t, packet.frame.size(), found), _Frame(packet, keep)))
         if self._waiting and (keep or len(self._waiting) >= DECIDE_FRAMES or self._left or
                               time.monotonic() - self._waiting[0][1].gathered >= DECIDE_S):
             self.flush()

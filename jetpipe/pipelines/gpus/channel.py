@@ -32,6 +32,7 @@ from jetpipe.pipelines.events.record import EventRecord
 from jetpipe.pipelines.record import FrameRecord
 from jetpipe.pipelines.sinks.base import SinkBase
 from jetpipe.pipelines.streams import Resume
+from jetpipe.tasks.detections import NO_TRACK
 
 LENGTH = struct.Struct("<Q")
 NONE = "-"
@@ -134,8 +135,8 @@ def _word(value: int | None) -> str:
 
 def highest_track(record: FrameRecord) -> int | None:
     """The highest track ID among a frame's results (None: no tracks)."""
-    ids = record.results.get("track_ids") if isinstance(record.results, dict) else None
-    return max((i for i in ids if i is not None), default=None) if ids else None
+    ids = record.detections.tracker_id
+    return int(ids.max()) if ids is not None and len(ids) and ids.max() != NO_TRACK else None
 
     def close(self) -> None:
         self.outbox.flush()

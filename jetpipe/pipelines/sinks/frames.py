@@ -221,7 +221,7 @@ class VideoSink(FrameSink):
         super().__init__(spec, max_batch, max_fps=self.fps)
 
     def consume(self, stream, frame, fmt, record) -> None:
-        image = annotate.render(frame, fmt, record.results, self.width, record.scene)
+        image = annotate.render(frame, fmt, record.detections, self.width, record.scene)
         t = record.pts if record.pts is not None else record.t_capture
         encoder = self.encoders.get(stream)
         if encoder is None and not self.fixed_rate and stream not in self._first:
@@ -346,7 +346,7 @@ class JpegSink(FrameSink):
         return record.frame % self.every == 0
 
     def consume(self, stream, frame, fmt, record) -> None:
-        image = annotate.render(frame, fmt, record.results, self.width, record.scene)
+        image = annotate.render(frame, fmt, record.detections, self.width, record.scene)
         path = self.folder / f"s{stream}_{record.frame:06d}.jpg"
         if self.jpeg is not None:
             data = self.jpeg.encode_image(image, self.quality)

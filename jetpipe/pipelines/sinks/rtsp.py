@@ -164,7 +164,7 @@ class RtspSink(FrameSink):
 
     def consume(self, stream, frame, fmt, record) -> None:
         if self.draw:
-            image = annotate.render(frame, fmt, record.results, self.width, record.scene)
+            image = annotate.render(frame, fmt, record.detections, self.width, record.scene)
         else:
             image = annotate.to_bgr(frame, fmt, annotate.output_size(frame_size(frame, fmt), self.width))
         self._write(_FRAME, stream, image.shape[1], image.shape[0], image.data)
