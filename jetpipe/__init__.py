@@ -10,4 +10,12 @@ from jetpipe.errors import BundleError, CalibrationError, EngineError, JetpipeEr
 from jetpipe.spec import PreprocessSpec
 
 __all__ = ["BundleError", "CalibrationError", "EngineError", "JetpipeError", "ModelError",
-           "PreprocessSpec", "__version__"]
+           "PreprocessSpec", "__version__", "iter_results"]
+
+
+def iter_results(config, waiting: int = 64):
+    """Run a pipeline (a PipelineConfig, or the path of a jetpipe.toml) and iterate its records in one's own
+    program: `for record in jetpipe.iter_results(config): ...` (jetpipe/pipelines/embed.py; docs/serve.md)."""
+    from jetpipe.pipelines.embed import iter_results as run
+
+    return run(config, waiting)

@@ -111,6 +111,8 @@ def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]],
     found = [0, 0]
 
     def count(record):
+        if record.type is not None:  # an event's record: no frame read
+            return
         texts = [e["text"] if e else None for e in record.detections.secondary["rec"]]
         hit, total = recall(words[record.frame % len(words)], texts)
         found[0], found[1] = found[0] + hit, found[1] + total

@@ -171,6 +171,8 @@ def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-de
     def show(record):
         import time
 
+        if record.type is not None:  # an event's, a clip's: the console shows frames
+            return
         now = time.monotonic()
         if now - shown[record.stream] >= 1.0:  # one line per stream per second
             shown[record.stream] = now

@@ -13,7 +13,6 @@ import queue
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from jetpipe.pipelines.record import FrameRecord
 from jetpipe.pipelines.sinks.base import Sink
 from jetpipe.pipelines.sinks.delivery import QueuedSink
 
@@ -24,7 +23,8 @@ QUEUE_RECORDS = 256  # records waiting for the writer; a full queue holds up the
 
 class SinkFanout:
     def __init__(self, sinks: list[Sink], on_record=None):
-        """on_record(record): called first for each record in the writer thread (the demo's console)."""
+        """on_record(record): called first for each record (frames', events', clips') in the writer thread (the
+        demo's console, a program's loop: pipelines/embed.py)."""
         self.sinks = list(sinks)
         self.frame_takers = [s for s in self.sinks if s.takes_frames]
         self.on_record = on_record
@@ -59,7 +59,7 @@ class SinkFanout:
             record = self.records.get()
             if record is None:
                 return
-            if self.on_record is not None and isinstance(record, FrameRecord):  # events: to the sinks only
+            if self.on_record is not None:
                 self.on_record(record)
             for sink in self.sinks:
                 try:
