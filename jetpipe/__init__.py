@@ -13,9 +13,12 @@ __all__ = ["BundleError", "CalibrationError", "EngineError", "JetpipeError", "Mo
            "PreprocessSpec", "__version__", "iter_results"]
 
 
-def iter_results(config, waiting: int = 64):
-    """Run a pipeline (a PipelineConfig, or the path of a jetpipe.toml) and iterate its records in one's own
-    program: `for record in jetpipe.iter_results(config): ...` (jetpipe/pipelines/embed.py; docs/serve.md)."""
-    from jetpipe.pipelines.embed import iter_results as run
+def __getattr__(name: str):
+    """jetpipe.iter_results, the embedded API (jetpipe/pipelines/service/embed.py; docs/serve.md), loaded when first
+    asked for: `import jetpipe` stays light (no OpenCV, no ONNX Runtime), and the package's root, like the CLI,
+    stands above every layer."""
+    if name == "iter_results":
+        from importlib import import_module
 
-    return run(config, waiting)
+        return import_module("jetpipe.pipelines.service.embed").iter_results
+    raise AttributeError(f"module 'jetpipe' has no attribute {name!r}")

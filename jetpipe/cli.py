@@ -38,11 +38,11 @@ from jetpipe.errors import JetpipeError
 from jetpipe.export import triton
 from jetpipe.models import BUILTIN, resolve
 from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
-from jetpipe.pipelines.events import rules
-from jetpipe.pipelines.secondary import SecondaryConfig
-from jetpipe.pipelines.serve import SummaryFile, demo, serve
-from jetpipe.pipelines.sources import DECODERS
-from jetpipe.pipelines.tracking import TRACKERS
+from jetpipe.pipelines.core.events import rules
+from jetpipe.pipelines.core.secondary import SecondaryConfig
+from jetpipe.pipelines.core.tracking import TRACKERS
+from jetpipe.pipelines.ingest.sources import DECODERS
+from jetpipe.pipelines.service.serve import SummaryFile, demo, serve
 from jetpipe.report import print_summary
 from jetpipe.runtime.cuda import MEMORY_MODES
 from jetpipe.runtime.open import BACKEND_HELP, check_backend

@@ -30,7 +30,7 @@ class FrameInfo:
 
 @dataclass(slots=True)
 class Packet:
-    """A compressed video packet as a demuxer gave it (what a clip is made of: pipelines/clips)."""
+    """A compressed video packet as a demuxer gave it (what a clip is made of: pipelines/outputs/clips)."""
     t: float          # its pts in seconds, the frames' clock
     data: bytes
     pts: int | None   # in the stream's time base

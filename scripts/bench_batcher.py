@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jetpipe.pipelines.batcher import Batcher, Packet  # noqa: E402
+from jetpipe.pipelines.ingest.batcher import Batcher, Packet  # noqa: E402
 
 
 def run(streams: int, frames: int, max_batch: int, depth: int) -> dict:

@@ -100,8 +100,8 @@ def read_cameras(label: str, video: Path, streams: int, seconds: float, keep: bo
 
     from jetpipe import uri as uris
     from jetpipe.frames import frame_shape
-    from jetpipe.pipelines.clips.ring import PacketRing
-    from jetpipe.pipelines.sources import FFmpegSource
+    from jetpipe.pipelines.ingest.packet_ring import PacketRing
+    from jetpipe.pipelines.ingest.sources import FFmpegSource
 
     cameras = Cameras(video, streams)
     sources = [FFmpegSource(uris.parse(url), realtime=True) for url in cameras.urls]
@@ -139,7 +139,7 @@ def read_nvdec(label: str, video: Path, streams: int, seconds: float, keep: bool
     import threading
 
     from jetpipe import uri as uris
-    from jetpipe.pipelines.clips.ring import PacketRing
+    from jetpipe.pipelines.ingest.packet_ring import PacketRing
     from jetpipe.runtime.cuda import CudaDevice
     from jetpipe.runtime.nvdec import import_nvdec, open_nvdec
     from jetpipe.runtime.ring import DeviceSlot

@@ -64,7 +64,7 @@ async def _gather(port, method, ask, requests):
 
 def run(args, crowd: bool) -> dict:
     from jetpipe.pipelines.config import ControlConfig, PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     port = _free_port()
     config = validate(PipelineConfig(bundle=Path(args.bundle), sources=[SourceConfig(args.camera)],

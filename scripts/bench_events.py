@@ -177,7 +177,7 @@ def servers() -> dict[str, tuple[Server, str]]:
 
 
 def feed(sink, server: Server, rate: float, seconds: float, outage: float) -> dict:
-    from jetpipe.pipelines.events.record import EventRecord
+    from jetpipe.pipelines.core.events.record import EventRecord
 
     n, longest, peak = int(rate * seconds), 0.0, 0
     start = time.perf_counter()
@@ -206,7 +206,7 @@ def feed(sink, server: Server, rate: float, seconds: float, outage: float) -> di
 
 
 def delivery(args) -> dict:
-    from jetpipe.pipelines.sinks import open_sink
+    from jetpipe.pipelines.outputs.sinks import open_sink
 
     results = {}
     for name, (server, uri) in servers().items():

@@ -114,7 +114,7 @@ def decode_child(args) -> None:
 def serve_child(args) -> None:
     """jetpipe's pipeline on N NVDEC streams, saturated; prints one JSON line."""
     from jetpipe.pipelines.config import ClipsConfig, PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     memory = MemorySampler(args.seconds)
     if float(args.switch_ms) > 0:
@@ -162,7 +162,7 @@ def serve_child(args) -> None:
 
 
 def thread_cpu_by_id() -> dict[int, float]:
-    from jetpipe.pipelines.decode_procs import thread_cpu_seconds
+    from jetpipe.pipelines.ingest.decode_procs import thread_cpu_seconds
 
     return {int(task): thread_cpu_seconds(int(task)) for task in os.listdir("/proc/self/task")}
 

@@ -105,8 +105,8 @@ def convert_bundles(folder: Path, precision: str, det_size: tuple[int, int], rec
 
 def run_jetpipe(args, det: Path, rec: Path, video: Path, words: list[list[str]], priority: str = "high") -> dict:
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
-    from jetpipe.pipelines.secondary import SecondaryConfig
+    from jetpipe.pipelines.core.secondary import SecondaryConfig
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     found = [0, 0]
 

@@ -57,7 +57,7 @@ sys.path[:0] = [str(root), str(root / "scripts")]
 from bench_runtime import bare_backend, make_bundles  # noqa: E402
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate  # noqa: E402
-from jetpipe.pipelines.daemon import Pipeline  # noqa: E402
+from jetpipe.pipelines.service.daemon import Pipeline  # noqa: E402
 
 BATCH = 8
 SATURATE_HELP = ("per-stream rate of the saturated runs (default 0: as fast as the pipeline takes frames, none "

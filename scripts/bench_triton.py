@@ -30,7 +30,7 @@ sys.path[:0] = [str(root)]
 
 def serve(bundle: Path, backend: str, args, folder: Path) -> dict:
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     width, height = args.size.split("x")
     config = validate(PipelineConfig(

@@ -54,8 +54,8 @@ def child(args) -> None:
     import time
 
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
-    from jetpipe.pipelines.sources import pyav
+    from jetpipe.pipelines.ingest.sources import pyav
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     decoder = args.decoder
     if decoder == "ffmpeg-pipe":  # files as network streams are decoded: by an ffmpeg process, through a pipe

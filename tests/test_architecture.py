@@ -138,7 +138,7 @@ MAX_CLASS_LINES, MAX_CLASS_METHODS, MAX_DAEMON_LINES = 300, 25, 450
 # a third-party object's private names, each with why: argparse offers no public way to list its subcommands;
 # os._exit is public (its name is the C library's), the worker's way out past the interpreter's shutdown
 THIRD_PARTY_PRIVATE = {("jetpipe.cli", "parser._actions"), ("jetpipe.cli", "argparse._SubParsersAction"),
-                       ("jetpipe.pipelines.gpus.worker", "os._exit")}
+                       ("jetpipe.pipelines.service.gpus.worker", "os._exit")}
 
 
 def test_no_class_of_the_pipelines_holds_a_whole_daemon():
@@ -153,7 +153,7 @@ def test_no_class_of_the_pipelines_holds_a_whole_daemon():
                 if lines > MAX_CLASS_LINES or methods > MAX_CLASS_METHODS:
                     big.append(f"{name}.{node.name}: {lines} lines, {methods} methods")
     assert big == []
-    daemon = PACKAGE / "pipelines" / "daemon.py"
+    daemon = PACKAGE / "pipelines" / "service" / "daemon.py"
     assert len(daemon.read_text().splitlines()) <= MAX_DAEMON_LINES
 
 
@@ -185,8 +185,8 @@ def _own(value: ast.AST) -> bool:
 
 
 # (module, attribute) probed where what is probed is not ours: PyAV's releases differ, os differs by platform
-FOREIGN_PROBES = {("jetpipe.pipelines.sources.pyav", "is_corrupt"), ("jetpipe.pipelines.daemon", "sched_getaffinity"),
-                  ("jetpipe.pipelines.daemon", "id")}
+FOREIGN_PROBES = {("jetpipe.pipelines.ingest.sources.pyav", "is_corrupt"),
+                  ("jetpipe.pipelines.service.daemon", "sched_getaffinity"), ("jetpipe.pipelines.service.daemon", "id")}
 
 
 def test_the_pipelines_ask_their_parts_through_declared_protocols_not_by_probing():
@@ -210,7 +210,7 @@ def test_the_pipelines_ask_their_parts_through_declared_protocols_not_by_probing
 RESULT_KEYS = {"boxes", "scores", "classes", "labels", "track_ids"}
 # modules of the pipelines that may read results by key: the sinks (JSON is made there), the configuration's
 # TOML tables (a [[secondary]]'s "classes" is no result)
-KEYED_READS_ALLOWED = ("jetpipe.pipelines.sinks", "jetpipe.pipelines.config")
+KEYED_READS_ALLOWED = ("jetpipe.pipelines.outputs.sinks", "jetpipe.pipelines.config")
 
 
 def test_the_pipelines_read_a_frames_results_as_arrays_not_by_key():
@@ -231,3 +231,30 @@ def test_the_pipelines_read_a_frames_results_as_arrays_not_by_key():
             if key in RESULT_KEYS:
                 reads.append(f"{name}:{node.lineno} {ast.unparse(node)}")
     assert reads == []
+
+
+# the rooms of the pipelines in the order a frame goes through them: a room imports its own and earlier rooms only
+ROOMS = ("ingest", "core", "outputs", "service")
+MAX_LOOSE = 10  # modules directly in pipelines/ (what every room shares: the configuration, the counters)
+
+
+def test_the_pipelines_rooms_follow_the_way_a_frame_goes():
+    """pipelines/ is grouped by stage, ingest -> core -> outputs -> service (issue 64): a room never imports a later
+    one, and few modules lie loose beside the rooms (26 did)."""
+    back = []
+    for name, imported in _graph().items():
+        room = _room(name)
+        if room is None:
+            continue
+        for target in imported:
+            other = _room(target)
+            if other is not None and ROOMS.index(other) > ROOMS.index(room):
+                back.append(f"{name} -> {target}")
+    assert back == []
+    loose = [p.name for p in (PACKAGE / "pipelines").glob("*.py") if p.name != "__init__.py"]
+    assert len(loose) <= MAX_LOOSE, loose
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["jetpipe", "pipelines"] and parts[2] in ROOMS else None

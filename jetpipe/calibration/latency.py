@@ -19,7 +19,7 @@ from jetpipe import bundle as bundles
 from jetpipe.calibration import reports
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape
-from jetpipe.pipelines.sources import SyntheticCamera
+from jetpipe.pipelines.ingest.sources import SyntheticCamera
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.open import open_runtime
 from jetpipe.runtime.probe import probe_gpu

@@ -15,13 +15,13 @@ from pathlib import Path
 from jetpipe import limits
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_DECODE_THREADS, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
-from jetpipe.pipelines.events import rules
-from jetpipe.pipelines.gpus import plan as gpu_plan
-from jetpipe.pipelines.secondary import SecondaryConfig
-from jetpipe.pipelines.sinks import HELP as SINKS_HELP
-from jetpipe.pipelines.sinks import check_sink
-from jetpipe.pipelines.sources import DECODERS
-from jetpipe.pipelines.tracking import TRACKERS
+from jetpipe.pipelines.core.events import rules
+from jetpipe.pipelines.core.secondary import SecondaryConfig
+from jetpipe.pipelines.core.tracking import TRACKERS
+from jetpipe.pipelines.ingest.sources import DECODERS
+from jetpipe.pipelines.outputs.sinks import HELP as SINKS_HELP
+from jetpipe.pipelines.outputs.sinks import check_sink
+from jetpipe.pipelines.service.gpus import plan as gpu_plan
 from jetpipe.runtime.cuda import MEMORY_MODES
 from jetpipe.runtime.jpeg import ENCODERS as JPEG_ENCODERS
 from jetpipe.runtime.open import BACKEND_HELP, BACKENDS, check_backend
@@ -60,7 +60,7 @@ class SourceConfig:
     uri: str
     loop: bool = False       # files: start again at the end
     realtime: bool = False   # files: pace at the file's frame rate (then dropped like a camera when behind)
-    decoder: str = "auto"    # auto | nvdec | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.sources)
+    decoder: str = "auto"    # auto | nvdec | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.ingest.sources)
     hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, qsv, ...); "" = software
     gpu: int | None = None   # with --gpus: the GPU that serves it (None: placed by load)
 
@@ -82,7 +82,7 @@ EVENT_TYPES = ("line_cross", "zone_enter", "zone_exit", "loiter", "occupancy")
 
 @dataclass
 class ClipsConfig:
-    """Clips around events (pipelines/clips/): each stream's compressed packets kept, cut into MP4 files
+    """Clips around events (pipelines/outputs/clips/): each stream's compressed packets kept, cut into MP4 files
     without decoding or encoding."""
 
     folder: str = ""              # where the clips go ("": no clips)
@@ -96,7 +96,7 @@ class ClipsConfig:
 
 @dataclass
 class SnapshotsConfig:
-    """A JPEG of the frame of each event (pipelines/snapshots.py), encoded on the GPU where it can be."""
+    """A JPEG of the frame of each event (pipelines/outputs/snapshots.py), encoded on the GPU where it can be."""
 
     folder: str = ""              # where the pictures go ("": none)
     on: list[str] = field(default_factory=lambda: ["line_cross", "zone_enter", "loiter", "occupancy"])
@@ -154,7 +154,7 @@ class PipelineConfig:
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     zones: list = field(default_factory=list)   # events.Zone: [[zone]] tables, --zone
     lines: list = field(default_factory=list)   # events.Line: [[line]] tables, --line
-    gpus: list[int] | str | None = None  # "all" or GPU numbers: a worker per GPU (pipelines/gpus); None: one
+    gpus: list[int] | str | None = None  # "all" or GPU numbers: a worker per GPU (pipelines/service/gpus); None: one
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),

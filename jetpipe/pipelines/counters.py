@@ -204,3 +204,10 @@ class Metrics:
                 yield GaugeMetricFamily(name, name.replace("_", " "), value=value)
         for families in self.families:
             yield from families()
+
+
+def live_counts(stream, metrics, batcher) -> dict:
+    """The counters of a stream in its slot now."""
+    with metrics.lock:
+        counts = {name: getattr(metrics, name)[stream.slot] for name in COUNTERS}
+    return {**counts, "dropped": batcher.dropped[stream.slot], "decode_errors": stream.source.decode_errors}

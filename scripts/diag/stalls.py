@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate  # noqa: E402
-from jetpipe.pipelines.daemon import Pipeline  # noqa: E402
+from jetpipe.pipelines.service.daemon import Pipeline  # noqa: E402
 
 SAMPLED = ("gpu", "post", "sinks")
 

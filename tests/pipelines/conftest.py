@@ -232,7 +232,7 @@ def write_panning_video(path: Path, fps: float) -> SimpleNamespace:
     import cv2
     import numpy as np
 
-    from jetpipe.pipelines.sources import SyntheticCamera
+    from jetpipe.pipelines.ingest.sources import SyntheticCamera
 
     camera = SyntheticCamera(W, H, FPS_VIDEO, "bgr", seed=5)
     camera.open()

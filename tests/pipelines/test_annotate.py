@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from jetpipe.pipelines.annotate import draw
+from jetpipe.pipelines.outputs.annotate import draw
 
 
 def _drawn(results) -> np.ndarray:
@@ -29,7 +29,7 @@ def test_a_recognizers_text_is_written_top_left():
 
 
 def test_zones_and_lines_are_drawn_with_their_counts_and_the_in_side():
-    from jetpipe.pipelines.annotate import draw_scene
+    from jetpipe.pipelines.outputs.annotate import draw_scene
 
     image = np.zeros((400, 400, 3), np.uint8)
     scene = [("line", [(400.0, 0.0), (400.0, 800.0)], "door: in 2, out 3"),  # source pixels, drawn top to bottom

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from jetpipe.pipelines.batcher import Batcher, Packet
+from jetpipe.pipelines.ingest.batcher import Batcher, Packet
 
 
 def _packet(stream, n, released):
@@ -65,7 +65,7 @@ def test_a_frame_that_queued_while_the_gpu_was_busy_does_not_wait_again():
 
 
 def test_the_cut_keeps_the_oldest_frame_within_its_budget_on_a_simulated_clock():
-    from jetpipe.pipelines.batcher import cut_deadline
+    from jetpipe.pipelines.ingest.batcher import cut_deadline
 
     engine = {1: 0.008, 2: 0.010, 3: 0.012, 4: 0.014}.__getitem__  # seconds per batch size
     # a full batch is never held
@@ -87,7 +87,7 @@ def test_a_batch_is_no_larger_than_the_budget_allows_by_the_engines_measured_tim
     (a frame may wait for the batch ahead, then run in its own): 8 queued frames go in batches of 2 (0.35 s),
     each cut at once as a full one; once batches of 2 are measured at 0.2 s, of 5. Without a budget, or where
     the largest batch fits it (a GPU: 8 ms against 66), batches stay whole."""
-    from jetpipe.pipelines.batcher import budget_batch
+    from jetpipe.pipelines.ingest.batcher import budget_batch
 
     b = Batcher(streams=1, max_batch=8, timeout_s=60.0, depth=16, budget_s=1.0)
     b.record_batch(8, 1.4)
@@ -237,7 +237,7 @@ def test_without_a_budget_nothing_is_shed_for_its_age():
 
 def test_the_daemon_learns_its_engine_times_under_a_budget(det_bundle):
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig("synthetic://320x240@10/nv12")],
                                      frames=12, metrics_listen="", backend="onnxruntime-cpu", latency_budget_ms=500))
@@ -262,7 +262,7 @@ def test_the_cpu_runtime_times_its_batches_before_serving(det_bundle, caplog):
     """The daemon plans a budget from the model's time measured at start-up, and says at once when one frame's
     run takes more than half of it."""
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
     from jetpipe.runtime.cpu_runtime import CpuRuntime
 
     with CpuRuntime(det_bundle, max_batch=4) as runtime:

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from jetpipe.pipelines.batcher import Batcher, Packet
-from jetpipe.pipelines.capture import ROOM, CaptureGroup
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.sources import SyntheticCamera
+from jetpipe.pipelines.ingest.batcher import Batcher, Packet
+from jetpipe.pipelines.ingest.capture import ROOM, CaptureGroup
+from jetpipe.pipelines.ingest.sources import SyntheticCamera
+from jetpipe.pipelines.service.daemon import Pipeline
 
 WAIT_S = 60  # a loaded 2-core machine: conditions are waited for, never a fixed window
 
@@ -143,8 +143,8 @@ def test_a_source_still_in_a_read_is_not_closed_under_it():
     """At close, a source whose capture thread was left behind in a read stays open (FFmpeg aborted the process
     when its decoder was closed under a decode); the others close."""
     from jetpipe.pipelines.config import SourceConfig
-    from jetpipe.pipelines.ingest import Ingest
-    from jetpipe.pipelines.streams import Streams
+    from jetpipe.pipelines.ingest.intake import Ingest
+    from jetpipe.pipelines.ingest.streams import Streams
 
     class Source:
         def __init__(self, uri):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jetpipe.pipelines.clips.cut import open_template, write_clip
-from jetpipe.pipelines.clips.ring import Packet, PacketRing
+from jetpipe.pipelines.ingest.packet_ring import Packet, PacketRing
+from jetpipe.pipelines.outputs.clips.cut import open_template, write_clip
 
 needs_ffmpeg = pytest.mark.skipif(not (shutil.which("ffmpeg") and shutil.which("ffprobe")),
                                   reason="ffmpeg and ffprobe are not on PATH (apt-get install ffmpeg)")
@@ -129,7 +129,7 @@ def test_a_network_stream_an_ffmpeg_process_decodes_keeps_its_own_packets_for_cl
 
     from jetpipe import uri as uris
     from jetpipe.frames import frame_shape
-    from jetpipe.pipelines.sources import FFmpegSource, SourceError
+    from jetpipe.pipelines.ingest.sources import FFmpegSource, SourceError
     from tests.stream_server import StreamServer
 
     ts = tmp_path / "camera.ts"
@@ -310,7 +310,7 @@ def test_the_folder_keeps_its_size_and_only_clips_go(tmp_path):
     import time
     from types import SimpleNamespace
 
-    from jetpipe.pipelines.clips.writer import Clips
+    from jetpipe.pipelines.outputs.clips.writer import Clips
 
     config = SimpleNamespace(folder=str(tmp_path), before_s=1.0, after_s=1.0, on=["line_cross"], ring_mb=8.0,
                              max_total_mb=0.25, max_age_h=0.0)
@@ -333,7 +333,7 @@ def test_the_folder_keeps_its_size_and_only_clips_go(tmp_path):
 def test_requests_that_overlap_make_one_clip_up_to_a_minute(tmp_path):
     from types import SimpleNamespace
 
-    from jetpipe.pipelines.clips.writer import MAX_MERGED_S, Clips
+    from jetpipe.pipelines.outputs.clips.writer import MAX_MERGED_S, Clips
 
     config = SimpleNamespace(folder=str(tmp_path), before_s=5.0, after_s=5.0, on=["line_cross"], ring_mb=8.0,
                              max_total_mb=100.0, max_age_h=0.0)
@@ -364,8 +364,8 @@ def test_a_looped_streams_waiting_clip_is_cut_from_the_pass_that_ended_by_the_cl
 
     import av
 
-    from jetpipe.pipelines.clips import writer
-    from jetpipe.pipelines.clips.writer import Clips
+    from jetpipe.pipelines.outputs.clips import writer
+    from jetpipe.pipelines.outputs.clips.writer import Clips
 
     video = _video(tmp_path / "in.mp4", "h264")
     if form == "annexb":
@@ -419,8 +419,8 @@ def test_a_jetsons_gstreamer_pipeline_keeps_its_packets_for_clips(tmp_path, monk
 
     from jetpipe import uri as uris
     from jetpipe.frames import frame_shape
-    from jetpipe.pipelines.sources import EndOfStream, gstreamer
-    from jetpipe.pipelines.sources.ffmpeg import probe
+    from jetpipe.pipelines.ingest.sources import EndOfStream, gstreamer
+    from jetpipe.pipelines.ingest.sources.ffmpeg import probe
 
     for element in ("openh264dec", "mpegtsmux", "h264parse", "parsebin"):
         if subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode != 0:
@@ -460,8 +460,8 @@ def test_a_decode_processs_packets_reach_the_serving_processs_ring_and_cut_to_th
     from types import SimpleNamespace
 
     from jetpipe import uri as uris
-    from jetpipe.pipelines.clips.writer import Clips
-    from jetpipe.pipelines.decode_procs import RemoteNvdecSource, _Remote, keep_packets
+    from jetpipe.pipelines.ingest.decode_procs import RemoteNvdecSource, _Remote, keep_packets
+    from jetpipe.pipelines.outputs.clips.writer import Clips
     from jetpipe.runtime.nvdec_procs import RECORD, TAG_FRAMES, TAG_PACKETS, PacketBatch, read_round, round_message
     from jetpipe.video import FrameInfo
 
@@ -501,6 +501,6 @@ def test_a_decode_processs_packets_reach_the_serving_processs_ring_and_cut_to_th
 
 def test_each_codec_a_clip_is_cut_from_has_a_gstreamer_parser():
     """The packet tap takes H.264 and HEVC (Annex B); a Jetson's GStreamer tap and the encoders parse each."""
-    from jetpipe.pipelines.sources import gstreamer, packet_tap
+    from jetpipe.pipelines.ingest.sources import gstreamer, packet_tap
 
     assert set(gstreamer.PARSERS) == set(packet_tap.ANNEXB_CODECS)

@@ -56,7 +56,7 @@ def test_queue_depth_and_ring_memory_are_bounded_before_anything_is_allocated(tm
     """queue_depth = 100000000 took 19 GB and then the OOM killer; now a bound, and the rings' memory is
     checked against what the machine has before any ring is allocated."""
     from jetpipe.cli import main
-    from jetpipe.pipelines import rings
+    from jetpipe.pipelines.ingest import rings
     from tests.helpers import residual_cnn, save
 
     model = save(residual_cnn(batch=1), tmp_path / "m.onnx")
@@ -104,7 +104,7 @@ def test_toml_mistakes_are_named_for_what_they_are(tmp_path):
 
 
 def test_decode_threads_are_read_and_size_each_decode_process():
-    from jetpipe.pipelines.decode_procs import decoding_threads
+    from jetpipe.pipelines.ingest.decode_procs import decoding_threads
 
     assert decoding_threads(64, 1) == 4 and decoding_threads(6, 2) == 3   # default: a thread a stream, 4 at most
     assert decoding_threads(64, 1, asked=8) == 8 and decoding_threads(3, 1, asked=8) == 8
@@ -147,7 +147,7 @@ def test_pipeline_values_beyond_any_meaning_are_refused(key, value):
 ])
 def test_sink_values_beyond_any_meaning_are_refused(uri, said, tmp_path):
     from jetpipe.errors import JetpipeError
-    from jetpipe.pipelines.sinks import open_sink
+    from jetpipe.pipelines.outputs.sinks import open_sink
 
     with pytest.raises(JetpipeError, match=re.escape(said)):
         open_sink(uri.format(d=tmp_path)).close()

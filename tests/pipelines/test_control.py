@@ -15,7 +15,7 @@ import av
 import pytest
 
 from jetpipe.pipelines.config import ClipsConfig, ConfigError, ControlConfig, PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.daemon import Pipeline
+from jetpipe.pipelines.service.daemon import Pipeline
 from tests.support import free_port, wait_for
 
 CAMERA = "synthetic://320x240@3/nv12"  # slow enough that the 2-core machine keeps up with four of them
@@ -227,7 +227,7 @@ def _frames_in(path) -> int:
 def test_the_preview_page_follows_streams_as_they_come_and_go(serving, monkeypatch):
     """In a real headless browser: the page opened with stream 0; while it is open, stream 0 is removed and
     stream 1 added (at its first counters request); without a reload its figures follow."""
-    from jetpipe.pipelines import preview
+    from jetpipe.pipelines.outputs import preview
 
     daemon = serving([CAMERA], max_streams=2)
     changed, stats_json = [], preview.stats_json
@@ -270,7 +270,7 @@ def test_adding_streams_allocates_no_gpu_memory(serving):
 def test_a_spare_slots_rings_take_a_stream_of_their_size_in_either_memory():
     """A stream added later goes to a spare slot's ring that holds its frames: a device ring (NVDEC's YUV, 2 bytes
     a pixel) made for max_frame_hw takes a stream that size (asked in bytes of a BGR frame, it was refused)."""
-    from jetpipe.pipelines.streams import Streams
+    from jetpipe.pipelines.ingest.streams import Streams
     from jetpipe.runtime.ring import FrameRing, slot_bytes
 
     def ring(hw, device):
@@ -377,7 +377,7 @@ def test_a_web_page_in_the_users_browser_cannot_reach_the_control_api(serving):
 def test_slow_and_vanishing_clients_hold_nothing_and_leave_no_traceback(serving, monkeypatch, capfd):
     import struct
 
-    from jetpipe.pipelines.http import server
+    from jetpipe.pipelines.service.http import server
 
     monkeypatch.setattr(server, "REQUEST_TIMEOUT_S", 1.0)
     daemon = serving([CAMERA], max_streams=2)
@@ -400,7 +400,7 @@ def test_slow_and_vanishing_clients_hold_nothing_and_leave_no_traceback(serving,
 def test_clients_trickling_their_headers_cannot_hold_the_few_handlers(serving, monkeypatch):
     """More slow clients than the server has handlers, each sending a header byte every 0.3 s (within the socket's
     timeout every time): each is cut when its request's time is up, and a caller after them is answered."""
-    from jetpipe.pipelines.http import server
+    from jetpipe.pipelines.service.http import server
 
     monkeypatch.setattr(server, "REQUEST_TIMEOUT_S", 1.0)
     daemon = serving([CAMERA])
@@ -514,7 +514,7 @@ def test_a_rule_named_beyond_ascii_is_found_by_its_percent_encoded_path(serving)
 
 
 def test_the_rules_a_stream_takes_are_capped(serving):
-    from jetpipe.pipelines.events.rules import MAX_RULES_PER_STREAM
+    from jetpipe.pipelines.core.events.rules import MAX_RULES_PER_STREAM
 
     daemon = serving([], tracker="bytetrack")
     for n in range(MAX_RULES_PER_STREAM):
@@ -527,10 +527,10 @@ def test_the_rules_a_stream_takes_are_capped(serving):
 
 
 def test_a_clip_of_a_stream_without_packets_yet_is_409_not_infinity():
-    from jetpipe.pipelines.clips.ring import PacketRing
-    from jetpipe.pipelines.clips.writer import Clips
     from jetpipe.pipelines.config import ClipsConfig
-    from jetpipe.pipelines.streams import ControlError
+    from jetpipe.pipelines.ingest.packet_ring import PacketRing
+    from jetpipe.pipelines.ingest.streams import ControlError
+    from jetpipe.pipelines.outputs.clips.writer import Clips
 
     clips = Clips(ClipsConfig(folder="unused"), lambda record: None)
     try:

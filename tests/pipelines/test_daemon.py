@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.sources import SourceError, SyntheticCamera
+from jetpipe.pipelines.ingest.sources import SourceError, SyntheticCamera
+from jetpipe.pipelines.service.daemon import Pipeline
 from tests.support import free_port
 
 
@@ -132,7 +132,7 @@ def test_metrics_and_health_endpoints(det_bundle):
     """/metrics with every family a run may have (the events' and a broker sink's among them) parses, and passes
     `promtool check metrics` where Prometheus' promtool is installed (it failed: a gauge with the summaries'
     `quantile` label, `_ms` in a name)."""
-    from jetpipe.pipelines.events.rules import Line
+    from jetpipe.pipelines.core.events.rules import Line
 
     port = free_port()
     config = _config(det_bundle, ["synthetic:320x240@20:nv12"], duration=30.0, metrics_listen=f"127.0.0.1:{port}",
@@ -469,7 +469,7 @@ def test_a_stops_drain_is_bounded_by_stop_timeout_s(det_bundle, panning_video):
 def test_the_drains_bound_drops_nothing_when_the_run_ends_in_time():
     from types import SimpleNamespace
 
-    from jetpipe.pipelines.drain import DrainBound
+    from jetpipe.pipelines.core.drain import DrainBound
 
     calls = []
     batcher = SimpleNamespace(abort=lambda: calls.append("abort") or 3)

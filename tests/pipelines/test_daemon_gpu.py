@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.sources import SyntheticCamera
+from jetpipe.pipelines.ingest.sources import SyntheticCamera
+from jetpipe.pipelines.service.daemon import Pipeline
 from tests.pipelines.test_daemon import _config, _iou, _lines
 
 pytestmark = pytest.mark.gpu

@@ -5,7 +5,7 @@ import pytest
 
 from jetpipe.cli import _serve_config, build_parser
 from jetpipe.pipelines.config import ConfigError, PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.decode_choice import MIN_FILES, SERVING_DECODE_FPS, SERVING_DECODE_FPS_CLIPS, choose
+from jetpipe.pipelines.ingest.decode_choice import MIN_FILES, SERVING_DECODE_FPS, SERVING_DECODE_FPS_CLIPS, choose
 
 LIGHT_FPS = 11_000.0  # a YOLOv8n at 320 at batch 32 on an H100, about
 HEAVY_FPS = 950.0     # PP-OCRv4 det at 1080p

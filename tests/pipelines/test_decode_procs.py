@@ -7,11 +7,11 @@ from multiprocessing.connection import wait as wait_for_any
 from pathlib import Path
 from types import SimpleNamespace
 
-from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import SourceConfig
-from jetpipe.pipelines.decode_procs import LIVE_CREDITS, RemoteNvdecSource, _Remote, _Waker
-from jetpipe.pipelines.decoded_elsewhere import DecodedElsewhere
-from jetpipe.pipelines.streams import Stream
+from jetpipe.pipelines.ingest.batcher import Batcher, Packet
+from jetpipe.pipelines.ingest.decode_procs import LIVE_CREDITS, RemoteNvdecSource, _Remote, _Waker
+from jetpipe.pipelines.ingest.decoded_elsewhere import DecodedElsewhere
+from jetpipe.pipelines.ingest.streams import Stream
 from jetpipe.uri import parse
 from jetpipe.video import FrameInfo
 
@@ -74,7 +74,7 @@ def test_a_link_threads_cpu_time_is_read_from_another_thread():
 
     import pytest
 
-    from jetpipe.pipelines.decode_procs import thread_cpu_seconds
+    from jetpipe.pipelines.ingest.decode_procs import thread_cpu_seconds
 
     if not sys.platform.startswith("linux"):
         pytest.skip("a thread's CPU time is read from /proc")

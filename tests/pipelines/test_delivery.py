@@ -11,8 +11,8 @@ import time
 import pytest
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.events.record import EventRecord
-from jetpipe.pipelines.sinks import KafkaSink, RedisSink, WebhookSink, check_sink
+from jetpipe.pipelines.core.events.record import EventRecord
+from jetpipe.pipelines.outputs.sinks import KafkaSink, RedisSink, WebhookSink, check_sink
 from tests.support import wait_for
 
 
@@ -120,7 +120,7 @@ def test_what_the_queue_cannot_hold_and_what_is_left_at_stop_is_lost_and_counted
 
 
 def test_broker_sinks_send_events_only_unless_asked_for_all_records(redis_server):
-    from jetpipe.pipelines.record import FrameRecord
+    from jetpipe.pipelines.core.record import FrameRecord
 
     frame = FrameRecord(0, "synthetic", 1, 0.1, 1.0, 1.1, {}, "detect", {"boxes": []})
     events_only = RedisSink(f"redis://127.0.0.1:{redis_server.port}/0?stream=e")

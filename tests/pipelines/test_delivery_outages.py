@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jetpipe.pipelines.sinks import KafkaSink, MqttSink, RedisSink
+from jetpipe.pipelines.outputs.sinks import KafkaSink, MqttSink, RedisSink
 from tests.pipelines.conftest import kafka_process, mosquitto_server, redis_process
 from tests.pipelines.test_delivery import _consume, _event, _redis_ids
 from tests.support import wait_for

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from jetpipe.pipelines.events.columns import TrackBatch
-from jetpipe.pipelines.events.engine import Engine, anchor_fractions, inside_polygon, polygon_edges
-from jetpipe.pipelines.events.rules import Line, RuleError, Zone, from_flag, from_table
+from jetpipe.pipelines.core.events.columns import TrackBatch
+from jetpipe.pipelines.core.events.engine import Engine, anchor_fractions, inside_polygon, polygon_edges
+from jetpipe.pipelines.core.events.rules import Line, RuleError, Zone, from_flag, from_table
 from jetpipe.tasks.detections import NO_TRACK, Detections
 
 HW = (1000, 1000)  # frames of 1000 x 1000 pixels: normalized 0.5 is pixel 500
@@ -184,7 +184,7 @@ def test_occupancy_events_hold_for_their_time_and_do_not_flicker():
 def test_events_are_counted_for_prometheus_by_rule_what_and_class():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from jetpipe.pipelines.events import EventStep
+    from jetpipe.pipelines.core.events import EventStep
 
     delivered = []
     step = EventStep([DOOR, WAITING], ("person", "car"), lambda slot: 7, delivered.append)
@@ -280,7 +280,7 @@ def test_a_batch_decided_at_once_gives_the_events_of_its_frames_one_by_one():
 def test_the_tracks_kept_are_bounded(monkeypatch):
     """A track unseen for FORGET_S of its stream's time goes (unless a zone holds its visit); past MAX_ROWS the
     one seen longest ago goes; a stream that leaves takes its tracks with it. A row given anew starts clean."""
-    from jetpipe.pipelines.events import columns
+    from jetpipe.pipelines.core.events import columns
 
     engine = _engine(DOOR, Zone("all", [[0, 0], [1, 0], [1, 1], [0, 1]], exit_grace_s=1e4))
     table = engine.table

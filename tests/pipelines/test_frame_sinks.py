@@ -15,8 +15,8 @@ import pytest
 
 from jetpipe.cli import main
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.sinks import encoders
-from jetpipe.pipelines.sources import SyntheticCamera
+from jetpipe.pipelines.ingest.sources import SyntheticCamera
+from jetpipe.pipelines.outputs.sinks import encoders
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None,
                                 reason="ffmpeg/ffprobe not installed (apt install ffmpeg)")
@@ -258,7 +258,7 @@ def test_an_encoder_that_dies_at_the_end_is_counted_in_the_summary(tiny_bundle, 
     """The summary comes after the sinks have finished: an encoder killed at the last result (its file left
     unfinished) is a sink failure, not a log line after a summary that says 0."""
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     clip = _text_clip(tmp_path / "in.mp4", frames=12)
     config = validate(PipelineConfig(bundle=tiny_bundle, sources=[SourceConfig(str(clip), decoder="ffmpeg")],

@@ -1,4 +1,4 @@
-"""Serving on several GPUs (pipelines/gpus): the placement, the checks, and the face over real worker processes.
+"""Serving on several GPUs (pipelines/service/gpus): the placement, the checks, and the face over real worker processes.
 
 On this machine the workers run the CPU runtime and stand for GPUs (JETPIPE_SIMULATED_GPUS); the GPU
 machine runs the same face over real GPUs in test_gpus_gpu.py.
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from jetpipe.pipelines.config import ConfigError, PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.gpus import plan, scrape
-from jetpipe.pipelines.gpus.plan import SIMULATED_ENV
-from jetpipe.pipelines.summary import PER_STREAM
+from jetpipe.pipelines.service.gpus import plan, scrape
+from jetpipe.pipelines.service.gpus.plan import SIMULATED_ENV
+from jetpipe.pipelines.service.summary import PER_STREAM
 from tests.support import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -288,8 +288,8 @@ def _call(address: str, method: str, path: str, body=None, token: str | None = N
 
 def test_each_sinks_counts_are_its_own_when_a_restarted_worker_draws_fewer_sinks():
     """A restarted worker has no jpeg: sink: its video sink's count is still the video sink's."""
-    from jetpipe.pipelines.gpus.totals import Outcome, merge
     from jetpipe.pipelines.quantiles import RunHistogram
+    from jetpipe.pipelines.service.gpus.totals import Outcome, merge
 
     class FaceSinks:
         def failures(self):
@@ -401,9 +401,9 @@ def _worker_pid(face_pid: int, gpu: int) -> int:
 
 
 def test_a_frames_record_goes_alone_as_its_latency_where_the_face_has_no_sink_for_it(tmp_path):
-    from jetpipe.pipelines.events.record import EventRecord
-    from jetpipe.pipelines.gpus import channel
-    from jetpipe.pipelines.record import FrameRecord
+    from jetpipe.pipelines.core.events.record import EventRecord
+    from jetpipe.pipelines.core.record import FrameRecord
+    from jetpipe.pipelines.service.gpus import channel
 
     frame = FrameRecord(3, "synthetic", 7, 0.25, 1.0, 1.1, {"total": 12.5}, "text-detection",
                         {"boxes": [[0, 0, 1, 1]] * 3, "track_ids": [4, None, 9]})
@@ -425,7 +425,7 @@ def test_a_frames_record_goes_alone_as_its_latency_where_the_face_has_no_sink_fo
 
 def test_a_restarted_workers_camera_numbers_on_and_its_file_skips_what_was_delivered():
     from jetpipe.pipelines.config import SourceConfig
-    from jetpipe.pipelines.streams import Resume, Stream, Streams
+    from jetpipe.pipelines.ingest.streams import Resume, Stream, Streams
 
     streams = Streams(2, [4, 5], resume=Resume(frames={4: 20, 5: 3}))
     camera, file = Stream(4, SourceConfig("synthetic:64x64@5"), None, 0), Stream(5, SourceConfig("clip.mp4"), None, 1)
@@ -435,8 +435,8 @@ def test_a_restarted_workers_camera_numbers_on_and_its_file_skips_what_was_deliv
 
 
 def test_a_dead_workers_frames_and_events_are_counted_as_its_records_tell():
-    from jetpipe.pipelines.gpus import totals
-    from jetpipe.pipelines.streams import Resume
+    from jetpipe.pipelines.ingest.streams import Resume
+    from jetpipe.pipelines.service.gpus import totals
 
     dead = totals.Outcome(1, None, [1], "was killed by signal 9", {1: 15}, 0, [], Resume(),
                           Resume({1: 20}, {1: 7}, {"door": {"in": 2}}))

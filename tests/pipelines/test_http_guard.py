@@ -3,7 +3,7 @@
 import pytest
 
 from jetpipe.pipelines.config import ConfigError, ControlConfig, PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.http import guard as http_guard
+from jetpipe.pipelines.service.http import guard as http_guard
 
 LOOPBACK = ("localhost",)
 

@@ -12,12 +12,12 @@ import cv2
 import numpy as np
 import pytest
 
-from jetpipe.pipelines.annotate import PALETTE, UNTRACKED
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.counters import Metrics
-from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.preview import stats_json
-from jetpipe.pipelines.sources import SyntheticCamera
+from jetpipe.pipelines.ingest.sources import SyntheticCamera
+from jetpipe.pipelines.outputs.annotate import PALETTE, UNTRACKED
+from jetpipe.pipelines.outputs.preview import stats_json
+from jetpipe.pipelines.service.daemon import Pipeline
 from tests.support import free_port, wait_for
 
 

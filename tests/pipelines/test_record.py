@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.record import FrameRecord
+from jetpipe.pipelines.core.record import FrameRecord
+from jetpipe.pipelines.service.daemon import Pipeline
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "records_golden.jsonl"
 SOURCES = ["synthetic://320x240@0/nv12", "synthetic://640x480@0/yuyv"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.daemon import Pipeline
+from jetpipe.pipelines.service.daemon import Pipeline
 from tests.support import wait_for
 
 SERVER = Path(__file__).resolve().parents[1] / "rtsp_server.py"

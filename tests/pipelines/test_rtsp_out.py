@@ -30,7 +30,7 @@ def _missing() -> str | None:
     if shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None:
         return "ffmpeg/ffprobe not installed (apt install ffmpeg)"
     from jetpipe.errors import JetpipeError
-    from jetpipe.pipelines.sinks.rtsp import _encoder, _gi_python
+    from jetpipe.pipelines.outputs.sinks.rtsp import _encoder, _gi_python
 
     try:
         _gi_python("rtsp://"), _encoder("rtsp://", "x264enc")
@@ -166,7 +166,7 @@ def test_a_password_is_asked_of_every_client_and_never_shown(tiny_bundle, number
 ])
 def test_rtsp_beyond_loopback_needs_a_password_or_public(uri, said):
     from jetpipe.errors import JetpipeError
-    from jetpipe.pipelines.sinks.rtsp import parse
+    from jetpipe.pipelines.outputs.sinks.rtsp import parse
 
     with pytest.raises(JetpipeError, match=re.escape(said)):
         parse(uri)

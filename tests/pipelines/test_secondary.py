@@ -9,7 +9,7 @@ import pytest
 
 from jetpipe.cli import main
 from jetpipe.frames import crop_native, from_bgr, to_rgb_float
-from jetpipe.pipelines.secondary import SecondaryConfig, SecondaryStage
+from jetpipe.pipelines.core.secondary import SecondaryConfig, SecondaryStage
 from jetpipe.preprocess import preprocess_frame, preprocess_frame_fast
 from jetpipe.spec import preset
 from jetpipe.synth import render_text_image
@@ -303,7 +303,7 @@ def test_a_missing_secondary_bundle_is_one_line(det_bundle, tmp_path, capsys):
 
 
 def test_secondary_text_is_drawn_beside_its_box():
-    from jetpipe.pipelines.annotate import draw
+    from jetpipe.pipelines.outputs.annotate import draw
 
     box = {"boxes": [[10, 60, 60, 90]], "scores": [0.9]}
     image = draw(np.zeros((120, 320, 3), np.uint8), {**box, "secondary": {"rec": [{"text": "a long line of text",
@@ -313,7 +313,7 @@ def test_secondary_text_is_drawn_beside_its_box():
 
 
 def test_a_tilted_lines_quadrilateral_is_drawn_not_its_box():
-    from jetpipe.pipelines.annotate import draw
+    from jetpipe.pipelines.outputs.annotate import draw
 
     quad = [[40, 60], [200, 20], [210, 50], [50, 90]]
     image = draw(np.zeros((120, 320, 3), np.uint8), {"boxes": [[40, 20, 210, 90]], "scores": [0.9], "quads": [quad]},
@@ -427,7 +427,7 @@ def test_the_next_batch_is_finished_while_the_secondary_reads_the_crops_of_the_l
     import threading
 
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     video, words = text_video
     out = tmp_path / "out.jsonl"
@@ -473,7 +473,7 @@ def test_batches_that_waited_for_the_secondary_are_read_together_as_they_are_rea
     import threading
 
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     video, words = text_video
 
@@ -524,7 +524,7 @@ def test_a_cameras_frames_wait_in_the_batcher_not_in_batches_queued_for_a_second
     buffer set held a batch (five), and a frame came out five reads after its capture (the demo: 5 s on the
     CPU). A file's batches are not held: they queue for the secondary as before, every frame kept."""
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     def in_flight_at_each_cut(uri: str, frames: int = 0, read_s: float = 0.5) -> tuple[list[int], dict]:
         pipeline = Pipeline(validate(PipelineConfig(
@@ -557,7 +557,7 @@ def test_a_stages_batches_overlap_as_many_as_its_buffer_sets_and_read_as_one_at_
     """20 crops at batch 8: the second batch is submitted before the first is collected (cut and run while
     the first is finished), never more in flight than the runtime's buffer sets; each crop's result is the
     one it gets read alone."""
-    from jetpipe.pipelines.secondary import _read_groups
+    from jetpipe.pipelines.core.secondary import _read_groups
     from jetpipe.runtime.api import Frame
 
     crops = [Frame(scene, "bgr", crop=(20 * (k % 10), 40 * (k // 10), 20 * (k % 10) + 300, 40 * (k // 10) + 40))
@@ -582,7 +582,7 @@ def test_a_new_stream_in_a_slot_never_takes_the_old_streams_results_for_its_trac
     """every_track keys results by (slot, track id); a stream added in a removed one's slot gets a new tracker
     that numbers its tracks from 1 again, so without forgetting the slot, its track 1 took the old camera's text
     for up to every_track frames."""
-    from jetpipe.pipelines.secondary import TrackResults
+    from jetpipe.pipelines.core.secondary import TrackResults
 
     tracks = TrackResults(every=3)
     tracks.next_frame(0)
@@ -621,7 +621,7 @@ def test_the_demo_reads_the_text_of_its_cameras(det_bundle, rec_bundle, tmp_path
 def test_the_models_of_a_chain_on_the_cpu_share_the_cores():
     """With a secondary, the primary's and the secondaries' sessions run at once (two threads): each gets half
     the cores, not all of them (PP-OCRv4 det on 2 cores: 2 threads 359 ms of CPU a frame, 1 thread 240)."""
-    from jetpipe.pipelines.daemon import shared_cpu_threads
+    from jetpipe.pipelines.service.daemon import shared_cpu_threads
 
     assert shared_cpu_threads(0, cores=16) == 0     # one model: ONNX Runtime's own count
     assert shared_cpu_threads(1, cores=16) == 8 and shared_cpu_threads(2, cores=16) == 8
@@ -630,7 +630,7 @@ def test_the_models_of_a_chain_on_the_cpu_share_the_cores():
 
 def test_the_pipelines_cpu_sessions_get_their_share(det_bundle, rec_bundle):
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline, shared_cpu_threads
+    from jetpipe.pipelines.service.daemon import Pipeline, shared_cpu_threads
 
     pipeline = Pipeline(validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig("synthetic")],
                                                 secondaries=[SecondaryConfig(rec_bundle)], frames=1,

@@ -60,7 +60,7 @@ def test_long_lines_at_the_recognizers_widths_read_on_the_gpu_as_on_the_cpu(rec_
     the best class per step comes back for that width's steps only."""
     import onnxruntime as ort
 
-    from jetpipe.pipelines.secondary import SecondaryConfig, SecondaryStage
+    from jetpipe.pipelines.core.secondary import SecondaryConfig, SecondaryStage
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
@@ -90,7 +90,7 @@ def test_upside_down_lines_are_turned_on_the_gpu_as_on_the_cpu(rec_bundle, detec
     kernel cuts them turned: the same text as the CPU runtime reads."""
     import onnxruntime as ort
 
-    from jetpipe.pipelines.secondary import SecondaryConfig, SecondaryStage
+    from jetpipe.pipelines.core.secondary import SecondaryConfig, SecondaryStage
     from jetpipe.synth import render_tilted_words
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -120,7 +120,7 @@ def test_a_stage_at_priority_high_runs_on_the_highest_priority_stream_and_reads_
     the crop kernel and the reduction by events; what it reads is what it reads at the default priority."""
     import onnxruntime as ort
 
-    from jetpipe.pipelines.secondary import SecondaryConfig, SecondaryStage
+    from jetpipe.pipelines.core.secondary import SecondaryConfig, SecondaryStage
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.record import FrameRecord
-from jetpipe.pipelines.sinks import SCHEMES, FrameSink, SinkBase, SinkFanout, open_sink
+from jetpipe.pipelines.core.record import FrameRecord
+from jetpipe.pipelines.outputs.sinks import SCHEMES, FrameSink, SinkBase, SinkFanout, open_sink
 from jetpipe.runtime.api import Frame
 
 
@@ -70,7 +70,7 @@ def test_a_jsonl_sink_makes_its_file_or_adds_only_where_told_and_never_through_a
 def test_a_frame_sink_never_writes_through_a_link_planted_while_it_runs(tmp_path):
     """A jpeg: folder shared with others: a link in the name of the next frame is not written through; the frame
     is a counted failure of the sink."""
-    from jetpipe.pipelines.sinks import JpegSink
+    from jetpipe.pipelines.outputs.sinks import JpegSink
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")

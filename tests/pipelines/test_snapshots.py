@@ -136,7 +136,7 @@ def _event(frame_no, box, event_id, stream=0):
 def test_a_full_encoder_drops_and_one_frames_events_share_a_picture(tmp_path):
     """Events of one frame make one picture; with every buffer waiting, the next event's picture is dropped and
     counted, never waited for; a name an earlier run wrote is never written over."""
-    from jetpipe.pipelines.snapshots import Snapshots
+    from jetpipe.pipelines.outputs.snapshots import Snapshots
 
     class Slow(CpuJpeg):
         def picture(self, held, boxes=(), crop=None):
@@ -172,8 +172,8 @@ def test_a_full_encoder_drops_and_one_frames_events_share_a_picture(tmp_path):
 
 
 def test_the_folder_keeps_its_size_and_only_snapshots_go(tmp_path):
-    from jetpipe.pipelines.retention import keep_within
-    from jetpipe.pipelines.snapshots import SNAPSHOT_NAME
+    from jetpipe.pipelines.outputs.retention import keep_within
+    from jetpipe.pipelines.outputs.snapshots import SNAPSHOT_NAME
 
     theirs = tmp_path / "stream0-notes.jpg"
     theirs.write_bytes(b"x" * 200_000)
@@ -189,8 +189,8 @@ def test_the_folder_keeps_its_size_and_only_snapshots_go(tmp_path):
 
 def test_a_link_named_like_a_snapshot_is_neither_counted_nor_removed(tmp_path):
     """Someone else's symbolic link in the folder, under a snapshot's name, stays (and so does its target)."""
-    from jetpipe.pipelines.retention import keep_within
-    from jetpipe.pipelines.snapshots import SNAPSHOT_NAME
+    from jetpipe.pipelines.outputs.retention import keep_within
+    from jetpipe.pipelines.outputs.snapshots import SNAPSHOT_NAME
 
     target = tmp_path.parent / f"{tmp_path.name}-target"
     target.write_bytes(b"t" * 300_000)

@@ -18,12 +18,12 @@ import pytest
 from jetpipe import uri as uris
 from jetpipe.cli import main
 from jetpipe.frames import ColourMatrix, frame_shape
-from jetpipe.pipelines.batcher import Batcher, Packet
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, GstSource, PyAVSource, SourceError, open_source
-from jetpipe.pipelines.sources.ffmpeg import RemuxFeed
-from jetpipe.pipelines.sources.gstreamer import caps_of, jetson_pipeline
+from jetpipe.pipelines.ingest.batcher import Batcher, Packet
+from jetpipe.pipelines.ingest.sources import EndOfStream, FFmpegSource, GstSource, PyAVSource, SourceError, open_source
+from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
+from jetpipe.pipelines.ingest.sources.gstreamer import caps_of, jetson_pipeline
+from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.preprocess import preprocess_bgr, preprocess_frame
 from jetpipe.spec import PreprocessSpec
 from tests.helpers import residual_cnn, save
@@ -285,7 +285,7 @@ def test_files_decode_in_process_and_streams_through_an_ffmpeg_process(videos, m
     assert isinstance(open_source(str(videos["h264"])), PyAVSource)
     assert isinstance(open_source(str(videos["h264"]), decoder="ffmpeg"), PyAVSource)
     assert isinstance(open_source("rtsp://127.0.0.1:9/cam"), FFmpegSource)
-    monkeypatch.setattr("jetpipe.pipelines.sources.pyav.missing", lambda: "PyAV is not installed (test)")
+    monkeypatch.setattr("jetpipe.pipelines.ingest.sources.pyav.missing", lambda: "PyAV is not installed (test)")
     assert isinstance(open_source(str(videos["h264"])), FFmpegSource)
     assert "PyAV is not installed (test); decoding through an ffmpeg process" in caplog.text
 
@@ -338,7 +338,7 @@ def test_a_file_corrupted_mid_stream_is_counted_not_a_silent_end(videos, tiny_bu
 
 def test_a_synthetic_camera_larger_than_the_rings_is_refused_before_it_renders(tiny_bundle, monkeypatch, capsys):
     """Issue 49: synthetic://8192x8192 rendered for 34 s and 4.8 GB before max_frame_hw refused it."""
-    from jetpipe.pipelines import sources
+    from jetpipe.pipelines.ingest import sources
 
     def rendered(*args, **kwargs):
         raise AssertionError("the camera was made")
@@ -573,7 +573,7 @@ def test_gst_pipelines_must_name_their_caps():
                              "nvvidconv ! video/x-raw,format=NV12,width=1920,height=1080"),
 ])
 def test_jetson_pipelines(text, fmt, expected):
-    from jetpipe.pipelines.sources.base import FrameInfo
+    from jetpipe.pipelines.ingest.sources.base import FrameInfo
 
     assert jetson_pipeline(uris.parse(text), FrameInfo(fmt, 1080, 1920, fps=30)) == expected
 
@@ -584,11 +584,11 @@ def test_csi_needs_a_jetson():
 
 
 def test_without_ffmpeg_the_opencv_path_is_taken_and_said(videos, monkeypatch, caplog):
-    from jetpipe.pipelines.sources import OpenCVSource
+    from jetpipe.pipelines.ingest.sources import OpenCVSource
 
     monkeypatch.setenv("PATH", "/nonexistent")
     assert isinstance(open_source(str(videos["h264"])), PyAVSource)  # FFmpeg's libraries need no ffmpeg binary
-    monkeypatch.setattr("jetpipe.pipelines.sources.pyav.missing", lambda: "PyAV is not installed (test)")
+    monkeypatch.setattr("jetpipe.pipelines.ingest.sources.pyav.missing", lambda: "PyAV is not installed (test)")
     source = open_source(str(videos["h264"]))
     assert isinstance(source, OpenCVSource)
     assert "ffmpeg and ffprobe not found on PATH (apt install ffmpeg); decoding with OpenCV" in caplog.text
@@ -629,7 +629,7 @@ def test_stopping_a_live_source_is_not_counted_as_a_failure(tiny_bundle):
 
 
 def test_still_synthetic_camera_writes_each_slot_once():
-    from jetpipe.pipelines.sources import SyntheticCamera, open_source
+    from jetpipe.pipelines.ingest.sources import SyntheticCamera, open_source
 
     camera = open_source("synthetic://64x48@0/nv12/still")
     assert camera.still and not SyntheticCamera.from_uri("synthetic://64x48@0/nv12").still
@@ -647,7 +647,7 @@ def test_an_unpaced_synthetic_camera_is_offered_like_a_file_every_frame_processe
     """@0 has no clock to fall behind: frames wait for room as a file's do (none dropped), while a paced camera
     is live (its oldest frame dropped when behind). Unpaced frames were made only to be dropped before: the
     saturated benchmarks' capture work on frames never processed."""
-    from jetpipe.pipelines.sources import SyntheticCamera
+    from jetpipe.pipelines.ingest.sources import SyntheticCamera
 
     assert not SyntheticCamera.from_uri("synthetic://64x48@0/nv12").live
     assert SyntheticCamera.from_uri("synthetic://64x48@30/nv12").live
@@ -707,7 +707,7 @@ def test_interrupt_ends_a_remux_feed_whose_connect_hangs():
 
 
 def test_network_streams_offer_the_hardware_decoder_a_remux_feed_and_a_fallback(monkeypatch):
-    monkeypatch.setattr("jetpipe.pipelines.sources.ffmpeg.tools_available", lambda: None)
+    monkeypatch.setattr("jetpipe.pipelines.ingest.sources.ffmpeg.tools_available", lambda: None)
     offered = []
 
     def hardware(uri, loop, realtime, **kw):  # a runtime that takes nothing: FFmpeg decodes
@@ -721,7 +721,7 @@ def test_network_streams_offer_the_hardware_decoder_a_remux_feed_and_a_fallback(
 
 def test_a_gstreamer_source_without_gst_launch_is_one_line_at_start(tiny_bundle, monkeypatch, capsys):
     """It retried forever, even with --frames 3."""
-    monkeypatch.setattr("jetpipe.pipelines.sources.gstreamer.tools_available",
+    monkeypatch.setattr("jetpipe.pipelines.ingest.sources.gstreamer.tools_available",
                         lambda: "gst-launch-1.0 not found (apt install gstreamer1.0-tools)")
     code = main(["serve", "--bundle", str(tiny_bundle), "--source", "gst:videotestsrc ! video/x-raw,format=NV12,"
                  "width=64,height=48", "--frames", "3", "--metrics", ""])

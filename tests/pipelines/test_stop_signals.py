@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from jetpipe.pipelines.gpus.plan import SIMULATED_ENV
+from jetpipe.pipelines.service.gpus.plan import SIMULATED_ENV
 from tests.support import free_port, serve_process, wait_for
 
 STOP_TIMEOUT_S = 5.0
@@ -109,7 +109,7 @@ def test_signals_at_any_moment_end_a_run_with_files_and_mp4_whole(tiny_bundle, t
 
 def test_signals_at_any_moment_end_a_run_serving_rtsp(tiny_bundle, tmp_path):
     from jetpipe.errors import JetpipeError
-    from jetpipe.pipelines.sinks.rtsp import _encoder, _gi_python
+    from jetpipe.pipelines.outputs.sinks.rtsp import _encoder, _gi_python
 
     try:
         _gi_python("rtsp://"), _encoder("rtsp://", "x264enc")

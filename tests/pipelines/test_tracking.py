@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from jetpipe.pipelines.sources import SyntheticCamera
-from jetpipe.pipelines.tracking import Tracker
+from jetpipe.pipelines.core.tracking import Tracker
+from jetpipe.pipelines.ingest.sources import SyntheticCamera
 from jetpipe.tasks.agreement_metrics import greedy_match, iou_matrix
 
 
@@ -85,7 +85,7 @@ def test_the_daemon_gives_each_detected_word_one_track_id(det_bundle, tmp_path):
     """PP-OCRv4 det on the synthetic camera through `serve`'s pipeline, every frame processed: the JSONL
     records' track_ids follow the camera's words (ground truth) without a switch."""
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     out = tmp_path / "results.jsonl"
     config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig("synthetic://640x480@0/nv12")],

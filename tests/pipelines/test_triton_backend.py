@@ -136,7 +136,7 @@ def test_a_server_lost_mid_run_fails_its_batches_and_is_served_again_once_back(d
     backend asks again after its backoff, and once the server is back frames are processed again (through
     shared memory: the restarted server is told of the regions again)."""
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     out = tmp_path / "out.jsonl"
     config = validate(PipelineConfig(bundle=det_bundle, sources=[SourceConfig("synthetic://320x240@10/nv12")],
@@ -183,8 +183,8 @@ def test_secondaries_read_through_triton_what_they_read_here(det_bundle, rec_bun
     each batch of crops through shared memory), then both models on servers of their own: every record is
     what the all-local run writes."""
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
-    from jetpipe.pipelines.secondary import SecondaryConfig
+    from jetpipe.pipelines.core.secondary import SecondaryConfig
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     _needs_triton()
     servers = [TritonServer(bundle, name, tmp_path / f"{name}.log") for bundle, name in ((det_bundle, "det"),
@@ -250,7 +250,7 @@ def test_the_gpu_runtimes_kernel_in_front_of_triton_reads_what_the_local_gpu_run
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     video, words = text_video
     runs = {}
@@ -288,8 +288,8 @@ def test_on_the_gpu_both_models_through_triton_read_what_the_local_gpu_runtime_r
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
     from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-    from jetpipe.pipelines.daemon import Pipeline
-    from jetpipe.pipelines.secondary import SecondaryConfig
+    from jetpipe.pipelines.core.secondary import SecondaryConfig
+    from jetpipe.pipelines.service.daemon import Pipeline
 
     _needs_triton()
     servers = [TritonServer(bundle, name, tmp_path / f"{name}.log", gpu=True)

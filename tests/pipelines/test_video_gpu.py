@@ -16,9 +16,9 @@ import pytest
 from jetpipe import uri as uris
 from jetpipe.frames import frame_shape
 from jetpipe.pipelines.config import SourceConfig
-from jetpipe.pipelines.daemon import Pipeline
-from jetpipe.pipelines.sources import EndOfStream, FFmpegSource, PyAVSource, SourceError, open_source
-from jetpipe.pipelines.sources.ffmpeg import RemuxFeed, remux_command
+from jetpipe.pipelines.ingest.sources import EndOfStream, FFmpegSource, PyAVSource, SourceError, open_source
+from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed, remux_command
+from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.runtime.api import Frame
 from tests.pipelines.test_sources import _config, as_mpegts, encode, ffmpeg_decode, serve_through_a_stall
 from tests.stream_server import StreamServer
@@ -136,13 +136,13 @@ def test_auto_decode_processes_go_by_the_measured_model_and_say_so(det_bundle_sq
     """decode_processes auto (the default), 8 NVDEC files: det runs below what this process decodes, so they are
     decoded here; with that bar set below the model's measured rate, in one process of their own. Every frame
     through either way, the choice said in the log."""
-    from jetpipe.pipelines import decode_choice
+    from jetpipe.pipelines.ingest import decode_choice
 
     sources = [SourceConfig(str(clips["h264"])) for _ in range(decode_choice.MIN_FILES)]
     for bar, processes in ((1e9, 0), (1.0, 1)):
         monkeypatch.setattr(decode_choice, "SERVING_DECODE_FPS", bar)
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="jetpipe.pipelines.ingest"):
+        with caplog.at_level(logging.INFO, logger="jetpipe.pipelines.ingest.intake"):
             summary = Pipeline(_config(det_bundle_square, sources, backend="onnxruntime-cuda", max_batch=4)).run()
         said = [r.getMessage() for r in caplog.records if "decode_processes auto:" in r.getMessage()]
         assert len(said) == 1 and ("process of its own" in said[0]) == bool(processes), said
@@ -371,7 +371,7 @@ def network_feed(monkeypatch, ts_clips):
     trial = subprocess.run(remux_command(uris.parse(server.url)), capture_output=True, timeout=30)
     server.unplug()
     if trial.returncode != 0 or not trial.stdout:
-        monkeypatch.setattr("jetpipe.pipelines.sources.ffmpeg.remux_command",
+        monkeypatch.setattr("jetpipe.pipelines.ingest.sources.ffmpeg.remux_command",
                             lambda uri: [sys.executable, "-c", SOCKET_TO_PIPE, uri.location])
         return "socket copy"
     return "ffmpeg"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jetpipe.geometry import Letterbox, fit
-from jetpipe.pipelines.annotate import draw
+from jetpipe.pipelines.outputs.annotate import draw
 from jetpipe.tasks import ModelFacts, TaskError, TaskOptions, choose, detect, for_bundle, get
 from jetpipe.tasks.segmentation_yolo import polygon_mask
 

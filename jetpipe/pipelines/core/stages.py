@@ -1,0 +1,278 @@
+"""The stages between the batcher and the sinks: the GPU stage, the post stage, the secondary stage.
+
+The GPU stage submits each batch as it forms; the post stage collects each when the GPU is done with it
+(reading its outputs in place while later batches run: the runtime holds that buffer set until it is
+released), finishes it (the task's postprocessing, then the per-frame steps: steps.py) and emits its records;
+with secondary models the secondary stage reads the crops of the finished batches while the post stage
+finishes the next one (the batches' frames stay where the kernel read them until then), and emits. Each
+stage is a loop its thread runs (gpu_loop, post_loop, secondary_loop); `finish` and `emit` are the seams.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+from jetpipe.pipelines.core.chain_gate import ChainGate
+from jetpipe.pipelines.core.record import FrameRecord
+from jetpipe.pipelines.core.secondary import frames_read
+from jetpipe.pipelines.ingest.batcher import Packet
+from jetpipe.tasks.detections import Detections, as_detections
+
+log = logging.getLogger(__name__)
+IDLE_S = 0.05  # the post thread with no batch this long flushes what the steps held back (events)
+
+
+class Stages:
+    def __init__(self, runtime, batcher, postprocess, steps: list, secondaries: list, streams, metrics, sinks,
+                 task: str, pool, fail_timeout_s: float, on_failure, profile: bool = False):
+        """on_failure(): every batch has failed for fail_timeout_s (stop the daemon; `failure` says why)."""
+        self.runtime, self.batcher, self.postprocess = runtime, batcher, postprocess
+        self.steps, self.secondaries = steps, secondaries
+        self.streams, self.metrics, self.sinks, self.task, self.pool = streams, metrics, sinks, task, pool
+        self.fail_timeout_s, self.on_failure, self.profile = fail_timeout_s, on_failure, profile
+        self.collected: queue.Queue = queue.Queue()  # submitted batches, bounded by the buffer-set semaphore
+        # finished batches for the secondary stage: two may wait, read together (_read_secondaries)
+        self.chained: queue.Queue = queue.Queue(maxsize=2)
+        self.chain_gate = ChainGate()  # live frames wait in the batcher while the secondary is behind
+        self.free_sets = threading.Semaphore(runtime.buffer_sets)
+        self.failure: str | None = None       # why it stopped itself: every batch failed for fail_timeout_s
+        self._failing_since: float | None = None  # the first failed batch after the last good one
+        self.gpu_stage_ms: dict[str, list[float]] = {}
+        # wall seconds of the post (and secondary) thread by phase: where a batch's time goes when a thread
+        # is the limit; "handoff": the post thread waiting for the secondary thread to take a batch
+        self.gpu_busy_s = 0.0  # the GPU's time on the batches (CUDA events), where the runtime measures it
+        self.post_phase_s = dict.fromkeys(("wait_gpu", "finish", "handoff") if secondaries else
+                                          ("wait_gpu", "finish", "records"), 0.0)
+        self.secondary_phase_s = dict.fromkeys(("secondary", "records"), 0.0)
+        self.secondary_reads = 0  # times the secondary thread read crops: fewer than batches where it caught up
+
+    def reset_slot(self, slot: int) -> None:
+        """A new stream takes `slot`: the steps and secondaries forget the stream it held."""
+        for step in self.steps:
+            step.reset(slot)
+        for secondary in self.secondaries:
+            secondary.forget(slot)
+
+    # --- the threads' loops ----------------------------------------------------------------------
+    def gpu_loop(self) -> None:
+        """Submit batches as they form; the post stage collects each when the GPU is done with it, so a
+        finished batch never waits for the next one to form (a batch period of latency at real time)."""
+        while True:
+            self.metrics.beat()
+            # a buffer set the postprocess stage has released, before the batch is taken: frames wait for it in
+            # the batcher (where a full batch forms and those past the latency budget are shed), not in a batch
+            if not self.free_sets.acquire(timeout=0.1):
+                continue
+            if self.secondaries and not self.chain_gate.wait_open(0.1):
+                self.free_sets.release()
+                continue
+            packets = self.batcher.next_batch()
+            if not packets:
+                self.free_sets.release()
+                if packets is None:
+                    break
+                continue
+            if self.secondaries:
+                self.chain_gate.cut(any(p.live for p in packets))
+            t_batch = time.monotonic()
+            try:
+                ticket = self.runtime.submit([p.frame for p in packets])
+            except Exception as exc:
+                self.free_sets.release()
+                if self.secondaries:
+                    self.chain_gate.lost()
+                self.fail(packets, exc)
+                continue
+            self.collected.put((ticket, packets, t_batch))
+
+    def post_loop(self) -> None:
+        while True:
+            try:
+                item = self.collected.get(timeout=IDLE_S)
+            except queue.Empty:
+                self._flush_steps()  # no batch for a while: what the steps held back goes out
+                continue
+            if item is None:
+                self._flush_steps()
+                return
+            ticket, packets, t_batch = item
+            handed = False
+            try:
+                result, t_gpu = self._collect(ticket, packets, t_batch)
+                results = self.finish(result, packets)
+                self._failing_since = None
+                if self.secondaries:  # the secondary thread reads its crops, writes its records and releases it
+                    t_handoff = time.perf_counter()
+                    self.chained.put((ticket, result, packets, results, t_batch, t_gpu))
+                    self.post_phase_s["handoff"] += time.perf_counter() - t_handoff
+                    handed = True
+                else:
+                    self.emit(result, packets, results, t_batch, t_gpu, self.post_phase_s)
+            except Exception as exc:
+                self.fail(packets, exc)
+            finally:
+                if not handed:
+                    self.runtime.release(ticket)
+                    self.free_sets.release()
+                    if self.secondaries:
+                        self.chain_gate.lost()
+
+    def _collect(self, ticket, packets: list[Packet], t_batch: float):
+        """The batch's outputs once the GPU is done (waiting blocks, it does not spin), and when that was."""
+        t_wait = time.perf_counter()
+        result = self.runtime.collect(ticket, hold=True)
+        self.post_phase_s["wait_gpu"] += time.perf_counter() - t_wait
+        self.metrics.batches += 1
+        if result.engine_ms is not None:  # the GPU's own time on the batch
+            engine_s = result.engine_ms / 1e3
+            self.gpu_busy_s += (result.engine_ms if result.busy_ms is None else result.busy_ms) / 1e3
+        else:
+            engine_s = time.monotonic() - t_batch
+        self.batcher.record_batch(len(packets), engine_s)
+        if self.profile:
+            for stage, ms in self.runtime.stage_times(ticket).items():
+                self.gpu_stage_ms.setdefault(stage, []).append(ms)
+        return result, time.monotonic()
+
+    def secondary_loop(self) -> None:
+        """The secondaries on the finished batches, while the post thread finishes the next one: the batches'
+        frames are still where the primary's kernel read them (their buffer sets are held until here)."""
+        phase, ending = self.secondary_phase_s, False
+        while not ending:
+            items = [self.chained.get()]
+            while items[-1] is not None and not self.chained.empty():
+                items.append(self.chained.get_nowait())  # this thread is the only reader
+            ending = items[-1] is None
+            items = items[:-1] if ending else items
+            if not items:
+                break
+            self.chain_gate.taken(len(items))
+            read = True
+            try:
+                self._read_secondaries(items, phase)
+            except Exception as exc:
+                read = False
+                for _, _, packets, *_ in items:
+                    self.fail(packets, exc)
+            for ticket, result, packets, found, t_batch, t_gpu in items:
+                try:
+                    if read:
+                        self.emit(result, packets, found, t_batch, t_gpu, phase)
+                except Exception as exc:
+                    self.fail(packets, exc)
+                finally:
+                    self.runtime.release(ticket)
+                    self.free_sets.release()
+            self.chain_gate.read()
+
+    def _read_secondaries(self, items: list, phase: dict) -> None:
+        """The secondaries on the crops of every batch that waited for this thread, together: behind, it catches
+        up with fuller recognizer runs (a batch's crops fall into 3-4 width groups; run batch by batch, the
+        H100's real-time OCR spent 16-20 ms a batch of 4-8 frames, as long as the batches came)."""
+        t_secondary = time.perf_counter()
+        results, frames, streams = [], [], []
+        for _, result, packets, found, _, _ in items:
+            if found:
+                results += found
+                frames += frames_read(result, [packets[i].frame for i in result.frame_indices])
+                streams += [self.streams.id_of(packets[i].stream) for i in result.frame_indices]
+        if results:
+            for stage in self.secondaries:
+                stage.run(results, frames, streams)
+        phase["secondary"] += time.perf_counter() - t_secondary
+        self.secondary_reads += 1
+
+    def _flush_steps(self) -> None:
+        for step in self.steps:
+            try:
+                step.flush()
+            except Exception:
+                log.exception("the %s step failed", step.name)
+
+    # --- the seams -------------------------------------------------------------------------------
+    def finish(self, result, packets: list[Packet]) -> list[Detections]:
+        """The primary's results of a collected batch (its task's finish, then each frame's steps)."""
+        t_finish = time.perf_counter()
+        used = [packets[i] for i in result.frame_indices]
+        sizes = [p.frame.size() for p in used]
+        finish = self.postprocess.reduced if result.reduction else self.postprocess
+        results = [as_detections(r) for r in finish(result.outputs, result.letterboxes, sizes, pool=self.pool)] \
+            if used else []
+        for step in self.steps:  # a stream's frames reach this one thread in order
+            step.run(used, results)
+        self.post_phase_s["finish"] += time.perf_counter() - t_finish
+        return results
+
+    def emit(self, result, packets: list[Packet], results: list[Detections], t_batch: float, t_gpu: float,
+             phase: dict) -> None:
+        """Records of a finished batch to the sinks (frames to those that draw them); its ring slots released."""
+        t_records = time.perf_counter()
+        used = [packets[i] for i in result.frame_indices]
+        for index, reason in result.rejected:
+            log.warning("frame %d of stream %d rejected: %s", packets[index].frame_no, packets[index].stream,
+                        reason)
+            self.metrics.count("failed", packets[index].stream)
+        t_post = time.monotonic()
+        for packet, res in zip(used, results):
+            latency = {"queue": (t_batch - packet.t_monotonic) * 1e3, "gpu": (t_gpu - t_batch) * 1e3,
+                       "post": (t_post - t_gpu) * 1e3, "total": (t_post - packet.t_monotonic) * 1e3}
+            self.metrics.record_result(packet.stream, latency)
+            stream = self.streams.slots[packet.stream]  # in its slot until its frames are through
+            record = FrameRecord(stream.id, stream.source.uri, packet.frame_no,
+                                 None if packet.pts is None else round(packet.pts, 6), round(packet.t_capture, 6),
+                                 round(time.time(), 6), {k: round(v, 3) for k, v in latency.items()}, self.task, res)
+            # a copy of the frame, before its ring slot is released; files: every frame, as inference
+            self.sinks.offer(stream.id, packet.frame, record, self.runtime.frame_to_host, wait=not stream.source.live)
+            self.sinks.put(record)
+        for packet in packets:
+            packet.release()
+        phase["records"] += time.perf_counter() - t_records
+
+    def fail(self, packets, exc) -> None:
+        """A batch that failed: its frames counted failed and released; failing for fail_timeout_s stops."""
+        log.error("batch of %d frames failed: %s", len(packets), exc)
+        for p in packets:
+            p.release()
+            self.metrics.count("failed", p.stream)
+        now, limit = time.monotonic(), self.fail_timeout_s
+        if self._failing_since is None:
+            self._failing_since = now
+        elif limit and now - self._failing_since >= limit and self.failure is None:
+            # settings that passed start-up and fail every frame: stop with the reason, not run on at exit 0
+            self.failure = f"every batch failed for {now - self._failing_since:.0f} s (fail_timeout_s {limit:g}); " \
+                           f"the last: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}"
+            log.error("stopping: %s", self.failure)
+            self.on_failure()
+
+    # --- the run's end ---------------------------------------------------------------------------
+    def end_post(self) -> None:
+        """The GPU stage has returned: the post stage returns once it has collected what was submitted."""
+        self.collected.put(None)
+
+    def end_secondary(self) -> None:
+        self.chained.put(None)
+
+    def stats(self) -> dict:
+        """The stages' part of the run's summary."""
+        batches = self.metrics.batches
+        return {
+            "gpu_stage_ms": {k: _median(v) for k, v in self.gpu_stage_ms.items()},
+            # the share of the run the GPU spent on batches: near 1, the GPU is what limits throughput
+            "gpu_busy_s": self.gpu_busy_s,
+            "post_thread_ms_per_batch": _per_batch(self.post_phase_s, batches),
+            **({"secondary_thread_ms_per_batch": _per_batch(self.secondary_phase_s, batches),
+                "secondary_reads": self.secondary_reads,
+                "secondary_held_primary_s": round(self.chain_gate.held_s, 3)} if self.secondaries else {}),
+            **({"secondary": {s.name: s.summary() for s in self.secondaries}} if self.secondaries else {}),
+        }
+
+
+def _per_batch(phase_s: dict[str, float], batches: int) -> dict[str, float]:
+    return {k: round(1e3 * v / max(1, batches), 3) for k, v in phase_s.items()}
+
+
+def _median(values: list[float]) -> float:
+    return round(float(sorted(values)[len(values) // 2]), 4) if values else 0.0

@@ -1,0 +1,84 @@
+"""Per-frame steps: what runs on each frame's results after the model's own postprocessing, in order.
+
+The post stage calls every step of the list the daemon builds (`build_steps`) on the frames of each finished
+batch, one stream's frames in their order, in one thread. A step may add to the frames' results (the
+tracker's `tracker_id`) or read what earlier steps added (the events read the tracks); it may decide the
+batch at once (the events do: array operations over all its boxes). When a stream leaves its slot and another
+takes it, `reset(slot)` forgets the old stream's state (called from another thread).
+
+A new step is a class with `name`, `run(packets, results)`, `reset(slot)` and `flush()`, and one line in
+`build_steps`.
+A packet (batcher.Packet) is a frame's: its slot (`stream`), number, pts, capture time and the frame.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from jetpipe.pipelines.core.events import EventStep
+from jetpipe.pipelines.core.tracking import Tracker
+from jetpipe.tasks.detections import NO_TRACK, Detections
+
+
+class FrameStep(Protocol):
+    name: str
+
+    def run(self, packets: list, results: list[Detections]) -> None:
+        """A finished batch's frames and their results (arrays), a stream's in their order."""
+
+    def reset(self, slot: int) -> None:
+        """A new stream takes `slot`: what was kept of the last one goes."""
+
+    def flush(self) -> None:
+        """What it held back to decide with later frames, decided now (the post stage is idle, or ends)."""
+
+
+class TrackStep:
+    """A track_id for each detected box: a tracker per stream slot (pipelines.tracking)."""
+
+    name = "tracker"
+
+    def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None):
+        """first_ids: the first track ID of each slot's stream (a restarted GPU worker's go on; else 1)."""
+        self.kind = kind
+        self.trackers = [Tracker(kind, next_id=n) for n in (first_ids or [1] * slots)]
+
+    def run(self, packets: list, results: list[Detections]) -> None:
+        for packet, found in zip(packets, results):
+            ids = self.trackers[packet.stream].update(found.xyxy.astype(np.float64),
+                                                      found.confidence.astype(np.float64))
+            found.tracker_id = np.array([NO_TRACK if i is None else i for i in ids], np.int64)
+
+    def reset(self, slot: int) -> None:
+        self.trackers[slot] = Tracker(self.kind)  # the new stream's tracks number from 1
+
+    def flush(self) -> None:
+        """Nothing held back: each frame's tracks are its record's."""
+
+
+def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None, snapshots=None,
+                resume=None) -> list[FrameStep]:
+    """The steps the configuration asks for, in the order they run. labels: the model's class names;
+    stream_id(slot): the ID of a slot's stream; deliver(record): to the sinks (for the events' records);
+    snapshots: a picture of each event's frame (snapshots.Snapshots); resume: a restarted GPU worker's
+    streams.Resume (track IDs and counts go on from it)."""
+    steps: list[FrameStep] = []
+    if config.tracker != "none":
+        first = {} if resume is None else resume.track_ids
+        first_ids = [first.get(_slot_stream(stream_id, slot), 1) for slot in range(slots)]
+        steps.append(TrackStep(config.tracker, slots, first_ids))
+    # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
+    if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
+        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, snapshots,
+                               None if resume is None else resume.event_counts))
+    return steps
+
+
+def _slot_stream(stream_id, slot: int) -> int | None:
+    """The ID of the stream in `slot` at start-up (None: the slot is empty)."""
+    try:
+        return None if stream_id is None else stream_id(slot)
+    except AttributeError:  # an empty slot
+        return None

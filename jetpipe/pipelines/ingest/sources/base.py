@@ -1,0 +1,41 @@
+"""What every source is: opened, read into ring slots in its native pixel format, interrupted, closed."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from jetpipe.video import EndOfStream, FrameInfo, SourceError
+
+__all__ = ["EndOfStream", "FrameInfo", "Source", "SourceError"]
+
+
+class Source(Protocol):
+    uri: str           # as the user wrote it (JSONL records carry it)
+    memory: str        # "host": writes numpy ring slots; "device": writes DeviceSlots (a hardware decoder)
+    live: bool         # drop-oldest when behind (cameras, network); files deliver every frame
+    info: FrameInfo | None  # known before open() where the source can tell (files); sizes the ring
+    decode_errors: int
+    shares_thread: bool  # its reads never block for long: a shared capture thread reads it (pipelines.capture)
+    # clips around events (pipelines/outputs/clips): whether it can give its compressed packets as its demuxer read them
+    # (not where its frames come decoded: a camera's raw frames, OpenCV's reads), and the ring they go to once
+    # the clips writer set one (None: not kept)
+    keeps_packets: bool
+    packet_ring: object | None
+
+    def describe(self) -> str: ...
+
+    def open(self) -> FrameInfo: ...
+
+    def read_into(self, slot: np.ndarray) -> float | None:
+        """Write the next frame into `slot` (a view of this format and size); return its time in seconds."""
+
+    def interrupt(self) -> None:
+        """Unblock a read or open in progress (called from another thread when stopping)."""
+
+    def restart(self) -> bool:
+        """End the connection of a live stream that stalled, so that capture opens it again (the read in
+        progress fails); False where this source has no connection to end."""
+
+    def close(self) -> None: ...

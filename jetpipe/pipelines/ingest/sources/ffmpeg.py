@@ -1,0 +1,209 @@
+"""Any machine: FFmpeg decodes (files, RTSP, V4L2) into raw YUV in the stream's own layout, no colour conversion.
+
+ffprobe tells the stream's pixel format, size, rate and colour metadata; ffmpeg
+then writes frames as I420 (from yuv420p), NV12, YUYV or UYVY: the planes the
+decoder produced, repacked at most (4:2:2 planar -> YUYV), never RGB. The GPU
+kernel (or the CPU runtime's reference path) converts colour. Odd sizes lose
+their last row/column (crop, still YUV): 4:2:0 needs even sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from fractions import Fraction
+
+from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.ingest.sources.base import FrameInfo, SourceError
+from jetpipe.pipelines.ingest.sources.pipe import DecoderProcess, DecoderRuns, PipeSource
+from jetpipe.uri import SourceURI
+
+# decoder pixel format -> (jetpipe format, ffmpeg output format, range when the format implies one)
+NATIVE = {
+    "yuv420p": ("i420", "yuv420p", None), "yuvj420p": ("i420", "yuvj420p", "full"),
+    "nv12": ("nv12", "nv12", None),
+    "yuyv422": ("yuyv", "yuyv422", None), "uyvy422": ("uyvy", "uyvy422", None),
+    # MJPEG cameras: 4:2:2 planar repacked to YUYV; swscale rescales full range to limited on the way
+    "yuv422p": ("yuyv", "yuyv422", None), "yuvj422p": ("yuyv", "yuyv422", "limited"),
+}
+FALLBACK = ("nv12", "nv12", None)  # anything else (10-bit, 4:4:4): FFmpeg repacks to NV12, still YUV
+BT601_SPACES = ("smpte170m", "bt470bg", "fcc", "smpte240m")
+PROBE_TIMEOUT_S = 15
+
+
+def tools_available() -> str | None:
+    """None when ffmpeg and ffprobe are on PATH, else what is missing."""
+    missing = [t for t in ("ffmpeg", "ffprobe") if shutil.which(t) is None]
+    return f"{' and '.join(missing)} not found on PATH (apt install ffmpeg)" if missing else None
+
+
+@dataclass(frozen=True)
+class StreamFormat:
+    codec: str
+    width: int
+    height: int
+    pix_fmt: str
+    fps: float
+    color_space: str
+    color_range: str
+    bit_rate: float = 0.0  # bits a second where the container says (0: not said, as a network stream's)
+
+    def frame_info(self, native: dict = NATIVE) -> FrameInfo:
+        """What frames of this stream become; `native`: decoder pixel format -> (format, _, implied range)."""
+        fmt, _, implied_range = native.get(self.pix_fmt, FALLBACK)
+        if self.color_space == "bt709":
+            standard = "bt709"
+        elif self.color_space in BT601_SPACES:
+            standard = "bt601"
+        else:  # unspecified: HD is BT.709, SD is BT.601 (what players assume)
+            standard = "bt709" if self.height >= 720 else "bt601"
+        value_range = implied_range or ("full" if self.color_range in ("pc", "jpeg") else "limited")
+        return FrameInfo(fmt, self.height // 2 * 2, self.width // 2 * 2, standard, value_range, self.fps)
+
+    def output_pix_fmt(self) -> str:
+        return NATIVE.get(self.pix_fmt, FALLBACK)[1]
+
+
+def input_args(uri: SourceURI) -> list[str]:
+    if uri.scheme in ("rtsp", "rtsps"):
+        return ["-rtsp_transport", "tcp"]
+    if uri.scheme == "v4l2":
+        return ["-f", "v4l2"]
+    return []
+
+
+def probe(uri: SourceURI, started=None) -> StreamFormat:
+    """The first video stream's format; SourceError (one line, naming the source and the cause) if unreadable.
+
+    started(process) is called with the running ffprobe, so a stopping daemon can kill a hanging probe."""
+    argv = ["ffprobe", "-v", "error", *input_args(uri), "-select_streams", "v:0", "-show_entries",
+            "stream=codec_name,width,height,pix_fmt,avg_frame_rate,r_frame_rate,color_space,color_range,bit_rate",
+            "-of", "json", uri.location]
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+    except OSError as exc:
+        raise SourceError(f"cannot run ffprobe for {uri.text} ({exc.strerror}): apt install ffmpeg") from None
+    if started is not None:
+        started(process)
+    try:
+        stdout, stderr = process.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise SourceError(f"cannot open {uri.text}: no answer within {PROBE_TIMEOUT_S} s") from None
+    why = (stderr.strip().splitlines() or ["no video stream"])[-1]
+    try:
+        streams = json.loads(stdout or "{}").get("streams") or []
+    except json.JSONDecodeError:
+        streams = []
+    if process.returncode != 0 or not streams or not streams[0].get("width"):
+        raise SourceError(f"cannot open {uri.text}: {why[:200]} (is it a video FFmpeg can read?)")
+    s = streams[0]
+    return StreamFormat(codec=s.get("codec_name", "?"), width=int(s["width"]), height=int(s["height"]),
+                        pix_fmt=s.get("pix_fmt", "?"), fps=_rate(s.get("avg_frame_rate"), s.get("r_frame_rate")),
+                        color_space=s.get("color_space", "unknown"), color_range=s.get("color_range", "unknown"),
+                        bit_rate=float(s["bit_rate"]) if str(s.get("bit_rate", "")).isdigit() else 0.0)
+
+
+def _rate(*candidates) -> float:
+    for text in candidates:
+        try:
+            value = Fraction(text or "0/0")
+        except (ValueError, ZeroDivisionError):
+            continue
+        if value > 0:
+            return float(value)
+    return 0.0
+
+
+class FFmpegSource(PipeSource):
+    decoder_name = "ffmpeg"
+
+    def __init__(self, uri: SourceURI, loop: bool = False, realtime: bool = False, threads: int | None = None):
+        """threads: decoder threads of this stream's ffmpeg (None: FFmpeg's default, one per core)."""
+        super().__init__(uri, loop, realtime)
+        self.threads = threads
+        self.stream: StreamFormat | None = None
+        if uri.scheme == "file":  # a file that cannot be opened fails now, in one line, not in a reconnect loop
+            try:
+                self.info = self.probe()
+            except SourceError as exc:
+                raise JetpipeError(str(exc)) from None
+
+    def probe(self) -> FrameInfo:
+        self.stream = probe(self.source_uri, started=self._probing)
+        return self.stream.frame_info()
+
+    def restarts_itself(self) -> bool:
+        return self.loop and self.source_uri.scheme == "file"
+
+    @property
+    def bit_rate(self) -> float:
+        """Bits a second, where the container says (a clips ring's size); 0 where not (a network stream)."""
+        return self.stream.bit_rate if self.stream is not None else 0.0
+
+    def packet_codec(self) -> str:
+        return self.stream.codec if self.stream is not None else "?"
+
+    def command(self, packets_fd: int | None = None) -> list[str]:
+        info, stream = self.info, self.stream
+        argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *input_args(self.source_uri)]
+        if self.realtime:
+            argv.append("-re")
+        if self.restarts_itself():
+            argv += ["-stream_loop", "-1"]
+        if self.threads:  # many streams: a few threads each, not one per core each
+            argv += ["-threads", str(self.threads)]
+        argv += ["-i", self.source_uri.location, "-map", "0:v:0", "-an", "-sn"]
+        if (info.width, info.height) != (stream.width, stream.height):
+            argv += ["-vf", f"crop={info.width}:{info.height}:0:0"]
+        # avioflags direct: each frame goes to the pipe in one write, not copied through a 32 KiB buffer first
+        argv += ["-vsync", "passthrough", "-f", "rawvideo", "-pix_fmt", stream.output_pix_fmt(),
+                 "-avioflags", "direct", "pipe:1"]
+        if packets_fd is not None:  # a second output: the packets as they are (clips)
+            argv += ["-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy", "-f", "mpegts", "-flush_packets", "1",
+                     f"pipe:{packets_fd}"]
+        return argv
+
+
+def remux_command(uri: SourceURI) -> list[str]:
+    """ffmpeg copying a network stream's video packets into MPEG-TS on stdout: no decoding, timestamps kept."""
+    return ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *input_args(uri), "-i", uri.location,
+            "-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy", "-f", "mpegts", "-flush_packets", "1", "pipe:1"]
+
+
+class RemuxFeed(DecoderRuns):
+    """The bytes of a network stream for a hardware decoder's demuxer, from an ffmpeg that only remuxes.
+
+    FFmpeg speaks the protocol (RTSP over TCP, reconnects are the daemon's); the demuxer reads MPEG-TS
+    through fill(). A connect that hangs blocks in a pipe read (GIL released) that interrupt() ends by
+    killing the process: a demuxer reading the network itself could not be stopped."""
+
+    def __init__(self, uri: SourceURI):
+        self.uri = uri
+        self.received = 0  # bytes of this connection
+
+    def start(self) -> None:
+        self._end_process()
+        self.received = 0
+        self._process = DecoderProcess(remux_command(self.uri), 0, f"{self.uri.text} (remux)")
+
+    def fill(self, buffer) -> int:
+        """The demuxer's read callback (PyNvVideoCodec hands it a bytearray): bytes written into `buffer`,
+        0 at the end of the stream."""
+        got = self._process.read_chunk(buffer) if self._process is not None else 0
+        self.received += got
+        return got
+
+    def why(self) -> str:
+        return self._process.why() if self._process else "not started"
+
+    def interrupt(self) -> None:
+        if self._process is not None:
+            self._process.interrupt()
+
+    def stop(self) -> None:
+        self._end_process()

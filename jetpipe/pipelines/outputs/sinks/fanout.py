@@ -1,0 +1,114 @@
+"""Every record to every sink: the one place delivery happens and failures are counted.
+
+The post stage offers each frame to the sinks that take frames (a copy, before its ring slot is released)
+and puts the frame's record on a bounded queue; the writer thread (`run`) hands each record to every sink
+in order. A sink that raises is counted (its `fail`) and the others go on. The viewers (the preview page)
+take frames like sinks but are no sink of the user's: not in the summary's lists.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from jetpipe.pipelines.outputs.sinks.base import Sink
+from jetpipe.pipelines.outputs.sinks.delivery import QueuedSink
+
+log = logging.getLogger(__name__)
+
+QUEUE_RECORDS = 256  # records waiting for the writer; a full queue holds up the post stage, not memory
+
+
+class SinkFanout:
+    def __init__(self, sinks: list[Sink], on_record=None):
+        """on_record(record): called first for each record (frames', events', clips') in the writer thread (the
+        demo's console, a program's loop: pipelines/service/embed.py)."""
+        self.sinks = list(sinks)
+        self.frame_takers = [s for s in self.sinks if s.takes_frames]
+        self.on_record = on_record
+        self.records: queue.Queue = queue.Queue(maxsize=QUEUE_RECORDS)
+        self._closed: set[int] = set()
+        self.scene = None  # scene(stream, frame_hw): what is drawn beside the results (EventStep.scene)
+
+    def add_viewer(self, viewer) -> None:
+        """A frame taker that is no sink of the user's (the preview page): offered frames, closed by its owner."""
+        self.frame_takers.append(viewer)
+
+    def offer(self, stream_id: int, frame, record, to_host, wait: bool) -> None:
+        """A frame and its record to each sink that draws frames; wait: a file's frame, every one is drawn."""
+        if self.scene is not None and self.frame_takers:  # the rules and counts as they are at this frame
+            record.scene = self.scene(stream_id, frame.size())
+        for sink in self.frame_takers:
+            try:
+                sink.offer(stream_id, frame, record, to_host, wait=wait)
+            except Exception as exc:  # a sink that fails never fails the batch
+                sink.fail(exc)
+
+    def put(self, record) -> None:
+        self.records.put(record)
+
+    def finish(self) -> None:
+        """No more records: run() returns once it has written those queued."""
+        self.records.put(None)
+
+    def run(self) -> None:
+        """The writer thread: each record to every sink, in order, until finish()."""
+        while True:
+            record = self.records.get()
+            if record is None:
+                return
+            if self.on_record is not None:
+                self.on_record(record)
+            for sink in self.sinks:
+                try:
+                    sink.write(record)
+                except Exception as exc:  # one sink failing must not stop the others
+                    sink.fail(exc)
+
+    def end_stream(self, stream_id: int) -> None:
+        """A removed stream's outputs end (its last frame was offered already)."""
+        for sink in self.frame_takers:
+            sink.end_stream(stream_id)
+
+    def cut_short(self) -> int:
+        """A bounded drain ran out: the frame sinks drop the frames still waiting to be drawn (counted in their
+        `dropped`); how many."""
+        return sum(sink.cut_short() for sink in self.frame_takers)
+
+    def close(self) -> None:
+        """Close every sink once (after the run, so the summary counts what fails as they finish; or at an
+        early close())."""
+        for i, sink in enumerate(self.sinks):
+            if i in self._closed:
+                continue
+            self._closed.add(i)
+            try:
+                sink.close()
+            except Exception as exc:
+                sink.failures += 1
+                log.error("sink %s failed while closing: %s", sink.describe(), exc)
+
+    def failures(self) -> list[int]:
+        return [s.failures for s in self.sinks]
+
+    def dropped(self) -> list[int]:
+        return [s.dropped for s in self.sinks]
+
+    def deliveries(self) -> list[dict]:
+        """The brokers' sinks: records sent, lost, queued now and failed tries (the summary's `delivery`)."""
+        return [s.delivery() for s in self.sinks if isinstance(s, QueuedSink)]
+
+    def metric_families(self):
+        """For /metrics: each broker sink's records sent and lost, and its queue now."""
+        queued = [s for s in self.sinks if isinstance(s, QueuedSink)]
+        for name, help_text, kind, read in (
+                ("jetpipe_sink_records_sent", "Records a broker acknowledged.", CounterMetricFamily, "sent"),
+                ("jetpipe_sink_records_lost", "Records a broker sink could not deliver (queue full, refused, "
+                                              "left at stop).", CounterMetricFamily, "lost"),
+                ("jetpipe_sink_queue", "Records waiting in a broker sink's queue.", GaugeMetricFamily, "queued")):
+            family = kind(name, help_text, labels=["sink"])
+            for sink in queued:
+                family.add_metric([sink.describe()], sink.delivery()[read])
+            yield family

@@ -1,0 +1,117 @@
+"""What the daemon says of its run: each stream's counters, the live status line, the overload warning and
+the summary printed at the end. It reads the other rooms' counters and changes nothing."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from jetpipe.pipelines.counters import COUNTERS, live_counts
+
+log = logging.getLogger(__name__)
+
+OVERLOAD_LOG_S = 60.0  # the overload warning, at most this often
+PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stalls", "decode_errors")
+
+
+class Report:
+    def __init__(self, config, streams, metrics, batcher, runtime, sinks, stages, control: bool, events=None,
+                 clips=None, snapshots=None, drain_bound=None):
+        self.config, self.streams, self.metrics, self.batcher = config, streams, metrics, batcher
+        self.runtime, self.sinks, self.stages, self.control = runtime, sinks, stages, control
+        # events.EventStep, clips.writer.Clips, snapshots.Snapshots: where asked for
+        self.events, self.clips, self.snapshots = events, clips, snapshots
+        self.drain_bound = drain_bound  # drain.DrainBound: where a stop's drain was cut short
+        self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
+
+    def live_counts(self, stream) -> dict:
+        return live_counts(stream, self.metrics, self.batcher)
+
+    def describe(self, stream) -> dict:
+        """A stream as the control API shows it."""
+        return {"id": stream.id, "uri": stream.spec.uri, "state": stream.state,
+                "fps": round(self.metrics.fps(stream.slot), 2), **self.live_counts(stream)}
+
+    def stream_counts(self) -> list[dict]:
+        """Every stream's counters in the order of stream_ids(): those in slots now, and those removed as they
+        were then."""
+        with self.streams.lock:
+            live = {s.id: s for s in self.streams.live()}
+            retired = dict(self.streams.retired)
+        return [retired[i] if i in retired else {"uri": live[i].spec.uri, "state": live[i].state,
+                                                 **self.live_counts(live[i])}
+                for i in _by_id(live, retired)]
+
+    def stream_ids(self) -> list[int]:
+        """The IDs the summary's per-stream lists follow (a GPU's worker tells the face which is which)."""
+        with self.streams.lock:
+            return _by_id({s.id: s for s in self.streams.live()}, self.streams.retired)
+
+    def totals(self) -> dict[str, int]:
+        """Each counter summed over every stream, removed ones included."""
+        counts = self.stream_counts()
+        return {name: sum(c[name] for c in counts) for name in (*COUNTERS, "dropped")}
+
+    def say_overload(self) -> None:
+        """A warning (at most once a minute) while live streams drop frames: the offered rate is more than the
+        pipeline processes, and the drops keep its latency bounded (a file waits instead)."""
+        totals, now = self.totals(), time.monotonic()
+        dropped, said, at = totals["dropped"], *self._overload_said
+        if dropped > said and now - at >= OVERLOAD_LOG_S:
+            captured = max(1, totals["captured"])
+            log.warning("overloaded: %d frame(s) dropped so far (%.1f %% of those captured): the streams offer more "
+                        "than the pipeline processes; the oldest queued frames go so that latency stays bounded "
+                        "(fewer streams, a lower rate or a lighter model would keep them)", dropped,
+                        100 * dropped / captured)
+            self._overload_said = (dropped, now)
+
+    def status_line(self) -> str:
+        m = self.metrics
+        fps = " ".join(f"{m.fps(s.slot):.1f}" for s in self.streams.live())
+        p = m.recent_percentiles("total")
+        lat = f"recent p50 {p[0.5]:.0f} ms p99 {p[0.99]:.0f} ms" if p else "no results yet"
+        total = self.totals()
+        return (f"fps per stream [{fps}], processed {total['processed']}, "
+                f"dropped {total['dropped']}, failed {total['failed']}, latency {lat}")
+
+    def summary(self, seconds: float, cpu_s: dict[str, float], interrupted: dict | None) -> dict:
+        m, counts, stages = self.metrics, self.stream_counts(), self.stages.stats()
+        per_stream = {name: [c[name] for c in counts] for name in PER_STREAM}
+        processed, dropped = sum(per_stream["processed"]), sum(per_stream["dropped"])
+        failure, gpu_busy_s = self.stages.failure, stages.pop("gpu_busy_s")
+        return {"seconds": round(seconds, 2), "backend": self.runtime.backend_name,
+                # by stream ID (= the records' "stream"): with the control API removed streams too
+                **per_stream,
+                **({"streams": [{"uri": c["uri"], "state": c["state"]} for c in counts]} if self.control else {}),
+                "batches": m.batches,
+                **({"latency_budget_ms": self.config.latency_budget_ms} if self.config.latency_budget_ms else {}),
+                "throughput_fps": round(processed / max(seconds, 1e-9), 2),
+                # live streams dropped frames because processing fell behind (files wait instead)
+                "overloaded": dropped > 0,
+                "dropped_share": round(dropped / max(1, sum(per_stream["captured"])), 4),
+                # the run's: the frames finished after a stop (signal, --duration) are the drain's, reported apart
+                **({"drain": drain} if (drain := m.drain()) else {}),
+                **({"drain_cut_short": cut} if (cut := self.drain_bound and self.drain_bound.cut) else {}),
+                "latency_ms": {s: {str(q): round(v, 2) for q, v in m.percentiles(s).items()}
+                               for s in ("queue", "gpu", "post", "total")},
+                "sink_failures": self.sinks.failures(),
+                "sink_frames_dropped": self.sinks.dropped(),
+                **({"delivery": delivery} if (delivery := self.sinks.deliveries()) else {}),
+                "postprocess": "gpu" if self.runtime.reduction else "cpu",
+                "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, processed)),
+                "cpu_seconds": {k: round(v, 3) for k, v in cpu_s.items()},
+                "cpu_cores": round(sum(cpu_s.get(k, 0.0) for k in ("process", "decode_processes"))
+                                   / max(seconds, 1e-9), 2),
+                "gpu_stage_ms": stages.pop("gpu_stage_ms"),
+                # the share of the run the GPU spent on batches: near 1, the GPU is what limits throughput
+                **({"gpu_busy_share": round(gpu_busy_s / max(seconds, 1e-9), 3)} if gpu_busy_s else {}),
+                **stages,
+                **({"events": self.events.summary()} if self.events is not None else {}),
+                **({"clips": self.clips.summary()} if self.clips is not None else {}),
+                **({"snapshots": self.snapshots.summary()} if self.snapshots is not None else {}),
+                **({"interrupted": dict(interrupted)} if interrupted else {}),
+                **({"failure": failure} if failure else {})}
+
+
+def _by_id(live: dict, retired: dict) -> list[int]:
+    return sorted([*live, *retired])
