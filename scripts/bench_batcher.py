@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jetpipe.pipelines.ingest.batcher import Batcher, Packet  # noqa: E402
+from jetpipe.pipelines.ingest.batcher import Batcher, QueuedFrame  # noqa: E402
 
 
 def run(streams: int, frames: int, max_batch: int, depth: int) -> dict:
@@ -26,7 +26,7 @@ def run(streams: int, frames: int, max_batch: int, depth: int) -> dict:
 
     def produce(stream: int) -> None:
         for i in range(each):
-            batcher.put(Packet(stream, i, 0.0, None, lambda: None), wait=True)
+            batcher.put(QueuedFrame(stream, i, 0.0, None, lambda: None), wait=True)
 
     threads = [threading.Thread(target=produce, args=(s,), daemon=True) for s in range(streams)]
     wall, cpu = time.perf_counter(), time.process_time()

@@ -220,9 +220,9 @@ def _assert_one_line(capsys, message):
 
 
 def test_per_stream_fps_is_a_rate_over_time_not_over_one_batch():
-    from jetpipe.pipelines.counters import Metrics
+    from jetpipe.pipelines.counters import StreamCounters
 
-    metrics = Metrics(streams=2)
+    metrics = StreamCounters(streams=2)
     for _ in range(16):  # one batch delivers 16 results of stream 0 at one instant
         metrics.record_result(0, {"total": 1.0})
     assert metrics.fps(0) <= 16.0 and metrics.fps(1) == 0.0

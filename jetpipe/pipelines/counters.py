@@ -20,7 +20,7 @@ RECENT_LATENCY = "jetpipe_recent_latency_seconds"
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.033, 0.05, 0.067, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
-class Metrics:
+class StreamCounters:
     def __init__(self, streams: int, window: int = 2048, ids: list[int] | None = None):
         """ids: the configured streams' IDs where they are not 0, 1, ... (a GPU's worker: streams.Share)."""
         self.lock = threading.Lock()

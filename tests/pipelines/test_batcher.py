@@ -3,11 +3,11 @@ import time
 
 import pytest
 
-from jetpipe.pipelines.ingest.batcher import Batcher, Packet
+from jetpipe.pipelines.ingest.batcher import Batcher, QueuedFrame
 
 
 def _packet(stream, n, released):
-    return Packet(stream, n, time.time(), frame=None, release=lambda: released.append((stream, n)))
+    return QueuedFrame(stream, n, time.time(), frame=None, release=lambda: released.append((stream, n)))
 
 
 def test_drop_oldest_bounds_memory_and_counts():
@@ -92,7 +92,7 @@ def test_a_batch_is_no_larger_than_the_budget_allows_by_the_engines_measured_tim
     b = Batcher(streams=1, max_batch=8, timeout_s=60.0, depth=16, budget_s=1.0)
     b.record_batch(8, 1.4)
     for n in range(8):
-        b.put(Packet(0, n, time.time(), None, lambda: None))
+        b.put(QueuedFrame(0, n, time.time(), None, lambda: None))
     start = time.monotonic()
     assert [len(b.next_batch()) for _ in range(4)] == [2, 2, 2, 2] and time.monotonic() - start < 30
     b.record_batch(2, 0.2)
@@ -104,7 +104,7 @@ def test_a_batch_is_no_larger_than_the_budget_allows_by_the_engines_measured_tim
     free = Batcher(streams=1, max_batch=8, timeout_s=60.0, depth=16)
     free.record_batch(8, 1.4)
     for n in range(8):
-        free.put(Packet(0, n, time.time(), None, lambda: None))
+        free.put(QueuedFrame(0, n, time.time(), None, lambda: None))
     assert len(free.next_batch()) == 8 and free.batch_cap == 8
 
 
@@ -114,9 +114,9 @@ def test_a_budgeted_batcher_cuts_a_partial_batch_when_no_frame_would_come_in_tim
     b.record_batch(2, 0.1)
     now = time.monotonic()
     for age in (20.0, 10.0):  # frames 10 s apart: the arrival rate the batcher learns
-        b.put(Packet(0, int(age), time.time(), None, lambda: None, t_monotonic=now - age))
+        b.put(QueuedFrame(0, int(age), time.time(), None, lambda: None, t_monotonic=now - age))
         assert len(b.next_batch()) == 1
-    b.put(Packet(0, 3, time.time(), None, lambda: released.append(3), t_monotonic=time.monotonic()))
+    b.put(QueuedFrame(0, 3, time.time(), None, lambda: released.append(3), t_monotonic=time.monotonic()))
     start = time.monotonic()
     batch = b.next_batch()
     # the next frame is 10 s away and the budget 1 s: cut now, not after the 60 s timeout
@@ -128,12 +128,12 @@ def test_a_budgeted_batcher_waits_for_frames_that_arrive_within_the_budget():
     b.record_batch(4, 0.1)
     now = time.monotonic()
     for n in range(2):  # frames 10 ms apart: the rate it learns; the next is due long before the budget ends
-        b.put(Packet(0, n, time.time(), None, lambda: None, t_monotonic=now - 0.01 + 0.01 * n))
+        b.put(QueuedFrame(0, n, time.time(), None, lambda: None, t_monotonic=now - 0.01 + 0.01 * n))
     got = []
     taker = threading.Thread(target=lambda: got.append(b.next_batch()))
     taker.start()
     for n in range(2):
-        b.put(Packet(1, n, time.time(), None, lambda: None))
+        b.put(QueuedFrame(1, n, time.time(), None, lambda: None))
     taker.join(60)
     assert sorted((p.stream, p.frame_no) for p in got[0]) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # full, not 2
 
@@ -144,7 +144,7 @@ def _bursts(b: Batcher, streams: int, period: float, bursts: int, end: float) ->
     for k in range(bursts):
         start = end - (bursts - 1 - k) * period - 0.001
         for s in range(streams):
-            b.put(Packet(s, k, time.time(), None, lambda: None, t_monotonic=start + s * 0.001 / streams))
+            b.put(QueuedFrame(s, k, time.time(), None, lambda: None, t_monotonic=start + s * 0.001 / streams))
         if k < bursts - 1:
             assert len(b.next_batch()) == streams
 
@@ -168,12 +168,12 @@ def test_in_the_middle_of_a_burst_the_budget_waits_for_the_streams_that_are_due(
     now = time.monotonic()
     _bursts(b, streams=4, period=1.0, bursts=3, end=now - 1.0)  # the third burst taken, 1 s ago
     for s in range(2):  # the next burst has begun: streams 2 and 3 are due now
-        b.put(Packet(s, 9, time.time(), None, lambda: None))
+        b.put(QueuedFrame(s, 9, time.time(), None, lambda: None))
     got = []
     taker = threading.Thread(target=lambda: got.append(b.next_batch()))
     taker.start()
     for s in (2, 3):
-        b.put(Packet(s, 9, time.time(), None, lambda: None))
+        b.put(QueuedFrame(s, 9, time.time(), None, lambda: None))
     taker.join(60)
     assert sorted(p.stream for p in got[0]) == [0, 1, 2, 3]
 
@@ -184,9 +184,9 @@ def test_a_stream_that_stopped_is_not_waited_for():
     b.record_batch(2, 0.1)
     now = time.monotonic()
     for n in range(3):  # stream 0: every 100 ms, then nothing for 20 s
-        b.put(Packet(0, n, time.time(), None, lambda: None, t_monotonic=now - 20.2 + 0.1 * n))
+        b.put(QueuedFrame(0, n, time.time(), None, lambda: None, t_monotonic=now - 20.2 + 0.1 * n))
     assert len(b.next_batch()) == 3
-    b.put(Packet(1, 0, time.time(), None, lambda: None))
+    b.put(QueuedFrame(1, 0, time.time(), None, lambda: None))
     got, done = [], threading.Event()
     threading.Thread(target=lambda: (got.append(b.next_batch()), done.set()), daemon=True).start()
     assert done.wait(2.5), "the batcher waited for a stream silent for 20 s"
@@ -199,15 +199,15 @@ def test_a_full_batch_is_taken_at_once_while_capture_threads_wait_for_room():
     waited out the taker's deadline (here 30 s; batch_timeout_ms in a pipeline, every batch)."""
     b = Batcher(streams=3, max_batch=3, timeout_s=30.0, depth=1)
     for s in range(2):
-        b.put(Packet(s, 0, time.time(), None, lambda: None))
-    blocked = [threading.Thread(target=b.put, args=(Packet(s, 1, time.time(), None, lambda: None), True),
+        b.put(QueuedFrame(s, 0, time.time(), None, lambda: None))
+    blocked = [threading.Thread(target=b.put, args=(QueuedFrame(s, 1, time.time(), None, lambda: None), True),
                                 daemon=True) for s in range(2)]
     for t in blocked:
         t.start()  # both queues are full: these wait for room
     got, done = [], threading.Event()
     threading.Thread(target=lambda: (got.append(b.next_batch()), done.set()), daemon=True).start()
     time.sleep(0.02)  # the taker waits for its third frame (not a window the test depends on: it only orders)
-    b.put(Packet(2, 0, time.time(), None, lambda: None))
+    b.put(QueuedFrame(2, 0, time.time(), None, lambda: None))
     assert done.wait(10), "the frame that filled the batch woke a capture thread instead of the taker"
     assert sorted(p.stream for p in got[0]) == [0, 1, 2]
     for t in blocked:  # room made: each capture thread queued its frame
@@ -221,9 +221,9 @@ def test_under_a_budget_a_live_frame_already_too_old_is_shed_and_a_files_is_kept
     released = []
     b = Batcher(streams=3, max_batch=4, timeout_s=0.0, depth=4, budget_s=0.05)
     old = time.monotonic() - 1.0
-    b.put(Packet(0, 0, time.time(), None, lambda: released.append("camera old"), t_monotonic=old, live=True))
-    b.put(Packet(1, 0, time.time(), None, lambda: released.append("file old"), t_monotonic=old, live=False))
-    b.put(Packet(2, 0, time.time(), None, lambda: released.append("camera new"), live=True))
+    b.put(QueuedFrame(0, 0, time.time(), None, lambda: released.append("camera old"), t_monotonic=old, live=True))
+    b.put(QueuedFrame(1, 0, time.time(), None, lambda: released.append("file old"), t_monotonic=old, live=False))
+    b.put(QueuedFrame(2, 0, time.time(), None, lambda: released.append("camera new"), live=True))
     batch = b.next_batch()
     assert sorted((p.stream, p.frame_no) for p in batch) == [(1, 0), (2, 0)]
     assert released == ["camera old"] and b.dropped == [1, 0, 0]
@@ -231,7 +231,7 @@ def test_under_a_budget_a_live_frame_already_too_old_is_shed_and_a_files_is_kept
 
 def test_without_a_budget_nothing_is_shed_for_its_age():
     b = Batcher(streams=1, max_batch=4, timeout_s=0.0, depth=4)
-    b.put(Packet(0, 0, time.time(), None, lambda: None, t_monotonic=time.monotonic() - 100.0, live=True))
+    b.put(QueuedFrame(0, 0, time.time(), None, lambda: None, t_monotonic=time.monotonic() - 100.0, live=True))
     assert len(b.next_batch()) == 1 and b.dropped == [0]
 
 
@@ -252,7 +252,7 @@ def test_a_budget_the_models_own_run_breaks_is_said_and_the_freshest_frames_stil
     why = b.plan({1: 0.104, 2: 0.2})
     assert why is not None and "one frame takes the model 104 ms" in why and "at least 208 ms" in why
     assert b.engine_s[1] == pytest.approx(0.104) and b.batch_cap == 1
-    b.put(Packet(0, 0, time.time(), None, lambda: None, t_monotonic=time.monotonic() - 0.01, live=True))
+    b.put(QueuedFrame(0, 0, time.time(), None, lambda: None, t_monotonic=time.monotonic() - 0.01, live=True))
     assert len(b.next_batch()) == 1  # the model is warned about, its freshest frames still run
     assert Batcher(streams=1, max_batch=4, timeout_s=0.0, depth=4, budget_s=0.5).plan({1: 0.1}) is None
     assert Batcher(streams=1, max_batch=4, timeout_s=0.0, depth=4).plan({1: 0.1}) is None  # no budget
@@ -286,8 +286,8 @@ def test_a_stream_whose_old_frame_is_shed_keeps_its_turn_with_its_next():
     b = Batcher(streams=2, max_batch=1, timeout_s=0.0, depth=4, budget_s=0.1)
     b.plan({1: 0.01})
     now = time.monotonic()
-    b.put(Packet(0, 0, time.time(), None, lambda: released.append((0, 0)), t_monotonic=now - 0.3, live=True))
-    b.put(Packet(0, 1, time.time(), None, lambda: released.append((0, 1)), t_monotonic=now, live=True))
-    b.put(Packet(1, 0, time.time(), None, lambda: released.append((1, 0)), t_monotonic=now, live=True))
+    b.put(QueuedFrame(0, 0, time.time(), None, lambda: released.append((0, 0)), t_monotonic=now - 0.3, live=True))
+    b.put(QueuedFrame(0, 1, time.time(), None, lambda: released.append((0, 1)), t_monotonic=now, live=True))
+    b.put(QueuedFrame(1, 0, time.time(), None, lambda: released.append((1, 0)), t_monotonic=now, live=True))
     assert [(p.stream, p.frame_no) for p in b.next_batch()] == [(0, 1)]
     assert released == [(0, 0)] and [(p.stream, p.frame_no) for p in b.next_batch()] == [(1, 0)]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.ingest.batcher import Batcher, Packet
+from jetpipe.pipelines.ingest.batcher import Batcher, QueuedFrame
 from jetpipe.pipelines.ingest.capture import ROOM, CaptureGroup
 from jetpipe.pipelines.ingest.sources import SyntheticCamera
 from jetpipe.pipelines.service.daemon import Pipeline
@@ -32,7 +32,7 @@ def _file(batcher, slot, frames, readers):
         while not batcher.has_room(slot):
             yield ROOM
         readers.add(threading.get_ident())
-        batcher.put(Packet(slot, n, time.time(), frame=None, release=lambda: None), wait=True)
+        batcher.put(QueuedFrame(slot, n, time.time(), frame=None, release=lambda: None), wait=True)
         yield 0.0
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jetpipe.pipelines.counters import Metrics
+from jetpipe.pipelines.counters import StreamCounters
 from jetpipe.pipelines.quantiles import RunHistogram
 
 
@@ -32,7 +32,7 @@ def test_histogram_out_of_range_values_are_the_exact_extremes():
 def test_summary_percentiles_cover_the_whole_run_not_its_end():
     """A run of 20,000 results at 10 ms that ends with 2,048 slow ones (the sources stopping): the run's p50
     and p90 are 10 ms; a window of the last results sees only the end (what the summary reported before)."""
-    metrics = Metrics(streams=1, window=2048)
+    metrics = StreamCounters(streams=1, window=2048)
     for _ in range(20000):
         metrics.record_result(0, {"total": 10.0})
     for _ in range(2048):

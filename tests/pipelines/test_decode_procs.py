@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from jetpipe.pipelines.config import SourceConfig
-from jetpipe.pipelines.ingest.batcher import Batcher, Packet
+from jetpipe.pipelines.ingest.batcher import Batcher, QueuedFrame
 from jetpipe.pipelines.ingest.decode_procs import LIVE_CREDITS, RemoteNvdecSource, _Remote, _Waker
 from jetpipe.pipelines.ingest.decoded_elsewhere import DecodedElsewhere
 from jetpipe.pipelines.ingest.streams import Stream
@@ -24,8 +24,8 @@ def _stream(slot: int, realtime: bool) -> Stream:
     return Stream(slot, SourceConfig("/videos/a.mp4"), source, slot)
 
 
-def _packet(stream: int, n: int) -> Packet:
-    return Packet(stream, n, time.time(), frame=None, release=lambda: None)
+def _packet(stream: int, n: int) -> QueuedFrame:
+    return QueuedFrame(stream, n, time.time(), frame=None, release=lambda: None)
 
 
 def test_the_batcher_taking_a_frame_wakes_the_link_through_its_pipe_once():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.counters import Metrics
+from jetpipe.pipelines.counters import StreamCounters
 from jetpipe.pipelines.ingest.sources import SyntheticCamera
 from jetpipe.pipelines.outputs.annotate import PALETTE, UNTRACKED
 from jetpipe.pipelines.outputs.preview import stats_json
@@ -105,7 +105,7 @@ def _image_top(page: np.ndarray) -> int:
 
 
 def test_stats_give_each_stream_its_own_latency():
-    metrics = Metrics(streams=2)
+    metrics = StreamCounters(streams=2)
     for i in range(50):  # stream 1 waits ten times longer (a slow camera's frames queue behind a batch)
         metrics.record_result(0, {"queue": 1.0, "gpu": 5.0, "post": 1.0, "total": 10.0 + i % 3})
         metrics.record_result(1, {"queue": 90.0, "gpu": 5.0, "post": 1.0, "total": 100.0 + i % 3})

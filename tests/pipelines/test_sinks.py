@@ -102,9 +102,9 @@ def test_metrics_exposition_is_prometheus_text_with_histograms_and_process_metri
     """Written by prometheus-client: parseable, per-stream counters, latency histograms, process metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from jetpipe.pipelines.counters import Metrics
+    from jetpipe.pipelines.counters import StreamCounters
 
-    metrics = Metrics(streams=2)
+    metrics = StreamCounters(streams=2)
     metrics.count("captured", 1, 5)
     for total_ms in (8.0, 40.0, 300.0):
         metrics.record_result(1, {"queue": 1.0, "gpu": 2.0, "post": 3.0, "total": total_ms})

@@ -19,7 +19,7 @@ from jetpipe import uri as uris
 from jetpipe.cli import main
 from jetpipe.frames import ColourMatrix, frame_shape
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
-from jetpipe.pipelines.ingest.batcher import Batcher, Packet
+from jetpipe.pipelines.ingest.batcher import Batcher, QueuedFrame
 from jetpipe.pipelines.ingest.sources import EndOfStream, FFmpegSource, GstSource, PyAVSource, SourceError, open_source
 from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
 from jetpipe.pipelines.ingest.sources.gstreamer import caps_of, jetson_pipeline
@@ -527,7 +527,7 @@ def test_sigterm_during_a_hanging_open_exits_in_time(tiny_bundle, tmp_path):
 def test_a_file_waits_for_room_a_camera_drops_its_oldest():
     batcher = Batcher(streams=2, max_batch=4, timeout_s=0.0, depth=1)
     released = []
-    packet = lambda stream, n: Packet(stream, n, 0.0, None, lambda: released.append((stream, n)))  # noqa: E731
+    packet = lambda stream, n: QueuedFrame(stream, n, 0.0, None, lambda: released.append((stream, n)))  # noqa: E731
     batcher.put(packet(1, 0))
     batcher.put(packet(1, 1))  # camera: the oldest goes
     assert batcher.dropped[1] == 1 and released == [(1, 0)]

@@ -18,14 +18,14 @@ import time
 from jetpipe.pipelines.core.chain_gate import ChainGate
 from jetpipe.pipelines.core.record import FrameRecord
 from jetpipe.pipelines.core.secondary import frames_read
-from jetpipe.pipelines.ingest.batcher import Packet
+from jetpipe.pipelines.ingest.batcher import QueuedFrame
 from jetpipe.tasks.detections import Detections, as_detections
 
 log = logging.getLogger(__name__)
 IDLE_S = 0.05  # the post thread with no batch this long flushes what the steps held back (events)
 
 
-class Stages:
+class StageLoops:
     def __init__(self, runtime, batcher, postprocess, steps: list, secondaries: list, streams, metrics, sinks,
                  task: str, pool, fail_timeout_s: float, on_failure, profile: bool = False):
         """on_failure(): every batch has failed for fail_timeout_s (stop the daemon; `failure` says why)."""
@@ -120,7 +120,7 @@ class Stages:
                     if self.secondaries:
                         self.chain_gate.lost()
 
-    def _collect(self, ticket, packets: list[Packet], t_batch: float):
+    def _collect(self, ticket, packets: list[QueuedFrame], t_batch: float):
         """The batch's outputs once the GPU is done (waiting blocks, it does not spin), and when that was."""
         t_wait = time.perf_counter()
         result = self.runtime.collect(ticket, hold=True)
@@ -193,7 +193,7 @@ class Stages:
                 log.exception("the %s step failed", step.name)
 
     # --- the seams -------------------------------------------------------------------------------
-    def finish(self, result, packets: list[Packet]) -> list[Detections]:
+    def finish(self, result, packets: list[QueuedFrame]) -> list[Detections]:
         """The primary's results of a collected batch (its task's finish, then each frame's steps)."""
         t_finish = time.perf_counter()
         used = [packets[i] for i in result.frame_indices]
@@ -206,7 +206,7 @@ class Stages:
         self.post_phase_s["finish"] += time.perf_counter() - t_finish
         return results
 
-    def emit(self, result, packets: list[Packet], results: list[Detections], t_batch: float, t_gpu: float,
+    def emit(self, result, packets: list[QueuedFrame], results: list[Detections], t_batch: float, t_gpu: float,
              phase: dict) -> None:
         """Records of a finished batch to the sinks (frames to those that draw them); its ring slots released."""
         t_records = time.perf_counter()

@@ -8,7 +8,8 @@ takes it, `reset(slot)` forgets the old stream's state (called from another thre
 
 A new step is a class with `name`, `run(packets, results)`, `reset(slot)` and `flush()`, and one line in
 `build_steps`.
-A packet (batcher.Packet) is a frame's: its slot (`stream`), number, pts, capture time and the frame.
+A packet (ingest.batcher.QueuedFrame) is a queued frame: its slot (`stream`), number, pts, capture time and the
+frame.
 """
 
 from __future__ import annotations

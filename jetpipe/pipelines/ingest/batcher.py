@@ -39,7 +39,9 @@ EMA = 0.2  # weight of the newest measurement in the engine-time and arrival ave
 
 
 @dataclass
-class Packet:
+class QueuedFrame:
+    """A frame waiting in the batcher for its batch (a compressed packet is jetpipe.video.Packet)."""
+
     stream: int
     frame_no: int
     t_capture: float          # time.time() when the frame was captured
@@ -106,7 +108,7 @@ class Batcher:
         self._next_stream = 0
         self.closed = False
 
-    def put(self, packet: Packet, wait: bool = False) -> None:
+    def put(self, packet: QueuedFrame, wait: bool = False) -> None:
         """Queue a frame; when the stream's queue is full, wait for room (files) or drop its oldest (cameras)."""
         with self._lock:
             self._arrived(packet.stream, packet.t_monotonic)
@@ -229,7 +231,7 @@ class Batcher:
         for room in {id(r): r for r in self._room}.values():
             room.notify_all()
 
-    def next_batch(self, poll_s: float = 0.1) -> list[Packet] | None:
+    def next_batch(self, poll_s: float = 0.1) -> list[QueuedFrame] | None:
         """Up to max_batch frames, round robin over streams; waits for a full batch until the oldest queued
         frame has waited timeout_s (counted from its capture: a frame that queued while the GPU was busy has
         used up its wait already; counting from now added a whole timeout to the latency tail).
@@ -255,7 +257,7 @@ class Batcher:
         return cut_deadline(oldest, self._queued, self.batch_cap, self.timeout_s, self.budget_s, self._engine,
                             self._next_arrival(time.monotonic()))
 
-    def _take(self) -> list[Packet]:
+    def _take(self) -> list[QueuedFrame]:
         batch, streams = [], len(self.queues)
         stale = time.monotonic() - self.budget_s if self.budget_s is not None else -math.inf
         while len(batch) < self.batch_cap and self._queued > 0:

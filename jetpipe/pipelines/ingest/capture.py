@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from jetpipe.pipelines.ingest.batcher import Packet
+from jetpipe.pipelines.ingest.batcher import QueuedFrame
 from jetpipe.pipelines.ingest.sources import EndOfStream
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ class Capture:
         """A frame its source wrote into ring slot `slot`, captured now, to the batcher (wait: for room)."""
         t_capture = time.time()
         frame = ring.frame(slot, info.format, info.height, info.width, info.standard, info.range)
-        self.batcher.put(Packet(stream, frame_no, t_capture, frame, _releaser(ring, slot), pts=pts, live=live),
+        self.batcher.put(QueuedFrame(stream, frame_no, t_capture, frame, _releaser(ring, slot), pts=pts, live=live),
                          wait=wait)
         self.metrics.count("captured", stream)
         self.last_frame[stream] = time.monotonic()

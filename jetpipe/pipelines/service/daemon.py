@@ -26,9 +26,9 @@ from jetpipe.pipelines.core.drain import DrainBound
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryStage
 from jetpipe.pipelines.core.secondary import check as check_secondary
-from jetpipe.pipelines.core.stages import Stages
+from jetpipe.pipelines.core.stages import StageLoops
 from jetpipe.pipelines.core.steps import build_steps
-from jetpipe.pipelines.counters import Metrics
+from jetpipe.pipelines.counters import StreamCounters
 from jetpipe.pipelines.ingest.batcher import Batcher
 from jetpipe.pipelines.ingest.intake import Ingest, frame_bound
 from jetpipe.pipelines.ingest.streams import ControlError, Share, Streams
@@ -40,7 +40,7 @@ from jetpipe.pipelines.service.closing import close_in_reverse
 from jetpipe.pipelines.service.http.control import Control
 from jetpipe.pipelines.service.http.pages import PreviewPages
 from jetpipe.pipelines.service.http.server import MetricsServer
-from jetpipe.pipelines.service.summary import Report
+from jetpipe.pipelines.service.summary import RunSummary
 from jetpipe.runtime.open import open_runtime
 from jetpipe.tasks import for_bundle
 
@@ -157,7 +157,7 @@ class Pipeline:
                                budget_s=config.latency_budget_ms / 1000 or None)
         if config.latency_budget_ms:  # planned from the model's time, measured now where the runtime can
             self.batcher.plan(runtime.engine_times((1, 2)))
-        self.metrics = Metrics(capacity, ids=None if share is None else share.ids)
+        self.metrics = StreamCounters(capacity, ids=None if share is None else share.ids)
         self.ingest = Ingest(config, runtime, self.streams, self.batcher, self.metrics, self.stop_event,
                              self._start_thread, self._removed, self.control)
         self.closers.append(self.ingest.close)
@@ -184,10 +184,10 @@ class Pipeline:
         steps = build_steps(config, capacity, self.labels, self.streams.id_of, deliver, self.snapshots,
                             self.streams.resume)
         self.events = next((s for s in steps if s.name == "events"), None)
-        self.stages = Stages(runtime, self.batcher, self.postprocess, steps, self.secondaries,
+        self.stages = StageLoops(runtime, self.batcher, self.postprocess, steps, self.secondaries,
                              self.streams, self.metrics, self.sinks, self.task, self.pool, config.fail_timeout_s,
                              self.stop, self.profile)
-        self.report = Report(config, self.streams, self.metrics, self.batcher, runtime, self.sinks, self.stages,
+        self.report = RunSummary(config, self.streams, self.metrics, self.batcher, runtime, self.sinks, self.stages,
                              self.control, self.events, self.clips, self.snapshots, self.drain_bound)
         self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
         self.metrics.gauges["jetpipe_streams"] = lambda: len(self.streams.live())

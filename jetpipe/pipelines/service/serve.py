@@ -20,7 +20,7 @@ from jetpipe.output_folders import check_new_file
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.core.secondary import SecondaryConfig
 from jetpipe.pipelines.service.daemon import Pipeline
-from jetpipe.pipelines.service.gpus.face import Face
+from jetpipe.pipelines.service.gpus.face import MultiGpuFace
 from jetpipe.spec import preset
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def run_pipeline(config: PipelineConfig, on_result=None, then=None) -> dict:
     written whole)."""
 
     # with --gpus, a worker a GPU behind one face (pipelines/service/gpus), stopped the same way
-    pipeline = Pipeline(config, on_result=on_result) if config.gpus is None else Face(config)
+    pipeline = Pipeline(config, on_result=on_result) if config.gpus is None else MultiGpuFace(config)
     with StopSignals(pipeline):
         summary = pipeline.run()
         if then is not None:

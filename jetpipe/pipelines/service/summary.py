@@ -14,7 +14,7 @@ OVERLOAD_LOG_S = 60.0  # the overload warning, at most this often
 PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stalls", "decode_errors")
 
 
-class Report:
+class RunSummary:
     def __init__(self, config, streams, metrics, batcher, runtime, sinks, stages, control: bool, events=None,
                  clips=None, snapshots=None, drain_bound=None):
         self.config, self.streams, self.metrics, self.batcher = config, streams, metrics, batcher

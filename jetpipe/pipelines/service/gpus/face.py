@@ -31,7 +31,7 @@ LEFT_BEHIND_S = 10.0  # beyond its drain's bound (stop_timeout_s) a worker told 
 MAX_RESTARTS = 3  # a GPU's worker started again at most this often in a run (a fault that repeats is said)
 
 
-class Face:
+class MultiGpuFace:
     def __init__(self, config):
         self.config = config
         self.stopping = threading.Event()
