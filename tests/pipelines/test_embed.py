@@ -18,7 +18,9 @@ def _example() -> str:
 def test_the_documented_loop_runs_as_written(det_bundle, capsys):
     exec(compile(_example().replace("bundles/det-fp16", str(det_bundle)), "serve.md", "exec"), {})
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 20 and lines[0].startswith("0 0 ")  # every frame, in order: stream, frame, boxes, ...
+    frames = [int(line.split()[1]) for line in lines]  # stream, frame, boxes, ...
+    # a camera: 20 frames captured, those the loaded machine could not keep up with dropped (counted), in order
+    assert lines and all(line.startswith("0 ") for line in lines) and frames == sorted(set(frames)) and frames[-1] < 20
     assert all(int(line.split()[2]) > 0 for line in lines)  # the synthetic camera's words are found
 
 
