@@ -33,8 +33,7 @@ class StreamCounters:
         # quantiles they took over (an overloaded run's p99 of 2.8 s read 9-14 s)
         self.drain_latency = {stage: RunHistogram() for stage in STAGES}
         self.drain_started: float | None = None
-        self.result_count = dict.fromkeys(STAGES, 0)  # every result's, and their latencies' sum (the summary's)
-        self.result_sum_ms = dict.fromkeys(STAGES, 0.0)
+        self.result_sum_ms = dict.fromkeys(STAGES, 0.0)  # every result's latency summed (the summary's _sum)
         self.recent = [deque(maxlen=window) for _ in range(streams)]  # result times, for fps
         self.stream_total = [deque(maxlen=window // 8) for _ in range(streams)]  # each stream's total latency
         self.first_result: list[float | None] = [None] * streams
@@ -69,8 +68,7 @@ class StreamCounters:
             for stage, value in latencies.items():
                 self.latency[stage].append(value)
                 histograms[stage].add(value)
-                self.result_count[stage] = self.result_count.get(stage, 0) + 1
-                self.result_sum_ms[stage] = self.result_sum_ms.get(stage, 0.0) + value
+                self.result_sum_ms[stage] += value
             if "total" in latencies:
                 self.stream_total[stream].append(latencies["total"])
         for stage, value in latencies.items():
@@ -153,7 +151,8 @@ class StreamCounters:
         family = Metric(RECENT_LATENCY, "Per-stage latency (capture to result): quantiles over the last results.",
                         "summary")
         with self.lock:
-            totals = {stage: (self.result_count[stage], self.result_sum_ms[stage]) for stage in STAGES}
+            totals = {s: (self.run_latency[s].count + self.drain_latency[s].count, self.result_sum_ms[s])
+                      for s in STAGES}
         for stage in STAGES:
             for q, v in self.recent_percentiles(stage).items():
                 family.add_sample(RECENT_LATENCY, {"stage": stage, "quantile": str(q)}, round(v / 1000.0, 6))

@@ -147,6 +147,20 @@ class YoloDetection:
         return [with_labels(record, self.labels) for record in rows.box_records(xyxy, score, cls, letterboxes, sizes)]
 
 
+def head_classes(shape, input_hw) -> int | None:
+    """The classes of a head [N, 4 + C, A] (YOLOv8/11) or [N, A, 5 + C] (YOLOv5, YOLOX); None where the shape
+    is neither (or dynamic)."""
+    anchors = anchor_points(input_hw)
+    _, a, b = shape
+    if not (known(a) and known(b)):
+        return None
+    if b in (anchors, 3 * anchors) and a >= 5:  # YOLOv8/11: [N, 4 + C, A]
+        return a - 4
+    if a in (anchors, 3 * anchors) and b >= 6:  # YOLOv5 / YOLOX: [N, A, 5 + C]
+        return b - 5
+    return None
+
+
 class YoloDetectionTask(DetectorTask):
     name = "detection-yolo"
     summary = "YOLOv5/v8/11/X heads before NMS -> boxes, classes (names from the export), NMS on the GPU"
@@ -155,14 +169,12 @@ class YoloDetectionTask(DetectorTask):
         shape = self.detector_output(facts, "[N, 4+C, A] or [N, A, 5+C] (YOLO boxes before NMS)")
         if isinstance(shape, str):
             return shape
-        anchors = anchor_points(facts.input_hw)
-        _, a, b = shape
-        if not (known(a) and known(b)):
+        if not (known(shape[1]) and known(shape[2])):
             return None  # a dynamic size: nothing to hold against it
-        if b in (anchors, 3 * anchors) and a >= 5:  # YOLOv8/11: [N, 4 + C, A]
-            return labels_misfit(facts, a - 4)
-        if a in (anchors, 3 * anchors) and b >= 6:  # YOLOv5 / YOLOX: [N, A, 5 + C]
-            return labels_misfit(facts, b - 5)
+        classes = head_classes(shape, facts.input_hw)
+        if classes is not None:
+            return labels_misfit(facts, classes)
+        anchors = anchor_points(facts.input_hw)
         return (f"expects {anchors} (or {3 * anchors}) anchor rows for strides {STRIDES} at "
                 f"{facts.input_hw[0]}x{facts.input_hw[1]}, found {facts.shapes()}")
 
@@ -175,11 +187,7 @@ class YoloDetectionTask(DetectorTask):
         if options.labels:
             return len(options.labels)
         shape = options.outputs[0][1] if len(options.outputs) == 1 else ()
-        if len(shape) != 3 or not (known(shape[1]) and known(shape[2])):
-            return None
-        anchors = anchor_points(options.input_hw)
-        _, a, b = shape
-        return a - 4 if b in (anchors, 3 * anchors) else b - 5 if a in (anchors, 3 * anchors) else None
+        return head_classes(shape, options.input_hw) if len(shape) == 3 else None
 
     def postprocessor(self, options: TaskOptions) -> YoloDetection:
         return YoloDetection(input_hw=tuple(options.input_hw), labels=options.labels)

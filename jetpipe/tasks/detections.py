@@ -57,23 +57,20 @@ class Detections:
         """A task's results dict (lists, as JSON has them) as arrays; to_results() gives the dict back as it was
         (a tracker's IDs and the secondaries' results added at its end)."""
         boxes = results.get("boxes")
-        n = 0 if boxes is None else len(boxes)
-        classes = results.get("classes") if boxes is not None else None
-        det = cls(np.asarray(boxes if n else np.empty((0, 4)), np.float64).reshape(-1, 4),
-                  results.get("scores") if n else None, classes if n and classes is not None else (
-                      np.empty(0, np.int64) if classes is not None else None),
-                  layout=tuple(k for k in results if k not in ("track_ids", "secondary")),
-                  given={k: v for k, v in results.items() if k not in ("track_ids", "secondary")})
+        objects = boxes is not None  # else a frame's results: a classifier's "classes" and "scores" are no boxes'
+        given = {k: v for k, v in results.items() if k not in ("track_ids", "secondary")}
+        det = cls(boxes, results.get("scores") if objects else None, results.get("classes") if objects else None,
+                  layout=tuple(given), given=given)
         for key, value in results.items():
-            if key in ("track_ids", "secondary") or (boxes is not None and key in ("boxes", "scores", "classes")):
+            if key in ("track_ids", "secondary") or (objects and key in ("boxes", "scores", "classes")):
                 continue
-            if boxes is not None and (key in PER_OBJECT or key == "labels"):
+            if objects and (key in PER_OBJECT or key == "labels"):
                 det.data[key] = value  # labels as given (names, or numbers as text), one per object
             else:
                 det.frame_data[key] = value  # a classifier's classes, a segmenter's regions, a reader's text
         ids = results.get("track_ids")
         if ids is not None:
-            det.tracker_id = np.array([NO_TRACK if i is None else i for i in ids], np.int64).reshape(n)
+            det.tracker_id = track_array(ids).reshape(len(det))
         for name, entries in (results.get("secondary") or {}).items():
             det.secondary[name] = list(entries)
         return det
@@ -96,6 +93,10 @@ class Detections:
     def track_ids(self) -> np.ndarray:
         """(N,) int64: tracker_id, or NO_TRACK everywhere where no tracker ran."""
         return self.tracker_id if self.tracker_id is not None else np.full(len(self), NO_TRACK, np.int64)
+
+    def track_list(self) -> list[int | None]:
+        """Each box's track ID as the JSON writes it: None where it has no confirmed track (or no tracker ran)."""
+        return [None if t == NO_TRACK else t for t in self.track_ids.tolist()]
 
     def labelled(self) -> list[str] | None:
         """Each object's label where the bundle names its classes (the JSON's "labels"); None where it does not."""
@@ -140,7 +141,7 @@ class Detections:
         "secondary" where secondaries did."""
         results = dict(self._given) if self._given is not None else self._made()
         if self.tracker_id is not None:
-            results["track_ids"] = [None if t == NO_TRACK else t for t in self.tracker_id.tolist()]
+            results["track_ids"] = self.track_list()
         if self.secondary:
             results["secondary"] = {k: list(v) for k, v in self.secondary.items()}
         return results
@@ -169,6 +170,11 @@ class Detections:
         extras = ", ".join([*self.data, *self.frame_data])
         return (f"Detections({len(self)} objects{', tracked' if self.tracker_id is not None else ''}"
                 f"{', ' + extras if extras else ''})")
+
+
+def track_array(ids) -> np.ndarray:
+    """Track IDs as a tracker gives them (None: no confirmed track) -> tracker_id (NO_TRACK there)."""
+    return np.array([NO_TRACK if i is None else i for i in ids], np.int64)
 
 
 def as_detections(result) -> Detections:

@@ -36,7 +36,7 @@ from jetpipe.runtime.api import Frame, check_priority
 from jetpipe.runtime.open import open_runtime
 from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import Task, for_bundle
-from jetpipe.tasks.detections import NO_TRACK, Detections, as_detections
+from jetpipe.tasks.detections import Detections, as_detections
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +180,7 @@ class SecondaryStage:
             quads = found.data.get("quads")
             chosen = self.chosen(found)
             if self.config.every_track and found.tracker_id is not None:
-                ids = [None if t == NO_TRACK else t for t in found.tracker_id.tolist()]
-                chosen = self._reuse(entries, chosen, ids, streams[k] if streams else 0, fresh)
+                chosen = self._reuse(entries, chosen, found.track_list(), streams[k] if streams else 0, fresh)
             for i in chosen:
                 quad = tuple(map(tuple, _listed(quads[i]))) if quads is not None else None
                 crop = quad_region(quad, height, width) if quad else _crop_of(found.xyxy[i].tolist(), height, width)

@@ -20,7 +20,7 @@ import numpy as np
 
 from jetpipe.pipelines.core.events import EventStep
 from jetpipe.pipelines.core.tracking import Tracker
-from jetpipe.tasks.detections import NO_TRACK, Detections
+from jetpipe.tasks.detections import Detections, track_array
 
 
 class FrameStep(Protocol):
@@ -50,7 +50,7 @@ class TrackStep:
         for packet, found in zip(packets, results):
             ids = self.trackers[packet.stream].update(found.xyxy.astype(np.float64),
                                                       found.confidence.astype(np.float64))
-            found.tracker_id = np.array([NO_TRACK if i is None else i for i in ids], np.int64)
+            found.tracker_id = track_array(ids)
 
     def reset(self, slot: int) -> None:
         self.trackers[slot] = Tracker(self.kind)  # the new stream's tracks number from 1
@@ -60,26 +60,15 @@ class TrackStep:
 
 
 def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None, snapshots=None,
-                resume=None) -> list[FrameStep]:
+                first_ids=None, counts=None) -> list[FrameStep]:
     """The steps the configuration asks for, in the order they run. labels: the model's class names;
     stream_id(slot): the ID of a slot's stream; deliver(record): to the sinks (for the events' records);
-    snapshots: a picture of each event's frame (snapshots.Snapshots); resume: a restarted GPU worker's
-    streams.Resume (track IDs and counts go on from it)."""
+    snapshots: a picture of each event's frame (snapshots.Snapshots); first_ids: each slot's first track ID,
+    counts: each rule's counts so far (a restarted GPU worker's go on: streams.Resume; None: from 1 and 0)."""
     steps: list[FrameStep] = []
     if config.tracker != "none":
-        first = {} if resume is None else resume.track_ids
-        first_ids = [first.get(_slot_stream(stream_id, slot), 1) for slot in range(slots)]
         steps.append(TrackStep(config.tracker, slots, first_ids))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
     if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
-        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, snapshots,
-                               None if resume is None else resume.event_counts))
+        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, snapshots, counts))
     return steps
-
-
-def _slot_stream(stream_id, slot: int) -> int | None:
-    """The ID of the stream in `slot` at start-up (None: the slot is empty)."""
-    try:
-        return None if stream_id is None else stream_id(slot)
-    except AttributeError:  # an empty slot
-        return None

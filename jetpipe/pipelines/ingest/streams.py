@@ -78,6 +78,10 @@ class Streams:
     def id_of(self, slot: int) -> int:
         return self.slots[slot].id
 
+    def first_track_ids(self) -> list[int]:
+        """The first track ID of each slot's stream: where a restarted worker's stream goes on (Resume), else 1."""
+        return [1 if s is None else self.resume.track_ids.get(s.id, 1) for s in self.slots]
+
     def frame_number(self, stream: Stream, count: int) -> int | None:
         """The number of a stream's count-th frame read (from 0), or None where it is skipped: a restarted worker's
         camera goes on numbering where the last worker's records ended; its file (paced or not) is read again from

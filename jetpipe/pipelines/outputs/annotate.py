@@ -12,7 +12,7 @@ import numpy as np
 from jetpipe.frames import frame_size, native_planes
 from jetpipe.lazy import lazy_import
 from jetpipe.preprocess import opencv_bgr
-from jetpipe.tasks.detections import NO_TRACK, Detections, as_detections
+from jetpipe.tasks.detections import Detections, as_detections
 from jetpipe.tasks.pose_yolo import COCO_LIMBS, VISIBLE
 
 cv2 = lazy_import("cv2")
@@ -69,8 +69,7 @@ def draw(image: np.ndarray, found: Detections, source_hw: tuple[int, int]) -> np
     boxes = found.xyxy.astype(np.float64) * [scale_x, scale_y, scale_x, scale_y]
     scores = found.confidence.tolist() if found.has_boxes else [None] * len(boxes)
     classes = found.names() or [None] * len(boxes)
-    tracks = [None if t == NO_TRACK else t for t in found.tracker_id.tolist()] if found.tracker_id is not None \
-        else [None] * len(boxes)
+    tracks = found.track_list()
     said = _secondary_words(found.secondary, len(boxes))
     quads = found.data.get("quads")
     quads = [None] * len(boxes) if quads is None else quads

@@ -182,7 +182,7 @@ class Pipeline:
         if self.snapshots is not None:
             self.closers.append(self.snapshots.close)
         steps = build_steps(config, capacity, self.labels, self.streams.id_of, deliver, self.snapshots,
-                            self.streams.resume)
+                            self.streams.first_track_ids(), self.streams.resume.event_counts)
         self.events = next((s for s in steps if s.name == "events"), None)
         self.stages = StageLoops(runtime, self.batcher, self.postprocess, steps, self.secondaries,
                              self.streams, self.metrics, self.sinks, self.task, self.pool, config.fail_timeout_s,

@@ -17,7 +17,6 @@ import secrets
 from dataclasses import dataclass, field
 
 SCHEMA = "jetpipe.event/1"
-EVENT_TYPES = frozenset({"line_cross", "zone_enter", "zone_exit", "loiter", "occupancy"})  # the engine's
 _RUN = secrets.token_hex(8)   # this process's: event IDs of two runs never meet
 _NEXT = itertools.count()     # next() of it is atomic (one C call): the threads' IDs never meet either
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jetpipe
 from jetpipe.errors import JetpipeError
-from jetpipe.pipelines.core.events.record import EVENT_TYPES
+from jetpipe.pipelines.config import EVENT_TYPES
 from jetpipe.pipelines.ingest.streams import Resume
 from jetpipe.pipelines.outputs.sinks import FRAME_SCHEMES, scheme_of
 from jetpipe.pipelines.quantiles import RunHistogram
@@ -40,8 +40,7 @@ class WorkerProcess:
         self.delivered = dict.fromkeys(ids, 0)  # frames' records received from it, per stream
         # where its records ended, for a worker started in its place (streams.Resume): begun where it began
         self.resumed_from = job.resume or Resume()
-        self.reached = Resume({**self.resumed_from.frames}, {**self.resumed_from.track_ids},
-                              {rule: dict(c) for rule, c in self.resumed_from.event_counts.items()})
+        self.reached = copy.deepcopy(self.resumed_from)
         self.hello: dict | None = None
         self.error: str | None = None
         self.summary: dict | None = None
