@@ -258,3 +258,26 @@ def test_the_pipelines_rooms_follow_the_way_a_frame_goes():
 def _room(module: str) -> str | None:
     parts = module.split(".")
     return parts[2] if len(parts) > 3 and parts[:2] == ["jetpipe", "pipelines"] and parts[2] in ROOMS else None
+
+
+MAX_CLASS_LINES, MAX_CLASS_METHODS = 300, 25
+MAX_CONSTRUCTOR_PARAMETERS = 8  # beyond it, a small config object (GpuOptions, FrameParts, YoloNms)
+
+
+def test_no_class_is_a_god_object():
+    """GpuRuntime was 480 lines and 36 methods (issue 64): a class stays under 300 lines and 25 methods of its
+    own, and a constructor takes at most 8 parameters."""
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            lines = node.end_lineno - node.lineno + 1
+            methods = [f for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            if lines > MAX_CLASS_LINES or len(methods) > MAX_CLASS_METHODS:
+                found.append(f"{name}.{node.name}: {lines} lines, {len(methods)} methods")
+            for init in (f for f in methods if f.name == "__init__"):
+                given = [a.arg for a in init.args.posonlyargs + init.args.args + init.args.kwonlyargs][1:]
+                if len(given) > MAX_CONSTRUCTOR_PARAMETERS:
+                    found.append(f"{name}.{node.name}.__init__: {len(given)} parameters")
+    assert found == []

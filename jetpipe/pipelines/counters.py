@@ -41,8 +41,8 @@ class StreamCounters:
         self.labels: list[str | None] = [str(i) for i in ids[:streams]]  # each slot's stream ID; None: vacant
         self.batches = 0
         self.heartbeat = time.monotonic()
-        self.gauges: dict[str, callable] = {}
-        self.families: list = []  # callables yielding more metric families (the events' counters)
+        self._gauges: dict[str, callable] = {}
+        self._families: list = []  # callables yielding more metric families (the events' counters)
         # the exposition: this object's values (collect()), latency histograms and process metrics
         self._exposed = ([0] * streams, [0] * streams, None)
         self.registry = CollectorRegistry()
@@ -53,6 +53,14 @@ class StreamCounters:
         # each stage's child looked up once: labels() per result and stage was a third of record_result's time
         self._stage_seconds = {stage: self.latency_seconds.labels(stage) for stage in STAGES}
 
+
+    def add_gauge(self, name: str, read) -> None:
+        """A gauge /metrics reads from read() as it is scraped (None: left out that time)."""
+        self._gauges[name] = read
+
+    def add_families(self, families) -> None:
+        """More metric families for /metrics: families() yields them as it is scraped (the sinks', the rules')."""
+        self._families.append(families)
     def count(self, name: str, stream: int, n: int = 1) -> None:
         with self.lock:
             getattr(self, name)[stream] += n
@@ -197,11 +205,11 @@ class StreamCounters:
             yield family
         yield self._recent_latency()
         yield CounterMetricFamily("jetpipe_batches", "Batches run.", value=batches)
-        for name, read in self.gauges.items():
+        for name, read in self._gauges.items():
             value = read()
             if value is not None:
                 yield GaugeMetricFamily(name, name.replace("_", " "), value=value)
-        for families in self.families:
+        for families in self._families:
             yield from families()
 
 

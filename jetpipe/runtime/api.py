@@ -182,8 +182,7 @@ class Runtime(Protocol):
     widths: tuple[int, ...]  # input widths a batch can run at (submit's width): more than one for a width range
     buffer_sets: int       # batches that can be between submit() and release() at once
     device_frames: bool    # the kernel reads frames in GPU memory (a secondary must cut its crops there too)
-    decodes_to_device: bool  # NVDEC decodes into GPU memory here (hardware_decoder gives sources)
-    device: object         # the CUDA device the decode processes share memory with (None on the CPU runtime)
+    device: object         # the CUDA device frames, rings, encoders and decode processes use (None: the CPU runtime)
     output_bytes_downloaded: int  # device -> host bytes of outputs so far
     frame_bytes_uploaded: int     # host -> device bytes of frames so far (0 for NVDEC's and mapped frames)
 
@@ -197,13 +196,7 @@ class Runtime(Protocol):
 
     def stage_times(self, ticket: Ticket) -> dict[str, float]: ...
 
-    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False): ...
-
-    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False, feed=None, fallback=None): ...
-
     def frame_to_host(self, frame: Frame, out: np.ndarray) -> None: ...
-
-    def jpeg_encoder(self, choice: str, quality: int, buffers: int, max_hw: tuple[int, int]): ...
 
     def engine_times(self, sizes) -> dict[int, float]: ...
 

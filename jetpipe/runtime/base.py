@@ -12,8 +12,6 @@ import numpy as np
 from jetpipe import bundle as bundles
 from jetpipe.errors import BundleError, JetpipeError
 from jetpipe.runtime.api import BatchResult, Ticket
-from jetpipe.runtime.jpeg import CpuJpeg
-from jetpipe.runtime.ring import host_ring, slot_bytes
 from jetpipe.spec import PreprocessSpec
 
 
@@ -44,7 +42,7 @@ class RuntimeBase:
     batches run; collect() without hold frees it at once."""
 
     backend_name = "?"
-    decodes_to_device = False  # a hardware decoder writes frames into GPU memory (NVDEC on a discrete GPU)
+    device = None  # the CUDA device (cuda.CudaDevice) frames, rings and encoders live on; None on the CPU
     device_frames = False  # reads frames (and crops of them) in GPU memory
     reduction = None  # the CPU runtime returns the model's outputs; the GPU one may reduce them
     output_bytes_downloaded = 0  # device -> host bytes of outputs (none on the CPU)
@@ -130,21 +128,6 @@ class RuntimeBase:
     def infer(self, frames, width: int | None = None) -> BatchResult:
         return self.collect(self.submit(frames, width))
 
-    def frame_ring(self, count: int, max_hw: tuple[int, int], device: bool = False, fmt: str | None = None):
-        """Slots for `count` frames up to max_hw, allocated now: for one source (sized for `fmt` where it is
-        known, else for BGR). device=True (the GPU runtime only): slots in device memory, for a hardware
-        decoder."""
-
-        if device:
-            raise JetpipeError("device-memory frame rings need the GPU runtime")
-        return host_ring(count, slot_bytes(max_hw, device=False, fmt=fmt))
-
-    def hardware_decoder(self, uri, loop: bool = False, realtime: bool = False, feed=None, fallback=None):
-        """A source that decodes `uri` on this runtime's GPU into device memory, or None (the CPU has none).
-        feed: a network stream's bytes (ffmpeg.RemuxFeed); fallback(): a host-memory source for a
-        network stream the hardware turns out not to take."""
-        return None
-
     def frame_to_host(self, frame, out) -> None:
         """Copy a frame in device memory (a hardware decoder's ring slot) into host array `out`: for sinks
         that draw on frames. The CPU runtime never has one."""
@@ -163,13 +146,6 @@ class RuntimeBase:
             self._max_batch_fps = self.max_batch / seconds if seconds else None
             self._rate_measured = True
         return self._max_batch_fps
-
-    def jpeg_encoder(self, choice: str, quality: int, buffers: int, max_hw: tuple[int, int]):
-        """The JPEG encoder of snapshots and the jpeg: sink (runtime.jpeg): OpenCV's on the CPU runtime; `gpu`
-        asked for here is a mistake."""
-        if choice == "gpu":
-            raise JetpipeError("JPEG encoder 'gpu': the CPU runtime has no GPU; use auto or cpu")
-        return CpuJpeg(quality, buffers, max_hw)
 
     def describe(self) -> dict:
         """What reports say of the device this runtime runs on."""

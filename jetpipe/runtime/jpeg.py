@@ -84,6 +84,29 @@ class _HeldFrames:
         raise NotImplementedError
 
 
+def jpeg_encoder(runtime, choice: str, quality: int, buffers: int, max_hw: tuple[int, int]):
+    """The JPEG encoder of snapshots and the jpeg: sink for the frames a runtime reads: nvJPEG through
+    nvImageCodec on the GPU runtime's device (`auto` and `gpu`; a trial picture at start-up), OpenCV where asked
+    for, on the CPU runtime, or (auto) where the GPU's cannot be had, said in the log. `gpu` without a GPU is
+    a mistake."""
+    gpu = runtime.device
+    if gpu is None:
+        if choice == "gpu":
+            raise JetpipeError("JPEG encoder 'gpu': the CPU runtime has no GPU; use auto or cpu")
+        return CpuJpeg(quality, buffers, max_hw)
+    if choice != "cpu":
+        try:
+            encoder = GpuJpeg(gpu, runtime.module, quality, buffers, max_hw)
+            encoder.encode_image(np.zeros((16, 16, 3), np.uint8))
+            return encoder
+        except Exception as exc:
+            if choice == "gpu":
+                raise JetpipeError(f"JPEG encoder 'gpu': {str(exc).strip()[:300]}") from None
+            log.info("JPEG pictures are encoded by OpenCV on the CPU: the GPU's encoder cannot be had (%s)",
+                     str(exc).strip()[:200])
+    return CpuJpeg(quality, buffers, max_hw, runtime.frame_to_host)
+
+
 class CpuJpeg(_HeldFrames):
     """OpenCV's encoder. to_host(frame, out): copies a frame in device memory (the GPU runtime without
     nvImageCodec); None where frames are always on the host."""

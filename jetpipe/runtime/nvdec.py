@@ -20,6 +20,7 @@ memory) and copied into the same device slots, said in the log.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import time
 from collections import deque
@@ -43,6 +44,22 @@ def import_nvdec():
     except ImportError:
         return None
     return nvc
+
+
+def decodes_to_device(runtime) -> bool:
+    """Whether NVDEC decodes into the runtime's GPU memory (a discrete GPU with PyNvVideoCodec): the sources
+    then take hardware_decoder(runtime)."""
+    return runtime.device is not None and not runtime.device.integrated and import_nvdec() is not None
+
+
+def hardware_decoder(runtime):
+    """What opens a source that decodes on the runtime's GPU into device memory: open(uri, loop, realtime,
+    feed, fallback) -> an NvdecSource or None (logged why); None where the runtime has no GPU. feed: a network
+    stream's bytes (ffmpeg.RemuxFeed); fallback(): a host-memory source for a network stream the hardware turns
+    out not to take."""
+    if runtime.device is None:
+        return None
+    return functools.partial(open_nvdec, runtime.device)
 
 
 def open_nvdec(device, uri: SourceURI, loop: bool = False, realtime: bool = False, feed=None, fallback=None):

@@ -23,6 +23,8 @@ A reducer's launch() reads the addresses of all the model's outputs (in the back
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from jetpipe.errors import JetpipeError
@@ -63,13 +65,26 @@ class ReductionUnsupported(JetpipeError):
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
+@dataclass(frozen=True)
+class ReductionSite:
+    """Where a reducer runs: the device and compiled kernels, the batches it takes and the buffer sets it keeps
+    arrays for, and the model's outputs (specs, in the backend's order) it reads."""
+
+    device: object
+    module: object
+    max_batch: int
+    sets: int
+    outputs: list
+
+
 class _Reducer:
     """Per-set compact outputs: device arrays copied to pinned host arrays (`layout`), and mapped host arrays
     the kernels write into themselves (`mapped`: variable-size results, only what is written crosses)."""
 
     reads = "first"  # the outputs it reads: the model's first, or all of them
 
-    def __init__(self, device, max_batch: int, sets: int, layout: Layout, mapped: Layout | None = None):
+    def __init__(self, site: ReductionSite, layout: Layout, mapped: Layout | None = None):
+        device, max_batch, sets = site.device, site.max_batch, site.sets
         self.device, self.max_batch = device, max_batch
         self.device_out = [{name: device.alloc(max_batch * int(np.prod(shape)) * np.dtype(dtype).itemsize)
                             for name, (shape, dtype) in layout.items()} for _ in range(sets)]
@@ -104,17 +119,17 @@ class _Reducer:
 class ComponentsReducer(_Reducer):
     kind = "components"
 
-    def __init__(self, device, module, max_batch: int, sets: int, outputs, threshold: float, limit: int = 1000):
-        output = outputs[0]
+    def __init__(self, site: ReductionSite, threshold: float, limit: int = 1000):
+        device, module, output = site.device, site.module, site.outputs[0]
         shape = output.sample_shape
         if len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
             raise ReductionUnsupported(f"text detection on the GPU reads a [N, 1, H, W] probability map; "
                                        f"output {output.name} is {[None, *shape]}")
         self.height, self.width = shape[-2:]
         self.threshold, self.limit = np.float32(threshold), int(limit)
-        pixels = max_batch * self.height * self.width
+        pixels = site.max_batch * self.height * self.width
         self.labels, self.slots = device.alloc(4 * pixels), device.alloc(4 * pixels)
-        super().__init__(device, max_batch, sets, {"counts": ((), np.int32), "components": ((limit,), COMPONENT)})
+        super().__init__(site, {"counts": ((), np.int32), "components": ((limit,), COMPONENT)})
         self.init, self.merge = module.get_function("db_init"), module.get_function("db_merge")
         self.roots, self.stats = module.get_function("db_roots"), module.get_function("db_stats")
         self.extents = module.get_function("db_extents")
@@ -142,15 +157,15 @@ class ComponentsReducer(_Reducer):
 class TopKReducer(_Reducer):
     kind = "topk"
 
-    def __init__(self, device, module, max_batch: int, sets: int, outputs, k: int = 5):
-        self.classes = int(np.prod(outputs[0].sample_shape))
+    def __init__(self, site: ReductionSite, k: int = 5):
+        self.classes = int(np.prod(site.outputs[0].sample_shape))
         self.k = min(int(k), self.classes)
         if not 1 <= self.k <= 64:
             raise ReductionUnsupported(f"top-k on the GPU takes k from 1 to 64, not {k}")
-        super().__init__(device, max_batch, sets, {"top_index": ((self.k,), np.int32),
-                                                   "top_value": ((self.k,), np.float32),
-                                                   "stats": ((4,), np.float32)})
-        self.function = module.get_function("topk")
+        super().__init__(site, {"top_index": ((self.k,), np.int32),
+                                "top_value": ((self.k,), np.float32),
+                                "stats": ((4,), np.float32)})
+        self.function = site.module.get_function("topk")
         self.function.prepare("PiiPPP")
 
     def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
@@ -166,17 +181,17 @@ class BestPerStepReducer(_Reducer):
 
     kind = "best-per-step"
 
-    def __init__(self, device, module, max_batch: int, sets: int, outputs):
-        output = outputs[0]
+    def __init__(self, site: ReductionSite):
+        output = site.outputs[0]
         shape = output.sample_shape
         if len(shape) != 2 or not all(isinstance(d, int) and d > 0 for d in shape):
             raise ReductionUnsupported(f"CTC decoding on the GPU reads a [N, T, C] output of fixed T and C; "
                                        f"{output.name} is {[None, *shape]}")
         self.steps, self.classes = shape
-        super().__init__(device, max_batch, sets, {"best": ((self.steps,), np.int32),
-                                                   "best_value": ((self.steps,), np.float32),
-                                                   "stats": ((self.steps, 4), np.float32)})
-        self.function = module.get_function("topk")
+        super().__init__(site, {"best": ((self.steps,), np.int32),
+                                "best_value": ((self.steps,), np.float32),
+                                "stats": ((self.steps, 4), np.float32)})
+        self.function = site.module.get_function("topk")
         self.function.prepare("PiiPPP")
 
     def launch(self, set_index: int, batch: int, addresses: list[int], stream, sample_shape=None) -> None:
@@ -200,19 +215,36 @@ def yolo_layout(sample_shape, requested: str) -> str:
     return "yolov8" if sample_shape[0] < sample_shape[1] else "yolov5"
 
 
+@dataclass(frozen=True)
+class YoloNms:
+    """A YOLO head's decoding and NMS, as the task asks for it (its Reduction's options). `extra_rows`: rows of a
+    YOLOv8 head after the classes (pose keypoints: K x D, mask coefficients); `carry`: each kept box takes them
+    along, back as "carried" [limit, extra_rows], written by a kernel into mapped host memory (only the kept
+    boxes' rows cross the bus)."""
+
+    layout: str = "auto"
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    limit: int = 300
+    input_hw: tuple = (640, 640)
+    strides: tuple = (8, 16, 32)
+    extra_rows: int = 0
+    carry: bool = False
+
+
 class YoloReducer(_Reducer):
-    """`extra_rows`: rows of a YOLOv8 head after the classes (pose keypoints: K x D, mask coefficients);
-    `carry`: each kept box takes them along, back as "carried" [limit, extra_rows], written by a kernel into
-    mapped host memory (only the kept boxes' rows cross the bus)."""
+    """A YOLO head decoded and NMS'd on the GPU (YoloNms: the options)."""
 
     kind = "yolo-nms"
 
-    def __init__(self, device, module, max_batch: int, sets: int, outputs, layout: str = "auto",
-                 score_threshold: float = 0.25, iou_threshold: float = 0.45, limit: int = 300,
-                 input_hw=(640, 640), strides=(8, 16, 32), extra_rows: int = 0, carry: bool = False,
-                 head: int = 0, copied: Layout | None = None, mapped: Layout | None = None):
-        """copied / mapped: a subclass's own compact arrays beside the detections."""
-        output = outputs[head]
+    def __init__(self, site: ReductionSite, head: int = 0, copied: Layout | None = None,
+                 mapped: Layout | None = None, **options):
+        """head: which output is the head; copied / mapped: a subclass's own compact arrays beside the
+        detections; options: YoloNms' fields."""
+        nms = YoloNms(**options)
+        layout, limit, strides, extra_rows = nms.layout, nms.limit, nms.strides, nms.extra_rows
+        device, module, max_batch = site.device, site.module, site.max_batch
+        output = site.outputs[head]
         shape = output.sample_shape
         if len(shape) != 2:
             raise ReductionUnsupported(f"YOLO on the GPU reads a [N, anchors, 5 + C] or [N, 4 + C, anchors] "
@@ -231,12 +263,12 @@ class YoloReducer(_Reducer):
         params = np.zeros((), YOLO_PARAMS)
         params["layout"], params["anchors"], params["classes"], params["limit"] = (
             YOLO_LAYOUTS[layout], anchors, classes, limit)
-        params["score_threshold"], params["iou_threshold"] = score_threshold, iou_threshold
-        params["input_h"], params["input_w"] = input_hw
+        params["score_threshold"], params["iou_threshold"] = nms.score_threshold, nms.iou_threshold
+        params["input_h"], params["input_w"] = nms.input_hw
         params["strides"][:len(strides)], params["levels"] = strides, len(strides)
         params["keys_per_frame"], params["channels"] = keys_per_frame, channels
         self.anchors, self.limit, self.head = anchors, limit, head
-        self.carry = extra_rows if carry else 0
+        self.carry = extra_rows if nms.carry else 0
         self.first_carried = 4 + classes
         self.params = device.alloc(YOLO_PARAMS.itemsize)
         device.cuda.memcpy_htod(self.params, params)
@@ -247,8 +279,8 @@ class YoloReducer(_Reducer):
         mapped = dict(mapped or {})
         if self.carry:
             mapped["carried"] = ((limit, self.carry), np.float32)
-        super().__init__(device, max_batch, sets, {"counts": ((), np.int32), "detections": ((limit, 6), np.float32),
-                                                   **(copied or {})}, mapped)
+        super().__init__(site, {"counts": ((), np.int32), "detections": ((limit, 6), np.float32), **(copied or {})},
+                         mapped)
         self.candidates, self.nms = module.get_function("yolo_candidates"), module.get_function("yolo_nms")
         self.candidates.prepare("PPPPPP")
         self.nms.prepare("PPPPPPPPP")
@@ -284,9 +316,11 @@ class SegmentationReducer(YoloReducer):
     kind = "yolo-seg"
     reads = "all"
 
-    def __init__(self, device, module, max_batch: int, sets: int, outputs, coefficients: int = 32,
-                 input_hw=(640, 640), outline_tolerance: float = 0.5, segment_distance: bool = True, **options):
-        shapes = [tuple(o.sample_shape) for o in outputs]
+    def __init__(self, site: ReductionSite, coefficients: int = 32, input_hw=(640, 640),
+                 outline_tolerance: float = 0.5, segment_distance: bool = True, **options):
+        """options: YoloNms' fields (but the layout, the extra rows and where the head is: a seg head's)."""
+        device, module, max_batch = site.device, site.module, site.max_batch
+        shapes = [tuple(o.sample_shape) for o in site.outputs]
         ranks = sorted(len(shape) for shape in shapes)
         if ranks != [2, 3]:
             raise ReductionUnsupported(f"masks on the GPU read a [N, 4 + C + M, A] head and [N, M, h, w] "
@@ -302,7 +336,7 @@ class SegmentationReducer(YoloReducer):
         self.cap_words = MASK_AREAS * height * ((width + 31) // 32)
         self.tolerance, self.segment_distance = np.float64(outline_tolerance), np.int32(bool(segment_distance))
         # the coefficients stay on the device: the mask kernel reads them from the head
-        super().__init__(device, module, max_batch, sets, outputs, layout="yolov8", input_hw=input_hw, head=head,
+        super().__init__(site, layout="yolov8", input_hw=input_hw, head=head,
                          extra_rows=coefficients,
                          copied={"mask_words": ((), np.int32), "outlines": ((options.get("limit", 300), 3), np.int32),
                                  "point_used": ((), np.int32), "spilled": ((), np.int32)},
@@ -355,9 +389,9 @@ class ArgmaxReducer(_Reducer):
 
     kind = "argmax"
 
-    def __init__(self, device, module, max_batch: int, sets: int, outputs, input_hw=None, side: int = 160,
-                 map_hw=None):
+    def __init__(self, site: ReductionSite, input_hw=None, side: int = 160, map_hw=None):
         """map_hw: the map size the task finishes by (its records' scale); an output of another size is refused."""
+        outputs, module = site.outputs, site.module
         shape = outputs[0].sample_shape
         if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
             raise ReductionUnsupported(f"argmax on the GPU reads a [N, C, h, w] output of fixed sizes; "
@@ -368,9 +402,9 @@ class ArgmaxReducer(_Reducer):
         self.classes, self.height, self.width = shape
         self.input_hw, self.side = tuple(input_hw or (self.height, self.width)), int(side)
         wide = self.classes > 256
-        super().__init__(device, max_batch, sets, {"counts": ((self.classes,), np.int32),
-                                                   "sampled": ((side, side), np.uint16 if wide else np.uint8),
-                                                   "content": ((5,), np.int32)})
+        super().__init__(site, {"counts": ((self.classes,), np.int32),
+                                "sampled": ((side, side), np.uint16 if wide else np.uint8),
+                                "content": ((5,), np.int32)})
         whole = self._content(0, 0, self.width, self.height)
         for host in self.host_out:
             host["content"][:] = whole
@@ -425,4 +459,5 @@ def make_reducer(reduction: Reduction, device, module, max_batch: int, sets: int
         if np.dtype(output.dtype) != np.float32:
             raise ReductionUnsupported(f"GPU postprocessing reads float32 outputs; {output.name} is "
                                        f"{np.dtype(output.dtype).name}")
-    return REDUCERS[reduction.kind](device, module, max_batch, sets, list(outputs), **reduction.options)
+    return REDUCERS[reduction.kind](ReductionSite(device, module, max_batch, sets, list(outputs)),
+                                    **reduction.options)

@@ -119,3 +119,24 @@ class FrameRing:
 def host_ring(count: int, slot_bytes: int) -> FrameRing:
     """Plain numpy slots (the CPU runtime)."""
     return FrameRing([np.empty(slot_bytes, np.uint8) for _ in range(count)], [None] * count, pinned=False)
+
+
+def frame_ring(runtime, count: int, max_hw: tuple[int, int], device: bool = False, fmt: str | None = None):
+    """Slots for `count` frames up to max_hw of one source, allocated now for the runtime that reads them:
+    sized for `fmt` where the source's format is known, else for BGR. The CPU runtime: plain arrays. The GPU
+    runtime: pinned (mapped in its 'mapped' mode: the kernel reads them with no copy), or with device=True slots
+    in device memory for a hardware decoder, read in place by the kernel."""
+    nbytes = slot_bytes(max_hw, device, fmt)
+    gpu = runtime.device
+    if gpu is None:
+        if device:
+            raise JetpipeError("device-memory frame rings need the GPU runtime")
+        return host_ring(count, nbytes)
+    with gpu.active():
+        if device:
+            allocations = [gpu.alloc(nbytes) for _ in range(count)]
+            return FrameRing(allocations, [int(a) for a in allocations], pinned=False, device=True, slot_bytes=nbytes)
+        mapped = runtime.memory == "mapped"
+        arrays = [gpu.pinned((nbytes,), np.uint8, mapped=mapped) for _ in range(count)]
+    addresses = [gpu.device_pointer(a) if mapped else None for a in arrays]
+    return FrameRing(arrays, addresses, pinned=True)

@@ -30,15 +30,14 @@ PER_OBJECT = ("quads", "keypoints", "polygons", "mask_areas")
 
 class Detections:
     __slots__ = ("xyxy", "confidence", "class_id", "tracker_id", "labels", "data", "frame_data", "secondary",
-                 "layout", "_given")
+                 "layout", "given")
 
     def __init__(self, xyxy=None, confidence=None, class_id=None, *, labels: tuple[str, ...] | None = None,
                  data: dict | None = None, frame_data: dict | None = None, layout: tuple[str, ...] = (),
-                 tracker_id=None, given: dict | None = None):
+                 tracker_id=None):
         """xyxy (N, 4), confidence (N,), class_id (N,) or None; labels: the bundle's class names (the JSON's
         "labels" where given); data: per-object extras; frame_data: the frame's; layout: the JSON keys in the
-        task's order ("boxes", "scores", "classes", "labels", then the extras' names); given: the results dict it
-        was made from (from_results), written as given."""
+        task's order ("boxes", "scores", "classes", "labels", then the extras' names)."""
         self.xyxy = np.asarray(np.empty((0, 4)) if xyxy is None else xyxy, np.float32).reshape(-1, 4)
         n = len(self.xyxy)
         self.confidence = np.asarray(np.zeros(n) if confidence is None else confidence, np.float32).reshape(n)
@@ -49,7 +48,7 @@ class Detections:
         self.frame_data = dict(frame_data or {})
         self.secondary: dict[str, list] = {}
         self.layout = tuple(layout)
-        self._given = given
+        self.given = None  # the results dict it was made from (from_results), written as given
 
     # -- made from a task's results dict --------------------------------------------------------------------------
     @classmethod
@@ -60,7 +59,8 @@ class Detections:
         objects = boxes is not None  # else a frame's results: a classifier's "classes" and "scores" are no boxes'
         given = {k: v for k, v in results.items() if k not in ("track_ids", "secondary")}
         det = cls(boxes, results.get("scores") if objects else None, results.get("classes") if objects else None,
-                  layout=tuple(given), given=given)
+                  layout=tuple(given))
+        det.given = given
         for key, value in results.items():
             if key in ("track_ids", "secondary") or (objects and key in ("boxes", "scores", "classes")):
                 continue
@@ -139,7 +139,7 @@ class Detections:
     def to_results(self) -> dict:
         """The JSON record's "results": the task's keys in its order, then "track_ids" where a tracker ran and
         "secondary" where secondaries did."""
-        results = dict(self._given) if self._given is not None else self._made()
+        results = dict(self.given) if self.given is not None else self._made()
         if self.tracker_id is not None:
             results["track_ids"] = self.track_list()
         if self.secondary:

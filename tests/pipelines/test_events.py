@@ -184,10 +184,12 @@ def test_occupancy_events_hold_for_their_time_and_do_not_flicker():
 def test_events_are_counted_for_prometheus_by_rule_what_and_class():
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from jetpipe.pipelines.core.bus import RecordBus
     from jetpipe.pipelines.core.events import EventStep
 
-    delivered = []
-    step = EventStep([DOOR, WAITING], ("person", "car"), lambda slot: 7, delivered.append)
+    delivered, bus = [], RecordBus()
+    bus.subscribe(delivered.append)
+    step = EventStep([DOOR, WAITING], ("person", "car"), lambda slot: 7, bus.publish)
 
     class Packet:
         frame_no, t_capture = 0, 0.0

@@ -20,6 +20,8 @@ from jetpipe.pipelines.ingest.sources import EndOfStream, FFmpegSource, PyAVSour
 from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed, remux_command
 from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.runtime.api import Frame
+from jetpipe.runtime.nvdec import hardware_decoder
+from jetpipe.runtime.ring import frame_ring
 from tests.pipelines.test_sources import _config, as_mpegts, encode, ffmpeg_decode, serve_through_a_stall
 from tests.stream_server import StreamServer
 
@@ -52,10 +54,10 @@ def runtime(det_bundle_square):
 
 def _nvdec_frames(runtime, clip, count, loop=False):
     """NVDEC-decoded frames in device ring slots, as the daemon gets them."""
-    source = runtime.hardware_decoder(uris.parse(str(clip)), loop=loop)
+    source = hardware_decoder(runtime)(uris.parse(str(clip)), loop=loop)
     assert source is not None and source.memory == "device"
     info = source.open()
-    ring = runtime.frame_ring(count, (info.height, info.width), device=True)
+    ring = frame_ring(runtime, count, (info.height, info.width), device=True)
     frames = []
     for slot in range(count):
         source.read_into(ring.view(slot, info.format, info.height, info.width))
@@ -378,7 +380,7 @@ def network_feed(monkeypatch, ts_clips):
 
 
 def _read_device_frames(runtime, source, info, count):
-    ring = runtime.frame_ring(count, (info.height, info.width), device=True)
+    ring = frame_ring(runtime, count, (info.height, info.width), device=True)
     for slot in range(count):
         source.read_into(ring.view(slot, info.format, info.height, info.width))
     with runtime.device.active():
@@ -388,14 +390,14 @@ def _read_device_frames(runtime, source, info, count):
 
 def test_nvdec_decodes_a_network_stream_like_the_file_and_opens_again(runtime, clips, ts_clips, network_feed):
     server = StreamServer(ts_clips["h264"].read_bytes(), once=True)
-    source = open_source(server.url, hardware=runtime.hardware_decoder)
+    source = open_source(server.url, hardware=hardware_decoder(runtime))
     try:
         assert source.describe().endswith("(nvdec)") and source.memory == "device" and source.info is None
         info = source.open()  # connects now, in the caller's thread
         assert (info.format, info.width, info.height) == ("nv12", 1920, 1080)
         network = _read_device_frames(runtime, source, info, 24)
         with pytest.raises(SourceError):  # one pass, then the server hangs up: the stream ended
-            source.read_into(runtime.frame_ring(1, (1080, 1920), device=True).view(0, "nv12", 1080, 1920))
+            source.read_into(frame_ring(runtime, 1, (1080, 1920), device=True).view(0, "nv12", 1080, 1920))
         source.close()
         again = _read_device_frames(runtime, source, source.open(), 2)  # a reconnect: from the start
     finally:
@@ -442,7 +444,7 @@ def test_a_network_stream_nvdec_cannot_take_is_decoded_by_ffmpeg_into_device_slo
     uri = uris.parse(server.url)
     # the fallback decodes the same stream from its file: the GPU machines' ffmpeg cannot read a socket
     # (network_feed); FFmpeg reading network streams is tested on the CPU
-    source = runtime.hardware_decoder(uri, feed=RemuxFeed(uri),
+    source = hardware_decoder(runtime)(uri, feed=RemuxFeed(uri),
                                       fallback=lambda: FFmpegSource(uris.parse(str(clips["yuv444"]))))
     try:
         info = source.open()
@@ -459,7 +461,7 @@ def test_a_network_stream_nvdec_cannot_take_is_decoded_by_ffmpeg_into_device_slo
 
 def test_interrupt_ends_an_nvdec_connect_that_hangs(runtime, network_feed):
     server = StreamServer(hang=True)
-    source = open_source(server.url, hardware=runtime.hardware_decoder)
+    source = open_source(server.url, hardware=hardware_decoder(runtime))
     errors = []
 
     def connect():

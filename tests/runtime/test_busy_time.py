@@ -3,7 +3,7 @@ post stream overlaps the next batch's inference)."""
 
 import numpy as np
 
-from jetpipe.runtime.gpu_runtime import busy_added_ms
+from jetpipe.runtime.gpu_launch import busy_added_ms
 
 
 def _union_ms(spans) -> float:

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass
 
 from jetpipe.pipelines.core.chain_gate import ChainGate
 from jetpipe.pipelines.core.record import FrameRecord
@@ -25,13 +26,29 @@ log = logging.getLogger(__name__)
 IDLE_S = 0.05  # the post thread with no batch this long flushes what the steps held back (events)
 
 
+@dataclass(frozen=True)
+class FrameParts:
+    """What every frame passes through, built once by the daemon and handed whole to the loops that move the
+    frames (StageLoops) and the summary that counts them (service.summary.RunSummary)."""
+
+    runtime: object      # runtime.api.Runtime
+    batcher: object      # ingest.batcher.Batcher
+    streams: object      # ingest.streams.Streams
+    metrics: object      # counters.StreamCounters
+    sinks: object        # outputs.sinks.SinkFanout: the drawing sinks are offered frames here
+    bus: object          # bus.RecordBus: every record is published on it
+    pool: object = None  # the post threads' executor (tasks finish a batch's frames across it)
+
+
 class StageLoops:
-    def __init__(self, runtime, batcher, postprocess, steps: list, secondaries: list, streams, metrics, sinks,
-                 task: str, pool, fail_timeout_s: float, on_failure, profile: bool = False):
-        """on_failure(): every batch has failed for fail_timeout_s (stop the daemon; `failure` says why)."""
-        self.runtime, self.batcher, self.postprocess = runtime, batcher, postprocess
+    def __init__(self, parts: FrameParts, postprocess, task: str, steps: list, secondaries: list,
+                 fail_timeout_s: float, on_failure, profile: bool = False):
+        """postprocess: the task's (named `task`); on_failure(): every batch has failed for fail_timeout_s (stop
+        the daemon; `failure` says why)."""
+        runtime, self.postprocess, self.task = parts.runtime, postprocess, task
+        self.runtime, self.batcher, self.streams, self.metrics = runtime, parts.batcher, parts.streams, parts.metrics
+        self.sinks, self.publish, self.pool = parts.sinks, parts.bus.publish, parts.pool
         self.steps, self.secondaries = steps, secondaries
-        self.streams, self.metrics, self.sinks, self.task, self.pool = streams, metrics, sinks, task, pool
         self.fail_timeout_s, self.on_failure, self.profile = fail_timeout_s, on_failure, profile
         self.collected: queue.Queue = queue.Queue()  # submitted batches, bounded by the buffer-set semaphore
         # finished batches for the secondary stage: two may wait, read together (_read_secondaries)
@@ -226,7 +243,7 @@ class StageLoops:
                                  round(time.time(), 6), {k: round(v, 3) for k, v in latency.items()}, self.task, res)
             # a copy of the frame, before its ring slot is released; files: every frame, as inference
             self.sinks.offer(stream.id, packet.frame, record, self.runtime.frame_to_host, wait=not stream.source.live)
-            self.sinks.put(record)
+            self.publish(record)
         for packet in packets:
             packet.release()
         phase["records"] += time.perf_counter() - t_records

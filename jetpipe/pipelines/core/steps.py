@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
+from jetpipe.pipelines.core.bus import RecordBus
 from jetpipe.pipelines.core.events import EventStep
 from jetpipe.pipelines.core.tracking import Tracker
 from jetpipe.tasks.detections import Detections, track_array
@@ -59,16 +60,18 @@ class TrackStep:
         """Nothing held back: each frame's tracks are its record's."""
 
 
-def build_steps(config, slots: int, labels=None, stream_id=None, deliver=None, snapshots=None,
-                first_ids=None, counts=None) -> list[FrameStep]:
+def build_steps(config, slots: int, labels=None, stream_id=None, bus=None, first_ids=None,
+                counts=None) -> list[FrameStep]:
     """The steps the configuration asks for, in the order they run. labels: the model's class names;
-    stream_id(slot): the ID of a slot's stream; deliver(record): to the sinks (for the events' records);
-    snapshots: a picture of each event's frame (snapshots.Snapshots); first_ids: each slot's first track ID,
+    stream_id(slot): the ID of a slot's stream; bus: the record bus the events are published on (bus.RecordBus;
+    their frames kept where a subscriber takes frames); first_ids: each slot's first track ID,
     counts: each rule's counts so far (a restarted GPU worker's go on: streams.Resume; None: from 1 and 0)."""
     steps: list[FrameStep] = []
+    bus = bus if bus is not None else RecordBus()
     if config.tracker != "none":
         steps.append(TrackStep(config.tracker, slots, first_ids))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
     if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
-        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, deliver, snapshots, counts))
+        steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, bus.publish, bus.wants_frames(),
+                               counts))
     return steps

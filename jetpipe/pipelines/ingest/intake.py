@@ -21,6 +21,7 @@ from jetpipe.pipelines.ingest.decode_procs import DecodeProcesses, RemoteNvdecSo
 from jetpipe.pipelines.ingest.decoded_elsewhere import DecodedElsewhere
 from jetpipe.pipelines.ingest.sources import open_source, probed_size
 from jetpipe.pipelines.ingest.streams import ControlError, Stream
+from jetpipe.runtime.nvdec import decodes_to_device, hardware_decoder
 from jetpipe.uri import parse as parse_uri
 from jetpipe.uri import synthetic_spec
 
@@ -45,12 +46,12 @@ def frame_bound(config) -> tuple[int, int]:
 
 
 class Ingest:
-    def __init__(self, config, runtime, streams, batcher, metrics, stopping, start_thread, on_retired,
-                 control: bool):
+    def __init__(self, config, runtime, streams, batcher, metrics, stopping, start_thread, on_retired):
         """start_thread(target, role, *args, name=None): a started thread whose CPU the daemon counts under role;
         on_retired(stream): a stream left its slot, its frames all through (its sinks' outputs end)."""
         self.config, self.runtime, self.streams, self.batcher, self.metrics = config, runtime, streams, batcher, metrics
-        self.stopping, self.start_thread, self.on_retired, self.control = stopping, start_thread, on_retired, control
+        self.stopping, self.start_thread, self.on_retired = stopping, start_thread, on_retired
+        self.control = config.control.enabled  # streams come and go: spare slots get rings too
         self.capture = Capture(config, streams, batcher, metrics, stopping)
         self.opened: list = []  # the sources opened at start-up, closed with the rest at close()
         self.decoders = self._decode_processes(streams.capacity)
@@ -77,7 +78,7 @@ class Ingest:
         asked = self.config.decode_processes
         if not asked:
             return None
-        if not self.runtime.decodes_to_device:
+        if not decodes_to_device(self.runtime):
             if asked != decode_choice.AUTO:
                 log.info("decode_processes = %d: no NVDEC here (the GPU runtime and PyNvVideoCodec on a discrete "
                          "GPU); sources are decoded in this process", asked)
@@ -113,7 +114,7 @@ class Ingest:
             return open_source(spec.uri, spec.loop, seed=seed, realtime=spec.realtime,
                                streams=self.streams.capacity)
         return open_source(spec.uri, spec.loop, seed=seed, realtime=spec.realtime, decoder=spec.decoder,
-                           hwaccel=spec.hwaccel, hardware=self.runtime.hardware_decoder,
+                           hwaccel=spec.hwaccel, hardware=hardware_decoder(self.runtime),
                            streams=self.streams.capacity)
 
     def check_frame_size(self, source) -> None:

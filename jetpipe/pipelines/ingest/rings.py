@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import Counter
 
 from jetpipe.pipelines.config import ConfigError
-from jetpipe.runtime.ring import slot_bytes
+from jetpipe.runtime.nvdec import decodes_to_device
+from jetpipe.runtime.ring import frame_ring, slot_bytes
 
 RingSpec = tuple  # (frame height and width, in device memory, pixel format or None: any)
 
@@ -47,16 +48,16 @@ def allocate(runtime, streams, config, sources: list, capacity: int, exact: bool
     own = own_slots(config.queue_depth)
     wanted = [[ring_need(src, config.max_frame_hw, exact)] for src in sources]
     spare = [(tuple(config.max_frame_hw), False, None)] + \
-        ([(tuple(config.max_frame_hw), True, None)] if runtime.decodes_to_device else [])
+        ([(tuple(config.max_frame_hw), True, None)] if decodes_to_device(runtime) else [])
     wanted += [spare] * (capacity - len(sources))
     sharing = Counter(spec for rings in wanted for spec in rings)
     pooled = {spec: shared_slots(count, config.queue_depth, runtime.max_batch, runtime.buffer_sets)
               for spec, count in sharing.items()}
     check_memory([own * slot_bytes(*spec) for rings in wanted for spec in rings], own,
                  [count * slot_bytes(*spec) for spec, count in pooled.items()], sum(pooled.values()))
-    pools = {spec: runtime.frame_ring(count, spec[0], device=spec[1], fmt=spec[2]) for spec, count in pooled.items()}
+    pools = {spec: frame_ring(runtime, count, spec[0], device=spec[1], fmt=spec[2]) for spec, count in pooled.items()}
     for slot, rings in enumerate(wanted):
-        streams.choices[slot] = [runtime.frame_ring(own, hw, device=device, fmt=fmt) for hw, device, fmt in rings]
+        streams.choices[slot] = [frame_ring(runtime, own, hw, device=device, fmt=fmt) for hw, device, fmt in rings]
         for ring, spec in zip(streams.choices[slot], rings):
             ring.share(pools[spec])
 

@@ -26,6 +26,7 @@ from jetpipe.pipelines.outputs.retention import keep_within
 from jetpipe.pipelines.outputs.sinks import scheme_of
 from jetpipe.pipelines.outputs.sinks.safe_open import write_whole
 from jetpipe.runtime.jpeg import clip_box
+from jetpipe.runtime.jpeg import jpeg_encoder as open_jpeg_encoder
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def jpeg_encoder(config, runtime):
     snapshots = config.snapshots
     if not snapshots.folder and not any(scheme_of(uri) == "jpeg" for uri in config.sinks):
         return None
-    encoder = runtime.jpeg_encoder(snapshots.encoder, snapshots.quality, snapshots.buffers if snapshots.folder else 0,
-                                   config.max_frame_hw)
+    held = snapshots.buffers if snapshots.folder else 0  # frames held for snapshots; the jpeg: sink holds none
+    encoder = open_jpeg_encoder(runtime, snapshots.encoder, snapshots.quality, held, config.max_frame_hw)
     log.info("JPEG pictures encoded by %s", encoder.describe)
     return encoder

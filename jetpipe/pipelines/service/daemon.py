@@ -22,11 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from jetpipe import bundle as bundles
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
+from jetpipe.pipelines.core.bus import RecordBus
 from jetpipe.pipelines.core.drain import DrainBound
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryStage
 from jetpipe.pipelines.core.secondary import check as check_secondary
-from jetpipe.pipelines.core.stages import StageLoops
+from jetpipe.pipelines.core.stages import FrameParts, StageLoops
 from jetpipe.pipelines.core.steps import build_steps
 from jetpipe.pipelines.counters import StreamCounters
 from jetpipe.pipelines.ingest.batcher import Batcher
@@ -159,7 +160,7 @@ class Pipeline:
             self.batcher.plan(runtime.engine_times((1, 2)))
         self.metrics = StreamCounters(capacity, ids=None if share is None else share.ids)
         self.ingest = Ingest(config, runtime, self.streams, self.batcher, self.metrics, self.stop_event,
-                             self._start_thread, self._removed, self.control)
+                             self._start_thread, self._removed)
         self.closers.append(self.ingest.close)
         self.ingest.open_configured()
         # with the control API, files are numbered by stream ID from the start (streams come and go)
@@ -173,28 +174,31 @@ class Pipeline:
         self.drain_bound = DrainBound(config.stop_timeout_s, self.batcher, self.sinks)
         self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="post")
         self.closers.append(self.pool.shutdown)
-        self.clips = Clips(config.clips, self.sinks.put) if config.clips.folder else None
-        if self.clips is not None:  # before the steps: the events' records reach it too
+        self.bus = RecordBus()
+        self.bus.subscribe(self.sinks.put)  # every record, first: an event reaches the sinks before its clip starts
+        self.clips = Clips(config.clips, self.bus.publish) if config.clips.folder else None
+        if self.clips is not None:
             self.closers.append(self.clips.close)
             self.clips.attach_all(self.streams.live())
-        deliver = self.sinks.put if self.clips is None else self.clips.passing(self.sinks.put)  # events' records
-        self.snapshots = Snapshots(config.snapshots, self.jpeg, self.sinks.put) if config.snapshots.folder else None
-        if self.snapshots is not None:
+            self.bus.subscribe(self.clips.on_event, types=config.clips.on)
+        self.snapshots = Snapshots(config.snapshots, self.jpeg, self.bus.publish) if config.snapshots.folder else None
+        if self.snapshots is not None:  # before the steps: the events step keeps its frames for it
             self.closers.append(self.snapshots.close)
-        steps = build_steps(config, capacity, self.labels, self.streams.id_of, deliver, self.snapshots,
+            self.bus.subscribe(self.snapshots.take, types=config.snapshots.on, frame=True)
+        steps = build_steps(config, capacity, self.labels, self.streams.id_of, self.bus,
                             self.streams.first_track_ids(), self.streams.resume.event_counts)
         self.events = next((s for s in steps if s.name == "events"), None)
-        self.stages = StageLoops(runtime, self.batcher, self.postprocess, steps, self.secondaries,
-                             self.streams, self.metrics, self.sinks, self.task, self.pool, config.fail_timeout_s,
-                             self.stop, self.profile)
-        self.report = RunSummary(config, self.streams, self.metrics, self.batcher, runtime, self.sinks, self.stages,
-                             self.control, self.events, self.clips, self.snapshots, self.drain_bound)
-        self.metrics.gauges["jetpipe_gpu_memory_free_bytes"] = self.runtime.gpu_free_memory
-        self.metrics.gauges["jetpipe_streams"] = lambda: len(self.streams.live())
-        self.metrics.families.append(self.sinks.metric_families)
+        parts = FrameParts(runtime, self.batcher, self.streams, self.metrics, self.sinks, self.bus, self.pool)
+        self.stages = StageLoops(parts, self.postprocess, self.task, steps, self.secondaries, config.fail_timeout_s,
+                                 self.stop, self.profile)
+        self.report = RunSummary(config, parts, self.stages, self.events, self.clips, self.snapshots,
+                                 self.drain_bound)
+        self.metrics.add_gauge("jetpipe_gpu_memory_free_bytes", self.runtime.gpu_free_memory)
+        self.metrics.add_gauge("jetpipe_streams", lambda: len(self.streams.live()))
+        self.metrics.add_families(self.sinks.metric_families)
         if self.events is not None:
-            self.metrics.families.append(self.events.metric_families)
-            self.sinks.scene = self.events.scene
+            self.metrics.add_families(self.events.metric_families)
+            self.sinks.show_scene(self.events.scene)
         if runtime.backend_name != "onnxruntime-cpu":
             # only drawing (sinks, preview) and postprocessing use OpenCV, each in a thread of its own; OpenCV's
             # pool of a thread a core in every call made them fight (4.6 cores, -60 % with 8 drawing threads)

@@ -15,10 +15,10 @@ PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stall
 
 
 class RunSummary:
-    def __init__(self, config, streams, metrics, batcher, runtime, sinks, stages, control: bool, events=None,
-                 clips=None, snapshots=None, drain_bound=None):
-        self.config, self.streams, self.metrics, self.batcher = config, streams, metrics, batcher
-        self.runtime, self.sinks, self.stages, self.control = runtime, sinks, stages, control
+    def __init__(self, config, parts, stages, events=None, clips=None, snapshots=None, drain_bound=None):
+        """parts: core.stages.FrameParts; stages: its StageLoops."""
+        self.config, self.streams, self.metrics, self.batcher = config, parts.streams, parts.metrics, parts.batcher
+        self.runtime, self.sinks, self.stages, self.control = parts.runtime, parts.sinks, stages, config.control.enabled
         # events.EventStep, clips.writer.Clips, snapshots.Snapshots: where asked for
         self.events, self.clips, self.snapshots = events, clips, snapshots
         self.drain_bound = drain_bound  # drain.DrainBound: where a stop's drain was cut short

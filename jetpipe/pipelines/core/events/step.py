@@ -43,18 +43,19 @@ class _Frame:
 class EventStep:
     name = "events"
 
-    def __init__(self, rules: list, labels, stream_id, deliver, snapshots=None, counts=None):
+    def __init__(self, rules: list, labels, stream_id, publish, keep_frames: bool = False, counts=None):
         """rules: Zone and Line; labels: the model's class names (rules name classes by them); stream_id(slot):
-        the ID of the stream in a slot now; deliver(record): to the sinks; snapshots: where each event and its frame go
-        (snapshots.Snapshots: the frames are decided in the batch they come in, while they are in their slots);
-        counts: each rule's counts so far (a restarted GPU worker's go on from its predecessor's)."""
-        self.snapshots = snapshots
+        the ID of the stream in a slot now; publish(record, frame): each event on the record bus (bus.RecordBus),
+        with its frame where keep_frames (a subscriber pictures it: the frames are then decided in the batch
+        they come in, while they are in their slots); counts: each rule's counts so far (a restarted GPU
+        worker's go on from its predecessor's)."""
+        self.keep_frames = keep_frames
         self.labels = tuple(labels or ())
         self.engine = Engine()
         self.engine.rules = [self._engine(r) for r in rules]
         self._named = {r.rule.name: r for r in self.engine.rules}  # by name: found in time independent of their number
         self.removed: list[dict] = []  # rules removed while serving, with their counts (the summary's)
-        self.stream_id, self.deliver = stream_id, deliver
+        self.stream_id, self.publish = stream_id, publish
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for rule in rules:
             self.counts[rule.name]  # every rule in the summary, those that saw nothing too
@@ -127,7 +128,7 @@ class EventStep:
         """A finished batch's frames (packet.stream: the slot), a stream's in their order: gathered, and decided
         DECIDE_FRAMES at a time (or once the first has waited DECIDE_S): the rules' cost is mostly per decision,
         and a live pipeline's batches are a few frames."""
-        keep = self.snapshots is not None
+        keep = self.keep_frames
         for packet, found in zip(packets, results):
             stream = self._slot_ids[packet.stream] = self.stream_id(packet.stream)
             t = packet.pts if packet.pts is not None else packet.t_capture  # the frame's clock, never ours
@@ -167,9 +168,7 @@ class EventStep:
             (seen.track_id, name, seen.class_id, round(seen.score, 4), [round(v, 1) for v in seen.box])
         record = EventRecord(happened.type, happened.rule, stream, packet.frame_no, pts, round(packet.t_capture, 6),
                              *about, fields, counts)
-        self.deliver(record)
-        if packet.image is not None:
-            self.snapshots.take(record, packet.image)
+        self.publish(record, packet.image)
 
     def scene(self, stream: int, frame_hw) -> list[tuple]:
         """What the frame sinks and the preview draw on a frame of `stream`: (kind, name, points in the frame's

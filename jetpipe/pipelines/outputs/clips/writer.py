@@ -70,7 +70,7 @@ class _Request:
 
 class Clips:
     def __init__(self, config, deliver):
-        """config: ClipsConfig (checked); deliver(record): to the sinks."""
+        """config: ClipsConfig (checked); deliver(record): each clip_ready record published (the record bus)."""
         self.config, self.deliver = config, deliver
         self.folder = Path(config.folder)
         self.rings: dict[int, PacketRing] = {}
@@ -128,15 +128,8 @@ class Clips:
                 self.cond.notify()
 
     # -- requests -----------------------------------------------------------------------------------------------
-    def passing(self, deliver):
-        """deliver(record), then a clip around the record where it asks for one: the events step's delivery."""
-        def both(record) -> None:
-            deliver(record)
-            self.on_event(record)
-        return both
-
     def on_event(self, record) -> None:
-        """An event record (the events step's deliver): a clip around it where its type asks for one."""
+        """An event record (from the record bus): a clip around it where its type asks for one."""
         if record.type in self.config.on and record.stream in self.rings:
             t = record.pts if record.pts is not None else record.time
             self.request(record.stream, t - self.config.before_s, t + self.config.after_s, record.event_id)

@@ -30,7 +30,11 @@ class SinkFanout:
         self.on_record = on_record
         self.records: queue.Queue = queue.Queue(maxsize=QUEUE_RECORDS)
         self._closed: set[int] = set()
-        self.scene = None  # scene(stream, frame_hw): what is drawn beside the results (EventStep.scene)
+        self.scene = None  # scene(stream, frame_hw): what is drawn beside the results (show_scene)
+
+    def show_scene(self, scene) -> None:
+        """scene(stream, frame_hw): what the frame sinks draw beside the results (the rules: EventStep.scene)."""
+        self.scene = scene
 
     def add_viewer(self, viewer) -> None:
         """A frame taker that is no sink of the user's (the preview page): offered frames, closed by its owner."""
