@@ -255,6 +255,16 @@ def test_the_pipelines_rooms_follow_the_way_a_frame_goes():
     assert len(loose) <= MAX_LOOSE, loose
 
 
+def test_the_pipelines_tests_mirror_the_rooms():
+    """A test of a room's module lies in that room's folder under tests/pipelines; only the loose modules'
+    tests lie loose."""
+    tests = PACKAGE.parent / "tests" / "pipelines"
+    assert sorted(p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(ROOMS)
+    loose_modules = {p.stem for p in (PACKAGE / "pipelines").glob("*.py")}
+    stray = [p.name for p in tests.glob("test_*.py") if p.stem.removeprefix("test_") not in loose_modules]
+    assert stray == []
+
+
 def _room(module: str) -> str | None:
     parts = module.split(".")
     return parts[2] if len(parts) > 3 and parts[:2] == ["jetpipe", "pipelines"] and parts[2] in ROOMS else None

@@ -56,7 +56,7 @@ def boxes_of(probabilities: np.ndarray, letterboxes, source_hw: tuple[int, int] 
     """DB postprocessing (the pipeline's TextDetection) of (N, 1, H, W) maps -> source-pixel boxes."""
 
     post = TextDetection()
-    return [np.array(post.one(p, box, source_hw)["boxes"], np.float64).reshape(-1, 4)
+    return [post.one(p, box, source_hw).xyxy.astype(np.float64)
             for p, box in zip(probabilities[:, 0], letterboxes)]
 
 

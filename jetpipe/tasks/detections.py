@@ -177,6 +177,17 @@ def track_array(ids) -> np.ndarray:
     return np.array([NO_TRACK if i is None else i for i in ids], np.int64)
 
 
+def finish_detections(post, outputs: dict, letterboxes, sizes, pool=None, reduced: bool = False) -> list[Detections]:
+    """A task's finish of a batch as Detections a frame: made as arrays where the task makes them (its
+    `detections`: no per-object lists on the way), else its results dicts wrapped. reduced: `outputs` are its
+    GPU reduction's."""
+    native = getattr(post, "detections", None)
+    if native is not None:
+        return native(outputs, letterboxes, sizes, pool=pool, reduced=reduced)
+    finish = post.reduced if reduced else post
+    return [as_detections(r) for r in finish(outputs, letterboxes, sizes, pool=pool)]
+
+
 def as_detections(result) -> Detections:
     """A task's finish of one frame as Detections: as it came, or its results dict wrapped (from_results)."""
     return result if isinstance(result, Detections) else Detections.from_results(result)

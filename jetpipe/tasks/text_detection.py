@@ -20,9 +20,12 @@ from jetpipe.runtime.api import Reduction
 from jetpipe.runtime.postprocess_gpu import EXTENT_SCALE, SUM_SCALE
 from jetpipe.tasks import agreement_metrics
 from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, boxes_to_source, identity_frames, known, single_output
+from jetpipe.tasks.detections import Detections
 
 cv2 = lazy_import("cv2")
 log = logging.getLogger(__name__)
+
+KEYS = ("boxes", "scores", "quads")  # the record's, in this order
 
 
 @dataclass
@@ -44,13 +47,20 @@ class TextDetection:
     truncated_frames: int = field(default=0, init=False)  # GPU frames with more regions than that
 
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        return [found.to_results() for found in self.detections(outputs, letterboxes, sizes, pool)]
+
+    def detections(self, outputs: dict, letterboxes, sizes, pool=None, reduced: bool = False) -> list[Detections]:
+        """Each frame's lines as arrays (the pipelines' path: no per-line lists; the JSON's are made in the
+        sinks); reduced: `outputs` are the GPU's components."""
+        if reduced:
+            return self._from_components(outputs, letterboxes, sizes)
         prob = next(iter(outputs.values()))
         jobs = list(zip(prob[:, 0], letterboxes, sizes))
         if pool is None or len(jobs) < 2:
             return [self.one(*job) for job in jobs]
         return list(pool.map(lambda job: self.one(*job), jobs))  # OpenCV releases the GIL
 
-    def one(self, p: np.ndarray, box, hw) -> dict:
+    def one(self, p: np.ndarray, box, hw) -> Detections:
         mask = (p > self.threshold).view(np.uint8)
         count, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
         on = np.flatnonzero(mask)  # text pixels only (a few %): scoring is cheap
@@ -69,6 +79,9 @@ class TextDetection:
 
     def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         """Finish from the GPU's components (counts [B], components [B, limit])."""
+        return [found.to_results() for found in self._from_components(outputs, letterboxes, sizes)]
+
+    def _from_components(self, outputs: dict, letterboxes, sizes) -> list[Detections]:
         results = []
         for count, found, box, hw in zip(outputs["counts"], outputs["components"], letterboxes, sizes):
             if count > len(found):
@@ -85,7 +98,7 @@ class TextDetection:
                                        c["angle"].astype(np.float64), extents / EXTENT_SCALE, box, hw))
         return results
 
-    def _boxes(self, x, y, w, h, area, score, angle, extents, box, hw) -> dict:
+    def _boxes(self, x, y, w, h, area, score, angle, extents, box, hw) -> Detections:
         """Regions (left, top, width, height, area, mean probability, orientation, extents along and across
         it) -> kept, unclipped boxes and quadrilaterals in source pixels, in reading order."""
         keep = (area >= self.min_area) & (score >= self.box_threshold)
@@ -100,9 +113,9 @@ class TextDetection:
         for i, quad in tilted.items():
             quads[i] = quad
             xyxy[i] = (*quad.min(axis=0), *quad.max(axis=0))
-        return {"boxes": np.round(boxes_to_source(xyxy, box, *hw), 1).tolist(),
-                "scores": np.round(score, 4).tolist(),
-                "quads": np.round(box.to_source(quads), 1).tolist()}
+        # rounded as the JSON writes them, so that the arrays and the record say the same
+        return Detections(np.round(boxes_to_source(xyxy, box, *hw), 1), np.round(score, 4),
+                          data={"quads": np.round(box.to_source(quads), 1).reshape(-1, 4, 2)}, layout=KEYS)
 
     def _tilted_quads(self, angle, extents) -> dict[int, np.ndarray]:
         """The rectangle of each tilted region along its orientation, around its pixels (extents: the pixel

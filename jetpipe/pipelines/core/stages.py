@@ -20,7 +20,7 @@ from jetpipe.pipelines.core.chain_gate import ChainGate
 from jetpipe.pipelines.core.record import FrameRecord
 from jetpipe.pipelines.core.secondary import frames_read
 from jetpipe.pipelines.ingest.batcher import QueuedFrame
-from jetpipe.tasks.detections import Detections, as_detections
+from jetpipe.tasks.detections import Detections, finish_detections
 
 log = logging.getLogger(__name__)
 IDLE_S = 0.05  # the post thread with no batch this long flushes what the steps held back (events)
@@ -215,9 +215,8 @@ class StageLoops:
         t_finish = time.perf_counter()
         used = [packets[i] for i in result.frame_indices]
         sizes = [p.frame.size() for p in used]
-        finish = self.postprocess.reduced if result.reduction else self.postprocess
-        results = [as_detections(r) for r in finish(result.outputs, result.letterboxes, sizes, pool=self.pool)] \
-            if used else []
+        results = finish_detections(self.postprocess, result.outputs, result.letterboxes, sizes, self.pool,
+                                    reduced=result.reduction is not None) if used else []
         for step in self.steps:  # a stream's frames reach this one thread in order
             step.run(used, results)
         self.post_phase_s["finish"] += time.perf_counter() - t_finish

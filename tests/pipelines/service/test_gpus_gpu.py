@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from tests.pipelines.test_daemon_gpu import _cuda_ep  # noqa: F401 (autouse: skips without ONNX Runtime's CUDA EP)
-from tests.pipelines.test_gpus import ROOT
+from tests.pipelines.service.test_daemon_gpu import _cuda_ep  # noqa: F401 (autouse: skips without ONNX Runtime's CUDA EP)
+from tests.pipelines.service.test_gpus import ROOT
 
 pytestmark = pytest.mark.gpu
 
@@ -47,7 +47,7 @@ def test_each_workers_nvdec_files_are_decoded_in_its_own_decode_process(det_bund
     import shutil
 
     from jetpipe.runtime.probe import probe_gpu
-    from tests.pipelines.test_sources import encode
+    from tests.pipelines.ingest.test_sources import encode
 
     pytest.importorskip("PyNvVideoCodec", reason="PyNvVideoCodec (pip install pynvvideocodec) not installed")
     if shutil.which("ffmpeg") is None:

@@ -253,7 +253,7 @@ def test_a_cameras_events_get_clips_where_an_ffmpeg_process_decodes_it(det_bundl
     """The panning video from a network camera (MPEG-TS over TCP), decoded by an ffmpeg process as on a machine
     without NVDEC: its events get clips of its own packets, each playing from a keyframe, announced by a
     clip_ready record (before, such a stream had no clips: its frames came decoded)."""
-    from tests.pipelines.test_sources import as_mpegts
+    from tests.pipelines.ingest.test_sources import as_mpegts
     from tests.stream_server import StreamServer
 
     camera = StreamServer(as_mpegts(panning_h264, tmp_path / "camera.ts").read_bytes(), once=True)

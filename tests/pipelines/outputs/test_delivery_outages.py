@@ -15,7 +15,7 @@ import pytest
 
 from jetpipe.pipelines.outputs.sinks import KafkaSink, MqttSink, RedisSink
 from tests.pipelines.conftest import kafka_process, mosquitto_server, redis_process
-from tests.pipelines.test_delivery import _consume, _event, _redis_ids
+from tests.pipelines.outputs.test_delivery import _consume, _event, _redis_ids
 from tests.support import wait_for
 
 OUTAGES = [("pause", 5.0), ("pause", 15.0), ("pause", 30.0), ("restart", 3.0), ("restart", 15.0)]

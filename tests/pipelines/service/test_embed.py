@@ -6,12 +6,12 @@ from pathlib import Path
 
 import jetpipe
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "serve.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "serve.md"
 
 
 def _example() -> str:
     text = DOC.read_text()
-    marker = text.index("<!-- the example the tests run: tests/pipelines/test_embed.py -->")
+    marker = text.index("<!-- the example the tests run: tests/pipelines/service/test_embed.py -->")
     return re.search(r"```python\n(.*?)```", text[marker:], re.S).group(1)
 
 

@@ -218,7 +218,7 @@ def test_sample_config_parses():
 
     from jetpipe.pipelines.config import load
 
-    config = load(Path(__file__).parents[2] / "examples" / "jetpipe.toml")
+    config = load(Path(__file__).parents[3] / "examples" / "jetpipe.toml")
     assert config.sources and config.sinks and config.metrics_listen.startswith("127.0.0.1:")
 
 

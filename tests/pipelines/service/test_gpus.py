@@ -24,7 +24,7 @@ from jetpipe.pipelines.service.gpus.plan import SIMULATED_ENV
 from jetpipe.pipelines.service.summary import PER_STREAM
 from tests.support import free_port, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 # --- placement --------------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ import pytest
 
 from jetpipe.frames import from_bgr
 from jetpipe.runtime.api import Frame
-from tests.pipelines.test_clips_gpu import serve_nvdec_door
-from tests.pipelines.test_snapshots import _frame, _green_outline
+from tests.pipelines.outputs.test_clips_gpu import serve_nvdec_door
+from tests.pipelines.outputs.test_snapshots import _frame, _green_outline
 
 pytestmark = pytest.mark.gpu
 

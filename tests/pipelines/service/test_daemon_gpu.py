@@ -7,7 +7,7 @@ import pytest
 
 from jetpipe.pipelines.ingest.sources import SyntheticCamera
 from jetpipe.pipelines.service.daemon import Pipeline
-from tests.pipelines.test_daemon import _config, _iou, _lines
+from tests.pipelines.service.test_daemon import _config, _iou, _lines
 
 pytestmark = pytest.mark.gpu
 

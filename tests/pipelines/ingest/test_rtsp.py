@@ -13,7 +13,7 @@ from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.service.daemon import Pipeline
 from tests.support import wait_for
 
-SERVER = Path(__file__).resolve().parents[1] / "rtsp_server.py"
+SERVER = Path(__file__).resolve().parents[2] / "rtsp_server.py"
 SYSTEM_PYTHON = "/usr/bin/python3"  # PyGObject comes from Debian's packages, not from the venv
 CHECK = ("import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import Gst, GstRtspServer; "
          "Gst.init(None); missing = [e for e in ('qtdemux', 'h264parse', 'rtph264pay') "

@@ -22,7 +22,7 @@ from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.nvdec import hardware_decoder
 from jetpipe.runtime.ring import frame_ring
-from tests.pipelines.test_sources import _config, as_mpegts, encode, ffmpeg_decode, serve_through_a_stall
+from tests.pipelines.ingest.test_sources import _config, as_mpegts, encode, ffmpeg_decode, serve_through_a_stall
 from tests.stream_server import StreamServer
 
 pytestmark = pytest.mark.gpu

@@ -13,7 +13,7 @@ from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.core.record import FrameRecord
 from jetpipe.pipelines.service.daemon import Pipeline
 
-GOLDEN = Path(__file__).resolve().parents[1] / "data" / "records_golden.jsonl"
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "records_golden.jsonl"
 SOURCES = ["synthetic://320x240@0/nv12", "synthetic://640x480@0/yuyv"]
 # the fields that depend on when a frame was taken and processed: masked, the rest compared byte for byte
 _TIMES = re.compile(rb'"t_capture":[0-9.]+,"t_result":[0-9.]+,"latency_ms":\{[^}]*\}')

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipelines.test_clips import _frame_md5s, _packets, _serve
+from tests.pipelines.outputs.test_clips import _frame_md5s, _packets, _serve
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ import pytest
 from jetpipe.frames import from_bgr
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.jpeg import CpuJpeg, clip_box
-from tests.pipelines.test_clips import _serve, _serve_argv
+from tests.pipelines.outputs.test_clips import _serve, _serve_argv
 
 
 def _green_outline(picture: np.ndarray, box) -> float:
