@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import math
 import os
 import signal
 import sys
@@ -19,6 +20,8 @@ from jetpipe import __version__, bundle, output_folders
 from jetpipe.calibration.accuracy import AccuracyOptions, run_accuracy
 from jetpipe.calibration.latency import LatencyOptions, run_latency
 from jetpipe.calibration.search import excluded_from_report
+from jetpipe.calibration.tracking import TrackingOptions, run_tracking
+from jetpipe.calibration.tracking_scenes import SCENES
 from jetpipe.cli_values import (
     parse_batches,
     parse_channel_values,
@@ -289,8 +292,10 @@ def _add_serve(sub) -> None:
                    help="a direction classifier (classes 0 and 180: convert ppocr-cls) run on every --secondary's "
                         "crops first: those upside down are turned before the secondary reads them")
     p.add_argument("--tracker", choices=TRACKERS,
-                   help="track detected boxes per stream: a track_id in every record (bytetrack: Kalman "
-                        "prediction, high- then low-score matching; iou: overlap with the last box)")
+                   help="track detected boxes per stream: a track_id in every record (botsort: optimal "
+                        "assignment, IDs kept through occlusion, memory in seconds of the frames' clock, the "
+                        "default with rules; bytetrack: Kalman prediction, high- then low-score matching; "
+                        "iou: overlap with the last box)")
     p.add_argument("--postprocess", choices=POSTPROCESS_PLACES,
                    help="where postprocessing runs: gpu (only compact results leave the GPU), cpu, or auto "
                         "(default: gpu with the GPU runtime)")
@@ -460,6 +465,22 @@ def _add_calibrate(sub) -> None:
                      help="report folder to write (a new or empty folder; an existing report needs --force)")
     lat.add_argument("--force", action="store_true", help="replace an existing report folder")
     lat.set_defaults(run=_run_latency)
+    tr = what.add_parser("tracking", help="tracking quality: HOTA, IDF1, MOTA, ID switches (TrackEval)",
+                         description="Score trackers with the field's metrics (TrackEval: pip install --no-deps "
+                                     "trackeval): on built-in scenes with ground truth (people behind pillars, "
+                                     "crossing, in groups, stopping, under a panning camera), or a served "
+                                     "JSONL's tracks against MOTChallenge ground truth (--gt with --results).")
+    tr.add_argument("--trackers", default="bytetrack,botsort", help="trackers to compare on the scenes")
+    tr.add_argument("--scenes", default=",".join(SCENES), help=f"built-in scenes: {', '.join(SCENES)}")
+    tr.add_argument("--fps", default="30,10", help="frame rates each scene is sampled at")
+    tr.add_argument("--seeds", default="1,2,3", help="scene seeds (the trackers were tuned on seed 0)")
+    tr.add_argument("--gt", type=Path, help="MOTChallenge gt.txt (frame,id,left,top,width,height,...; frames from 1)")
+    tr.add_argument("--results", type=Path, help="a `jetpipe serve` JSONL with track_ids (with --gt)")
+    tr.add_argument("--stream", type=int, default=0, help="the JSONL's stream scored against --gt")
+    tr.add_argument("--report", type=Path, required=True,
+                    help="report folder to write (a new or empty folder; an existing report needs --force)")
+    tr.add_argument("--force", action="store_true", help="replace an existing report folder")
+    tr.set_defaults(run=_run_tracking)
 
 
 def _add_export(sub) -> None:
@@ -522,6 +543,39 @@ def _run_accuracy(args) -> int:
     budget = report.get("budget")
     search = report.get("precision_search")
     return 0 if not budget or budget["met"] or (search and search["met"]) else 1
+
+
+def _run_tracking(args) -> int:
+    if (args.gt is None) != (args.results is None):
+        raise JetpipeError("--gt and --results go together: ground truth and the served tracks to score")
+    trackers = _names(args.trackers, TRACKERS[1:], "--trackers")
+    scenes = _names(args.scenes, SCENES, "--scenes")
+    fps = tuple(_bounded_float(v, "--fps", 1, 120) for v in args.fps.split(","))
+    seeds = tuple(int(_bounded_float(v, "--seeds", 0, 1e6)) for v in args.seeds.split(","))
+    if args.stream < 0:
+        raise JetpipeError(f"--stream {args.stream}: a stream number is 0 or more")
+    run_tracking(TrackingOptions(args.report, trackers, scenes, fps, seeds, args.gt, args.results, args.stream,
+                                 args.force))
+    print((args.report / "report.md").read_text())
+    return 0
+
+
+def _names(text: str, allowed, flag: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    wrong = [n for n in names if n not in allowed]
+    if wrong or not names:
+        raise JetpipeError(f"{flag} {text!r}: choose from {', '.join(allowed)}, comma-separated")
+    return names
+
+
+def _bounded_float(text: str, flag: str, low: float, high: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:
+        raise JetpipeError(f"{flag} {text!r}: a number from {low:g} to {high:g}")
+    return value
 
 
 def _run_latency(args) -> int:

@@ -136,7 +136,7 @@ class PipelineConfig:
     memory: str = "auto"
     task: str | None = None            # default: the bundle's
     postprocess: str = "auto"          # auto (GPU with the GPU runtime) | gpu | cpu
-    tracker: str = "none"              # none | iou | bytetrack: a track_id per detected box
+    tracker: str = "none"              # none | iou | bytetrack | botsort: a track_id per detected box
     frames: int = 0                    # stop each source after N frames (0: no limit)
     duration: float = 0.0              # stop after S seconds (0: until SIGTERM)
     metrics_listen: str = "127.0.0.1:9108"   # "" disables /metrics and /healthz
@@ -506,7 +506,8 @@ def _check_sinks(config: PipelineConfig, where: str) -> None:
 
 def _check_rules(config: PipelineConfig, where: str) -> None:
     """Zones and lines: each checked (those made in code too, not only from a table or a flag), named apart;
-    they count tracks, so with rules and no tracker ByteTrack is turned on."""
+    they count tracks, so with rules and no tracker botsort is turned on (it keeps an ID through occlusion:
+    a visit interrupted by a pillar stays one visit)."""
     event_rules = [*config.zones, *config.lines]
     if not event_rules:
         return
@@ -518,6 +519,6 @@ def _check_rules(config: PipelineConfig, where: str) -> None:
     except rules.RuleError as exc:
         raise ConfigError(str(exc)) from None
     if config.tracker == "none":
-        log.info("%d zone(s) and line(s) count tracks: tracker bytetrack turned on (--tracker chooses another)",
+        log.info("%d zone(s) and line(s) count tracks: tracker botsort turned on (--tracker chooses another)",
                  len(event_rules))
-        config.tracker = "bytetrack"
+        config.tracker = "botsort"

@@ -20,8 +20,8 @@ import numpy as np
 
 from jetpipe.pipelines.core.bus import RecordBus
 from jetpipe.pipelines.core.events import EventStep
-from jetpipe.pipelines.core.tracking import Tracker
-from jetpipe.tasks.detections import Detections, track_array
+from jetpipe.pipelines.core.tracking import make_tracker
+from jetpipe.tasks.detections import Detections
 
 
 class FrameStep(Protocol):
@@ -45,16 +45,16 @@ class TrackStep:
     def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None):
         """first_ids: the first track ID of each slot's stream (a restarted GPU worker's go on; else 1)."""
         self.kind = kind
-        self.trackers = [Tracker(kind, next_id=n) for n in (first_ids or [1] * slots)]
+        self.trackers = [make_tracker(kind, next_id=n) for n in (first_ids or [1] * slots)]
 
     def run(self, packets: list, results: list[Detections]) -> None:
         for packet, found in zip(packets, results):
-            ids = self.trackers[packet.stream].update(found.xyxy.astype(np.float64),
-                                                      found.confidence.astype(np.float64))
-            found.tracker_id = track_array(ids)
+            t = packet.pts if packet.pts is not None else packet.t_capture  # the frames' clock where they have one
+            found.tracker_id = self.trackers[packet.stream].update(found.xyxy.astype(np.float64),
+                                                                   found.confidence.astype(np.float64), t)
 
     def reset(self, slot: int) -> None:
-        self.trackers[slot] = Tracker(self.kind)  # the new stream's tracks number from 1
+        self.trackers[slot] = make_tracker(self.kind)  # the new stream's tracks number from 1
 
     def flush(self) -> None:
         """Nothing held back: each frame's tracks are its record's."""

@@ -97,7 +97,7 @@ def check_against_task(config: PipelineConfig, task, labels, classes: int | None
         check_secondary(secondary, task, labels, "config")
         if secondary.every_track and config.tracker == "none":
             raise ConfigError(f"config: secondary {secondary.label!r}: every_track = {secondary.every_track} "
-                              "reuses a result while its track lives: add --tracker (bytetrack or iou)")
+                              "reuses a result while its track lives: add --tracker (botsort, bytetrack or iou)")
 
 
 class Pipeline:

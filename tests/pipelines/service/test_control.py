@@ -593,7 +593,7 @@ def test_a_thousand_callers_at_once_are_each_answered(serving):
 def test_rules_need_a_tracker_and_the_token(serving, monkeypatch):
     untracked = serving([])
     status, answer = _json(untracked.base, "POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]]})
-    assert status == 409 and "--tracker bytetrack" in answer["error"]
+    assert status == 409 and "--tracker botsort" in answer["error"]
     guarded = serving([], token="s3cret-s3cret-s3cret", tracker="bytetrack")
     status, _ = _json(guarded.base, "POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]]})
     assert status == 401

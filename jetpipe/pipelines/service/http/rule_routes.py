@@ -36,7 +36,7 @@ class RuleRoutes:
         """(status, JSON value); `table`: the request's body, read as JSON (None for GET and DELETE)."""
         if self.events is None:
             raise ControlError(409, "rules count tracks and this pipeline tracks nothing: start it with --tracker "
-                                    "bytetrack (or a --zone / --line, which turns the tracker on)")
+                                    "botsort (or a --zone / --line, which turns it on)")
         if path == "/rules":
             if method == "GET":
                 return 200, self.events.tables()

@@ -1,4 +1,4 @@
-"""Per-stream multi-object tracking of detections: a track ID for every box that belongs to one.
+"""ByteTrack and IoU tracking (the frame-counted trackers; botsort.py is the BoT-SORT / OC-SORT line).
 
 - `iou`: each track keeps its last box; a detection continues the track it overlaps most (IoU).
 - `bytetrack` (ByteTrack, Zhang et al. 2022, as Ultralytics' `tracker=bytetrack.yaml`): a constant-velocity
@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jetpipe.tasks.agreement_metrics import greedy_match, iou_matrix
-
-TRACKERS = ("none", "iou", "bytetrack")
 
 
 class KalmanBox:
@@ -166,4 +164,4 @@ class Tracker:
 
     def __post_init__(self):
         if self.kind not in ("iou", "bytetrack"):
-            raise ValueError(f"tracker {self.kind!r}: choose one of {', '.join(TRACKERS)}")
+            raise ValueError(f"tracker {self.kind!r}: this class tracks iou or bytetrack")
