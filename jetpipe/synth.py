@@ -38,7 +38,7 @@ def several_fonts() -> tuple[Path | None, ...]:
     return tuple(None if name is None else folder / name for name in SEVERAL_FONTS)
 
 
-def _pick_font(rng: np.random.Generator, fonts, size: int):
+def pick_font(rng: np.random.Generator, fonts, size: int):
     """Pillow's built-in font at `size`, or one of `fonts` drawn by rng (drawn only where fonts are given, so
     that the images rendered without them stay what they were). A font object a word, not shared: synthetic
     cameras render in threads of their own, and a FreeType face is not safe to share between them."""
@@ -53,7 +53,7 @@ class TextImage:
     words: list[str] = field(default_factory=list)
 
 
-def _word(rng: np.random.Generator) -> str:
+def random_word(rng: np.random.Generator) -> str:
     word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.integers(1, 4)))
     if rng.random() < 0.3:
         word = word.upper()
@@ -62,7 +62,7 @@ def _word(rng: np.random.Generator) -> str:
     return word
 
 
-def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """A smooth two-colour gradient with sensor-like noise."""
     c0, c1 = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
     t = np.linspace(0.0, 1.0, w if rng.random() < 0.5 else h, dtype=np.float32)
@@ -84,13 +84,13 @@ def render_text_image(seed: int, size_hw: tuple[int, int] = (480, 640), max_word
     is drawn in, one at random (several_fonts()); default Pillow's built-in."""
     rng = np.random.default_rng(seed)
     h, w = size_hw
-    canvas = Image.fromarray(_background(rng, h, w))
+    canvas = Image.fromarray(background(rng, h, w))
     draw = ImageDraw.Draw(canvas)
     result = TextImage(bgr=np.empty(0))
     taken = np.zeros((h, w), bool)
     for _ in range(int(rng.integers(max(1, max_words // 3), max_words + 1))):
-        word = _word(rng)
-        font = _pick_font(rng, fonts, int(rng.integers(max(12, h // 40), max(20, h // 9))))
+        word = random_word(rng)
+        font = pick_font(rng, fonts, int(rng.integers(max(12, h // 40), max(20, h // 9))))
         x0, y0, x1, y1 = draw.textbbox((0, 0), word, font=font)
         tw, th = x1 - x0, y1 - y0
         if tw >= w - 8 or th >= h - 8:
@@ -115,14 +115,14 @@ def render_tilted_words(seed: int, size_hw: tuple[int, int] = (720, 1280), count
     (either way), never overlapping: boxes are the turned lines' bounding boxes. fonts: as render_text_image."""
     rng = np.random.default_rng(seed)
     h, w = size_hw
-    canvas = Image.fromarray(_background(rng, h, w))
+    canvas = Image.fromarray(background(rng, h, w))
     result = TextImage(bgr=np.empty(0))
     taken = np.zeros((h, w), bool)
     for _ in range(count * 4):
         if len(result.words) == count:
             break
-        word = " ".join(_word(rng) for _ in range(int(rng.integers(words[0], words[1] + 1))))
-        font = _pick_font(rng, fonts, int(rng.integers(max(16, h // 30), max(24, h // 14))))
+        word = " ".join(random_word(rng) for _ in range(int(rng.integers(words[0], words[1] + 1))))
+        font = pick_font(rng, fonts, int(rng.integers(max(16, h // 30), max(24, h // 14))))
         x0, y0, x1, y1 = ImageDraw.Draw(canvas).textbbox((0, 0), word, font=font)
         pad = 6
         glyphs = Image.new("L", (x1 - x0 + 2 * pad, y1 - y0 + 2 * pad), 0)
@@ -150,12 +150,12 @@ def render_text_line(seed: int, size_hw: tuple[int, int] = (48, 320), fonts=None
     them at random (several_fonts()); default Pillow's built-in."""
     rng = np.random.default_rng(seed)
     h, w = size_hw
-    canvas = Image.fromarray(_background(rng, h, w))
+    canvas = Image.fromarray(background(rng, h, w))
     draw = ImageDraw.Draw(canvas)
-    font = _pick_font(rng, fonts, max(8, int(h * rng.uniform(0.55, 0.8))))
+    font = pick_font(rng, fonts, max(8, int(h * rng.uniform(0.55, 0.8))))
     words, x = [], int(rng.integers(1, max(2, w // 20)))
     while True:
-        word = _word(rng)
+        word = random_word(rng)
         x0, y0, x1, y1 = draw.textbbox((0, 0), word, font=font)
         if x + (x1 - x0) > w - 2:
             break

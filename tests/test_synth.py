@@ -16,10 +16,10 @@ def test_every_typeface_of_several_fonts_ships_with_a_dependency_and_draws_lette
 
 
 def test_the_words_of_a_video_in_several_fonts_are_drawn_in_each_of_them():
-    from jetpipe.synth import _pick_font
+    from jetpipe.synth import pick_font
 
     rng = np.random.default_rng(50_000)
-    drawn = {_pick_font(rng, several_fonts(), 24).getname() for _ in range(64)}
+    drawn = {pick_font(rng, several_fonts(), 24).getname() for _ in range(64)}
     assert len(drawn) == len(SEVERAL_FONTS), drawn  # Aileron, DejaVu Sans / Serif / Mono, STIX: styles apart
     images = [render_text_image(50_000 + i, (720, 1280), 14, fonts=several_fonts()) for i in range(3)]
     assert all(len(image.words) == len(image.boxes) > 0 for image in images)

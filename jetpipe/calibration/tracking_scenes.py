@@ -13,10 +13,13 @@ this measures what the trackers do with the same detections.)
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from jetpipe import synth
 
 SCENES = ("pillars", "crossing", "groups", "stop_and_go", "pan")
 WIDTH, HEIGHT = 1920, 1080
@@ -198,7 +201,7 @@ def _visible(boxes: np.ndarray, walls: np.ndarray, covers: np.ndarray | None = N
     lo = np.where(shown[..., None], cell[None], GRID).min(axis=1)
     hi = np.where(shown[..., None], cell[None] + 1, 0).max(axis=1)
     visible = np.concatenate([boxes[:, :2] + lo / GRID * size, boxes[:, :2] + hi / GRID * size], axis=1)
-    return share, visible
+    return share, np.clip(visible, 0, [WIDTH, HEIGHT, WIDTH, HEIGHT])  # a cell half out of the frame: its inside
 
 
 def _false_detections(rng, fps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -216,23 +219,21 @@ def render_scene(name: str, video: Path, fps: float = 30.0, seconds: float = 12.
     """The scene as an H.264 video a real text detector sees: every walker carries a sign (one word on a light
     card, the walker's width), pillars in front of everyone, the nearer sign hiding the farther; with its
     ground truth beside it in MOTChallenge format (gt.txt: frame from 1, id, left, top, width, height, 1, 1,
-    visibility), the visible part of each word seen at MIN_VISIBLE or more. Needs ffmpeg; returns gt.txt."""
-    import subprocess
-
-    import cv2
+    visibility), the visible part of each sign seen at MIN_VISIBLE or more: its card, which is what PP-OCR's
+    detector outlines (its boxes are grown past the ink, by about the card's margin). Needs ffmpeg; returns
+    gt.txt."""
+    import cv2  # OpenCV and Pillow load with the first scene rendered, not with `jetpipe calibrate`
     from PIL import Image, ImageDraw
-
-    from jetpipe.synth import _background, _pick_font, _word, several_fonts
 
     if name not in SCENES:
         raise ValueError(f"scene {name!r}: choose one of {', '.join(SCENES)}")
     rng = np.random.default_rng([seed, SCENES.index(name), 7])
     walkers, pillars, pan = _LAYOUTS[name](np.random.default_rng([seed, SCENES.index(name)]), seconds)
-    fonts = several_fonts()
+    fonts = synth.several_fonts()
     signs = []
     for walker in walkers:  # a word a walker, its card as wide as the word needs; the walker's box is the card
-        font = _pick_font(rng, fonts, int(rng.integers(34, 46)))
-        word = _word(rng)
+        font = synth.pick_font(rng, fonts, int(rng.integers(34, 46)))
+        word = synth.random_word(rng)
         x0, y0, x1, y1 = ImageDraw.Draw(Image.new("RGB", (1, 1))).textbbox((0, 0), word, font=font)
         card = Image.new("RGB", (x1 - x0 + 2 * SIGN_MARGIN, y1 - y0 + 2 * SIGN_MARGIN),
                          tuple(int(v) for v in rng.integers(200, 256, 3)))
@@ -240,7 +241,7 @@ def render_scene(name: str, video: Path, fps: float = 30.0, seconds: float = 12.
         walker.w, walker.h = card.size
         signs.append(np.asarray(card)[:, :, ::-1])
     margin = 400
-    ground = _background(rng, HEIGHT + 2 * margin, WIDTH + 2 * margin)
+    ground = synth.background(rng, HEIGHT + 2 * margin, WIDTH + 2 * margin)
     command = ["ffmpeg", "-loglevel", "error", "-y", "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", f"{WIDTH}x{HEIGHT}",
                "-r", f"{fps:g}", "-i", "-", "-c:v", "libx264", "-preset", "veryfast", "-pix_fmt", "yuv420p",
                "-g", str(int(fps)), str(video)]
@@ -260,9 +261,8 @@ def render_scene(name: str, video: Path, fps: float = 30.0, seconds: float = 12.
         if present:
             ids = np.array([i for i, _ in present])
             cards = np.array([b for _, b in present])
-            words = cards + [SIGN_MARGIN, SIGN_MARGIN, -SIGN_MARGIN, -SIGN_MARGIN]
             walls = np.array([(x0 - offset[0], -1e9, x1 - offset[0], 1e9) for x0, x1 in pillars]).reshape(-1, 4)
-            share, visible = _visible(words, walls, covers=cards)
+            share, visible = _visible(cards, walls)
             for i, v, b in zip(ids[share >= MIN_VISIBLE], share[share >= MIN_VISIBLE], visible[share >= MIN_VISIBLE]):
                 rows.append(f"{k + 1},{i + 1},{b[0]:.1f},{b[1]:.1f},{b[2] - b[0]:.1f},{b[3] - b[1]:.1f},1,1,{v:.3f}")
     encoder.stdin.close()

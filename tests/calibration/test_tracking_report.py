@@ -3,6 +3,7 @@ against MOTChallenge ground truth; bad ground truth is one line and exit 2, with
 
 import json
 
+import numpy as np
 import pytest
 
 from jetpipe.calibration.tracking_scenes import make_scene
@@ -62,3 +63,24 @@ def test_bad_flags_are_one_line(tmp_path, capsys):
         assert main(["calibrate", "tracking", *flags, "--report", str(tmp_path / "r")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_rendered_scene_and_its_ground_truth_agree(tmp_path):
+    """The video scene: as many frames as the ground truth covers, every ground-truth box inside the frame,
+    and the sign behind a pillar left out while it is hidden."""
+    import shutil
+    import subprocess
+
+    from jetpipe.calibration.tracking import read_mot
+    from jetpipe.calibration.tracking_scenes import HEIGHT, WIDTH, render_scene
+
+    if shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None:
+        pytest.skip("ffmpeg renders the scene (apt-get install ffmpeg)")
+    gt = read_mot(render_scene("pillars", tmp_path / "scene.mp4", fps=10, seconds=6, seed=2))
+    frames = subprocess.run(["ffprobe", "-v", "error", "-count_frames", "-show_entries", "stream=nb_read_frames",
+                             "-of", "csv=p=0", str(tmp_path / "scene.mp4")], capture_output=True, text=True).stdout
+    assert int(frames) == 60 and max(gt) <= 60
+    boxes = np.concatenate([b for _, b in gt.values()])
+    assert (boxes[:, 0] >= 0).all() and (boxes[:, 2] <= WIDTH).all() and (boxes[:, 3] <= HEIGHT).all()
+    seen = [len(ids) for ids, _ in gt.values()]
+    assert max(seen) >= 3  # several signs in view at once

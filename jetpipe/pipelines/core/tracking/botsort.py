@@ -35,6 +35,8 @@ from jetpipe.tasks.detections import NO_TRACK
 HISTORY = 32         # observations kept a track: its direction, its edges' speed and its full size
 INFEASIBLE = 1e6
 LOST_WEIGHT = 0.5    # a lost track's similarity counts this much beside a track seen in the last frame
+EDGE_NEAR, EDGE_FAR, CENTRE = 0, 1, 2  # what a track's motion along an axis is measured on
+MOVING = 0.2         # along an axis, a box whose centre moves less than this share of its size a second stands
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,8 @@ class BotSortParams:
     high: float = 0.5          # detections at or above: the first round, and new tracks
     low: float = 0.1           # below: ignored; between: the second round only
     new_track: float = 0.6     # a detection starts a track at or above this score
-    match_iou: float = 0.2     # first round: IoU (grown boxes for lost tracks) at least this
+    match_iou: float = 0.2     # first round: IoU with the prediction at least this
+    lost_iou: float = 0.1      # a lost track: IoU of its grown expectation and the grown detection at least this
     low_iou: float = 0.5       # second round (weak detections): stricter
     recover_iou: float = 0.3   # recovery round: IoU with the last observation
     confirm_iou: float = 0.3   # a new track's second detection
@@ -55,8 +58,8 @@ class BotSortParams:
     cover: float = 0.6         # a lost track takes a detection lying this much inside where it should be
 
     def __post_init__(self):
-        for name in ("high", "low", "new_track", "match_iou", "low_iou", "recover_iou", "confirm_iou", "buffer",
-                     "inertia"):
+        for name in ("high", "low", "new_track", "match_iou", "lost_iou", "low_iou", "recover_iou", "confirm_iou",
+                     "buffer", "inertia"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"botsort {name} {getattr(self, name)}: from 0 to 1")
         if not 0.0 < self.max_lost_s <= 60.0 or not 0.0 < self.delta_s <= 5.0 or not 0.0 < self.motion_s <= 5.0:
@@ -95,26 +98,26 @@ class BotSort:
         self.mean, self.cov = kalman.predict(self.mean, self.cov, dt)
         out = np.full(len(boxes), NO_TRACK, np.int64)
         p = self.params
-        high = np.flatnonzero(scores >= p.high)
-        low = np.flatnonzero((scores >= p.low) & (scores < p.high))
+        high, low = scores >= p.high, (scores >= p.low) & (scores < p.high)
         lost = self.obs_t < self.t - 1.5 * dt  # not seen in the last frame
-        confirmed = np.flatnonzero(self.ids > 0)
+        confirmed = self.ids > 0
+        predicted = kalman.xyxy(self.mean)
+        track_free, det_free = np.ones(len(self.ids), bool), np.ones(len(boxes), bool)
         rows, cols = [], []
 
-        r, c = self._first_round(confirmed, high, boxes, scores, lost)
-        rows.append(r), cols.append(c)
-        tracks_left, high_left = np.setdiff1d(confirmed, r), np.setdiff1d(high, c)
-        tracked_left = tracks_left[~lost[tracks_left]]
-        r, c = _assign_iou(kalman.xyxy(self.mean[tracked_left]), boxes[low], p.low_iou)
-        rows.append(tracked_left[r]), cols.append(low[c])
-        tracks_left = np.setdiff1d(tracks_left, tracked_left[r])
-        r, c = _assign_iou(self.obs[tracks_left], boxes[high_left], p.recover_iou)
-        rows.append(tracks_left[r]), cols.append(high_left[c])
-        high_left = np.setdiff1d(high_left, high_left[c])
-        unconfirmed = np.flatnonzero(self.ids == 0)
-        r, c = _assign_iou(kalman.xyxy(self.mean[unconfirmed]), boxes[high_left], p.confirm_iou)
-        rows.append(unconfirmed[r]), cols.append(high_left[c])
-        high_left = np.setdiff1d(high_left, high_left[c])
+        def take(r, c) -> None:
+            track_free[r], det_free[c] = False, False
+            rows.append(r), cols.append(c)
+
+        take(*self._first_round(np.flatnonzero(confirmed), np.flatnonzero(high), boxes, scores, lost, predicted))
+        for tracks, dets, against, threshold in (
+                (confirmed & ~lost, low, predicted, p.low_iou),      # ByteTrack's weak detections
+                (confirmed, high, self.obs, p.recover_iou),          # OC-SORT's recovery by the last observation
+                (~confirmed, high, predicted, p.confirm_iou)):       # new tracks' second detection
+            t_idx, d_idx = np.flatnonzero(tracks & track_free), np.flatnonzero(dets & det_free)
+            r, c = _assign_iou(against[t_idx], boxes[d_idx], threshold)
+            take(t_idx[r], d_idx[c])
+        high_left = np.flatnonzero(high & det_free)
 
         rows, cols = np.concatenate(rows).astype(np.int64), np.concatenate(cols).astype(np.int64)
         self._observe(rows, boxes[cols], lost[rows])
@@ -132,12 +135,12 @@ class BotSort:
         return out
 
     # -- the rounds -----------------------------------------------------------------------------------------------
-    def _first_round(self, tracks, dets, boxes, scores, lost) -> tuple[np.ndarray, np.ndarray]:
+    def _first_round(self, tracks, dets, boxes, scores, lost, predicted) -> tuple[np.ndarray, np.ndarray]:
         """Confirmed tracks against confident detections: IoU (grown boxes for lost tracks) plus direction."""
         if not len(tracks) or not len(dets):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         p = self.params
-        predicted, found = kalman.xyxy(self.mean[tracks]), boxes[dets]
+        predicted, found = predicted[tracks], boxes[dets]
         iou = iou_matrix(predicted, found)
         allowed = iou >= p.match_iou
         was_lost = lost[tracks]
@@ -146,16 +149,19 @@ class BotSort:
             grown = iou_matrix(_grown(expected, p.buffer), _grown(found, p.buffer))
             inside = _inside(expected, found)  # a detection of the part of it coming out from behind something
             iou[was_lost] = LOST_WEIGHT * np.maximum(grown, inside)
-            allowed[was_lost] = (grown >= p.match_iou) | (inside >= p.cover)
+            allowed[was_lost] = (grown >= p.lost_iou) | (inside >= p.cover)
         similarity = iou + self._direction_agreement(tracks, found, scores[dets])
         r, c = _assign(similarity, allowed)
         return tracks[r], dets[c]
 
     def _motion(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each track's observed motion over the last motion_s: velocity (px/s, x and y), which edge it is
-        measured on (0: left / top, 1: right / bottom: the edge that moved more; an object going behind
-        something keeps moving on its far edge while its near edge stops at the occluder) and its largest size
-        seen (width, height)."""
+        """Each track's observed motion over the last motion_s, per axis: velocity (px/s), what it is measured
+        on (EDGE_NEAR: left / top, EDGE_FAR: right / bottom, CENTRE) and its largest size seen (width,
+        height). Along an axis it moves on, its motion is the faster edge's: where one edge stopped and the
+        other moved on, the object is going behind (or coming out from behind) something, and the moving edge
+        is the one still on it. Along an axis it does not move on (less than MOVING of its size a second),
+        the centre's: a detector's box edges wobble apart as an object is cut, and either edge alone would
+        carry the box off."""
         hist_t, hist = self.hist_t[rows], self.hist[rows]
         last_t, n = hist_t[:, -1], np.arange(len(rows))
         earlier = hist_t[:, :-1] <= (last_t - self.params.motion_s)[:, None]
@@ -164,19 +170,24 @@ class BotSort:
         span = np.maximum(last_t - hist_t[n, pick], 1e-9)
         edges = (hist[:, -1] - hist[n, pick]) / span[:, None]            # x0 y0 x1 y1 speeds
         edges[pick == HISTORY - 1] = 0.0                                  # one observation: standing
-        far = (np.abs(edges[:, 2:]) > np.abs(edges[:, :2])).astype(np.int64)  # per axis: 0 near, 1 far edge
-        velocity = np.where(far == 1, edges[:, 2:], edges[:, :2])
+        near, far = edges[:, :2], edges[:, 2:]
         window = np.isfinite(hist_t) & (hist_t >= (last_t - self.params.motion_s)[:, None])
         sizes = np.where(window[..., None], hist[..., 2:] - hist[..., :2], 0.0).max(axis=1)
-        return velocity, far, sizes
+        centre = (near + far) / 2
+        moving = np.abs(centre) > MOVING * sizes
+        anchor = np.where(moving, np.where(np.abs(far) > np.abs(near), EDGE_FAR, EDGE_NEAR), CENTRE)
+        velocity = np.where(anchor == EDGE_FAR, far, np.where(anchor == EDGE_NEAR, near, centre))
+        return velocity, anchor, sizes
 
     def _expected(self, rows) -> np.ndarray:
-        """Where lost tracks' objects should be now, whole: the edge they were seen moving on carried on at its
-        speed since the last observation, the box at its largest size seen."""
-        velocity, far, sizes = self._motion(rows)
+        """Where lost tracks' objects should be now, whole: what they were seen moving on (an edge, or the
+        centre) carried on at its speed since the last observation, the box at its largest size seen."""
+        velocity, anchor, sizes = self._motion(rows)
         last = self.obs[rows]
         moved = velocity * (self.t - self.obs_t[rows])[:, None]
-        start = np.where(far == 1, last[:, 2:] + moved - sizes, last[:, :2] + moved)
+        centre = (last[:, :2] + last[:, 2:]) / 2 + moved - sizes / 2
+        start = np.where(anchor == EDGE_FAR, last[:, 2:] + moved - sizes,
+                         np.where(anchor == EDGE_NEAR, last[:, :2] + moved, centre))
         return np.concatenate([start, start + sizes], axis=1)
 
     def _direction_agreement(self, tracks, found, scores) -> np.ndarray:

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Trackers on scenes with ground truth (issue 65), two ways:
+
+  scenes  the built-in scenes' detections (calibration/tracking_scenes.py) through each tracker, scored by
+          TrackEval: what `jetpipe calibrate tracking` reports, with the tracker's CPU per detection.
+  video   the same scenes rendered as H.264 video (a word on a card a walker, pillars, the camera's pan),
+          served by `jetpipe serve` through a real text detector (a bundle: `jetpipe convert ppocr-det`) with
+          each tracker, the JSONL's tracks scored against the rendered ground truth (gt.txt, MOTChallenge).
+
+  python scripts/bench_tracking.py scenes [--scenes pillars,crossing] [--fps 30,10] [--seeds 1,2,3] [--json OUT]
+  python scripts/bench_tracking.py video BUNDLE [--scenes pillars] [--fps 10] [--seconds 12] [--seeds 1] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from jetpipe.calibration.tracking import compare, read_jsonl_tracks, read_mot, score, sequence_of, summarize
+from jetpipe.calibration.tracking_scenes import SCENES, make_scene, render_scene
+
+TRACKERS = ("bytetrack", "botsort")
+
+
+def scenes(args) -> list[dict]:
+    rows = []
+    for seed in args.seeds:
+        rows += [{**r, "seed": seed} for r in compare([make_scene(n, f, seed=seed) for n in args.scenes
+                                                        for f in args.fps], list(TRACKERS))]
+    return rows
+
+
+def video(args) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            for name in args.scenes:
+                for fps in args.fps:
+                    clip = Path(tmp) / f"{name}-{fps:g}-{seed}.mp4"
+                    gt = read_mot(render_scene(name, clip, fps, args.seconds, seed))
+                    for kind in TRACKERS:
+                        served = Path(tmp) / f"{clip.stem}-{kind}.jsonl"
+                        command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", str(args.bundle),
+                                   "--source", str(clip), "--tracker", kind, "--sink", f"jsonl:{served}",
+                                   "--metrics", ""]
+                        done = subprocess.run(command, capture_output=True, text=True)
+                        if done.returncode != 0:
+                            raise SystemExit(f"jetpipe serve failed:\n{done.stderr[-2000:]}")
+                        metrics = score(sequence_of(gt, read_jsonl_tracks(served)))
+                        rows.append({"scene": f"{name}@{fps:g}fps video", "tracker": kind, "seed": seed,
+                                     **{k: round(v, 2) for k, v in metrics.items()}})
+                        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=("scenes", "video"))
+    parser.add_argument("bundle", nargs="?", type=Path, help="video: the detector's bundle")
+    parser.add_argument("--scenes", default=",".join(SCENES))
+    parser.add_argument("--fps", default="30,10")
+    parser.add_argument("--seconds", type=float, default=12.0, help="video: each scene's length")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    args.scenes = args.scenes.split(",")
+    args.fps = [float(v) for v in args.fps.split(",")]
+    args.seeds = [int(v) for v in args.seeds.split(",")]
+    if args.mode == "video" and args.bundle is None:
+        parser.error("video needs the detector's BUNDLE")
+    rows = scenes(args) if args.mode == "scenes" else video(args)
+    summary = summarize(rows)
+    for s in summary:
+        print(f"{s['scene']:24s} {s['tracker']:10s} HOTA {s['HOTA']:5.1f} IDF1 {s['IDF1']:5.1f} MOTA {s['MOTA']:5.1f} "
+              f"IDSW {s['IDSW']:6.1f} worst IDF1 {s['worst_IDF1']:5.1f} {s.get('us_per_detection', '')}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
