@@ -22,8 +22,8 @@ from jetpipe.tasks.base import (
     TaskOptions,
     known,
     labels_misfit,
-    with_labels,
 )
+from jetpipe.tasks.detections import Detections
 
 cv2 = lazy_import("cv2")
 
@@ -116,6 +116,13 @@ class YoloDetection:
         return grid, stride
 
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        return [found.to_results() for found in self.detections(outputs, letterboxes, sizes, pool)]
+
+    def detections(self, outputs: dict, letterboxes, sizes, pool=None, reduced: bool = False) -> list[Detections]:
+        """Each frame's boxes as arrays (the pipelines' path: the record's lists are made in the sinks);
+        reduced: `outputs` are the GPU's detections after NMS."""
+        if reduced:
+            return self._frames(*kept_detections(outputs, len(letterboxes)), letterboxes, sizes)
         out = next(iter(outputs.values()))
         found = []
         for pred in out[:len(letterboxes)]:  # rows past the frames: a partial batch's padding
@@ -132,7 +139,7 @@ class YoloDetection:
         if not found:
             return []
         rows, (xyxy, score, cls) = JoinedRows.joined(found)
-        return self._records(rows, xyxy, score, cls, letterboxes, sizes)
+        return self._frames(rows, xyxy, score, cls, letterboxes, sizes)
 
     def reduction(self, required: bool = False) -> Reduction:
         return Reduction("yolo-nms", {"layout": self.layout, "score_threshold": self.score_threshold,
@@ -141,10 +148,10 @@ class YoloDetection:
 
     def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         """Finish from the GPU's detections after NMS (counts [B], detections [B, limit, 6])."""
-        return self._records(*kept_detections(outputs, len(letterboxes)), letterboxes, sizes)
+        return [found.to_results() for found in self.detections(outputs, letterboxes, sizes, reduced=True)]
 
-    def _records(self, rows: JoinedRows, xyxy, score, cls, letterboxes, sizes) -> list[dict]:
-        return [with_labels(record, self.labels) for record in rows.box_records(xyxy, score, cls, letterboxes, sizes)]
+    def _frames(self, rows: JoinedRows, xyxy, score, cls, letterboxes, sizes) -> list[Detections]:
+        return rows.box_detections(xyxy, score, cls, letterboxes, sizes, self.labels)
 
 
 def head_classes(shape, input_hw) -> int | None:

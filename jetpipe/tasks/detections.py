@@ -103,7 +103,7 @@ class Detections:
         given = self.data.get("labels")
         if given is not None:
             return [str(name) for name in given]
-        if self.class_id is None or not self.labels:
+        if self.class_id is None or self.labels is None:
             return None
         return [self.labels[c] if 0 <= c < len(self.labels) else str(c) for c in self.class_id.tolist()]
 
