@@ -252,15 +252,19 @@ class JoinedRows:
         """A list of the joined rows -> one list per frame."""
         return split_by_counts(listed, self.counts)
 
-    def box_detections(self, xyxy, score, cls, letterboxes, sizes, labels=None) -> list[Detections]:
+    def box_detections(self, xyxy, score, cls, letterboxes, sizes, labels=None,
+                       extras: dict | None = None) -> list[Detections]:
         """Each frame's boxes (source pixels to 0.1, clipped), scores (to 1e-4) and classes as arrays, with the
-        bundle's class names where it has them: the records box_records makes, without their lists."""
+        bundle's class names where it has them: the records box_records makes, without their lists. extras:
+        per-object arrays of the joined rows (keypoints), written after the classes and before the labels."""
         boxes = np.round(self.to_source(np.asarray(xyxy).reshape(-1, 2, 2), letterboxes, sizes), 1).reshape(-1, 4)
         at = np.cumsum(self.counts)[:-1]
-        layout = ("boxes", "scores", "classes", "labels") if labels is not None else ("boxes", "scores", "classes")
-        return [Detections(b, s, c, labels=labels, layout=layout)
-                for b, s, c in zip(np.split(boxes, at), np.split(np.round(score, 4), at),
-                                   np.split(np.asarray(cls, np.int64), at))]
+        extras = extras or {}
+        layout = ("boxes", "scores", "classes", *extras, *(("labels",) if labels is not None else ()))
+        split = {name: np.split(value, at) for name, value in extras.items()}
+        return [Detections(b, s, c, labels=labels, layout=layout, data={n: v[k] for n, v in split.items()})
+                for k, (b, s, c) in enumerate(zip(np.split(boxes, at), np.split(np.round(score, 4), at),
+                                                  np.split(np.asarray(cls, np.int64), at)))]
 
     def box_records(self, xyxy, score, cls, letterboxes, sizes) -> list[dict]:
         """Each frame's "boxes" (source pixels to 0.1, clipped), "scores" (to 1e-4) and "classes"."""

@@ -28,9 +28,9 @@ from jetpipe.tasks.base import (
     known,
     single_output,
     ultralytics_misfit,
-    with_labels,
 )
 from jetpipe.tasks.detection_yolo import anchor_points, kept_detections, nms_yolov8
+from jetpipe.tasks.detections import Detections
 
 COCO_KEYPOINTS = (17, 3)
 # COCO's skeleton (pairs of keypoint indices, 0-based): what sinks draw for 17-point models
@@ -66,6 +66,14 @@ class YoloPose:
     labels: tuple[str, ...] | None = None
 
     def __call__(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
+        return [found.to_results() for found in self.detections(outputs, letterboxes, sizes, pool)]
+
+    def detections(self, outputs: dict, letterboxes, sizes, pool=None, reduced: bool = False) -> list[Detections]:
+        """Each frame's people and their keypoints as arrays (the record's lists are made in the sinks);
+        reduced: `outputs` are the GPU's kept boxes and their carried keypoint rows."""
+        if reduced:
+            rows, xyxy, score, cls = kept_detections(outputs, len(letterboxes))
+            return self._frames(rows, xyxy, score, cls, rows.take(outputs["carried"]), letterboxes, sizes)
         out = next(iter(outputs.values()))
         k, d = self.keypoints
         found = []
@@ -76,22 +84,20 @@ class YoloPose:
         if not found:
             return []
         rows, (xyxy, score, cls, points) = JoinedRows.joined(found)
-        return self._records(rows, xyxy, score, cls, points, letterboxes, sizes)
+        return self._frames(rows, xyxy, score, cls, points, letterboxes, sizes)
 
     def reduced(self, outputs: dict, letterboxes, sizes, pool=None) -> list[dict]:
         """Finish from the GPU's kept boxes (counts [B], detections [B, limit, 6]) and their keypoint rows
         (carried [B, limit, K * D])."""
-        rows, xyxy, score, cls = kept_detections(outputs, len(letterboxes))
-        return self._records(rows, xyxy, score, cls, rows.take(outputs["carried"]), letterboxes, sizes)
+        return [found.to_results() for found in self.detections(outputs, letterboxes, sizes, reduced=True)]
 
-    def _records(self, rows: JoinedRows, xyxy, score, cls, points, letterboxes, sizes) -> list[dict]:
-        """Records of a batch from its kept boxes and their keypoint rows ([T, K * D]), joined frame after frame."""
+    def _frames(self, rows: JoinedRows, xyxy, score, cls, points, letterboxes, sizes) -> list[Detections]:
+        """A batch's frames from its kept boxes and their keypoint rows ([T, K * D]), joined frame after frame."""
         k, d = self.keypoints
         points = points.reshape(-1, k, d).astype(np.float64)
         points = np.concatenate([rows.to_source(points[..., :2], letterboxes, sizes), points[..., 2:]], axis=-1)
-        keypoints = rows.split(np.round(points, 3 if d > 2 else 1).tolist())
-        return [with_labels({**record, "keypoints": listed}, self.labels)
-                for record, listed in zip(rows.box_records(xyxy, score, cls, letterboxes, sizes), keypoints)]
+        return rows.box_detections(xyxy, score, cls, letterboxes, sizes, self.labels,
+                                   {"keypoints": np.round(points, 3 if d > 2 else 1)})
 
     def reduction(self, required: bool = False) -> Reduction:
         k, d = self.keypoints
