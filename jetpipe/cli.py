@@ -551,7 +551,7 @@ def _run_tracking(args) -> int:
     trackers = _names(args.trackers, TRACKERS[1:], "--trackers")
     scenes = _names(args.scenes, SCENES, "--scenes")
     fps = tuple(_bounded_float(v, "--fps", 1, 120) for v in args.fps.split(","))
-    seeds = tuple(int(_bounded_float(v, "--seeds", 0, 1e6)) for v in args.seeds.split(","))
+    seeds = tuple(int(v) if v.strip().isdigit() and int(v) <= 10**6 else _not_a_seed(v) for v in args.seeds.split(","))
     if args.stream < 0:
         raise JetpipeError(f"--stream {args.stream}: a stream number is 0 or more")
     run_tracking(TrackingOptions(args.report, trackers, scenes, fps, seeds, args.gt, args.results, args.stream,
@@ -566,6 +566,10 @@ def _names(text: str, allowed, flag: str) -> tuple[str, ...]:
     if wrong or not names:
         raise JetpipeError(f"{flag} {text!r}: choose from {', '.join(allowed)}, comma-separated")
     return names
+
+
+def _not_a_seed(text: str):
+    raise JetpipeError(f"--seeds {text!r}: whole numbers from 0 to 1000000, comma-separated")
 
 
 def _bounded_float(text: str, flag: str, low: float, high: float) -> float:

@@ -59,7 +59,7 @@ def test_bad_ground_truth_is_one_line_and_nothing_written(tmp_path, capsys, row,
 
 
 def test_bad_flags_are_one_line(tmp_path, capsys):
-    for flags in (["--trackers", "deepsort"], ["--fps", "0"], ["--gt", str(tmp_path / "gt.txt")]):
+    for flags in (["--trackers", "deepsort"], ["--fps", "0"], ["--seeds", "1.5"], ["--gt", str(tmp_path / "gt.txt")]):
         assert main(["calibrate", "tracking", *flags, "--report", str(tmp_path / "r")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err
