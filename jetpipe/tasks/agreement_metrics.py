@@ -41,12 +41,18 @@ def topk_agreement(reference: np.ndarray, candidate: np.ndarray, k: int) -> floa
     return float(np.mean([r in c for r, c in zip(ref_top1, cand_topk)]))
 
 
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of xyxy boxes: (len(a), len(b))."""
+def intersection_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise intersection areas of xyxy boxes: (len(a), len(b))."""
     a, b = np.asarray(a, np.float64).reshape(-1, 4), np.asarray(b, np.float64).reshape(-1, 4)
     lo = np.maximum(a[:, None, :2], b[None, :, :2])
     hi = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(hi - lo, 0, None), axis=2)
+    return np.prod(np.clip(hi - lo, 0, None), axis=2)
+
+
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU of xyxy boxes: (len(a), len(b))."""
+    a, b = np.asarray(a, np.float64).reshape(-1, 4), np.asarray(b, np.float64).reshape(-1, 4)
+    inter = intersection_matrix(a, b)
     area_a, area_b = np.prod(a[:, 2:] - a[:, :2], axis=1), np.prod(b[:, 2:] - b[:, :2], axis=1)
     return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
 

@@ -267,11 +267,9 @@ class JoinedRows:
                                                   np.split(np.asarray(cls, np.int64), at)))]
 
     def box_records(self, xyxy, score, cls, letterboxes, sizes) -> list[dict]:
-        """Each frame's "boxes" (source pixels to 0.1, clipped), "scores" (to 1e-4) and "classes"."""
-        boxes = np.round(self.to_source(np.asarray(xyxy).reshape(-1, 2, 2), letterboxes, sizes), 1).reshape(-1, 4)
-        return [{"boxes": b, "scores": s, "classes": c}
-                for b, s, c in zip(self.split(boxes.tolist()), self.split(np.round(score, 4).tolist()),
-                                   self.split(np.asarray(cls).tolist()))]
+        """Each frame's "boxes" (source pixels to 0.1, clipped), "scores" (to 1e-4) and "classes" as lists: the
+        records of box_detections."""
+        return [found.to_results() for found in self.box_detections(xyxy, score, cls, letterboxes, sizes)]
 
 
 def identity_frames(count: int, input_hw) -> tuple[list, list]:

@@ -10,9 +10,9 @@ Per frame, on the frames' clock (pts, seconds):
 3. ByteTrack's second round: weak detections (occluded, blurred) continue tracks seen in the last frame.
 4. OC-SORT's recovery round: what is left is matched by IoU with each track's *last observation*, not its
    prediction: an object that stopped behind an occluder is found where it was last seen.
-5. A track found again after frames without a detection is re-updated from its last observation along a
-   straight path to the new one (OC-SORT's observation-centric re-update), so the velocity it goes on with is
-   what was observed, not what the filter drifted to while the object was hidden.
+5. A track found again after frames without a detection starts its filter over at the new box, moving at the
+   speed it was observed to move before the gap (OC-SORT's point), not what the filter drifted to while the
+   object was hidden.
 6. New tracks start from detections at or above `new_track` and are confirmed (given an ID) by a match in the
    next frame; the stream's first frame confirms at once. IDs count up per stream, never reused. A track
    unseen for `max_lost_s` seconds of the frames' clock is dropped: a 10 fps and a 30 fps camera keep a track
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jetpipe.pipelines.core.tracking import kalman
-from jetpipe.tasks.agreement_metrics import iou_matrix
+from jetpipe.tasks.agreement_metrics import intersection_matrix, iou_matrix
 from jetpipe.tasks.detections import NO_TRACK
 
 HISTORY = 32         # observations kept a track: its direction, its edges' speed and its full size
@@ -79,7 +79,6 @@ class BotSort:
         self.t: float | None = None      # the last frame's time
         self.dt = kalman.REFERENCE_S     # the last step between frames (where the clock jumps back: this)
         self.mean, self.cov = np.zeros((0, 8)), np.zeros((0, 8, 8))
-        self.seen_mean, self.seen_cov = np.zeros((0, 8)), np.zeros((0, 8, 8))  # as at the last observation
         self.obs = np.zeros((0, 4))       # the last observed box
         self.obs_t = np.zeros(0)          # when
         self.hist = np.zeros((0, HISTORY, 4))                 # the last observations' boxes, oldest first
@@ -164,9 +163,7 @@ class BotSort:
         carry the box off."""
         hist_t, hist = self.hist_t[rows], self.hist[rows]
         last_t, n = hist_t[:, -1], np.arange(len(rows))
-        earlier = hist_t[:, :-1] <= (last_t - self.params.motion_s)[:, None]
-        pick = np.where(earlier.any(axis=1), HISTORY - 2 - np.argmax(earlier[:, ::-1], axis=1),
-                        np.argmax(np.isfinite(hist_t), axis=1))
+        pick = _earlier_observation(hist_t, self.params.motion_s)
         span = np.maximum(last_t - hist_t[n, pick], 1e-9)
         edges = (hist[:, -1] - hist[n, pick]) / span[:, None]            # x0 y0 x1 y1 speeds
         edges[pick == HISTORY - 1] = 0.0                                  # one observation: standing
@@ -198,11 +195,7 @@ class BotSort:
         if p.inertia == 0:
             return 0.0
         hist_t, hist = self.hist_t[tracks], self.hist[tracks]
-        last_t = hist_t[:, -1]
-        earlier = hist_t[:, :-1] <= (last_t - p.delta_s)[:, None]
-        # the newest observation at least delta_s before the last; else the oldest there is
-        pick = np.where(earlier.any(axis=1), HISTORY - 2 - np.argmax(earlier[:, ::-1], axis=1),
-                        np.argmax(np.isfinite(hist_t), axis=1))
+        pick = _earlier_observation(hist_t, p.delta_s)
         has = np.isfinite(hist_t[np.arange(len(tracks)), pick]) & (pick < HISTORY - 1)
         start = _centres(hist[np.arange(len(tracks)), pick])
         end = _centres(hist[:, -1])
@@ -225,9 +218,8 @@ class BotSort:
         return step
 
     def _observe(self, rows, boxes, was_lost) -> None:
-        """The matched tracks' filters corrected by their detections (found again after a gap: re-updated
-        along the path from the last observation), their observations and hits recorded, and those with a
-        second hit confirmed."""
+        """The matched tracks' filters corrected by their detections (found again after a gap: started over,
+        _restart), their observations and hits recorded, and those with a second hit confirmed."""
         if not len(rows):
             return
         steady = ~was_lost
@@ -235,7 +227,6 @@ class BotSort:
                                                                         self.cov[rows[steady]], boxes[steady])
         if was_lost.any():
             self._restart(rows[was_lost], boxes[was_lost])
-        self.seen_mean[rows], self.seen_cov[rows] = self.mean[rows], self.cov[rows]
         self.obs[rows], self.obs_t[rows] = boxes, self.t
         self.hist[rows] = np.concatenate([self.hist[rows, 1:], boxes[:, None, :]], axis=1)
         self.hist_t[rows] = np.concatenate([self.hist_t[rows, 1:], np.full((len(rows), 1), self.t)], axis=1)
@@ -268,14 +259,22 @@ class BotSort:
         hist_t[:, -1] = self.t
         hist = np.zeros((n, HISTORY, 4))
         hist[:, -1] = boxes
-        for name, value in (("mean", mean), ("cov", cov), ("seen_mean", mean), ("seen_cov", cov), ("obs", boxes),
+        for name, value in (("mean", mean), ("cov", cov), ("obs", boxes),
                             ("obs_t", np.full(n, self.t)), ("hist", hist), ("hist_t", hist_t),
                             ("ids", np.zeros(n, np.int64)), ("hits", np.ones(n, np.int64))):
             setattr(self, name, np.concatenate([getattr(self, name), value]))
 
     def _keep(self, keep) -> None:
-        for name in ("mean", "cov", "seen_mean", "seen_cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits"):
+        for name in ("mean", "cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits"):
             setattr(self, name, getattr(self, name)[keep])
+
+
+def _earlier_observation(hist_t: np.ndarray, span: float) -> np.ndarray:
+    """Per track (rows of observation times, oldest first), the column of the newest observation at least
+    `span` seconds before its last; else of the oldest there is (the last itself where it is the only one)."""
+    earlier = hist_t[:, :-1] <= (hist_t[:, -1] - span)[:, None]
+    return np.where(earlier.any(axis=1), HISTORY - 2 - np.argmax(earlier[:, ::-1], axis=1),
+                    np.argmax(np.isfinite(hist_t), axis=1))
 
 
 def _assign(similarity: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -303,10 +302,8 @@ def _grown(boxes: np.ndarray, buffer: float) -> np.ndarray:
 
 def _inside(expected: np.ndarray, found: np.ndarray) -> np.ndarray:
     """(expected, found): the share of each found box's area inside each expected box."""
-    lo = np.maximum(expected[:, None, :2], found[None, :, :2])
-    hi = np.minimum(expected[:, None, 2:], found[None, :, 2:])
-    inter = np.prod(np.clip(hi - lo, 0, None), axis=2)
-    return inter / np.maximum(np.prod(found[:, 2:] - found[:, :2], axis=1), 1e-9)[None, :]
+    area = np.prod(found[:, 2:] - found[:, :2], axis=1)
+    return intersection_matrix(expected, found) / np.maximum(area, 1e-9)[None, :]
 
 
 def _centres(boxes: np.ndarray) -> np.ndarray:
