@@ -15,6 +15,7 @@ from pathlib import Path
 from jetpipe import limits
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_DECODE_THREADS, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
+from jetpipe.pipelines.core import ground
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryConfig
 from jetpipe.pipelines.core.tracking import TRACKERS
@@ -77,7 +78,7 @@ class ControlConfig:
     allow_folders: list[str] = field(default_factory=list)
 
 
-EVENT_TYPES = ("line_cross", "zone_enter", "zone_exit", "loiter", "occupancy")
+EVENT_TYPES = ("line_cross", "zone_enter", "zone_exit", "loiter", "occupancy", "speed")
 
 
 @dataclass
@@ -154,6 +155,7 @@ class PipelineConfig:
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     zones: list = field(default_factory=list)   # events.Zone: [[zone]] tables, --zone
     lines: list = field(default_factory=list)   # events.Line: [[line]] tables, --line
+    calibrations: list = field(default_factory=list)  # ground.Calibration: [[calibration]], a stream's ground plane
     gpus: list[int] | str | None = None  # "all" or GPU numbers: a worker per GPU (pipelines/service/gpus); None: one
 
 
@@ -165,7 +167,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float), "stop_timeout_s": (int, float),
                   "log_every_s": (int, float), "gpus": (str, list)}
 _TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "snapshots", "zone",
-           "line"}
+           "line", "calibration"}
 
 
 def _check_keys(where: str, table: dict, allowed) -> None:
@@ -218,12 +220,18 @@ def load(path: str | Path) -> PipelineConfig:
              for i, t in enumerate(_array_of_tables(path, data, "zone"))]
     lines = [rules.from_table(t, "line", f"{path} [[line]] #{i + 1}")
              for i, t in enumerate(_array_of_tables(path, data, "line"))]
+    try:
+        calibrations = [ground.from_table(t, f"{path} [[calibration]] #{i + 1}")
+                        for i, t in enumerate(_array_of_tables(path, data, "calibration"))]
+    except ground.CalibrationError as exc:
+        raise ConfigError(str(exc)) from None
     options = {k: v for k, v in pipeline.items() if k != "bundle"}
     if "max_frame_hw" in options:
         options["max_frame_hw"], options["max_frame_set"] = tuple(options["max_frame_hw"]), True
     config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, secondaries=secondaries,
                             control=ControlConfig(**control), clips=ClipsConfig(**clips),
-                            snapshots=SnapshotsConfig(**snapshots), zones=zones, lines=lines, **options)
+                            snapshots=SnapshotsConfig(**snapshots), zones=zones, lines=lines,
+                            calibrations=calibrations, **options)
     if "listen" in metrics:
         config.metrics_listen = str(metrics["listen"])
     config.metrics_hosts = list(metrics.get("hosts", []))
@@ -474,7 +482,10 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     if config.task is not None:
         if config.task not in TASKS:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(TASKS)}")
+    _check_calibrations(config, where)
     _check_rules(config, where)
+    for rule in (r for r in [*config.zones, *config.lines] if r.speed_limit_kmh):
+        check_speed_rule(rule, {c.stream: c for c in config.calibrations}, where)
     _check_clips(config, where)
     _check_snapshots(config, where)
     _check_gpus(config, where)
@@ -502,6 +513,46 @@ def _check_sinks(config: PipelineConfig, where: str) -> None:
             check_sink(uri)
         except JetpipeError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+
+
+def _check_calibrations(config: PipelineConfig, where: str) -> None:
+    """Each stream's ground plane (those made in code too): one a stream, of a stream that exists (with the
+    control API any ID may come later); positions and speeds need tracks, so botsort is turned on without a
+    tracker."""
+    seen: set[int] = set()
+    for calibration in config.calibrations:
+        at = f"{where}: calibration of stream {calibration.stream}"
+        try:
+            ground.check(calibration, at)
+        except ground.CalibrationError as exc:
+            raise ConfigError(str(exc)) from None
+        if calibration.stream in seen:
+            raise ConfigError(f"{at}: the stream has two calibrations: keep one")
+        if calibration.stream >= len(config.sources) and not config.control.enabled:
+            raise ConfigError(f"{at}: the stream does not exist (the streams are 0 to {len(config.sources) - 1})")
+        seen.add(calibration.stream)
+    if config.calibrations and config.tracker == "none":
+        log.info("calibrated streams give tracks' positions and speeds: tracker botsort turned on")
+        config.tracker = "botsort"
+
+
+def check_speed_rule(rule, calibrations: dict, where: str) -> None:
+    """A rule with a speed limit measures speeds: each stream it names has a calibration (a rule of every
+    stream: at least one has; it measures where they are), and its points lie on the ground, not above the
+    horizon, where they are in the calibration's units."""
+    at = f"{where}: {rule.kind} {rule.name!r}: speed_limit_kmh {rule.speed_limit_kmh:g}"
+    if not rule.streams and not calibrations:
+        raise ConfigError(f"{at}: no stream has a [[calibration]]: speeds need 4+ points of a stream's ground with "
+                          "their positions in metres (docs/serve.md, Speed)")
+    for stream in rule.streams:
+        if stream not in calibrations:
+            raise ConfigError(f"{at}: stream {stream} has no [[calibration]]: speeds need 4+ points of its ground "
+                              "with their positions in metres (docs/serve.md, Speed)")
+    for stream in rule.streams or sorted(calibrations):
+        calibration = calibrations[stream]
+        if calibration.units == rule.units and not calibration.plane.in_front(rule.points).all():
+            raise ConfigError(f"{at}: a point of the {rule.kind} is above stream {stream}'s horizon (not on its "
+                              "ground): draw it on the ground")
 
 
 def _check_rules(config: PipelineConfig, where: str) -> None:

@@ -9,6 +9,7 @@ what the sinks turn into JSON once (as supervision's `Detections` and Ultralytic
     det.data["quads"]               # per-object extras (N, ...) arrays or N-long lists: quads, keypoints, polygons
     det.frame_data                  # what the task says of the frame as a whole (a classifier's top classes)
     det.secondary["text"]           # a secondary model's result per object (None where it did not run)
+    det.ground                      # Ground: position (m), speed (km/h), heading (deg) where calibrated (None)
     det[det.confidence > 0.5]       # the objects that pass, every per-object array and list taken alike
     det.to_results()                # the JSON record's "results", as jetpipe has always written it
 
@@ -26,11 +27,12 @@ NO_TRACK = -1  # tracker_id of a box that is not (yet) part of a confirmed track
 
 # per-object extras a task may give (an entry per box); any other key of a results dict is the frame's
 PER_OBJECT = ("quads", "keypoints", "polygons", "mask_areas")
+GROUND_KEYS = ("ground_m", "speed_kmh", "heading_deg")  # the ground step's (pipelines.core.ground), per object
 
 
 class Detections:
     __slots__ = ("xyxy", "confidence", "class_id", "tracker_id", "labels", "data", "frame_data", "secondary",
-                 "layout", "given")
+                 "layout", "given", "ground")
 
     def __init__(self, xyxy=None, confidence=None, class_id=None, *, labels: tuple[str, ...] | None = None,
                  data: dict | None = None, frame_data: dict | None = None, layout: tuple[str, ...] = (),
@@ -49,6 +51,7 @@ class Detections:
         self.secondary: dict[str, list] = {}
         self.layout = tuple(layout)
         self.given = None  # the results dict it was made from (from_results), written as given
+        self.ground: Ground | None = None  # the ground step's, on a calibrated stream's tracked frames
 
     # -- made from a task's results dict --------------------------------------------------------------------------
     @classmethod
@@ -57,12 +60,13 @@ class Detections:
         (a tracker's IDs and the secondaries' results added at its end)."""
         boxes = results.get("boxes")
         objects = boxes is not None  # else a frame's results: a classifier's "classes" and "scores" are no boxes'
-        given = {k: v for k, v in results.items() if k not in ("track_ids", "secondary")}
+        added = ("track_ids", "secondary", *GROUND_KEYS)  # the steps', not the task's
+        given = {k: v for k, v in results.items() if k not in added}
         det = cls(boxes, results.get("scores") if objects else None, results.get("classes") if objects else None,
                   layout=tuple(given))
         det.given = given
         for key, value in results.items():
-            if key in ("track_ids", "secondary") or (objects and key in ("boxes", "scores", "classes")):
+            if key in added or (objects and key in ("boxes", "scores", "classes")):
                 continue
             if objects and (key in PER_OBJECT or key == "labels"):
                 det.data[key] = value  # labels as given (names, or numbers as text), one per object
@@ -73,6 +77,8 @@ class Detections:
             det.tracker_id = track_array(ids).reshape(len(det))
         for name, entries in (results.get("secondary") or {}).items():
             det.secondary[name] = list(entries)
+        if results.get("speed_kmh") is not None:
+            det.ground = Ground.from_results(results, len(det))
         return det
 
     # -- the array view -------------------------------------------------------------------------------------------
@@ -133,15 +139,19 @@ class Detections:
                            data={k: _take(v, index) for k, v in self.data.items()}, frame_data=self.frame_data,
                            layout=self.layout, tracker_id=None if self.tracker_id is None else self.tracker_id[index])
         taken.secondary = {k: _take(v, index) for k, v in self.secondary.items()}
+        taken.ground = None if self.ground is None else self.ground[index]
         return taken
 
     # -- JSON, once, in the sinks ---------------------------------------------------------------------------------
     def to_results(self) -> dict:
-        """The JSON record's "results": the task's keys in its order, then "track_ids" where a tracker ran and
-        "secondary" where secondaries did."""
+        """The JSON record's "results": the task's keys in its order, then "track_ids" where a tracker ran, the
+        ground's "ground_m", "speed_kmh" and "heading_deg" where the stream is calibrated, and "secondary" where
+        secondaries ran."""
         results = dict(self.given) if self.given is not None else self._made()
         if self.tracker_id is not None:
             results["track_ids"] = self.track_list()
+        if self.ground is not None:
+            results.update(self.ground.results())
         if self.secondary:
             results["secondary"] = {k: list(v) for k, v in self.secondary.items()}
         return results
@@ -170,6 +180,54 @@ class Detections:
         extras = ", ".join([*self.data, *self.frame_data])
         return (f"Detections({len(self)} objects{', tracked' if self.tracker_id is not None else ''}"
                 f"{', ' + extras if extras else ''})")
+
+
+class Ground:
+    """Each object's place on the ground of a calibrated stream (pipelines.core.ground): position (N, 2) in
+    metres, speed in km/h, heading in degrees from the world's x axis towards its y axis; NaN where it has none
+    (no confirmed track, above the horizon, not seen long enough for a speed)."""
+
+    __slots__ = ("position", "speed_kmh", "heading_deg")
+
+    def __init__(self, position: np.ndarray, speed_kmh: np.ndarray, heading_deg: np.ndarray):
+        self.position, self.speed_kmh, self.heading_deg = position, speed_kmh, heading_deg
+
+    @classmethod
+    def at(cls, n: int, objects: np.ndarray, position, speed_kmh, heading_deg) -> Ground:
+        """Of a frame's n objects, those at `objects` (indices) given; the others none."""
+        ground = cls(np.full((n, 2), np.nan), np.full(n, np.nan), np.full(n, np.nan))
+        ground.position[objects], ground.speed_kmh[objects], ground.heading_deg[objects] = \
+            position, speed_kmh, heading_deg
+        return ground
+
+    @classmethod
+    def from_results(cls, results: Mapping, n: int) -> Ground:
+        """A record's ground lists back as arrays (null: NaN)."""
+        def floats(values, width=0):
+            values = list(values or [None] * n)
+            blank = [None] * width if width else None
+            return np.array([blank if v is None else v for v in values], np.float64).reshape((n, width) if width
+                                                                                              else n)
+        return cls(floats(results.get("ground_m"), 2), floats(results.get("speed_kmh")),
+                   floats(results.get("heading_deg")))
+
+    def __getitem__(self, index) -> Ground:
+        return Ground(self.position[index], self.speed_kmh[index], self.heading_deg[index])
+
+    def speed_list(self) -> list[float | None]:
+        return [None if v != v else v for v in np.round(self.speed_kmh.astype(np.float64), 1).tolist()]
+
+    def results(self) -> dict:
+        """The record's per-object lists (null where none): metres to the centimetre, km/h to a tenth, degrees
+        whole."""
+        columns = np.column_stack([self.position, self.speed_kmh, self.heading_deg]).astype(np.float64)
+        rows = (np.round(columns * ROUNDING) / ROUNDING).tolist()
+        return {"ground_m": [None if x != x else [x, y] for x, y, _, _ in rows],
+                "speed_kmh": [None if v != v else v for _, _, v, _ in rows],
+                "heading_deg": [None if h != h else int(h) % 360 for _, _, _, h in rows]}
+
+
+ROUNDING = np.array([100.0, 100.0, 10.0, 1.0])  # metres to the centimetre, km/h to a tenth, whole degrees
 
 
 def track_array(ids) -> np.ndarray:

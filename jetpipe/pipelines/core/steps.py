@@ -20,6 +20,7 @@ import numpy as np
 
 from jetpipe.pipelines.core.bus import RecordBus
 from jetpipe.pipelines.core.events import EventStep
+from jetpipe.pipelines.core.ground import GroundStep
 from jetpipe.pipelines.core.tracking import make_tracker
 from jetpipe.tasks.detections import Detections
 
@@ -70,6 +71,8 @@ def build_steps(config, slots: int, labels=None, stream_id=None, bus=None, first
     bus = bus if bus is not None else RecordBus()
     if config.tracker != "none":
         steps.append(TrackStep(config.tracker, slots, first_ids))
+    if config.calibrations and config.tracker != "none":  # positions and speeds of the tracks, for the events too
+        steps.append(GroundStep(config.calibrations, stream_id or (lambda slot: slot)))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
     if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
         steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, bus.publish, bus.wants_frames(),

@@ -1,5 +1,5 @@
-"""Results drawn on frames: boxes, scores, class names and track IDs, read text, masks and segmented regions
-(outlines filled translucent), keypoint skeletons, over the source image (CPU, OpenCV).
+"""Results drawn on frames: boxes, scores, class names, track IDs and speeds (calibrated streams), read text,
+masks and segmented regions (outlines filled translucent), keypoint skeletons, over the source image (CPU, OpenCV).
 
 For sinks a person looks at (annotated video, the preview page). The frame is converted from the ring's
 YUV once, at the size the sink wants, then drawn on in place.
@@ -70,6 +70,7 @@ def draw(image: np.ndarray, found: Detections, source_hw: tuple[int, int]) -> np
     scores = found.confidence.tolist() if found.has_boxes else [None] * len(boxes)
     classes = found.names() or [None] * len(boxes)
     tracks = found.track_list()
+    speeds = found.ground.speed_list() if found.ground is not None else [None] * len(boxes)
     said = _secondary_words(found.secondary, len(boxes))
     quads = found.data.get("quads")
     quads = [None] * len(boxes) if quads is None else quads
@@ -87,7 +88,8 @@ def draw(image: np.ndarray, found: Detections, source_hw: tuple[int, int]) -> np
         _fill_outlines(image, found.data["polygons"], tracks, (scale_x, scale_y))
     if len(found.data.get("keypoints", ())):
         _draw_skeletons(image, found.data["keypoints"], tracks, (scale_x, scale_y), thickness)
-    for box, quad, score, cls, track, words in zip(boxes.round().astype(int), quads, scores, classes, tracks, said):
+    for box, quad, score, cls, track, speed, words in zip(boxes.round().astype(int), quads, scores, classes, tracks,
+                                                         speeds, said):
         color = PALETTE[track % len(PALETTE)] if track is not None else UNTRACKED
         if quad is not None:  # a text line's quadrilateral, turned with the line
             corners = np.round(np.asarray(quad, np.float64) * [scale_x, scale_y]).astype(np.int32)
@@ -95,7 +97,8 @@ def draw(image: np.ndarray, found: Detections, source_hw: tuple[int, int]) -> np
         else:
             cv2.rectangle(image, (int(box[0]), int(box[1])), (int(box[2]), int(box[3])), color, thickness)
         label = " ".join(p for p in (f"#{track}" if track is not None else "", cls or "",
-                                     f"{score:.2f}" if score is not None else "", words) if p)
+                                     f"{score:.2f}" if score is not None else "",
+                                     f"{speed:.0f} km/h" if speed is not None else "", words) if p)
         if label:
             _label(image, label, (int(box[0]), int(box[1])), color)
     _, top_scores, top_names = found.top()

@@ -279,8 +279,8 @@ def test_a_batch_decided_at_once_gives_the_events_of_its_frames_one_by_one():
     assert _decided(lists, 16) == one_by_one
 
 
-def test_the_tracks_kept_are_bounded(monkeypatch):
-    """A track unseen for FORGET_S of its stream's time goes (unless a zone holds its visit); past MAX_ROWS the
+def test_the_tracks_kept_are_bounded():
+    """A track unseen for FORGET_S of its stream's time goes (unless a zone holds its visit); past max_rows the
     one seen longest ago goes; a stream that leaves takes its tracks with it. A row given anew starts clean."""
     from jetpipe.pipelines.core.events import columns
 
@@ -296,7 +296,7 @@ def test_the_tracks_kept_are_bounded(monkeypatch):
     assert set(table.index) == {0 << 32 | 2, 1 << 32 | 1}  # stream 0's track 1 was unseen for long; stream 1 was not
     engine.reset(1)
     assert set(table.index) == {0 << 32 | 2}
-    monkeypatch.setattr(columns, "MAX_ROWS", table.capacity)
+    table.max_rows = table.capacity
     for track in range(3, 3 + table.capacity):
         engine.decide([_frame(0, 1000.0, [(track, _box(200), 0.9, 0)])])
     assert len(table.index) == table.capacity and 0 << 32 | 2 not in table.index  # the oldest went first

@@ -1,4 +1,4 @@
-"""What the frame sinks draw for each task's records: class names where the bundle has them, read text."""
+"""What the frame sinks draw for each task's records: class names where the bundle has them, speeds, read text."""
 
 import numpy as np
 
@@ -20,6 +20,13 @@ def test_boxes_are_labelled_with_class_names_where_the_record_has_them():
     named = _drawn({**box, "labels": ["a-very-long-class-name"]})
     numbered = _drawn(box)
     assert _label_width(named, 52) > _label_width(numbered, 52) + 40
+
+
+def test_a_tracked_box_on_a_calibrated_stream_shows_its_speed():
+    box = {"boxes": [[10, 60, 100, 110]], "scores": [0.9], "classes": [1], "track_ids": [4]}
+    fast = _drawn({**box, "ground_m": [[3.0, 20.0]], "speed_kmh": [48.2], "heading_deg": [90]})
+    unknown = _drawn({**box, "ground_m": [[3.0, 20.0]], "speed_kmh": [None], "heading_deg": [None]})
+    assert _label_width(fast, 52) > _label_width(unknown, 52) + 30 == _label_width(_drawn(box), 52) + 30
 
 
 def test_a_recognizers_text_is_written_top_left():

@@ -493,6 +493,10 @@ def test_rules_added_changed_and_removed_while_serving_count_as_at_start_up(serv
      "at least 0.001 (of the frame)"),
     ("POST", "/rules", {"kind": "zone", "name": "z", "points": [[0, 0], [1e-4, 0], [1e-4, 1e-4]]}, 400,
      "enclose no area"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]], "speed_limit_kmh": 50}, 400,
+     "no stream has a [[calibration]]"),
+    ("POST", "/rules", {"kind": "line", "name": "l", "points": [[0, 0], [1, 1]], "speed_limit_kmh": 1e9}, 400,
+     "speed_limit_kmh 1000000000.0: km/h from 0 (off) to 1000"),
 ])
 def test_bad_rules_are_refused_with_the_reason_and_change_nothing(serving, method, path, body, status, message):
     daemon = serving([], tracker="bytetrack")

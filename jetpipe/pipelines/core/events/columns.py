@@ -45,10 +45,13 @@ class TrackBatch:
         else:
             track, box, score, class_id = np.zeros(0, np.int64), np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64)
         frame = np.repeat(np.arange(len(frames)), counts)
+        speed = _speeds(tracked, sum(counts))
         keep = track != NO_TRACK  # a box without a confirmed track decides nothing
         if not keep.all():
             frame, track, box, score, class_id = frame[keep], track[keep], box[keep], score[keep], class_id[keep]
+            speed = None if speed is None else speed[keep]
         self.frame, self.track, self.box, self.score, self.class_id = frame, track, box, score, class_id
+        self.speed = speed  # km/h, NaN where none (pipelines.core.ground); None: no frame is of a calibrated stream
         self.stream = np.array(self.streams, np.int64)[frame]
         self.t = np.array(self.times, np.float64)[frame]
         # one frame size (most batches): the rules' geometry in scalars; several: per box
@@ -74,9 +77,10 @@ class TrackBatch:
         return found
 
     def described(self) -> np.ndarray:
-        """(N, 6) x1, y1, x2, y2, score, class: a box as a zone keeps it (one copy, not three)."""
+        """(N, 7) x1, y1, x2, y2, score, class, speed (NaN: none): a box as a zone keeps it (one copy, not four)."""
         if self._described is None:
-            self._described = np.column_stack((self.box, self.score, self.class_id))
+            speed = np.full(len(self), np.nan) if self.speed is None else self.speed
+            self._described = np.column_stack((self.box, self.score, self.class_id, speed))
         return self._described
 
     def parts(self, boxes: np.ndarray | None) -> list[np.ndarray | None]:
@@ -89,6 +93,14 @@ class TrackBatch:
 
     def frames_of(self, generation: int) -> list[int]:
         return [k for k, g in enumerate(self.generation_of) if g == generation]
+
+
+def _speeds(tracked: list, boxes: int) -> np.ndarray | None:
+    """The tracked frames' speeds (km/h) a box, NaN where a frame has none; None where none has any."""
+    if not any(d.ground is not None for d in tracked):
+        return None
+    return np.concatenate([d.ground.speed_kmh if d.ground is not None else np.full(len(d), np.nan)
+                           for d in tracked]) if boxes else np.zeros(0)
 
 
 def _generations(streams: list[int]) -> list[int]:
@@ -105,10 +117,11 @@ class TrackTable:
     """A row for each (stream, track) seen lately; every rule keeps its states in columns of these rows.
 
     Bounded: a track unseen for FORGET_S of its stream's frame time goes (where no zone holds a visit of it),
-    and beyond MAX_ROWS the row seen longest ago goes. The rules clear a row's columns when it goes
+    and beyond max_rows the row seen longest ago goes. The rules clear a row's columns when it goes
     (`dropped`): a row given is a clean one."""
 
-    def __init__(self, capacity: int = 1024):
+    def __init__(self, capacity: int = 1024, max_rows: int = MAX_ROWS):
+        self.max_rows = max_rows
         self.index: dict[int, int] = {}  # stream << 32 | track -> row
         self.capacity = 0
         self.key = self.stream = self.track = self.last_batch = np.zeros(0, np.int64)
@@ -118,7 +131,7 @@ class TrackTable:
         self.high = 0           # rows below it may be in use: what the rules' scans look at
         self.batches = 0
         self.latest_t: dict[int, float] = {}  # stream -> its newest frame time
-        self._grow(capacity)
+        self._grow(min(capacity, max_rows))
 
     def _grow(self, capacity: int) -> None:
         old = self.capacity
@@ -149,8 +162,8 @@ class TrackTable:
 
     def _give(self, key: int, stream: int, track: int) -> int:
         if not self.free:
-            if self.capacity < MAX_ROWS:
-                self._grow(min(MAX_ROWS, 2 * self.capacity))
+            if self.capacity < self.max_rows:
+                self._grow(min(self.max_rows, 2 * self.capacity))
             else:
                 used = np.flatnonzero(self.key[:self.high] >= 0)
                 self.drop(used[np.argmin(self.last_batch[used])])

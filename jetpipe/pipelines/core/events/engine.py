@@ -41,6 +41,7 @@ class Seen(NamedTuple):
     box: list  # [x1, y1, x2, y2], source pixels, as the record's results hold it
     score: float
     class_id: int
+    speed_kmh: float | None = None  # on a calibrated stream, where the track has one
 
 
 @dataclass
@@ -195,7 +196,16 @@ class _Rule:
         """The stream left (its rows are gone from the table)."""
 
     def _seen(self, batch: TrackBatch, box: int) -> Seen:
-        return Seen(int(batch.track[box]), batch.box[box].tolist(), float(batch.score[box]), int(batch.class_id[box]))
+        speed = None if batch.speed is None or batch.speed[box] != batch.speed[box] else float(batch.speed[box])
+        return Seen(int(batch.track[box]), batch.box[box].tolist(), float(batch.score[box]), int(batch.class_id[box]),
+                    speed)
+
+    def _too_fast(self, seen: Seen, t: float, fields: dict) -> Happened | None:
+        """A speed event where the rule has a limit and the track goes faster."""
+        limit = self.rule.speed_limit_kmh
+        if not limit or seen.speed_kmh is None or seen.speed_kmh <= limit:
+            return None
+        return Happened("speed", self.rule.name, seen, t, {**fields, "limit_kmh": limit})
 
 
 class LineRule(_Rule):
@@ -259,31 +269,33 @@ class LineRule(_Rule):
             for k in np.flatnonzero(beside ^ still).tolist():
                 box = k if at is None else int(at[k])
                 box = box if boxes is None else int(boxes[box])
-                found = self._moved(int(row[k]), int(now[k]), (float(px[k]), float(py[k])), batch, box)
-                if found:
+                for found in self._moved(int(row[k]), int(now[k]), (float(px[k]), float(py[k])), batch, box):
                     happened.append((int(batch.frame[box]), found))
         return happened
 
-    def _moved(self, row: int, side: int, point, batch: TrackBatch, box: int) -> Happened | None:
-        """A box on another side than the one its track settled on: a run there, perhaps a crossing."""
+    def _moved(self, row: int, side: int, point, batch: TrackBatch, box: int) -> list[Happened]:
+        """A box on another side than the one its track settled on: a run there, perhaps a crossing (and a
+        speed event where it was faster than the limit)."""
         line = self.rule
         run = int(self.run[row]) + 1 if side == self.side[row] else 1
         self.side[row], self.run[row] = side, run
         if run < line.frames_each_side:
-            return None
+            return []
         settled, last = int(self.settled[row]), (float(self.last_x[row]), float(self.last_y[row]))
         self.settled[row], (self.last_x[row], self.last_y[row]) = side, point
         if settled == 0 or settled == side:
-            return None
+            return []
         direction, bit = ("in", 1) if side == 1 else ("out", 2)  # from the right-hand side to the left: in
         frame_hw = batch.sizes[batch.frame[box]]
         crossed = line.extended or segments_cross(*self.points(frame_hw), last, point)
         t = float(batch.t[box])
         if not crossed or t < self.blocked_until[row] or self.counted[row] & bit:
-            return None
+            return []
         self.counted[row] |= bit
         self.blocked_until[row] = t + line.cooldown_s
-        return Happened("line_cross", line.name, self._seen(batch, box), t, {"direction": direction})
+        seen = self._seen(batch, box)
+        fast = self._too_fast(seen, t, {"direction": direction})
+        return [Happened("line_cross", line.name, seen, t, {"direction": direction}), *([fast] if fast else [])]
 
 
 @dataclass(slots=True)
@@ -300,7 +312,8 @@ class ZoneRule(_Rule):
                "last_inside": (math.nan, np.float64, 0),
                "loitered": (False, np.bool_, 0),
                "began": (0, np.int64, 0),          # the order visits began in: their events' order
-               "seen": (math.nan, np.float64, 6)}  # x1, y1, x2, y2, score, class when last seen (its exit's)
+               "sped": (False, np.bool_, 0),       # this visit's speed event given
+               "seen": (math.nan, np.float64, 7)}  # x1, y1, x2, y2, score, class, speed when last seen (its exit's)
 
     def __init__(self, rule: Zone, class_ids, table: TrackTable):
         super().__init__(rule, class_ids, table)
@@ -361,17 +374,31 @@ class ZoneRule(_Rule):
         pending = np.isnan(self.entered[row])
         staying = visiting & inside & ~pending  # most boxes with a visit, most frames
         self.last_inside[row[staying]] = batch.t[boxes[staying]]
-        happened = []
+        happened = self._speeding(batch, boxes, row, staying) if self.rule.speed_limit_kmh else []
         for k in np.flatnonzero((inside & ~visiting) | (visiting & pending)).tolist():
             found = self._pending(int(row[k]), bool(inside[k]), batch, int(boxes[k]))
             if found:
                 happened.append((int(batch.frame[boxes[k]]), found))
         return happened
 
+    def _speeding(self, batch: TrackBatch, boxes: np.ndarray, row: np.ndarray, staying: np.ndarray) -> list:
+        """Visits in whose zone the track goes faster than the limit: a speed event, once a visit."""
+        if batch.speed is None:
+            return []
+        fast = staying & ~self.sped[row] & (batch.speed[boxes] > self.rule.speed_limit_kmh)  # NaN: not fast
+        happened = []
+        for k in np.flatnonzero(fast).tolist():
+            box = int(boxes[k])
+            self.sped[row[k]] = True
+            found = self._too_fast(self._seen(batch, box), float(batch.t[box]), {})
+            happened.append((int(batch.frame[box]), found))
+        return happened
+
     def _pending(self, row: int, inside: bool, batch: TrackBatch, box: int) -> Happened | None:
         """A box inside with no visit yet, or one whose visit has not entered: its run of frames inside."""
         if not self.visiting[row]:
             self.visiting[row], self.run[row], self.loitered[row], self.entered[row] = True, 0, False, math.nan
+            self.sped[row] = False
             self.began[row], self.visits_begun = self.visits_begun, self.visits_begun + 1
             self.seen[row] = batch.described()[box]
         if not inside:
@@ -419,8 +446,8 @@ class ZoneRule(_Rule):
         return [(f, h) for stream, f in frame_of.items() for h in self._crowd(stream, batch.times[f])]
 
     def _last_seen(self, row: int) -> Seen:
-        *box, score, class_id = self.seen[row].tolist()
-        return Seen(int(self.table.track[row]), box, score, int(class_id))
+        *box, score, class_id, speed = self.seen[row].tolist()
+        return Seen(int(self.table.track[row]), box, score, int(class_id), None if speed != speed else speed)
 
     def _crowd(self, stream: int, t: float) -> list[Happened]:
         """An occupancy event when the count has stood on the other side of the threshold for occupancy_for_s."""

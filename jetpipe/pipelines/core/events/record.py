@@ -1,12 +1,13 @@
 """An event's record: `jetpipe.event/1`, written by every sink that takes records, beside the frames' records.
 
     {"schema": "jetpipe.event/1", "event_id": unique (drop duplicates by it), "type": "line_cross" |
-     "zone_enter" | "zone_exit" | "loiter" | "occupancy", "rule": NAME, "stream": ID, "frame": N, "pts":
-     seconds or null, "time": the frame's capture time (wall clock), "track_id": N, "label": class name or
-     null, "class": N, "score": S, "box": [x1, y1, x2, y2] (source pixels; these five null for occupancy),
-     "direction": "in" | "out" (line_cross), "dwell_s": S (zone_exit, loiter), "state": "above" | "below" and
-     "occupancy": N (occupancy), "counts": {the rule's counts so far: in / out, enter / exit / loiter /
-     above / below -> N}}
+     "zone_enter" | "zone_exit" | "loiter" | "occupancy" | "speed", "rule": NAME, "stream": ID, "frame": N,
+     "pts": seconds or null, "time": the frame's capture time (wall clock), "track_id": N, "label": class name
+     or null, "class": N, "score": S, "box": [x1, y1, x2, y2] (source pixels; these five null for occupancy),
+     "direction": "in" | "out" (line_cross; speed on a line), "dwell_s": S (zone_exit, loiter), "state":
+     "above" | "below" and "occupancy": N (occupancy), "speed_kmh": km/h (an object's event on a calibrated
+     stream, where its track has a speed), "limit_kmh": the rule's (speed), "counts": {the rule's counts so
+     far: in / out, enter / exit / loiter / above / below / speed -> N}}
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class EventRecord:
     class_id: int | None
     score: float | None
     box: list | None
-    fields: dict          # direction (lines), dwell_s (zone exits)
+    fields: dict          # direction (lines), dwell_s (zone exits), speed_kmh and limit_kmh
     counts: dict
     event_id: str = field(default_factory=event_id)
     _json: str | None = field(default=None, init=False, repr=False)

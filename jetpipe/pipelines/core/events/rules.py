@@ -13,6 +13,8 @@
     loiter_s = 0                   extended = false      # true: the whole line through the two points counts
     occupancy_at_least = 0         # 0: off
     occupancy_for_s = 0.0
+    speed_limit_kmh = 0            speed_limit_kmh = 0   # a speed event for a track above it (0: off; needs the
+                                                         # stream's [[calibration]]): once a visit, once a crossing
 
 On the command line: `--zone NAME:x1,y1,x2,y2,x3,y3[,...]`, `--line NAME:x1,y1,x2,y2` (normalized, every
 stream and class, the defaults above). Everything is checked before anything runs: one line naming the
@@ -36,6 +38,7 @@ MAX_POINTS = 256
 MAX_SECONDS = 86_400.0
 MAX_FRAMES = 1_000
 MAX_STREAM_ID = 999_999_999  # the control API's /streams/ID takes up to 9 digits
+MAX_KMH = 1_000.0            # a speed limit
 MAX_CLASS_ID = 9_999         # where the model's own number of classes is not known
 MAX_PIXELS = 65_536.0        # a coordinate in pixels (16K video is 15,360 wide)
 MIN_LENGTH = {"normalized": 1e-3, "pixels": 1.0}  # the shortest line (a thousandth of the frame; one pixel)
@@ -62,6 +65,7 @@ class Zone:
     loiter_s: float = 0.0         # a loiter event once per visit that lasts this long (0: none)
     occupancy_at_least: int = 0   # an occupancy event when this many are in (0: none) ...
     occupancy_for_s: float = 0.0  # ... for this long, and again when fewer have been in for as long
+    speed_limit_kmh: float = 0.0  # a speed event once a visit for a track inside faster than this (0: none)
 
     kind = "zone"
 
@@ -78,12 +82,13 @@ class Line:
     frames_each_side: int = 3     # a crossing: this many frames on one side, then this many on the other
     cooldown_s: float = 1.0       # after a crossing, the same object's next one counts only after this long
     extended: bool = False        # count crossings beyond the segment's ends too
+    speed_limit_kmh: float = 0.0  # a speed event for a crossing faster than this (0: none)
 
     kind = "line"
 
 
 _COMMON = {"name": str, "points": list, "streams": list, "classes": list, "min_score": (int, float), "anchor": str,
-           "units": str}
+           "units": str, "speed_limit_kmh": (int, float)}
 ZONE_KEYS = {**_COMMON, "enter_frames": int, "exit_grace_s": (int, float), "loiter_s": (int, float),
              "occupancy_at_least": int, "occupancy_for_s": (int, float)}
 LINE_KEYS = {**_COMMON, "frames_each_side": int, "cooldown_s": (int, float), "extended": bool}
@@ -137,6 +142,8 @@ def check(rule: Zone | Line, where: str) -> None:
         raise RuleError(f"{where}: units {rule.units!r}: normalized (0..1 of the frame) or pixels")
     if not 0.0 <= rule.min_score <= 1.0:
         raise RuleError(f"{where}: min_score {rule.min_score}: from 0 to 1")
+    if not 0.0 <= rule.speed_limit_kmh <= MAX_KMH:
+        raise RuleError(f"{where}: speed_limit_kmh {rule.speed_limit_kmh}: km/h from 0 (off) to {MAX_KMH:g}")
     if any(not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= MAX_STREAM_ID for s in rule.streams):
         raise RuleError(f"{where}: streams {_shown(rule.streams)}: stream IDs (0 to {MAX_STREAM_ID:,}), or [] for "
                         "every stream")

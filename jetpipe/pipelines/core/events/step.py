@@ -154,7 +154,10 @@ class EventStep:
 
     def _deliver(self, happened, stream: int, packet) -> None:
         fields, seen = happened.fields, happened.seen
-        what = fields.get("direction") or fields.get("state") or happened.type.removeprefix("zone_")
+        what = "speed" if happened.type == "speed" else \
+            fields.get("direction") or fields.get("state") or happened.type.removeprefix("zone_")
+        if seen is not None and seen.speed_kmh is not None:
+            fields = {**fields, "speed_kmh": round(seen.speed_kmh, 1)}
         name = None if seen is None else self._label(seen.class_id)  # the model's name for its class
         label = None if seen is None else name or str(seen.class_id)
         with self.lock:  # read by the metrics server's thread

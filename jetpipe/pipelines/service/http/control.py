@@ -77,7 +77,8 @@ class Control:
     def __init__(self, pipeline, config: ControlConfig):
         self.pipeline, self.token = pipeline, config.token
         self.policy = SourcePolicy(config)
-        self.rules = RuleRoutes(pipeline.events, pipeline.labels, pipeline.class_count)
+        self.rules = RuleRoutes(pipeline.events, pipeline.labels, pipeline.class_count,
+                                {c.stream: c for c in pipeline.config.calibrations})
 
     def handles(self, path: str) -> bool:
         return path == "/streams" or path.startswith("/streams/") or self.rules.handles(path)

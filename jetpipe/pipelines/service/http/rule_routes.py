@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from urllib.parse import quote, unquote
 
+from jetpipe.pipelines.config import ConfigError, check_speed_rule
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.ingest.streams import ControlError
 
@@ -24,10 +25,12 @@ KINDS = ("zone", "line")
 
 
 class RuleRoutes:
-    def __init__(self, events, labels, classes: int | None = None):
+    def __init__(self, events, labels, classes: int | None = None, calibrations: dict | None = None):
         """events: the pipeline's events.EventStep (None: no tracker, so no rules); labels: the model's class
-        names, which rules may name; classes: how many classes it has (None: not known)."""
+        names, which rules may name; classes: how many classes it has (None: not known); calibrations: stream
+        -> ground.Calibration (a rule's speed limit needs its streams')."""
         self.events, self.labels, self.classes = events, labels, classes
+        self.calibrations = calibrations or {}
 
     def handles(self, path: str) -> bool:
         return path == "/rules" or path.startswith("/rules/")
@@ -80,7 +83,9 @@ class RuleRoutes:
         try:
             rule = rules.from_table(table, kind, where)
             rules.check_against([rule], 0, self.labels, True, where, self.classes)
-        except rules.RuleError as exc:
+            if rule.speed_limit_kmh:
+                check_speed_rule(rule, self.calibrations, where)
+        except (rules.RuleError, ConfigError) as exc:
             raise ControlError(400, str(exc)) from None
         return rule
 
