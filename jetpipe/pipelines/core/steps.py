@@ -21,7 +21,7 @@ import numpy as np
 from jetpipe.pipelines.core.bus import RecordBus
 from jetpipe.pipelines.core.events import EventStep
 from jetpipe.pipelines.core.ground import GroundStep
-from jetpipe.pipelines.core.tracking import make_tracker
+from jetpipe.pipelines.core.tracking import BotSortParams, BotSortTable, make_tracker
 from jetpipe.tasks.detections import Detections
 
 
@@ -39,23 +39,38 @@ class FrameStep(Protocol):
 
 
 class TrackStep:
-    """A track_id for each detected box: a tracker per stream slot (pipelines.tracking)."""
+    """A track_id for each detected box (pipelines.tracking): botsort keeps every slot's tracks in one table and
+    tracks a batch's frames in one pass; ByteTrack and IoU a tracker per slot."""
 
     name = "tracker"
 
     def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None):
         """first_ids: the first track ID of each slot's stream (a restarted GPU worker's go on; else 1)."""
         self.kind = kind
-        self.trackers = [make_tracker(kind, next_id=n) for n in (first_ids or [1] * slots)]
+        first_ids = first_ids or [1] * slots
+        self.table = BotSortTable(BotSortParams(), first_ids) if kind == "botsort" else None
+        self.trackers = [] if self.table is not None else [make_tracker(kind, next_id=n) for n in first_ids]
+        self._reset: list[int] = []  # slots a new stream took (the control API's thread): reset by the frames'
 
     def run(self, packets: list, results: list[Detections]) -> None:
-        for packet, found in zip(packets, results):
-            t = packet.pts if packet.pts is not None else packet.t_capture  # the frames' clock where they have one
+        while self._reset:
+            self.table.reset(self._reset.pop())
+        times = [packet.pts if packet.pts is not None else packet.t_capture for packet in packets]  # the frames' clock
+        if self.table is not None:
+            frames = [(packet.stream, found.xyxy, found.confidence, t)
+                      for packet, found, t in zip(packets, results, times)]
+            for found, ids in zip(results, self.table.update(frames)):
+                found.tracker_id = ids
+            return
+        for packet, found, t in zip(packets, results, times):
             found.tracker_id = self.trackers[packet.stream].update(found.xyxy.astype(np.float64),
                                                                    found.confidence.astype(np.float64), t)
 
     def reset(self, slot: int) -> None:
-        self.trackers[slot] = make_tracker(self.kind)  # the new stream's tracks number from 1
+        if self.table is not None:
+            self._reset.append(slot)  # the new stream's tracks number from 1
+        else:
+            self.trackers[slot] = make_tracker(self.kind)  # the new stream's tracks number from 1
 
     def flush(self) -> None:
         """Nothing held back: each frame's tracks are its record's."""

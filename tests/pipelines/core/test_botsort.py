@@ -64,3 +64,36 @@ def test_params_are_bounded():
         BotSortParams(max_lost_s=0)
     with pytest.raises(ValueError, match="inertia"):
         BotSortParams(inertia=2)
+
+
+def test_many_streams_in_one_table_track_as_each_alone():
+    """Six streams of different scenes and rates in one table, their frames in batches as the post stage
+    hands them (a stream with two frames in a batch, streams missing from some, one stream taken over by
+    another mid-way): every frame's IDs the same as each stream's own tracker gives them, to the ID."""
+    from jetpipe.pipelines.core.tracking.botsort import BotSortTable
+
+    scenes = [make_scene(name, fps, seconds=6, seed=seed) for name, fps, seed in (
+        ("pillars", 30.0, 1), ("crossing", 10.0, 2), ("groups", 30.0, 3), ("stop_and_go", 10.0, 4),
+        ("pan", 30.0, 5), ("crossing", 30.0, 6))]
+    alone = [BotSort(next_id=1 + 100 * s) for s in range(len(scenes))]
+    table = BotSortTable(first_ids=[1 + 100 * s for s in range(len(scenes))])
+    cursors = [0] * len(scenes)
+    rng = np.random.default_rng(0)
+    compared = 0
+    while any(c < len(s.frames) for c, s in zip(cursors, scenes)):
+        batch = []
+        for slot, scene in enumerate(scenes):
+            for _ in range(int(rng.choice([0, 1, 1, 1, 2]))):  # none, one or two frames of the stream
+                if cursors[slot] < len(scene.frames):
+                    batch.append((slot, scene.frames[cursors[slot]]))
+                    cursors[slot] += 1
+        rank = rng.permutation(len(scenes))
+        batch.sort(key=lambda item: rank[item[0]])  # the streams in any order, a stream's frames in theirs
+        together = table.update([(slot, f.boxes, f.scores, f.t) for slot, f in batch])
+        for (slot, frame), ids in zip(batch, together):
+            assert ids.tolist() == alone[slot].update(frame.boxes, frame.scores, frame.t).tolist()
+            compared += len(ids)
+        if cursors[4] == 60 and len(alone[4]):  # another stream takes slot 4: its tracks go, IDs from 1
+            table.reset(4)
+            alone[4] = BotSort()
+    assert compared > 5000

@@ -2,7 +2,8 @@
 
 - `iou`, `bytetrack` (bytetrack.py): ByteTrack's two rounds, greedy IoU matching, memory counted in frames.
 - `botsort` (botsort.py): the BoT-SORT / OC-SORT line: optimal assignment, recovery after occlusion, memory in
-  seconds of the frames' clock. The default where rules count tracks.
+  seconds of the frames' clock. The default where rules count tracks. `BotSortTable` tracks every stream of
+  a batch in one pass (the post stage's); `BotSort` is one stream's.
 
 `make_tracker(kind, next_id)` gives one stream's tracker; `update(boxes, scores, t)` -> an int64 array of
 track IDs (tasks.detections.NO_TRACK: none), one a box, once per frame in frame order (t: the frame's time in
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jetpipe.pipelines.core.tracking.botsort import BotSort, BotSortParams
+from jetpipe.pipelines.core.tracking.botsort import BotSort, BotSortParams, BotSortTable
 from jetpipe.pipelines.core.tracking.bytetrack import KalmanBox, Tracker
 from jetpipe.tasks.detections import track_array
 
@@ -39,4 +40,4 @@ def make_tracker(kind: str, next_id: int = 1):
     raise ValueError(f"tracker {kind!r}: choose one of {', '.join(TRACKERS[1:])}")
 
 
-__all__ = ["TRACKERS", "BotSort", "BotSortParams", "KalmanBox", "Tracker", "make_tracker"]
+__all__ = ["TRACKERS", "BotSort", "BotSortParams", "BotSortTable", "KalmanBox", "Tracker", "make_tracker"]

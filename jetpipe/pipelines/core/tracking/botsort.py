@@ -18,8 +18,10 @@ Per frame, on the frames' clock (pts, seconds):
    unseen for `max_lost_s` seconds of the frames' clock is dropped: a 10 fps and a 30 fps camera keep a track
    for the same time.
 
-The tracks are a table of arrays (no object a track): a frame's work is a few array operations over all its
-tracks and detections, the same at 5 boxes and at 100.
+The tracks of every stream are one table of arrays (no object a track), a column naming each one's stream: a
+batch's frames of all streams are one pass of array operations over all their tracks and detections (pairs.py:
+the same-frame pairs flat, each frame's block assigned apart), the same at 5 boxes a frame and at 100, at 1
+stream and at 16. A stream with two frames in a batch has them in two passes, in order.
 """
 
 from __future__ import annotations
@@ -28,12 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jetpipe.pipelines.core.tracking import kalman
-from jetpipe.tasks.agreement_metrics import intersection_matrix, iou_matrix
+from jetpipe.pipelines.core.tracking import kalman, pairs
 from jetpipe.tasks.detections import NO_TRACK
 
 HISTORY = 32         # observations kept a track: its direction, its edges' speed and its full size
-INFEASIBLE = 1e6
 LOST_WEIGHT = 0.5    # a lost track's similarity counts this much beside a track seen in the last frame
 EDGE_NEAR, EDGE_FAR, CENTRE = 0, 1, 2  # what a track's motion along an axis is measured on
 MOVING = 0.2         # along an axis, a box whose centre moves less than this share of its size a second stands
@@ -69,15 +69,15 @@ class BotSortParams:
             raise ValueError(f"botsort cover {self.cover}: from 0 to 1")
 
 
-class BotSort:
-    """One stream's tracker; update() once per frame, in frame order."""
+_COLUMNS = ("mean", "cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits", "slot")
 
-    def __init__(self, params: BotSortParams | None = None, next_id: int = 1):
+
+class BotSortTable:
+    """Every stream's tracks; update() once per batch, a stream's frames in their order."""
+
+    def __init__(self, params: BotSortParams | None = None, first_ids: list[int] | None = None):
+        """first_ids: each stream slot's first track ID (a restarted worker's go on; default 1)."""
         self.params = params or BotSortParams()
-        self.next_id = next_id
-        self.frames = 0
-        self.t: float | None = None      # the last frame's time
-        self.dt = kalman.REFERENCE_S     # the last step between frames (where the clock jumps back: this)
         self.mean, self.cov = np.zeros((0, 8)), np.zeros((0, 8, 8))
         self.obs = np.zeros((0, 4))       # the last observed box
         self.obs_t = np.zeros(0)          # when
@@ -85,73 +85,133 @@ class BotSort:
         self.hist_t = np.full((0, HISTORY), -np.inf)          # and times
         self.ids = np.zeros(0, np.int64)  # 0: not confirmed yet
         self.hits = np.zeros(0, np.int64)
+        self.slot = np.zeros(0, np.int64)  # the stream slot a track belongs to
+        # per slot: the last frame's time (NaN: none yet), the last step, frames seen, the next ID
+        self.clock_t, self.clock_dt = np.zeros(0), np.zeros(0)
+        self.frames, self.next_id = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self._slots(max(len(first_ids or ()), 1))
+        if first_ids:
+            self.next_id[:len(first_ids)] = first_ids
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def update(self, boxes, scores, t: float) -> np.ndarray:
-        """Track IDs (int64, NO_TRACK: no confirmed track) for this frame's detections at time t (seconds)."""
-        boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
-        scores = np.asarray(scores, np.float64).reshape(-1)
-        dt = self._step(float(t))
-        self.mean, self.cov = kalman.predict(self.mean, self.cov, dt)
-        out = np.full(len(boxes), NO_TRACK, np.int64)
+    def _slots(self, count: int) -> None:
+        more = count - len(self.frames)
+        if more > 0:
+            self.clock_t = np.concatenate([self.clock_t, np.full(more, np.nan)])
+            self.clock_dt = np.concatenate([self.clock_dt, np.full(more, kalman.REFERENCE_S)])
+            self.frames = np.concatenate([self.frames, np.zeros(more, np.int64)])
+            self.next_id = np.concatenate([self.next_id, np.ones(more, np.int64)])
+
+    def reset(self, slot: int, next_id: int = 1) -> None:
+        """A new stream takes `slot`: the old one's tracks go, its clock and IDs start over."""
+        self._slots(slot + 1)
+        self._keep(self.slot != slot)
+        self.clock_t[slot], self.clock_dt[slot] = np.nan, kalman.REFERENCE_S
+        self.frames[slot], self.next_id[slot] = 0, next_id
+
+    def update(self, frames: list) -> list[np.ndarray]:
+        """frames: (slot, boxes (N, 4), scores (N,), t seconds) of a batch, a slot's in their order. Each
+        frame's track IDs (int64, NO_TRACK: no confirmed track), one a box."""
+        out: list = [None] * len(frames)
+        waves: dict[int, list[int]] = {}
+        seen: dict[int, int] = {}
+        for k, (slot, *_rest) in enumerate(frames):  # a slot's second frame goes in the second pass
+            seen[slot] = seen.get(slot, -1) + 1
+            waves.setdefault(seen[slot], []).append(k)
+        self._slots(max(slot for slot, *_ in frames) + 1 if frames else 0)
+        for wave in waves.values():
+            for k, ids in zip(wave, self._pass([frames[k] for k in wave])):
+                out[k] = ids
+        return out
+
+    def _pass(self, frames: list) -> list[np.ndarray]:
+        """One frame of each of some slots."""
         p = self.params
+        slots = np.array([f[0] for f in frames], np.int64)
+        boxes = [np.asarray(f[1], np.float64).reshape(-1, 4) for f in frames]
+        counts = np.array([len(b) for b in boxes])
+        boxes = np.concatenate(boxes) if boxes else np.zeros((0, 4))
+        scores = np.concatenate([np.asarray(f[2], np.float64).reshape(-1) for f in frames])
+        det_frame = np.repeat(np.arange(len(frames)), counts)
+        now, dt = self._step(slots, np.array([float(f[3]) for f in frames]))
+        frame_of_slot = np.full(len(self.frames), -1)
+        frame_of_slot[slots] = np.arange(len(frames))
+        track_frame = frame_of_slot[self.slot]
+        active = track_frame >= 0
+        rows = np.flatnonzero(active)
+        self.mean[rows], self.cov[rows] = kalman.predict(self.mean[rows], self.cov[rows], dt[track_frame[rows]])
+        track_t = np.where(active, now[np.maximum(track_frame, 0)], np.nan)
         high, low = scores >= p.high, (scores >= p.low) & (scores < p.high)
-        lost = self.obs_t < self.t - 1.5 * dt  # not seen in the last frame
+        lost = active & (self.obs_t < track_t - 1.5 * dt[np.maximum(track_frame, 0)])  # not seen last frame
         confirmed = self.ids > 0
         predicted = kalman.xyxy(self.mean)
+        expected = predicted.copy()  # lost tracks: where their observed motion carries them
+        lost_rows = np.flatnonzero(lost & confirmed)
+        expected[lost_rows] = self._expected(lost_rows, track_t[lost_rows])
+        reach = np.concatenate([np.minimum(np.minimum(predicted[:, :2], self.obs[:, :2]), expected[:, :2]),
+                                np.maximum(np.maximum(predicted[:, 2:], self.obs[:, 2:]), expected[:, 2:])], axis=1)
+        candidates = pairs.Candidates(_grown(reach[rows], p.buffer), track_frame[rows], _grown(boxes, p.buffer),
+                                      det_frame)
+        pt, pd = rows[candidates.track], candidates.det
         track_free, det_free = np.ones(len(self.ids), bool), np.ones(len(boxes), bool)
-        rows, cols = [], []
+        matched_rows, matched_cols = [], []
 
         def take(r, c) -> None:
             track_free[r], det_free[c] = False, False
-            rows.append(r), cols.append(c)
+            matched_rows.append(r), matched_cols.append(c)
 
-        take(*self._first_round(np.flatnonzero(confirmed), np.flatnonzero(high), boxes, scores, lost, predicted))
+        first = confirmed[pt] & high[pd]
+        take(*self._first_round(pt[first], pd[first], boxes, scores, lost, predicted, expected, track_frame))
         for tracks, dets, against, threshold in (
-                (confirmed & ~lost, low, predicted, p.low_iou),      # ByteTrack's weak detections
-                (confirmed, high, self.obs, p.recover_iou),          # OC-SORT's recovery by the last observation
-                (~confirmed, high, predicted, p.confirm_iou)):       # new tracks' second detection
-            t_idx, d_idx = np.flatnonzero(tracks & track_free), np.flatnonzero(dets & det_free)
-            r, c = _assign_iou(against[t_idx], boxes[d_idx], threshold)
-            take(t_idx[r], d_idx[c])
-        high_left = np.flatnonzero(high & det_free)
+                (confirmed & ~lost, low, predicted, p.low_iou),  # ByteTrack's weak detections
+                (confirmed, high, self.obs, p.recover_iou),      # OC-SORT's recovery by the last observation
+                (~confirmed, high, predicted, p.confirm_iou)):   # new tracks' second detection
+            use = (tracks & track_free)[pt] & (dets & det_free)[pd]
+            rt, rd = pt[use], pd[use]
+            similarity = pairs.iou(against[rt], boxes[rd])
+            take(*pairs.assign(rt, rd, similarity, similarity >= threshold, track_frame))
+        return self._settle(frames, slots, boxes, scores, det_frame, now, (matched_rows, matched_cols), lost,
+                            det_free & high, active)
 
-        rows, cols = np.concatenate(rows).astype(np.int64), np.concatenate(cols).astype(np.int64)
+    def _settle(self, frames, slots, boxes, scores, det_frame, now, matched, lost, high_left, active):
+        """The matches observed, the tracks that are done dropped, new ones started: each frame's IDs."""
+        p = self.params
+        rows, cols = (np.concatenate(m).astype(np.int64) for m in matched)
         self._observe(rows, boxes[cols], lost[rows])
+        out = np.full(len(boxes), NO_TRACK, np.int64)
         out[cols] = np.where(self.ids[rows] > 0, self.ids[rows], NO_TRACK)
-        matched = np.zeros(len(self.ids), bool)
-        matched[rows] = True
+        matched_mask = np.zeros(len(self.ids), bool)
+        matched_mask[rows] = True
         # an unconfirmed track had one chance (the next frame); a confirmed one lives max_lost_s unseen
-        keep = (matched | (self.ids > 0)) & (self.t - self.obs_t <= p.max_lost_s)
-        self._keep(keep)
-        starts = high_left[scores[high_left] >= p.new_track]
-        self._start(boxes[starts])
-        if self.frames == 0:  # the stream's first frame: nothing to confirm against
-            out[starts] = self._confirm(np.arange(len(self.ids) - len(starts), len(self.ids)))
-        self.frames += 1
-        return out
+        track_t = self.clock_t[self.slot]
+        done = active & ~((matched_mask | (self.ids > 0)) & (track_t - self.obs_t <= p.max_lost_s))
+        self._keep(~done)
+        starts = np.flatnonzero(high_left & (scores >= p.new_track))
+        first_frame = self.frames[slots][det_frame[starts]] == 0  # a stream's first frame confirms at once
+        new_rows = self._start(boxes[starts], slots[det_frame[starts]], now[det_frame[starts]])
+        out[starts[first_frame]] = self._confirm(new_rows[first_frame])
+        self.frames[slots] += 1
+        return np.split(out, np.cumsum([len(f[1]) for f in frames])[:-1]) if len(frames) else []
 
     # -- the rounds -----------------------------------------------------------------------------------------------
-    def _first_round(self, tracks, dets, boxes, scores, lost, predicted) -> tuple[np.ndarray, np.ndarray]:
-        """Confirmed tracks against confident detections: IoU (grown boxes for lost tracks) plus direction."""
-        if not len(tracks) or not len(dets):
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    def _first_round(self, track, det, boxes, scores, lost, predicted, expected, track_frame):
+        """Confirmed tracks against confident detections (pairs: track rows, detection indices): IoU with the
+        prediction (grown boxes of the expectation for lost tracks) plus direction. The matches."""
         p = self.params
-        predicted, found = predicted[tracks], boxes[dets]
-        iou = iou_matrix(predicted, found)
-        allowed = iou >= p.match_iou
-        was_lost = lost[tracks]
+        found = boxes[det]
+        similarity = pairs.iou(predicted[track], found)
+        allowed = similarity >= p.match_iou
+        was_lost = lost[track]
         if was_lost.any():  # where it should be now, by its observed motion, its boxes grown: a prediction drifts
-            expected = self._expected(tracks[was_lost])
-            grown = iou_matrix(_grown(expected, p.buffer), _grown(found, p.buffer))
-            inside = _inside(expected, found)  # a detection of the part of it coming out from behind something
-            iou[was_lost] = LOST_WEIGHT * np.maximum(grown, inside)
+            at, hidden = expected[track[was_lost]], found[was_lost]
+            grown = pairs.iou(_grown(at, p.buffer), _grown(hidden, p.buffer))
+            inside = pairs.inside(at, hidden)  # a detection of the part of it coming out from behind something
+            similarity[was_lost] = LOST_WEIGHT * np.maximum(grown, inside)
             allowed[was_lost] = (grown >= p.lost_iou) | (inside >= p.cover)
-        similarity = iou + self._direction_agreement(tracks, found, scores[dets])
-        r, c = _assign(similarity, allowed)
-        return tracks[r], dets[c]
+        similarity = similarity + self._direction_agreement(track, found, scores[det])
+        return pairs.assign(track, det, similarity, allowed, track_frame)
 
     def _motion(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each track's observed motion over the last motion_s, per axis: velocity (px/s), what it is measured
@@ -176,46 +236,48 @@ class BotSort:
         velocity = np.where(anchor == EDGE_FAR, far, np.where(anchor == EDGE_NEAR, near, centre))
         return velocity, anchor, sizes
 
-    def _expected(self, rows) -> np.ndarray:
-        """Where lost tracks' objects should be now, whole: what they were seen moving on (an edge, or the
+    def _expected(self, rows, t) -> np.ndarray:
+        """Where lost tracks' objects should be at time t, whole: what they were seen moving on (an edge, or the
         centre) carried on at its speed since the last observation, the box at its largest size seen."""
         velocity, anchor, sizes = self._motion(rows)
         last = self.obs[rows]
-        moved = velocity * (self.t - self.obs_t[rows])[:, None]
+        moved = velocity * (t - self.obs_t[rows])[:, None]
         centre = (last[:, :2] + last[:, 2:]) / 2 + moved - sizes / 2
         start = np.where(anchor == EDGE_FAR, last[:, 2:] + moved - sizes,
                          np.where(anchor == EDGE_NEAR, last[:, :2] + moved, centre))
         return np.concatenate([start, start + sizes], axis=1)
 
-    def _direction_agreement(self, tracks, found, scores) -> np.ndarray:
-        """OC-SORT's inertia term, (tracks, detections): + where a detection lies in the direction the track was
+    def _direction_agreement(self, track, found, scores) -> np.ndarray:
+        """OC-SORT's inertia term, a pair each: + where the detection lies in the direction the track was
         observed moving, - behind it (at most inertia / 2 either way, weighted by the detection's score); 0 for
         tracks with one observation."""
         p = self.params
-        if p.inertia == 0:
+        if p.inertia == 0 or not len(track):
             return 0.0
+        tracks, at = np.unique(track, return_inverse=True)
         hist_t, hist = self.hist_t[tracks], self.hist[tracks]
         pick = _earlier_observation(hist_t, p.delta_s)
-        has = np.isfinite(hist_t[np.arange(len(tracks)), pick]) & (pick < HISTORY - 1)
-        start = _centres(hist[np.arange(len(tracks)), pick])
+        n = np.arange(len(tracks))
+        has = np.isfinite(hist_t[n, pick]) & (pick < HISTORY - 1)
         end = _centres(hist[:, -1])
-        direction = _unit(end - start)
-        towards = _unit(_centres(found)[None, :, :] - end[:, None, :])
-        cos = np.clip(np.sum(direction[:, None, :] * towards, axis=2), -1.0, 1.0)
-        agreement = (np.pi / 2 - np.arccos(cos)) / np.pi * p.inertia * scores[None, :]
-        agreement[~has] = 0.0
-        return agreement
+        direction = _unit(end - _centres(hist[n, pick]))
+        towards = _unit(_centres(found) - end[at])
+        cos = np.clip(np.einsum("ij,ij->i", direction[at], towards), -1.0, 1.0)
+        agreement = (np.pi / 2 - np.arccos(cos)) / np.pi * p.inertia * scores
+        return np.where(has[at], agreement, 0.0)
 
     # -- the table ------------------------------------------------------------------------------------------------
-    def _step(self, t: float) -> float:
-        """Seconds since the last frame; a clock that stood still or went back (a looped file) counts one step."""
-        if self.t is not None and t > self.t:
-            self.dt = t - self.t
-        step = self.dt if self.t is not None else 0.0
-        if self.t is not None and t <= self.t:
-            t = self.t + self.dt
-        self.t = t
-        return step
+    def _step(self, slots: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each frame's time and the seconds since its slot's last frame; a clock that stood still or went back
+        (a looped file) counts one step of the last."""
+        last = self.clock_t[slots]
+        started = ~np.isnan(last)
+        ahead = started & (t > last)
+        self.clock_dt[slots[ahead]] = (t - last)[ahead]
+        step = np.where(started, self.clock_dt[slots], 0.0)
+        now = np.where(started & (t <= last), last + self.clock_dt[slots], t)
+        self.clock_t[slots] = now
+        return now, step
 
     def _observe(self, rows, boxes, was_lost) -> None:
         """The matched tracks' filters corrected by their detections (found again after a gap: started over,
@@ -227,12 +289,12 @@ class BotSort:
                                                                         self.cov[rows[steady]], boxes[steady])
         if was_lost.any():
             self._restart(rows[was_lost], boxes[was_lost])
-        self.obs[rows], self.obs_t[rows] = boxes, self.t
+        t = self.clock_t[self.slot[rows]]
+        self.obs[rows], self.obs_t[rows] = boxes, t
         self.hist[rows] = np.concatenate([self.hist[rows, 1:], boxes[:, None, :]], axis=1)
-        self.hist_t[rows] = np.concatenate([self.hist_t[rows, 1:], np.full((len(rows), 1), self.t)], axis=1)
+        self.hist_t[rows] = np.concatenate([self.hist_t[rows, 1:], t[:, None]], axis=1)
         self.hits[rows] += 1
-        new = rows[(self.ids[rows] == 0) & (self.hits[rows] >= 2)]
-        self._confirm(new)
+        self._confirm(rows[(self.ids[rows] == 0) & (self.hits[rows] >= 2)])
 
     def _restart(self, rows, boxes) -> None:
         """Tracks found again after a gap: their filters start over at the new boxes, moving at the speed their
@@ -244,29 +306,59 @@ class BotSort:
         self.mean[rows], self.cov[rows] = mean, cov
 
     def _confirm(self, rows) -> np.ndarray:
-        """The stream's next IDs for these tracks (IDs are never reused)."""
-        ids = np.arange(self.next_id, self.next_id + len(rows), dtype=np.int64)
+        """Each slot's next IDs for these tracks, in their order (IDs are never reused)."""
+        slots = self.slot[rows]
+        order = np.argsort(slots, kind="stable")
+        sorted_slots = slots[order]
+        first = np.searchsorted(sorted_slots, sorted_slots)  # where each one's slot's run begins
+        ids = np.empty(len(rows), np.int64)
+        ids[order] = self.next_id[sorted_slots] + np.arange(len(rows)) - first
         self.ids[rows] = ids
-        self.next_id += len(rows)
+        np.add.at(self.next_id, slots, 1)
         return ids
 
-    def _start(self, boxes) -> None:
+    def _start(self, boxes, slots, t) -> np.ndarray:
+        """New tracks (unconfirmed) at these boxes of these slots: their rows."""
         n = len(boxes)
+        first = len(self.ids)
         if not n:
-            return
+            return np.zeros(0, np.int64)
         mean, cov = kalman.initiate(boxes)
         hist_t = np.full((n, HISTORY), -np.inf)
-        hist_t[:, -1] = self.t
+        hist_t[:, -1] = t
         hist = np.zeros((n, HISTORY, 4))
         hist[:, -1] = boxes
-        for name, value in (("mean", mean), ("cov", cov), ("obs", boxes),
-                            ("obs_t", np.full(n, self.t)), ("hist", hist), ("hist_t", hist_t),
-                            ("ids", np.zeros(n, np.int64)), ("hits", np.ones(n, np.int64))):
+        for name, value in (("mean", mean), ("cov", cov), ("obs", boxes), ("obs_t", t), ("hist", hist),
+                            ("hist_t", hist_t), ("ids", np.zeros(n, np.int64)), ("hits", np.ones(n, np.int64)),
+                            ("slot", slots)):
             setattr(self, name, np.concatenate([getattr(self, name), value]))
+        return np.arange(first, first + n)
 
     def _keep(self, keep) -> None:
-        for name in ("mean", "cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits"):
+        if keep.all():
+            return  # most batches: the table as it is, not copied
+        for name in _COLUMNS:
             setattr(self, name, getattr(self, name)[keep])
+
+
+class BotSort:
+    """One stream's tracker (a table of one slot); update() once per frame, in frame order."""
+
+    def __init__(self, params: BotSortParams | None = None, next_id: int = 1):
+        self.table = BotSortTable(params, [next_id])
+        self.params = self.table.params
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @property
+    def t(self) -> float | None:
+        t = float(self.table.clock_t[0])
+        return None if t != t else t
+
+    def update(self, boxes, scores, t: float) -> np.ndarray:
+        """Track IDs (int64, NO_TRACK: no confirmed track) for this frame's detections at time t (seconds)."""
+        return self.table.update([(0, boxes, scores, t)])[0]
 
 
 def _earlier_observation(hist_t: np.ndarray, span: float) -> np.ndarray:
@@ -277,33 +369,9 @@ def _earlier_observation(hist_t: np.ndarray, span: float) -> np.ndarray:
                     np.argmax(np.isfinite(hist_t), axis=1))
 
 
-def _assign(similarity: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The assignment that maximises the summed similarity over the allowed pairs (rows, columns)."""
-    from scipy.optimize import linear_sum_assignment  # SciPy loads once, with the first tracked frame
-
-    if not similarity.size or not allowed.any():
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    rows, cols = linear_sum_assignment(np.where(allowed, -similarity, INFEASIBLE))
-    ok = allowed[rows, cols]
-    return rows[ok], cols[ok]
-
-
-def _assign_iou(a: np.ndarray, b: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    if not len(a) or not len(b):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    iou = iou_matrix(a, b)
-    return _assign(iou, iou >= threshold)
-
-
 def _grown(boxes: np.ndarray, buffer: float) -> np.ndarray:
     wh = boxes[:, 2:] - boxes[:, :2]
     return np.concatenate([boxes[:, :2] - buffer * wh, boxes[:, 2:] + buffer * wh], axis=1)
-
-
-def _inside(expected: np.ndarray, found: np.ndarray) -> np.ndarray:
-    """(expected, found): the share of each found box's area inside each expected box."""
-    area = np.prod(found[:, 2:] - found[:, :2], axis=1)
-    return intersection_matrix(expected, found) / np.maximum(area, 1e-9)[None, :]
 
 
 def _centres(boxes: np.ndarray) -> np.ndarray:

@@ -40,19 +40,27 @@ def initiate(boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, cov
 
 
-def predict(mean: np.ndarray, cov: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray]:
-    """Every row `dt` seconds on (velocities in pixels per REFERENCE_S)."""
+def predict(mean: np.ndarray, cov: np.ndarray, dt) -> tuple[np.ndarray, np.ndarray]:
+    """Every row `dt` seconds on (a number, or one a row: tracks of streams at other rates; velocities in
+    pixels per REFERENCE_S). The transition F = [[I, s I], [0, I]] (s: steps of REFERENCE_S) applied by blocks:
+    F P F' = [[A + s (B + C) + s^2 D, B + s D], [C + s D, D]] for P = [[A, B], [C, D]]."""
     if not len(mean):
         return mean, cov
-    steps = dt / REFERENCE_S
-    f = np.eye(8) + steps * np.eye(8, k=4)
+    steps = np.broadcast_to(np.asarray(dt, np.float64) / REFERENCE_S, (len(mean),))
+    s = steps[:, None, None]
     w, h = mean[:, 2], mean[:, 3]
     std = np.stack([POSITION * w, POSITION * h, POSITION * w, POSITION * h,
                     VELOCITY * w, VELOCITY * h, VELOCITY * w, VELOCITY * h], axis=1)
-    mean = mean @ f.T
-    cov = f @ cov @ f.T
-    cov[:, np.arange(8), np.arange(8)] += steps * std ** 2
-    return mean, cov
+    mean = mean.copy()
+    mean[:, :4] += steps[:, None] * mean[:, 4:]
+    a, b, c, d = cov[:, :4, :4], cov[:, :4, 4:], cov[:, 4:, :4], cov[:, 4:, 4:]
+    out = np.empty_like(cov)
+    out[:, :4, :4] = a + s * (b + c) + s * s * d
+    out[:, :4, 4:] = b + s * d
+    out[:, 4:, :4] = c + s * d
+    out[:, 4:, 4:] = d
+    out[:, np.arange(8), np.arange(8)] += steps[:, None] * std ** 2
+    return mean, out
 
 
 def update(mean: np.ndarray, cov: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

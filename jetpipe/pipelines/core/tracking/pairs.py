@@ -1,0 +1,105 @@
+"""The (track, detection) pairs that could match, of many streams' frames at once, and the assignment.
+
+A batch holds frames of several streams; a track may only take a detection of its own stream's frame, and only
+one its reach overlaps (every round's test needs the boxes to overlap: IoU with the prediction or the last
+observation, the grown expectation of a lost track). The candidates are found by a sweep (detections sorted
+by frame and left edge, a range of them a track), not by forming every pair: a frame of 100 objects has a few
+hundred candidates, not 10,000. A pairwise measure is then one array operation over every candidate of every
+frame.
+
+The assignment maximises each frame's summed similarity over its allowed pairs (SciPy's
+`linear_sum_assignment`). A pair whose track and detection have no other allowed pair is its own part of the
+problem and is taken as is; only the pairs in contention go to the solver, frame by frame.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+INFEASIBLE = 1e6
+_FRAME_STRIDE = 1e7   # frame k's keys are k * stride + x (x within +-4e6: 65,536-pixel frames, boxes grown)
+_OFFSET = 4e6
+
+
+class Candidates:
+    """Every same-frame (track, detection) pair whose reaches overlap, ordered by frame, track, detection."""
+
+    def __init__(self, track_reach: np.ndarray, track_frame: np.ndarray, det_reach: np.ndarray,
+                 det_frame: np.ndarray):
+        """*_reach: (N, 4) x0 y0 x1 y1 boxes a pair's two must overlap; *_frame: each one's frame (0, 1, ...)."""
+        empty = np.zeros(0, np.int64)
+        self.track, self.det = empty, empty
+        if not len(track_reach) or not len(det_reach):
+            return
+        key = det_frame * _FRAME_STRIDE + np.clip(det_reach[:, 0], -_OFFSET, _OFFSET)
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        widest = np.zeros(int(det_frame.max()) + 1)
+        np.maximum.at(widest, det_frame, det_reach[:, 2] - det_reach[:, 0])
+        frames = np.minimum(track_frame, len(widest) - 1)
+        base = track_frame * _FRAME_STRIDE
+        low = np.searchsorted(sorted_key, base + np.clip(track_reach[:, 0] - widest[frames], -_OFFSET, _OFFSET), "left")
+        high = np.searchsorted(sorted_key, base + np.clip(track_reach[:, 2], -_OFFSET, _OFFSET), "right")
+        counts = np.maximum(high - low, 0)
+        track = np.repeat(np.arange(len(track_reach)), counts)
+        det = order[np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - low, counts)]
+        a, b = track_reach[track], det_reach[det]
+        overlap = (a[:, 0] <= b[:, 2]) & (b[:, 0] <= a[:, 2]) & (a[:, 1] <= b[:, 3]) & (b[:, 1] <= a[:, 3])
+        overlap &= track_frame[track] == det_frame[det]
+        track, det = track[overlap], det[overlap]
+        by = np.lexsort((det, track))  # track-major, detections in their order: the solver's tie-breaks as a matrix's
+        self.track, self.det = track[by], det[by]
+
+
+def assign(track: np.ndarray, det: np.ndarray, similarity: np.ndarray, allowed: np.ndarray,
+           track_frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The matched (tracks, detections) of allowed pairs that maximise each frame's summed similarity, in
+    track order."""
+    from scipy.optimize import linear_sum_assignment  # SciPy loads once, with the first tracked frame
+
+    track, det, similarity = track[allowed], det[allowed], similarity[allowed]
+    if not len(track):
+        return track, det
+    t_count = np.bincount(track)
+    d_count = np.bincount(det)
+    alone = (t_count[track] == 1) & (d_count[det] == 1)
+    rows, cols = [track[alone]], [det[alone]]
+    contended = ~alone
+    if contended.any():
+        c_track, c_det, c_sim = track[contended], det[contended], similarity[contended]
+        c_frame = track_frame[c_track]
+        for frame in np.unique(c_frame).tolist():
+            at = c_frame == frame
+            t_ids, t_local = np.unique(c_track[at], return_inverse=True)
+            d_ids, d_local = np.unique(c_det[at], return_inverse=True)
+            cost = np.full((len(t_ids), len(d_ids)), INFEASIBLE)
+            cost[t_local, d_local] = -c_sim[at]
+            r, c = linear_sum_assignment(cost)
+            ok = cost[r, c] < INFEASIBLE
+            rows.append(t_ids[r[ok]])
+            cols.append(d_ids[c[ok]])
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    order = np.argsort(rows, kind="stable")
+    return rows[order], cols[order]
+
+
+def intersection(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row by row: the intersection area of box a[i] and box b[i] (xyxy)."""
+    w = np.minimum(a[:, 2], b[:, 2]) - np.maximum(a[:, 0], b[:, 0])
+    h = np.minimum(a[:, 3], b[:, 3]) - np.maximum(a[:, 1], b[:, 1])
+    return np.maximum(w, 0.0) * np.maximum(h, 0.0)
+
+
+def area(boxes: np.ndarray) -> np.ndarray:
+    return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row by row IoU of a[i] and b[i]."""
+    inter = intersection(a, b)
+    return inter / np.maximum(area(a) + area(b) - inter, 1e-12)
+
+
+def inside(expected: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """Row by row: the share of found[i]'s area inside expected[i]."""
+    return intersection(expected, found) / np.maximum(area(found), 1e-9)

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Busy scenes (issue 66): many live cameras of a crowded picture through the whole daemon, trees side by side.
+
+  python scripts/bench_busy.py BUNDLE [--words 200] [--streams 16] [--seconds 20] [--repeats 2]
+                               [--tree new=. --tree old=.dev/old] [--py-spy DIR] [--json OUT]
+
+N copies of a 1080p30 H.264 file of words panning leftwards past the text detector (scripts/bench_events.py's
+video; 200 words in a frame give about 60 tracked boxes), served live (--loop --realtime) with the CLI's
+defaults: the tracker the rules turn on (botsort), 4 rules a stream (two lines, two zones) and a jsonl sink, for
+--seconds. Each --tree (NAME=PATH, a checkout of jetpipe) runs in turn, interleaved, --repeats times, the same
+video and bundle. Reported per run: frames/s, dropped, latency p50 / p99, tracked boxes a frame, the process's
+CPU cores, and the serving side's CPU per tracked object per frame (the post thread: finishing, tracking,
+events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's first run's stacks
+(py-spy record --format raw, the GIL holder's: --gil) into DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+root = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(root / "scripts"), str(root)]
+
+from bench_events import RULES, make_video  # noqa: E402
+
+
+def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy: Path | None) -> dict:
+    summary, records = out / f"{label}.summary.json", out / f"{label}.jsonl"
+    command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", str(video)] * args.streams),
+               "--loop", "--realtime", "--duration", str(args.seconds), "--metrics", "", *RULES,
+               "--sink", f"jsonl:{records}", "--summary", str(summary)]
+    if spy is not None:
+        command = ["py-spy", "record", "--format", "raw", "--gil", "--rate", "100", "-o",
+                   str(spy / f"{label}.txt"), "--", *command]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not summary.exists():
+        raise SystemExit(f"{label}: jetpipe serve failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    s = json.loads(summary.read_text())["summary"]
+    frames = tracked = events = 0
+    with records.open() as lines:
+        for line in lines:
+            record = json.loads(line)
+            if "schema" in record:
+                events += 1
+                continue
+            frames += 1
+            tracked += sum(t is not None for t in record["results"].get("track_ids") or ())
+    records.unlink()
+    cpu = s["cpu_seconds"]
+    serving = cpu.get("post", 0.0) + cpu.get("sinks", 0.0)
+    total = s["latency_ms"]["total"]
+    return {"run": label, "fps": s["throughput_fps"], "dropped": sum(s["dropped"]), "frames": frames,
+            "p50_ms": total["0.5"], "p99_ms": total["0.99"], "tracked_per_frame": round(tracked / max(frames, 1), 1),
+            "events": events, "cpu_cores": s.get("cpu_cores"), "cpu_seconds": cpu,
+            "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch"),
+            "events_cpu_s": (s.get("events") or {}).get("cpu_s"),
+            "serving_us_per_object": round(serving / max(tracked, 1) * 1e6, 2),
+            "process_us_per_object": round(cpu["process"] / max(tracked, 1) * 1e6, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bundle")
+    parser.add_argument("--video", help="a 1080p30 file (made there if it is not: words panning, with ffmpeg)")
+    parser.add_argument("--words", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a jetpipe checkout (default: this)")
+    parser.add_argument("--py-spy", type=Path, help="record each tree's first run's stacks here")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree] or [("this", root)]
+    out = Path(tempfile.mkdtemp(prefix="bench-busy-"))
+    video = Path(args.video) if args.video else out / f"words{args.words}.mp4"
+    if not video.exists():
+        make_video(video, 20.0, args.words)
+    if args.py_spy:
+        args.py_spy.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for k in range(args.repeats):
+        for name, tree in trees:
+            spy = args.py_spy if args.py_spy and k == 0 else None
+            row = serve(tree, args.bundle, video, args, out, f"{name}-{k + 1}", spy)
+            rows.append(row)
+            print(json.dumps({key: v for key, v in row.items() if key != "cpu_seconds"}), flush=True)
+            time.sleep(2)
+    shutil.rmtree(out, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps({"streams": args.streams, "seconds": args.seconds, "words": args.words,
+                                         "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
