@@ -19,7 +19,7 @@ from jetpipe.lazy import lazy_import
 from jetpipe.runtime.api import Reduction
 from jetpipe.runtime.postprocess_gpu import EXTENT_SCALE, SUM_SCALE
 from jetpipe.tasks import agreement_metrics
-from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, boxes_to_source, identity_frames, known, single_output
+from jetpipe.tasks.base import ModelFacts, Task, TaskOptions, identity_frames, known, single_output
 from jetpipe.tasks.detections import Detections
 
 cv2 = lazy_import("cv2")
@@ -82,61 +82,77 @@ class TextDetection:
         return [found.to_results() for found in self._from_components(outputs, letterboxes, sizes)]
 
     def _from_components(self, outputs: dict, letterboxes, sizes) -> list[Detections]:
-        results = []
-        for count, found, box, hw in zip(outputs["counts"], outputs["components"], letterboxes, sizes):
+        """The batch's regions at once (one pass of array operations over every frame's, not one a frame)."""
+        taken = []
+        for count, found in zip(outputs["counts"], outputs["components"]):
             if count > len(found):
                 self.truncated_frames += 1
                 if self.truncated_frames in (1, 100) or self.truncated_frames % 10000 == 0:
                     log.warning("text detection: a frame had %d regions, more than max_components %d "
                                 "(%d such frames so far)", count, len(found), self.truncated_frames)
-            c = found[:min(int(count), len(found))]
-            area = c["area"].astype(np.float64)
-            score = c["sum"] / SUM_SCALE / np.maximum(area, 1)
-            extents = np.stack([c[k] for k in ("along_min", "along_max", "across_min", "across_max")], axis=1)
-            # the direction the device measured the extents along (a region at +-45 degrees may fold either way)
-            results.append(self._boxes(c["x0"], c["y0"], c["x1"] - c["x0"] + 1, c["y1"] - c["y0"] + 1, area, score,
-                                       c["angle"].astype(np.float64), extents / EXTENT_SCALE, box, hw))
-        return results
+            taken.append(found[:min(int(count), len(found))])
+        c = np.concatenate(taken) if taken else np.zeros(0, outputs["components"].dtype)
+        frame = np.repeat(np.arange(len(taken)), [len(t) for t in taken])
+        area = c["area"].astype(np.float64)
+        score = c["sum"] / SUM_SCALE / np.maximum(area, 1)
+        extents = np.stack([c[k] for k in ("along_min", "along_max", "across_min", "across_max")], axis=1)
+        # the direction the device measured the extents along (a region at +-45 degrees may fold either way)
+        return self._frames_boxes(frame, c["x0"], c["y0"], c["x1"] - c["x0"] + 1, c["y1"] - c["y0"] + 1, area, score,
+                                  c["angle"].astype(np.float64), extents / EXTENT_SCALE, letterboxes, sizes)
 
     def _boxes(self, x, y, w, h, area, score, angle, extents, box, hw) -> Detections:
-        """Regions (left, top, width, height, area, mean probability, orientation, extents along and across
-        it) -> kept, unclipped boxes and quadrilaterals in source pixels, in reading order."""
+        """One frame's regions (as _frames_boxes)."""
+        return self._frames_boxes(np.zeros(len(x), np.int64), x, y, w, h, area, score, angle, extents, [box],
+                                  [hw])[0]
+
+    def _frames_boxes(self, frame, x, y, w, h, area, score, angle, extents, letterboxes, sizes) -> list[Detections]:
+        """Regions of a batch's frames (left, top, width, height, area, mean probability, orientation, extents
+        along and across it; `frame`: each one's) -> each frame's kept, unclipped boxes and quadrilaterals in
+        source pixels, in reading order."""
         keep = (area >= self.min_area) & (score >= self.box_threshold)
-        x, y, w, h, area, score, angle, extents = (v[keep] for v in (x, y, w, h, area, score, angle, extents))
-        order = np.lexsort((area, w, h, x, y))
-        x, y, w, h, area, score, angle, extents = (v[order] for v in (x, y, w, h, area, score, angle, extents))
+        columns = (frame, x, y, w, h, area, score, angle, extents)
+        frame, x, y, w, h, area, score, angle, extents = (v[keep] for v in columns)
+        order = np.lexsort((area, w, h, x, y, frame))  # each frame's in reading order
+        frame, x, y, w, h, area, score, angle, extents = (v[order] for v in (frame, x, y, w, h, area, score, angle,
+                                                                              extents))
         # DB's unclip: grow by area * ratio / perimeter (the shrunk text kernel -> the word)
         d = (w * h * self.unclip_ratio) / (2.0 * (w + h))
         xyxy = np.stack([x - d, y - d, x + w + d, y + h + d], axis=1).astype(np.float64)
         quads = np.stack([xyxy[:, [0, 1]], xyxy[:, [2, 1]], xyxy[:, [2, 3]], xyxy[:, [0, 3]]], axis=1)
-        tilted = self._tilted_quads(angle, extents)
-        for i, quad in tilted.items():
-            quads[i] = quad
-            xyxy[i] = (*quad.min(axis=0), *quad.max(axis=0))
-        # rounded as the JSON writes them, so that the arrays and the record say the same
-        return Detections(np.round(boxes_to_source(xyxy, box, *hw), 1), np.round(score, 4),
-                          data={"quads": np.round(box.to_source(quads), 1).reshape(-1, 4, 2)}, layout=KEYS)
+        tilted, quad = self._tilted_quads(angle, extents)
+        quads[tilted] = quad
+        xyxy[tilted] = np.concatenate([quad.min(axis=1), quad.max(axis=1)], axis=1)
+        # to source pixels, each frame through its own letterbox; rounded as the JSON writes them, so that the
+        # arrays and the record say the same
+        pad = np.array([[b.pad_x, b.pad_y] for b in letterboxes], np.float64).reshape(-1, 2)[frame]
+        scale = np.array([[b.scale_x, b.scale_y] for b in letterboxes], np.float64).reshape(-1, 2)[frame]
+        limit = np.array([[w_, h_] for h_, w_ in sizes], np.float64).reshape(-1, 2)[frame]
+        corners = (xyxy.reshape(-1, 2, 2) - pad[:, None]) / scale[:, None]
+        corners = np.clip(corners, 0, limit[:, None]).reshape(-1, 4)
+        boxes, scores = np.round(corners, 1), np.round(score, 4)
+        quads = np.round((quads - pad[:, None]) / scale[:, None], 1).reshape(-1, 4, 2)
+        ends = np.searchsorted(frame, np.arange(len(letterboxes) + 1))
+        return [Detections(boxes[a:b], scores[a:b], data={"quads": quads[a:b]}, layout=KEYS)
+                for a, b in zip(ends[:-1], ends[1:])]
 
-    def _tilted_quads(self, angle, extents) -> dict[int, np.ndarray]:
+    def _tilted_quads(self, angle, extents) -> tuple[np.ndarray, np.ndarray]:
         """The rectangle of each tilted region along its orientation, around its pixels (extents: the pixel
-        centres' extremes along and across, each pixel half a pixel wide), unclipped like the boxes.
-        Upright regions (within upright_degrees) and squat ones (shorter than min_line_ratio heights) are
-        left out."""
-        tilted = {}
-        for i in np.flatnonzero(np.abs(angle) > np.radians(self.upright_degrees)):
-            c, s = np.cos(angle[i]), np.sin(angle[i])
-            along, across = np.array([c, s]), np.array([-s, c])  # across points down the page
-            half_pixel = 0.5 * (abs(c) + abs(s))
-            a0, a1, b0, b1 = extents[i]
-            length, height = a1 - a0 + 2 * half_pixel, b1 - b0 + 2 * half_pixel
-            if length < self.min_line_ratio * height:
-                continue  # a short word's or a glyph's direction is noise: its upright box reads as well
-            d = length * height * self.unclip_ratio / (2.0 * (length + height))
-            centre = along * (a0 + a1) / 2 + across * (b0 + b1) / 2
-            half_l, half_h = along * (length / 2 + d), across * (height / 2 + d)
-            tilted[int(i)] = np.stack([centre - half_l - half_h, centre + half_l - half_h,
-                                       centre + half_l + half_h, centre - half_l + half_h])
-        return tilted
+        centres' extremes along and across, each pixel half a pixel wide), unclipped like the boxes: the
+        regions (indices) and their quadrilaterals. Upright regions (within upright_degrees) and squat ones
+        (shorter than min_line_ratio heights) are left out."""
+        rows = np.flatnonzero(np.abs(angle) > np.radians(self.upright_degrees))
+        c, s = np.cos(angle[rows]), np.sin(angle[rows])
+        half_pixel = 0.5 * (np.abs(c) + np.abs(s))
+        a0, a1, b0, b1 = extents[rows].T
+        length, height = a1 - a0 + 2 * half_pixel, b1 - b0 + 2 * half_pixel
+        lines = ~(length < self.min_line_ratio * height)  # a short word's or a glyph's direction is noise
+        rows, c, s, a0, a1, b0, b1, length, height = (v[lines] for v in (rows, c, s, a0, a1, b0, b1, length, height))
+        d = length * height * self.unclip_ratio / (2.0 * (length + height))
+        along, across = np.stack([c, s], axis=1), np.stack([-s, c], axis=1)  # across points down the page
+        centre = along * (a0 + a1)[:, None] / 2 + across * (b0 + b1)[:, None] / 2
+        half_l, half_h = along * (length / 2 + d)[:, None], across * (height / 2 + d)[:, None]
+        return rows, np.stack([centre - half_l - half_h, centre + half_l - half_h,
+                               centre + half_l + half_h, centre - half_l + half_h], axis=1)
 
 
 def orientation(area, moments) -> np.ndarray:
