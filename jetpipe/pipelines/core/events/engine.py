@@ -12,8 +12,9 @@ its two points (an `extended` line anywhere). A track counts once per direction 
 the cooldown.
 
 Zones: an object is in after `enter_frames` frames inside in a row (its visit starts at the first of them) and
-out once it has not been seen inside for `exit_grace_s` (a tracker losing it for a moment does not split the
-visit); its dwell is from its first to its last frame inside. A visit lasting `loiter_s` gives one loiter event.
+out once it has been seen outside and not inside for `exit_grace_s`, or not seen at all for `hidden_grace_s`
+(the larger of the two: an object behind a pillar, whose track the tracker keeps, does not split its visit);
+its dwell is from its first to its last frame inside. A visit lasting `loiter_s` gives one loiter event.
 Occupancy (the objects in a zone, per stream) gives an event when it has been at least `occupancy_at_least` for
 `occupancy_for_s`, and another when it has been below for as long (hysteresis: no event per flicker).
 
@@ -310,6 +311,7 @@ class ZoneRule(_Rule):
                "run_start": (math.nan, np.float64, 0),
                "entered": (math.nan, np.float64, 0),  # the visit's start (its first frame inside); NaN: not in
                "last_inside": (math.nan, np.float64, 0),
+               "last_seen": (math.nan, np.float64, 0),   # its last frame seen, inside or out
                "loitered": (False, np.bool_, 0),
                "began": (0, np.int64, 0),          # the order visits began in: their events' order
                "sped": (False, np.bool_, 0),       # this visit's speed event given
@@ -371,6 +373,7 @@ class ZoneRule(_Rule):
             return []  # no visit, none starting: nothing to keep (most boxes, most frames)
         boxes = np.arange(len(batch)) if which is None else which
         self.seen[row[visiting]] = batch.described()[boxes[visiting]]
+        self.last_seen[row[visiting]] = batch.t[boxes[visiting]]
         pending = np.isnan(self.entered[row])
         staying = visiting & inside & ~pending  # most boxes with a visit, most frames
         self.last_inside[row[staying]] = batch.t[boxes[staying]]
@@ -405,7 +408,7 @@ class ZoneRule(_Rule):
             self.visiting[row] = False  # its frames inside in a row ended before it was in: as if unseen
             return None
         t = float(batch.t[box])
-        self.last_inside[row] = t
+        self.last_inside[row] = self.last_seen[row] = t
         if self.run[row] == 0:
             self.run_start[row] = t
         self.run[row] += 1
@@ -426,7 +429,9 @@ class ZoneRule(_Rule):
         t = np.array([batch.times[frame_of[s]] if s in frame_of else math.nan for s in streams.tolist()])
         entered, last = self.entered[rows], self.last_inside[rows]
         ours, pending = ~np.isnan(t), np.isnan(entered)
-        leaving = ours & ~pending & (last < t) & (t - last >= zone.exit_grace_s)
+        hidden = ~(self.last_seen[rows] > last)  # not seen anywhere since its last frame inside
+        grace = np.where(hidden, max(zone.exit_grace_s, zone.hidden_grace_s), zone.exit_grace_s)
+        leaving = ours & ~pending & (last < t) & (t - last >= grace)
         forgotten = ours & pending & (t - last > zone.exit_grace_s)
         loitering = ours & ~pending & ~leaving & ~self.loitered[rows] & (last - entered >= zone.loiter_s) \
             if zone.loiter_s else np.zeros(len(rows), bool)

@@ -10,6 +10,7 @@
     units = "normalized"           units = "normalized"  # or "pixels"
     enter_frames = 3               frames_each_side = 3
     exit_grace_s = 1.0             cooldown_s = 1.0
+    hidden_grace_s = 3.0
     loiter_s = 0                   extended = false      # true: the whole line through the two points counts
     occupancy_at_least = 0         # 0: off
     occupancy_for_s = 0.0
@@ -61,7 +62,10 @@ class Zone:
     anchor: str = "bottom-center"
     units: str = "normalized"
     enter_frames: int = 3         # an object is in after this many frames inside in a row
-    exit_grace_s: float = 1.0     # and out after this long outside (or unseen): a lost track does not split a visit
+    exit_grace_s: float = 1.0     # and out after this long seen outside: a box flickering at the edge does not
+    #                               split a visit
+    hidden_grace_s: float = 3.0   # or this long not seen at all (behind something: botsort keeps the track 3 s);
+    #                               the larger of the two
     loiter_s: float = 0.0         # a loiter event once per visit that lasts this long (0: none)
     occupancy_at_least: int = 0   # an occupancy event when this many are in (0: none) ...
     occupancy_for_s: float = 0.0  # ... for this long, and again when fewer have been in for as long
@@ -89,7 +93,8 @@ class Line:
 
 _COMMON = {"name": str, "points": list, "streams": list, "classes": list, "min_score": (int, float), "anchor": str,
            "units": str, "speed_limit_kmh": (int, float)}
-ZONE_KEYS = {**_COMMON, "enter_frames": int, "exit_grace_s": (int, float), "loiter_s": (int, float),
+ZONE_KEYS = {**_COMMON, "enter_frames": int, "exit_grace_s": (int, float), "hidden_grace_s": (int, float),
+             "loiter_s": (int, float),
              "occupancy_at_least": int, "occupancy_for_s": (int, float)}
 LINE_KEYS = {**_COMMON, "frames_each_side": int, "cooldown_s": (int, float), "extended": bool}
 
@@ -242,7 +247,7 @@ def _check_zone(zone: Zone, points, where: str) -> None:
                         f"{'of the frame' if zone.units == 'normalized' else 'square pixels'})")
     if not 1 <= zone.enter_frames <= MAX_FRAMES:
         raise RuleError(f"{where}: enter_frames {zone.enter_frames}: from 1 to {MAX_FRAMES}")
-    for key in ("exit_grace_s", "loiter_s", "occupancy_for_s"):
+    for key in ("exit_grace_s", "hidden_grace_s", "loiter_s", "occupancy_for_s"):
         if not 0.0 <= getattr(zone, key) <= MAX_SECONDS:
             raise RuleError(f"{where}: {key} {getattr(zone, key)}: seconds from 0 to {MAX_SECONDS:g}")
     if not 0 <= zone.occupancy_at_least <= MAX_FRAMES:
