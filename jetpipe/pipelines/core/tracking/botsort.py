@@ -78,6 +78,7 @@ class BotSortTable:
     def __init__(self, params: BotSortParams | None = None, first_ids: list[int] | None = None):
         """first_ids: each stream slot's first track ID (a restarted worker's go on; default 1)."""
         self.params = params or BotSortParams()
+        pairs.load_solver()
         self.mean, self.cov = np.zeros((0, 8)), np.zeros((0, 8, 8))
         self.obs = np.zeros((0, 4))       # the last observed box
         self.obs_t = np.zeros(0)          # when

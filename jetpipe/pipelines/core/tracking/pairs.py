@@ -51,11 +51,17 @@ class Candidates:
         self.track, self.det = track[by], det[by]
 
 
+def load_solver() -> None:
+    """SciPy's solver loaded now (the tracker's constructor calls it): its import takes the GIL for about half a
+    second, which at the first tracked frame of 16 live cameras dropped frames."""
+    import scipy.optimize  # noqa: F401
+
+
 def assign(track: np.ndarray, det: np.ndarray, similarity: np.ndarray, allowed: np.ndarray,
            track_frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The matched (tracks, detections) of allowed pairs that maximise each frame's summed similarity, in
     track order."""
-    from scipy.optimize import linear_sum_assignment  # SciPy loads once, with the first tracked frame
+    from scipy.optimize import linear_sum_assignment  # loaded by load_solver(), with the tracker
 
     track, det, similarity = track[allowed], det[allowed], similarity[allowed]
     if not len(track):
