@@ -78,13 +78,21 @@ def _trackeval_data(seq: Sequence) -> dict:
 
 
 # -- built-in scenes ------------------------------------------------------------------------------------------------
-def track_scene(scene, kind: str) -> tuple[Sequence, float]:
-    """The scene's detections through a tracker of `kind`: what it tracked, and its CPU seconds."""
+def track_scene(scene, kind: str, camera: bool = False) -> tuple[Sequence, float]:
+    """The scene's detections through a tracker of `kind`: what it tracked, and its CPU seconds. camera: botsort
+    is told the camera's true motion between frames (the ceiling of what motion compensation buys)."""
     tracker = make_tracker(kind)
     ids, boxes = [], []
     started = time.thread_time()
+    last = None
     for frame in scene.frames:
-        tracked = tracker.update(frame.boxes, frame.scores, frame.t)
+        if camera:
+            moved = np.zeros(2) if last is None else frame.camera - last
+            motion = np.array([[1.0, 0.0, -moved[0]], [0.0, 1.0, -moved[1]]])  # the picture moves against the view
+            tracked = tracker.table.update([(0, frame.boxes, frame.scores, frame.t, motion)])[0]
+            last = frame.camera
+        else:
+            tracked = tracker.update(frame.boxes, frame.scores, frame.t)
         keep = tracked != NO_TRACK
         ids.append(tracked[keep])
         boxes.append(frame.boxes[keep])

@@ -62,6 +62,7 @@ class Frame:
     boxes: np.ndarray       # (d, 4) the detections
     scores: np.ndarray      # (d,)
     truth: np.ndarray       # (d,) the object a detection is of (-1: a false one)
+    camera: np.ndarray = field(default_factory=lambda: np.zeros(2))  # the view's offset (pan): x, y pixels
 
 
 @dataclass
@@ -172,7 +173,7 @@ def _frame(t, walkers, pillars, pan, rng, fps) -> Frame:
     scores = np.clip(0.35 + 0.6 * share[detected] + rng.normal(0, 0.05, detected.sum()), 0.05, 0.99)
     false = _false_detections(rng, fps)
     return Frame(t, ids, visible, np.concatenate([found, false[0]]), np.concatenate([scores, false[1]]),
-                 np.concatenate([ids[detected], np.full(len(false[1]), -1)]))
+                 np.concatenate([ids[detected], np.full(len(false[1]), -1)]), offset)
 
 
 def _visible(boxes: np.ndarray, walls: np.ndarray, covers: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -64,6 +64,7 @@ class SourceConfig:
     decoder: str = "auto"    # auto | nvdec | ffmpeg | gstreamer | opencv (see jetpipe.pipelines.ingest.sources)
     hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, qsv, ...); "" = software
     gpu: int | None = None   # with --gpus: the GPU that serves it (None: placed by load)
+    moving_camera: bool = False  # it pans, shakes or zooms: its motion measured from its frames, tracks follow
 
 
 @dataclass
@@ -110,7 +111,8 @@ class SnapshotsConfig:
     max_age_h: float = 0.0        # and none older than this (0: no limit)
 
 
-_SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str, "gpu": int}
+_SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str, "gpu": int,
+                "moving_camera": bool}
 _CLIPS_KEYS = {"folder": str, "before_s": (int, float), "after_s": (int, float), "on": list, "ring_mb": (int, float),
                "max_total_mb": (int, float), "max_age_h": (int, float)}
 _SNAPSHOTS_KEYS = {"folder": str, "on": list, "box": bool, "crop": bool, "quality": int, "encoder": str,
@@ -484,6 +486,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
             raise ConfigError(f"{where}: task = {config.task!r}: allowed {' | '.join(TASKS)}")
     _check_calibrations(config, where)
     _check_rules(config, where)
+    _check_moving_cameras(config, where)
     for rule in (r for r in [*config.zones, *config.lines] if r.speed_limit_kmh):
         check_speed_rule(rule, {c.stream: c for c in config.calibrations}, where)
     _check_clips(config, where)
@@ -513,6 +516,14 @@ def _check_sinks(config: PipelineConfig, where: str) -> None:
             check_sink(uri)
         except JetpipeError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+
+
+def _check_moving_cameras(config: PipelineConfig, where: str) -> None:
+    """A moving camera's tracks follow its motion in botsort: with another tracker or none, one line."""
+    moving = [s for s in config.sources if s.moving_camera]
+    if moving and config.tracker != "botsort":
+        raise ConfigError(f"{where}: source {moving[0].uri!r}: moving_camera = true moves its tracks with the "
+                          f"camera, which botsort does (tracker = {config.tracker!r}): set tracker = \"botsort\"")
 
 
 def _check_calibrations(config: PipelineConfig, where: str) -> None:

@@ -12,6 +12,10 @@ HEAD = "[pipeline]\nbundle = 'b'\n"
 @pytest.mark.parametrize("text, message", [
     (HEAD + "[[source]]\nuri = 'a.mp4'\nloop = 'no'\n", r"loop = 'no': expected true or false"),
     (HEAD + "[[source]]\nuri = 'a.mp4'\nrealtime = 1\n", r"realtime = 1: expected true or false"),
+    (HEAD + "[[source]]\nuri = 'a.mp4'\nmoving_camera = 1\n", r"moving_camera = 1: expected true or false"),
+    (HEAD + "tracker = 'bytetrack'\n[[source]]\nuri = 'a.mp4'\nmoving_camera = true\n",
+     r"moving_camera = true moves its tracks with the camera, which botsort does \(tracker = 'bytetrack'\)"),
+    (HEAD + "[[source]]\nuri = 'a.mp4'\nmoving_camera = true\n", r"set tracker = \"botsort\""),
     (HEAD + "[[source]]\nuri = 7\n", r"uri = 7: expected a string"),
     (HEAD + "[[source]]\nuri = 'a.mp4'\ndecoder = 'nvidia'\n", r"decoder = 'nvidia': allowed auto \| nvdec \| ffmpeg"),
     (HEAD + "[[source]]\nuri = 'a.mp4'\nhwaccel = 'cuda --x'\n", r"hwaccel = 'cuda --x': an FFmpeg hardware device"),

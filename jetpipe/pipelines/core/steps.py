@@ -14,6 +14,7 @@ frame.
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 import numpy as np
@@ -22,7 +23,10 @@ from jetpipe.pipelines.core.bus import RecordBus
 from jetpipe.pipelines.core.events import EventStep
 from jetpipe.pipelines.core.ground import GroundStep
 from jetpipe.pipelines.core.tracking import BotSortParams, BotSortTable, make_tracker
+from jetpipe.pipelines.core.tracking.camera import CameraMotion, luma
 from jetpipe.tasks.detections import Detections
+
+log = logging.getLogger(__name__)
 
 
 class FrameStep(Protocol):
@@ -40,24 +44,31 @@ class FrameStep(Protocol):
 
 class TrackStep:
     """A track_id for each detected box (pipelines.tracking): botsort keeps every slot's tracks in one table and
-    tracks a batch's frames in one pass; ByteTrack and IoU a tracker per slot."""
+    tracks a batch's frames in one pass, moving a moving camera's tracks with it (tracking/camera.py); ByteTrack
+    and IoU a tracker per slot."""
 
     name = "tracker"
 
-    def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None):
-        """first_ids: the first track ID of each slot's stream (a restarted GPU worker's go on; else 1)."""
+    def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None, moving=None):
+        """first_ids: the first track ID of each slot's stream (a restarted GPU worker's go on; else 1);
+        moving(slot): whether the slot's stream is a moving camera (botsort only)."""
         self.kind = kind
         first_ids = first_ids or [1] * slots
         self.table = BotSortTable(BotSortParams(), first_ids) if kind == "botsort" else None
         self.trackers = [] if self.table is not None else [make_tracker(kind, next_id=n) for n in first_ids]
+        self.moving = moving or (lambda slot: False)
+        self.cameras: dict[int, CameraMotion] = {}  # a moving camera's slot -> its motion, frame to frame
+        self.camera_counts = {"measured": 0, "not_measured": 0, "on_the_gpu": 0}
         self._reset: list[int] = []  # slots a new stream took (the control API's thread): reset by the frames'
 
     def run(self, packets: list, results: list[Detections]) -> None:
         while self._reset:
-            self.table.reset(self._reset.pop())
+            slot = self._reset.pop()
+            self.table.reset(slot)
+            self.cameras.pop(slot, None)
         times = [packet.pts if packet.pts is not None else packet.t_capture for packet in packets]  # the frames' clock
         if self.table is not None:
-            frames = [(packet.stream, found.xyxy, found.confidence, t)
+            frames = [(packet.stream, found.xyxy, found.confidence, t, self._motion(packet, found))
                       for packet, found, t in zip(packets, results, times)]
             for found, ids in zip(results, self.table.update(frames)):
                 found.tracker_id = ids
@@ -65,6 +76,25 @@ class TrackStep:
         for packet, found, t in zip(packets, results, times):
             found.tracker_id = self.trackers[packet.stream].update(found.xyxy.astype(np.float64),
                                                                    found.confidence.astype(np.float64), t)
+
+    def _motion(self, packet, found: Detections):
+        """A moving camera's motion since its last frame (None: a fixed camera, its first frame, or not
+        measured), from the frame's luma with the detections left out."""
+        if not self.moving(packet.stream):
+            return None
+        frame = packet.frame
+        if frame.device or frame.data is None:
+            if not self.camera_counts["on_the_gpu"]:
+                log.warning("stream slot %d: moving_camera measures the camera's motion from frames in host memory; "
+                            "this stream's frames are decoded into GPU memory (NVDEC): its tracks do not follow the "
+                            "camera (decoder = \"ffmpeg\" keeps them on the host)", packet.stream)
+            self.camera_counts["on_the_gpu"] += 1
+            return None
+        height, width = frame.size()
+        motion = self.cameras.setdefault(packet.stream, CameraMotion()).estimate(
+            luma(frame.data, frame.format, height, width), found.xyxy)
+        self.camera_counts["measured" if motion is not None else "not_measured"] += 1
+        return motion
 
     def reset(self, slot: int) -> None:
         if self.table is not None:
@@ -77,15 +107,16 @@ class TrackStep:
 
 
 def build_steps(config, slots: int, labels=None, stream_id=None, bus=None, first_ids=None,
-                counts=None) -> list[FrameStep]:
+                counts=None, moving=None) -> list[FrameStep]:
     """The steps the configuration asks for, in the order they run. labels: the model's class names;
     stream_id(slot): the ID of a slot's stream; bus: the record bus the events are published on (bus.RecordBus;
     their frames kept where a subscriber takes frames); first_ids: each slot's first track ID,
-    counts: each rule's counts so far (a restarted GPU worker's go on: streams.Resume; None: from 1 and 0)."""
+    counts: each rule's counts so far (a restarted GPU worker's go on: streams.Resume; None: from 1 and 0);
+    moving(slot): whether a slot's stream is a moving camera."""
     steps: list[FrameStep] = []
     bus = bus if bus is not None else RecordBus()
     if config.tracker != "none":
-        steps.append(TrackStep(config.tracker, slots, first_ids))
+        steps.append(TrackStep(config.tracker, slots, first_ids, moving))
     if config.calibrations and config.tracker != "none":  # positions and speeds of the tracks, for the events too
         steps.append(GroundStep(config.calibrations, stream_id or (lambda slot: slot)))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)

@@ -78,6 +78,11 @@ class Streams:
     def id_of(self, slot: int) -> int:
         return self.slots[slot].id
 
+    def moving(self, slot: int) -> bool:
+        """Whether the slot's stream is a moving camera (its source's moving_camera)."""
+        stream = self.slots[slot]
+        return stream is not None and stream.spec.moving_camera
+
     def first_track_ids(self) -> list[int]:
         """The first track ID of each slot's stream: where a restarted worker's stream goes on (Resume), else 1."""
         return [1 if s is None else self.resume.track_ids.get(s.id, 1) for s in self.slots]

@@ -113,8 +113,9 @@ class BotSortTable:
         self.frames[slot], self.next_id[slot] = 0, next_id
 
     def update(self, frames: list) -> list[np.ndarray]:
-        """frames: (slot, boxes (N, 4), scores (N,), t seconds) of a batch, a slot's in their order. Each
-        frame's track IDs (int64, NO_TRACK: no confirmed track), one a box."""
+        """frames: (slot, boxes (N, 4), scores (N,), t seconds[, motion]) of a batch, a slot's in their order;
+        motion: the camera's, a 2 x 3 affine from the slot's last frame's pixels to this one's (None or left
+        out: a fixed camera). Each frame's track IDs (int64, NO_TRACK: no confirmed track), one a box."""
         out: list = [None] * len(frames)
         waves: dict[int, list[int]] = {}
         seen: dict[int, int] = {}
@@ -142,6 +143,7 @@ class BotSortTable:
         track_frame = frame_of_slot[self.slot]
         active = track_frame >= 0
         rows = np.flatnonzero(active)
+        self._follow_camera(frames, rows, track_frame)
         self.mean[rows], self.cov[rows] = kalman.predict(self.mean[rows], self.cov[rows], dt[track_frame[rows]])
         track_t = np.where(active, now[np.maximum(track_frame, 0)], np.nan)
         high, low = scores >= p.high, (scores >= p.low) & (scores < p.high)
@@ -268,6 +270,37 @@ class BotSortTable:
         return np.where(has[at], agreement, 0.0)
 
     # -- the table ------------------------------------------------------------------------------------------------
+    def _follow_camera(self, frames, rows, track_frame) -> None:
+        """Tracks of slots whose camera moved (a frame's motion) carried into this frame's pixels: their filters,
+        last observations and history (BoT-SORT's camera-motion compensation): a pan moves the picture, not the
+        objects in it."""
+        moving = [(k, np.asarray(f[4], np.float64).reshape(2, 3)) for k, f in enumerate(frames)
+                  if len(f) > 4 and f[4] is not None]
+        if not moving or not len(rows):
+            return
+        affine = np.zeros((len(frames), 2, 3))
+        affine[:, 0, 0] = affine[:, 1, 1] = 1.0
+        for k, motion in moving:
+            affine[k] = motion
+        rows = rows[np.isin(track_frame[rows], [k for k, _ in moving])]
+        a = affine[track_frame[rows]]
+        linear, shift = a[:, :, :2], a[:, :, 2]
+        scale = np.sqrt(np.abs(np.linalg.det(linear)))
+        mean = self.mean[rows]
+        mean[:, :2] = np.einsum("nij,nj->ni", linear, mean[:, :2]) + shift
+        mean[:, 4:6] = np.einsum("nij,nj->ni", linear, mean[:, 4:6])
+        mean[:, 2:4] *= scale[:, None]
+        mean[:, 6:8] *= scale[:, None]
+        transform = np.zeros((len(rows), 8, 8))
+        transform[:, 0:2, 0:2] = transform[:, 4:6, 4:6] = linear
+        for i in (2, 3, 6, 7):
+            transform[:, i, i] = scale
+        self.mean[rows] = mean
+        self.cov[rows] = transform @ self.cov[rows] @ transform.transpose(0, 2, 1)
+        self.obs[rows] = _moved_boxes(self.obs[rows], linear, shift, scale)
+        hist = self.hist[rows].reshape(len(rows), -1, 4)
+        self.hist[rows] = _moved_boxes(hist, linear[:, None], shift[:, None], scale[:, None]).reshape(hist.shape)
+
     def _step(self, slots: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each frame's time and the seconds since its slot's last frame; a clock that stood still or went back
         (a looped file) counts one step of the last."""
@@ -373,6 +406,13 @@ def _earlier_observation(hist_t: np.ndarray, span: float) -> np.ndarray:
 def _grown(boxes: np.ndarray, buffer: float) -> np.ndarray:
     wh = boxes[:, 2:] - boxes[:, :2]
     return np.concatenate([boxes[:, :2] - buffer * wh, boxes[:, 2:] + buffer * wh], axis=1)
+
+
+def _moved_boxes(boxes, linear, shift, scale) -> np.ndarray:
+    """xyxy boxes (..., 4) through a similarity: the centre moved by the affine, the size scaled."""
+    centre = np.einsum("...ij,...j->...i", linear, _centres(boxes)) + shift
+    half = (boxes[..., 2:] - boxes[..., :2]) / 2 * scale[..., None]
+    return np.concatenate([centre - half, centre + half], axis=-1)
 
 
 def _centres(boxes: np.ndarray) -> np.ndarray:
