@@ -49,15 +49,18 @@ class TrackStep:
 
     name = "tracker"
 
-    def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None, moving=None):
+    def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None, moving=None, to_host=None):
         """first_ids: the first track ID of each slot's stream (a restarted GPU worker's go on; else 1);
-        moving(slot): whether the slot's stream is a moving camera (botsort only)."""
+        moving(slot): whether the slot's stream is a moving camera (botsort only); to_host(frame, out): the
+        runtime's copy of a frame in device memory into a host array (its first out.nbytes: the luma)."""
         self.kind = kind
         first_ids = first_ids or [1] * slots
         self.table = BotSortTable(BotSortParams(), first_ids) if kind == "botsort" else None
         self.trackers = [] if self.table is not None else [make_tracker(kind, next_id=n) for n in first_ids]
         self.moving = moving or (lambda slot: False)
         self.cameras: dict[int, CameraMotion] = {}  # a moving camera's slot -> its motion, frame to frame
+        self.to_host = to_host
+        self.lumas: dict[int, np.ndarray] = {}  # a moving camera's slot -> its luma's host copy (frames on the GPU)
         self.camera_counts = {"measured": 0, "not_measured": 0, "on_the_gpu": 0}
         self._reset: list[int] = []  # slots a new stream took (the control API's thread): reset by the frames'
 
@@ -83,18 +86,29 @@ class TrackStep:
         if not self.moving(packet.stream):
             return None
         frame = packet.frame
-        if frame.device or frame.data is None:
-            if not self.camera_counts["on_the_gpu"]:
-                log.warning("stream slot %d: moving_camera measures the camera's motion from frames in host memory; "
-                            "this stream's frames are decoded into GPU memory (NVDEC): its tracks do not follow the "
-                            "camera (decoder = \"ffmpeg\" keeps them on the host)", packet.stream)
-            self.camera_counts["on_the_gpu"] += 1
-            return None
         height, width = frame.size()
-        motion = self.cameras.setdefault(packet.stream, CameraMotion()).estimate(
-            luma(frame.data, frame.format, height, width), found.xyxy)
+        if frame.device:
+            if self.to_host is None or frame.format not in ("nv12", "i420"):
+                if not self.camera_counts["on_the_gpu"]:
+                    log.warning("stream slot %d: moving_camera: this runtime cannot copy its frames' luma from the "
+                                "GPU: its tracks do not follow the camera", packet.stream)
+                self.camera_counts["on_the_gpu"] += 1
+                return None
+            picture = self._luma_from_gpu(packet.stream, frame, height, width)
+        else:
+            picture = luma(frame.data, frame.format, height, width)
+        motion = self.cameras.setdefault(packet.stream, CameraMotion()).estimate(picture, found.xyxy)
         self.camera_counts["measured" if motion is not None else "not_measured"] += 1
         return motion
+
+    def _luma_from_gpu(self, slot: int, frame, height: int, width: int) -> np.ndarray:
+        """A device frame's Y plane (its first height x width bytes: NV12 and I420 start with it), copied into
+        the slot's host buffer (made at its first frame, again only if the size changes)."""
+        out = self.lumas.get(slot)
+        if out is None or out.shape != (height, width):
+            out = self.lumas[slot] = np.empty((height, width), np.uint8)
+        self.to_host(frame, out)
+        return out
 
     def reset(self, slot: int) -> None:
         if self.table is not None:
@@ -107,16 +121,16 @@ class TrackStep:
 
 
 def build_steps(config, slots: int, labels=None, stream_id=None, bus=None, first_ids=None,
-                counts=None, moving=None) -> list[FrameStep]:
+                counts=None, moving=None, to_host=None) -> list[FrameStep]:
     """The steps the configuration asks for, in the order they run. labels: the model's class names;
     stream_id(slot): the ID of a slot's stream; bus: the record bus the events are published on (bus.RecordBus;
     their frames kept where a subscriber takes frames); first_ids: each slot's first track ID,
     counts: each rule's counts so far (a restarted GPU worker's go on: streams.Resume; None: from 1 and 0);
-    moving(slot): whether a slot's stream is a moving camera."""
+    moving(slot): whether a slot's stream is a moving camera; to_host: the runtime's frame_to_host."""
     steps: list[FrameStep] = []
     bus = bus if bus is not None else RecordBus()
     if config.tracker != "none":
-        steps.append(TrackStep(config.tracker, slots, first_ids, moving))
+        steps.append(TrackStep(config.tracker, slots, first_ids, moving, to_host))
     if config.calibrations and config.tracker != "none":  # positions and speeds of the tracks, for the events too
         steps.append(GroundStep(config.calibrations, stream_id or (lambda slot: slot)))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)

@@ -186,7 +186,8 @@ class Pipeline:
             self.closers.append(self.snapshots.close)
             self.bus.subscribe(self.snapshots.take, types=config.snapshots.on, frame=True)
         steps = build_steps(config, capacity, self.labels, self.streams.id_of, self.bus,
-                            self.streams.first_track_ids(), self.streams.resume.event_counts, self.streams.moving)
+                            self.streams.first_track_ids(), self.streams.resume.event_counts, self.streams.moving,
+                            self.runtime.frame_to_host)
         self.events = next((s for s in steps if s.name == "events"), None)
         parts = FrameParts(runtime, self.batcher, self.streams, self.metrics, self.sinks, self.bus, self.pool)
         self.stages = StageLoops(parts, self.postprocess, self.task, steps, self.secondaries, config.fail_timeout_s,

@@ -157,8 +157,7 @@ def test_a_moving_cameras_tracks_follow_its_frames():
     """The tracker step with a stream marked moving_camera: host NV12 frames of a textured scene panning 45
     pixels a frame at 10 fps, six people standing in it (their boxes move with the picture, 40 pixels wide):
     each keeps one ID of their own over 20 frames, measured from the frames; the same stream not marked mixes
-    them up.
-    A stream whose frames are on the GPU is not measured (counted, said once)."""
+    them up. Frames in GPU memory: their luma copied out by the runtime (frame_to_host), measured alike."""
     from types import SimpleNamespace
 
     import cv2
@@ -179,12 +178,18 @@ def test_a_moving_cameras_tracks_follow_its_frames():
         boxes = np.column_stack([seen[:, 0] - 20, seen[:, 1] - 120, seen[:, 0] + 20, seen[:, 1]])
         return nv12, boxes, people[:, 0].searchsorted(seen[:, 0] + x)
 
-    def ids(moving: bool, device: bool = False) -> dict[int, set]:
-        step = TrackStep("botsort", 1, moving=lambda slot: moving)
+    held = {}
+
+    def copy_out(frame, out):  # stands in for the GPU runtime's frame_to_host: its first out.nbytes
+        out[...] = held[frame.address].reshape(-1)[:out.size].reshape(out.shape)
+
+    def ids(moving: bool, device: bool = False, to_host=None) -> dict[int, set]:
+        step = TrackStep("botsort", 1, moving=lambda slot: moving, to_host=to_host)
         kept: dict[int, set] = {}
         for k in range(20):
             nv12, boxes, person = frames(k)
-            frame = Frame(None, "nv12", device=True, address=1, hw=(720, 1280)) if device else Frame(nv12, "nv12")
+            held[k + 1] = nv12
+            frame = Frame(None, "nv12", device=True, address=k + 1, hw=(720, 1280)) if device else Frame(nv12, "nv12")
             found = Detections(boxes, np.full(len(boxes), 0.9), np.zeros(len(boxes)))
             step.run([SimpleNamespace(stream=0, pts=k / 10, t_capture=0.0, frame=frame)], [found])
             for who, track in zip(person.tolist(), found.tracker_id.tolist()):
@@ -200,5 +205,7 @@ def test_a_moving_cameras_tracks_follow_its_frames():
     assert counts["measured"] == 19  # every frame but the first
     fixed, _ = ids(False)
     assert not one_each(fixed), fixed
-    blind, counts = ids(True, device=True)
+    on_the_gpu, counts = ids(True, device=True, to_host=copy_out)  # NVDEC's frames: their luma copied out
+    assert one_each(on_the_gpu) and counts["measured"] == 19, on_the_gpu
+    _, counts = ids(True, device=True)  # a runtime that cannot copy frames out
     assert counts["on_the_gpu"] == 20 and counts["measured"] == 0
