@@ -101,6 +101,12 @@ class TrackStep:
         self.camera_counts["measured" if motion is not None else "not_measured"] += 1
         return motion
 
+    def stats(self) -> dict:
+        """The run summary's part: the moving cameras' frames whose motion was measured, not measured (too few
+        background corners), or left (frames on the GPU of a runtime that cannot copy them)."""
+        counts = self.camera_counts
+        return {"moving_cameras": dict(counts)} if any(counts.values()) else {}
+
     def _luma_from_gpu(self, slot: int, frame, height: int, width: int) -> np.ndarray:
         """A device frame's Y plane (its first height x width bytes: NV12 and I420 start with it), copied into
         the slot's host buffer (made at its first frame, again only if the size changes)."""

@@ -209,3 +209,22 @@ def test_a_moving_cameras_tracks_follow_its_frames():
     assert one_each(on_the_gpu) and counts["measured"] == 19, on_the_gpu
     _, counts = ids(True, device=True)  # a runtime that cannot copy frames out
     assert counts["on_the_gpu"] == 20 and counts["measured"] == 0
+
+
+def test_a_moving_camera_in_the_config_is_measured_while_serving(det_bundle, tmp_path):
+    """moving_camera = true in a [[source]] table reaches the tracker: each frame after the first is measured
+    (or counted as not measurable), in the run's summary."""
+    import json
+
+    from jetpipe.cli import main
+    from tests.pipelines.conftest import write_panning_video
+
+    video = write_panning_video(tmp_path / "panning.avi", 5)
+    config = tmp_path / "moving.toml"
+    config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\ntracker = "botsort"\n'
+                      f'[[source]]\nuri = "{video.path}"\nmoving_camera = true\n')
+    summary = tmp_path / "summary.json"
+    assert main(["serve", str(config), "--metrics", "", "--summary", str(summary)]) == 0
+    counts = json.loads(summary.read_text())["summary"]["moving_cameras"]
+    assert counts["measured"] + counts["not_measured"] == video.frames and counts["on_the_gpu"] == 0, counts
+    assert counts["measured"] >= video.frames // 2, counts
