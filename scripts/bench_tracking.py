@@ -12,7 +12,8 @@
           batch in one pass, what `jetpipe serve` runs). Microseconds of thread CPU per object-frame.
 
   python scripts/bench_tracking.py scenes [--scenes pillars,crossing] [--fps 30,10] [--seeds 1,2,3] [--json OUT]
-  python scripts/bench_tracking.py video BUNDLE [--scenes pillars] [--fps 10] [--seconds 12] [--seeds 1] [--json OUT]
+  python scripts/bench_tracking.py video BUNDLE [--scenes pillars] [--fps 10] [--seconds 12] [--seeds 1] [--camera]
+                                         [--json OUT]
   python scripts/bench_tracking.py cost [--streams 16] [--objects 20,60,100] [--batches 300] [--json OUT]
 """
 
@@ -50,11 +51,17 @@ def video(args) -> list[dict]:
                 for fps in args.fps:
                     clip = Path(tmp) / f"{name}-{fps:g}-{seed}.mp4"
                     gt = read_mot(render_scene(name, clip, fps, args.seconds, seed))
-                    for kind in TRACKERS:
+                    for kind in (*TRACKERS, *(["botsort+camera"] if args.camera else [])):
                         served = Path(tmp) / f"{clip.stem}-{kind}.jsonl"
                         command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", str(args.bundle),
                                    "--source", str(clip), "--tracker", kind, "--sink", f"jsonl:{served}",
                                    "--metrics", ""]
+                        if kind == "botsort+camera":  # the source as a moving camera: a config's [[source]]
+                            config = Path(tmp) / "camera.toml"
+                            config.write_text(f'[pipeline]\nbundle = "{args.bundle}"\ntracker = "botsort"\n'
+                                              f'[[source]]\nuri = "{clip}"\nmoving_camera = true\n')
+                            command = [sys.executable, "-m", "jetpipe", "serve", str(config), "--sink",
+                                       f"jsonl:{served}", "--metrics", ""]
                         done = subprocess.run(command, capture_output=True, text=True)
                         if done.returncode != 0:
                             raise SystemExit(f"jetpipe serve failed:\n{done.stderr[-2000:]}")
@@ -119,6 +126,8 @@ def main() -> None:
     parser.add_argument("--fps", default="30,10")
     parser.add_argument("--seconds", type=float, default=12.0, help="video: each scene's length")
     parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--camera", action="store_true",
+                        help="video: botsort with the source as a moving camera too (its motion measured)")
     parser.add_argument("--streams", type=int, default=16, help="cost: streams")
     parser.add_argument("--objects", default="20,60,100", help="cost: objects a frame")
     parser.add_argument("--batches", type=int, default=300, help="cost: batches (a frame of every stream each)")

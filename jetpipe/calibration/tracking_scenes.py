@@ -218,7 +218,8 @@ SIGN_MARGIN = 10  # pixels of card around a sign's word
 
 def render_scene(name: str, video: Path, fps: float = 30.0, seconds: float = 12.0, seed: int = 0) -> Path:
     """The scene as an H.264 video a real text detector sees: every walker carries a sign (one word on a light
-    card, the walker's width), pillars in front of everyone, the nearer sign hiding the farther; with its
+    card, the walker's width), pillars in front of everyone, the nearer sign hiding the farther (the panning
+    scene on a paved ground: a moving camera's motion is measured on what the ground shows); with its
     ground truth beside it in MOTChallenge format (gt.txt: frame from 1, id, left, top, width, height, 1, 1,
     visibility), the visible part of each sign seen at MIN_VISIBLE or more: its card, which is what PP-OCR's
     detector outlines (its boxes are grown past the ink, by about the card's margin). Needs ffmpeg; returns
@@ -243,6 +244,8 @@ def render_scene(name: str, video: Path, fps: float = 30.0, seconds: float = 12.
         signs.append(np.asarray(card)[:, :, ::-1])
     margin = 400
     ground = synth.background(rng, HEIGHT + 2 * margin, WIDTH + 2 * margin)
+    if pan is not None:  # a ground with texture, as a real one has: a moving camera's motion is measured on it
+        ground = _textured(ground, rng)
     command = ["ffmpeg", "-loglevel", "error", "-y", "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", f"{WIDTH}x{HEIGHT}",
                "-r", f"{fps:g}", "-i", "-", "-c:v", "libx264", "-preset", "veryfast", "-pix_fmt", "yuv420p",
                "-g", str(int(fps)), str(video)]
@@ -272,6 +275,20 @@ def render_scene(name: str, video: Path, fps: float = 30.0, seconds: float = 12.
     gt = Path(video).with_name("gt.txt")
     gt.write_text("\n".join(rows) + "\n")
     return gt
+
+
+def _textured(ground: np.ndarray, rng) -> np.ndarray:
+    """The ground with paving on it: flagstones of slightly different shades with darker joints, and grit."""
+    import cv2
+
+    height, width = ground.shape[:2]
+    stone = 90
+    shades = rng.normal(0, 14, (height // stone + 2, width // stone + 2)).astype(np.float32)
+    paving = cv2.resize(shades, None, fx=stone, fy=stone, interpolation=cv2.INTER_NEAREST)[:height, :width]
+    paving[::stone, :] -= 45
+    paving[:, ::stone] -= 45
+    grit = cv2.GaussianBlur(rng.normal(0, 30, (height, width)).astype(np.float32), (0, 0), 1.5)
+    return np.clip(ground + (paving + grit)[..., None], 0, 255).astype(np.uint8)
 
 
 def _paste(image: np.ndarray, sign: np.ndarray, x: int, y: int) -> None:

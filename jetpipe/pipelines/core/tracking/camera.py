@@ -21,7 +21,7 @@ from jetpipe.lazy import lazy_import
 cv2 = lazy_import("cv2")
 
 WIDTH = 480            # the luma is looked at this wide (1080p: a quarter)
-MAX_CORNERS = 1000
+MAX_CORNERS = 400
 QUALITY = 0.001         # of the strongest corner: a plain wall still gives the few it has
 MIN_AGREEING = 12      # fewer corners agreeing: no motion measured (a blank or a wholly new picture)
 AGREE_PX = 1.0         # a corner agrees with a motion within this many small pixels
