@@ -541,6 +541,9 @@ def _check_calibrations(config: PipelineConfig, where: str) -> None:
             raise ConfigError(f"{at}: the stream has two calibrations: keep one")
         if calibration.stream >= len(config.sources) and not config.control.enabled:
             raise ConfigError(f"{at}: the stream does not exist (the streams are 0 to {len(config.sources) - 1})")
+        if calibration.stream < len(config.sources) and config.sources[calibration.stream].moving_camera:
+            raise ConfigError(f"{at}: the source is a moving camera (moving_camera = true): a ground plane is "
+                              "measured from a fixed view; calibrate a fixed camera, or drop one of the two")
         seen.add(calibration.stream)
     if config.calibrations and config.tracker == "none":
         log.info("calibrated streams give tracks' positions and speeds: tracker botsort turned on")

@@ -232,6 +232,17 @@ def test_bad_calibrations_and_speed_rules_are_one_line_before_anything_runs(det_
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_moving_camera_has_no_ground_plane(det_bundle, tmp_path, capsys):
+    from jetpipe.cli import main
+
+    config = tmp_path / "moving.toml"
+    config.write_text(f'[pipeline]\nbundle = "{det_bundle}"\ntracker = "botsort"\n[[source]]\nuri = "synthetic"\n'
+                      f'moving_camera = true\n{CALIBRATED}')
+    assert main(["serve", str(config), "--frames", "1", "--metrics", ""]) == 2
+    err = capsys.readouterr().err
+    assert "a ground plane is measured from a fixed view" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_speed_rule_above_the_horizon_is_refused(det_bundle, tmp_path, capsys):
     from jetpipe.cli import main
 
