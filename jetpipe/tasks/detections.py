@@ -32,7 +32,7 @@ GROUND_KEYS = ("ground_m", "speed_kmh", "heading_deg")  # the ground step's (pip
 
 class Detections:
     __slots__ = ("xyxy", "confidence", "class_id", "tracker_id", "labels", "data", "frame_data", "secondary",
-                 "layout", "given", "ground")
+                 "layout", "given", "ground", "view")
 
     def __init__(self, xyxy=None, confidence=None, class_id=None, *, labels: tuple[str, ...] | None = None,
                  data: dict | None = None, frame_data: dict | None = None, layout: tuple[str, ...] = (),
@@ -52,6 +52,7 @@ class Detections:
         self.layout = tuple(layout)
         self.given = None  # the results dict it was made from (from_results), written as given
         self.ground: Ground | None = None  # the ground step's, on a calibrated stream's tracked frames
+        self.view: np.ndarray | None = None  # a moving camera's: 2 x 3 affine, this frame's pixels -> its first's
 
     # -- made from a task's results dict --------------------------------------------------------------------------
     @classmethod
@@ -140,6 +141,7 @@ class Detections:
                            layout=self.layout, tracker_id=None if self.tracker_id is None else self.tracker_id[index])
         taken.secondary = {k: _take(v, index) for k, v in self.secondary.items()}
         taken.ground = None if self.ground is None else self.ground[index]
+        taken.view = self.view
         return taken
 
     # -- JSON, once, in the sinks ---------------------------------------------------------------------------------

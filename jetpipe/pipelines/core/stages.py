@@ -283,7 +283,7 @@ class StageLoops:
                 "secondary_reads": self.secondary_reads,
                 "secondary_held_primary_s": round(self.chain_gate.held_s, 3)} if self.secondaries else {}),
             **({"secondary": {s.name: s.summary() for s in self.secondaries}} if self.secondaries else {}),
-            **{key: value for step in self.steps for key, value in getattr(step, "stats", dict)().items()},
+            **{key: value for step in self.steps for key, value in step.stats().items()},
         }
 
 

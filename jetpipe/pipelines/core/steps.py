@@ -6,8 +6,8 @@ tracker's `tracker_id`) or read what earlier steps added (the events read the tr
 batch at once (the events do: array operations over all its boxes). When a stream leaves its slot and another
 takes it, `reset(slot)` forgets the old stream's state (called from another thread).
 
-A new step is a class with `name`, `run(packets, results)`, `reset(slot)` and `flush()`, and one line in
-`build_steps`.
+A new step is a class with `name`, `run(packets, results)`, `reset(slot)`, `flush()` and `stats()`, and one
+line in `build_steps`.
 A packet (ingest.batcher.QueuedFrame) is a queued frame: its slot (`stream`), number, pts, capture time and the
 frame.
 """
@@ -41,6 +41,9 @@ class FrameStep(Protocol):
     def flush(self) -> None:
         """What it held back to decide with later frames, decided now (the post stage is idle, or ends)."""
 
+    def stats(self) -> dict:
+        """Its part of the run's summary ({}: none)."""
+
 
 class TrackStep:
     """A track_id for each detected box (pipelines.tracking): botsort keeps every slot's tracks in one table and
@@ -59,6 +62,7 @@ class TrackStep:
         self.trackers = [] if self.table is not None else [make_tracker(kind, next_id=n) for n in first_ids]
         self.moving = moving or (lambda slot: False)
         self.cameras: dict[int, CameraMotion] = {}  # a moving camera's slot -> its motion, frame to frame
+        self.views: dict[int, np.ndarray] = {}  # and its frame's pixels -> its first frame's (3 x 3)
         self.to_host = to_host
         self.lumas: dict[int, np.ndarray] = {}  # a moving camera's slot -> its luma's host copy (frames on the GPU)
         self.camera_counts = {"measured": 0, "not_measured": 0, "on_the_gpu": 0}
@@ -69,6 +73,7 @@ class TrackStep:
             slot = self._reset.pop()
             self.table.reset(slot)
             self.cameras.pop(slot, None)
+            self.views.pop(slot, None)
         times = [packet.pts if packet.pts is not None else packet.t_capture for packet in packets]  # the frames' clock
         if self.table is not None:
             frames = [(packet.stream, found.xyxy, found.confidence, t, self._motion(packet, found))
@@ -99,6 +104,11 @@ class TrackStep:
             picture = luma(frame.data, frame.format, height, width)
         motion = self.cameras.setdefault(packet.stream, CameraMotion()).estimate(picture, found.xyxy)
         self.camera_counts["measured" if motion is not None else "not_measured"] += 1
+        view = self.views.get(packet.stream, np.eye(3))
+        if motion is not None:  # first <- last, then last <- this: the inverse of this frame's motion
+            view = view @ np.linalg.inv(np.vstack([motion, [0.0, 0.0, 1.0]]))
+        self.views[packet.stream] = view
+        found.view = view[:2]  # the rules decide where the object is in the first frame's view
         return motion
 
     def stats(self) -> dict:

@@ -228,3 +228,41 @@ def test_a_moving_camera_in_the_config_is_measured_while_serving(det_bundle, tmp
     counts = json.loads(summary.read_text())["summary"]["moving_cameras"]
     assert counts["measured"] + counts["not_measured"] == video.frames and counts["on_the_gpu"] == 0, counts
     assert counts["measured"] >= video.frames // 2, counts
+
+
+def test_a_standing_person_under_a_pan_crosses_no_line():
+    """Issue 65's target: people standing still while a moving camera pans 12 pixels a frame sweep across a
+    line drawn on the picture; with moving_camera the rules look at them in the first frame's view, where they
+    stand still: no crossing. The same frames from a stream not marked count them all crossing."""
+    from types import SimpleNamespace
+
+    import cv2
+
+    from jetpipe.pipelines.core.events.engine import Engine
+    from jetpipe.pipelines.core.events.rules import Line
+    from jetpipe.pipelines.core.steps import TrackStep
+    from jetpipe.runtime.api import Frame
+    from jetpipe.tasks.detections import Detections
+
+    ground = _textured(1000, 3200, 4)
+    people = np.array([[700, 500], [900, 420], [1100, 600], [1250, 380]], np.float64)  # right of the line
+
+    def crossings(moving: bool) -> int:
+        step = TrackStep("botsort", 1, moving=lambda slot: moving)
+        engine = Engine()
+        engine.rules = [engine.rule(Line("middle", [[0.5, 0.0], [0.5, 1.0]]), None)]
+        counted = 0
+        for k in range(64):
+            x = 12.0 * k
+            picture = cv2.warpAffine(ground, np.array([[1.0, 0, -x], [0, 1.0, 0]]), (1280, 720))
+            nv12 = np.concatenate([picture, np.full((360, 1280), 128, np.uint8)])
+            seen = people - [x, 0]
+            seen = seen[(seen[:, 0] > 30) & (seen[:, 0] < 1250)]
+            boxes = np.column_stack([seen[:, 0] - 20, seen[:, 1] - 120, seen[:, 0] + 20, seen[:, 1]])
+            found = Detections(boxes, np.full(len(boxes), 0.9), np.zeros(len(boxes)))
+            step.run([SimpleNamespace(stream=0, pts=k / 10, t_capture=0.0, frame=Frame(nv12, "nv12"))], [found])
+            counted += len(engine.decide([(0, k / 10, (720, 1280), found)]))
+        return counted
+
+    assert crossings(moving=True) == 0
+    assert crossings(moving=False) == len(people)  # the picture moved past the line: each counted once

@@ -52,6 +52,9 @@ class TrackBatch:
             speed = None if speed is None else speed[keep]
         self.frame, self.track, self.box, self.score, self.class_id = frame, track, box, score, class_id
         self.speed = speed  # km/h, NaN where none (pipelines.core.ground); None: no frame is of a calibrated stream
+        # where the rules look: a moving camera's boxes in its first frame's view (what stands still stays put)
+        self.placed = _placed(self.box, frame, [d.view for d in found]) if any(
+            d.view is not None for d in found) else self.box
         self.stream = np.array(self.streams, np.int64)[frame]
         self.t = np.array(self.times, np.float64)[frame]
         # one frame size (most batches): the rules' geometry in scalars; several: per box
@@ -72,7 +75,7 @@ class TrackBatch:
         found = self._anchors.get(fractions)
         if found is None:
             fx, fy = fractions
-            x1, y1, x2, y2 = self.box.T
+            x1, y1, x2, y2 = self.placed.T
             found = self._anchors[fractions] = (x1 + fx * (x2 - x1), y1 + fy * (y2 - y1))
         return found
 
@@ -93,6 +96,24 @@ class TrackBatch:
 
     def frames_of(self, generation: int) -> list[int]:
         return [k for k, g in enumerate(self.generation_of) if g == generation]
+
+
+def _placed(box: np.ndarray, frame: np.ndarray, views: list) -> np.ndarray:
+    """Boxes of frames with a view (a moving camera's: 2 x 3, the frame's pixels -> its first frame's) moved into
+    it: the centre through the affine, the size scaled; the others as they are."""
+    placed = box.copy()
+    for k, view in enumerate(views):
+        if view is None:
+            continue
+        rows = frame == k
+        if not rows.any():
+            continue
+        linear, shift = view[:, :2], view[:, 2]
+        scale = float(np.sqrt(abs(np.linalg.det(linear))))
+        centre = (box[rows, :2] + box[rows, 2:]) / 2 @ linear.T + shift
+        half = (box[rows, 2:] - box[rows, :2]) / 2 * scale
+        placed[rows] = np.concatenate([centre - half, centre + half], axis=1)
+    return placed
 
 
 def _speeds(tracked: list, boxes: int) -> np.ndarray | None:

@@ -194,6 +194,10 @@ class EventStep:
         if old is not None:
             self._left.append(old)
 
+    def stats(self) -> dict:
+        """Nothing in the stages' part of the summary: the events have their own (summary())."""
+        return {}
+
     def summary(self) -> dict:
         with self.lock:
             counts = {name: dict(c) for name, c in self.counts.items()}

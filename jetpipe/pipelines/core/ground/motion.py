@@ -140,3 +140,7 @@ class GroundStep:
 
     def flush(self) -> None:
         """Nothing held back."""
+
+    def stats(self) -> dict:
+        """Nothing for the run's summary."""
+        return {}

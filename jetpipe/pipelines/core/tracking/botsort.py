@@ -283,23 +283,7 @@ class BotSortTable:
         for k, motion in moving:
             affine[k] = motion
         rows = rows[np.isin(track_frame[rows], [k for k, _ in moving])]
-        a = affine[track_frame[rows]]
-        linear, shift = a[:, :, :2], a[:, :, 2]
-        scale = np.sqrt(np.abs(np.linalg.det(linear)))
-        mean = self.mean[rows]
-        mean[:, :2] = np.einsum("nij,nj->ni", linear, mean[:, :2]) + shift
-        mean[:, 4:6] = np.einsum("nij,nj->ni", linear, mean[:, 4:6])
-        mean[:, 2:4] *= scale[:, None]
-        mean[:, 6:8] *= scale[:, None]
-        transform = np.zeros((len(rows), 8, 8))
-        transform[:, 0:2, 0:2] = transform[:, 4:6, 4:6] = linear
-        for i in (2, 3, 6, 7):
-            transform[:, i, i] = scale
-        self.mean[rows] = mean
-        self.cov[rows] = transform @ self.cov[rows] @ transform.transpose(0, 2, 1)
-        self.obs[rows] = _moved_boxes(self.obs[rows], linear, shift, scale)
-        hist = self.hist[rows].reshape(len(rows), -1, 4)
-        self.hist[rows] = _moved_boxes(hist, linear[:, None], shift[:, None], scale[:, None]).reshape(hist.shape)
+        _move_tracks(self, rows, affine[track_frame[rows]])
 
     def _step(self, slots: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each frame's time and the seconds since its slot's last frame; a clock that stood still or went back
@@ -406,6 +390,27 @@ def _earlier_observation(hist_t: np.ndarray, span: float) -> np.ndarray:
 def _grown(boxes: np.ndarray, buffer: float) -> np.ndarray:
     wh = boxes[:, 2:] - boxes[:, :2]
     return np.concatenate([boxes[:, :2] - buffer * wh, boxes[:, 2:] + buffer * wh], axis=1)
+
+
+def _move_tracks(table: BotSortTable, rows: np.ndarray, affine: np.ndarray) -> None:
+    """The table's rows carried through their affines (n, 2, 3), a similarity each: the filter's state and
+    covariance, the last observation and the history's boxes."""
+    linear, shift = affine[:, :, :2], affine[:, :, 2]
+    scale = np.sqrt(np.abs(np.linalg.det(linear)))
+    mean = table.mean[rows]
+    mean[:, :2] = np.einsum("nij,nj->ni", linear, mean[:, :2]) + shift
+    mean[:, 4:6] = np.einsum("nij,nj->ni", linear, mean[:, 4:6])
+    mean[:, 2:4] *= scale[:, None]
+    mean[:, 6:8] *= scale[:, None]
+    transform = np.zeros((len(rows), 8, 8))
+    transform[:, 0:2, 0:2] = transform[:, 4:6, 4:6] = linear
+    for i in (2, 3, 6, 7):
+        transform[:, i, i] = scale
+    table.mean[rows] = mean
+    table.cov[rows] = transform @ table.cov[rows] @ transform.transpose(0, 2, 1)
+    table.obs[rows] = _moved_boxes(table.obs[rows], linear, shift, scale)
+    hist = table.hist[rows].reshape(len(rows), -1, 4)
+    table.hist[rows] = _moved_boxes(hist, linear[:, None], shift[:, None], scale[:, None]).reshape(hist.shape)
 
 
 def _moved_boxes(boxes, linear, shift, scale) -> np.ndarray:
