@@ -59,21 +59,22 @@ def test_a_calibration_from_a_known_camera_maps_the_ground_to_the_centimetre():
     assert not calibration.plane.in_front(sky).any()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_speeds_through_a_known_camera_are_within_3_kmh(seed):
+@pytest.mark.parametrize("seed, fps", [(1, 30.0), (2, 30.0), (3, 30.0), (1, 10.0), (2, 10.0), (3, 10.0)])
+def test_speeds_through_a_known_camera_are_within_3_kmh(seed, fps):
     """5-80 km/h, box edges jittered by 2 % of the box, 10 % of the frames missed (the issue's target: at most
-    3 km/h off, 1 km/h on average), in every speed band; and most object-frames have a speed."""
-    report = speed_scenes.evaluate(seed)
+    3 km/h off, 1 km/h on average), in every speed band, at 30 and 10 fps; and most object-frames have a
+    speed."""
+    report = speed_scenes.evaluate(seed, speed_scenes.Noise(fps=fps))
     assert report["max_error_kmh"] <= 3.0 and report["mean_error_kmh"] <= 1.0, report
     for band in report["by_speed"].values():
-        assert band["n"] > 50 and band["max"] <= 3.0, report
+        assert band["n"] > 20 and band["max"] <= 3.0, report
     assert report["with_speed"] >= 0.7 * report["object_frames"]
 
 
 def test_the_running_fit_is_the_least_squares_fit_of_the_window(monkeypatch):
     """Three tracks at once: frames missed at random, one clock going back (its samples start over), the sums
     made anew at new origins every REORIGIN_S (5 s here), times from 0 to 1e6 s: every velocity the slope
-    numpy's polyfit gives of the samples within the window, to 1e-6 m/s."""
+    numpy's polyfit gives of the samples within the window (or the MIN_FIT newest), to 1e-6 m/s."""
     from jetpipe.pipelines.core.ground import window
 
     monkeypatch.setattr(window, "REORIGIN_S", 5.0)
@@ -93,8 +94,9 @@ def test_the_running_fit_is_the_least_squares_fit_of_the_window(monkeypatch):
         velocity, enough = fits.add(rows[seen], t[seen], xy[seen], np.full(seen.sum(), 1.5))
         for i, row in enumerate(rows[seen].tolist()):
             j = int(np.flatnonzero(rows == row)[0])
-            kept[row] = [(a, b, c) for a, b, c in kept[row] if a >= t[j] - 1.5][-window.RING + 1:] + \
-                [(t[j], *xy[j])]
+            kept[row] = kept[row][-window.RING + 1:] + [(t[j], *xy[j])]
+            while len(kept[row]) > window.MIN_FIT and kept[row][0][0] < t[j] - 1.5 - window.EDGE_S:
+                kept[row].pop(0)  # out of the window, beyond the MIN_FIT newest
             samples = np.array(kept[row])
             if len(samples) < window.MIN_SAMPLES:
                 assert not enough[i]

@@ -14,6 +14,7 @@ import numpy as np
 RING = 96            # samples kept a track: the window at up to 60 fps (a longer one: the last RING)
 REORIGIN_S = 600.0   # a track's sums are made anew from its kept samples this often
 MIN_SAMPLES = 3
+MIN_FIT = 20          # positions a fit keeps however old (a 10 fps camera: 2 s), so few frames do not make it jumpy
 EDGE_S = 1e-6        # a sample window_s before the newest is in the window (pts in floating point)
 
 
@@ -62,7 +63,7 @@ class WindowFits:
         self._sum(rows, t, xy, 1.0)
         self.head[rows] += 1
         while True:  # the samples that left the window: mostly one a frame, more after a gap
-            has = self.head[rows] > self.tail[rows]
+            has = self.head[rows] - self.tail[rows] > MIN_FIT
             live = rows[has]
             leaving = live[self.ring_t[live, self.tail[live] % RING] < (t - window)[has] - EDGE_S]
             if not len(leaving):
