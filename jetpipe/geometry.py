@@ -106,3 +106,12 @@ def quad_region(quad: Quad, height: int, width: int):
     x0, y0 = max(0, math.floor(min(xs))), max(0, math.floor(min(ys)))
     x1, y1 = min(width, math.ceil(max(xs))), min(height, math.ceil(max(ys)))
     return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
+
+
+def boxes_through(boxes: np.ndarray, linear, shift, scale) -> np.ndarray:
+    """xyxy boxes (..., 4) through a similarity (linear (..., 2, 2), shift (..., 2), scale (...); broadcast):
+    the centre moved by the affine, the size scaled (a box stays upright). A camera's motion moving tracks,
+    and a frame's boxes placed in a moving camera's first view."""
+    centre = np.einsum("...ij,...j->...i", linear, (boxes[..., :2] + boxes[..., 2:]) / 2) + shift
+    half = (boxes[..., 2:] - boxes[..., :2]) / 2 * np.asarray(scale)[..., None]
+    return np.concatenate([centre - half, centre + half], axis=-1)

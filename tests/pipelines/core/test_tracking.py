@@ -115,6 +115,19 @@ def _textured(height: int, width: int, seed: int) -> np.ndarray:
     return cv2.GaussianBlur(noise, (0, 0), 2.0)
 
 
+def _panned(ground: np.ndarray, people: np.ndarray, x: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A 1280 x 720 NV12 frame of `ground` seen from x pixels along, and the boxes (40 x 120, bottom-centre at
+    each point) of the people standing on it who are in view, with their mask over `people`."""
+    import cv2
+
+    picture = cv2.warpAffine(ground, np.array([[1.0, 0, -x], [0, 1.0, 0]]), (1280, 720))
+    nv12 = np.concatenate([picture, np.full((360, 1280), 128, np.uint8)])
+    seen = people - [x, 0]
+    shown = (seen[:, 0] > 30) & (seen[:, 0] < 1250)
+    seen = seen[shown]
+    return nv12, np.column_stack([seen[:, 0] - 20, seen[:, 1] - 120, seen[:, 0] + 20, seen[:, 1]]), shown
+
+
 def test_the_cameras_motion_is_measured_from_the_background_and_not_the_objects():
     """A textured background seen through a camera panning, then zooming and turning, with 30 objects of their
     own texture moving together against it (a crowd walking one way; their boxes left out, as the tracker's
@@ -160,8 +173,6 @@ def test_a_moving_cameras_tracks_follow_its_frames():
     them up. Frames in GPU memory: their luma copied out by the runtime (frame_to_host), measured alike."""
     from types import SimpleNamespace
 
-    import cv2
-
     from jetpipe.pipelines.core.steps import TrackStep
     from jetpipe.runtime.api import Frame
     from jetpipe.tasks.detections import Detections
@@ -170,13 +181,8 @@ def test_a_moving_cameras_tracks_follow_its_frames():
     people = np.array([[300, 500], [700, 420], [1100, 600], [1500, 380], [1900, 640], [2000, 500]], np.float64)
 
     def frames(k: int):
-        x = 45.0 * k
-        picture = cv2.warpAffine(ground, np.array([[1.0, 0, -x], [0, 1.0, 0]]), (1280, 720))
-        nv12 = np.concatenate([picture, np.full((360, 1280), 128, np.uint8)])
-        seen = people - [x, 0]
-        seen = seen[(seen[:, 0] > 30) & (seen[:, 0] < 1250)]
-        boxes = np.column_stack([seen[:, 0] - 20, seen[:, 1] - 120, seen[:, 0] + 20, seen[:, 1]])
-        return nv12, boxes, people[:, 0].searchsorted(seen[:, 0] + x)
+        nv12, boxes, shown = _panned(ground, people, 45.0 * k)
+        return nv12, boxes, np.flatnonzero(shown)
 
     held = {}
 
@@ -236,8 +242,6 @@ def test_a_standing_person_under_a_pan_crosses_no_line():
     stand still: no crossing. The same frames from a stream not marked count them all crossing."""
     from types import SimpleNamespace
 
-    import cv2
-
     from jetpipe.pipelines.core.events.engine import Engine
     from jetpipe.pipelines.core.events.rules import Line
     from jetpipe.pipelines.core.steps import TrackStep
@@ -253,12 +257,7 @@ def test_a_standing_person_under_a_pan_crosses_no_line():
         engine.rules = [engine.rule(Line("middle", [[0.5, 0.0], [0.5, 1.0]]), None)]
         counted = 0
         for k in range(64):
-            x = 12.0 * k
-            picture = cv2.warpAffine(ground, np.array([[1.0, 0, -x], [0, 1.0, 0]]), (1280, 720))
-            nv12 = np.concatenate([picture, np.full((360, 1280), 128, np.uint8)])
-            seen = people - [x, 0]
-            seen = seen[(seen[:, 0] > 30) & (seen[:, 0] < 1250)]
-            boxes = np.column_stack([seen[:, 0] - 20, seen[:, 1] - 120, seen[:, 0] + 20, seen[:, 1]])
+            nv12, boxes, _ = _panned(ground, people, 12.0 * k)
             found = Detections(boxes, np.full(len(boxes), 0.9), np.zeros(len(boxes)))
             step.run([SimpleNamespace(stream=0, pts=k / 10, t_capture=0.0, frame=Frame(nv12, "nv12"))], [found])
             counted += len(engine.decide([(0, k / 10, (720, 1280), found)]))

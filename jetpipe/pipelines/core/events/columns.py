@@ -16,6 +16,7 @@ from itertools import repeat
 
 import numpy as np
 
+from jetpipe.geometry import boxes_through
 from jetpipe.tasks.detections import NO_TRACK
 
 MAX_ROWS = 1 << 16   # tracks kept at once over all streams: beyond it the one seen longest ago goes
@@ -108,11 +109,8 @@ def _placed(box: np.ndarray, frame: np.ndarray, views: list) -> np.ndarray:
         rows = frame == k
         if not rows.any():
             continue
-        linear, shift = view[:, :2], view[:, 2]
-        scale = float(np.sqrt(abs(np.linalg.det(linear))))
-        centre = (box[rows, :2] + box[rows, 2:]) / 2 @ linear.T + shift
-        half = (box[rows, 2:] - box[rows, :2]) / 2 * scale
-        placed[rows] = np.concatenate([centre - half, centre + half], axis=1)
+        linear = view[:, :2]
+        placed[rows] = boxes_through(box[rows], linear, view[:, 2], np.sqrt(abs(np.linalg.det(linear))))
     return placed
 
 

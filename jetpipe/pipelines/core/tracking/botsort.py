@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jetpipe.geometry import boxes_through
 from jetpipe.pipelines.core.tracking import kalman, pairs
 from jetpipe.tasks.detections import NO_TRACK
 
@@ -408,16 +409,9 @@ def _move_tracks(table: BotSortTable, rows: np.ndarray, affine: np.ndarray) -> N
         transform[:, i, i] = scale
     table.mean[rows] = mean
     table.cov[rows] = transform @ table.cov[rows] @ transform.transpose(0, 2, 1)
-    table.obs[rows] = _moved_boxes(table.obs[rows], linear, shift, scale)
+    table.obs[rows] = boxes_through(table.obs[rows], linear, shift, scale)
     hist = table.hist[rows].reshape(len(rows), -1, 4)
-    table.hist[rows] = _moved_boxes(hist, linear[:, None], shift[:, None], scale[:, None]).reshape(hist.shape)
-
-
-def _moved_boxes(boxes, linear, shift, scale) -> np.ndarray:
-    """xyxy boxes (..., 4) through a similarity: the centre moved by the affine, the size scaled."""
-    centre = np.einsum("...ij,...j->...i", linear, _centres(boxes)) + shift
-    half = (boxes[..., 2:] - boxes[..., :2]) / 2 * scale[..., None]
-    return np.concatenate([centre - half, centre + half], axis=-1)
+    table.hist[rows] = boxes_through(hist, linear[:, None], shift[:, None], scale[:, None]).reshape(hist.shape)
 
 
 def _centres(boxes: np.ndarray) -> np.ndarray:
