@@ -296,6 +296,13 @@ def _add_serve(sub) -> None:
                         "assignment, IDs kept through occlusion, memory in seconds of the frames' clock, the "
                         "default with rules; bytetrack: Kalman prediction, high- then low-score matching; "
                         "iou: overlap with the last box)")
+    p.add_argument("--reid", metavar="BUNDLE|colour",
+                   help="botsort tells objects apart by their looks too: an embedding model's bundle (a person "
+                        "ReID network: convert MODEL --task embedding), or colour (a built-in colour histogram of "
+                        "the crop); run on the crops that need it, where the frames are")
+    p.add_argument("--reid-in-events", action="store_true", default=None,
+                   help="an object's event carries its track's look (--reid's unit vector, float16 in base64): a "
+                        "consumer matches objects across cameras by it")
     p.add_argument("--postprocess", choices=POSTPROCESS_PLACES,
                    help="where postprocessing runs: gpu (only compact results leave the GPU), cpu, or auto "
                         "(default: gpu with the GPU runtime)")
@@ -371,7 +378,8 @@ def _serve_config(args):
     elif args.direction:
         raise JetpipeError("--direction turns the crops of a --secondary: add --secondary BUNDLE")
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker",
-                "latency_budget_ms", "capture_threads", "decode_processes", "decode_threads", "gpus"):
+                "reid", "reid_in_events", "latency_budget_ms", "capture_threads", "decode_processes", "decode_threads",
+                "gpus"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

@@ -2,23 +2,27 @@
 """Busy scenes (issue 66): many live cameras of a crowded picture through the whole daemon, trees side by side.
 
   python scripts/bench_busy.py BUNDLE [--words 200] [--streams 16] [--seconds 20] [--repeats 2]
-                               [--tree new=. --tree old=.dev/old] [--py-spy DIR] [--json OUT]
+                               [--tree new=. --tree old=.dev/old] [--variant 'colour=--reid colour']
+                               [--py-spy DIR] [--json OUT]
 
 N copies of a 1080p30 H.264 file of words panning leftwards past the text detector (scripts/bench_events.py's
 video; 200 words in a frame give about 60 tracked boxes), served live (--loop --realtime) with the CLI's
 defaults: the tracker the rules turn on (botsort), 4 rules a stream (two lines, two zones) and a jsonl sink, for
 --seconds. Each --tree (NAME=PATH, a checkout of jetpipe) runs in turn, interleaved, --repeats times, the same
-video and bundle. Reported per run: frames/s, dropped, latency p50 / p99, tracked boxes a frame, the process's
-CPU cores, and the serving side's CPU per tracked object per frame (the post thread: finishing, tracking,
-events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's first run's stacks
-(py-spy record --format raw, the GIL holder's: --gil) into DIR.
+video and bundle; each --variant (NAME=FLAGS: more `serve` flags, e.g. looks for the tracker) runs beside the
+plain run of each tree, interleaved too. Reported per run: frames/s, dropped, latency p50 / p99, tracked boxes a
+frame, the process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread:
+finishing, tracking, events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's
+first run's stacks (py-spy record --format raw, the GIL holder's: --gil) into DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,11 +36,12 @@ sys.path[:0] = [str(root / "scripts"), str(root)]
 from bench_events import RULES, make_video  # noqa: E402
 
 
-def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy: Path | None) -> dict:
+def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy: Path | None,
+          flags: tuple = ()) -> dict:
     summary, records = out / f"{label}.summary.json", out / f"{label}.jsonl"
     command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", str(video)] * args.streams),
                "--loop", "--realtime", "--duration", str(args.seconds), "--metrics", "", *RULES,
-               "--sink", f"jsonl:{records}", "--summary", str(summary)]
+               "--sink", f"jsonl:{records}", "--summary", str(summary), *flags]
     if spy is not None:
         command = ["py-spy", "record", "--format", "raw", "--gil", "--rate", "100", "-o",
                    str(spy / f"{label}.txt"), "--", *command]
@@ -64,7 +69,8 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch"),
             "events_cpu_s": (s.get("events") or {}).get("cpu_s"),
             "serving_us_per_object": round(serving / max(tracked, 1) * 1e6, 2),
-            "process_us_per_object": round(cpu["process"] / max(tracked, 1) * 1e6, 2)}
+            "process_us_per_object": round(cpu["process"] / max(tracked, 1) * 1e6, 2),
+            **({"reid": s["reid"]} if "reid" in s else {})}
 
 
 def main() -> None:
@@ -76,10 +82,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a jetpipe checkout (default: this)")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME=FLAGS: more serve flags, run beside the plain run (e.g. 'colour=--reid colour')")
     parser.add_argument("--py-spy", type=Path, help="record each tree's first run's stacks here")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree] or [("this", root)]
+    variants = [("", ())] + [(f"+{v.split('=', 1)[0]}", tuple(shlex.split(v.split("=", 1)[1]))) for v in args.variant]
     out = Path(tempfile.mkdtemp(prefix="bench-busy-"))
     video = Path(args.video) if args.video else out / f"words{args.words}.mp4"
     if not video.exists():
@@ -88,9 +97,9 @@ def main() -> None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
     rows = []
     for k in range(args.repeats):
-        for name, tree in trees:
+        for (name, tree), (variant, flags) in itertools.product(trees, variants):
             spy = args.py_spy if args.py_spy and k == 0 else None
-            row = serve(tree, args.bundle, video, args, out, f"{name}-{k + 1}", spy)
+            row = serve(tree, args.bundle, video, args, out, f"{name}{variant}-{k + 1}", spy, flags)
             rows.append(row)
             print(json.dumps({key: v for key, v in row.items() if key != "cpu_seconds"}), flush=True)
             time.sleep(2)

@@ -78,19 +78,23 @@ def _trackeval_data(seq: Sequence) -> dict:
 
 
 # -- built-in scenes ------------------------------------------------------------------------------------------------
-def track_scene(scene, kind: str, camera: bool = False) -> tuple[Sequence, float]:
+def track_scene(scene, kind: str, camera: bool = False, looks=None) -> tuple[Sequence, float]:
     """The scene's detections through a tracker of `kind`: what it tracked, and its CPU seconds. camera: botsort
-    is told the camera's true motion between frames (the ceiling of what motion compensation buys)."""
+    is told the camera's true motion between frames (the ceiling of what motion compensation buys); looks:
+    botsort given the objects' looks (tracking_scenes.SimulatedLooks)."""
     tracker = make_tracker(kind)
     ids, boxes = [], []
     started = time.thread_time()
     last = None
     for frame in scene.frames:
-        if camera:
-            moved = np.zeros(2) if last is None else frame.camera - last
-            motion = np.array([[1.0, 0.0, -moved[0]], [0.0, 1.0, -moved[1]]])  # the picture moves against the view
-            tracked = tracker.table.update([(0, frame.boxes, frame.scores, frame.t, motion)])[0]
-            last = frame.camera
+        if camera or looks is not None:
+            motion = None
+            if camera:
+                moved = np.zeros(2) if last is None else frame.camera - last
+                motion = np.array([[1.0, 0.0, -moved[0]], [0.0, 1.0, -moved[1]]])  # the picture moves against the view
+                last = frame.camera
+            tracked = tracker.table.update([(0, frame.boxes, frame.scores, frame.t, motion)],
+                                           None if looks is None else looks.embed_for(frame))[0]
         else:
             tracked = tracker.update(frame.boxes, frame.scores, frame.t)
         keep = tracked != NO_TRACK

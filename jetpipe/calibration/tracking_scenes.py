@@ -212,6 +212,41 @@ def _false_detections(rng, fps: float) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([xy, xy + wh], axis=1), rng.uniform(0.2, 0.6, count)
 
 
+# -- looks of a known quality, for botsort's use of appearance --------------------------------------------------------
+class SimulatedLooks:
+    """What a ReID network would give for the scenes' detections, of a known quality: each object a random unit
+    vector, each look of it that vector plus noise (`noise`: the noise's length against the vector's), a false
+    detection a random vector. squeeze: every look pulled toward one direction (0: none; 0.9: every pair of
+    objects at a cosine near 0.9, as the colour cue puts light signs). `embed_for(frame)` is botsort's embed()
+    for a scene's frame; `asked` counts the looks given."""
+
+    def __init__(self, noise: float, dim: int = 32, seed: int = 0, squeeze: float = 0.0):
+        self.rng = np.random.default_rng(seed)
+        self.vectors = _unit(self.rng.normal(size=(1000, dim)))
+        self.noise, self.squeeze, self.asked = noise, squeeze, 0
+        self.common = _unit(np.ones(dim))
+
+    def look(self, own: np.ndarray) -> np.ndarray:
+        v = _unit(own + self.rng.normal(size=own.shape) * self.noise / np.sqrt(own.shape[-1]))
+        return _unit(self.squeeze * self.common + (1 - self.squeeze) * v)
+
+    def embed_for(self, frame: Frame):
+        def embed(jobs) -> np.ndarray:
+            rows = []
+            for _, boxes in jobs:
+                for box in np.asarray(boxes).reshape(-1, 4):
+                    truth = frame.truth[np.flatnonzero((frame.boxes == box).all(axis=1))[0]]
+                    rows.append(self.look(self.vectors[truth] if truth >= 0 else _unit(self.rng.normal(
+                        size=self.vectors.shape[1]))))
+            self.asked += len(rows)
+            return np.array(rows).reshape(-1, self.vectors.shape[1])
+        return embed
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
 # -- the same scenes as video, for a real detector ------------------------------------------------------------------
 SIGN_MARGIN = 10  # pixels of card around a sign's word
 

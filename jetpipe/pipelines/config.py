@@ -19,6 +19,7 @@ from jetpipe.pipelines.core import ground
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryConfig
 from jetpipe.pipelines.core.tracking import TRACKERS
+from jetpipe.pipelines.core.tracking.appearance import check_reid_bundle
 from jetpipe.pipelines.ingest.sources import DECODERS
 from jetpipe.pipelines.outputs.sinks import HELP as SINKS_HELP
 from jetpipe.pipelines.outputs.sinks import check_sink
@@ -140,6 +141,8 @@ class PipelineConfig:
     task: str | None = None            # default: the bundle's
     postprocess: str = "auto"          # auto (GPU with the GPU runtime) | gpu | cpu
     tracker: str = "none"              # none | iou | bytetrack | botsort: a track_id per detected box
+    reid: str = ""                     # botsort's looks: "colour" (the built-in cue) or an embedding bundle
+    reid_in_events: bool = False       # an object's event carries its track's look (float16, base64)
     frames: int = 0                    # stop each source after N frames (0: no limit)
     duration: float = 0.0              # stop after S seconds (0: until SIGTERM)
     metrics_listen: str = "127.0.0.1:9108"   # "" disables /metrics and /healthz
@@ -164,7 +167,8 @@ class PipelineConfig:
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
                   "latency_budget_ms": (int, float), "queue_depth": int, "capture_threads": int,
                   "decode_processes": (int, str), "decode_threads": int,
-                  "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "frames": int,
+                  "backend": str, "memory": str, "task": str, "postprocess": str, "tracker": str, "reid": str,
+                  "reid_in_events": bool, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float), "stop_timeout_s": (int, float),
                   "log_every_s": (int, float), "gpus": (str, list)}
@@ -487,6 +491,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     _check_calibrations(config, where)
     _check_rules(config, where)
     _check_moving_cameras(config, where)
+    _check_reid(config, where)
     for rule in (r for r in [*config.zones, *config.lines] if r.speed_limit_kmh):
         check_speed_rule(rule, {c.stream: c for c in config.calibrations}, where)
     _check_clips(config, where)
@@ -524,6 +529,26 @@ def _check_moving_cameras(config: PipelineConfig, where: str) -> None:
     if moving and config.tracker != "botsort":
         raise ConfigError(f"{where}: source {moving[0].uri!r}: moving_camera = true moves its tracks with the "
                           f"camera, which botsort does (tracker = {config.tracker!r}): set tracker = \"botsort\"")
+
+
+def _check_reid(config: PipelineConfig, where: str) -> None:
+    """Looks are botsort's (with another tracker or none, one line), from the colour cue or an embedding
+    bundle (checked here: a bundle of another task is one line); without a tracker botsort is turned on."""
+    if config.reid_in_events and not config.reid:
+        raise ConfigError(f"{where}: reid_in_events = true puts the tracks' looks in the events: give the tracker "
+                          "looks with reid = \"colour\" or an embedding bundle (--reid)")
+    if not config.reid:
+        return
+    if config.tracker == "none":
+        log.info("reid = %r gives the tracker looks: tracker botsort turned on", config.reid)
+        config.tracker = "botsort"
+    if config.tracker != "botsort":
+        raise ConfigError(f"{where}: reid = {config.reid!r} gives botsort the objects' looks; tracker = "
+                          f"{config.tracker!r}: set tracker = \"botsort\" (--tracker botsort)")
+    try:
+        check_reid_bundle(config.reid, f"{where}: reid")
+    except JetpipeError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_calibrations(config: PipelineConfig, where: str) -> None:

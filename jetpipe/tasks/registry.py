@@ -14,6 +14,7 @@ from jetpipe.tasks.base import ModelFacts, Task, TaskError, TaskOptions
 from jetpipe.tasks.classification import ClassificationTask
 from jetpipe.tasks.detection_e2e import EndToEndDetectionTask
 from jetpipe.tasks.detection_yolo import YoloDetectionTask
+from jetpipe.tasks.embedding import EmbeddingTask
 from jetpipe.tasks.pose_yolo import PoseYoloTask
 from jetpipe.tasks.raw import RawTask
 from jetpipe.tasks.segmentation_yolo import SegmentationYoloTask
@@ -26,7 +27,8 @@ log = logging.getLogger(__name__)
 TASKS: dict[str, Task] = {t.name: t for t in (TextDetectionTask(), SegmentationYoloTask(), PoseYoloTask(),
                                               YoloDetectionTask(),
                                               TextRecognitionTask(), EndToEndDetectionTask(),
-                                              SemanticSegmentationTask(), ClassificationTask(), RawTask())}
+                                              SemanticSegmentationTask(), ClassificationTask(), EmbeddingTask(),
+                                              RawTask())}
 RAW = "raw"
 
 

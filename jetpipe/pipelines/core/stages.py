@@ -217,6 +217,9 @@ class StageLoops:
         sizes = [p.frame.size() for p in used]
         results = finish_detections(self.postprocess, result.outputs, result.letterboxes, sizes, self.pool,
                                     reduced=result.reduction is not None) if used else []
+        if result.frame_addresses is not None:  # the tracker's looks are cut from where the frames already are
+            for packet, read in zip(used, frames_read(result, [p.frame for p in used])):
+                packet.read = read
         for step in self.steps:  # a stream's frames reach this one thread in order
             step.run(used, results)
         self.post_phase_s["finish"] += time.perf_counter() - t_finish

@@ -8,8 +8,8 @@ takes it, `reset(slot)` forgets the old stream's state (called from another thre
 
 A new step is a class with `name`, `run(packets, results)`, `reset(slot)`, `flush()` and `stats()`, and one
 line in `build_steps`.
-A packet (ingest.batcher.QueuedFrame) is a queued frame: its slot (`stream`), number, pts, capture time and the
-frame.
+A packet (ingest.batcher.QueuedFrame) is a queued frame: its slot (`stream`), number, pts, capture time, the
+frame, and (`read`) where the primary's kernel read it (device memory on the GPU runtime: crops cut there).
 """
 
 from __future__ import annotations
@@ -52,10 +52,12 @@ class TrackStep:
 
     name = "tracker"
 
-    def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None, moving=None, to_host=None):
+    def __init__(self, kind: str, slots: int, first_ids: list[int] | None = None, moving=None, to_host=None,
+                 appearance=None):
         """first_ids: the first track ID of each slot's stream (a restarted GPU worker's go on; else 1);
         moving(slot): whether the slot's stream is a moving camera (botsort only); to_host(frame, out): the
-        runtime's copy of a frame in device memory into a host array (its first out.nbytes: the luma)."""
+        runtime's copy of a frame in device memory into a host array (its first out.nbytes: the luma);
+        appearance: the objects' looks for botsort (tracking.appearance.Appearance: embed(jobs))."""
         self.kind = kind
         first_ids = first_ids or [1] * slots
         self.table = BotSortTable(BotSortParams(), first_ids) if kind == "botsort" else None
@@ -64,6 +66,7 @@ class TrackStep:
         self.cameras: dict[int, CameraMotion] = {}  # a moving camera's slot -> its motion, frame to frame
         self.views: dict[int, np.ndarray] = {}  # and its frame's pixels -> its first frame's (3 x 3)
         self.to_host = to_host
+        self.appearance = appearance
         self.lumas: dict[int, np.ndarray] = {}  # a moving camera's slot -> its luma's host copy (frames on the GPU)
         self.camera_counts = {"measured": 0, "not_measured": 0, "on_the_gpu": 0}
         self._reset: list[int] = []  # slots a new stream took (the control API's thread): reset by the frames'
@@ -78,7 +81,9 @@ class TrackStep:
         if self.table is not None:
             frames = [(packet.stream, found.xyxy, found.confidence, t, self._motion(packet, found))
                       for packet, found, t in zip(packets, results, times)]
-            for found, ids in zip(results, self.table.update(frames)):
+            embed = None if self.appearance is None else (  # the crops of the boxes that need a look, of these frames
+                lambda jobs: self.appearance.embed([(_where_read(packets[k]), boxes) for k, boxes in jobs]))
+            for found, ids in zip(results, self.table.update(frames, embed)):
                 found.tracker_id = ids
             return
         for packet, found, t in zip(packets, results, times):
@@ -115,7 +120,16 @@ class TrackStep:
         """The run summary's part: the moving cameras' frames whose motion was measured, not measured (too few
         background corners), or left (frames on the GPU of a runtime that cannot copy them)."""
         counts = self.camera_counts
-        return {"moving_cameras": dict(counts)} if any(counts.values()) else {}
+        looks = {"reid": {**self.appearance.stats(), **self.table.look_stats.summary()}} \
+            if self.appearance is not None else {}
+        return {**({"moving_cameras": dict(counts)} if any(counts.values()) else {}), **looks}
+
+    def look_of(self, slot: int, track_id: int) -> np.ndarray | None:
+        """A confirmed track's look now (botsort with looks; None: no such track, or no look yet)."""
+        rows = np.flatnonzero((self.table.slot == slot) & (self.table.ids == track_id)) if self.table else ()
+        if not len(rows) or not np.isfinite(self.table.look_t[rows[0]]):
+            return None
+        return self.table.look[rows[0]]
 
     def _luma_from_gpu(self, slot: int, frame, height: int, width: int) -> np.ndarray:
         """A device frame's Y plane (its first height x width bytes: NV12 and I420 start with it), copied into
@@ -136,21 +150,30 @@ class TrackStep:
         """Nothing held back: each frame's tracks are its record's."""
 
 
+def _where_read(packet):
+    """The frame as the primary read it: in device memory on the GPU runtime (no upload for its crops)."""
+    return packet.read if packet.read is not None else packet.frame
+
+
 def build_steps(config, slots: int, labels=None, stream_id=None, bus=None, first_ids=None,
-                counts=None, moving=None, to_host=None) -> list[FrameStep]:
+                counts=None, moving=None, to_host=None, appearance=None) -> list[FrameStep]:
     """The steps the configuration asks for, in the order they run. labels: the model's class names;
     stream_id(slot): the ID of a slot's stream; bus: the record bus the events are published on (bus.RecordBus;
     their frames kept where a subscriber takes frames); first_ids: each slot's first track ID,
     counts: each rule's counts so far (a restarted GPU worker's go on: streams.Resume; None: from 1 and 0);
-    moving(slot): whether a slot's stream is a moving camera; to_host: the runtime's frame_to_host."""
+    moving(slot): whether a slot's stream is a moving camera; to_host: the runtime's frame_to_host;
+    appearance: botsort's looks (tracking.appearance.Appearance; None: by motion only)."""
     steps: list[FrameStep] = []
     bus = bus if bus is not None else RecordBus()
+    tracks = None
     if config.tracker != "none":
-        steps.append(TrackStep(config.tracker, slots, first_ids, moving, to_host))
+        tracks = TrackStep(config.tracker, slots, first_ids, moving, to_host, appearance)
+        steps.append(tracks)
     if config.calibrations and config.tracker != "none":  # positions and speeds of the tracks, for the events too
         steps.append(GroundStep(config.calibrations, stream_id or (lambda slot: slot)))
     # after the tracker: events are facts about tracks; with the control API rules may come later (/rules)
     if config.zones or config.lines or (config.control.enabled and config.tracker != "none"):
+        look_of = tracks.look_of if config.reid_in_events and appearance is not None else None
         steps.append(EventStep([*config.zones, *config.lines], labels, stream_id, bus.publish, bus.wants_frames(),
-                               counts))
+                               counts, look_of))
     return steps

@@ -50,6 +50,8 @@ class QueuedFrame:
     pts: float | None = None  # the frame's time in its stream (seconds), where the source knows it
     t_monotonic: float = field(default_factory=time.monotonic)
     live: bool = False        # a camera or a --realtime file: may be dropped when it is too old to be worth it
+    read: object = None       # the frame where the primary's kernel read it, set when its batch is collected (the
+    #                           GPU runtime: device memory, held until release; None: `frame` itself)
 
 
 def cut_deadline(oldest: float, queued: int, max_batch: int, timeout_s: float, budget_s: float | None,

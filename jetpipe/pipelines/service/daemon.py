@@ -29,6 +29,7 @@ from jetpipe.pipelines.core.secondary import SecondaryStage
 from jetpipe.pipelines.core.secondary import check as check_secondary
 from jetpipe.pipelines.core.stages import FrameParts, StageLoops
 from jetpipe.pipelines.core.steps import build_steps
+from jetpipe.pipelines.core.tracking.appearance import Appearance
 from jetpipe.pipelines.counters import StreamCounters
 from jetpipe.pipelines.ingest.batcher import Batcher
 from jetpipe.pipelines.ingest.intake import Ingest, frame_bound
@@ -43,6 +44,7 @@ from jetpipe.pipelines.service.http.pages import PreviewPages
 from jetpipe.pipelines.service.http.server import MetricsServer
 from jetpipe.pipelines.service.summary import RunSummary
 from jetpipe.runtime.open import open_runtime
+from jetpipe.runtime.triton_backend import is_triton
 from jetpipe.tasks import for_bundle
 
 cv2 = lazy_import("cv2")
@@ -82,6 +84,14 @@ def check_frames_reach(runtime, stage) -> None:
         raise ConfigError(f"secondary {stage.name!r} runs on the CPU path ({stage.runtime.backend_name}) and the "
                           "primary's frames are in GPU memory: run it on the GPU too (its backend, or "
                           "?preprocess=gpu for a Triton model)")
+
+
+def _open_appearance(config: PipelineConfig, cpu_threads: int) -> Appearance | None:
+    """--reid's model on the crops, run here like a secondary (a Triton primary's looks: on this machine)."""
+    if not config.reid:
+        return None
+    backend = "auto" if is_triton(config.backend) else config.backend
+    return Appearance(config.reid, backend, config.memory, config.max_frame_hw, cpu_threads)
 
 
 def check_against_task(config: PipelineConfig, task, labels, classes: int | None = None) -> None:
@@ -133,6 +143,8 @@ class Pipeline:
                                                        config.max_frame_hw, config.postprocess, cpu_threads))
                 self.closers.append(self.secondaries[-1].close)
                 check_frames_reach(self.runtime, self.secondaries[-1])
+            self.appearance = _open_appearance(config, cpu_threads)  # botsort's looks (None: by motion only)
+            self.closers += [self.appearance.close] if self.appearance is not None else []
             self._build()
         except BaseException:
             self.close()
@@ -187,7 +199,7 @@ class Pipeline:
             self.bus.subscribe(self.snapshots.take, types=config.snapshots.on, frame=True)
         steps = build_steps(config, capacity, self.labels, self.streams.id_of, self.bus,
                             self.streams.first_track_ids(), self.streams.resume.event_counts, self.streams.moving,
-                            self.runtime.frame_to_host)
+                            self.runtime.frame_to_host, self.appearance)
         self.events = next((s for s in steps if s.name == "events"), None)
         parts = FrameParts(runtime, self.batcher, self.streams, self.metrics, self.sinks, self.bus, self.pool)
         self.stages = StageLoops(parts, self.postprocess, self.task, steps, self.secondaries, config.fail_timeout_s,

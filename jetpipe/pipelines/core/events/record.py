@@ -6,8 +6,9 @@
      or null, "class": N, "score": S, "box": [x1, y1, x2, y2] (source pixels; these five null for occupancy),
      "direction": "in" | "out" (line_cross; speed on a line), "dwell_s": S (zone_exit, loiter), "state":
      "above" | "below" and "occupancy": N (occupancy), "speed_kmh": km/h (an object's event on a calibrated
-     stream, where its track has a speed), "limit_kmh": the rule's (speed), "counts": {the rule's counts so
-     far: in / out, enter / exit / loiter / above / below / speed -> N}}
+     stream, where its track has a speed), "limit_kmh": the rule's (speed), "embedding": the track's look, a
+     unit vector of float16 (little-endian) in base64 (reid_in_events, where the track has one), "counts":
+     {the rule's counts so far: in / out, enter / exit / loiter / above / below / speed -> N}}
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class EventRecord:
     class_id: int | None
     score: float | None
     box: list | None
-    fields: dict          # direction (lines), dwell_s (zone exits), speed_kmh and limit_kmh
+    fields: dict          # direction (lines), dwell_s (zone exits), speed_kmh and limit_kmh, embedding
     counts: dict
     event_id: str = field(default_factory=event_id)
     _json: str | None = field(default=None, init=False, repr=False)

@@ -11,6 +11,7 @@ removed keeps its counts in the summary; a changed rule starts its states anew (
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
@@ -32,10 +33,11 @@ DECIDE_S = 0.1       # and no frame waits longer than this for its events (while
 class _Frame:
     """What an event record tells of its frame; `image`, the frame in its ring slot, only where the rules decide
     the batch it came in (snapshots): gathered frames go back to their rings before the rules run."""
-    __slots__ = ("frame_no", "pts", "t_capture", "gathered", "image")
+    __slots__ = ("slot", "frame_no", "pts", "t_capture", "gathered", "image")
 
     def __init__(self, packet, keep_image: bool):
-        self.frame_no, self.pts, self.t_capture = packet.frame_no, packet.pts, packet.t_capture
+        self.slot, self.frame_no = packet.stream, packet.frame_no
+        self.pts, self.t_capture = packet.pts, packet.t_capture
         self.gathered = time.monotonic()
         self.image = packet.frame if keep_image else None
 
@@ -43,12 +45,15 @@ class _Frame:
 class EventStep:
     name = "events"
 
-    def __init__(self, rules: list, labels, stream_id, publish, keep_frames: bool = False, counts=None):
+    def __init__(self, rules: list, labels, stream_id, publish, keep_frames: bool = False, counts=None,
+                 look_of=None):
         """rules: Zone and Line; labels: the model's class names (rules name classes by them); stream_id(slot):
         the ID of the stream in a slot now; publish(record, frame): each event on the record bus (bus.RecordBus),
         with its frame where keep_frames (a subscriber pictures it: the frames are then decided in the batch
         they come in, while they are in their slots); counts: each rule's counts so far (a restarted GPU
-        worker's go on from its predecessor's)."""
+        worker's go on from its predecessor's); look_of(slot, track_id): the track's look (reid_in_events: an
+        object's event carries it, float16 in base64), or None."""
+        self.look_of = look_of
         self.keep_frames = keep_frames
         self.labels = tuple(labels or ())
         self.engine = Engine()
@@ -158,6 +163,9 @@ class EventStep:
             fields.get("direction") or fields.get("state") or happened.type.removeprefix("zone_")
         if seen is not None and seen.speed_kmh is not None:
             fields = {**fields, "speed_kmh": round(seen.speed_kmh, 1)}
+        look = None if seen is None or self.look_of is None else self.look_of(packet.slot, seen.track_id)
+        if look is not None:  # a consumer matches the object across cameras by it
+            fields = {**fields, "embedding": base64.b64encode(look.astype("<f2").tobytes()).decode("ascii")}
         name = None if seen is None else self._label(seen.class_id)  # the model's name for its class
         label = None if seen is None else name or str(seen.class_id)
         with self.lock:  # read by the metrics server's thread

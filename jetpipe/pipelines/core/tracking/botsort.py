@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from jetpipe.geometry import boxes_through
-from jetpipe.pipelines.core.tracking import kalman, pairs
+from jetpipe.pipelines.core.tracking import kalman, looks, pairs
+from jetpipe.pipelines.core.tracking.looks import PassLooks
 from jetpipe.tasks.detections import NO_TRACK
 
 HISTORY = 32         # observations kept a track: its direction, its edges' speed and its full size
@@ -57,10 +58,18 @@ class BotSortParams:
     motion_s: float = 0.5      # a lost track goes on at the speed its boxes' edges moved over this span, at
     #                            the largest size it was seen at in it
     cover: float = 0.6         # a lost track takes a detection lying this much inside where it should be
+    # with looks (update's embed: appearance.py; how they are used: looks.py)
+    look_weight: float = 1.0   # first round: the looks' evidence (looks.py) adds up to this to a pair's similarity
+    look_veto: float = 8.0     # ... and evidence below minus this (two objects) forbids the pair
+    look_min: float = 2.0      # appearance round: a lost track takes a detection with at least this evidence
+    look_reach: float = 1.5    # ... within this much of its size a side of where its motion carries it
+    look_every_s: float = 1.0  # a track's look is refreshed when older than this
+    look_lost_s: float = 6.0   # a lost track with a look is remembered this long (past max_lost_s: by its look only)
+    look_alpha: float = 0.9    # of a track's look, the old kept at a refresh (BoT-SORT's)
 
     def __post_init__(self):
         for name in ("high", "low", "new_track", "match_iou", "lost_iou", "low_iou", "recover_iou", "confirm_iou",
-                     "buffer", "inertia"):
+                     "buffer", "inertia", "look_alpha"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"botsort {name} {getattr(self, name)}: from 0 to 1")
         if not 0.0 < self.max_lost_s <= 60.0 or not 0.0 < self.delta_s <= 5.0 or not 0.0 < self.motion_s <= 5.0:
@@ -68,9 +77,16 @@ class BotSortParams:
                              f"{self.motion_s} (0-5 s)")
         if not 0.0 <= self.cover <= 1.0:
             raise ValueError(f"botsort cover {self.cover}: from 0 to 1")
+        if not 0.0 <= self.look_reach <= 10.0 or not 0.0 < self.look_every_s <= 60.0 or \
+                not self.max_lost_s <= self.look_lost_s <= 600.0:
+            raise ValueError(f"botsort look_reach {self.look_reach} (0-10 sizes), look_every_s {self.look_every_s} "
+                             f"(0-60 s), look_lost_s {self.look_lost_s} (max_lost_s to 600 s)")
+        if not 0.0 <= self.look_weight <= 5.0 or not 0.0 <= self.look_min <= 50.0 or not 0.0 <= self.look_veto <= 50.0:
+            raise ValueError(f"botsort look_weight {self.look_weight} (0-5), look_min {self.look_min} and look_veto "
+                             f"{self.look_veto} (0-50: log-likelihood ratios)")
 
 
-_COLUMNS = ("mean", "cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits", "slot")
+_COLUMNS = ("mean", "cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits", "slot", "look", "look_t")
 
 
 class BotSortTable:
@@ -88,6 +104,9 @@ class BotSortTable:
         self.ids = np.zeros(0, np.int64)  # 0: not confirmed yet
         self.hits = np.zeros(0, np.int64)
         self.slot = np.zeros(0, np.int64)  # the stream slot a track belongs to
+        self.look, self.look_t = np.zeros((0, 0), np.float32), np.zeros(0)  # looks.py: its look, and when
+        self.look_stats = looks.LookStats()  # what a look's cosine says in this scene
+        self._embed = None
         # per slot: the last frame's time (NaN: none yet), the last step, frames seen, the next ID
         self.clock_t, self.clock_dt = np.zeros(0), np.zeros(0)
         self.frames, self.next_id = np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -113,10 +132,12 @@ class BotSortTable:
         self.clock_t[slot], self.clock_dt[slot] = np.nan, kalman.REFERENCE_S
         self.frames[slot], self.next_id[slot] = 0, next_id
 
-    def update(self, frames: list) -> list[np.ndarray]:
+    def update(self, frames: list, embed=None) -> list[np.ndarray]:
         """frames: (slot, boxes (N, 4), scores (N,), t seconds[, motion]) of a batch, a slot's in their order;
         motion: the camera's, a 2 x 3 affine from the slot's last frame's pixels to this one's (None or left
-        out: a fixed camera). Each frame's track IDs (int64, NO_TRACK: no confirmed track), one a box."""
+        out: a fixed camera); embed([(frame index, boxes (m, 4))]) -> the boxes' looks, unit rows (looks.py;
+        None: by motion only). Each frame's track IDs (int64, NO_TRACK: no confirmed track), one a box."""
+        self._embed = embed
         out: list = [None] * len(frames)
         waves: dict[int, list[int]] = {}
         seen: dict[int, int] = {}
@@ -125,12 +146,12 @@ class BotSortTable:
             waves.setdefault(seen[slot], []).append(k)
         self._slots(max(slot for slot, *_ in frames) + 1 if frames else 0)
         for wave in waves.values():
-            for k, ids in zip(wave, self._pass([frames[k] for k in wave])):
+            for k, ids in zip(wave, self._pass([frames[k] for k in wave], wave)):
                 out[k] = ids
         return out
 
-    def _pass(self, frames: list) -> list[np.ndarray]:
-        """One frame of each of some slots."""
+    def _pass(self, frames: list, keys: list[int]) -> list[np.ndarray]:
+        """One frame of each of some slots (keys: their indices in update's frames)."""
         p = self.params
         slots = np.array([f[0] for f in frames], np.int64)
         boxes = [np.asarray(f[1], np.float64).reshape(-1, 4) for f in frames]
@@ -156,9 +177,12 @@ class BotSortTable:
         expected[lost_rows] = self._expected(lost_rows, track_t[lost_rows])
         reach = np.concatenate([np.minimum(np.minimum(predicted[:, :2], self.obs[:, :2]), expected[:, :2]),
                                 np.maximum(np.maximum(predicted[:, 2:], self.obs[:, 2:]), expected[:, 2:])], axis=1)
-        candidates = pairs.Candidates(_grown(reach[rows], p.buffer), track_frame[rows], _grown(boxes, p.buffer),
+        recent = rows[track_t[rows] - self.obs_t[rows] <= p.max_lost_s]  # older: found again by their look only
+        candidates = pairs.Candidates(_grown(reach[recent], p.buffer), track_frame[recent], _grown(boxes, p.buffer),
                                       det_frame)
-        pt, pd = rows[candidates.track], candidates.det
+        pt, pd = recent[candidates.track], candidates.det
+        seen = PassLooks.none(len(boxes)) if self._embed is None else looks.fetch(
+            self, self._embed, keys, counts, boxes, looks.wanted(self, pt, pd, boxes, predicted, lost, high, track_t))
         track_free, det_free = np.ones(len(self.ids), bool), np.ones(len(boxes), bool)
         matched_rows, matched_cols = [], []
 
@@ -167,7 +191,8 @@ class BotSortTable:
             matched_rows.append(r), matched_cols.append(c)
 
         first = confirmed[pt] & high[pd]
-        take(*self._first_round(pt[first], pd[first], boxes, scores, lost, predicted, expected, track_frame))
+        take(*self._first_round(pt[first], pd[first], boxes, scores, lost, (predicted, expected), track_frame,
+                                seen))
         for tracks, dets, against, threshold in (
                 (confirmed & ~lost, low, predicted, p.low_iou),  # ByteTrack's weak detections
                 (confirmed, high, self.obs, p.recover_iou),      # OC-SORT's recovery by the last observation
@@ -176,34 +201,42 @@ class BotSortTable:
             rt, rd = pt[use], pd[use]
             similarity = pairs.iou(against[rt], boxes[rd])
             take(*pairs.assign(rt, rd, similarity, similarity >= threshold, track_frame))
+        if seen.look.shape[1]:  # lost tracks known again by their look
+            take(*looks.appearance_round(self, seen, np.flatnonzero(lost & confirmed & track_free), np.flatnonzero(
+                high & det_free), boxes, expected, track_frame, det_frame))
         return self._settle(frames, slots, boxes, scores, det_frame, now, (matched_rows, matched_cols), lost,
-                            det_free & high, active)
+                            det_free & high, active, seen)
 
-    def _settle(self, frames, slots, boxes, scores, det_frame, now, matched, lost, high_left, active):
+    def _settle(self, frames, slots, boxes, scores, det_frame, now, matched, lost, high_left, active, seen):
         """The matches observed, the tracks that are done dropped, new ones started: each frame's IDs."""
         p = self.params
         rows, cols = (np.concatenate(m).astype(np.int64) for m in matched)
         self._observe(rows, boxes[cols], lost[rows])
+        looks.remember(self, rows, cols, seen)
         out = np.full(len(boxes), NO_TRACK, np.int64)
         out[cols] = np.where(self.ids[rows] > 0, self.ids[rows], NO_TRACK)
         matched_mask = np.zeros(len(self.ids), bool)
         matched_mask[rows] = True
-        # an unconfirmed track had one chance (the next frame); a confirmed one lives max_lost_s unseen
-        track_t = self.clock_t[self.slot]
-        done = active & ~((matched_mask | (self.ids > 0)) & (track_t - self.obs_t <= p.max_lost_s))
+        # an unconfirmed track had one chance (the next frame); a confirmed one lives max_lost_s unseen, or
+        # look_lost_s with a look
+        unseen = self.clock_t[self.slot] - self.obs_t
+        remembered = (unseen <= p.max_lost_s) | (np.isfinite(self.look_t) & (unseen <= p.look_lost_s))
+        done = active & ~((matched_mask | (self.ids > 0)) & remembered)
         self._keep(~done)
         starts = np.flatnonzero(high_left & (scores >= p.new_track))
         first_frame = self.frames[slots][det_frame[starts]] == 0  # a stream's first frame confirms at once
         new_rows = self._start(boxes[starts], slots[det_frame[starts]], now[det_frame[starts]])
+        looks.remember(self, new_rows, starts, seen)
         out[starts[first_frame]] = self._confirm(new_rows[first_frame])
         self.frames[slots] += 1
         return np.split(out, np.cumsum([len(f[1]) for f in frames])[:-1]) if len(frames) else []
 
     # -- the rounds -----------------------------------------------------------------------------------------------
-    def _first_round(self, track, det, boxes, scores, lost, predicted, expected, track_frame):
+    def _first_round(self, track, det, boxes, scores, lost, predicted_expected, track_frame, seen):
         """Confirmed tracks against confident detections (pairs: track rows, detection indices): IoU with the
-        prediction (grown boxes of the expectation for lost tracks) plus direction. The matches."""
+        prediction (grown boxes of the expectation for lost tracks) plus direction and look. The matches."""
         p = self.params
+        predicted, expected = predicted_expected
         found = boxes[det]
         similarity = pairs.iou(predicted[track], found)
         allowed = similarity >= p.match_iou
@@ -214,7 +247,9 @@ class BotSortTable:
             inside = pairs.inside(at, hidden)  # a detection of the part of it coming out from behind something
             similarity[was_lost] = LOST_WEIGHT * np.maximum(grown, inside)
             allowed[was_lost] = (grown >= p.lost_iou) | (inside >= p.cover)
-        similarity = similarity + self._direction_agreement(track, found, scores[det])
+        by_look, unlike = looks.first_round_looks(self, seen, track, det)
+        similarity = similarity + _direction_agreement(self, track, found, scores[det]) + by_look
+        allowed &= ~unlike  # looks that say two objects (BoT-SORT's appearance gate)
         return pairs.assign(track, det, similarity, allowed, track_frame)
 
     def _motion(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -250,25 +285,6 @@ class BotSortTable:
         start = np.where(anchor == EDGE_FAR, last[:, 2:] + moved - sizes,
                          np.where(anchor == EDGE_NEAR, last[:, :2] + moved, centre))
         return np.concatenate([start, start + sizes], axis=1)
-
-    def _direction_agreement(self, track, found, scores) -> np.ndarray:
-        """OC-SORT's inertia term, a pair each: + where the detection lies in the direction the track was
-        observed moving, - behind it (at most inertia / 2 either way, weighted by the detection's score); 0 for
-        tracks with one observation."""
-        p = self.params
-        if p.inertia == 0 or not len(track):
-            return 0.0
-        tracks, at = np.unique(track, return_inverse=True)
-        hist_t, hist = self.hist_t[tracks], self.hist[tracks]
-        pick = _earlier_observation(hist_t, p.delta_s)
-        n = np.arange(len(tracks))
-        has = np.isfinite(hist_t[n, pick]) & (pick < HISTORY - 1)
-        end = _centres(hist[:, -1])
-        direction = _unit(end - _centres(hist[n, pick]))
-        towards = _unit(_centres(found) - end[at])
-        cos = np.clip(np.einsum("ij,ij->i", direction[at], towards), -1.0, 1.0)
-        agreement = (np.pi / 2 - np.arccos(cos)) / np.pi * p.inertia * scores
-        return np.where(has[at], agreement, 0.0)
 
     # -- the table ------------------------------------------------------------------------------------------------
     def _follow_camera(self, frames, rows, track_frame) -> None:
@@ -349,7 +365,8 @@ class BotSortTable:
         hist[:, -1] = boxes
         for name, value in (("mean", mean), ("cov", cov), ("obs", boxes), ("obs_t", t), ("hist", hist),
                             ("hist_t", hist_t), ("ids", np.zeros(n, np.int64)), ("hits", np.ones(n, np.int64)),
-                            ("slot", slots)):
+                            ("slot", slots), ("look", np.zeros((n, self.look.shape[1]), np.float32)),
+                            ("look_t", np.full(n, -np.inf))):
             setattr(self, name, np.concatenate([getattr(self, name), value]))
         return np.arange(first, first + n)
 
@@ -378,6 +395,26 @@ class BotSort:
     def update(self, boxes, scores, t: float) -> np.ndarray:
         """Track IDs (int64, NO_TRACK: no confirmed track) for this frame's detections at time t (seconds)."""
         return self.table.update([(0, boxes, scores, t)])[0]
+
+
+def _direction_agreement(table: BotSortTable, track, found, scores) -> np.ndarray:
+    """OC-SORT's inertia term, a pair each: + where the detection lies in the direction the track was
+    observed moving, - behind it (at most inertia / 2 either way, weighted by the detection's score); 0 for
+    tracks with one observation."""
+    p = table.params
+    if p.inertia == 0 or not len(track):
+        return 0.0
+    tracks, at = np.unique(track, return_inverse=True)
+    hist_t, hist = table.hist_t[tracks], table.hist[tracks]
+    pick = _earlier_observation(hist_t, p.delta_s)
+    n = np.arange(len(tracks))
+    has = np.isfinite(hist_t[n, pick]) & (pick < HISTORY - 1)
+    end = _centres(hist[:, -1])
+    direction = _unit(end - _centres(hist[n, pick]))
+    towards = _unit(_centres(found) - end[at])
+    cos = np.clip(np.einsum("ij,ij->i", direction[at], towards), -1.0, 1.0)
+    agreement = (np.pi / 2 - np.arccos(cos)) / np.pi * p.inertia * scores
+    return np.where(has[at], agreement, 0.0)
 
 
 def _earlier_observation(hist_t: np.ndarray, span: float) -> np.ndarray:
