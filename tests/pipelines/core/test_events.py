@@ -449,11 +449,11 @@ def test_the_frame_sinks_draw_the_rules_and_their_counts(det_bundle, tmp_path, p
 
 # --- with the tracker: issue 65's zone target ---------------------------------------------------------------
 
-def _pillar_visits(tracker: str, hidden_grace_s: float = 3.0) -> tuple[dict, dict]:
+def _pillar_visits(tracker: str, hidden_grace_s: float = 3.0, looks=None) -> tuple[dict, dict]:
     """The pillars scene (seed 7, 30 fps, 20 s: the tracker was not tuned on it) through a tracker and a zone
     around the middle pillar (people pass behind it for 1-2 s while inside): each person's visits (zone_enter
     events of tracks mostly of them) and their dwells, and each person's time inside as detected (first to
-    last detection with its anchor inside)."""
+    last detection with its anchor inside). looks: botsort given the objects' looks (SimulatedLooks)."""
     from jetpipe.calibration.tracking_scenes import WIDTH, make_scene
     from jetpipe.pipelines.core.tracking import make_tracker
 
@@ -466,7 +466,8 @@ def _pillar_visits(tracker: str, hidden_grace_s: float = 3.0) -> tuple[dict, dic
     happened = []
     hw = (1080, WIDTH)
     for frame in scene.frames:
-        ids = tracker.update(frame.boxes, frame.scores, frame.t)
+        ids = tracker.update(frame.boxes, frame.scores, frame.t) if looks is None else \
+            tracker.table.update([(0, frame.boxes, frame.scores, frame.t)], looks.embed_for(frame))[0]
         for track, person, box in zip(ids.tolist(), frame.truth.tolist(), frame.boxes):
             if track != NO_TRACK and person >= 0:
                 owner.setdefault(track, []).append(person)
@@ -499,3 +500,13 @@ def test_a_visit_behind_a_pillar_stays_one_visit_with_its_full_dwell():
     for tracker, grace in (("bytetrack", 3.0), ("botsort", 0.0)):
         split, _ = _pillar_visits(tracker, grace)
         assert _whole(split, truth) <= 0.5 * len(truth), tracker
+
+
+def test_with_looks_every_visit_behind_a_pillar_is_one_with_its_full_dwell():
+    """With a ReID's looks (simulated, a good network's) the person who came out from behind the pillar with
+    another's lost track keeps their own: every visit whole."""
+    from jetpipe.calibration.tracking_scenes import SimulatedLooks
+
+    pytest.importorskip("scipy", reason="botsort assigns with SciPy")
+    visits, truth = _pillar_visits("botsort", looks=SimulatedLooks(0.7, seed=7))
+    assert len(truth) >= 10 and _whole(visits, truth) == len(truth), (visits, truth)

@@ -64,7 +64,7 @@ class BotSortParams:
     look_min: float = 2.0      # appearance round: a lost track takes a detection with at least this evidence
     look_reach: float = 1.5    # ... within this much of its size a side of where its motion carries it
     look_every_s: float = 1.0  # a track's look is refreshed when older than this
-    look_lost_s: float = 6.0   # a lost track with a look is remembered this long (past max_lost_s: by its look only)
+    look_lost_s: float = 10.0  # a lost track with a look is remembered this long (past max_lost_s: by its look only)
     look_alpha: float = 0.9    # of a track's look, the old kept at a refresh (BoT-SORT's)
 
     def __post_init__(self):
@@ -200,7 +200,8 @@ class BotSortTable:
             use = (tracks & track_free)[pt] & (dets & det_free)[pd]
             rt, rd = pt[use], pd[use]
             similarity = pairs.iou(against[rt], boxes[rd])
-            take(*pairs.assign(rt, rd, similarity, similarity >= threshold, track_frame))
+            _, unlike = looks.first_round_looks(self, seen, rt, rd)  # looks that say two objects forbid it here too
+            take(*pairs.assign(rt, rd, similarity, (similarity >= threshold) & ~unlike, track_frame))
         if seen.look.shape[1]:  # lost tracks known again by their look
             take(*looks.appearance_round(self, seen, np.flatnonzero(lost & confirmed & track_free), np.flatnonzero(
                 high & det_free), boxes, expected, track_frame, det_frame))

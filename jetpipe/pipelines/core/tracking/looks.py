@@ -16,12 +16,13 @@ tracker learns it from the scene (LookStats): the cosines of a track's look and 
 track or detection was near (one object), and of two detections of one frame (two objects). A pair's evidence
 is the log-likelihood ratio of its cosine under the two (normal distributions with the running means and
 variances): positive says one object, negative two, near zero a cue that cannot tell. In the first round
-the evidence weighs in (`look_weight`, capped) and strong evidence of two objects (below -`look_veto`) forbids
-the pair; after the rounds of motion, the appearance round: a track lost for a while takes a detection nothing
-else took along its way from where it was last seen to where its observed motion carries it (`look_reach` of
-its size a side, further than the motion rounds look) where the evidence is at least `look_min`, the best
-first (the assignment): an object that stopped, turned or changed speed behind an occluder is known again by
-its look, and a lost track with a look is remembered `look_lost_s`, longer than one without.
+the evidence weighs in (`look_weight`, capped), and in every round strong evidence of two objects (below
+-`look_veto`) forbids the pair; after the rounds of motion, the appearance round: a track lost for a while
+takes a detection nothing else took along its way from where it was last seen to where its observed motion
+carries it (`look_reach` times the largest side it was seen at, every way: further than the motion rounds
+look) where the evidence is at least `look_min`, the best first (the assignment): an object that stopped,
+turned or changed speed behind an occluder is known again by its look, and a lost track with a look is
+remembered `look_lost_s`, longer than one without.
 """
 
 from __future__ import annotations
@@ -146,14 +147,22 @@ def appearance_round(table, looks: PassLooks, pt_free, pd_free, boxes, expected,
         return empty, empty
     path = np.concatenate([np.minimum(table.obs[pt_free, :2], expected[pt_free, :2]),  # last seen to expected
                            np.maximum(table.obs[pt_free, 2:], expected[pt_free, 2:])], axis=1)
-    reach = pairs.Candidates(_grown(path, p.look_reach), track_frame[pt_free], boxes[pd_free], det_frame[pd_free])
+    # by the largest side it was seen at: its last boxes were cut by what hid it (a sliver at a pillar's edge)
+    sides = table.hist[pt_free, :, 2:] - table.hist[pt_free, :, :2]
+    seen = np.isfinite(table.hist_t[pt_free])
+    side = np.where(seen, sides.max(axis=2), 0.0).max(axis=1)
+    margin = (p.look_reach * side)[:, None]
+    reach = pairs.Candidates(np.concatenate([path[:, :2] - margin, path[:, 2:] + margin], axis=1),
+                             track_frame[pt_free], boxes[pd_free], det_frame[pd_free])
     rt, rd = pt_free[reach.track], pd_free[reach.det]
     evidence, both = looks.evidence(table, rt, rd)
     return pairs.assign(rt, rd, evidence, both & (evidence >= p.look_min), track_frame)
 
 
 def first_round_looks(table, looks: PassLooks, track, det) -> tuple[np.ndarray, np.ndarray]:
-    """The first round's pairs: what their looks add to the similarity, and which they forbid."""
+    """A round's pairs: what their looks add to the similarity (the first round's), and which they forbid (in
+    every round: an object coming out from behind a pillar is not the one still hidden there, however well its
+    box fits the hidden one's last)."""
     p = table.params
     evidence, both = looks.evidence(table, track, det)
     added = p.look_weight * np.clip(evidence, -EVIDENCE_CAP, EVIDENCE_CAP) / EVIDENCE_CAP
@@ -186,7 +195,3 @@ def _width(table, dim: int) -> None:
         table.look = np.zeros((len(table.ids), dim), np.float32)
         table.look_t = np.full(len(table.ids), -np.inf)
 
-
-def _grown(boxes: np.ndarray, buffer: float) -> np.ndarray:
-    wh = boxes[:, 2:] - boxes[:, :2]
-    return np.concatenate([boxes[:, :2] - buffer * wh, boxes[:, 2:] + buffer * wh], axis=1)
