@@ -265,3 +265,31 @@ def test_a_standing_person_under_a_pan_crosses_no_line():
 
     assert crossings(moving=True) == 0
     assert crossings(moving=False) == len(people)  # the picture moved past the line: each counted once
+
+
+def test_a_moving_cameras_rules_are_drawn_where_its_first_view_is_now():
+    """The rules of a moving camera lie in its first frame's view: the frames' sinks and the preview draw them
+    where that view is in each frame (the camera panned 300 px right: the line drawn 300 px further left);
+    a fixed camera's frame (no view) draws them where they were given."""
+    from jetpipe.pipelines.core.events import EventStep
+    from jetpipe.pipelines.core.events.rules import Line
+    from jetpipe.pipelines.outputs.sinks.fanout import SinkFanout
+    from jetpipe.runtime.api import Frame
+    from jetpipe.tasks.detections import Detections
+
+    step = EventStep([Line("middle", [[0.5, 0.0], [0.5, 1.0]])], None, lambda slot: slot, lambda *a: None)
+    panned = np.array([[1.0, 0.0, 300.0], [0.0, 1.0, 0.0]])  # this frame's pixels -> the first frame's
+    (_, moved, _), = step.scene(0, (720, 1280), panned)
+    (_, fixed, _), = step.scene(0, (720, 1280))
+    assert np.allclose(fixed, [(640, 0), (640, 720)]) and np.allclose(moved, [(340, 0), (340, 720)])
+
+    drawn = []
+    viewer = type("Viewer", (), {"offer": lambda self, stream, frame, record, to_host, wait: drawn.append(record)})
+    fanout = SinkFanout([])
+    fanout.add_viewer(viewer())
+    fanout.show_scene(step.scene)
+    found = Detections(np.zeros((0, 4)), np.zeros(0), np.zeros(0))
+    found.view = panned
+    record = type("Record", (), {"detections": found, "scene": None})()
+    fanout.offer(0, Frame(np.zeros((720, 1280, 3), np.uint8), "bgr"), record, None, wait=False)
+    assert np.allclose(drawn[0].scene[0][1], moved)

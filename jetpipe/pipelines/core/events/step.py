@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict
 
+import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jetpipe.pipelines.core.events.engine import Engine, ZoneRule
@@ -181,9 +182,11 @@ class EventStep:
                              *about, fields, counts)
         self.publish(record, packet.image)
 
-    def scene(self, stream: int, frame_hw) -> list[tuple]:
+    def scene(self, stream: int, frame_hw, view=None) -> list[tuple]:
         """What the frame sinks and the preview draw on a frame of `stream`: (kind, name, points in the frame's
-        pixels, its counts in this stream as text) for each rule that takes the stream."""
+        pixels, its counts in this stream as text) for each rule that takes the stream. view: a moving camera's
+        (Detections.view: this frame's pixels -> its first frame's), whose rules lie in that first view: drawn
+        where that view is in this frame."""
         drawn = []
         for rule in self.rules:
             if rule.takes(stream):
@@ -192,7 +195,8 @@ class EventStep:
                     text = f"{rule.rule.name}: {rule.occupancy(stream)} in, {counts.get('enter', 0)} entered"
                 else:
                     text = f"{rule.rule.name}: in {counts.get('in', 0)}, out {counts.get('out', 0)}"
-                drawn.append((rule.rule.kind, rule.points(frame_hw), text))
+                points = rule.points(frame_hw)
+                drawn.append((rule.rule.kind, points if view is None else _into_frame(points, view), text))
         return drawn
 
     def reset(self, slot: int) -> None:
@@ -231,3 +235,10 @@ class EventStep:
                     if rule.takes(stream):
                         occupancy.add_metric([rule.rule.name, str(stream)], rule.occupancy(stream))
         yield occupancy
+
+
+def _into_frame(points, view: np.ndarray) -> list[tuple[float, float]]:
+    """Points of a moving camera's first view carried into this frame's pixels (the view's inverse)."""
+    linear, shift = view[:, :2], view[:, 2]
+    moved = (np.asarray(points, np.float64) - shift) @ np.linalg.inv(linear).T
+    return [(float(x), float(y)) for x, y in moved]

@@ -33,7 +33,8 @@ class SinkFanout:
         self.scene = None  # scene(stream, frame_hw): what is drawn beside the results (show_scene)
 
     def show_scene(self, scene) -> None:
-        """scene(stream, frame_hw): what the frame sinks draw beside the results (the rules: EventStep.scene)."""
+        """scene(stream, frame_hw, view): what the frame sinks draw beside the results (the rules:
+        EventStep.scene; view: a moving camera's, the record's Detections.view)."""
         self.scene = scene
 
     def add_viewer(self, viewer) -> None:
@@ -43,7 +44,7 @@ class SinkFanout:
     def offer(self, stream_id: int, frame, record, to_host, wait: bool) -> None:
         """A frame and its record to each sink that draws frames; wait: a file's frame, every one is drawn."""
         if self.scene is not None and self.frame_takers:  # the rules and counts as they are at this frame
-            record.scene = self.scene(stream_id, frame.size())
+            record.scene = self.scene(stream_id, frame.size(), record.detections.view)
         for sink in self.frame_takers:
             try:
                 sink.offer(stream_id, frame, record, to_host, wait=wait)
