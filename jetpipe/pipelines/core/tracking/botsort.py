@@ -200,7 +200,7 @@ class BotSortTable:
             use = (tracks & track_free)[pt] & (dets & det_free)[pd]
             rt, rd = pt[use], pd[use]
             similarity = pairs.iou(against[rt], boxes[rd])
-            _, unlike = looks.first_round_looks(self, seen, rt, rd)  # looks that say two objects forbid it here too
+            _, unlike = looks.round_looks(self, seen, rt, rd)  # looks that say two objects forbid it here too
             take(*pairs.assign(rt, rd, similarity, (similarity >= threshold) & ~unlike, track_frame))
         if seen.look.shape[1]:  # lost tracks known again by their look
             take(*looks.appearance_round(self, seen, np.flatnonzero(lost & confirmed & track_free), np.flatnonzero(
@@ -248,7 +248,7 @@ class BotSortTable:
             inside = pairs.inside(at, hidden)  # a detection of the part of it coming out from behind something
             similarity[was_lost] = LOST_WEIGHT * np.maximum(grown, inside)
             allowed[was_lost] = (grown >= p.lost_iou) | (inside >= p.cover)
-        by_look, unlike = looks.first_round_looks(self, seen, track, det)
+        by_look, unlike = looks.round_looks(self, seen, track, det)
         similarity = similarity + _direction_agreement(self, track, found, scores[det]) + by_look
         allowed &= ~unlike  # looks that say two objects (BoT-SORT's appearance gate)
         return pairs.assign(track, det, similarity, allowed, track_frame)

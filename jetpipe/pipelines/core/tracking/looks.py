@@ -159,7 +159,7 @@ def appearance_round(table, looks: PassLooks, pt_free, pd_free, boxes, expected,
     return pairs.assign(rt, rd, evidence, both & (evidence >= p.look_min), track_frame)
 
 
-def first_round_looks(table, looks: PassLooks, track, det) -> tuple[np.ndarray, np.ndarray]:
+def round_looks(table, looks: PassLooks, track, det) -> tuple[np.ndarray, np.ndarray]:
     """A round's pairs: what their looks add to the similarity (the first round's), and which they forbid (in
     every round: an object coming out from behind a pillar is not the one still hidden there, however well its
     box fits the hidden one's last)."""
