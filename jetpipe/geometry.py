@@ -108,6 +108,14 @@ def quad_region(quad: Quad, height: int, width: int):
     return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
 
 
+def box_region(box, height: int, width: int, min_side: int = 1):
+    """A box in source pixels (floats) -> the integer rectangle around it inside the frame, at least min_side
+    pixels each way (None: less, or outside)."""
+    x0, y0 = max(0, math.floor(box[0])), max(0, math.floor(box[1]))
+    x1, y1 = min(width, math.ceil(box[2])), min(height, math.ceil(box[3]))
+    return (x0, y0, x1, y1) if x1 - x0 >= min_side and y1 - y0 >= min_side else None
+
+
 def boxes_through(boxes: np.ndarray, linear, shift, scale) -> np.ndarray:
     """xyxy boxes (..., 4) through a similarity (linear (..., 2, 2), shift (..., 2), scale (...); broadcast):
     the centre moved by the affine, the size scaled (a box stays upright). A camera's motion moving tracks,

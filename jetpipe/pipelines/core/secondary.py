@@ -30,7 +30,7 @@ import numpy as np
 
 from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError, some
-from jetpipe.geometry import quad_region, quad_size
+from jetpipe.geometry import box_region, quad_region, quad_size
 from jetpipe.limits import MAX_SIDE
 from jetpipe.runtime.api import Frame, check_priority
 from jetpipe.runtime.open import open_runtime
@@ -183,7 +183,7 @@ class SecondaryStage:
                 chosen = self._reuse(entries, chosen, found.track_list(), streams[k] if streams else 0, fresh)
             for i in chosen:
                 quad = tuple(map(tuple, _listed(quads[i]))) if quads is not None else None
-                crop = quad_region(quad, height, width) if quad else _crop_of(found.xyxy[i].tolist(), height, width)
+                crop = quad_region(quad, height, width) if quad else box_region(found.xyxy[i].tolist(), height, width)
                 if crop is not None:
                     jobs.append((entries, i, replace(frame, crop=crop, quad=quad)))
         turned = self._turn_upside_down(jobs) if self.direction is not None else []
@@ -366,13 +366,6 @@ def _crop_hw(frame: Frame) -> tuple[int, int]:
         return quad_size(frame.quad)
     x0, y0, x1, y1 = frame.crop
     return y1 - y0, x1 - x0
-
-
-def _crop_of(box, height: int, width: int):
-    """A box in source pixels (floats) -> the integer rectangle around it inside the frame (None: empty)."""
-    x0, y0 = max(0, math.floor(box[0])), max(0, math.floor(box[1]))
-    x1, y1 = min(width, math.ceil(box[2])), min(height, math.ceil(box[3]))
-    return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
 
 
 def frames_read(result, packets_frames: list[Frame]) -> list[Frame]:

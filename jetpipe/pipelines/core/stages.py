@@ -194,7 +194,7 @@ class StageLoops:
         for _, result, packets, found, _, _ in items:
             if found:
                 results += found
-                frames += frames_read(result, [packets[i].frame for i in result.frame_indices])
+                frames += [packets[i].as_read() for i in result.frame_indices]  # finish() set where they were read
                 streams += [self.streams.id_of(packets[i].stream) for i in result.frame_indices]
         if results:
             for stage in self.secondaries:
@@ -217,7 +217,7 @@ class StageLoops:
         sizes = [p.frame.size() for p in used]
         results = finish_detections(self.postprocess, result.outputs, result.letterboxes, sizes, self.pool,
                                     reduced=result.reduction is not None) if used else []
-        if result.frame_addresses is not None:  # the tracker's looks are cut from where the frames already are
+        if result.frame_addresses is not None:  # crops (looks, secondaries) are cut where the frames already are
             for packet, read in zip(used, frames_read(result, [p.frame for p in used])):
                 packet.read = read
         for step in self.steps:  # a stream's frames reach this one thread in order

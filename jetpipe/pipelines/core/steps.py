@@ -82,7 +82,7 @@ class TrackStep:
             frames = [(packet.stream, found.xyxy, found.confidence, t, self._motion(packet, found))
                       for packet, found, t in zip(packets, results, times)]
             embed = None if self.appearance is None else (  # the crops of the boxes that need a look, of these frames
-                lambda jobs: self.appearance.embed([(_where_read(packets[k]), boxes) for k, boxes in jobs]))
+                lambda jobs: self.appearance.embed([(packets[k].as_read(), boxes) for k, boxes in jobs]))
             for found, ids in zip(results, self.table.update(frames, embed)):
                 found.tracker_id = ids
             return
@@ -118,7 +118,8 @@ class TrackStep:
 
     def stats(self) -> dict:
         """The run summary's part: the moving cameras' frames whose motion was measured, not measured (too few
-        background corners), or left (frames on the GPU of a runtime that cannot copy them)."""
+        background corners), or left (frames on the GPU of a runtime that cannot copy them); with looks, what
+        their model ran (`reid`) and what the tracker learnt of their cosines."""
         counts = self.camera_counts
         looks = {"reid": {**self.appearance.stats(), **self.table.look_stats.summary()}} \
             if self.appearance is not None else {}
@@ -148,11 +149,6 @@ class TrackStep:
 
     def flush(self) -> None:
         """Nothing held back: each frame's tracks are its record's."""
-
-
-def _where_read(packet):
-    """The frame as the primary read it: in device memory on the GPU runtime (no upload for its crops)."""
-    return packet.read if packet.read is not None else packet.frame
 
 
 def build_steps(config, slots: int, labels=None, stream_id=None, bus=None, first_ids=None,

@@ -53,6 +53,11 @@ class QueuedFrame:
     read: object = None       # the frame where the primary's kernel read it, set when its batch is collected (the
     #                           GPU runtime: device memory, held until release; None: `frame` itself)
 
+    def as_read(self):
+        """The frame as the primary read it: where `read` says (its crops are cut there, no upload), else
+        `frame`."""
+        return self.read if self.read is not None else self.frame
+
 
 def cut_deadline(oldest: float, queued: int, max_batch: int, timeout_s: float, budget_s: float | None,
                  engine_s, next_arrival: float) -> float:

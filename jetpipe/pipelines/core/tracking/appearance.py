@@ -26,6 +26,7 @@ import numpy as np
 from jetpipe import bundle as bundles
 from jetpipe.convert.chain import ConvertOptions, convert
 from jetpipe.errors import JetpipeError
+from jetpipe.geometry import box_region
 from jetpipe.runtime.open import open_runtime
 from jetpipe.spec import PreprocessSpec
 from jetpipe.tasks import for_bundle
@@ -103,12 +104,11 @@ class Appearance:
         self._temp = None
         if reid == COLOUR:
             self._temp = Path(tempfile.mkdtemp(prefix="jetpipe-colour-cue-"))
-            bundle = colour_cue_bundle(self._temp)
             backend = backend if backend in ("auto", "onnxruntime-cpu", "onnxruntime-cuda") else "auto"
         else:
             check_reid_bundle(reid)
-            bundle = Path(reid)
-        try:
+        try:  # a failed start leaves no temporary folder behind
+            bundle = colour_cue_bundle(self._temp) if reid == COLOUR else Path(reid)
             self.runtime = open_runtime(bundle, None, backend, memory, max_frame_hw=max_frame_hw, buffer_sets=2,
                                         cpu_threads=cpu_threads)
         except BaseException:
@@ -126,7 +126,7 @@ class Appearance:
         for frame, boxes in jobs:
             height, width = frame.size()
             for i, box in enumerate(np.asarray(boxes, np.float64).reshape(-1, 4)):
-                crop = _crop_of(box, height, width)
+                crop = box_region(box, height, width, min_side=2)
                 if crop is not None:
                     crops.append(replace(frame, crop=crop))
                     where.append(total + i)
@@ -155,10 +155,3 @@ class Appearance:
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)  # our own temporary folder, made in the constructor
             self._temp = None
-
-
-def _crop_of(box, height: int, width: int):
-    """A box in source pixels -> the integer rectangle of it inside the frame, at least 2 x 2 (None: outside)."""
-    x0, y0 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
-    x1, y1 = min(width, int(np.ceil(box[2]))), min(height, int(np.ceil(box[3])))
-    return (x0, y0, x1, y1) if x1 - x0 >= 2 and y1 - y0 >= 2 else None

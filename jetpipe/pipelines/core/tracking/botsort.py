@@ -62,7 +62,7 @@ class BotSortParams:
     look_weight: float = 1.0   # first round: the looks' evidence (looks.py) adds up to this to a pair's similarity
     look_veto: float = 8.0     # ... and evidence below minus this (two objects) forbids the pair
     look_min: float = 2.0      # appearance round: a lost track takes a detection with at least this evidence
-    look_reach: float = 1.5    # ... within this much of its size a side of where its motion carries it
+    look_reach: float = 1.5    # ... along its way from where it was last seen, within this many of its largest side
     look_every_s: float = 1.0  # a track's look is refreshed when older than this
     look_lost_s: float = 10.0  # a lost track with a look is remembered this long (past max_lost_s: by its look only)
     look_alpha: float = 0.9    # of a track's look, the old kept at a refresh (BoT-SORT's)
@@ -106,7 +106,6 @@ class BotSortTable:
         self.slot = np.zeros(0, np.int64)  # the stream slot a track belongs to
         self.look, self.look_t = np.zeros((0, 0), np.float32), np.zeros(0)  # looks.py: its look, and when
         self.look_stats = looks.LookStats()  # what a look's cosine says in this scene
-        self._embed = None
         # per slot: the last frame's time (NaN: none yet), the last step, frames seen, the next ID
         self.clock_t, self.clock_dt = np.zeros(0), np.zeros(0)
         self.frames, self.next_id = np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -137,7 +136,6 @@ class BotSortTable:
         motion: the camera's, a 2 x 3 affine from the slot's last frame's pixels to this one's (None or left
         out: a fixed camera); embed([(frame index, boxes (m, 4))]) -> the boxes' looks, unit rows (looks.py;
         None: by motion only). Each frame's track IDs (int64, NO_TRACK: no confirmed track), one a box."""
-        self._embed = embed
         out: list = [None] * len(frames)
         waves: dict[int, list[int]] = {}
         seen: dict[int, int] = {}
@@ -146,12 +144,12 @@ class BotSortTable:
             waves.setdefault(seen[slot], []).append(k)
         self._slots(max(slot for slot, *_ in frames) + 1 if frames else 0)
         for wave in waves.values():
-            for k, ids in zip(wave, self._pass([frames[k] for k in wave], wave)):
+            for k, ids in zip(wave, self._pass([frames[k] for k in wave], wave, embed)):
                 out[k] = ids
         return out
 
-    def _pass(self, frames: list, keys: list[int]) -> list[np.ndarray]:
-        """One frame of each of some slots (keys: their indices in update's frames)."""
+    def _pass(self, frames: list, keys: list[int], embed) -> list[np.ndarray]:
+        """One frame of each of some slots (keys: their indices in update's frames, for embed)."""
         p = self.params
         slots = np.array([f[0] for f in frames], np.int64)
         boxes = [np.asarray(f[1], np.float64).reshape(-1, 4) for f in frames]
@@ -181,8 +179,8 @@ class BotSortTable:
         candidates = pairs.Candidates(_grown(reach[recent], p.buffer), track_frame[recent], _grown(boxes, p.buffer),
                                       det_frame)
         pt, pd = recent[candidates.track], candidates.det
-        seen = PassLooks.none(len(boxes)) if self._embed is None else looks.fetch(
-            self, self._embed, keys, counts, boxes, looks.wanted(self, pt, pd, boxes, predicted, lost, high, track_t))
+        seen = PassLooks.none(len(boxes)) if embed is None else looks.fetch(
+            self, embed, keys, counts, boxes, looks.wanted(self, pt, pd, boxes, predicted, lost, high, track_t))
         track_free, det_free = np.ones(len(self.ids), bool), np.ones(len(boxes), bool)
         matched_rows, matched_cols = [], []
 

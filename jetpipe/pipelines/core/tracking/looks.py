@@ -194,4 +194,3 @@ def _width(table, dim: int) -> None:
     if table.look.shape[1] != dim:
         table.look = np.zeros((len(table.ids), dim), np.float32)
         table.look_t = np.full(len(table.ids), -np.inf)
-
