@@ -40,11 +40,13 @@ from jetpipe.doctor import run_doctor
 from jetpipe.errors import JetpipeError
 from jetpipe.export import triton
 from jetpipe.models import BUILTIN, resolve
+from jetpipe.pipelines.amounts import say_bytes
 from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryConfig
 from jetpipe.pipelines.core.tracking import TRACKERS
 from jetpipe.pipelines.ingest.sources import DECODERS
+from jetpipe.pipelines.outputs.recording import export as recording_export
 from jetpipe.pipelines.service.serve import SummaryFile, demo, serve
 from jetpipe.report import print_summary
 from jetpipe.runtime.cuda import MEMORY_MODES
@@ -324,6 +326,18 @@ def _add_serve(sub) -> None:
                         "GStreamer; not raw cameras); [clips] sets the rest")
     p.add_argument("--clip-before", type=float, metavar="S", help="seconds of a clip before its event (default 5)")
     p.add_argument("--clip-after", type=float, metavar="S", help="seconds of a clip after its event (default 5)")
+    p.add_argument("--record", metavar="DIR",
+                   help="record every stream's own packets (never re-encoded) into DIR as 10-s MP4 segments with "
+                        "an index of them and of the events, clips and snapshots; kept within --record-max-size "
+                        "(default 10GB) and --record-max-age, the oldest going first; [record] sets the rest")
+    p.add_argument("--record-max-size", metavar="SIZE",
+                   help="the recording's folder at most, e.g. 500MB or 50GB (segments, the index); never exceeded")
+    p.add_argument("--record-max-age", metavar="DURATION",
+                   help="recorded segments without events kept at most this long, e.g. 7d or 12h (default: as "
+                        "long as the size allows)")
+    p.add_argument("--record-mode", choices=("all", "events"),
+                   help="all: everything (default); events: only the segments around events (the clips' before "
+                        "and after seconds)")
     p.add_argument("--snapshots", metavar="DIR",
                    help="a JPEG of the frame of each event (line_cross, zone_enter, loiter, occupancy) in DIR, its "
                         "boxes outlined, encoded on the GPU (nvImageCodec) where it can be, else by OpenCV; "
@@ -413,6 +427,14 @@ def _evidence_flags(args, config) -> None:
         config.snapshots.folder = args.snapshots
     if args.clips:
         config.clips.folder = args.clips
+    if args.record:
+        config.record.folder = args.record
+    for flag, key in (("record_max_size", "max_size"), ("record_max_age", "max_age"), ("record_mode", "mode")):
+        value = getattr(args, flag)
+        if value is not None:
+            if not config.record.folder:
+                raise ConfigError(f"--{flag.replace('_', '-')} sets the recording: add --record DIR")
+            setattr(config.record, key, value)
     for flag, key in (("clip_before", "before_s"), ("clip_after", "after_s")):
         value = getattr(args, flag)
         if value is not None:
@@ -492,8 +514,20 @@ def _add_calibrate(sub) -> None:
 
 
 def _add_export(sub) -> None:
-    p = sub.add_parser("export", help="a bundle for another server: a Triton model repository")
+    p = sub.add_parser("export", help="a bundle for another server (a Triton model repository), or a stretch of a "
+                                      "recording as one MP4")
     what = p.add_subparsers(dest="what", required=True)
+    r = what.add_parser("recording", help="a time range of one stream's recording (serve --record) as one MP4",
+                        description="Remux the recorded segments of --stream from --from to --to into one MP4 "
+                                    "(its own packets, never re-encoded; from the keyframe at or before --from), "
+                                    "read from the recording's index; the recording may be in use.")
+    r.add_argument("folder", type=Path, help="the recording's folder (serve --record DIR)")
+    r.add_argument("--stream", type=int, required=True, help="the stream's ID (its folder streamID)")
+    r.add_argument("--from", dest="start", required=True, metavar="TIME",
+                   help="2026-11-28T14:05:00 (local time), ...Z (UTC), or Unix seconds")
+    r.add_argument("--to", dest="end", required=True, metavar="TIME", help="as --from")
+    r.add_argument("-o", "--output", type=Path, required=True, help="the MP4 to write (a new file)")
+    r.set_defaults(run=_run_export_recording)
     t = what.add_parser("triton", help="REPO/NAME/config.pbtxt + REPO/NAME/1/model.onnx (or model.plan)",
                         description="Write the bundle as a Triton Inference Server model: config.pbtxt from the "
                                     "manifest (batch, I/O, dynamic batching, instances; task, labels and "
@@ -519,6 +553,14 @@ def _add_export(sub) -> None:
                    "(--platform tensorrt)")
     t.add_argument("--force", action="store_true", help="replace an earlier export of this name")
     t.set_defaults(run=_run_export_triton)
+
+
+def _run_export_recording(args) -> int:
+    done = recording_export.export_range(args.folder, args.stream, recording_export.parse_when(args.start, "--from"),
+                                         recording_export.parse_when(args.end, "--to"), args.output)
+    print(f"wrote {done.path}: {done.end - done.start:.1f} s from {done.segments} segment(s), {done.packets} "
+          f"packets, {say_bytes(done.bytes)}")
+    return 0
 
 
 def _triton_gpus(text: str) -> list[int] | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from jetpipe import limits
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_BATCH, MAX_DECODE_PROCESSES, MAX_DECODE_THREADS, MAX_QUEUE_DEPTH, MAX_SIDE, MAX_STREAMS
+from jetpipe.pipelines.amounts import parse_bytes, parse_seconds, say_bytes
 from jetpipe.pipelines.core import ground
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryConfig
@@ -66,6 +67,7 @@ class SourceConfig:
     hwaccel: str = ""        # FFmpeg hardware decoding of files (cuda, qsv, ...); "" = software
     gpu: int | None = None   # with --gpus: the GPU that serves it (None: placed by load)
     moving_camera: bool = False  # it pans, shakes or zooms: its motion measured from its frames, tracks follow
+    record: str = ""         # with [record]: all | events | off ("": [record] mode)
 
 
 @dataclass
@@ -112,12 +114,32 @@ class SnapshotsConfig:
     max_age_h: float = 0.0        # and none older than this (0: no limit)
 
 
+RECORD_MODES = ("all", "events", "off")
+
+
+@dataclass
+class RecordConfig:
+    """Continuous recording (pipelines/outputs/recording/): each stream's packets as segment files, an index,
+    within a size, an age and a floor of free space. Sizes and ages are parsed at validate() (amounts.py):
+    "200MB", "7d"; after it they are bytes and seconds."""
+
+    folder: str = ""              # where the recording goes ("": none)
+    mode: str = "all"             # all | events (only the segments within the clips' before_s / after_s of one)
+    segment_s: float = 10.0       # a segment's length (it ends at the first keyframe past it)
+    max_size: int | str = "10GB"  # the folder at most: segments, the index (the oldest segments go first)
+    max_age: float | str = 0      # segments without an event kept this long at most (0: no limit)
+    events_max_age: float | str = 0  # segments with an event (0: as long as the size allows)
+    min_free: int | str = "1GB"   # the file system's free space kept at least (a disk shared with others)
+
+
 _SOURCE_KEYS = {"uri": str, "loop": bool, "realtime": bool, "decoder": str, "hwaccel": str, "gpu": int,
-                "moving_camera": bool}
+                "moving_camera": bool, "record": str}
 _CLIPS_KEYS = {"folder": str, "before_s": (int, float), "after_s": (int, float), "on": list, "ring_mb": (int, float),
                "max_total_mb": (int, float), "max_age_h": (int, float)}
 _SNAPSHOTS_KEYS = {"folder": str, "on": list, "box": bool, "crop": bool, "quality": int, "encoder": str,
                    "buffers": int, "max_total_mb": (int, float), "max_age_h": (int, float)}
+_RECORD_KEYS = {"folder": str, "mode": str, "segment_s": (int, float), "max_size": (int, str),
+                "max_age": (int, float, str), "events_max_age": (int, float, str), "min_free": (int, str)}
 _CONTROL_KEYS = {"enabled": bool, "max_streams": int, "token": str, "allow_schemes": list, "allow_folders": list}
 _SECONDARY_KEYS = {"bundle": str, "name": str, "classes": list, "min_size": int, "max_per_frame": int,
                    "direction": str, "direction_threshold": (int, float), "every_track": int, "backend": str,
@@ -157,6 +179,7 @@ class PipelineConfig:
     secondaries: list[SecondaryConfig] = field(default_factory=list)  # models run on the primary's boxes
     control: ControlConfig = field(default_factory=ControlConfig)
     clips: ClipsConfig = field(default_factory=ClipsConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     zones: list = field(default_factory=list)   # events.Zone: [[zone]] tables, --zone
     lines: list = field(default_factory=list)   # events.Line: [[line]] tables, --line
@@ -173,7 +196,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float), "stop_timeout_s": (int, float),
                   "log_every_s": (int, float), "gpus": (str, list)}
 _TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "snapshots", "zone",
-           "line", "calibration"}
+           "line", "calibration", "record"}
 
 
 def _check_keys(where: str, table: dict, allowed) -> None:
@@ -219,6 +242,9 @@ def load(path: str | Path) -> PipelineConfig:
     clips = data.get("clips", {})
     _check_keys(f"{path} [clips]", clips, _CLIPS_KEYS)
     _check_types(f"{path} [clips]", clips, _CLIPS_KEYS)
+    record = data.get("record", {})
+    _check_keys(f"{path} [record]", record, _RECORD_KEYS)
+    _check_types(f"{path} [record]", record, _RECORD_KEYS)
     snapshots = data.get("snapshots", {})
     _check_keys(f"{path} [snapshots]", snapshots, _SNAPSHOTS_KEYS)
     _check_types(f"{path} [snapshots]", snapshots, _SNAPSHOTS_KEYS)
@@ -235,7 +261,7 @@ def load(path: str | Path) -> PipelineConfig:
     if "max_frame_hw" in options:
         options["max_frame_hw"], options["max_frame_set"] = tuple(options["max_frame_hw"]), True
     config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, secondaries=secondaries,
-                            control=ControlConfig(**control), clips=ClipsConfig(**clips),
+                            control=ControlConfig(**control), clips=ClipsConfig(**clips), record=RecordConfig(**record),
                             snapshots=SnapshotsConfig(**snapshots), zones=zones, lines=lines,
                             calibrations=calibrations, **options)
     if "listen" in metrics:
@@ -300,7 +326,8 @@ def _check_types(where: str, table: dict, kinds: dict) -> None:
 
 def _kind_name(kind) -> str:
     names = {str: "a string", int: "an integer", list: "a list", (int, float): "a number",
-             bool: "true or false", (str, list): "a string or a list", (int, str): "an integer or a string"}
+             bool: "true or false", (str, list): "a string or a list", (int, str): "an integer or a string",
+             (int, float, str): "a number or a string"}
     return names.get(kind, str(kind))
 
 
@@ -309,6 +336,8 @@ def _check_source(src: SourceConfig, where: str) -> None:
         raise ConfigError(f"{where}: source uri is empty: write a video file, a camera or a stream URI")
     if src.decoder not in DECODERS:
         raise ConfigError(f"{where}: source {src.uri!r}: decoder = {src.decoder!r}: allowed {' | '.join(DECODERS)}")
+    if src.record and src.record not in RECORD_MODES:
+        raise ConfigError(f"{where}: source {src.uri!r}: record = {src.record!r}: allowed {' | '.join(RECORD_MODES)}")
     if src.hwaccel and not src.hwaccel.replace("_", "").isalnum():
         raise ConfigError(f"{where}: source {src.uri!r}: hwaccel = {src.hwaccel!r}: an FFmpeg hardware device "
                           "type such as cuda or qsv ('jetpipe doctor' lists them)")
@@ -381,6 +410,42 @@ def _check_clips(config: PipelineConfig, where: str) -> None:
         raise ConfigError(f"{where}: clips before_s + after_s = 0: a clip needs a length")
     _check_event_types(clips.on, f"{where}: clips on")
     _check_folder(Path(clips.folder), f"{where}: clips folder")
+
+
+MIN_RECORD_BYTES = 4_000_000  # the index and one short segment; a stream's own need is checked as it opens
+
+
+def _check_record(config: PipelineConfig, where: str) -> None:
+    """Sizes and ages parsed and bounded, the mode, and a folder this user can write (made where missing). What
+    the streams' bit rates need of the budget is checked as they open (recording.recorder)."""
+    record = config.record
+    if not record.folder:
+        if any(s.record for s in config.sources):
+            raise ConfigError(f"{where}: a source sets record, and nothing is recorded: add --record DIR "
+                              "([record] folder)")
+        return
+    if record.mode not in RECORD_MODES[:2]:
+        raise ConfigError(f"{where}: record mode = {record.mode!r}: allowed all | events (a source's record = "
+                          "\"off\" leaves it out)")
+    if not 2.0 <= record.segment_s <= 600.0:
+        raise ConfigError(f"{where}: record segment_s = {record.segment_s}: seconds from 2 to 600")
+    for key, parse, flag in (("max_size", parse_bytes, "--record-max-size"), ("min_free", parse_bytes, ""),
+                             ("max_age", parse_seconds, "--record-max-age"), ("events_max_age", parse_seconds, "")):
+        try:
+            setattr(record, key, parse(getattr(record, key)))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: record {key} ({flag or '[record]'}): {exc}") from None
+    if not MIN_RECORD_BYTES <= record.max_size <= 10**16:
+        raise ConfigError(f"{where}: record max_size = {say_bytes(record.max_size)}: from "
+                          f"{say_bytes(MIN_RECORD_BYTES)} (the index and a segment) to 10 PB")
+    if record.max_age and record.events_max_age and record.events_max_age < record.max_age:
+        raise ConfigError(f"{where}: record events_max_age is shorter than max_age: segments with events are kept "
+                          "longer, not shorter")
+    _check_folder(Path(record.folder), f"{where}: record folder")
+    if config.metrics_listen and not config.control.token and not is_loopback(config.metrics_listen):
+        raise ConfigError(f"{where}: the review API (/review) on {config.metrics_listen} (not loopback) serves the "
+                          f"recordings and needs a bearer token: set {TOKEN_ENV} (or [control] token), or listen on "
+                          "127.0.0.1")
 
 
 def _check_snapshots(config: PipelineConfig, where: str) -> None:
@@ -495,6 +560,7 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     for rule in (r for r in [*config.zones, *config.lines] if r.speed_limit_kmh):
         check_speed_rule(rule, {c.stream: c for c in config.calibrations}, where)
     _check_clips(config, where)
+    _check_record(config, where)
     _check_snapshots(config, where)
     _check_gpus(config, where)
     return config

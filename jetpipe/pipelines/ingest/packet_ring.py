@@ -55,6 +55,7 @@ class PacketRing:
         self.pins: dict[int, float] = {}  # a waiting clip's start: kept however old (max_bytes still holds)
         self.on_restart = None  # called (the source's thread) before the ring starts again: clips waiting take
         #                         their packets (the clips' thread cuts them)
+        self.generation = 0  # counts the ring's starts again (a reader that follows it: the recorder)
 
     def add(self, packet: Packet) -> None:
         """One demuxed packet (the source's capture thread). Packets before the first keyframe decode to
@@ -68,6 +69,10 @@ class PacketRing:
             with self.lock:
                 self.gops.clear()
                 self.bytes, self.newest = 0, float("-inf")
+                self.generation += 1
+                # a reader's pin is a time of the last pass (clips unpinned theirs in on_restart): the new pass
+                # is kept from its start until the reader pins again
+                self.pins = {key: float("-inf") for key in self.pins}
         with self.lock:
             if packet.key:
                 self.gops.append(Gop())
@@ -100,6 +105,13 @@ class PacketRing:
                 self.trimmed_for_room += 1
             self.bytes -= self.gops.popleft().bytes
 
+    def whole_gops_after(self, after: float, last_too: bool = False) -> tuple[int, list[Gop]]:
+        """(generation, the GOPs that start after `after` and are whole: a newer one has started, or the stream
+        ended, or last_too). A whole GOP is never changed again: the caller reads its packets without the lock."""
+        with self.lock:
+            whole = len(self.gops) if (self.ended or last_too) else len(self.gops) - 1
+            return self.generation, [g for k, g in enumerate(self.gops) if k < whole and g.start > after]
+
     def first_gop(self) -> bytes:
         """The oldest kept GOP's bytes (an Annex B stream's parameter sets and a picture)."""
         with self.lock:
@@ -131,3 +143,16 @@ class PacketRing:
         packets = [p for gop in gops[first:] for p in gop.packets]
         last = max((k for k, p in enumerate(packets) if p.t <= end + 1e-6), default=-1)
         return packets[:last + 1]
+
+
+def shared_ring(source, keep_s: float, max_bytes: int) -> PacketRing:
+    """The ring the source keeps its packets in, made where it has none (the clips and the recorder read one
+    ring a stream: each packet is copied once), widened to keep at least keep_s and max_bytes."""
+    ring = source.packet_ring
+    if ring is None:
+        ring = PacketRing(keep_s, max_bytes, source.source_uri.location, None)
+        source.packet_ring = ring
+    else:
+        with ring.lock:
+            ring.keep_s, ring.max_bytes = max(ring.keep_s, keep_s), max(ring.max_bytes, max_bytes)
+    return ring

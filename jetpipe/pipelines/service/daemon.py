@@ -34,13 +34,15 @@ from jetpipe.pipelines.counters import StreamCounters
 from jetpipe.pipelines.ingest.batcher import Batcher
 from jetpipe.pipelines.ingest.intake import Ingest, frame_bound
 from jetpipe.pipelines.ingest.streams import ControlError, Share, Streams
-from jetpipe.pipelines.outputs.clips.writer import Clips
+from jetpipe.pipelines.outputs.clips.writer import open_clips
 from jetpipe.pipelines.outputs.preview import Preview
+from jetpipe.pipelines.outputs.recording.recorder import open_recorder
 from jetpipe.pipelines.outputs.sinks import SinkFanout, open_sinks
 from jetpipe.pipelines.outputs.snapshots import Snapshots, jpeg_encoder
 from jetpipe.pipelines.service.closing import close_in_reverse
 from jetpipe.pipelines.service.http.control import Control
 from jetpipe.pipelines.service.http.pages import PreviewPages
+from jetpipe.pipelines.service.http.review import review_of
 from jetpipe.pipelines.service.http.server import MetricsServer
 from jetpipe.pipelines.service.summary import RunSummary
 from jetpipe.runtime.open import open_runtime
@@ -92,6 +94,20 @@ def _open_appearance(config: PipelineConfig, cpu_threads: int) -> Appearance | N
         return None
     backend = "auto" if is_triton(config.backend) else config.backend
     return Appearance(config.reid, backend, config.memory, config.max_frame_hw, cpu_threads)
+
+
+def evidence_for_added(clips, recorder, record_mode: str):
+    """What a stream added while serving is prepared with: its packet ring before its first read (a clip and a
+    recording may start at its first keyframe); None where neither clips nor recording are on."""
+    if clips is None and recorder is None:
+        return None
+
+    def prepare(stream) -> None:
+        if clips is not None:
+            clips.attach(stream.id, stream.source, at_start=False)
+        if recorder is not None:
+            recorder.attach(stream.id, stream.source, stream.spec.record or record_mode, at_start=False)
+    return prepare
 
 
 def check_against_task(config: PipelineConfig, task, labels, classes: int | None = None) -> None:
@@ -188,11 +204,8 @@ class Pipeline:
         self.closers.append(self.pool.shutdown)
         self.bus = RecordBus()
         self.bus.subscribe(self.sinks.put)  # every record, first: an event reaches the sinks before its clip starts
-        self.clips = Clips(config.clips, self.bus.publish) if config.clips.folder else None
-        if self.clips is not None:
-            self.closers.append(self.clips.close)
-            self.clips.attach_all(self.streams.live())
-            self.bus.subscribe(self.clips.on_event, types=config.clips.on)
+        self.clips = open_clips(config, self.bus, self.streams.live(), self.closers)
+        self.recorder = open_recorder(config, self.bus, self.streams.live(), self.closers)  # after the clips' rings
         self.snapshots = Snapshots(config.snapshots, self.jpeg, self.bus.publish) if config.snapshots.folder else None
         if self.snapshots is not None:  # before the steps: the events step keeps its frames for it
             self.closers.append(self.snapshots.close)
@@ -204,8 +217,8 @@ class Pipeline:
         parts = FrameParts(runtime, self.batcher, self.streams, self.metrics, self.sinks, self.bus, self.pool)
         self.stages = StageLoops(parts, self.postprocess, self.task, steps, self.secondaries, config.fail_timeout_s,
                                  self.stop, self.profile)
-        self.report = RunSummary(config, parts, self.stages, self.events, self.clips, self.snapshots,
-                                 self.drain_bound)
+        evidence = (self.clips, self.snapshots, self.recorder)
+        self.report = RunSummary(config, parts, self.stages, self.events, evidence, self.drain_bound)
         self.metrics.add_gauge("jetpipe_gpu_memory_free_bytes", self.runtime.gpu_free_memory)
         self.metrics.add_gauge("jetpipe_streams", lambda: len(self.streams.live()))
         self.metrics.add_families(self.sinks.metric_families)
@@ -221,10 +234,10 @@ class Pipeline:
             self._serve_http(capacity)
 
     def _removed(self, stream) -> None:
-        """A removed stream's last frame reached the sinks: its outputs end, and its clips' ring goes."""
+        """A removed stream's last frame reached the sinks: its outputs end, its clips' ring and recording go."""
         self.sinks.end_stream(stream.id)
-        if self.clips is not None:
-            self.clips.removed(stream.id)
+        for evidence in (e for e in (self.clips, self.recorder) if e is not None):
+            evidence.removed(stream.id)
 
     def _serve_http(self, capacity: int) -> None:
         """The metrics server: /metrics, /healthz, the preview page, and the control API where it is on."""
@@ -235,7 +248,7 @@ class Pipeline:
         control = Control(self, config.control) if self.control else None
         pages = PreviewPages(self.streams, self.metrics, self.batcher, self.preview)
         self.server = MetricsServer(config.metrics_listen, self._render_metrics, self._health, pages, control,
-                                    hosts=tuple(config.metrics_hosts))
+                                    hosts=tuple(config.metrics_hosts), review=review_of(config))
         self.closers.append(self.server.close)
         log.info("metrics on http://%s/metrics, live preview on http://%s/%s", self.server.address,
                  self.server.address, f", streams on http://{self.server.address}/streams (up to {capacity})"
@@ -262,7 +275,10 @@ class Pipeline:
         if self.stop_event.is_set():
             return False, "stopping"
         stale = time.monotonic() - self.metrics.heartbeat
-        return (True, "ok") if stale < 10 else (False, f"GPU stage silent for {stale:.0f} s")
+        if stale >= 10:
+            return False, f"GPU stage silent for {stale:.0f} s"
+        degraded = self.recorder.health() if self.recorder is not None else None  # serving goes on: 200
+        return True, "ok" if degraded is None else f"degraded: {degraded}"
 
     # --- threads -------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -313,7 +329,8 @@ class Pipeline:
             stages.end_secondary()
             chained.join()
         self.ingest.free_removed()  # streams whose removal was asked: their frames are through now
-        for evidence in (self.clips, self.snapshots):  # clips and pictures still waiting, written: their records too
+        # clips and pictures still waiting written (their records too, indexed by the recorder), then the recording
+        for evidence in (self.clips, self.snapshots, self.recorder):
             if evidence is not None:
                 evidence.close()
         self.sinks.finish()
@@ -380,8 +397,7 @@ class Pipeline:
 
     def add_stream(self, spec) -> dict:
         """Serve one more source in a free slot (Ingest.add says what may refuse it)."""
-        clips = self.clips  # its ring before the stream's first read: a clip may start at its first keyframe
-        prepare = None if clips is None else lambda stream: clips.attach(stream.id, stream.source, at_start=False)
+        prepare = evidence_for_added(self.clips, self.recorder, self.config.record.mode)
         return self.report.describe(self.ingest.add(spec, self.stages.reset_slot, prepare))
 
     def request_clip(self, stream_id: int, asked) -> dict:

@@ -15,12 +15,14 @@ PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stall
 
 
 class RunSummary:
-    def __init__(self, config, parts, stages, events=None, clips=None, snapshots=None, drain_bound=None):
-        """parts: core.stages.FrameParts; stages: its StageLoops."""
+    def __init__(self, config, parts, stages, events=None, evidence=(None, None, None), drain_bound=None):
+        """parts: core.stages.FrameParts; stages: its StageLoops; evidence: (clips, snapshots, recorder), each
+        None where it is off."""
         self.config, self.streams, self.metrics, self.batcher = config, parts.streams, parts.metrics, parts.batcher
         self.runtime, self.sinks, self.stages, self.control = parts.runtime, parts.sinks, stages, config.control.enabled
-        # events.EventStep, clips.writer.Clips, snapshots.Snapshots: where asked for
-        self.events, self.clips, self.snapshots = events, clips, snapshots
+        # events.EventStep, clips.writer.Clips, snapshots.Snapshots, recording.recorder.Recorder: where asked for
+        self.events = events
+        self.clips, self.snapshots, self.recorder = evidence
         self.drain_bound = drain_bound  # drain.DrainBound: where a stop's drain was cut short
         self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
 
@@ -109,6 +111,7 @@ class RunSummary:
                 **({"events": self.events.summary()} if self.events is not None else {}),
                 **({"clips": self.clips.summary()} if self.clips is not None else {}),
                 **({"snapshots": self.snapshots.summary()} if self.snapshots is not None else {}),
+                **({"recording": self.recorder.summary()} if self.recorder is not None else {}),
                 **({"interrupted": dict(interrupted)} if interrupted else {}),
                 **({"failure": failure} if failure else {})}
 

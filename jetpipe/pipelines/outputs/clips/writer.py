@@ -20,7 +20,7 @@ from pathlib import Path
 
 from jetpipe.errors import worth_logging
 from jetpipe.pipelines.config import ConfigError
-from jetpipe.pipelines.ingest.packet_ring import PacketRing
+from jetpipe.pipelines.ingest.packet_ring import PacketRing, shared_ring
 from jetpipe.pipelines.ingest.streams import ControlError
 from jetpipe.pipelines.outputs.clips.cut import open_template, write_clip
 from jetpipe.pipelines.outputs.retention import keep_within
@@ -106,7 +106,7 @@ class Clips:
                 raise ConfigError(why)
             log.warning("%s; it serves without clips", why)
             return
-        ring = PacketRing(keep_s, int(self.config.ring_mb * 1e6), source.source_uri.location, None)
+        ring = shared_ring(source, keep_s, int(self.config.ring_mb * 1e6))
         ring.on_restart = lambda: self._cut_waiting(stream_id)
         source.packet_ring = ring
         with self.cond:
@@ -281,3 +281,15 @@ class Clips:
         if not self.thread.is_alive():  # else it still writes with them: they go with the process
             for ring in list(self.rings.values()):
                 ring.close()
+
+
+def open_clips(config, bus, streams, closers: list) -> Clips | None:
+    """The clips writer where [clips] folder is set (None elsewhere): the configured streams' rings attached, its
+    close among the closers, the events it cuts clips around subscribed to."""
+    if not config.clips.folder:
+        return None
+    clips = Clips(config.clips, bus.publish)
+    closers.append(clips.close)
+    clips.attach_all(streams)
+    bus.subscribe(clips.on_event, types=config.clips.on)
+    return clips

@@ -8,6 +8,7 @@ control.Control answers /streams, pages.PreviewPages the preview, the daemon's c
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 import threading
@@ -30,9 +31,12 @@ class MetricsServer:
     be reached by (`hosts`: names beyond the defaults; "*" any), and for a mutating call a JSON body and no
     other site's Origin."""
 
-    def __init__(self, listen: str, render, healthy, pages=None, control=None, hosts: tuple[str, ...] = ()):
+    def __init__(self, listen: str, render, healthy, pages=None, control=None, hosts: tuple[str, ...] = (),
+                 review=None):
+        """review: review.Review, where a recording is kept (/review)."""
         host, _, port = listen.rpartition(":")
-        handler = _handler(render, healthy, pages or (lambda path: None), control, guard.host_check(listen, hosts))
+        handler = _handler(render, healthy, pages or (lambda path: None), control, guard.host_check(listen, hosts),
+                           review)
         try:
             self.server = _Server((host or "127.0.0.1", int(port)), handler)
         except OSError as exc:  # in use (a second daemon on the default port), a host this machine is not
@@ -144,6 +148,10 @@ class _Server(ThreadingHTTPServer):
             log.exception("metrics server: a request from %s failed", client_address[0])
 
 
+def _no_follow(path, flags):
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
 SHED = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: text/plain\r\nContent-Length: 28\r\n"
         b"Connection: close\r\n\r\nbusy: try again in a second\n")
 
@@ -157,7 +165,7 @@ def _shed(request) -> None:
         pass
 
 
-def _handler(render, healthy, pages, control, allows_host):
+def _handler(render, healthy, pages, control, allows_host, review=None):
     class Handler(BaseHTTPRequestHandler):
         timeout = REQUEST_TIMEOUT_S  # the socket's: a silent client does not hold a thread for ever
 
@@ -183,6 +191,8 @@ def _handler(render, healthy, pages, control, allows_host):
                 self._reply(200 if ok else 503, why + "\n", "text/plain")
             elif control is not None and control.handles(path):
                 self._control("GET", path, b"")
+            elif review is not None and review.handles(path):
+                self._review()
             elif (answer := pages(path)) is not None:
                 self._reply(*answer)
             else:
@@ -261,6 +271,37 @@ def _handler(render, healthy, pages, control, allows_host):
             status, text, ctype = control.handle(method, path, self.headers.get("Authorization", ""), body)
             extra = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
             self._reply(status, text, ctype, extra)
+
+        def _review(self) -> None:
+            reply = review.answer(self.path, self.headers)
+            if reply.file is None:
+                self._reply(reply.status, reply.body, reply.ctype, reply.headers)
+                return
+            try:
+                self._send_file(reply)
+            finally:
+                if reply.remove_after:  # an export's temporary file and folder
+                    reply.file.unlink(missing_ok=True)
+                    reply.file.parent.rmdir()
+
+        def _send_file(self, reply) -> None:
+            """A file's span, by the kernel (sendfile): a recording's segment, a clip, an export."""
+            offset, length = reply.span
+            try:
+                with open(reply.file, "rb", opener=_no_follow) as f:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", reply.ctype)
+                    self.send_header("Content-Length", str(length))
+                    self.send_header("X-Content-Type-Options", "nosniff")
+                    for key, value in reply.headers.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    if length:
+                        self.connection.sendfile(f, offset, length)
+            except (ConnectionError, TimeoutError):
+                self.close_connection = True
+            except OSError:  # gone between the answer's look and the read (retention): the client sees it cut
+                self.close_connection = True
 
         def _reply(self, code, body, ctype, headers=None):
             data = body if isinstance(body, bytes) else body.encode()

@@ -1,0 +1,228 @@
+"""Continuous recording (`--record DIR`, [record]): every stream's own packets written as segments
+(segments.py), indexed with the run's events, clips and snapshots (index.py), within a budget of size, age and
+free space (budget.py).
+
+One thread writes: every POLL_S it indexes the records that came (events hold the segments around them),
+then writes each stream's whole GOPs (stream.py), and every RETAIN_S removes what is past its age (and, for a
+stream recorded in `events` mode, the segments no event holds once no event can still come for them). The
+sources' threads only copy packets into the rings (as for clips); nothing here decodes or encodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from jetpipe.pipelines.amounts import say_bytes
+from jetpipe.pipelines.config import EVENT_TYPES, ConfigError
+from jetpipe.pipelines.ingest.packet_ring import shared_ring
+from jetpipe.pipelines.outputs.recording.budget import INDEX_HEADROOM, Budget
+from jetpipe.pipelines.outputs.recording.index import RecordIndex
+from jetpipe.pipelines.outputs.recording.segments import HEADER_BYTES
+from jetpipe.pipelines.outputs.recording.stream import StreamRecording
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+RETAIN_S = 5.0
+EVENT_LAG_S = 15.0   # an event reaches the recorder at most this long after its frame was captured (events mode)
+KEEP_S = 4.0         # the ring keeps at least this much for the recorder (it follows a GOP behind, every POLL_S)
+CLOSE_WAIT_S = 10.0  # at the stop, the last GOPs are written within this
+INDEXED = ("clip_ready", "snapshot_ready")  # with the event types: the records the index keeps
+
+
+class Recorder:
+    def __init__(self, config, before_s: float, after_s: float, ring_mb: float):
+        """config: RecordConfig (checked: sizes in bytes, ages in seconds); before_s, after_s: the pre- and
+        post-roll around an event ([clips]); ring_mb: a stream's packets kept at most while not yet written.
+        The index is opened and repaired here, before serving starts (ConfigError where it cannot be)."""
+        self.config, self.before_s, self.after_s = config, before_s, after_s
+        self.ring_bytes = int(ring_mb * 1e6)
+        self.segment_s = config.segment_s
+        self.folder = Path(config.folder)
+        self.index = RecordIndex(self.folder)
+        self.repaired = self.index.repair()
+        self.budget = Budget(self.index, config.max_size, config.min_free)
+        self.gap_s = 0.5  # a jump in the stream's clock beyond this between GOPs is a gap
+        self.streams: dict[int, StreamRecording] = {}
+        self.gone: list[StreamRecording] = []  # removed streams (their counts stay in the summary)
+        self.inbox: deque = deque()   # records from the bus (appended in the producers' threads)
+        self.planned = INDEX_HEADROOM  # what the streams' open and newest segments need, at their bit rates
+        self.cond = threading.Condition()
+        self.closing = False
+        self.cpu_s = 0.0
+        self._retained_at = 0.0
+        self.thread = threading.Thread(target=self._run, name="recorder", daemon=True)
+        self.thread.start()
+
+    # -- streams ------------------------------------------------------------------------------------------------
+    def attach(self, stream_id: int, source, mode: str, at_start: bool = True) -> None:
+        """Record the stream's packets (mode all | events | off). A budget that cannot hold two segments of
+        the streams at their bit rates (one written, one kept): one line at start-up (ConfigError)."""
+        if mode == "off":
+            return
+        if not source.keeps_packets:
+            log.warning("stream %d (%s): not recorded: its frames come decoded, without the compressed packets a "
+                        "recording is made of", stream_id, source.describe())
+            return
+        need = 2 * (int(source.bit_rate / 8 * (self.segment_s + 2.0)) + HEADER_BYTES)
+        if self.planned + need > self.config.max_size:
+            why = (f"record max_size = {say_bytes(self.config.max_size)} holds less than two {self.segment_s:g}-s "
+                   f"segments of each stream at its bit rate ({say_bytes(self.planned + need)} with stream "
+                   f"{stream_id}): raise --record-max-size or shorten segment_s")
+            if at_start:
+                raise ConfigError(why)
+            log.warning("%s; it is recorded, its oldest segments going sooner", why)
+        self.planned += need
+        ring = shared_ring(source, KEEP_S, self.ring_bytes)
+        recording = StreamRecording(stream_id, source.describe(), ring, mode)
+        with self.cond:
+            self.streams[stream_id] = recording
+        log.info("stream %d: recorded (%s) into %s, %g-s segments", stream_id, mode, self.folder, self.segment_s)
+
+    def removed(self, stream_id: int) -> None:
+        """The stream was removed: what its ring holds is written, then it is forgotten (the thread)."""
+        recording = self.streams.get(stream_id)
+        if recording is not None:
+            recording.ring.end()
+            recording.removed = True
+
+    # -- records (the bus; producers' threads) ------------------------------------------------------------------
+    def on_frame(self, record) -> None:
+        """A frame's record: the stream's clock against the wall clock (one store a frame)."""
+        recording = self.streams.get(record.stream)
+        if recording is not None and record.pts is not None:
+            recording.seen_offset = record.t_capture - record.pts
+
+    def on_record(self, record) -> None:
+        """An event, clip_ready or snapshot_ready record: indexed by the thread."""
+        self.inbox.append(record)
+
+    # -- the thread ---------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    if not self.closing:
+                        self.cond.wait(timeout=POLL_S)
+                    closing = self.closing
+                self._pass(last_too=closing)
+                if closing:
+                    return
+        except Exception:
+            log.exception("recording stopped: the recorder's thread failed (serving goes on)")
+        finally:
+            self._end()
+            self.cpu_s = time.thread_time()
+
+    def _pass(self, last_too: bool) -> None:
+        self._index_records()
+        for stream_id, recording in list(self.streams.items()):
+            recording.follow(self, last_too or recording.ring.ended)
+            if recording.removed and recording.ring.ended:
+                recording.close(self)
+                recording.end()
+                with self.cond:
+                    self.gone.append(self.streams.pop(stream_id))
+        if time.monotonic() - self._retained_at >= RETAIN_S:
+            self._retained_at = time.monotonic()
+            self._retain()
+
+    def _index_records(self) -> None:
+        events, taken = [], len(self.inbox)
+        for _ in range(taken):
+            record = self.inbox.popleft()
+            if record.type == "clip_ready":
+                offset = self._offset(record.stream)
+                self.index.add_media("clip", record.path, record.stream, record.start + offset,
+                                     record.end + offset, record.bytes, record.events)
+            elif record.type == "snapshot_ready":
+                at = (record.pts + self._offset(record.stream)) if record.pts is not None else time.time()
+                self.index.add_media("snapshot", record.path, record.stream, at, None, record.bytes, record.events)
+            else:
+                events.append(record)
+        if events:
+            self.index.add_events(events)
+            for event in events:
+                self.index.hold(event, self.before_s, self.after_s)
+
+    def _offset(self, stream_id: int) -> float:
+        recording = self.streams.get(stream_id)
+        found = None if recording is None else (recording.offset or recording.seen_offset)
+        return found if found is not None else 0.0
+
+    def _retain(self) -> None:
+        """Segments past their age, and in events mode those no event holds once none can still come."""
+        now, config = time.time(), self.config
+        if config.max_age:
+            self._drop(self.index.ended_before(now - config.max_age, held=False))
+        if config.events_max_age:
+            self._drop(self.index.ended_before(now - config.events_max_age, held=True))
+        for recording in [r for r in self.streams.values() if r.mode == "events"]:
+            self._drop(self.index.ended_before(now - self.before_s - EVENT_LAG_S, held=False, stream=recording.stream))
+        oldest = self.index.oldest_start()
+        if oldest is not None and (config.max_age or config.events_max_age):
+            self.index.forget_before(oldest - self.before_s - self.after_s)
+
+    def _drop(self, segments) -> None:
+        for segment in segments:
+            self.budget.drop(segment)
+
+    def _end(self) -> None:
+        """Every segment closed; in events mode, those no event holds go (every event of the run has come)."""
+        try:
+            for recording in self.streams.values():
+                try:
+                    recording.close(self)
+                finally:
+                    recording.end()
+            self._index_records()
+            for recording in [r for r in self.streams.values() if r.mode == "events"]:
+                self._drop(self.index.ended_before(float("inf"), held=False, stream=recording.stream))
+        finally:
+            self.index.close()
+
+    # -- the run ------------------------------------------------------------------------------------------------
+    def health(self) -> str | None:
+        """Why recording is degraded now (None: it is not)."""
+        if self.budget.degraded():
+            return "recording: no room on its disk or in its budget, stretches not recorded"
+        if not self.thread.is_alive() and not self.closing:
+            return "recording: its thread stopped"
+        return None
+
+    def summary(self) -> dict:
+        streams = [*self.streams.values(), *self.gone]
+        return {"folder": str(self.folder), "segments": sum(r.written for r in streams),
+                "failed": sum(r.failed for r in streams), "lost_gops": sum(r.lost for r in streams),
+                "refused_gops": self.budget.refused, "removed_for_room": self.budget.removed,
+                "bytes": self.budget.closed, "max_bytes": self.config.max_size, "repaired": self.repaired,
+                "cpu_s": round(self.cpu_s, 3)}
+
+    def close(self) -> None:
+        """The GOPs the rings hold written, the segments closed, the index checkpointed (bounded)."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+        self.thread.join(timeout=CLOSE_WAIT_S)
+        if self.thread.is_alive():
+            log.warning("recording: the last segments were not closed within %.0f s (they are repaired at the next "
+                        "start)", CLOSE_WAIT_S)
+
+
+def open_recorder(config, bus, streams, closers: list):
+    """The recorder where [record] folder is set (None elsewhere): the configured streams attached, its close
+    among the closers, the frames' records (the wall clock) and the events, clips and snapshots (the index)
+    subscribed to."""
+    if not config.record.folder:
+        return None
+    recorder = Recorder(config.record, config.clips.before_s, config.clips.after_s, config.clips.ring_mb)
+    closers.append(recorder.close)
+    for stream in streams:
+        recorder.attach(stream.id, stream.source, stream.spec.record or config.record.mode)
+    bus.subscribe(recorder.on_frame, types=[None])
+    bus.subscribe(recorder.on_record, types=[*EVENT_TYPES, *INDEXED])
+    return recorder
