@@ -70,7 +70,8 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             "events_cpu_s": (s.get("events") or {}).get("cpu_s"),
             "serving_us_per_object": round(serving / max(tracked, 1) * 1e6, 2),
             "process_us_per_object": round(cpu["process"] / max(tracked, 1) * 1e6, 2),
-            **({"reid": s["reid"]} if "reid" in s else {})}
+            **({"reid": s["reid"]} if "reid" in s else {}),
+            **({"recording": s["recording"]} if "recording" in s else {})}
 
 
 def main() -> None:

@@ -424,3 +424,34 @@ def test_an_export_across_five_segments_is_one_file_whose_length_is_the_range_wi
         assert main(["export", "recording", str(folder), *argv, "-o", str(out)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+@needs_ffmpeg
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+def test_annex_b_packets_as_nvdec_gives_them_are_recorded_as_the_inputs_own_pictures(tmp_path, codec):
+    """NVDEC's demuxer (and an ffmpeg process's) gives Annex B: each segment takes its codec parameters from its
+    packets' parameter sets (opened again only where they change), and the segments decode, end to end, to the
+    input's own pictures."""
+    from jetpipe.pipelines.outputs.recording.segments import parameter_sets
+    from tests.pipelines.outputs.test_clips import _frame_md5s
+    from tests.pipelines.outputs.test_clips import _ring_of as ring_of_file
+    from tests.pipelines.outputs.test_clips import _video as clip_video
+
+    video = clip_video(tmp_path / "in.mkv", codec)
+    ts = tmp_path / "in.ts"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(video), "-c", "copy", str(ts)], check=True)
+    whole = ring_of_file(ts)
+    keys = [parameter_sets(g.packets[0].data, codec) for g in whole.gops]
+    assert keys[0] and all(k == keys[0] for k in keys)  # the same parameter sets before every keyframe
+    folder = tmp_path / "rec"
+    recorder = Recorder(_config(folder), 5.0, 5.0, 64)
+    source = _Source("no file: the packets say it all")
+    recorder.attach(0, source, "all")
+    source.packet_ring.annexb = codec
+    _feed(source, [p for g in whole.gops for p in g.packets], whole.time_base)
+    recording = recorder.streams[0]
+    recorder.close()
+    rows = _rows(folder)
+    assert len(rows) == 3 and recording.template_key == keys[0]
+    recorded = [md5 for path, *_ in rows for md5 in _frame_md5s(folder / path)]
+    assert recorded == _frame_md5s(video)

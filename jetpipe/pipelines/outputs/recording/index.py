@@ -251,15 +251,17 @@ class RecordIndex:
         self.db.execute("INSERT OR REPLACE INTO media VALUES (?, ?, ?, ?, ?, ?, ?)",
                         (path, kind, stream, at, end, size, json.dumps(events)))
 
-    def hold(self, event, before_s: float, after_s: float) -> None:
-        """The closed segments of the event's stream that overlap [its time - before_s, + after_s] are held
-        (on the stream's clock where the event has a pts and the segment a t0)."""
-        if event.pts is not None:
+    def hold(self, stream: int, on_clock: tuple | None, on_wall: tuple | None) -> None:
+        """The stream's closed segments that overlap a span of events with their pre- and post-roll are held:
+        on_clock (from, to) on the stream's clock (the segments with a t0), on_wall (from, to) on the wall
+        clock (events without a pts: every segment; with one: the segments rebuilt without a t0)."""
+        if on_clock is not None:
             self.db.execute("UPDATE segments SET held = 1 WHERE stream = ? AND held = 0 AND t0 IS NOT NULL AND "
-                            "t0 <= ? AND t1 >= ?", (event.stream, event.pts + after_s, event.pts - before_s))
-        self.db.execute("UPDATE segments SET held = 1 WHERE stream = ? AND held = 0 AND (t0 IS NULL OR ? IS NULL) "
-                        "AND start <= ? AND end >= ?",
-                        (event.stream, event.pts, event.time + after_s, event.time - before_s))
+                            "t0 <= ? AND t1 >= ?", (stream, on_clock[1], on_clock[0]))
+        if on_wall is not None:
+            self.db.execute(f"UPDATE segments SET held = 1 WHERE stream = ? AND held = 0 AND "
+                            f"{'t0 IS NULL AND ' if on_clock is not None else ''}start <= ? AND end >= ?",
+                            (stream, on_wall[1], on_wall[0]))
 
     def event_near(self, stream: int, t0: float, t1: float, before_s: float, after_s: float) -> bool:
         """Whether an event of the stream lies within [t0 - after_s, t1 + before_s] on its clock (a segment

@@ -177,3 +177,24 @@ def template_of(annexb: str | None, file_template: str, packets: list[Packet]):
     if annexb is None:
         return av.open(file_template)
     return av.open(io.BytesIO(b"".join(p.data for p in packets)), format=annexb)
+
+
+_SETS = {"h264": (7, 8), "hevc": (32, 33, 34)}  # SPS, PPS (HEVC: VPS, SPS, PPS)
+
+
+def parameter_sets(data: bytes, codec: str) -> bytes:
+    """The parameter-set NAL units before the first picture of an Annex B keyframe (NVDEC's demuxer puts them
+    there): what its codec parameters come from, so a template is opened again only where they changed."""
+    wanted, found = _SETS[codec], []
+    at = data.find(b"\x00\x00\x01")
+    while at != -1 and at + 3 < len(data):
+        start = at + 3
+        header = data[start]
+        kind = header & 0x1F if codec == "h264" else (header >> 1) & 0x3F
+        following = data.find(b"\x00\x00\x01", start)
+        if kind in wanted:
+            found.append(data[start:following if following != -1 else len(data)].rstrip(b"\x00"))
+        elif (codec == "h264" and kind in (1, 5)) or (codec == "hevc" and kind < 32):
+            break  # a picture: the parameter sets come before it
+        at = following
+    return b"".join(found)

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 from jetpipe.errors import worth_logging
 from jetpipe.pipelines.outputs.recording.index import segment_path
-from jetpipe.pipelines.outputs.recording.segments import HEADER_BYTES, SegmentFile, reserve_for, template_of
+from jetpipe.pipelines.outputs.recording.segments import (
+    HEADER_BYTES,
+    SegmentFile,
+    parameter_sets,
+    reserve_for,
+    template_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,8 @@ class StreamRecording:
     offset: float | None = None    # wall clock - stream clock
     seen_offset: float | None = None  # the newest frame's (on_frame; read in the recorder's thread)
     segment: Open | None = None
-    file_template: object = None   # the input file's container (packets as it holds them), opened once
+    file_template: object = None   # the container segments copy codec parameters from (_template)
+    template_key: bytes = b""      # its parameter sets (Annex B)
     lost: int = 0            # GOPs the ring let go before they were written
     written: int = 0         # segments closed
     failed: int = 0          # segments a write failed in
@@ -113,19 +120,30 @@ class StreamRecording:
                     if not os.path.lexists(recorder.folder / (p := segment_path(self.stream, start, attempt))))
         target = recorder.folder / path
         make_folders(recorder.folder, target.parent)
-        if ring.annexb is None and self.file_template is None:
-            self.file_template = template_of(None, ring.template, packets)
-        template = self.file_template if ring.annexb is None else template_of(ring.annexb, "", packets)
+        template = self._template(packets)
         row = recorder.index.begin(self.stream, self.source, path, start, start_t)
         try:
             file = SegmentFile(target, template, ring.time_base, base)
         except BaseException:
             recorder.index.forget_row(row)
             raise
-        finally:
-            if template is not self.file_template:
-                template.close()
         return Open(file, row, path, start, start_t, need)
+
+    def _template(self, packets):
+        """The container a segment copies its codec parameters from, opened again only where they changed:
+        the input file's (once), or a raw stream of this GOP where its parameter sets differ from the last
+        (opening one probes the GOP: 25 ms at 1080p, 64 times in a 30-s run of 16 streams before)."""
+        ring = self.ring
+        if ring.annexb is None:
+            if self.file_template is None:
+                self.file_template = template_of(None, ring.template, packets)
+            return self.file_template
+        key = parameter_sets(packets[0].data, ring.annexb)
+        if self.file_template is None or (key and key != self.template_key):
+            if self.file_template is not None:
+                self.file_template.close()
+            self.file_template, self.template_key = template_of(ring.annexb, "", packets), key
+        return self.file_template
 
     def close(self, recorder, t1: float | None = None) -> None:
         """The open segment finished and indexed (t1: where the next one starts)."""
