@@ -95,7 +95,8 @@ class ClipsConfig:
     after_s: float = 5.0          # and ends at its time + after_s
     on: list[str] = field(default_factory=lambda: ["line_cross", "zone_enter", "loiter", "occupancy"])
     ring_mb: float = 64.0         # the packets kept per stream, at most (before_s + after_s + a GOP of them)
-    max_total_mb: float = 10_000.0  # the folder's clips, at most (the oldest go)
+    max_total_mb: float = 0.0     # the folder's clips, at most (the oldest go); 0: 10,000, or with [record] a
+    #                               tenth of its max_size (counted in it)
     max_age_h: float = 0.0        # and none older than this (0: no limit)
 
 
@@ -110,7 +111,8 @@ class SnapshotsConfig:
     quality: int = 90             # JPEG quality, 1-100
     encoder: str = "auto"         # auto (the GPU's nvJPEG where it can be had, else OpenCV) | gpu | cpu
     buffers: int = 8              # frames waiting for the encoder at most (beyond: dropped, counted)
-    max_total_mb: float = 2_000.0  # the folder's pictures, at most (the oldest go)
+    max_total_mb: float = 0.0     # the folder's pictures, at most (the oldest go); 0: 2,000, or with [record] a
+    #                               twentieth of its max_size (counted in it)
     max_age_h: float = 0.0        # and none older than this (0: no limit)
 
 
@@ -401,6 +403,8 @@ def _check_clips(config: PipelineConfig, where: str) -> None:
     clips = config.clips
     if not clips.folder:
         return
+    if clips.max_total_mb == 0:  # auto (a recording's budget then counts it: _check_record)
+        clips.max_total_mb = CLIPS_AUTO_MB
     for key, low, high in (("before_s", 0.0, 300.0), ("after_s", 0.0, 300.0), ("ring_mb", 1.0, 4096.0),
                            ("max_total_mb", 1.0, 1e9), ("max_age_h", 0.0, 1e6)):
         value = getattr(clips, key)
@@ -438,6 +442,7 @@ def _check_record(config: PipelineConfig, where: str) -> None:
     if not MIN_RECORD_BYTES <= record.max_size <= 10**16:
         raise ConfigError(f"{where}: record max_size = {say_bytes(record.max_size)}: from "
                           f"{say_bytes(MIN_RECORD_BYTES)} (the index and a segment) to 10 PB")
+    _share_record_budget(config, where)
     if record.max_age and record.events_max_age and record.events_max_age < record.max_age:
         raise ConfigError(f"{where}: record events_max_age is shorter than max_age: segments with events are kept "
                           "longer, not shorter")
@@ -448,11 +453,42 @@ def _check_record(config: PipelineConfig, where: str) -> None:
                           "127.0.0.1")
 
 
+CLIPS_AUTO_MB, SNAPSHOTS_AUTO_MB = 10_000.0, 2_000.0  # without a recording
+CLIPS_SHARE, SNAPSHOTS_SHARE = 0.10, 0.05  # of a recording's max_size, where their own is not set
+
+
+def _share_record_budget(config: PipelineConfig, where: str) -> None:
+    """Clips and snapshots are counted in the recording's max_size: theirs, where not set, is a share of it, and
+    what they may hold is kept from the segments (media_reserve)."""
+    record = config.record
+    for table, share in ((config.clips, CLIPS_SHARE), (config.snapshots, SNAPSHOTS_SHARE)):
+        if table.folder and table.max_total_mb == 0:
+            table.max_total_mb = round(record.max_size * share / 1e6, 3)
+    left = record.max_size - media_reserve(config)
+    if left < MIN_RECORD_BYTES:
+        raise ConfigError(f"{where}: record max_size = {say_bytes(record.max_size)} leaves "
+                          f"{say_bytes(max(left, 0))} for the recording after the clips' and snapshots' "
+                          f"max_total_mb: raise --record-max-size or lower theirs")
+
+
+def media_reserve(config: PipelineConfig) -> int:
+    """Bytes of a recording's budget the clips and snapshots may hold: their max_total_mb (each writer makes room
+    before it writes: retention.Room), with the blocks their files take beyond their bytes."""
+    reserve = 0
+    if config.clips.folder:
+        reserve += int((config.clips.max_total_mb or CLIPS_AUTO_MB) * 1e6 * 1.01)
+    if config.snapshots.folder:
+        reserve += int((config.snapshots.max_total_mb or SNAPSHOTS_AUTO_MB) * 1e6 * 1.02)
+    return reserve
+
+
 def _check_snapshots(config: PipelineConfig, where: str) -> None:
     """Bounds, the event types, the encoder's name, and a folder this user can write (made where missing)."""
     snapshots = config.snapshots
     if not snapshots.folder:
         return
+    if snapshots.max_total_mb == 0:
+        snapshots.max_total_mb = SNAPSHOTS_AUTO_MB
     for key, low, high in (("quality", 1, 100), ("buffers", 1, 256), ("max_total_mb", 1.0, 1e9),
                            ("max_age_h", 0.0, 1e6)):
         value = getattr(snapshots, key)
@@ -559,8 +595,8 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
     _check_reid(config, where)
     for rule in (r for r in [*config.zones, *config.lines] if r.speed_limit_kmh):
         check_speed_rule(rule, {c.stream: c for c in config.calibrations}, where)
+    _check_record(config, where)  # first: it sizes the clips' and the snapshots' shares of its budget
     _check_clips(config, where)
-    _check_record(config, where)
     _check_snapshots(config, where)
     _check_gpus(config, where)
     return config

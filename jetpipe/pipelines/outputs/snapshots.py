@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetpipe.errors import worth_logging
-from jetpipe.pipelines.outputs.retention import keep_within
+from jetpipe.pipelines.config import SNAPSHOTS_AUTO_MB
+from jetpipe.pipelines.outputs.retention import Room
 from jetpipe.pipelines.outputs.sinks import scheme_of
 from jetpipe.pipelines.outputs.sinks.safe_open import write_whole
 from jetpipe.runtime.jpeg import clip_box
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 SNAPSHOT_SCHEMA = "jetpipe.snapshot/1"
 SNAPSHOT_NAME = re.compile(r"stream\d+-\d{8,}-\d+(-e\d+)?\.jpg")  # stream{ID}-{frame}-{n}[-e{k}].jpg
 CLOSE_WAIT_S = 5.0  # at the stop, pictures still waiting get this long
-RETAIN_EVERY = 16   # pictures written between looks at the folder's size
 
 
 @dataclass
@@ -73,6 +73,8 @@ class Snapshots:
         sinks."""
         self.config, self.encoder, self.deliver = config, encoder, deliver
         self.folder = Path(config.folder)
+        # the folder within max_total_mb and max_age_h, room made before each picture (the oldest go)
+        self.room = Room(self.folder, SNAPSHOT_NAME, config.max_total_mb or SNAPSHOTS_AUTO_MB, config.max_age_h)
         self.on = frozenset(config.on)
         self.work: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
@@ -108,14 +110,12 @@ class Snapshots:
 
     # -- the snapshots' thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
-        written_since = 0
         try:
             while (shot := self.work.get()) is not None:
                 with self.lock:
                     shot.taken = True
                 try:
                     self._write(shot)
-                    written_since += 1
                 except Exception as exc:  # a full disk, an encoder that failed: counted and said, serving goes on
                     self.failed += 1
                     if worth_logging(self.failed):
@@ -123,9 +123,7 @@ class Snapshots:
                                     self.failed, str(exc)[:200])
                 finally:
                     self.encoder.release(shot.held)
-                if written_since >= RETAIN_EVERY or self.work.empty():
-                    keep_within(self.folder, SNAPSHOT_NAME, self.config.max_total_mb, self.config.max_age_h)
-                    written_since = 0
+
         finally:
             self.cpu_s = time.thread_time()
 
@@ -141,9 +139,11 @@ class Snapshots:
         self.encode_s += time.perf_counter() - started
         stem = self._stem(shot)
         path, crops, size = self.folder / f"{stem}.jpg", {}, 0
+        self.room.make(sum(len(data) for _, data in pictures))  # the oldest pictures go first
         for k, (event, data) in enumerate(pictures):
             target = path if event is None else self.folder / f"{stem}-e{k}.jpg"
             write_whole(target, data)
+            self.room.wrote(len(data))
             size += len(data)
             if event is not None:
                 crops[event.event_id] = str(target)

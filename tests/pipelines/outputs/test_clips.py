@@ -305,7 +305,8 @@ def test_clip_options_are_checked_before_anything_runs(det_bundle, tmp_path, cap
 
 
 def test_the_folder_keeps_its_size_and_only_clips_go(tmp_path):
-    """Retention: the oldest clips go past max_total_mb; a file the clips did not name stays."""
+    """Retention: room is made before a clip is written, the oldest clips going until the next fits within
+    max_total_mb; a file the clips did not name stays."""
     import os
     import time
     from types import SimpleNamespace
@@ -323,9 +324,12 @@ def test_the_folder_keeps_its_size_and_only_clips_go(tmp_path):
             clip = tmp_path / f"stream0-{k:011.3f}-{k + 1}.mp4"
             clip.write_bytes(b"c" * 100_000)
             os.utime(clip, (now - 100 + k, now - 100 + k))
-        clips._retain()
+        clips.room.make(40_000)  # a clip of 40 kB to come: 2 x 100 kB + 40 kB fit in 250 kB, 3 do not
         assert sorted(p.name for p in tmp_path.iterdir()) == ["stream-notes.mp4", "stream0-0000002.000-3.mp4",
                                                               "stream0-0000003.000-4.mp4"]
+        clips.room.wrote(40_000)
+        clips.room.make(100_000)  # the running total says it does not fit: the oldest goes, without a new write
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["stream-notes.mp4", "stream0-0000003.000-4.mp4"]
     finally:
         clips.close()
 

@@ -164,7 +164,16 @@ def _config(folder: Path, **given) -> RecordConfig:
 
 
 def _folder_bytes(folder: Path) -> int:
-    return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file())
+    """As du counts the folder: every file's and folder's whole blocks (or its size, where larger); a file the
+    recorder removes while it is counted is not counted."""
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        total += max(info.st_size if path.is_file() else 0, info.st_blocks * 512)
+    return total
 
 
 def _rows(folder: Path) -> list[tuple]:
@@ -191,17 +200,23 @@ def _wait(condition, timeout: float = 60.0):
         time.sleep(0.05)
 
 
-@needs_ffmpeg
-def test_a_streams_segments_meet_end_to_end_and_each_plays(tmp_path):
+def _recorded(tmp_path, stream: int, passes: int) -> tuple[Path, list[tuple], Recorder]:
+    """A 6-s test video `passes` times over, recorded as stream `stream` in 2-s segments: the folder, its index's
+    rows, the (closed) recorder."""
     video = _video(tmp_path / "in.mp4", seconds=6)
-    packets, base = _packets(video, passes=2)
+    packets, base = _packets(video, passes=passes)
     folder = tmp_path / "rec"
     recorder = Recorder(_config(folder), 5.0, 5.0, 64)
     source = _Source(str(video))
-    recorder.attach(3, source, "all")
+    recorder.attach(stream, source, "all")
     _feed(source, packets, base)
     recorder.close()
-    rows = _rows(folder)
+    return folder, _rows(folder), recorder
+
+
+@needs_ffmpeg
+def test_a_streams_segments_meet_end_to_end_and_each_plays(tmp_path):
+    folder, rows, recorder = _recorded(tmp_path, 3, passes=2)
     assert len(rows) == 6 and all(r[5] == 0 for r in rows)  # 12 s in 2-s segments, all closed
     for (path, _, end, size, count, _, _), following in zip(rows, rows[1:] + [None]):
         assert path.startswith("stream3/") and (folder / path).stat().st_size == size
@@ -398,15 +413,7 @@ def _duration(path: Path) -> float:
 def test_an_export_across_five_segments_is_one_file_whose_length_is_the_range_within_a_gop(tmp_path, capsys):
     from jetpipe.cli import main
 
-    video = _video(tmp_path / "in.mp4", seconds=6)
-    packets, base = _packets(video, passes=3)
-    folder = tmp_path / "rec"
-    recorder = Recorder(_config(folder), 5.0, 5.0, 64)
-    source = _Source(str(video))
-    recorder.attach(2, source, "all")
-    _feed(source, packets, base)
-    recorder.close()
-    rows = _rows(folder)
+    folder, rows, _ = _recorded(tmp_path, 2, passes=3)
     assert len(rows) == 9
     start, end = rows[1][1] + 0.3, rows[5][2] - 0.4  # within the 2nd to the 6th segment
     out = tmp_path / "range.mp4"
@@ -455,3 +462,23 @@ def test_annex_b_packets_as_nvdec_gives_them_are_recorded_as_the_inputs_own_pict
     assert len(rows) == 3 and recording.template_key == keys[0]
     recorded = [md5 for path, *_ in rows for md5 in _frame_md5s(folder / path)]
     assert recorded == _frame_md5s(video)
+
+
+def test_clips_and_snapshots_take_their_share_of_the_recordings_budget(det_bundle, tmp_path, capsys):
+    """Counted in the same max_size: where their own size is not set, the clips get a tenth of it and the
+    snapshots a twentieth, and the segments what is left; a share that leaves the recording too little is one
+    line at start."""
+    from jetpipe.cli import main
+    from jetpipe.pipelines.config import load, media_reserve
+
+    config = tmp_path / "serve.toml"
+    body = (f"[pipeline]\nbundle = '{det_bundle}'\n[[source]]\nuri = 'synthetic'\n[record]\nfolder = '{tmp_path / 'r'}'"
+            f"\nmax_size = '100MB'\n[clips]\nfolder = '{tmp_path / 'c'}'\n[snapshots]\nfolder = '{tmp_path / 's'}'\n")
+    config.write_text(body)
+    loaded = load(config)
+    assert (loaded.clips.max_total_mb, loaded.snapshots.max_total_mb) == (10.0, 5.0)
+    assert 84_000_000 <= loaded.record.max_size - media_reserve(loaded) <= 85_000_000
+    config.write_text(body + "max_total_mb = 99\n")  # the snapshots' own
+    assert main(["serve", str(config), "--metrics", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "leaves 0 B for the recording after the clips' and snapshots' max_total_mb" in err[0]

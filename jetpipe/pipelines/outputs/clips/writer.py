@@ -3,8 +3,8 @@ a control API request (cut.py), a `clip_ready` record in the sinks when the file
 
 A request covers [t - before_s, t + after_s] on the stream's frame clock; it is cut once the ring holds its
 end (or the stream ended). Requests of one stream that overlap are merged into one clip. The folder is kept
-within max_total_mb and max_age_h (the oldest clips go). A clip that cannot be written (a full disk) is
-counted and said; serving goes on.
+within max_total_mb and max_age_h, room made before each clip is written (the oldest clips go). A clip that
+cannot be written (a full disk) is counted and said; serving goes on.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetpipe.errors import worth_logging
-from jetpipe.pipelines.config import ConfigError
+from jetpipe.pipelines.config import CLIPS_AUTO_MB, ConfigError
 from jetpipe.pipelines.ingest.packet_ring import PacketRing, shared_ring
 from jetpipe.pipelines.ingest.streams import ControlError
 from jetpipe.pipelines.outputs.clips.cut import open_template, write_clip
-from jetpipe.pipelines.outputs.retention import keep_within
+from jetpipe.pipelines.outputs.retention import Room
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ MAX_MERGED_S = 60.0        # requests merge into one clip up to this length (a s
 MAX_SECONDS = 300.0        # before_s and after_s, at most (the config's bound too)
 LAG_S, LAG_FRAMES = 2.0, 64  # a ring keeps this much more than a clip asks for (see attach)
 SUFFIX = ".mp4"
+CLIP_OVERHEAD = 64 * 1024  # a clip's MP4 boxes beyond its packets and their index entries, at most
 CLIP_NAME = re.compile(r"stream\d+-(-)?\d{7}\.\d{3}-\d+\.mp4")  # stream{ID}-{first frame's time}-{n}.mp4
 
 
@@ -81,6 +82,8 @@ class Clips:
         self._forgotten_cpu_s = 0.0  # the rings of removed streams
         self.cpu_s = 0.0  # this thread's CPU time, when it ended (cutting and writing the clips)
         self._names = itertools.count(1)
+        # the folder within max_total_mb and max_age_h, room made before each clip (the oldest clips go)
+        self.room = Room(self.folder, CLIP_NAME, config.max_total_mb or CLIPS_AUTO_MB, config.max_age_h)
         self.thread = threading.Thread(target=self._run, name="clips", daemon=True)
         self.thread.start()
 
@@ -241,29 +244,26 @@ class Clips:
         path = None
         while path is None or path.exists():  # a clip of an earlier run is never overwritten
             path = self.folder / f"stream{request.stream}-{packets[0].t:011.3f}-{next(self._names)}{SUFFIX}"
+        size = sum(len(p.data) for p in packets)
         try:
+            self.room.make(size + CLIP_OVERHEAD + 32 * len(packets))  # its index: an entry a packet
             if ring.opened is None:
                 ring.opened = open_template(ring, packets)
             write_clip(path, ring.opened, ring.time_base, packets)
+            self.room.wrote(path.stat().st_size)
         except Exception as exc:  # a full disk, a file gone: counted and said, serving goes on
             self._fail(request, str(exc)[:200])
             return
         self.written += 1
         shown = sorted(p.t for p in packets)
         self.deliver(ClipRecord(request.stream, str(path), round(shown[0], 6), round(shown[-1], 6),
-                                [round(request.start, 6), round(request.end, 6)], request.events,
-                                sum(len(p.data) for p in packets), len(packets)))
-        self._retain()
+                                [round(request.start, 6), round(request.end, 6)], request.events, size, len(packets)))
 
     def _fail(self, request: _Request, why: str) -> None:
         self.failed += 1
         if worth_logging(self.failed):
             log.warning("clip of stream %d [%.3f, %.3f] not written (#%d): %s", request.stream, request.start,
                         request.end, self.failed, why)
-
-    def _retain(self) -> None:
-        """The folder within max_total_mb and max_age_h: the oldest clips go."""
-        keep_within(self.folder, CLIP_NAME, self.config.max_total_mb, self.config.max_age_h)
 
     def summary(self) -> dict:
         """cpu_s: what clips cost, the sum of rings_s (keeping packets, in the sources' threads: their time

@@ -2,11 +2,12 @@
 that the folder never holds more than max_size and the file system keeps min_free, also while a segment is
 being written.
 
-The folder's bytes are the closed segments' sizes (the index's sum, kept here as a running total), the open
-segments' reservations (each GOP reserves what writing it may add, at most: segments.reserve_for, before it is
-written) and the index's own files with room for them to grow until the next look (INDEX_HEADROOM). Segments
-that hold no event go before those that do; an open segment never goes. Where nothing is left to remove,
-the GOP is not written: the stream's recording has a gap (counted, said; serving goes on).
+The folder's bytes (as `du` counts them: whole blocks) are the closed segments' sizes (the index's sum, kept
+here as a running total), the open segments' reservations (each GOP reserves what writing it may add, at most:
+segments.reserve_for, before it is written) and the index's own files with room for them to grow until the next
+look (INDEX_HEADROOM). Segments that hold no event go before those that do; an open segment never goes. Where
+nothing is left to remove, the GOP is not written: the stream's recording has a gap (counted, said; serving
+goes on).
 """
 
 from __future__ import annotations
@@ -20,15 +21,21 @@ from jetpipe.pipelines.amounts import say_bytes
 
 log = logging.getLogger(__name__)
 
-INDEX_HEADROOM = 2_000_000  # the index's growth between looks: a write-ahead log of up to ~1 MB, new rows
-BLOCK = 4096                # a file's last block is whole on disk: each open segment reserves one more
+INDEX_HEADROOM = 2_000_000  # the index's growth between looks (a write-ahead log of up to ~1 MB, new rows) and
+#                             the stream and day folders' own blocks
+BLOCK = 4096                # a file takes whole blocks on disk: what `du` counts, and what the budget counts
+
+
+def on_disk(size: int) -> int:
+    """A file's bytes as its whole blocks (du's count, not ls's)."""
+    return -(-size // BLOCK) * BLOCK
 
 
 class Budget:
     def __init__(self, index, max_bytes: int, min_free: int):
         """index: the recording's RecordIndex (the closed segments, the oldest to remove)."""
         self.index, self.max_bytes, self.min_free = index, max_bytes, min_free
-        self.closed = index.closed_bytes()
+        self.closed = index.closed_bytes(BLOCK)  # on disk: whole blocks
         self.reserved = 0    # the open segments' reservations
         self.removed = 0     # segments removed to make room
         self.refused = 0     # GOPs not written: no room could be made
@@ -58,7 +65,7 @@ class Budget:
     def closed_segment(self, reserved: int, size: int) -> None:
         """A segment was closed: its reservation becomes its size (never more: reserve_for's bound)."""
         self.reserved -= reserved
-        self.closed += size
+        self.closed += on_disk(size)
 
     def released(self, reserved: int) -> None:
         """An open segment was given up (a write failed): its reservation goes; what it holds is counted by
@@ -67,7 +74,7 @@ class Budget:
 
     def drop(self, segment) -> None:
         self.index.drop(segment)
-        self.closed -= segment.bytes
+        self.closed -= on_disk(segment.bytes)
 
     def _refuse(self, nbytes: int) -> None:
         self.refused += 1

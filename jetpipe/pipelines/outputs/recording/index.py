@@ -236,8 +236,10 @@ class RecordIndex:
             query, args = query + " AND stream = ?", args + [stream]
         return [Segment(*row) for row in self.db.execute(query + " ORDER BY start LIMIT 1000", args)]
 
-    def closed_bytes(self) -> int:
-        return self.db.execute("SELECT COALESCE(SUM(bytes), 0) FROM segments WHERE open = 0").fetchone()[0]
+    def closed_bytes(self, block: int = 1) -> int:
+        """The closed segments' bytes, each rounded up to whole blocks of `block` bytes."""
+        return self.db.execute("SELECT COALESCE(SUM((bytes + ? - 1) / ? * ?), 0) FROM segments WHERE open = 0",
+                               (block, block, block)).fetchone()[0]
 
     def add_events(self, events: list) -> None:
         """Event records (events.record.EventRecord) in one transaction."""
@@ -282,9 +284,10 @@ class RecordIndex:
         total = 0
         for name in (INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm"):
             try:
-                total += (self.folder / name).lstat().st_size
+                info = (self.folder / name).lstat()
             except FileNotFoundError:
-                pass
+                continue
+            total += max(info.st_size, info.st_blocks * 512)  # as du counts it (whole blocks)
         return total
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from collections import deque
 from pathlib import Path
 
 from jetpipe.pipelines.amounts import say_bytes
-from jetpipe.pipelines.config import EVENT_TYPES, ConfigError
+from jetpipe.pipelines.config import EVENT_TYPES, ConfigError, media_reserve
 from jetpipe.pipelines.ingest.packet_ring import shared_ring
 from jetpipe.pipelines.outputs.recording.budget import INDEX_HEADROOM, Budget
 from jetpipe.pipelines.outputs.recording.index import RecordIndex
@@ -35,17 +35,19 @@ INDEXED = ("clip_ready", "snapshot_ready")  # with the event types: the records 
 
 
 class Recorder:
-    def __init__(self, config, before_s: float, after_s: float, ring_mb: float):
+    def __init__(self, config, before_s: float, after_s: float, ring_mb: float, media_reserve: int = 0):
         """config: RecordConfig (checked: sizes in bytes, ages in seconds); before_s, after_s: the pre- and
-        post-roll around an event ([clips]); ring_mb: a stream's packets kept at most while not yet written.
-        The index is opened and repaired here, before serving starts (ConfigError where it cannot be)."""
+        post-roll around an event ([clips]); ring_mb: a stream's packets kept at most while not yet written;
+        media_reserve: the bytes of max_size the clips and snapshots may hold (config.media_reserve). The
+        index is opened and repaired here, before serving starts (ConfigError where it cannot be)."""
         self.config, self.before_s, self.after_s = config, before_s, after_s
         self.ring_bytes = int(ring_mb * 1e6)
         self.segment_s = config.segment_s
         self.folder = Path(config.folder)
         self.index = RecordIndex(self.folder)
         self.repaired = self.index.repair()
-        self.budget = Budget(self.index, config.max_size, config.min_free)
+        self.max_bytes = config.max_size - media_reserve  # the segments' and the index's share
+        self.budget = Budget(self.index, self.max_bytes, config.min_free)
         self.gap_s = 0.5  # a jump in the stream's clock beyond this between GOPs is a gap
         self.streams: dict[int, StreamRecording] = {}
         self.gone: list[StreamRecording] = []  # removed streams (their counts stay in the summary)
@@ -69,10 +71,11 @@ class Recorder:
                         "recording is made of", stream_id, source.describe())
             return
         need = 2 * (int(source.bit_rate / 8 * (self.segment_s + 2.0)) + HEADER_BYTES)
-        if self.planned + need > self.config.max_size:
+        if self.planned + need > self.max_bytes:
             why = (f"record max_size = {say_bytes(self.config.max_size)} holds less than two {self.segment_s:g}-s "
                    f"segments of each stream at its bit rate ({say_bytes(self.planned + need)} with stream "
-                   f"{stream_id}): raise --record-max-size or shorten segment_s")
+                   f"{stream_id}, beside {say_bytes(self.config.max_size - self.max_bytes)} for clips and "
+                   "snapshots): raise --record-max-size or shorten segment_s")
             if at_start:
                 raise ConfigError(why)
             log.warning("%s; it is recorded, its oldest segments going sooner", why)
@@ -212,7 +215,8 @@ class Recorder:
         return {"folder": str(self.folder), "segments": sum(r.written for r in streams),
                 "failed": sum(r.failed for r in streams), "lost_gops": sum(r.lost for r in streams),
                 "refused_gops": self.budget.refused, "removed_for_room": self.budget.removed,
-                "bytes": self.budget.closed, "max_bytes": self.config.max_size, "repaired": self.repaired,
+                "bytes": self.budget.closed, "max_bytes": self.config.max_size,
+                "for_clips_and_snapshots": self.config.max_size - self.max_bytes, "repaired": self.repaired,
                 "cpu_s": round(self.cpu_s + kept, 3), "writing_s": round(self.cpu_s, 3), "rings_s": round(kept, 3)}
 
     def close(self) -> None:
@@ -232,7 +236,8 @@ def open_recorder(config, bus, streams, closers: list):
     subscribed to."""
     if not config.record.folder:
         return None
-    recorder = Recorder(config.record, config.clips.before_s, config.clips.after_s, config.clips.ring_mb)
+    recorder = Recorder(config.record, config.clips.before_s, config.clips.after_s, config.clips.ring_mb,
+                        media_reserve(config))
     closers.append(recorder.close)
     for stream in streams:
         recorder.attach(stream.id, stream.source, stream.spec.record or config.record.mode)

@@ -25,6 +25,7 @@ _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # what a segment adds to its packets' bytes, at most: the header (ftyp + an empty moov: ~0.8 kB measured),
 # a fragment's boxes a GOP (~0.4 kB) and an entry a packet (12-16 bytes), the closing index (mfra)
 HEADER_BYTES, GOP_BYTES, PACKET_BYTES = 4096, 1024, 32
+LAST_BLOCK = 4096  # the file's last block is whole on disk (du's count): the header's reservation holds it
 
 
 def reserve_for(packets: list[Packet]) -> int:

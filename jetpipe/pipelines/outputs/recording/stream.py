@@ -21,6 +21,7 @@ from jetpipe.errors import worth_logging
 from jetpipe.pipelines.outputs.recording.index import segment_path
 from jetpipe.pipelines.outputs.recording.segments import (
     HEADER_BYTES,
+    LAST_BLOCK,
     SegmentFile,
     parameter_sets,
     reserve_for,
@@ -91,7 +92,7 @@ class StreamRecording:
         if segment is not None and start_t - segment.t0 >= recorder.segment_s - 1e-3:  # (float times)
             self.close(recorder, t1=start_t)
             segment = None
-        need = reserve_for(packets) + (HEADER_BYTES if segment is None else 0)
+        need = reserve_for(packets) + (HEADER_BYTES + LAST_BLOCK if segment is None else 0)
         if not recorder.budget.reserve(need):  # no room: a gap (the budget said so), a new segment after it
             self.close(recorder)
             self.next_t = None
