@@ -277,8 +277,20 @@ def _serve(tmp_path, toml: str, argv: list[str]) -> tuple[list[dict], dict]:
 
 
 def _index(folder: Path, query: str) -> list[tuple]:
-    with sqlite3.connect(folder / INDEX_NAME) as db:
+    """The query's rows, read as the review API reads the index: read-only, beside the writer."""
+    db = sqlite3.connect(f"file:{folder / INDEX_NAME}?mode=ro", uri=True, timeout=10)
+    try:
         return db.execute(query).fetchall()
+    finally:
+        db.close()
+
+
+def _rows_once_made(folder: Path, query: str) -> list[tuple]:
+    """_index's rows, or none while the run has not made the index and its tables yet (it is polled)."""
+    try:
+        return _index(folder, query) if (folder / INDEX_NAME).exists() else []
+    except sqlite3.OperationalError:  # the file is there, its tables not yet
+        return []
 
 
 @needs_ffmpeg
@@ -379,10 +391,9 @@ def test_a_killed_run_loses_at_most_its_open_segment_and_the_index_is_whole_at_t
     run = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", str(config), "--metrics", ""],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=Path(__file__).parents[3])
     try:
-        _wait(lambda: (folder / INDEX_NAME).exists() and len(_index(folder, "SELECT 1 FROM segments WHERE open = 0"))
-              >= 2, timeout=120)
+        _wait(lambda: len(_rows_once_made(folder, "SELECT 1 FROM segments WHERE open = 0")) >= 2, timeout=120)
         _wait(lambda: any((folder / p).stat().st_size > 0
-                          for p, in _index(folder, "SELECT path FROM segments WHERE open = 1")), timeout=30)
+                          for p, in _rows_once_made(folder, "SELECT path FROM segments WHERE open = 1")), timeout=30)
     finally:
         run.send_signal(signal.SIGKILL)
         run.wait()
