@@ -17,30 +17,26 @@ _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w"
 
 def parse_bytes(text: str | int | float) -> int:
     """'200MB' -> 200_000_000; '1.5GiB' -> 1_610_612_736; 4096 -> 4096."""
-    if isinstance(text, bool):
-        raise ValueError(f"{text!r} is not a size: write e.g. 200MB or 50GB")
-    if isinstance(text, (int, float)):
-        if text < 0:
-            raise ValueError(f"{text!r} is not a size: give bytes from 0, or e.g. 200MB")
-        return int(text)
-    found = _SIZE.fullmatch(str(text))
-    if found is None:
-        raise ValueError(f"{text!r} is not a size: write e.g. 200MB, 50GB or 512MiB")
-    return int(float(found.group(1)) * _SIZE_UNITS[(found.group(2) or "").lower()])
+    return int(_amount(text, _SIZE, _SIZE_UNITS, "size", "bytes", "200MB, 50GB or 512MiB"))
 
 
 def parse_seconds(text: str | int | float) -> float:
     """'7d' -> 604800.0; '90m' -> 5400.0; 30 -> 30.0 ('m' is minutes: months are not a fixed length)."""
+    return float(_amount(text, _DURATION, _DURATION_UNITS, "duration", "seconds", "7d, 12h, 30m or 90s"))
+
+
+def _amount(text, pattern: re.Pattern, units: dict, kind: str, unit: str, examples: str) -> int | float:
+    """A number of `unit` from 0, or a number with one of `units`; ValueError naming the `kind` otherwise."""
     if isinstance(text, bool):
-        raise ValueError(f"{text!r} is not a duration: write e.g. 7d, 12h or 90s")
+        raise ValueError(f"{text!r} is not a {kind}: write e.g. {examples}")
     if isinstance(text, (int, float)):
         if text < 0:
-            raise ValueError(f"{text!r} is not a duration: give seconds from 0, or e.g. 7d")
-        return float(text)
-    found = _DURATION.fullmatch(str(text))
+            raise ValueError(f"{text!r} is not a {kind}: give {unit} from 0, or e.g. {examples}")
+        return text  # as given: a byte count stays exact
+    found = pattern.fullmatch(str(text))
     if found is None:
-        raise ValueError(f"{text!r} is not a duration: write e.g. 7d, 12h, 30m or 90s")
-    return float(found.group(1)) * _DURATION_UNITS[(found.group(2) or "").lower()]
+        raise ValueError(f"{text!r} is not a {kind}: write e.g. {examples}")
+    return float(found.group(1)) * units[(found.group(2) or "").lower()]
 
 
 def say_bytes(count: float) -> str:

@@ -197,6 +197,7 @@ def test_a_clip_never_overwrites_nor_writes_through_a_link(tmp_path):
         write_clip(tmp_path / "link.mp4", template, ring.time_base, packets)
     assert mine.read_bytes() == b"not a clip" and not (tmp_path / "link.mp4").exists()
     assert not (tmp_path / "nowhere").exists()
+    assert (tmp_path / ".link.mp4.part").is_symlink()  # refused, and left where it was: it is not the clip's
 
 
 # --- through the daemon -------------------------------------------------------------------------------------

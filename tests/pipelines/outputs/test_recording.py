@@ -493,3 +493,26 @@ def test_clips_and_snapshots_take_their_share_of_the_recordings_budget(det_bundl
     assert main(["serve", str(config), "--metrics", ""]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "leaves 0 B for the recording after the clips' and snapshots' max_total_mb" in err[0]
+
+
+@needs_ffmpeg
+def test_a_link_in_an_open_rows_place_is_neither_read_cut_nor_removed(tmp_path):
+    """A killed run's open row whose file was swapped for a link (to a cut segment elsewhere): at the next start
+    the row goes, and the link and what it points at stay as they were (before, repairing it failed on the link
+    with a traceback)."""
+    folder, elsewhere = tmp_path / "rec", tmp_path / "theirs.mp4"
+    _, rows, _ = _recorded(tmp_path, 0, passes=1)
+    whole = (folder / rows[0][0]).read_bytes()
+    elsewhere.write_bytes(whole[:int(len(whole) * 0.7)])  # not ending at a whole fragment: a repair would cut it
+    index = RecordIndex(folder)
+    path = "stream0/2026-11-28/10-00-00.000.mp4"
+    index.begin(0, "cam", path, 1000.0, 0.0)
+    index.close()
+    (folder / path).parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(elsewhere, folder / path)
+    index = RecordIndex(folder)
+    done = index.repair()
+    index.close()
+    assert done["dropped"] == 1 and (folder / path).is_symlink()
+    assert elsewhere.read_bytes() == whole[:int(len(whole) * 0.7)]
+    assert path not in [r[0] for r in _rows(folder)]

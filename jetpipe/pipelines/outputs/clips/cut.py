@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 
 from jetpipe.pipelines.ingest.packet_ring import Packet
-
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+from jetpipe.pipelines.outputs.sinks.safe_open import linked_when_whole
 
 
 def open_template(ring, packets: list[Packet] = ()):
@@ -48,11 +47,7 @@ def write_clip(path: Path, template, time_base, packets: list[Packet]) -> None:
 
     if os.path.lexists(path):  # checked again, atomically, by the link at the end
         raise FileExistsError(f"{path} is there already: a clip never overwrites a file")
-    part = path.with_name(f".{path.name}.part")
-    try:
-        # made here first (refused where anything has the name, a link too); FFmpeg then opens it by name, as
-        # faststart's second pass needs (in a sticky folder nobody else can swap it for a link meanwhile)
-        os.close(os.open(part, _NEW, 0o644))
+    with linked_when_whole(path) as part:
         out = av.open(str(part), "w", format="mp4", options={"movflags": "+faststart"})
         try:
             stream = out.add_stream_from_template(template.streams.video[0])
@@ -66,8 +61,3 @@ def write_clip(path: Path, template, time_base, packets: list[Packet]) -> None:
                 out.mux(packet)
         finally:
             out.close()
-        os.link(part, path)  # FileExistsError where anything has that name
-        part.unlink()
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
+from jetpipe.pipelines.outputs.sinks.safe_open import linked_when_whole
 
 log = logging.getLogger(__name__)
 
 MAX_EXPORT_S = 24 * 3600.0  # one export covers at most a day (a bigger one: several)
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class ExportError(JetpipeError):
@@ -81,15 +81,8 @@ def export_range(folder: Path, stream: int, start: float, end: float, out: Path)
                           "/review/api/recordings lists what there is")
     if os.path.lexists(out):
         raise ExportError(f"{out} is there already: name a new file (an export never overwrites one)")
-    part = out.with_name(f".{out.name}.part")
-    try:
-        os.close(os.open(part, _NEW, 0o644))
+    with linked_when_whole(out) as part:
         done = _remux(folder, found, start, end, part)
-        os.link(part, out)
-        part.unlink()
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
     return Exported(out, done[0], done[1], done[2], done[3], out.stat().st_size)
 
 

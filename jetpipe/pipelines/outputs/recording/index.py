@@ -145,9 +145,11 @@ class RecordIndex:
         names adopted. What it did, counted."""
         done = {"finished": 0, "dropped": 0, "adopted": 0}
         for row_id, path, start in self.db.execute("SELECT id, path, start FROM segments WHERE open = 1").fetchall():
-            probed = repair(self.folder / path) if os.path.isfile(self.folder / path) else None
-            if probed is None:
-                self._forget(row_id, path)
+            probed = repair(self.folder / path) if self._ours(path) else None
+            if probed is None:  # nothing of it plays (its file, where ours, goes with the row)
+                if self._ours(path):
+                    (self.folder / path).unlink()
+                self.forget_row(row_id)
                 done["dropped"] += 1
             else:
                 self.db.execute("UPDATE segments SET open = 0, end = ?, t1 = t0 + ?, bytes = ?, packets = ? "
@@ -156,10 +158,10 @@ class RecordIndex:
                 done["finished"] += 1
         known = set()
         for row_id, path in self.db.execute("SELECT id, path FROM segments").fetchall():
-            if os.path.isfile(self.folder / path) and not os.path.islink(self.folder / path):
+            if self._ours(path):
                 known.add(path)
             else:
-                self.db.execute("DELETE FROM segments WHERE id = ?", (row_id,))
+                self.forget_row(row_id)
                 done["dropped"] += 1
         for path in self._segment_files():
             if path not in known:
@@ -194,9 +196,11 @@ class RecordIndex:
                          probed.packets))
         return 1
 
-    def _forget(self, row_id: int, path: str) -> None:
-        (self.folder / path).unlink(missing_ok=True)
-        self.db.execute("DELETE FROM segments WHERE id = ?", (row_id,))
+    def _ours(self, path: str) -> bool:
+        """A row's file is there as a regular file (a link in its place is someone else's: never read, cut or
+        removed)."""
+        file = self.folder / path
+        return file.is_file() and not file.is_symlink()
 
     # -- while recording ---------------------------------------------------------------------------------------
     def begin(self, stream: int, source: str, path: str, start: float, t0: float) -> int:
@@ -205,7 +209,7 @@ class RecordIndex:
                                "VALUES (?, ?, ?, ?, ?, ?, 0, 0, 1)", (stream, source, path, start, start, t0)).lastrowid
 
     def forget_row(self, row_id: int) -> None:
-        """A row whose file could not be made."""
+        """A row gone (its file could not be made, or is gone, or was removed)."""
         self.db.execute("DELETE FROM segments WHERE id = ?", (row_id,))
 
     def finish(self, row_id: int, end: float, t1: float, size: int, packets: int, held: bool) -> None:
@@ -216,7 +220,7 @@ class RecordIndex:
         """The segment's file and row removed (retention); its day's folder too once empty."""
         file = self.folder / segment.path
         file.unlink(missing_ok=True)
-        self.db.execute("DELETE FROM segments WHERE id = ?", (segment.id,))
+        self.forget_row(segment.id)
         try:
             file.parent.rmdir()  # only where empty: another segment of the day keeps it
         except OSError:

@@ -165,8 +165,12 @@ class Recorder:
 
     def _offset(self, stream_id: int) -> float:
         recording = self.streams.get(stream_id)
-        found = None if recording is None else (recording.offset or recording.seen_offset)
-        return found if found is not None else 0.0
+        if recording is None:
+            return 0.0
+        for found in (recording.offset, recording.seen_offset):
+            if found is not None:
+                return found
+        return 0.0
 
     def _retain(self) -> None:
         """Segments past their age, and in events mode those no event holds once none can still come."""

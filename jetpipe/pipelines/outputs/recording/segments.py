@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from jetpipe.pipelines.outputs.sinks.safe_open import MODE, NEW_FILE
 from jetpipe.video import Packet
 
 FRAGMENTED = {"movflags": "+frag_keyframe+empty_moov+default_base_moof"}
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # what a segment adds to its packets' bytes, at most: the header (ftyp + an empty moov: ~0.8 kB measured),
 # a fragment's boxes a GOP (~0.4 kB) and an entry a packet (12-16 bytes), the closing index (mfra)
 HEADER_BYTES, GOP_BYTES, PACKET_BYTES = 4096, 1024, 32
-LAST_BLOCK = 4096  # the file's last block is whole on disk (du's count): the header's reservation holds it
 
 
 def reserve_for(packets: list[Packet]) -> int:
@@ -52,7 +51,7 @@ class SegmentFile:
 
         self.path, self.time_base, self.base = path, time_base, base
         # unbuffered: what the muxer hands over (a fragment, as the next GOP starts) is on disk at once
-        self.file = os.fdopen(os.open(path, _NEW, 0o644), "wb", buffering=0)
+        self.file = os.fdopen(os.open(path, NEW_FILE, MODE), "wb", buffering=0)
         try:
             self.out = av.open(self.file, "w", format="mp4", options=FRAGMENTED)
             self.stream = self.out.add_stream_from_template(template.streams.video[0])

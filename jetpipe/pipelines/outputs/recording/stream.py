@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 
 from jetpipe.errors import worth_logging
+from jetpipe.pipelines.outputs.recording.budget import BLOCK
 from jetpipe.pipelines.outputs.recording.index import segment_path
 from jetpipe.pipelines.outputs.recording.segments import (
     HEADER_BYTES,
-    LAST_BLOCK,
     SegmentFile,
     parameter_sets,
     reserve_for,
@@ -40,7 +40,6 @@ class Open:
     """The segment being written."""
     file: SegmentFile
     row: int
-    path: str
     start: float      # wall clock of its time 0
     t0: float         # the stream's clock at its time 0
     reserved: int     # what the budget holds for it
@@ -92,7 +91,8 @@ class StreamRecording:
         if segment is not None and start_t - segment.t0 >= recorder.segment_s - 1e-3:  # (float times)
             self.close(recorder, t1=start_t)
             segment = None
-        need = reserve_for(packets) + (HEADER_BYTES + LAST_BLOCK if segment is None else 0)
+        # a new file: its header, and its last block taken whole on disk
+        need = reserve_for(packets) + (HEADER_BYTES + BLOCK if segment is None else 0)
         if not recorder.budget.reserve(need):  # no room: a gap (the budget said so), a new segment after it
             self.close(recorder)
             self.next_t = None
@@ -128,7 +128,7 @@ class StreamRecording:
         except BaseException:
             recorder.index.forget_row(row)
             raise
-        return Open(file, row, path, start, start_t, need)
+        return Open(file, row, start, start_t, need)
 
     def _template(self, packets):
         """The container a segment copies its codec parameters from, opened again only where they changed:

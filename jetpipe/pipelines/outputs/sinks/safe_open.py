@@ -13,11 +13,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from contextlib import contextmanager
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
 
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # made here, never through a link
 # O_RDWR: its first line is read (is it JSONL?); O_NONBLOCK: a FIFO is not waited on; no effect on a file
 _APPEND = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 MODE = 0o644
@@ -27,7 +28,7 @@ def create(path: Path, spec: str, hint: str = "name a new file") -> int:
     """A descriptor of a new file at `path` made by this call; one line (JetpipeError) where anything of
     that name is there already, a link included, or it cannot be made."""
     try:
-        return os.open(path, _NEW, MODE)
+        return os.open(path, NEW_FILE, MODE)
     except FileExistsError:
         what = "a symbolic link" if os.path.islink(path) else "there already"
         raise JetpipeError(f"sink {spec}: {path} is {what}: {hint} (a sink never writes into a file it did not "
@@ -65,10 +66,26 @@ def write_whole(path: Path, data) -> None:
     (refused where anything has it, a link too), then linked to `path`, which must not exist (FileExistsError:
     nothing is overwritten); a reader never sees half a file. Raises OSError (a full disk) leaving nothing."""
     part = path.with_name(f".{path.name}.part")
-    fd = os.open(part, _NEW, MODE)  # only a file this call made is unlinked below
+    fd = os.open(part, NEW_FILE, MODE)  # only a file this call made is unlinked below
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(data)
+        os.link(part, path)
+    finally:
+        part.unlink(missing_ok=True)
+
+
+@contextmanager
+def linked_when_whole(path: Path):
+    """For a writer that opens its file by name (FFmpeg's MP4 muxer: faststart's second pass reopens it): a
+    temporary name beside `path`, made here first (refused where anything has it, a link too; in a sticky folder
+    nobody else can swap it for a link meanwhile), given to the block; linked to `path` when the block ends
+    (FileExistsError where anything has that name: nothing is overwritten), and removed whatever happens. Only a
+    file this call made is ever removed."""
+    part = path.with_name(f".{path.name}.part")
+    os.close(os.open(part, NEW_FILE, MODE))
+    try:
+        yield part
         os.link(part, path)
     finally:
         part.unlink(missing_ok=True)
