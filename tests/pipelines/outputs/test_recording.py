@@ -139,6 +139,26 @@ def test_the_index_refuses_a_link_in_its_place(tmp_path):
     assert target.read_bytes() == b"theirs"
 
 
+def test_a_passs_events_are_indexed_in_one_transaction_whole_or_not_at_all(tmp_path):
+    from jetpipe.pipelines.core.events.record import EventRecord
+
+    def event(stream, label="person"):
+        return EventRecord("zone_enter", "door", stream, 1, 0.5, 1000.0, 7, label, 0, 0.9, [0, 0, 1, 1], {}, {})
+
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    index = RecordIndex(folder)
+    index.add_events([event(0), event(1)])
+    # a row that cannot be stored (a label SQLite cannot hold) fails the whole batch: one transaction, not one
+    # a row (which also cost 85 us an event, most of what a busy run's events cost the recorder)
+    with pytest.raises(sqlite3.Error):
+        index.add_events([event(2), event(5, label=["not", "a", "label"]), event(3)])
+    assert [row[0] for row in index.db.execute("SELECT stream FROM events ORDER BY stream")] == [0, 1]
+    index.add_events([event(4)])
+    assert index.db.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 3
+    index.close()
+
+
 @dataclass
 class _Source:
     """The source's side the recorder reads (a stream's ring is fed here as a demuxing source feeds it)."""

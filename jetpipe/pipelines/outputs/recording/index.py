@@ -20,6 +20,7 @@ the files). WAL with synchronous=NORMAL: a committed row survives the process be
 from __future__ import annotations
 
 import calendar
+import contextlib
 import json
 import logging
 import os
@@ -246,11 +247,23 @@ class RecordIndex:
                                (block, block, block)).fetchone()[0]
 
     def add_events(self, events: list) -> None:
-        """Event records (events.record.EventRecord) in one transaction."""
-        with self.db:
+        """Event records (events.record.EventRecord) in one transaction (the connection commits each statement
+        on its own otherwise: 85 us an event, most of what indexing a busy run's events cost)."""
+        with self.transaction():
             self.db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 [(e.event_id, e.stream, e.time, e.pts, e.type, e.rule, e.label, e.track_id,
                                   e.json()) for e in events])
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """What is written inside, committed at once (or not at all)."""
+        self.db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     def add_media(self, kind: str, path: str, stream: int, at: float, end: float | None, size: int,
                   events: list) -> None:
