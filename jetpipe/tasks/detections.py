@@ -19,9 +19,12 @@ is kept and written as it came, so its JSON does not change by a byte; its array
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 import numpy as np
+
+from jetpipe.tasks.json_numbers import COMPACT, tenths_json
 
 NO_TRACK = -1  # tracker_id of a box that is not (yet) part of a confirmed track
 
@@ -150,33 +153,53 @@ class Detections:
         ground's "ground_m", "speed_kmh" and "heading_deg" where the stream is calibrated, and "secondary" where
         secondaries ran."""
         results = dict(self.given) if self.given is not None else self._made()
-        if self.tracker_id is not None:
-            results["track_ids"] = self.track_list()
-        if self.ground is not None:
-            results.update(self.ground.results())
-        if self.secondary:
-            results["secondary"] = {k: list(v) for k, v in self.secondary.items()}
+        results.update(self._added())
         return results
 
+    def results_json(self) -> str:
+        """to_results() as compact JSON text, the same bytes json.dumps gives it: the boxes and the per-object
+        float arrays written in one step each (json_numbers; a busy frame's coordinates were most of its JSON)."""
+        if self.given is not None:
+            return json.dumps(self.to_results(), separators=COMPACT)
+        parts = [(key, tenths_json(value) if isinstance(value, np.ndarray) else json.dumps(value, separators=COMPACT))
+                 for key, value in self._parts()]
+        added = self._added()
+        parts += [(key, json.dumps(value, separators=COMPACT)) for key, value in added.items()]
+        return "{" + ",".join(f"{json.dumps(key)}:{text}" for key, text in parts) + "}"
+
+    def _added(self) -> dict:
+        """What the steps add to the task's results: "track_ids", the ground's keys, "secondary"."""
+        added: dict = {}
+        if self.tracker_id is not None:
+            added["track_ids"] = self.track_list()
+        if self.ground is not None:
+            added.update(self.ground.results())
+        if self.secondary:
+            added["secondary"] = {k: list(v) for k, v in self.secondary.items()}
+        return added
+
     def _made(self) -> dict:
-        results: dict = {}
+        return {key: value.tolist() if isinstance(value, np.ndarray) else value for key, value in self._parts()}
+
+    def _parts(self):
+        """(key, value) of the task's results in its order: boxes as float64 rounded to a tenth, per-object
+        extras' arrays as they are (to_results makes lists of them), the rest as JSON writes it."""
         for key in self.layout:
             if key == "boxes":
-                results[key] = np.round(self.xyxy.astype(np.float64), 1).tolist()
+                yield key, np.round(self.xyxy.astype(np.float64), 1)
             elif key == "scores":
-                results[key] = np.round(self.confidence.astype(np.float64), 4).tolist()
+                yield key, np.round(self.confidence.astype(np.float64), 4).tolist()
             elif key == "classes":
-                results[key] = self.class_ids.tolist()
+                yield key, self.class_ids.tolist()
             elif key == "labels":
                 labelled = self.labelled()
                 if labelled is not None:
-                    results[key] = labelled
+                    yield key, labelled
             elif key in self.data:
                 value = self.data[key]
-                results[key] = value.tolist() if isinstance(value, np.ndarray) else list(value)
+                yield key, value if isinstance(value, np.ndarray) else list(value)
             elif key in self.frame_data:
-                results[key] = self.frame_data[key]
-        return results
+                yield key, self.frame_data[key]
 
     def __repr__(self) -> str:
         extras = ", ".join([*self.data, *self.frame_data])

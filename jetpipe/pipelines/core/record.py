@@ -56,5 +56,8 @@ class FrameRecord:
     def json(self) -> str:
         """The compact JSON text (no newline), made at the first call and kept."""
         if self._json is None:
-            self._json = json.dumps(self.as_dict(), separators=(",", ":"))
+            head = json.dumps({"stream": self.stream, "source": self.source, "frame": self.frame, "pts": self.pts,
+                               "t_capture": self.t_capture, "t_result": self.t_result,
+                               "latency_ms": self.latency_ms, "task": self.task}, separators=(",", ":"))
+            self._json = f'{head[:-1]},"results":{self.detections.results_json()}}}'
         return self._json

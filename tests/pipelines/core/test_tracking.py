@@ -293,3 +293,16 @@ def test_a_moving_cameras_rules_are_drawn_where_its_first_view_is_now():
     record = type("Record", (), {"detections": found, "scene": None})()
     fanout.offer(0, Frame(np.zeros((720, 1280, 3), np.uint8), "bgr"), record, None, wait=False)
     assert np.allclose(drawn[0].scene[0][1], moved)
+
+
+def test_the_filters_inverses_by_cofactors_are_lapacks():
+    """The innovation covariances' inverses, a thousand at once (LAPACK pays a call a matrix): the same to
+    rounding, for well-conditioned covariances and for general matrices; none for no tracks."""
+    from jetpipe.pipelines.core.tracking.kalman import inverse4
+
+    rng = np.random.default_rng(3)
+    general = rng.normal(size=(1000, 4, 4))
+    covariances = general @ general.transpose(0, 2, 1) + np.eye(4) * rng.uniform(1, 400, (1000, 1, 1))
+    for matrices in (covariances, general):
+        assert np.allclose(inverse4(matrices), np.linalg.inv(matrices), rtol=1e-8, atol=1e-10)
+    assert inverse4(np.zeros((0, 4, 4))).shape == (0, 4, 4)

@@ -1,0 +1,61 @@
+"""A frame record's coordinates written by numpy: the same bytes json.dumps writes, for every array it takes and
+every array it leaves to json.dumps."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jetpipe.pipelines.core.record import FrameRecord
+from jetpipe.tasks.detections import Detections, Ground
+from jetpipe.tasks.json_numbers import tenths_json
+
+
+def _dumps(values: np.ndarray) -> str:
+    return json.dumps(values.tolist(), separators=(",", ":"))
+
+
+@pytest.mark.parametrize("shape", [(1,), (5,), (1, 4), (60, 4), (60, 4, 2), (3, 17, 2), (2, 1, 3, 2)])
+@pytest.mark.parametrize("scale", [0.9, 10, 2000, 999_999])
+def test_tenths_are_written_as_json_writes_them(shape, scale):
+    rng = np.random.default_rng(abs(hash((shape, scale))) % 2**32)
+    values = np.round(rng.uniform(-scale / 4, scale, shape), 1)  # unclipped quadrilaterals lie past the edges
+    flat = values.reshape(-1)
+    flat[::7] = np.floor(flat[::7])          # whole numbers ("5.0", "-3.0")
+    flat[1::11] = 0.0                        # zero ("0.0")
+    flat[2::13] = -0.0                       # negative zero ("-0.0", as repr writes it)
+    assert tenths_json(values) == _dumps(values)
+
+
+@pytest.mark.parametrize("values", [
+    [[np.nan, 1.0]], [[np.inf, 2.0]], [[-np.inf, 2.0]], [[1.25, 1.0]], [[1e6, 1.0]], [[-1e6, 1.0]], [[1e300, 0.0]],
+    [[1, 2]], np.zeros((0, 4)), np.float32([[1.5, 2.5]]), 3.5,
+], ids=["nan", "infinity", "minus infinity", "hundredths", "a million", "minus a million", "huge", "ints", "empty",
+        "float32", "a scalar"])
+def test_what_the_fast_path_does_not_take_is_written_by_json(values):
+    values = np.asarray(values)
+    assert tenths_json(values) == _dumps(values)
+
+
+def test_a_busy_frame_records_json_is_the_same_bytes_as_before():
+    rng = np.random.default_rng(7)
+    n = 80
+    corner = rng.uniform(0, 1800, (n, 2))
+    boxes = np.hstack([corner, corner + rng.uniform(5, 300, (n, 2))]).astype(np.float32)
+    quads = np.round(rng.uniform(-40, 1960, (n, 4, 2)), 1)  # unclipped: past the frame's edges
+    det = Detections(boxes, rng.uniform(0.2, 1, n), rng.integers(0, 3, n), labels=("a", "b", "c"),
+                     data={"quads": quads}, layout=("boxes", "scores", "classes", "labels", "quads"))
+    det.tracker_id = np.where(rng.uniform(size=n) < 0.7, np.arange(n), -1)
+    det.ground = Ground.at(n, np.arange(0, n, 2), rng.uniform(0, 50, (n // 2, 2)), rng.uniform(0, 90, n // 2),
+                           rng.uniform(0, 360, n // 2))
+    det.secondary["text"] = ["word"] * n
+    record = FrameRecord(3, "rtsp://cam/3", 100, 3.3, 1e9, 1e9 + 0.02, {"queue": 1.2, "total": 9.0},
+                         "text-detection", det)
+    assert record.json() == json.dumps(record.as_dict(), separators=(",", ":"))
+    # a results dict a task gave as lists is written as it came
+    given = FrameRecord(1, "cam", 1, None, 1.0, 2.0, {}, "raw", {"boxes": [[0.25, 1, 2, 3]], "scores": [0.5],
+                                                                  "anything": {"x": [1, 2]}})
+    assert given.json() == json.dumps(given.as_dict(), separators=(",", ":"))
+    empty = FrameRecord(1, "cam", 1, None, 1.0, 2.0, {}, "text-detection",
+                        Detections(layout=("boxes", "scores", "quads"), data={"quads": np.zeros((0, 4, 2))}))
+    assert empty.json() == json.dumps(empty.as_dict(), separators=(",", ":"))
