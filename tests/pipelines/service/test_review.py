@@ -111,9 +111,11 @@ def test_a_media_row_whose_file_became_a_link_out_of_its_folder_is_not_served(re
     secret = tmp_path / "secret.txt"
     secret.write_text("root:x:0:0")
     with sqlite3.connect(copy["rec"] / "index.sqlite3") as db:  # the folders' copies, each file a link to it
-        for rowid, in db.execute("SELECT rowid FROM media WHERE kind = 'snapshot'").fetchall():
-            db.execute("UPDATE media SET path = ? WHERE rowid = ?", (str(copy["shots"] / f"evil{rowid}.jpg"), rowid))
-            os.symlink(secret, copy["shots"] / f"evil{rowid}.jpg")
+        for rowid, path in db.execute("SELECT rowid, path FROM media WHERE kind = 'snapshot'").fetchall():
+            evil = str(copy["shots"] / f"evil{rowid}.jpg")
+            db.execute("UPDATE media SET path = ? WHERE rowid = ?", (evil, rowid))
+            db.execute("UPDATE media_events SET path = ? WHERE path = ?", (evil, path))
+            os.symlink(secret, evil)
         for path, in db.execute("SELECT path FROM segments").fetchall():
             (copy["rec"] / path).unlink()
             os.symlink(secret, copy["rec"] / path)
@@ -127,6 +129,36 @@ def test_a_media_row_whose_file_became_a_link_out_of_its_folder_is_not_served(re
             assert status == 404 and b"root:" not in body, url
     finally:
         server.close()
+
+
+@needs_ffmpeg
+def test_an_index_made_before_the_media_events_table_still_finds_each_events_clip_and_snapshot(recorded, tmp_path):
+    """The events list finds an event's media by the event (not a scan of every media row's list); an index
+    written before that table (or by a jetpipe that did not fill it) gets it at its next opening."""
+    import sqlite3
+
+    from jetpipe.pipelines.outputs.recording.index import RecordIndex
+
+    folders, _ = recorded
+    copy = {name: tmp_path / name for name in folders}
+    for name, folder in folders.items():
+        shutil.copytree(folder, copy[name])
+    server, base = _server(copy, "")
+    try:
+        before = json.loads(_get(f"{base}/review/api/events")[2])["events"]
+    finally:
+        server.close()
+    assert sum(e["clip"] is not None for e in before) >= 2 and sum(e["snapshot"] is not None for e in before) >= 2
+    with sqlite3.connect(copy["rec"] / "index.sqlite3") as db:
+        db.execute("DROP TABLE media_events")
+    RecordIndex(copy["rec"]).close()  # what the next run's opening does
+    server, base = _server(copy, "")
+    try:
+        after = json.loads(_get(f"{base}/review/api/events")[2])["events"]
+    finally:
+        server.close()
+    kinds = lambda events: [(e["id"], e["clip"] is not None, e["snapshot"] is not None) for e in events]  # noqa: E731
+    assert kinds(after) == kinds(before)
 
 
 @needs_ffmpeg

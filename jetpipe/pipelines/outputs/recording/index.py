@@ -8,6 +8,7 @@
         judged on the stream's clock (a file read faster than real time has no other) where both have one
     events(id, stream, time, pts, type, rule, label, track, record)    record: the event's JSON line
     media(path, kind, stream, time, end, bytes, events)                kind: clip | snapshot; events: JSON list
+    media_events(event, path)          each event's media, looked up by event (the events list's clip and snapshot)
     meta(key, value)                                                   schema: its version
 
 One connection, the recorder's thread's (opened, checked and repaired before serving starts). A row is written
@@ -57,7 +58,23 @@ CREATE INDEX IF NOT EXISTS events_by_time ON events (time);
 CREATE TABLE IF NOT EXISTS media (path TEXT PRIMARY KEY, kind TEXT NOT NULL, stream INTEGER NOT NULL,
     time REAL NOT NULL, end REAL, bytes INTEGER NOT NULL, events TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS media_by_time ON media (time);
+CREATE TABLE IF NOT EXISTS media_events (event TEXT NOT NULL, path TEXT NOT NULL, PRIMARY KEY (event, path))
+    WITHOUT ROWID;
 """
+
+
+def _fill_media_events(db: sqlite3.Connection) -> None:
+    """media_events for the media rows that have none (an index made before the table, or written by a jetpipe
+    that did not fill it): from their events lists."""
+    rows = db.execute("SELECT path, events FROM media WHERE path NOT IN (SELECT path FROM media_events)").fetchall()
+    pairs = []
+    for path, events in rows:
+        try:
+            pairs += [(str(event), path) for event in json.loads(events)]
+        except (ValueError, TypeError):  # not a list: nothing to look up by
+            continue
+    if pairs:
+        db.executemany("INSERT OR IGNORE INTO media_events VALUES (?, ?)", pairs)
 
 
 @dataclass
@@ -135,6 +152,7 @@ class RecordIndex:
             elif found[0] != SCHEMA:
                 raise ConfigError(f"recording index {self.path} has schema {found[0]}, this jetpipe reads {SCHEMA}: "
                                   "record into another folder")
+            _fill_media_events(db)
         except BaseException:
             db.close()
             raise
@@ -267,8 +285,11 @@ class RecordIndex:
 
     def add_media(self, kind: str, path: str, stream: int, at: float, end: float | None, size: int,
                   events: list) -> None:
-        self.db.execute("INSERT OR REPLACE INTO media VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (path, kind, stream, at, end, size, json.dumps(events)))
+        with self.transaction():
+            self.db.execute("INSERT OR REPLACE INTO media VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (path, kind, stream, at, end, size, json.dumps(events)))
+            self.db.executemany("INSERT OR IGNORE INTO media_events VALUES (?, ?)",
+                                [(str(event), path) for event in events])
 
     def hold(self, stream: int, on_clock: tuple | None, on_wall: tuple | None) -> None:
         """The stream's closed segments that overlap a span of events with their pre- and post-roll are held:
@@ -291,6 +312,7 @@ class RecordIndex:
     def forget_before(self, wall: float) -> None:
         """Events and media rows older than every kept segment (their recording went)."""
         self.db.execute("DELETE FROM events WHERE time < ?", (wall,))
+        self.db.execute("DELETE FROM media_events WHERE path IN (SELECT path FROM media WHERE time < ?)", (wall,))
         self.db.execute("DELETE FROM media WHERE time < ?", (wall,))
 
     def oldest_start(self) -> float | None:

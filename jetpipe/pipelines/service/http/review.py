@@ -174,8 +174,8 @@ class Review:
     def _event(self, db, row) -> dict:
         event_id, stream, when, pts, kind, rule, label, track, record = row
         media = {sort: self.sign(f"/review/media/{sort}/{rowid}") for rowid, sort in db.execute(
-            "SELECT rowid, kind FROM media WHERE stream = ? AND events LIKE ? ORDER BY time",
-            (stream, f'%"{_like(event_id)}"%'))}
+            "SELECT media.rowid, media.kind FROM media_events JOIN media ON media.path = media_events.path "
+            "WHERE media_events.event = ? AND media.stream = ? ORDER BY media.time", (event_id, stream))}
         # the segment that holds it: on the stream's clock where both have one (a file read faster than real time
         # has no other), else on the wall clock
         found = db.execute("SELECT id, start, CASE WHEN t0 IS NOT NULL AND ?1 IS NOT NULL THEN ?1 - t0 ELSE ?2 - start "
@@ -291,10 +291,6 @@ def _when(asked: dict, key: str, default: float | None = None) -> float:
         return parse_when(asked[key], key)
     except ExportError as exc:
         raise BadRequest(400, str(exc)) from None
-
-
-def _like(text: str) -> str:
-    return text.replace("%", "").replace("_", "").replace('"', "")
 
 
 def _inside(path: Path, root: Path) -> Path:
