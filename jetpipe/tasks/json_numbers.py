@@ -20,7 +20,8 @@ import numpy as np
 COMPACT = (",", ":")
 WHOLE_DIGITS = 6        # the fast path's numbers are below a million (pixels of any picture)
 POWERS = 10 ** np.arange(WHOLE_DIGITS - 1, -1, -1, dtype=np.uint32)  # the digits' places, highest first
-MAX_SHAPES = 4096       # separator tables kept (one per shape: the boxes' (N, 4), the quads' (N, 4, 2) for N seen)
+MAX_CACHED_BYTES = 16 << 20  # separator tables kept, one per shape (the boxes' (N, 4), the quads' (N, 4, 2) for
+#                              each N seen: ~24 kB each at N = 300), up to this much; beyond it, made at each use
 ZERO, POINT, MINUS = ord("0"), ord("."), ord("-")
 
 
@@ -34,6 +35,7 @@ class _Separators:
 
 
 _separators: dict[tuple, _Separators] = {}
+_cached_bytes = 0
 
 
 def tenths_json(values: np.ndarray) -> str:
@@ -66,26 +68,30 @@ def _tenths_text(values: np.ndarray, digits: int) -> str:
 
 
 def _separators_of(shape: tuple) -> _Separators:
+    global _cached_bytes
     found = _separators.get(shape)
     if found is None:
         found = _make_separators(shape)
-        if len(_separators) < MAX_SHAPES:
+        if _cached_bytes + 2 * found.chars.size <= MAX_CACHED_BYTES:
             _separators[shape] = found
+            _cached_bytes += 2 * found.chars.size
     return found
 
 
 def _make_separators(shape: tuple) -> _Separators:
+    """Each number's count of the lists it ends (the innermost axes at their last index, counted outwards),
+    then the text that count calls for: "," inside a list, "],[" at its end, ..., all the brackets at the last."""
     depth, size = len(shape), int(np.prod(shape))
-    texts = []
-    for flat in range(size):
-        place, closed = np.unravel_index(flat, shape), 0
-        while closed < depth and place[depth - 1 - closed] == shape[depth - 1 - closed] - 1:
-            closed += 1  # the lists this number ends
-        texts.append("]" * depth if closed == depth else "]" * closed + "," + "[" * closed)
+    flat, stride = np.arange(size), 1
+    closed, still = np.zeros(size, np.intp), np.ones(size, bool)
+    for axis in range(depth - 1, -1, -1):
+        still &= flat // stride % shape[axis] == shape[axis] - 1
+        closed += still
+        stride *= shape[axis]
+    texts = ["]" * k + "," + "[" * k for k in range(depth)] + ["]" * depth]
     width = max(len(t) for t in texts)
-    chars = np.zeros((size, width), np.uint8)
-    shown = np.zeros((size, width), bool)
-    for row, text in enumerate(texts):
-        chars[row, :len(text)] = np.frombuffer(text.encode(), np.uint8)
-        shown[row, :len(text)] = True
-    return _Separators("[" * depth, chars, shown)
+    chars, shown = np.zeros((depth + 1, width), np.uint8), np.zeros((depth + 1, width), bool)
+    for k, text in enumerate(texts):
+        chars[k, :len(text)] = np.frombuffer(text.encode(), np.uint8)
+        shown[k, :len(text)] = True
+    return _Separators("[" * depth, chars[closed], shown[closed])

@@ -59,3 +59,16 @@ def test_a_busy_frame_records_json_is_the_same_bytes_as_before():
     empty = FrameRecord(1, "cam", 1, None, 1.0, 2.0, {}, "text-detection",
                         Detections(layout=("boxes", "scores", "quads"), data={"quads": np.zeros((0, 4, 2))}))
     assert empty.json() == json.dumps(empty.as_dict(), separators=(",", ":"))
+
+
+def test_the_separator_tables_kept_stay_within_their_bound(monkeypatch):
+    from jetpipe.tasks import json_numbers
+
+    monkeypatch.setattr(json_numbers, "_separators", {})
+    monkeypatch.setattr(json_numbers, "_cached_bytes", 0)
+    monkeypatch.setattr(json_numbers, "MAX_CACHED_BYTES", 20_000)
+    for n in range(1, 200):  # frames of every object count: a table a shape, until the bound
+        values = np.round(np.random.default_rng(n).uniform(0, 1900, (n, 4, 2)), 1)
+        assert tenths_json(values) == _dumps(values)
+    kept = json_numbers._separators.values()
+    assert 0 < len(kept) < 199 and sum(2 * s.chars.size for s in kept) <= 20_000
