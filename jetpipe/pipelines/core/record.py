@@ -49,15 +49,18 @@ class FrameRecord:
 
     def as_dict(self) -> dict:
         """The record as JSON keys, in the order every sink has always written them."""
+        return {**self._head(), "results": self.detections.to_results()}
+
+    def _head(self) -> dict:
+        """The keys before "results"."""
         return {"stream": self.stream, "source": self.source, "frame": self.frame, "pts": self.pts,
                 "t_capture": self.t_capture, "t_result": self.t_result, "latency_ms": self.latency_ms,
-                "task": self.task, "results": self.detections.to_results()}
+                "task": self.task}
 
     def json(self) -> str:
-        """The compact JSON text (no newline), made at the first call and kept."""
+        """The compact JSON text (no newline), made at the first call and kept: the head's, then the results'
+        (Detections.results_json: their coordinates written by numpy)."""
         if self._json is None:
-            head = json.dumps({"stream": self.stream, "source": self.source, "frame": self.frame, "pts": self.pts,
-                               "t_capture": self.t_capture, "t_result": self.t_result,
-                               "latency_ms": self.latency_ms, "task": self.task}, separators=(",", ":"))
+            head = json.dumps(self._head(), separators=(",", ":"))
             self._json = f'{head[:-1]},"results":{self.detections.results_json()}}}'
         return self._json

@@ -123,7 +123,6 @@ class Snapshots:
                                     self.failed, str(exc)[:200])
                 finally:
                     self.encoder.release(shot.held)
-
         finally:
             self.cpu_s = time.thread_time()
 
