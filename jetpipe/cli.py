@@ -278,6 +278,10 @@ def _add_serve(sub) -> None:
     p.add_argument("--gpus", metavar="all|0,1,...",
                    help="serve on these GPUs: a worker process each, the streams placed by load (a [[source]]'s "
                         "gpu = N pins one), one metrics port and one set of sinks (default: GPU 0 alone)")
+    p.add_argument("--workers-per-gpu", type=int, metavar="N",
+                   help="serving processes on each GPU (default 1), the streams placed across them: where one "
+                        "process's CPU, not the GPU, is the limit (many busy cameras: the log's overload line says "
+                        "so); without --gpus, on GPU 0. Costs latency where the GPU is the limit")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",
@@ -393,7 +397,7 @@ def _serve_config(args):
         raise JetpipeError("--direction turns the crops of a --secondary: add --secondary BUNDLE")
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker",
                 "reid", "reid_in_events", "latency_budget_ms", "capture_threads", "decode_processes", "decode_threads",
-                "gpus"):
+                "gpus", "workers_per_gpu"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

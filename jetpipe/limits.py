@@ -7,3 +7,4 @@ MAX_STREAMS = 256  # streams one daemon serves at once (the control API's max_st
 MAX_DECODE_PROCESSES = 32  # processes NVDEC files are decoded in (serve's decode_processes)
 MAX_DECODE_THREADS = 32    # decoding threads in each of them (serve's decode_threads)
 MAX_GPUS = 64  # GPU numbers: serve --gpus, export triton --gpus
+MAX_WORKERS_PER_GPU = 16  # serving processes on one GPU (serve --workers-per-gpu)

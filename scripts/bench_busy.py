@@ -6,14 +6,15 @@
                                [--py-spy DIR] [--json OUT]
 
 N copies of a 1080p30 H.264 file of words panning leftwards past the text detector (scripts/bench_events.py's
-video; 200 words in a frame give about 60 tracked boxes), served live (--loop --realtime) with the CLI's
-defaults: the tracker the rules turn on (botsort), 4 rules a stream (two lines, two zones) and a jsonl sink, for
---seconds. Each --tree (NAME=PATH, a checkout of jetpipe) runs in turn, interleaved, --repeats times, the same
-video and bundle; each --variant (NAME=FLAGS: more `serve` flags, e.g. looks for the tracker) runs beside the
-plain run of each tree, interleaved too. Reported per run: frames/s, dropped, latency p50 / p99, tracked boxes a
-frame, the process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread:
-finishing, tracking, events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's
-first run's stacks (py-spy record --format raw, the GIL holder's: --gil) into DIR.
+video; 200 words in a frame give about 60 lines found and 41 tracked a frame), served live (--loop --realtime) with
+the CLI's defaults: the tracker the rules turn on (botsort), 4 rules a stream (two lines, two zones) and a jsonl
+sink, for --seconds. Each --tree (NAME=PATH, a checkout of jetpipe) runs in turn, interleaved, --repeats times, the
+same video and bundle; each --variant (NAME=FLAGS: more `serve` flags, e.g. looks for the tracker) runs beside the
+plain run of each tree, interleaved too (e.g. `--variant 'workers2=--workers-per-gpu 2'`: two serving processes on
+the GPU; their CPU is summed). Reported per run: frames/s, dropped, latency p50 / p99, tracked boxes a frame, the
+process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread: finishing, tracking,
+events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's first run's stacks (py-spy
+record --format raw, the GIL holder's: --gil) into DIR.
 """
 
 from __future__ import annotations
@@ -60,18 +61,36 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             frames += 1
             tracked += sum(t is not None for t in record["results"].get("track_ids") or ())
     records.unlink()
-    cpu = s["cpu_seconds"]
+    cpu = cpu_of(s)
     serving = cpu.get("post", 0.0) + cpu.get("sinks", 0.0)
     total = s["latency_ms"]["total"]
     return {"run": label, "fps": s["throughput_fps"], "dropped": sum(s["dropped"]), "frames": frames,
             "p50_ms": total["0.5"], "p99_ms": total["0.99"], "tracked_per_frame": round(tracked / max(frames, 1), 1),
             "events": events, "cpu_cores": s.get("cpu_cores"), "cpu_seconds": cpu,
-            "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch"),
+            "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch") or [
+                g.get("post_thread_ms_per_batch") for g in s.get("gpus", [])],
+            "post_thread_busy_share": s.get("post_thread_busy_share") or [
+                g.get("post_thread_busy_share") for g in s.get("gpus", [])],
+            "gpu_busy_share": s.get("gpu_busy_share") or [g.get("gpu_busy_share") for g in s.get("gpus", [])],
             "events_cpu_s": (s.get("events") or {}).get("cpu_s"),
             "serving_us_per_object": round(serving / max(tracked, 1) * 1e6, 2),
             "process_us_per_object": round(cpu["process"] / max(tracked, 1) * 1e6, 2),
+            "overload_said": next((line for line in reversed(done.stderr.splitlines()) if "overloaded:" in line), None),
             **({"reid": s["reid"]} if "reid" in s else {}),
             **({"recording": s["recording"]} if "recording" in s else {})}
+
+
+def cpu_of(summary: dict) -> dict:
+    """The run's CPU seconds by part: one process's, or (behind the face: --gpus, --workers-per-gpu) every
+    worker's summed, the face's own added to the process figure."""
+    if "cpu_seconds" in summary:
+        return summary["cpu_seconds"]
+    total: dict[str, float] = {}
+    for worker in summary["gpus"]:
+        for part, seconds in worker.get("cpu_seconds", {}).items():
+            total[part] = total.get(part, 0.0) + seconds
+    total["process"] = total.get("process", 0.0) + summary["face_cpu_cores"] * summary["face_seconds"]
+    return total
 
 
 def main() -> None:

@@ -187,6 +187,7 @@ class PipelineConfig:
     lines: list = field(default_factory=list)   # events.Line: [[line]] tables, --line
     calibrations: list = field(default_factory=list)  # ground.Calibration: [[calibration]], a stream's ground plane
     gpus: list[int] | str | None = None  # "all" or GPU numbers: a worker per GPU (pipelines/service/gpus); None: one
+    workers_per_gpu: int = 1  # serving processes on each GPU (> 1: behind the face, GPU 0 without --gpus)
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
@@ -196,7 +197,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "reid_in_events": bool, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float), "stop_timeout_s": (int, float),
-                  "log_every_s": (int, float), "gpus": (str, list)}
+                  "log_every_s": (int, float), "gpus": (str, list), "workers_per_gpu": int}
 _TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "snapshots", "zone",
            "line", "calibration", "record"}
 
@@ -554,6 +555,8 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
                                                 for v in config.max_frame_hw), "max_frame_hw",
          f"[height, width], two integers from 1 to {MAX_SIDE}"),
         (config.max_batch is None or config.max_batch <= MAX_BATCH, "max_batch", f"at most {MAX_BATCH}"),
+        (type(config.workers_per_gpu) is int and 1 <= config.workers_per_gpu <= limits.MAX_WORKERS_PER_GPU,
+         "workers_per_gpu", f"an integer from 1 to {limits.MAX_WORKERS_PER_GPU}"),
     ]
     for ok, key, allowed in checks:
         if not ok:
@@ -608,10 +611,13 @@ def _check_gpus(config: PipelineConfig, where: str) -> None:
         if spec.gpu is not None and not 0 <= spec.gpu < limits.MAX_GPUS:
             raise ConfigError(f"{where}: source {spec.uri!r}: gpu = {spec.gpu}: a GPU number from 0 to "
                               f"{limits.MAX_GPUS - 1}")
+    flag = "--gpus"
+    if config.workers_per_gpu > 1 and config.gpus is None:
+        config.gpus, flag = [0], "--workers-per-gpu"  # the GPU one process serves on: its workers behind the face
     try:
         if config.gpus is not None:
             config.gpus = gpu_plan.parse(config.gpus, where)
-        gpu_plan.check(config, where)
+        gpu_plan.check(config, where, flag)
     except gpu_plan.GpuError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -11,6 +11,8 @@ from jetpipe.pipelines.counters import COUNTERS, live_counts
 log = logging.getLogger(__name__)
 
 OVERLOAD_LOG_S = 60.0  # the overload warning, at most this often
+BUSY = 0.8  # a share of the time this high: the GPU (its batches) or the post thread (its work) sets the rate
+SHARE_WINDOW_S = 5.0  # the busy shares the warning says are those of the last window this long
 PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stalls", "decode_errors")
 
 
@@ -25,6 +27,11 @@ class RunSummary:
         self.clips, self.snapshots, self.recorder = evidence
         self.drain_bound = drain_bound  # drain.DrainBound: where a stop's drain was cut short
         self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
+        # the window's start: when, the GPU's busy seconds, the post thread's, the drops then; the last whole
+        # window's busy shares (GPU: None where not measured)
+        self._window = (time.monotonic(), 0.0, 0.0, 0)
+        self._shares: tuple[float | None, float] = (None, 0.0)
+        self._cpu_limit_said = False
 
     def live_counts(self, stream) -> dict:
         return live_counts(stream, self.metrics, self.batcher)
@@ -56,16 +63,32 @@ class RunSummary:
 
     def say_overload(self) -> None:
         """A warning (at most once a minute) while live streams drop frames: the offered rate is more than the
-        pipeline processes, and the drops keep its latency bounded (a file waits instead)."""
+        pipeline processes, and the drops keep its latency bounded (a file waits instead). It says how busy the
+        GPU and the post thread were (limit_said); a window that drops frames because this process's CPU is the
+        limit is said at once, the first time."""
         totals, now = self.totals(), time.monotonic()
         dropped, said, at = totals["dropped"], *self._overload_said
-        if dropped > said and now - at >= OVERLOAD_LOG_S:
+        dropping = self._roll_window(now, dropped)
+        gpu, post = self._shares
+        cpu_bound = dropping and gpu is not None and post >= BUSY and gpu < BUSY
+        if (dropped > said and now - at >= OVERLOAD_LOG_S) or (cpu_bound and not self._cpu_limit_said):
             captured = max(1, totals["captured"])
             log.warning("overloaded: %d frame(s) dropped so far (%.1f %% of those captured): the streams offer more "
-                        "than the pipeline processes; the oldest queued frames go so that latency stays bounded "
-                        "(fewer streams, a lower rate or a lighter model would keep them)", dropped,
-                        100 * dropped / captured)
+                        "than the pipeline processes; the oldest queued frames go so that latency stays bounded; %s",
+                        dropped, 100 * dropped / captured, limit_said(gpu, post))
             self._overload_said = (dropped, now)
+            self._cpu_limit_said = self._cpu_limit_said or cpu_bound
+
+    def _roll_window(self, now: float, dropped: int) -> bool:
+        """Every SHARE_WINDOW_S: the window's busy shares kept; True where that window dropped frames."""
+        since, gpu_then, post_then, dropped_then = self._window
+        if now - since < SHARE_WINDOW_S:
+            return False
+        gpu_s, post_s = self.stages.gpu_busy_s, _post_busy_s(self.stages.post_phase_s)
+        span = now - since
+        self._shares = ((gpu_s - gpu_then) / span if gpu_s else None, (post_s - post_then) / span)
+        self._window = (now, gpu_s, post_s, dropped)
+        return dropped > dropped_then
 
     def status_line(self) -> str:
         m = self.metrics
@@ -107,6 +130,9 @@ class RunSummary:
                 "gpu_stage_ms": stages.pop("gpu_stage_ms"),
                 # the share of the run the GPU spent on batches: near 1, the GPU is what limits throughput
                 **({"gpu_busy_share": round(gpu_busy_s / max(seconds, 1e-9), 3)} if gpu_busy_s else {}),
+                # its share of the run the post thread worked (not waiting for the GPU): near 1, this process's
+                # Python sets the rate (the overload warning says which)
+                "post_thread_busy_share": round(_post_busy_s(self.stages.post_phase_s) / max(seconds, 1e-9), 3),
                 **stages,
                 **({"events": self.events.summary()} if self.events is not None else {}),
                 **({"clips": self.clips.summary()} if self.clips is not None else {}),
@@ -114,6 +140,24 @@ class RunSummary:
                 **({"recording": self.recorder.summary()} if self.recorder is not None else {}),
                 **({"interrupted": dict(interrupted)} if interrupted else {}),
                 **({"failure": failure} if failure else {})}
+
+
+def limit_said(gpu: float | None, post: float) -> str:
+    """What kept the frames, by the shares of the time the GPU (None: not measured, e.g. the CPU runtime) and
+    the post thread (finishing, tracking, rules, records: Python under this process's one GIL) were busy."""
+    if gpu is None:
+        return "fewer streams, a lower rate or a lighter model would keep them"
+    if post >= BUSY and gpu < BUSY:
+        return (f"the post thread was busy {100 * post:.0f} % of the time and the GPU {100 * gpu:.0f} %: this "
+                "process's CPU is the limit, not the GPU (--workers-per-gpu 2 or more serves the streams in several "
+                "processes; fewer objects a frame or fewer rules cost less)")
+    return (f"the GPU was busy {100 * gpu:.0f} % of the time, the post thread {100 * post:.0f} % (fewer streams, a "
+            "lower rate or a lighter model would keep them)")
+
+
+def _post_busy_s(phase_s: dict[str, float]) -> float:
+    """The post thread's seconds at work: its phases but the wait for the GPU's results."""
+    return sum(v for k, v in phase_s.items() if k != "wait_gpu")
 
 
 def _by_id(live: dict, retired: dict) -> list[int]:

@@ -379,7 +379,9 @@ def test_a_live_stream_faster_than_processing_says_it_is_overloaded(det_bundle, 
                                 backend="onnxruntime-cpu", queue_depth=2)).run()
     assert live["overloaded"] and live["dropped"][0] > 0 and 0 < live["dropped_share"] < 1
     assert live["captured"][0] == live["processed"][0] + live["dropped"][0] + live["failed"][0]
-    assert sum("overloaded:" in r.getMessage() for r in caplog.records) == 1
+    (said,) = [r.getMessage() for r in caplog.records if "overloaded:" in r.getMessage()]
+    assert said.endswith("fewer streams, a lower rate or a lighter model would keep them")  # no GPU measured
+    assert 0 < live["post_thread_busy_share"] <= 1.05
     import cv2
 
     clip = tmp_path / "clip.avi"
@@ -390,6 +392,19 @@ def test_a_live_stream_faster_than_processing_says_it_is_overloaded(det_bundle, 
     whole = Pipeline(_config(det_bundle, [str(clip)], metrics_listen="", backend="onnxruntime-cpu",
                              queue_depth=2)).run()
     assert not whole["overloaded"] and whole["dropped"] == [0] and whole["processed"] == [30]
+
+
+def test_the_overload_warning_says_whether_the_gpu_or_this_process_is_the_limit():
+    """Busy shares as measured on an H200 (issue 66): 32 busy cameras in one process (GPU 44 %, post thread
+    96 %) name the process and --workers-per-gpu; 48 sparse overloaded ones (GPU 97 %) name the GPU."""
+    from jetpipe.pipelines.service.summary import limit_said
+
+    cpu = limit_said(0.44, 0.96)
+    assert "busy 96 %" in cpu and "GPU 44 %" in cpu and "--workers-per-gpu 2" in cpu
+    gpu = limit_said(0.97, 0.37)
+    assert gpu.startswith("the GPU was busy 97 %") and "--workers-per-gpu" not in gpu
+    assert "--workers-per-gpu" not in limit_said(0.95, 0.9)  # both busy: a second process would not help
+    assert limit_said(None, 0.99) == "fewer streams, a lower rate or a lighter model would keep them"
 
 
 def test_sources_are_closed_after_their_frames_are_through_at_a_stop(det_bundle):

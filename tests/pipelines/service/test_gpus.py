@@ -52,6 +52,25 @@ def test_an_added_stream_goes_by_each_gpus_measured_rate_where_every_one_was_mea
     assert placed.order(30.0, 1, [0, 1], {0: 1000.0, 1: 300.0}) == [1]
 
 
+def test_several_workers_a_gpu_share_its_streams_and_a_pin_goes_to_a_worker_of_its_gpu():
+    gpu_of = plan.workers_of([0, 1], 2)
+    assert gpu_of == [0, 0, 1, 1]
+    # the two pins on GPU 1 go first, one on each of its workers; the rest spread by load, lowest number first
+    placed = plan.place([30.0] * 6, [0, 1, 2, 3], [None, 1, None, None, 1, None], gpu_of=gpu_of)
+    assert placed == [0, 2, 1, 0, 3, 1]
+    table = plan.Placed(gpu_of, placed, [30.0] * 6)
+    assert table.order(30.0, None, [0, 1, 2, 3]) == [2, 3, 0, 1]  # GPU 1's workers have one stream each
+    assert table.order(30.0, 0, [0, 1, 2, 3]) == [0, 1]           # a pin on GPU 0: its workers alone
+    assert table.next_added(3) == 9 and table.stride == 4          # worker k of 4: 6 + k, then every 4th
+
+
+def test_cuda_mps_is_seen_running_by_its_control_pipe(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert plan.mps_running() is None
+    os.mkfifo(tmp_path / "control")  # what nvidia-cuda-mps-control -d makes
+    assert plan.mps_running() == str(tmp_path)
+
+
 def test_a_synthetic_camera_offers_its_rate():
     assert plan.offered_rate(SourceConfig("synthetic:64x64@12")) == 12.0
     assert plan.offered_rate(SourceConfig("rtsp://camera/stream")) == plan.CAMERA_FPS
@@ -70,6 +89,26 @@ def test_what_gpus_cannot_go_with_is_one_line(gpus, sources, extra, said):
     with pytest.raises(ConfigError, match="^flags: .*") as caught:
         validate(PipelineConfig(bundle=Path("b"), sources=sources, gpus=gpus, **extra), "flags")
     assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("workers, extra, said", [
+    (0, {}, "workers_per_gpu = 0: allowed an integer from 1 to 16"),
+    (17, {}, "workers_per_gpu = 17: allowed an integer from 1 to 16"),
+    (True, {}, "workers_per_gpu = True: allowed an integer from 1 to 16"),
+    (2, {"sinks": ["rtsp://127.0.0.1:8554/cam"]}, "drop the rtsp sink or --workers-per-gpu"),
+    (2, {"backend": "onnxruntime-cpu"}, "--workers-per-gpu runs a pipeline on each GPU"),
+])
+def test_what_workers_per_gpu_cannot_be_is_one_line(workers, extra, said):
+    with pytest.raises(ConfigError, match="^flags: .*") as caught:
+        validate(PipelineConfig(bundle=Path("b"), sources=[SourceConfig("synthetic")], workers_per_gpu=workers,
+                                **extra), "flags")
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_workers_per_gpu_without_gpus_serves_on_gpu_0_and_one_worker_stays_one_process():
+    config = validate(PipelineConfig(bundle=Path("b"), sources=[SourceConfig("synthetic")], workers_per_gpu=2))
+    assert config.gpus == [0]
+    assert validate(PipelineConfig(bundle=Path("b"), sources=[SourceConfig("synthetic")])).gpus is None
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -310,6 +349,44 @@ def test_each_sinks_counts_are_its_own_when_a_restarted_worker_draws_fewer_sinks
     again = Outcome(1, summary([7, 0]), [1], "ran to the end", {}, 1, [1])  # restarted: video, the face's link
     merged = merge([first, again], 1.0, RunHistogram(), uris, FaceSinks(), 0.0)
     assert merged["sink_failures"] == [1, 9, 5]
+
+
+def test_two_workers_on_one_gpu_serve_its_streams_between_them_each_labelled(tiny_bundle, tmp_path):
+    """--workers-per-gpu 2 without --gpus: two processes on GPU 0 behind the face, the streams split; the
+    metrics, /streams and the summary say which worker serves what; every stream's frames reach the sink."""
+    out = tmp_path / "records.jsonl"
+    argv = ["--workers-per-gpu", "2", "--frames", "40", "--sink", f"jsonl:{out}",
+            "--summary", str(tmp_path / "summary.json"), "--metrics", f"127.0.0.1:{free_port()}"]
+    for _ in range(3):
+        argv += ["--source", "synthetic:96x64@8"]
+    face = _serve(tiny_bundle, argv, tmp_path, env={SIMULATED_ENV: "1"})
+    with _killed_at_the_end(face):
+        line = _wait_for_line(face, "metrics of 1 GPU(s) (2 workers) on http://")
+        address = line.split("http://", 1)[1].split("/", 1)[0]
+        workers = Path(f"/proc/{face.pid}/task/{face.pid}/children").read_text().split()
+        assert len(workers) == 2  # a process each
+        streams = json.loads(_get(address, "/streams"))
+        assert streams["gpus"] == [0] and [s["gpu"] for s in streams["streams"]] == [0, 0, 0]
+        metrics = _get(address, "/metrics")
+        assert 'jetpipe_frames_processed_total{gpu="0",worker="1",stream="0"' in metrics
+        assert 'jetpipe_frames_processed_total{gpu="0",worker="2",stream="1"' in metrics
+        assert 'jetpipe_frames_processed_total{gpu="0",worker="1",stream="2"' in metrics
+        stdout, stderr = face.communicate(timeout=180)
+    assert face.returncode == 0, stderr[-3000:]
+    assert "failed while closing" not in stderr  # the worker's link to the face closes as a sink (it did not)
+    summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+    assert [(g["gpu"], g["worker"], g["streams"]) for g in summary["gpus"]] == [(0, "GPU 0 worker 1", [0, 2]),
+                                                                               (0, "GPU 0 worker 2", [1])]
+    assert summary["captured"] == [40, 40, 40] and "failure" not in summary
+    for stream in range(3):
+        assert _records_of(out, stream) == summary["processed"][stream] > 0
+
+
+def test_a_workers_labels_name_it_where_its_gpu_has_several():
+    assert scrape.labels(1, "GPU 1") == 'gpu="1"'
+    assert scrape.labels(0, "GPU 0 worker 2") == 'gpu="0",worker="2"'
+    texts = {scrape.labels(0, "GPU 0 worker 1"): 'x{stream="0"} 1\n', scrape.labels(0, "GPU 0 worker 2"): 'x 2\n'}
+    assert scrape.merge(texts).splitlines() == ['x{gpu="0",worker="1",stream="0"} 1', 'x{gpu="0",worker="2"} 2']
 
 
 def test_the_workers_metrics_are_merged_a_family_once_each_sample_labelled():

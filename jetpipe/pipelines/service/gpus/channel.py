@@ -51,6 +51,8 @@ class Job:
     first_added: int | None = None  # streams added through the control API: this ID, then every stride-th
     stride: int = 1
     resume: Resume | None = None  # a restarted worker's: where its streams go on from
+    worker: int = 0     # its number among the face's workers (the placement's; one a GPU: the GPU's place in --gpus)
+    name: str = ""      # how logs say it: "GPU 0", or "GPU 0 worker 2" where a GPU has several
 
 
 def send_job(stream, job: Job) -> None:
@@ -119,6 +121,9 @@ class ForwardSink(SinkBase):
         at, track = _progress(record)
         self.outbox.line(f"R {record.stream} {kind} {latency} {_word(at)} {_word(track)} {body}")
 
+    def close(self) -> None:
+        self.outbox.flush()
+
 
 def _progress(record) -> tuple[int | None, int | None]:
     """(its frame's number, the highest track ID in it): what the face resumes a restarted worker from."""
@@ -137,9 +142,6 @@ def highest_track(record: FrameRecord) -> int | None:
     """The highest track ID among a frame's results (None: no tracks)."""
     ids = record.detections.tracker_id
     return int(ids.max()) if ids is not None and len(ids) and ids.max() != NO_TRACK else None
-
-    def close(self) -> None:
-        self.outbox.flush()
 
 
 @dataclass(slots=True)

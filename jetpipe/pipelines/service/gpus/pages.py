@@ -1,4 +1,5 @@
-"""The face's own pages over every GPU's worker: /metrics (each worker's, labelled with its GPU), /healthz,
+"""The face's own pages over every worker: /metrics (each worker's, labelled with its GPU, and its worker where a
+GPU has several), /healthz,
 /streams (without the control API) and the preview (one page; each picture from the worker that draws it)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ class FacePages:
         for worker in self.face.serving():
             status, text = scrape.fetch(worker.hello["address"], "/metrics")
             if status == 200:
-                texts[worker.gpu] = text
+                texts[scrape.labels(worker.gpu, worker.name)] = text
         return scrape.merge(texts)
 
     def health(self) -> tuple[bool, str]:
@@ -26,12 +27,12 @@ class FacePages:
             return False, "stopping"
         for worker in self.face.workers:
             if not worker.alive():
-                return False, f"GPU {worker.gpu}'s worker {worker.ended()}"
+                return False, f"{worker.who} {worker.ended()}"
             if worker.hello is None:
-                return False, f"GPU {worker.gpu}'s worker is starting again"
+                return False, f"{worker.who} is starting again"
             status, why = scrape.fetch(worker.hello["address"], "/healthz")
             if status != 200:
-                return False, f"GPU {worker.gpu}: {why.strip()}"
+                return False, f"{worker.name}: {why.strip()}"
         return True, "ok"
 
     def pages(self, path: str):
@@ -41,16 +42,17 @@ class FacePages:
             return self._preview(path)
         if path != "/streams":
             return None
-        gpu_of = {i: w for w in self.face.workers for i in w.ids}
-        streams = [{"id": i, "uri": uri, "gpu": gpu_of[i].gpu, "worker": "serving" if gpu_of[i].alive()
-                    else gpu_of[i].ended()} for i, uri in enumerate(self.face.uris) if i in gpu_of]
-        return 200, json.dumps({"gpus": [w.gpu for w in self.face.workers], "streams": streams}), "application/json"
+        worker_of = {i: w for w in self.face.workers for i in w.ids}
+        streams = [{"id": i, "uri": uri, "gpu": worker_of[i].gpu, "worker": "serving" if worker_of[i].alive()
+                    else worker_of[i].ended()} for i, uri in enumerate(self.face.uris) if i in worker_of]
+        gpus = list(dict.fromkeys(w.gpu for w in self.face.workers))
+        return 200, json.dumps({"gpus": gpus, "streams": streams}), "application/json"
 
     def _preview(self, path: str):
         if path.startswith("/preview/"):
             text = path[len("/preview/"):].removesuffix(".jpg")
-            gpu = self.face.placed.gpu_of.get(int(text)) if text.isdigit() and len(text) <= 9 else None
-            worker = next((w for w in self.face.serving() if w.gpu == gpu), None)
+            number = self.face.placed.worker_of.get(int(text)) if text.isdigit() and len(text) <= 9 else None
+            worker = next((w for w in self.face.serving() if w.number == number), None)
             if worker is None:
                 return None
             status, body, ctype = scrape.fetch_bytes(worker.hello["address"], path)

@@ -18,6 +18,7 @@ from jetpipe.runtime.probe import probe_gpu
 from jetpipe.runtime.triton_backend import is_triton
 
 GPUS_HELP = "all, or GPU numbers such as 0,1"
+MPS_PIPES = "/tmp/nvidia-mps"  # CUDA MPS's control pipe's folder unless CUDA_MPS_PIPE_DIRECTORY says another
 SIMULATED_ENV = "JETPIPE_SIMULATED_GPUS"  # tests: N workers on the CPU runtime stand for N GPUs
 CAMERA_FPS = 30.0  # the offered rate of a source that says none (a file read as fast as it decodes, a camera)
 
@@ -42,8 +43,9 @@ def parse(value, where: str) -> list[int] | str:
     return list(value)
 
 
-def check(config, where: str) -> None:
-    """What --gpus cannot go with, said before anything opens (the GPUs themselves are looked at by resolve)."""
+def check(config, where: str, flag: str = "--gpus") -> None:
+    """What --gpus (or flag, --workers-per-gpu, which implies it) cannot go with, said before anything opens (the
+    GPUs themselves are looked at by resolve)."""
     pinned = [s for s in config.sources if s.gpu is not None]
     if config.gpus is None:
         if pinned:
@@ -51,15 +53,15 @@ def check(config, where: str) -> None:
                            "serve runs on: add --gpus (e.g. --gpus all)")
         return
     if config.backend == "onnxruntime-cpu":
-        raise GpuError(f"{where}: --gpus runs a pipeline on each GPU; backend onnxruntime-cpu runs on the CPU: "
-                       "drop --gpus, or use backend auto")
+        raise GpuError(f"{where}: {flag} runs a pipeline on each GPU; backend onnxruntime-cpu runs on the CPU: "
+                       f"drop {flag}, or use backend auto")
     if is_triton(config.backend):
-        raise GpuError(f"{where}: --gpus with a Triton backend: the server places the model on its GPUs "
-                       "(jetpipe export triton --gpus); drop --gpus here")
+        raise GpuError(f"{where}: {flag} with a Triton backend: the server places the model on its GPUs "
+                       f"(jetpipe export triton --gpus); drop {flag} here")
     for sink in config.sinks:
         if scheme_of(sink) == "rtsp":
-            raise GpuError(f"{where}: sink {sink}: an RTSP server serves one process's frames, and with --gpus "
-                           "each GPU's frames stay in its worker: drop the rtsp sink or --gpus")
+            raise GpuError(f"{where}: sink {sink}: an RTSP server serves one process's frames, and with {flag} "
+                           f"each worker's frames stay in it: drop the rtsp sink or {flag}")
 
 
 def resolve(asked, config, where: str) -> list[int]:
@@ -97,6 +99,13 @@ def visible_gpus() -> tuple[int, str]:
     return (facts.devices, facts.name or "") if facts.usable else (0, facts.reason or "no CUDA GPU found")
 
 
+def mps_running() -> str | None:
+    """The folder of CUDA MPS's control pipe where its daemon runs (it makes `control` there), else None. Without
+    MPS, processes on one GPU take turns on it in time slices; with it, their kernels run side by side."""
+    folder = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPES
+    return folder if os.path.exists(os.path.join(folder, "control")) else None
+
+
 def offered_rate(spec) -> float:
     """Frames a second a source offers, as far as its URI says (a synthetic camera's rate), else CAMERA_FPS."""
     try:
@@ -108,55 +117,63 @@ def offered_rate(spec) -> float:
     return CAMERA_FPS
 
 
-def place(rates: list[float], gpus: list[int], pins: list[int | None],
-          capacities: dict[int, float] | None = None, loads: dict[int, float] | None = None) -> list[int]:
-    """The GPU of each stream: pinned ones where pinned; each other, from the highest rate down, where the load
-    (offered frames/s over capacity, frames/s the GPU runs; 1.0 each where unknown) would be lowest after it.
-    loads: the offered frames/s already on each GPU (streams served now)."""
-    capacity = {g: (capacities or {}).get(g) or 1.0 for g in gpus}
-    load = {g: (loads or {}).get(g, 0.0) for g in gpus}
-    placed: list[int | None] = list(pins)
-    for i, gpu in enumerate(pins):
-        if gpu is not None:
-            load[gpu] += rates[i]
-    for i in sorted((i for i, pin in enumerate(pins) if pin is None), key=lambda i: -rates[i]):
-        best = min(gpus, key=lambda g: ((load[g] + rates[i]) / capacity[g], load[g], g))
+def workers_of(gpus: list[int], per_gpu: int) -> list[int]:
+    """Each worker's GPU, workers numbered from 0: `per_gpu` of them a GPU, a GPU's together."""
+    return [gpu for gpu in gpus for _ in range(per_gpu)]
+
+
+def place(rates: list[float], workers: list[int], pins: list[int | None],
+          capacities: dict[int, float] | None = None, loads: dict[int, float] | None = None,
+          gpu_of: list[int] | dict[int, int] | None = None) -> list[int]:
+    """The worker of each stream: pinned ones on a worker of their GPU, first; each other, from the highest rate
+    down, where the load (offered frames/s over capacity, frames/s the worker's GPU runs; 1.0 each where unknown)
+    would be lowest after it. loads: the offered frames/s already on each worker (streams served now); gpu_of:
+    each worker's GPU, which pins name (default: a worker a GPU, numbered as its GPU)."""
+    capacity = {w: (capacities or {}).get(w) or 1.0 for w in workers}
+    load = {w: (loads or {}).get(w, 0.0) for w in workers}
+    gpu = {w: (gpu_of[w] if gpu_of is not None else w) for w in workers}
+    placed: list[int | None] = [None] * len(rates)
+    pinned = [i for i, pin in enumerate(pins) if pin is not None]
+    for i in pinned + sorted((i for i, pin in enumerate(pins) if pin is None), key=lambda i: -rates[i]):
+        allowed = [w for w in workers if pins[i] is None or gpu[w] == pins[i]]
+        best = min(allowed, key=lambda w: ((load[w] + rates[i]) / capacity[w], load[w], w))
         placed[i] = best
         load[best] += rates[i]
     return placed
 
 
 class Placed:
-    """The face's table of which GPU serves each stream and the rate it offers: the start-up placement, then the
-    streams added and removed through the control API. IDs of added streams are each GPU's own residue (GPU k of
-    G: total + k, then every G-th), so that a worker gives them without asking."""
+    """The face's table of which worker serves each stream and the rate it offers: the start-up placement, then
+    the streams added and removed through the control API. Workers are numbered from 0 (`gpu_of`: each one's
+    GPU). IDs of added streams are each worker's own residue (worker k of W: total + k, then every W-th), so that
+    a worker gives them without asking."""
 
-    def __init__(self, gpus: list[int], placement: list[int], rates: list[float]):
-        self.gpus, self.stride, self.total = list(gpus), len(gpus), len(placement)
-        self.gpu_of = dict(enumerate(placement))
+    def __init__(self, gpu_of: list[int], placement: list[int], rates: list[float]):
+        self.gpu_of, self.stride, self.total = list(gpu_of), len(gpu_of), len(placement)
+        self.worker_of = dict(enumerate(placement))
         self.rate_of = dict(enumerate(rates))
-        self.live = set(self.gpu_of)
+        self.live = set(self.worker_of)
 
-    def next_added(self, gpu: int) -> int:
-        """The first ID a worker started (or started again) on `gpu` gives an added stream: past those given."""
-        given = [i for i, g in self.gpu_of.items() if g == gpu and i >= self.total]
-        return max(given) + self.stride if given else self.total + self.gpus.index(gpu)
+    def next_added(self, worker: int) -> int:
+        """The first ID a worker started (or started again) gives an added stream: past those given."""
+        given = [i for i, w in self.worker_of.items() if w == worker and i >= self.total]
+        return max(given) + self.stride if given else self.total + worker
 
     def order(self, rate: float, pin: int | None, serving: list[int],
               capacities: dict[int, float | None] | None = None) -> list[int]:
-        """The GPUs to try for a new stream, best first: the pinned one alone, else by load after it: the
-        offered frames/s over what the GPU's model runs (capacities: measured by each worker at start-up; the
-        GPUs alike unless every one was measured)."""
+        """The workers to try for a new stream, best first, by load after it: the offered frames/s over what the
+        worker's GPU model runs (capacities: measured by each worker at start-up; the workers alike unless every
+        one was measured); pin: a GPU, whose workers alone are tried."""
         if pin is not None:
-            return [pin]
+            serving = [w for w in serving if self.gpu_of[w] == pin]
         known = capacities or {}
-        measured = all(known.get(g) for g in serving)
-        capacity = {g: known[g] if measured else 1.0 for g in serving}
-        loads = {g: sum(self.rate_of[i] for i in self.live if self.gpu_of[i] == g) for g in serving}
-        return sorted(serving, key=lambda g: ((loads[g] + rate) / capacity[g], loads[g], g))
+        measured = all(known.get(w) for w in serving)
+        capacity = {w: known[w] if measured else 1.0 for w in serving}
+        loads = {w: sum(self.rate_of[i] for i in self.live if self.worker_of[i] == w) for w in serving}
+        return sorted(serving, key=lambda w: ((loads[w] + rate) / capacity[w], loads[w], w))
 
-    def added(self, stream: int, gpu: int, rate: float) -> None:
-        self.gpu_of[stream], self.rate_of[stream] = gpu, rate
+    def added(self, stream: int, worker: int, rate: float) -> None:
+        self.worker_of[stream], self.rate_of[stream] = worker, rate
         self.live.add(stream)
 
     def removed(self, stream: int) -> None:

@@ -55,7 +55,7 @@ class FaceRoutes:
             answer = json.loads(text)
             slots += answer["max_streams"]
             streams += [{**s, "gpu": worker.gpu} for s in answer["streams"]]
-        return ok(200, {"gpus": [w.gpu for w in self.face.serving()], "max_streams": slots,
+        return ok(200, {"gpus": list(dict.fromkeys(w.gpu for w in self.face.serving())), "max_streams": slots,
                          "streams": sorted(streams, key=lambda s: s["id"])})
 
     def _add(self, body: bytes) -> tuple[int, str, str]:
@@ -66,35 +66,36 @@ class FaceRoutes:
         if not isinstance(table, dict):
             return error(400, 'POST /streams: send one JSON object, e.g. {"uri": "rtsp://camera/stream"}')
         pin = table.get("gpu")
-        serving = {w.gpu: w for w in self.face.serving()}
-        if pin is not None and pin not in serving:
-            return error(400, f"POST /streams: gpu = {pin!r}: the GPUs served are {', '.join(map(str, serving))}")
+        serving = {w.number: w for w in self.face.serving()}
+        gpus = sorted({w.gpu for w in serving.values()})
+        if pin is not None and pin not in gpus:
+            return error(400, f"POST /streams: gpu = {pin!r}: the GPUs served are {', '.join(map(str, gpus))}")
         with self.lock:
             rate = plan.offered_rate(SourceConfig(str(table.get("uri", ""))))
             status, text = 409, json.dumps({"error": "no GPU has a free slot"})
             # GPUs of one model measure a few per cent apart, noise: weighed only where the models differ
             capacities = None if self.face.alike else {g: w.hello.get("engine_fps") for g, w in serving.items()}
-            for gpu in self.face.placed.order(rate, pin, list(serving), capacities):
-                status, text = forward(serving[gpu], "POST", "/streams", body)
+            for number in self.face.placed.order(rate, pin, list(serving), capacities):
+                status, text = forward(serving[number], "POST", "/streams", body)
                 if status == 201:
                     stream = json.loads(text)
-                    self.face.placed.added(stream["id"], gpu, rate)
-                    return ok(201, {**stream, "gpu": gpu})
+                    self.face.placed.added(stream["id"], number, rate)
+                    return ok(201, {**stream, "gpu": serving[number].gpu})
                 if status != 409:  # the worker's no to this source (400, 403, 422): the same on every GPU
                     break
         return status, text, JSON
 
     def _to_owner(self, method: str, path: str, body: bytes) -> tuple[int, str, str]:
         text = path[len("/streams/"):].removesuffix("/clips")
-        gpu = self.face.placed.gpu_of.get(int(text)) if text.isdigit() and len(text) <= 9 else None
-        worker = next((w for w in self.face.serving() if w.gpu == gpu), None)
+        number = self.face.placed.worker_of.get(int(text)) if text.isdigit() and len(text) <= 9 else None
+        worker = next((w for w in self.face.serving() if w.number == number), None)
         if worker is None:
             return error(404, f"{path[:100]}: no such stream (GET /streams lists them)")
         status, answer = forward(worker, method, path, body)
         if method == "DELETE" and status in (200, 202):
             self.face.placed.removed(int(text))
         if status in (200, 201, 202) and answer.startswith("{"):
-            return status, json.dumps({**json.loads(answer), "gpu": gpu}) + "\n", JSON
+            return status, json.dumps({**json.loads(answer), "gpu": worker.gpu}) + "\n", JSON
         return status, answer, JSON
 
 
@@ -103,6 +104,6 @@ def forward(worker, method: str, path: str, body: bytes = b"") -> tuple[int, str
     headers = {"Authorization": f"Bearer {worker.token}", "Content-Type": JSON}
     status, answer, _ = scrape.request(worker.hello["address"], path, method, body, headers, FORWARD_TIMEOUT_S)
     if not status:
-        return 503, json.dumps({"error": f"GPU {worker.gpu}'s worker does not answer ({answer.decode()}): "
+        return 503, json.dumps({"error": f"{worker.who} does not answer ({answer.decode()}): "
                                          "try again"}) + "\n"
     return status, answer.decode(errors="replace")

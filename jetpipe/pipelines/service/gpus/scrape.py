@@ -43,10 +43,18 @@ def stats(texts: list[str]) -> str:
                        "streams": shown})
 
 
-def merge(texts: dict[int, str]) -> str:
-    """One exposition from each GPU's: every sample gets gpu="N", each family once, in the order first seen."""
+def labels(gpu: int, name: str) -> str:
+    """A worker's labels: `gpu="0"`, and `worker="2"` where its GPU has several (name "GPU 0 worker 2")."""
+    _, _, k = name.partition(" worker ")
+    return f'gpu="{gpu}"' + (f',worker="{k}"' if k else "")
+
+
+def merge(texts: dict[int | str, str]) -> str:
+    """One exposition from each worker's (keyed by its labels, or by its GPU's number): every sample gets them
+    (gpu="N"), each family once, in the order first seen."""
     families: dict[str, dict] = {}
-    for gpu, text in texts.items():
+    for key, text in texts.items():
+        added = key if isinstance(key, str) else f'gpu="{key}"'
         current = None
         for line in text.splitlines():
             if line.startswith("# HELP ") or line.startswith("# TYPE "):
@@ -56,18 +64,18 @@ def merge(texts: dict[int, str]) -> str:
             elif line and not line.startswith("#"):
                 if current is None:
                     current = families.setdefault("", {"help": None, "type": None, "samples": []})
-                current["samples"].append(labelled(line, gpu))
+                current["samples"].append(labelled(line, added))
     out = []
     for family in families.values():
         out += [line for line in (family["help"], family["type"]) if line] + family["samples"]
     return "\n".join(out) + "\n"
 
 
-def labelled(sample: str, gpu: int) -> str:
-    """`name{a="b"} 1` -> `name{gpu="0",a="b"} 1`; `name 1` -> `name{gpu="0"} 1`."""
+def labelled(sample: str, added: str) -> str:
+    """added `gpu="0"`: `name{a="b"} 1` -> `name{gpu="0",a="b"} 1`; `name 1` -> `name{gpu="0"} 1`."""
     brace = sample.find("{")
     space = sample.find(" ")
     if brace != -1 and (space == -1 or brace < space):
         inner = sample[brace + 1:]
-        return f'{sample[:brace]}{{gpu="{gpu}"{"," if not inner.startswith("}") else ""}{inner}'
-    return f'{sample[:space]}{{gpu="{gpu}"}}{sample[space:]}'
+        return f'{sample[:brace]}{{{added}{"," if not inner.startswith("}") else ""}{inner}'
+    return f'{sample[:space]}{{{added}}}{sample[space:]}'

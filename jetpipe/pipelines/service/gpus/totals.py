@@ -30,6 +30,17 @@ class Outcome:
     drawn: list[int]          # where its frame sinks stand in the configuration's sinks, in its own order
     resumed_from: Resume = field(default_factory=Resume)  # where its streams began (a restarted worker's go on)
     reached: Resume = field(default_factory=Resume)       # where its records ended, as the face received them
+    number: int = -1          # its place among the face's workers (-1: its GPU's number stands for it)
+    name: str = ""            # "GPU 0", or "GPU 0 worker 2" where a GPU has several
+
+    @property
+    def key(self) -> int:
+        """Which worker it is (a restarted one has its predecessor's)."""
+        return self.number if self.number >= 0 else self.gpu
+
+    @property
+    def said(self) -> str:
+        return (self.name or f"GPU {self.gpu}").lower()
 
     def died_with(self, stream: int) -> dict:
         """A dead worker's counts of a stream as far as the face knows them: the frames it numbered (as far as its
@@ -45,7 +56,7 @@ def merge(workers: list[Outcome], face_s: float, latency, sink_uris: list[str], 
     """workers: every worker of the run, those that died and were replaced first; face_s: the face's run, from
     its workers ready to their ends; latency: the face's RunHistogram of the records' total latency;
     face_sinks: the SinkFanout of the sinks that take records; face_cpu_s: the face's own CPU time."""
-    last = {w.gpu: w for w in workers}  # each GPU's newest
+    last = {w.key: w for w in workers}  # each worker's newest (its restarts replace it)
     counts: dict[int, dict] = {}
     for w in workers:
         # a summary's lists are by its stream IDs (added ones too); a worker that died: the frames it delivered
@@ -58,7 +69,8 @@ def merge(workers: list[Outcome], face_s: float, latency, sink_uris: list[str], 
     per_stream = {name: [counts[i][name] for i in ids] for name in PER_STREAM}
     processed, dropped = sum(per_stream["processed"]), sum(per_stream["dropped"])
     done = [w for w in workers if w.summary is not None]
-    exits = [{"gpu": w.gpu, "restart": w.restart, "ended": w.ended, "frames_delivered": sum(w.delivered.values()),
+    exits = [{"gpu": w.gpu, **_worker_key(w), "restart": w.restart, "ended": w.ended,
+              "frames_delivered": sum(w.delivered.values()),
               "frames_lost": sum(w.died_with(i)["dropped"] for i in w.ids)}
              for w in workers if w.summary is None]
     # the time served, as one process counts it (its drain said apart): the longest a worker served; the face's
@@ -80,15 +92,20 @@ def merge(workers: list[Outcome], face_s: float, latency, sink_uris: list[str], 
                "face_cpu_cores": round(face_cpu_s / max(face_s, 1e-9), 3),
                **({"events": events} if (events := merged_events(workers)) else {}),
                **({"worker_exits": exits} if exits else {}),
-               "gpus": [{"gpu": gpu, "streams": w.ids, "ended": w.ended,
+               "gpus": [{"gpu": w.gpu, **_worker_key(w), "streams": w.ids, "ended": w.ended,
                          "restarts": w.restart,
                          **({k: v for k, v in w.summary.items() if k not in KEPT_APART} if w.summary else {})}
-                        for gpu, w in sorted(last.items())]}
-    failures = [f"gpu {g}: {w.summary['failure']}" for g, w in last.items() if w.summary and w.summary.get("failure")]
-    failures += [f"gpu {g}: its worker {w.ended}" for g, w in last.items() if w.summary is None]
+                        for _, w in sorted(last.items())]}
+    failures = [f"{w.said}: {w.summary['failure']}" for w in last.values() if w.summary and w.summary.get("failure")]
+    failures += [f"{w.said}: its worker {w.ended}" for w in last.values() if w.summary is None]
     if failures:
         summary["failure"] = "; ".join(failures)
     return summary
+
+
+def _worker_key(w: Outcome) -> dict:
+    """A worker's name where its GPU has several (`"worker": "GPU 0 worker 2"`); nothing where one a GPU."""
+    return {"worker": w.name} if " worker " in w.name else {}
 
 
 def _sink_counts(uris: list[str], done: list[Outcome], face_counts: list[int], key: str) -> list[int]:
@@ -108,7 +125,7 @@ def merged_events(workers: list[Outcome]) -> dict | None:
     """The events of every GPU, as one process says them: each rule's counts summed over the GPUs (a GPU's
     newest worker counts on from the ones that died before it; where it died too, its records' last counts),
     the zones' occupancy now, the rules' CPU seconds. None where no worker has rules."""
-    newest = {w.gpu: w for w in workers}
+    newest = {w.key: w for w in workers}
     counts: dict[str, dict[str, int]] = {}
     occupancy: dict[str, int] = {}
     for w in newest.values():

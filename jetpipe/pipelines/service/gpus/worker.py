@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 def main() -> int:
     job = read_job(sys.stdin.buffer)
-    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s: [gpu {job.gpu}] %(message)s", stream=sys.stderr)
+    said = (job.name or f"GPU {job.gpu}").lower()
+    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s: [{said}] %(message)s", stream=sys.stderr)
     for noisy in ("onnxslim", "PyNvVideoCodec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the face says when to stop (a terminal's Ctrl-C reaches it)

@@ -28,12 +28,15 @@ START_TIMEOUT_S = 600.0  # a worker builds its pipeline (an engine may be built)
 
 
 class WorkerProcess:
-    """One GPU's worker as the face sees it: its process, its lines read in a thread of their own."""
+    """One worker as the face sees it: its process, its lines read in a thread of their own. `gpu`: its GPU;
+    `number`: its place among the face's workers (the placement's key); `name` / `who`: how logs say it."""
 
     def __init__(self, job: channel.Job, on_record, restart: int = 0, drawn: list[int] = ()):
         """job: its part (its fd is filled in here); restart: how many workers of this GPU died before this one;
         drawn: where its frame sinks stand in the configuration's sinks (worker_config)."""
         gpu, ids = job.gpu, job.ids
+        self.number, self.name = job.worker, job.name or f"GPU {gpu}"
+        self.who = worker_of(self.name)
         self.gpu, self.ids, self.on_record, self.restart, self.drawn = gpu, ids, on_record, restart, list(drawn)
         self.token = job.config.control.token  # its control API's (the face forwards the callers' requests)
         self.given_up = False  # it died and is not started again
@@ -56,7 +59,7 @@ class WorkerProcess:
         finally:
             os.close(write)
         self.lines = os.fdopen(read, "rb")
-        self.reader = threading.Thread(target=self._read, name=f"gpu-{gpu}", daemon=True)
+        self.reader = threading.Thread(target=self._read, name=f"worker-{self.number}", daemon=True)
         self.reader.start()
         channel.send_job(self.process.stdin, dataclasses.replace(job, fd=write))
 
@@ -98,7 +101,7 @@ class WorkerProcess:
         self.ready.wait(START_TIMEOUT_S)
         if self.hello is None:
             why = self.error or f"its worker ended (exit code {self.process.poll()}) before serving: see above"
-            raise JetpipeError(f"GPU {self.gpu}: {why}")
+            raise JetpipeError(f"{self.name}: {why}")
 
     def tell(self, line: str) -> None:
         try:
@@ -118,13 +121,13 @@ class WorkerProcess:
     def outcome(self) -> totals.Outcome:
         """What the summary takes of it."""
         return totals.Outcome(self.gpu, self.summary, self.ids, self.ended(), self.delivered, self.restart,
-                              self.drawn, self.resumed_from, self.reached)
+                              self.drawn, self.resumed_from, self.reached, self.number, self.name)
 
     def join(self, timeout: float | None = None) -> None:
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            log.error("GPU %d's worker did not stop: killed", self.gpu)
+            log.error("%s did not stop: killed", self.who)
             self.process.kill()
             self.process.wait()
         self.reader.join()
@@ -138,6 +141,17 @@ class WorkerProcess:
                 stream.close()
             except OSError:
                 pass
+
+
+def worker_names(gpu: int, k: int, per_gpu: int) -> str:
+    """How logs name the k-th (from 0) of a GPU's workers: "GPU 0", or "GPU 0 worker 2" where it has several."""
+    return f"GPU {gpu}" if per_gpu == 1 else f"GPU {gpu} worker {k + 1}"
+
+
+def worker_of(name: str) -> str:
+    """"GPU 0" -> "GPU 0's worker"; "GPU 0 worker 2" -> "GPU 0's worker 2"."""
+    gpu, _, k = name.partition(" worker ")
+    return f"{gpu}'s worker" + (f" {k}" if k else "")
 
 
 def worker_config(config, sources: list, listen: bool, restart: int = 0) -> tuple:
@@ -155,8 +169,9 @@ def worker_config(config, sources: list, listen: bool, restart: int = 0) -> tupl
                     "same names)")
     part.sinks = [restarted(config.sinks[i], restart) for i in drawn]
     part.metrics_listen, part.metrics_hosts, part.gpus = ("127.0.0.1:0" if listen else ""), [], None
+    part.workers_per_gpu = 1
     part.control.token = secrets.token_hex(16)  # the face's alone: callers go through the face
-    part.control.max_streams = config.control.max_streams or len(config.sources)  # each GPU's slots
+    part.control.max_streams = config.control.max_streams or len(config.sources)  # each worker's slots
     return part, drawn
 
 
