@@ -55,13 +55,16 @@ def test_an_added_stream_goes_by_each_gpus_measured_rate_where_every_one_was_mea
 def test_several_workers_a_gpu_share_its_streams_and_a_pin_goes_to_a_worker_of_its_gpu():
     gpu_of = plan.workers_of([0, 1], 2)
     assert gpu_of == [0, 0, 1, 1]
-    # the two pins on GPU 1 go first, one on each of its workers; the rest spread by load, lowest number first
+    # the two pins on GPU 1 go first, one on each of its workers; the rest by each worker's load, then its GPU's
     placed = plan.place([30.0] * 6, [0, 1, 2, 3], [None, 1, None, None, 1, None], gpu_of=gpu_of)
-    assert placed == [0, 2, 1, 0, 3, 1]
+    assert placed == [0, 2, 1, 0, 3, 2]  # each GPU 90 frames/s
     table = plan.Placed(gpu_of, placed, [30.0] * 6)
-    assert table.order(30.0, None, [0, 1, 2, 3]) == [2, 3, 0, 1]  # GPU 1's workers have one stream each
-    assert table.order(30.0, 0, [0, 1, 2, 3]) == [0, 1]           # a pin on GPU 0: its workers alone
+    assert table.order(30.0, None, [0, 1, 2, 3]) == [1, 3, 0, 2]  # the workers with one stream first
+    assert table.order(30.0, 0, [0, 1, 2, 3]) == [1, 0]           # a pin on GPU 0: its workers alone
     assert table.next_added(3) == 9 and table.stride == 4          # worker k of 4: 6 + k, then every 4th
+    # two GPUs of two workers: the streams alternate between the GPUs before a GPU's second worker takes one
+    assert plan.place([30.0] * 4, [0, 1, 2, 3], [None] * 4, gpu_of=gpu_of) == [0, 2, 1, 3]
+    assert plan.Placed(gpu_of, [0], [30.0]).order(30.0, None, [0, 1, 2, 3]) == [2, 3, 1, 0]
 
 
 def test_cuda_mps_is_seen_running_by_its_control_pipe(tmp_path, monkeypatch):

@@ -134,11 +134,14 @@ def place(rates: list[float], workers: list[int], pins: list[int | None],
     gpu = {w: (gpu_of[w] if gpu_of is not None else w) for w in workers}
     placed: list[int | None] = [None] * len(rates)
     pinned = [i for i, pin in enumerate(pins) if pin is not None]
+    on_gpu = {g: sum(load[w] for w in workers if gpu[w] == g) for g in set(gpu.values())}
     for i in pinned + sorted((i for i, pin in enumerate(pins) if pin is None), key=lambda i: -rates[i]):
         allowed = [w for w in workers if pins[i] is None or gpu[w] == pins[i]]
-        best = min(allowed, key=lambda w: ((load[w] + rates[i]) / capacity[w], load[w], w))
+        # ties go to the GPU with less on it (two GPUs of two workers each: the second stream to the other GPU)
+        best = min(allowed, key=lambda w: ((load[w] + rates[i]) / capacity[w], on_gpu[gpu[w]], load[w], w))
         placed[i] = best
         load[best] += rates[i]
+        on_gpu[gpu[best]] += rates[i]
     return placed
 
 
@@ -170,7 +173,8 @@ class Placed:
         measured = all(known.get(w) for w in serving)
         capacity = {w: known[w] if measured else 1.0 for w in serving}
         loads = {w: sum(self.rate_of[i] for i in self.live if self.worker_of[i] == w) for w in serving}
-        return sorted(serving, key=lambda w: ((loads[w] + rate) / capacity[w], loads[w], w))
+        on_gpu = {g: sum(v for w, v in loads.items() if self.gpu_of[w] == g) for g in set(self.gpu_of)}
+        return sorted(serving, key=lambda w: ((loads[w] + rate) / capacity[w], on_gpu[self.gpu_of[w]], loads[w], w))
 
     def added(self, stream: int, worker: int, rate: float) -> None:
         self.worker_of[stream], self.rate_of[stream] = worker, rate
