@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from jetpipe.pipelines.config import ConfigError, PipelineConfig, SourceConfig, validate
+from jetpipe.pipelines.config import (
+    ClipsConfig,
+    ConfigError,
+    PipelineConfig,
+    RecordConfig,
+    SnapshotsConfig,
+    SourceConfig,
+    validate,
+)
 from jetpipe.pipelines.service.gpus import plan, scrape
 from jetpipe.pipelines.service.gpus.plan import SIMULATED_ENV
 from jetpipe.pipelines.service.summary import PER_STREAM
@@ -87,6 +95,8 @@ def test_a_synthetic_camera_offers_its_rate():
     ("all", [SourceConfig("synthetic")], {"backend": "onnxruntime-cpu"}, "backend onnxruntime-cpu runs on the CPU"),
     ("all", [SourceConfig("synthetic")], {"sinks": ["rtsp://127.0.0.1:8554/cam"]}, "drop the rtsp sink or --gpus"),
     ("all", [SourceConfig("synthetic", gpu=99)], {}, "gpu = 99: a GPU number from 0 to 63"),
+    ("all", [SourceConfig("synthetic")], {"clips": ClipsConfig(folder="clips")}, "--clips clips with --gpus: each"),
+    ("0", [SourceConfig("synthetic")], {"snapshots": SnapshotsConfig(folder="snaps")}, "together they could pass it"),
 ])
 def test_what_gpus_cannot_go_with_is_one_line(gpus, sources, extra, said):
     with pytest.raises(ConfigError, match="^flags: .*") as caught:
@@ -100,6 +110,7 @@ def test_what_gpus_cannot_go_with_is_one_line(gpus, sources, extra, said):
     (True, {}, "workers_per_gpu = True: allowed an integer from 1 to 16"),
     (2, {"sinks": ["rtsp://127.0.0.1:8554/cam"]}, "drop the rtsp sink or --workers-per-gpu"),
     (2, {"backend": "onnxruntime-cpu"}, "--workers-per-gpu runs a pipeline on each GPU"),
+    (2, {"record": RecordConfig(folder="rec")}, "--record rec with --workers-per-gpu: each worker process would keep"),
 ])
 def test_what_workers_per_gpu_cannot_be_is_one_line(workers, extra, said):
     with pytest.raises(ConfigError, match="^flags: .*") as caught:
