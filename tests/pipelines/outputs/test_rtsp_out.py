@@ -83,9 +83,14 @@ class Client:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not self.numbers:
             # every frame as it was received: ffmpeg's default for raw output (a constant rate) drops a frame that
-            # comes soon after the one before it, as frames do after a pause of the server's
+            # comes soon after the one before it, as frames do after a pause of the server's. Passthrough alone
+            # still rounds each frame's time to the encoder's time base, 1 / the rate ffmpeg guessed (~50 ms at
+            # 20 fps): two frames less than that apart got one time, and the raw muxer dropped the second ("non
+            # monotonically increasing dts"): the test's flake, never the server's. Numbered frames (setpts=N)
+            # in the input's time base cannot collide
             self.process = subprocess.Popen(["ffmpeg", "-v", "error", "-rtsp_transport", "tcp", "-i", self.url,
-                                             "-f", "rawvideo", "-pix_fmt", "gray", *_every_frame(), "-"],
+                                             "-vf", "setpts=N", "-f", "rawvideo", "-pix_fmt", "gray", *_every_frame(),
+                                             "-enc_time_base", "-1", "-"],
                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             while (data := self.process.stdout.read(W * H)) and len(data) == W * H:
                 self.numbers.append(_number(np.frombuffer(data, np.uint8).reshape(H, W)))
