@@ -70,7 +70,7 @@ class RunSummary:
         dropped, said, at = totals["dropped"], *self._overload_said
         dropping = self._roll_window(now, dropped)
         gpu, post = self._shares
-        cpu_bound = dropping and gpu is not None and post >= BUSY and gpu < BUSY
+        cpu_bound = dropping and cpu_is_the_limit(gpu, post)
         if (dropped > said and now - at >= OVERLOAD_LOG_S) or (cpu_bound and not self._cpu_limit_said):
             captured = max(1, totals["captured"])
             log.warning("overloaded: %d frame(s) dropped so far (%.1f %% of those captured): the streams offer more "
@@ -147,12 +147,17 @@ def limit_said(gpu: float | None, post: float) -> str:
     the post thread (finishing, tracking, rules, records: Python under this process's one GIL) were busy."""
     if gpu is None:
         return "fewer streams, a lower rate or a lighter model would keep them"
-    if post >= BUSY and gpu < BUSY:
+    if cpu_is_the_limit(gpu, post):
         return (f"the post thread was busy {100 * post:.0f} % of the time and the GPU {100 * gpu:.0f} %: this "
                 "process's CPU is the limit, not the GPU (--workers-per-gpu 2 or more serves the streams in several "
                 "processes; fewer objects a frame or fewer rules cost less)")
     return (f"the GPU was busy {100 * gpu:.0f} % of the time, the post thread {100 * post:.0f} % (fewer streams, a "
             "lower rate or a lighter model would keep them)")
+
+
+def cpu_is_the_limit(gpu: float | None, post: float) -> bool:
+    """The post thread busy and the GPU (measured) not: this process's Python, not the GPU, sets the rate."""
+    return gpu is not None and post >= BUSY and gpu < BUSY
 
 
 def _post_busy_s(phase_s: dict[str, float]) -> float:

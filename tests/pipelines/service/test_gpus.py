@@ -397,9 +397,9 @@ def test_two_workers_on_one_gpu_serve_its_streams_between_them_each_labelled(tin
 
 
 def test_a_workers_labels_name_it_where_its_gpu_has_several():
-    assert scrape.labels(1, "GPU 1") == 'gpu="1"'
-    assert scrape.labels(0, "GPU 0 worker 2") == 'gpu="0",worker="2"'
-    texts = {scrape.labels(0, "GPU 0 worker 1"): 'x{stream="0"} 1\n', scrape.labels(0, "GPU 0 worker 2"): 'x 2\n'}
+    assert scrape.labels(1, 0) == 'gpu="1"'
+    assert scrape.labels(0, 2) == 'gpu="0",worker="2"'
+    texts = {scrape.labels(0, 1): 'x{stream="0"} 1\n', scrape.labels(0, 2): 'x 2\n'}
     assert scrape.merge(texts).splitlines() == ['x{gpu="0",worker="1",stream="0"} 1', 'x{gpu="0",worker="2"} 2']
 
 

@@ -52,7 +52,17 @@ class Job:
     stride: int = 1
     resume: Resume | None = None  # a restarted worker's: where its streams go on from
     worker: int = 0     # its number among the face's workers (the placement's; one a GPU: the GPU's place in --gpus)
-    name: str = ""      # how logs say it: "GPU 0", or "GPU 0 worker 2" where a GPU has several
+    k: int = 0          # its place among its GPU's workers, from 1, where the GPU has several; 0: the GPU's only one
+
+
+def worker_name(gpu: int, k: int) -> str:
+    """How a worker is said (k as in Job): "GPU 0", or "GPU 0 worker 2" where its GPU has several."""
+    return f"GPU {gpu}" + (f" worker {k}" if k else "")
+
+
+def worker_who(gpu: int, k: int) -> str:
+    """"GPU 0's worker", or "GPU 0's worker 2" where its GPU has several."""
+    return f"GPU {gpu}'s worker" + (f" {k}" if k else "")
 
 
 def send_job(stream, job: Job) -> None:

@@ -26,7 +26,7 @@ from jetpipe.pipelines.service.closing import close_in_reverse
 from jetpipe.pipelines.service.gpus import channel, plan, totals
 from jetpipe.pipelines.service.gpus.pages import FacePages
 from jetpipe.pipelines.service.gpus.routes import FaceRoutes
-from jetpipe.pipelines.service.gpus.workers import WorkerProcess, worker_config, worker_names
+from jetpipe.pipelines.service.gpus.workers import WorkerProcess, worker_config
 from jetpipe.pipelines.service.http.server import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ class MultiGpuFace:
                         "or serve the ONNX model", ", ".join(f"{g}: {name}" for g, name in models.items()))
         per_gpu = config.workers_per_gpu
         gpu_of = plan.workers_of(gpus, per_gpu)
-        self.names = [worker_names(g, k % per_gpu, per_gpu) for k, g in enumerate(gpu_of)]
+        # each worker's place among its GPU's (channel.Job.k): from 1 where a GPU has several, else 0
+        self.ks = [n % per_gpu + 1 if per_gpu > 1 else 0 for n in range(len(gpu_of))]
         rates = [plan.offered_rate(s) for s in config.sources]
         numbers = list(range(len(gpu_of)))
         placement = plan.place(rates, numbers, [s.gpu for s in config.sources], gpu_of=gpu_of)
@@ -75,7 +76,8 @@ class MultiGpuFace:
             log.info("%d workers on each GPU (workers_per_gpu): a process each, the streams placed across them",
                      self.config.workers_per_gpu)
             _say_mps()
-        for number, name in enumerate(self.names):
+        for number, (gpu, k) in enumerate(zip(self.placed.gpu_of, self.ks)):
+            name = channel.worker_name(gpu, k)
             ids = [i for i, w in self.placed.worker_of.items() if w == number]
             if not ids and not self.config.control.enabled:
                 log.warning("%s has no stream to serve: no worker there", name)
@@ -103,7 +105,7 @@ class MultiGpuFace:
                                     bool(self.config.metrics_listen), restart)
         job = channel.Job(self.placed.gpu_of[number], part, ids, len(self.uris), -1, records=bool(self.sinks.sinks),
                           first_added=self.placed.next_added(number), stride=self.placed.stride, resume=resume,
-                          worker=number, name=self.names[number])
+                          worker=number, k=self.ks[number])
         worker = WorkerProcess(job, self.sinks.put, restart=restart, drawn=drawn)
         self.closers.append(worker.close)
         return worker

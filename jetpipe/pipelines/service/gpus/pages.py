@@ -19,7 +19,7 @@ class FacePages:
         for worker in self.face.serving():
             status, text = scrape.fetch(worker.hello["address"], "/metrics")
             if status == 200:
-                texts[scrape.labels(worker.gpu, worker.name)] = text
+                texts[scrape.labels(worker.gpu, worker.k)] = text
         return scrape.merge(texts)
 
     def health(self) -> tuple[bool, str]:

@@ -43,9 +43,9 @@ def stats(texts: list[str]) -> str:
                        "streams": shown})
 
 
-def labels(gpu: int, name: str) -> str:
-    """A worker's labels: `gpu="0"`, and `worker="2"` where its GPU has several (name "GPU 0 worker 2")."""
-    _, _, k = name.partition(" worker ")
+def labels(gpu: int, k: int) -> str:
+    """A worker's labels: `gpu="0"`, and `worker="2"` where its GPU has several (k: its place among them, from 1;
+    0: the GPU's only worker)."""
     return f'gpu="{gpu}"' + (f',worker="{k}"' if k else "")
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from jetpipe.pipelines.ingest.streams import Resume
 from jetpipe.pipelines.outputs.sinks import FRAME_SCHEMES, scheme_of
+from jetpipe.pipelines.service.gpus.channel import worker_name
 from jetpipe.pipelines.service.summary import PER_STREAM
 
 KEPT_APART = ("stream_ids", *PER_STREAM)  # each GPU's summary keeps the rest of its keys under "gpus"
@@ -31,7 +32,7 @@ class Outcome:
     resumed_from: Resume = field(default_factory=Resume)  # where its streams began (a restarted worker's go on)
     reached: Resume = field(default_factory=Resume)       # where its records ended, as the face received them
     number: int = -1          # its place among the face's workers (-1: its GPU's number stands for it)
-    name: str = ""            # "GPU 0", or "GPU 0 worker 2" where a GPU has several
+    k: int = 0                # its place among its GPU's workers, from 1, where the GPU has several (channel.Job)
 
     @property
     def key(self) -> int:
@@ -40,7 +41,7 @@ class Outcome:
 
     @property
     def said(self) -> str:
-        return (self.name or f"GPU {self.gpu}").lower()
+        return worker_name(self.gpu, self.k).lower()
 
     def died_with(self, stream: int) -> dict:
         """A dead worker's counts of a stream as far as the face knows them: the frames it numbered (as far as its
@@ -105,7 +106,7 @@ def merge(workers: list[Outcome], face_s: float, latency, sink_uris: list[str], 
 
 def _worker_key(w: Outcome) -> dict:
     """A worker's name where its GPU has several (`"worker": "GPU 0 worker 2"`); nothing where one a GPU."""
-    return {"worker": w.name} if " worker " in w.name else {}
+    return {"worker": worker_name(w.gpu, w.k)} if w.k else {}
 
 
 def _sink_counts(uris: list[str], done: list[Outcome], face_counts: list[int], key: str) -> list[int]:

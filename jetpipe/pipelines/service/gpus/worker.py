@@ -14,14 +14,14 @@ import threading
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.ingest.streams import Share
 from jetpipe.pipelines.service.daemon import Pipeline
-from jetpipe.pipelines.service.gpus.channel import ForwardSink, Outbox, read_job
+from jetpipe.pipelines.service.gpus.channel import ForwardSink, Outbox, read_job, worker_name
 
 log = logging.getLogger(__name__)
 
 
 def main() -> int:
     job = read_job(sys.stdin.buffer)
-    said = (job.name or f"GPU {job.gpu}").lower()
+    said = worker_name(job.gpu, job.k).lower()
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s: [{said}] %(message)s", stream=sys.stderr)
     for noisy in ("onnxslim", "PyNvVideoCodec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

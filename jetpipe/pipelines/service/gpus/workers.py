@@ -29,14 +29,15 @@ START_TIMEOUT_S = 600.0  # a worker builds its pipeline (an engine may be built)
 
 class WorkerProcess:
     """One worker as the face sees it: its process, its lines read in a thread of their own. `gpu`: its GPU;
-    `number`: its place among the face's workers (the placement's key); `name` / `who`: how logs say it."""
+    `number`: its place among the face's workers (the placement's key); `k`: among its GPU's (channel.Job);
+    `name` / `who`: how logs say it."""
 
     def __init__(self, job: channel.Job, on_record, restart: int = 0, drawn: list[int] = ()):
         """job: its part (its fd is filled in here); restart: how many workers of this GPU died before this one;
         drawn: where its frame sinks stand in the configuration's sinks (worker_config)."""
         gpu, ids = job.gpu, job.ids
-        self.number, self.name = job.worker, job.name or f"GPU {gpu}"
-        self.who = worker_of(self.name)
+        self.number, self.k = job.worker, job.k
+        self.name, self.who = channel.worker_name(gpu, job.k), channel.worker_who(gpu, job.k)
         self.gpu, self.ids, self.on_record, self.restart, self.drawn = gpu, ids, on_record, restart, list(drawn)
         self.token = job.config.control.token  # its control API's (the face forwards the callers' requests)
         self.given_up = False  # it died and is not started again
@@ -121,7 +122,7 @@ class WorkerProcess:
     def outcome(self) -> totals.Outcome:
         """What the summary takes of it."""
         return totals.Outcome(self.gpu, self.summary, self.ids, self.ended(), self.delivered, self.restart,
-                              self.drawn, self.resumed_from, self.reached, self.number, self.name)
+                              self.drawn, self.resumed_from, self.reached, self.number, self.k)
 
     def join(self, timeout: float | None = None) -> None:
         try:
@@ -141,17 +142,6 @@ class WorkerProcess:
                 stream.close()
             except OSError:
                 pass
-
-
-def worker_names(gpu: int, k: int, per_gpu: int) -> str:
-    """How logs name the k-th (from 0) of a GPU's workers: "GPU 0", or "GPU 0 worker 2" where it has several."""
-    return f"GPU {gpu}" if per_gpu == 1 else f"GPU {gpu} worker {k + 1}"
-
-
-def worker_of(name: str) -> str:
-    """"GPU 0" -> "GPU 0's worker"; "GPU 0 worker 2" -> "GPU 0's worker 2"."""
-    gpu, _, k = name.partition(" worker ")
-    return f"{gpu}'s worker" + (f" {k}" if k else "")
 
 
 def worker_config(config, sources: list, listen: bool, restart: int = 0) -> tuple:
