@@ -197,6 +197,9 @@ def test_the_face_answers_for_every_gpu_and_a_killed_worker_is_started_again(tin
         assert 'alt="stream 0"' in _get(address, "/") and 'alt="stream 1"' in _get(address, "/")
         assert wait_for(lambda: _picture(address, 1).startswith(b"\xff\xd8"))  # from GPU 1's worker
         assert wait_for(lambda: _records_of(out, 0) >= 2 and _records_of(out, 1) >= 2)
+        # its encoder has a frame (FFmpeg writes the file's header once the first frame is in): the records reach
+        # the face before the worker's video sink draws, and a worker killed before that leaves an empty file
+        assert wait_for(lambda: _size(tmp_path / "drawn-s1.mp4") > 0)
         os.kill(_worker_pid(face.pid, gpu=1), signal.SIGKILL)
         _wait_for_line(face, "GPU 1's worker was killed by signal 9: stream(s) 1 are not served until it is started")
         _wait_for_line(face, "GPU 1's worker started again (restart 1 of 3): stream(s) 1 resume")
@@ -416,6 +419,10 @@ def _frames_in(path: Path) -> int:
     probe = subprocess.run(["ffprobe", "-v", "error", "-count_packets", "-select_streams", "v:0", "-show_entries",
                             "stream=nb_read_packets", "-of", "csv=p=0", str(path)], capture_output=True, text=True)
     return int(probe.stdout.strip() or 0)
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def _env() -> dict:
