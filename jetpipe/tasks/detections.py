@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jetpipe.tasks.json_numbers import COMPACT, tenths_json
+from jetpipe.tasks.json_numbers import COMPACT, rounded_json
 
 NO_TRACK = -1  # tracker_id of a box that is not (yet) part of a confirmed track
 
@@ -158,11 +158,12 @@ class Detections:
 
     def results_json(self) -> str:
         """to_results() as compact JSON text, the same bytes json.dumps gives it: the boxes and the per-object
-        float arrays written in one step each (json_numbers; a busy frame's coordinates were most of its JSON)."""
+        float arrays and the scores written in one step each (json_numbers: a busy frame's numbers were most of its
+        JSON)."""
         if self.given is not None:
             return json.dumps(self.to_results(), separators=COMPACT)
-        parts = [(key, tenths_json(value) if isinstance(value, np.ndarray) else json.dumps(value, separators=COMPACT))
-                 for key, value in self._parts()]
+        parts = [(key, rounded_json(value, 4 if key == "scores" else 1) if isinstance(value, np.ndarray)
+                  else json.dumps(value, separators=COMPACT)) for key, value in self._parts()]
         added = self._added()
         parts += [(key, json.dumps(value, separators=COMPACT)) for key, value in added.items()]
         return "{" + ",".join(f"{json.dumps(key)}:{text}" for key, text in parts) + "}"
@@ -182,13 +183,14 @@ class Detections:
         return {key: value.tolist() if isinstance(value, np.ndarray) else value for key, value in self._parts()}
 
     def _parts(self):
-        """(key, value) of the task's results in its order: boxes as float64 rounded to a tenth, per-object
-        extras' arrays as they are (to_results makes lists of them), the rest as JSON writes it."""
+        """(key, value) of the task's results in its order: boxes as float64 rounded to a tenth, scores to four
+        places, per-object extras' arrays as they are (to_results makes lists of them), the rest as JSON writes
+        it."""
         for key in self.layout:
             if key == "boxes":
                 yield key, np.round(self.xyxy.astype(np.float64), 1)
             elif key == "scores":
-                yield key, np.round(self.confidence.astype(np.float64), 4).tolist()
+                yield key, np.round(self.confidence.astype(np.float64), 4)
             elif key == "classes":
                 yield key, self.class_ids.tolist()
             elif key == "labels":

@@ -1,70 +1,91 @@
-"""JSON text of a results' coordinate arrays, made by numpy: the same bytes json.dumps writes for their lists.
+"""JSON text of a results' number arrays, made from tables of text: the same bytes json.dumps writes for their
+lists.
 
-A busy frame's boxes and quadrilaterals are hundreds of numbers; json.dumps of their nested lists costs
-~0.4 us a number (a list object a box or corner, a repr a number) and was most of a frame record's JSON.
-Coordinates are float64 rounded to a tenth of a pixel, which repr writes as digits, a point and one digit
-("0.0", "-5.0", "1234.5": the double nearest k/10 prints as k/10). For such an array the text is built here
-as characters: each number's sign and digits in a row of a character table (leading zeros masked out),
-then the separators its place in the array calls for (`,`, `],[`, ...: a table made once per shape and kept),
-the whole table read out through its mask at once. Any other array (NaN, other values or types) is written by
-json.dumps.
+A busy frame's boxes, quadrilaterals and scores are hundreds of numbers; json.dumps of their nested lists costs
+~0.4 us a number (a list object a box or corner, a repr a number), and building the characters with numpy
+~0.2 us. Coordinates are float64 rounded to a tenth of a pixel, scores to four places: the double nearest
+k / 10**places, which repr writes as the shortest text of that fraction ("0.0", "-5.0", "1234.5", "0.8731").
+The text of every such number in a range is made once (a table of str objects, indexed by k); an array's text
+is its numbers' texts taken from the table and interleaved with the separators its shape calls for (`,` inside
+the innermost list, `],[` at its end, ...: a table made once per shape and kept), joined in one call: no
+Python loop over the numbers. Any other array (NaN, values out of the tables' ranges, other types) is written
+by json.dumps.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 COMPACT = (",", ":")
-WHOLE_DIGITS = 6        # the fast path's numbers are below a million (pixels of any picture)
-POWERS = 10 ** np.arange(WHOLE_DIGITS - 1, -1, -1, dtype=np.uint32)  # the digits' places, highest first
+# the texts made once: tenths from -2,000.0 to 9,999.9 (pixels of pictures up to 8K, quadrilaterals unclipped past
+# their edges; ~8 MB), and four places from 0 to 1 (scores)
+RANGES = {1: (-20_000, 100_000), 4: (0, 10_001)}
 MAX_CACHED_BYTES = 16 << 20  # separator tables kept, one per shape (the boxes' (N, 4), the quads' (N, 4, 2) for
-#                              each N seen: ~24 kB each at N = 300), up to this much; beyond it, made at each use
-ZERO, POINT, MINUS = ord("0"), ord("."), ord("-")
+#                              each N seen: ~4 kB each at N = 60), up to this much; beyond it, made at each use
+
+
+@dataclass(frozen=True)
+class _Texts:
+    """repr(k / 10**places) for every k of [low, high), and "-0.0" after them (repr's negative zero)."""
+    low: int
+    high: int
+    scale: float
+    texts: np.ndarray  # object: str
 
 
 @dataclass(frozen=True)
 class _Separators:
     """What follows each number of an array of one shape (`,` inside the innermost list, `],[` at its end, ...,
-    and all the closing brackets after the last), as a padded character table and its mask."""
+    and all the closing brackets after the last), and the brackets before the first."""
     opening: str
-    chars: np.ndarray   # (size, width) uint8
-    shown: np.ndarray   # (size, width) bool
+    texts: np.ndarray  # object: str, one a number
 
 
+_tables: dict[int, _Texts] = {}
+_tables_made = threading.Lock()  # the sinks' threads may write their first records at once
 _separators: dict[tuple, _Separators] = {}
 _cached_bytes = 0
 
 
 def tenths_json(values: np.ndarray) -> str:
-    """The compact JSON text json.dumps gives values.tolist(), made by numpy where the values are float64
-    tenths below a million either side of 0 (boxes, quadrilaterals)."""
+    """The compact JSON text json.dumps gives values.tolist(), from the tables where the values are float64
+    tenths from -2,000.0 to 9,999.9 (boxes, quadrilaterals)."""
+    return rounded_json(values, 1)
+
+
+def rounded_json(values: np.ndarray, places: int) -> str:
+    """The compact JSON text json.dumps gives values.tolist(), from the tables where the values are float64
+    rounded to `places` (1: tenths, 4: from 0 to 1) within the table's range."""
     if values.dtype == np.float64 and values.size and values.ndim:
-        largest = np.abs(values).max()  # (NaN fails the comparison)
-        if largest < 10 ** WHOLE_DIGITS and np.array_equal(np.round(values, 1), values):
-            return _tenths_text(values, len(str(int(largest))))
+        table = _texts(places)
+        flat = values.ravel()
+        scaled = flat * table.scale  # (NaN and infinities fail the comparisons)
+        if scaled.min() >= table.low and scaled.max() < table.high - 0.5 and \
+                np.array_equal(np.round(values, places), values):
+            index = np.rint(scaled).astype(np.intp) - table.low
+            index[np.signbit(flat) & (index == -table.low)] = len(table.texts) - 1  # -0.0
+            separators = _separators_of(values.shape)
+            words = np.empty(2 * len(flat), object)
+            words[0::2], words[1::2] = table.texts[index], separators.texts
+            return separators.opening + "".join(words.tolist())
     return json.dumps(values.tolist(), separators=COMPACT)
 
 
-def _tenths_text(values: np.ndarray, digits: int) -> str:
-    """values' text, their whole parts at most `digits` long: a sign where the sign bit is set (repr's "-0.0"
-    too), the whole part's digits without leading zeros, the point, the tenth, then the separators."""
-    flat = values.ravel()
-    whole, tenth = np.divmod(np.rint(np.abs(flat) * 10).astype(np.uint32), 10)
-    powers = POWERS[-digits:]
-    separators = _separators_of(values.shape)
-    table = np.empty((len(flat), 1 + digits + 2 + separators.chars.shape[1]), np.uint8)
-    shown = np.empty(table.shape, bool)
-    table[:, 0], shown[:, 0] = MINUS, np.signbit(flat)
-    table[:, 1:digits + 1] = whole[:, None] // powers % 10 + ZERO
-    shown[:, 1:digits + 1] = whole[:, None] >= powers
-    shown[:, digits] = True  # the units' digit, even 0
-    table[:, digits + 1], table[:, digits + 2] = POINT, tenth + ZERO
-    shown[:, digits + 1:digits + 3] = True
-    table[:, digits + 3:], shown[:, digits + 3:] = separators.chars, separators.shown
-    return separators.opening + table[shown].tobytes().decode("ascii")
+def _texts(places: int) -> _Texts:
+    table = _tables.get(places)
+    if table is None:
+        with _tables_made:
+            table = _tables.get(places)
+            if table is None:
+                low, high = RANGES[places]
+                scale = 10.0 ** places
+                texts = np.array([repr(k / scale) for k in range(low, high)] + ["-0.0"], object)
+                table = _tables[places] = _Texts(low, high, scale, texts)
+    return table
 
 
 def _separators_of(shape: tuple) -> _Separators:
@@ -72,9 +93,9 @@ def _separators_of(shape: tuple) -> _Separators:
     found = _separators.get(shape)
     if found is None:
         found = _make_separators(shape)
-        if _cached_bytes + 2 * found.chars.size <= MAX_CACHED_BYTES:
+        if _cached_bytes + found.texts.nbytes <= MAX_CACHED_BYTES:
             _separators[shape] = found
-            _cached_bytes += 2 * found.chars.size
+            _cached_bytes += found.texts.nbytes
     return found
 
 
@@ -88,10 +109,5 @@ def _make_separators(shape: tuple) -> _Separators:
         still &= flat // stride % shape[axis] == shape[axis] - 1
         closed += still
         stride *= shape[axis]
-    texts = ["]" * k + "," + "[" * k for k in range(depth)] + ["]" * depth]
-    width = max(len(t) for t in texts)
-    chars, shown = np.zeros((depth + 1, width), np.uint8), np.zeros((depth + 1, width), bool)
-    for k, text in enumerate(texts):
-        chars[k, :len(text)] = np.frombuffer(text.encode(), np.uint8)
-        shown[k, :len(text)] = True
-    return _Separators("[" * depth, chars[closed], shown[closed])
+    texts = np.array(["]" * k + "," + "[" * k for k in range(depth)] + ["]" * depth], object)
+    return _Separators("[" * depth, texts[closed])

@@ -8,7 +8,7 @@ import pytest
 
 from jetpipe.pipelines.core.record import FrameRecord
 from jetpipe.tasks.detections import Detections, Ground
-from jetpipe.tasks.json_numbers import tenths_json
+from jetpipe.tasks.json_numbers import rounded_json, tenths_json
 
 
 def _dumps(values: np.ndarray) -> str:
@@ -25,6 +25,21 @@ def test_tenths_are_written_as_json_writes_them(shape, scale):
     flat[1::11] = 0.0                        # zero ("0.0")
     flat[2::13] = -0.0                       # negative zero ("-0.0", as repr writes it)
     assert tenths_json(values) == _dumps(values)
+
+
+@pytest.mark.parametrize("edge", [-2000.0, -2000.1, 9999.9, 10000.0, 123456.7, -0.1])
+def test_tenths_at_the_tables_edges_and_past_them(edge):
+    values = np.array([[edge, 0.0, -0.0, 5.5]])
+    assert tenths_json(values) == _dumps(values)
+
+
+def test_scores_are_written_as_json_writes_them():
+    rng = np.random.default_rng(4)
+    scores = np.round(rng.uniform(0, 1, 500), 4)
+    scores[:6] = [0.0, 1.0, 0.5, 1e-4, 0.9999, -0.0]
+    assert rounded_json(scores, 4) == _dumps(scores)
+    for outside in ([1.5, 0.5], [-0.25, 0.5], [0.12345, 0.5]):  # past the table, or not rounded: json.dumps
+        assert rounded_json(np.array(outside), 4) == _dumps(np.array(outside))
 
 
 @pytest.mark.parametrize("values", [
@@ -71,4 +86,4 @@ def test_the_separator_tables_kept_stay_within_their_bound(monkeypatch):
         values = np.round(np.random.default_rng(n).uniform(0, 1900, (n, 4, 2)), 1)
         assert tenths_json(values) == _dumps(values)
     kept = json_numbers._separators.values()
-    assert 0 < len(kept) < 199 and sum(2 * s.chars.size for s in kept) <= 20_000
+    assert 0 < len(kept) < 199 and sum(s.texts.nbytes for s in kept) <= 20_000

@@ -306,3 +306,34 @@ def test_the_filters_inverses_by_cofactors_are_lapacks():
     for matrices in (covariances, general):
         assert np.allclose(inverse4(matrices), np.linalg.inv(matrices), rtol=1e-8, atol=1e-10)
     assert inverse4(np.zeros((0, 4, 4))).shape == (0, 4, 4)
+
+
+@pytest.mark.parametrize("shape", ["text lines", "people", "mixed"])
+def test_the_candidate_pairs_are_every_same_frame_pair_that_overlaps(shape):
+    """pairs.Candidates' sweep (along x or y, whichever gives fewer) finds exactly the pairs a brute force
+    finds: rows of wide, low boxes (a text line's reach covers half a frame's width), tall narrow ones, and both
+    with a few huge boxes; negative coordinates (grown past the edges), frames without detections."""
+    from jetpipe.pipelines.core.tracking.pairs import Candidates
+
+    rng = np.random.default_rng({"text lines": 1, "people": 2, "mixed": 3}[shape])
+    aspect = {"text lines": (4.0, 12.0), "people": (0.25, 0.6), "mixed": (0.2, 12.0)}[shape]
+
+    def boxes(n):
+        h = rng.uniform(10, 120, n)
+        w = h * rng.uniform(*aspect, n)
+        if shape == "mixed":
+            w[::17], h[::17] = 1500.0, 900.0
+        x, y = rng.uniform(-200, 1900, n), rng.uniform(-100, 1080, n)
+        return np.stack([x, y, x + w, y + h], axis=1)
+
+    for _ in range(40):
+        frames = int(rng.integers(1, 9))
+        tracks, dets = int(rng.integers(0, 300)), int(rng.integers(0, 300))
+        track_box, det_box = boxes(tracks), boxes(dets)
+        track_frame, det_frame = rng.integers(0, frames, tracks), rng.integers(0, max(1, frames - 1), dets)
+        found = Candidates(track_box, track_frame, det_box, det_frame)
+        a, b = track_box[:, None], det_box[None]
+        overlap = (a[..., 0] <= b[..., 2]) & (b[..., 0] <= a[..., 2]) & (a[..., 1] <= b[..., 3]) & \
+            (b[..., 1] <= a[..., 3]) & (track_frame[:, None] == det_frame[None])
+        t, d = np.nonzero(overlap)  # track-major, detections in their order
+        assert found.track.tolist() == t.tolist() and found.det.tolist() == d.tolist()

@@ -3,7 +3,7 @@
 A batch holds frames of several streams; a track may only take a detection of its own stream's frame, and only
 one its reach overlaps (every round's test needs the boxes to overlap: IoU with the prediction or the last
 observation, the grown expectation of a lost track). The candidates are found by a sweep (detections sorted
-by frame and left edge, a range of them a track), not by forming every pair: a frame of 100 objects has a few
+by frame and left or top edge, a range of them a track), not by forming every pair: a frame of 100 objects has a few
 hundred candidates, not 10,000. A pairwise measure is then one array operation over every candidate of every
 frame.
 
@@ -31,24 +31,38 @@ class Candidates:
         self.track, self.det = empty, empty
         if not len(track_reach) or not len(det_reach):
             return
-        key = det_frame * _FRAME_STRIDE + np.clip(det_reach[:, 0], -_OFFSET, _OFFSET)
-        order = np.argsort(key, kind="stable")
-        sorted_key = key[order]
-        widest = np.zeros(int(det_frame.max()) + 1)
-        np.maximum.at(widest, det_frame, det_reach[:, 2] - det_reach[:, 0])
-        frames = np.minimum(track_frame, len(widest) - 1)
-        base = track_frame * _FRAME_STRIDE
-        low = np.searchsorted(sorted_key, base + np.clip(track_reach[:, 0] - widest[frames], -_OFFSET, _OFFSET), "left")
-        high = np.searchsorted(sorted_key, base + np.clip(track_reach[:, 2], -_OFFSET, _OFFSET), "right")
-        counts = np.maximum(high - low, 0)
+        # along x or along y, whichever gives fewer: a frame's widest (or tallest) detection sets every track's
+        # range, and rows of wide, low boxes (text lines, a queue seen from the side) cover half a frame's width
+        axis, order, low, counts = min(((axis, *_sweep(track_reach, track_frame, det_reach, det_frame, axis))
+                                        for axis in (0, 1)), key=lambda swept: swept[3].sum())
         track = np.repeat(np.arange(len(track_reach)), counts)
         det = order[np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - low, counts)]
-        a, b = track_reach[track], det_reach[det]
-        overlap = (a[:, 0] <= b[:, 2]) & (b[:, 0] <= a[:, 2]) & (a[:, 1] <= b[:, 3]) & (b[:, 1] <= a[:, 3])
-        overlap &= track_frame[track] == det_frame[det]
-        track, det = track[overlap], det[overlap]
-        by = np.lexsort((det, track))  # track-major, detections in their order: the solver's tie-breaks as a matrix's
-        self.track, self.det = track[by], det[by]
+        # the sweep bounds one axis from one side (and the frame: the keys keep frames apart); the rest here,
+        # column by column
+        other = 1 - axis
+        keep = det_reach[det, axis + 2] >= track_reach[track, axis]
+        keep &= det_reach[det, other] <= track_reach[track, other + 2]
+        keep &= det_reach[det, other + 2] >= track_reach[track, other]
+        # track-major, detections in their order: the solver's tie-breaks as a matrix's
+        ordered = np.sort(track[keep] * len(det_reach) + det[keep])
+        self.track, self.det = np.divmod(ordered, len(det_reach))
+
+
+def _sweep(track_reach, track_frame, det_reach, det_frame, axis: int):
+    """The detections sorted by frame and low edge along `axis` (0: x, 1: y), and each track's range of them
+    that may overlap it along that axis: (order, first, count)."""
+    low_edge, high_edge = det_reach[:, axis], det_reach[:, axis + 2]
+    key = det_frame * _FRAME_STRIDE + np.clip(low_edge, -_OFFSET, _OFFSET)
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    widest = np.zeros(int(det_frame.max()) + 1)
+    np.maximum.at(widest, det_frame, high_edge - low_edge)
+    frames = np.minimum(track_frame, len(widest) - 1)
+    base = track_frame * _FRAME_STRIDE
+    first = np.searchsorted(sorted_key, base + np.clip(track_reach[:, axis] - widest[frames], -_OFFSET, _OFFSET),
+                            "left")
+    end = np.searchsorted(sorted_key, base + np.clip(track_reach[:, axis + 2], -_OFFSET, _OFFSET), "right")
+    return order, first, np.maximum(end - first, 0)
 
 
 def load_solver() -> None:
