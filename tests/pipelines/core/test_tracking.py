@@ -337,3 +337,42 @@ def test_the_candidate_pairs_are_every_same_frame_pair_that_overlaps(shape):
             (b[..., 1] <= a[..., 3]) & (track_frame[:, None] == det_frame[None])
         t, d = np.nonzero(overlap)  # track-major, detections in their order
         assert found.track.tolist() == t.tolist() and found.det.tolist() == d.tolist()
+
+
+def test_the_kalman_filter_by_blocks_gives_the_same_numbers_as_by_matrices():
+    """Tracks whose coordinates do not mix are filtered on their covariance's four 2 x 2 blocks (botsort's
+    table): to the bit what the 8 x 8 filter gives, over many steps at mixed rates; a rotated camera's tracks
+    (x and y mixed) go on as matrices."""
+    from jetpipe.pipelines.core.tracking import kalman
+
+    rng = np.random.default_rng(5)
+    cells = (slice(None), kalman.BLOCK_ROWS, kalman.BLOCK_COLS)
+    mean, cov = kalman.initiate(np.cumsum(rng.uniform(1, 80, (300, 4)), axis=1))
+    others = np.ones((8, 8), bool)
+    others[kalman.BLOCK_ROWS, kalman.BLOCK_COLS] = False
+    for _ in range(40):
+        dt = rng.choice([1 / 30, 1 / 10, 2 / 30, 0.5], len(mean))
+        by_matrix = kalman.predict(mean, cov, dt)
+        by_block = kalman.predict_blocks(mean, cov[cells], dt)
+        assert np.array_equal(by_matrix[0], by_block[0]) and np.array_equal(by_matrix[1][cells], by_block[1])
+        boxes = np.cumsum(rng.uniform(1, 80, (len(mean), 4)), axis=1)
+        mean, cov = kalman.update(*by_matrix, boxes)
+        block_mean, blocks = kalman.update_blocks(*by_block, boxes)
+        assert np.array_equal(mean, block_mean) and np.array_equal(cov[cells], blocks)
+        assert not cov[:, others].any()
+
+
+def test_a_rotating_cameras_tracks_are_filtered_as_matrices():
+    from jetpipe.pipelines.core.tracking import BotSortTable
+    from jetpipe.pipelines.core.tracking.botsort import _move_tracks
+
+    table = BotSortTable()
+    box = np.array([[100.0, 100.0, 140.0, 200.0], [400.0, 100.0, 440.0, 200.0]])
+    table.update([(0, box, np.array([0.9, 0.9]), 0.0)])
+    turn, still = np.radians(2.0), np.array([[1.0, 0.0, 3.0], [0.0, 1.0, 0.0]])
+    rotation = np.array([[np.cos(turn), -np.sin(turn), 0.0], [np.sin(turn), np.cos(turn), 0.0]])
+    _move_tracks(table, np.array([0, 1]), np.stack([rotation, still]))
+    assert table.mixed.tolist() == [True, False]
+    assert table.cov[0, 0, 1] != 0 and table.cov[1, 0, 1] == 0  # x and y mixed by the rotation only
+    ids = table.update([(0, box + 2.0, np.array([0.9, 0.9]), 1 / 30)])[0]
+    assert ids.tolist() == [1, 2] and table.cov[0, 0, 1] != 0

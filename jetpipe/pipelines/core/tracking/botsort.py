@@ -86,7 +86,9 @@ class BotSortParams:
                              f"{self.look_veto} (0-50: log-likelihood ratios)")
 
 
-_COLUMNS = ("mean", "cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits", "slot", "look", "look_t")
+_COLUMNS = ("mean", "cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits", "slot", "look", "look_t", "moved",
+            "moved_known", "mixed")
+DEAD = -1  # the slot of a row let go (BotSortTable._keep)
 
 
 class BotSortTable:
@@ -96,6 +98,10 @@ class BotSortTable:
         """first_ids: each stream slot's first track ID (a restarted worker's go on; default 1)."""
         self.params = params or BotSortParams()
         pairs.load_solver()
+        # the columns are views of the first rows of arrays with room to spare (_store): a pass's new tracks are
+        # written into it, not the whole table copied; a done track's row is let go (its slot DEAD) and the
+        # table closed up once a quarter of its rows are (_keep): a busy batch drops tracks every pass
+        self._store: dict[str, np.ndarray] = {}
         self.mean, self.cov = np.zeros((0, 8)), np.zeros((0, 8, 8))
         self.obs = np.zeros((0, 4))       # the last observed box
         self.obs_t = np.zeros(0)          # when
@@ -103,8 +109,15 @@ class BotSortTable:
         self.hist_t = np.full((0, HISTORY), -np.inf)          # and times
         self.ids = np.zeros(0, np.int64)  # 0: not confirmed yet
         self.hits = np.zeros(0, np.int64)
-        self.slot = np.zeros(0, np.int64)  # the stream slot a track belongs to
+        self.slot = np.zeros(0, np.int64)  # the stream slot a track belongs to (DEAD: a row let go)
         self.look, self.look_t = np.zeros((0, 0), np.float32), np.zeros(0)  # looks.py: its look, and when
+        # _motion's answer kept (velocity, what it is measured on, largest size: 6 columns): a lost track's is
+        # asked every frame it stays lost, and its history does not change until it is observed or moved
+        self.moved, self.moved_known = np.zeros((0, 6)), np.zeros(0, bool)
+        # a covariance a camera's rotation mixed (x with y): filtered as 8 x 8 matrices; the others as their four
+        # 2 x 2 blocks (kalman.predict_blocks: the same numbers, a quarter of the entries)
+        self.mixed = np.zeros(0, bool)
+        self._dead = 0  # rows let go, not yet closed up
         self.look_stats = looks.LookStats()  # what a look's cosine says in this scene
         # per slot: the last frame's time (NaN: none yet), the last step, frames seen, the next ID
         self.clock_t, self.clock_dt = np.zeros(0), np.zeros(0)
@@ -114,7 +127,8 @@ class BotSortTable:
             self.next_id[:len(first_ids)] = first_ids
 
     def __len__(self) -> int:
-        return len(self.ids)
+        """Tracks (rows let go left out)."""
+        return len(self.ids) - self._dead
 
     def _slots(self, count: int) -> None:
         more = count - len(self.frames)
@@ -158,13 +172,13 @@ class BotSortTable:
         scores = np.concatenate([np.asarray(f[2], np.float64).reshape(-1) for f in frames])
         det_frame = np.repeat(np.arange(len(frames)), counts)
         now, dt = self._step(slots, np.array([float(f[3]) for f in frames]))
-        frame_of_slot = np.full(len(self.frames), -1)
+        frame_of_slot = np.full(len(self.frames) + 1, -1)  # the last entry: DEAD rows' (slot -1), never a frame
         frame_of_slot[slots] = np.arange(len(frames))
         track_frame = frame_of_slot[self.slot]
         active = track_frame >= 0
         rows = np.flatnonzero(active)
         self._follow_camera(frames, rows, track_frame)
-        self.mean[rows], self.cov[rows] = kalman.predict(self.mean[rows], self.cov[rows], dt[track_frame[rows]])
+        self._predict(rows, dt[track_frame[rows]])
         track_t = np.where(active, now[np.maximum(track_frame, 0)], np.nan)
         high, low = scores >= p.high, (scores >= p.low) & (scores < p.high)
         lost = active & (self.obs_t < track_t - 1.5 * dt[np.maximum(track_frame, 0)])  # not seen last frame
@@ -274,10 +288,19 @@ class BotSortTable:
         velocity = np.where(anchor == EDGE_FAR, far, np.where(anchor == EDGE_NEAR, near, centre))
         return velocity, anchor, sizes
 
+    def _known_motion(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """_motion(rows), computed only for the rows whose history changed since it was last asked."""
+        stale = rows[~self.moved_known[rows]]
+        if len(stale):
+            self.moved[stale] = np.concatenate(self._motion(stale), axis=1)
+            self.moved_known[stale] = True
+        known = self.moved[rows]
+        return known[:, 0:2], known[:, 2:4], known[:, 4:6]
+
     def _expected(self, rows, t) -> np.ndarray:
         """Where lost tracks' objects should be at time t, whole: what they were seen moving on (an edge, or the
         centre) carried on at its speed since the last observation, the box at its largest size seen."""
-        velocity, anchor, sizes = self._motion(rows)
+        velocity, anchor, sizes = self._known_motion(rows)
         last = self.obs[rows]
         moved = velocity * (t - self.obs_t[rows])[:, None]
         centre = (last[:, :2] + last[:, 2:]) / 2 + moved - sizes / 2
@@ -313,14 +336,31 @@ class BotSortTable:
         self.clock_t[slots] = now
         return now, step
 
+    def _predict(self, rows, dt) -> None:
+        """kalman.predict of these rows, by blocks where their coordinates do not mix."""
+        mixed = self.mixed[rows]
+        blocks, whole = rows[~mixed], rows[mixed]
+        cells = (blocks[:, None], kalman.BLOCK_ROWS, kalman.BLOCK_COLS)
+        self.mean[blocks], self.cov[cells] = kalman.predict_blocks(self.mean[blocks], self.cov[cells], dt[~mixed])
+        if len(whole):
+            self.mean[whole], self.cov[whole] = kalman.predict(self.mean[whole], self.cov[whole], dt[mixed])
+
+    def _correct(self, rows, boxes) -> None:
+        """kalman.update of these rows by their boxes, by blocks where their coordinates do not mix."""
+        mixed = self.mixed[rows]
+        blocks, whole = rows[~mixed], rows[mixed]
+        cells = (blocks[:, None], kalman.BLOCK_ROWS, kalman.BLOCK_COLS)
+        self.mean[blocks], self.cov[cells] = kalman.update_blocks(self.mean[blocks], self.cov[cells], boxes[~mixed])
+        if len(whole):
+            self.mean[whole], self.cov[whole] = kalman.update(self.mean[whole], self.cov[whole], boxes[mixed])
+
     def _observe(self, rows, boxes, was_lost) -> None:
         """The matched tracks' filters corrected by their detections (found again after a gap: started over,
         _restart), their observations and hits recorded, and those with a second hit confirmed."""
         if not len(rows):
             return
         steady = ~was_lost
-        self.mean[rows[steady]], self.cov[rows[steady]] = kalman.update(self.mean[rows[steady]],
-                                                                        self.cov[rows[steady]], boxes[steady])
+        self._correct(rows[steady], boxes[steady])
         if was_lost.any():
             self._restart(rows[was_lost], boxes[was_lost])
         t = self.clock_t[self.slot[rows]]
@@ -328,16 +368,17 @@ class BotSortTable:
         self.hist[rows] = np.concatenate([self.hist[rows, 1:], boxes[:, None, :]], axis=1)
         self.hist_t[rows] = np.concatenate([self.hist_t[rows, 1:], t[:, None]], axis=1)
         self.hits[rows] += 1
+        self.moved_known[rows] = False
         self._confirm(rows[(self.ids[rows] == 0) & (self.hits[rows] >= 2)])
 
     def _restart(self, rows, boxes) -> None:
         """Tracks found again after a gap: their filters start over at the new boxes, moving at the speed their
         edges were observed to move before the gap (OC-SORT's point: what was observed, not what the filter
         drifted to while the object was hidden)."""
-        velocity, _, _ = self._motion(rows)
+        velocity, _, _ = self._known_motion(rows)
         mean, cov = kalman.initiate(boxes)
         mean[:, 4:6] = velocity * kalman.REFERENCE_S
-        self.mean[rows], self.cov[rows] = mean, cov
+        self.mean[rows], self.cov[rows], self.mixed[rows] = mean, cov, False
 
     def _confirm(self, rows) -> np.ndarray:
         """Each slot's next IDs for these tracks, in their order (IDs are never reused)."""
@@ -352,28 +393,64 @@ class BotSortTable:
         return ids
 
     def _start(self, boxes, slots, t) -> np.ndarray:
-        """New tracks (unconfirmed) at these boxes of these slots: their rows."""
+        """New tracks (unconfirmed) at these boxes of these slots: their rows, after every other (the table's
+        order is the tracks' age: the solver's tie-breaks and the order IDs are given in)."""
         n = len(boxes)
         first = len(self.ids)
         if not n:
             return np.zeros(0, np.int64)
+        self._room(first + n)
         mean, cov = kalman.initiate(boxes)
-        hist_t = np.full((n, HISTORY), -np.inf)
-        hist_t[:, -1] = t
-        hist = np.zeros((n, HISTORY, 4))
-        hist[:, -1] = boxes
-        for name, value in (("mean", mean), ("cov", cov), ("obs", boxes), ("obs_t", t), ("hist", hist),
-                            ("hist_t", hist_t), ("ids", np.zeros(n, np.int64)), ("hits", np.ones(n, np.int64)),
-                            ("slot", slots), ("look", np.zeros((n, self.look.shape[1]), np.float32)),
-                            ("look_t", np.full(n, -np.inf))):
-            setattr(self, name, np.concatenate([getattr(self, name), value]))
+        new = slice(first, first + n)
+        store = self._store
+        store["mean"][new], store["cov"][new], store["obs"][new], store["obs_t"][new] = mean, cov, boxes, t
+        store["hist"][new], store["hist_t"][new] = 0.0, -np.inf
+        store["hist"][new, -1], store["hist_t"][new, -1] = boxes, t
+        store["ids"][new], store["hits"][new], store["slot"][new] = 0, 1, slots
+        store["look"][new], store["look_t"][new] = 0.0, -np.inf
+        store["moved_known"][new], store["mixed"][new] = False, False
+        self._view(first + n)
         return np.arange(first, first + n)
 
-    def _keep(self, keep) -> None:
-        if keep.all():
-            return  # most batches: the table as it is, not copied
+    def _room(self, rows: int) -> None:
+        """The store holds at least `rows` rows (twice as many when it grows: amortized, as a list's)."""
+        if self._store and len(self._store["ids"]) >= rows:
+            return
+        capacity, used = max(64, 2 * rows), len(self.ids)
         for name in _COLUMNS:
-            setattr(self, name, getattr(self, name)[keep])
+            column = getattr(self, name)
+            grown = np.empty((capacity, *column.shape[1:]), column.dtype)
+            grown[:used] = column
+            self._store[name] = grown
+        self._view(used)
+
+    def _view(self, rows: int) -> None:
+        for name in _COLUMNS:
+            setattr(self, name, self._store[name][:rows])
+
+    def widen_looks(self, dim: int) -> None:
+        """Looks `dim` long (the model's, fixed at its first look): every track's none yet."""
+        self._room(len(self.ids))
+        self._store["look"] = np.zeros((len(self._store["ids"]), dim), np.float32)
+        self._store["look_t"][:] = -np.inf
+        self._view(len(self.ids))
+
+    def _keep(self, keep) -> None:
+        """The rows not kept are let go (their slot DEAD: no pass takes them); the table is closed up, in order,
+        once a quarter of its rows are."""
+        gone = ~keep & (self.slot != DEAD)
+        if not gone.any():
+            return  # most batches: the table as it is
+        self.slot[gone] = DEAD
+        self._dead += int(np.count_nonzero(gone))
+        if 4 * self._dead < len(self.ids):
+            return
+        alive = self.slot != DEAD
+        rows = int(np.count_nonzero(alive))
+        for name in _COLUMNS:
+            self._store[name][:rows] = getattr(self, name)[alive]
+        self._dead = 0
+        self._view(rows)
 
 
 class BotSort:
@@ -404,12 +481,12 @@ def _direction_agreement(table: BotSortTable, track, found, scores) -> np.ndarra
     if p.inertia == 0 or not len(track):
         return 0.0
     tracks, at = _distinct(track)
-    hist_t, hist = table.hist_t[tracks], table.hist[tracks]
+    hist_t = table.hist_t[tracks]
     pick = _earlier_observation(hist_t, p.delta_s)
     n = np.arange(len(tracks))
     has = np.isfinite(hist_t[n, pick]) & (pick < HISTORY - 1)
-    end = _centres(hist[:, -1])
-    direction = _unit(end - _centres(hist[n, pick]))
+    end = _centres(table.hist[tracks, -1])  # two observations of each history, not all of them
+    direction = _unit(end - _centres(table.hist[tracks, pick]))
     towards = _unit(_centres(found) - end[at])
     cos = np.clip(np.einsum("ij,ij->i", direction[at], towards), -1.0, 1.0)
     agreement = (np.pi / 2 - np.arccos(cos)) / np.pi * p.inertia * scores
@@ -458,6 +535,8 @@ def _move_tracks(table: BotSortTable, rows: np.ndarray, affine: np.ndarray) -> N
     table.obs[rows] = boxes_through(table.obs[rows], linear, shift, scale)
     hist = table.hist[rows].reshape(len(rows), -1, 4)
     table.hist[rows] = boxes_through(hist, linear[:, None], shift[:, None], scale[:, None]).reshape(hist.shape)
+    table.moved_known[rows] = False
+    table.mixed[rows] |= (linear[:, 0, 1] != 0) | (linear[:, 1, 0] != 0)  # a rotation: x and y mix
 
 
 def _centres(boxes: np.ndarray) -> np.ndarray:

@@ -192,5 +192,4 @@ def remember(table, rows, cols, looks: PassLooks) -> None:
 def _width(table, dim: int) -> None:
     """The table's looks are `dim` long (the model's; fixed at its first look)."""
     if table.look.shape[1] != dim:
-        table.look = np.zeros((len(table.ids), dim), np.float32)
-        table.look_t = np.full(len(table.ids), -np.inf)
+        table.widen_looks(dim)
