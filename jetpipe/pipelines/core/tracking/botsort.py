@@ -337,22 +337,20 @@ class BotSortTable:
         return now, step
 
     def _predict(self, rows, dt) -> None:
-        """kalman.predict of these rows, by blocks where their coordinates do not mix."""
-        mixed = self.mixed[rows]
-        blocks, whole = rows[~mixed], rows[mixed]
-        cells = (blocks[:, None], kalman.BLOCK_ROWS, kalman.BLOCK_COLS)
-        self.mean[blocks], self.cov[cells] = kalman.predict_blocks(self.mean[blocks], self.cov[cells], dt[~mixed])
-        if len(whole):
-            self.mean[whole], self.cov[whole] = kalman.predict(self.mean[whole], self.cov[whole], dt[mixed])
+        self._filter(rows, kalman.predict_blocks, kalman.predict, dt)
 
     def _correct(self, rows, boxes) -> None:
-        """kalman.update of these rows by their boxes, by blocks where their coordinates do not mix."""
+        self._filter(rows, kalman.update_blocks, kalman.update, boxes)
+
+    def _filter(self, rows, by_blocks, by_matrices, per_row) -> None:
+        """A Kalman step of these rows (per_row: each one's step or box): by their covariance's blocks where
+        their coordinates do not mix, else by matrices."""
         mixed = self.mixed[rows]
         blocks, whole = rows[~mixed], rows[mixed]
         cells = (blocks[:, None], kalman.BLOCK_ROWS, kalman.BLOCK_COLS)
-        self.mean[blocks], self.cov[cells] = kalman.update_blocks(self.mean[blocks], self.cov[cells], boxes[~mixed])
+        self.mean[blocks], self.cov[cells] = by_blocks(self.mean[blocks], self.cov[cells], per_row[~mixed])
         if len(whole):
-            self.mean[whole], self.cov[whole] = kalman.update(self.mean[whole], self.cov[whole], boxes[mixed])
+            self.mean[whole], self.cov[whole] = by_matrices(self.mean[whole], self.cov[whole], per_row[mixed])
 
     def _observe(self, rows, boxes, was_lost) -> None:
         """The matched tracks' filters corrected by their detections (found again after a gap: started over,
