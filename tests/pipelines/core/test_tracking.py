@@ -376,3 +376,34 @@ def test_a_rotating_cameras_tracks_are_filtered_as_matrices():
     assert table.cov[0, 0, 1] != 0 and table.cov[1, 0, 1] == 0  # x and y mixed by the rotation only
     ids = table.update([(0, box + 2.0, np.array([0.9, 0.9]), 1 / 30)])[0]
     assert ids.tolist() == [1, 2] and table.cov[0, 0, 1] != 0
+
+
+def test_the_assignment_is_each_frames_optimum_of_its_allowed_pairs():
+    """pairs.assign (every frame's contended pairs numbered at once, a solver call a frame) against each frame
+    solved apart on its own matrix: the same matches, on frames with pairs alone, pairs in contention, and pairs
+    not allowed."""
+    from scipy.optimize import linear_sum_assignment
+
+    from jetpipe.pipelines.core.tracking.pairs import INFEASIBLE, assign
+
+    rng = np.random.default_rng(11)
+    for _ in range(60):
+        tracks, dets, frames = int(rng.integers(1, 80)), int(rng.integers(1, 80)), int(rng.integers(1, 6))
+        track_frame = rng.integers(0, frames, tracks)
+        det_frame = rng.integers(0, frames, dets)
+        t, d = np.nonzero((track_frame[:, None] == det_frame[None]) & (rng.uniform(size=(tracks, dets)) < 0.15))
+        similarity = rng.uniform(0, 1, len(t))
+        allowed = rng.uniform(size=len(t)) < 0.85
+        rows, cols = assign(t, d, similarity, allowed, track_frame)
+        expected = []
+        for frame in range(frames):
+            at = allowed & (track_frame[t] == frame)
+            if not at.any():
+                continue
+            t_ids, t_local = np.unique(t[at], return_inverse=True)
+            d_ids, d_local = np.unique(d[at], return_inverse=True)
+            cost = np.full((len(t_ids), len(d_ids)), INFEASIBLE)
+            cost[t_local, d_local] = -similarity[at]
+            r, c = linear_sum_assignment(cost)
+            expected += [(int(t_ids[i]), int(d_ids[j])) for i, j in zip(r, c) if cost[i, j] < INFEASIBLE]
+        assert sorted(zip(rows.tolist(), cols.tolist())) == sorted(expected)

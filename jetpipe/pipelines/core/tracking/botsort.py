@@ -32,6 +32,7 @@ import numpy as np
 
 from jetpipe.geometry import boxes_through
 from jetpipe.pipelines.core.tracking import kalman, looks, pairs
+from jetpipe.pipelines.core.tracking.columns import TrackColumns
 from jetpipe.pipelines.core.tracking.looks import PassLooks
 from jetpipe.tasks.detections import NO_TRACK
 
@@ -86,38 +87,17 @@ class BotSortParams:
                              f"{self.look_veto} (0-50: log-likelihood ratios)")
 
 
-_COLUMNS = ("mean", "cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits", "slot", "look", "look_t", "moved",
-            "moved_known", "mixed")
-DEAD = -1  # the slot of a row let go (BotSortTable._keep)
+_BLOCK_CELLS = kalman.BLOCK_ROWS * 8 + kalman.BLOCK_COLS  # a covariance's 2 x 2 blocks' entries, of its 64
 
 
-class BotSortTable:
+class BotSortTable(TrackColumns):
     """Every stream's tracks; update() once per batch, a stream's frames in their order."""
 
     def __init__(self, params: BotSortParams | None = None, first_ids: list[int] | None = None):
         """first_ids: each stream slot's first track ID (a restarted worker's go on; default 1)."""
         self.params = params or BotSortParams()
         pairs.load_solver()
-        # the columns are views of the first rows of arrays with room to spare (_store): a pass's new tracks are
-        # written into it, not the whole table copied; a done track's row is let go (its slot DEAD) and the
-        # table closed up once a quarter of its rows are (_keep): a busy batch drops tracks every pass
-        self._store: dict[str, np.ndarray] = {}
-        self.mean, self.cov = np.zeros((0, 8)), np.zeros((0, 8, 8))
-        self.obs = np.zeros((0, 4))       # the last observed box
-        self.obs_t = np.zeros(0)          # when
-        self.hist = np.zeros((0, HISTORY, 4))                 # the last observations' boxes, oldest first
-        self.hist_t = np.full((0, HISTORY), -np.inf)          # and times
-        self.ids = np.zeros(0, np.int64)  # 0: not confirmed yet
-        self.hits = np.zeros(0, np.int64)
-        self.slot = np.zeros(0, np.int64)  # the stream slot a track belongs to (DEAD: a row let go)
-        self.look, self.look_t = np.zeros((0, 0), np.float32), np.zeros(0)  # looks.py: its look, and when
-        # _motion's answer kept (velocity, what it is measured on, largest size: 6 columns): a lost track's is
-        # asked every frame it stays lost, and its history does not change until it is observed or moved
-        self.moved, self.moved_known = np.zeros((0, 6)), np.zeros(0, bool)
-        # a covariance a camera's rotation mixed (x with y): filtered as 8 x 8 matrices; the others as their four
-        # 2 x 2 blocks (kalman.predict_blocks: the same numbers, a quarter of the entries)
-        self.mixed = np.zeros(0, bool)
-        self._dead = 0  # rows let go, not yet closed up
+        super().__init__(HISTORY)
         self.look_stats = looks.LookStats()  # what a look's cosine says in this scene
         # per slot: the last frame's time (NaN: none yet), the last step, frames seen, the next ID
         self.clock_t, self.clock_dt = np.zeros(0), np.zeros(0)
@@ -125,10 +105,6 @@ class BotSortTable:
         self._slots(max(len(first_ids or ()), 1))
         if first_ids:
             self.next_id[:len(first_ids)] = first_ids
-
-    def __len__(self) -> int:
-        """Tracks (rows let go left out)."""
-        return len(self.ids) - self._dead
 
     def _slots(self, count: int) -> None:
         more = count - len(self.frames)
@@ -172,7 +148,7 @@ class BotSortTable:
         scores = np.concatenate([np.asarray(f[2], np.float64).reshape(-1) for f in frames])
         det_frame = np.repeat(np.arange(len(frames)), counts)
         now, dt = self._step(slots, np.array([float(f[3]) for f in frames]))
-        frame_of_slot = np.full(len(self.frames) + 1, -1)  # the last entry: DEAD rows' (slot -1), never a frame
+        frame_of_slot = np.full(len(self.frames) + 1, -1)  # the last entry: DEAD (-1) rows', never a frame
         frame_of_slot[slots] = np.arange(len(frames))
         track_frame = frame_of_slot[self.slot]
         active = track_frame >= 0
@@ -347,8 +323,9 @@ class BotSortTable:
         their coordinates do not mix, else by matrices."""
         mixed = self.mixed[rows]
         blocks, whole = rows[~mixed], rows[mixed]
-        cells = (blocks[:, None], kalman.BLOCK_ROWS, kalman.BLOCK_COLS)
-        self.mean[blocks], self.cov[cells] = by_blocks(self.mean[blocks], self.cov[cells], per_row[~mixed])
+        cells = blocks[:, None] * 64 + _BLOCK_CELLS  # one index into the flat covariances: a quick gather
+        flat = self.cov.reshape(-1)  # a view: the covariances are the first rows of their store, contiguous
+        self.mean[blocks], flat[cells] = by_blocks(self.mean[blocks], flat[cells], per_row[~mixed])
         if len(whole):
             self.mean[whole], self.cov[whole] = by_matrices(self.mean[whole], self.cov[whole], per_row[mixed])
 
@@ -394,61 +371,16 @@ class BotSortTable:
         """New tracks (unconfirmed) at these boxes of these slots: their rows, after every other (the table's
         order is the tracks' age: the solver's tie-breaks and the order IDs are given in)."""
         n = len(boxes)
-        first = len(self.ids)
         if not n:
             return np.zeros(0, np.int64)
-        self._room(first + n)
         mean, cov = kalman.initiate(boxes)
-        new = slice(first, first + n)
-        store = self._store
-        store["mean"][new], store["cov"][new], store["obs"][new], store["obs_t"][new] = mean, cov, boxes, t
-        store["hist"][new], store["hist_t"][new] = 0.0, -np.inf
-        store["hist"][new, -1], store["hist_t"][new, -1] = boxes, t
-        store["ids"][new], store["hits"][new], store["slot"][new] = 0, 1, slots
-        store["look"][new], store["look_t"][new] = 0.0, -np.inf
-        store["moved_known"][new], store["mixed"][new] = False, False
-        self._view(first + n)
-        return np.arange(first, first + n)
-
-    def _room(self, rows: int) -> None:
-        """The store holds at least `rows` rows (twice as many when it grows: amortized, as a list's)."""
-        if self._store and len(self._store["ids"]) >= rows:
-            return
-        capacity, used = max(64, 2 * rows), len(self.ids)
-        for name in _COLUMNS:
-            column = getattr(self, name)
-            grown = np.empty((capacity, *column.shape[1:]), column.dtype)
-            grown[:used] = column
-            self._store[name] = grown
-        self._view(used)
-
-    def _view(self, rows: int) -> None:
-        for name in _COLUMNS:
-            setattr(self, name, self._store[name][:rows])
-
-    def widen_looks(self, dim: int) -> None:
-        """Looks `dim` long (the model's, fixed at its first look): every track's none yet."""
-        self._room(len(self.ids))
-        self._store["look"] = np.zeros((len(self._store["ids"]), dim), np.float32)
-        self._store["look_t"][:] = -np.inf
-        self._view(len(self.ids))
-
-    def _keep(self, keep) -> None:
-        """The rows not kept are let go (their slot DEAD: no pass takes them); the table is closed up, in order,
-        once a quarter of its rows are."""
-        gone = ~keep & (self.slot != DEAD)
-        if not gone.any():
-            return  # most batches: the table as it is
-        self.slot[gone] = DEAD
-        self._dead += int(np.count_nonzero(gone))
-        if 4 * self._dead < len(self.ids):
-            return
-        alive = self.slot != DEAD
-        rows = int(np.count_nonzero(alive))
-        for name in _COLUMNS:
-            self._store[name][:rows] = getattr(self, name)[alive]
-        self._dead = 0
-        self._view(rows)
+        hist_t = np.full((n, HISTORY), -np.inf)
+        hist_t[:, -1] = t
+        hist = np.zeros((n, HISTORY, 4))
+        hist[:, -1] = boxes
+        return self._append(n, {"mean": mean, "cov": cov, "obs": boxes, "obs_t": t, "hist": hist, "hist_t": hist_t,
+                                "ids": 0, "hits": 1, "slot": slots, "look": 0.0, "look_t": -np.inf,
+                                "moved_known": False, "mixed": False})
 
 
 class BotSort:

@@ -88,16 +88,27 @@ def assign(track: np.ndarray, det: np.ndarray, similarity: np.ndarray, allowed: 
     if contended.any():
         c_track, c_det, c_sim = track[contended], det[contended], similarity[contended]
         c_frame = track_frame[c_track]
-        for frame in np.unique(c_frame).tolist():
-            at = c_frame == frame
-            t_ids, t_local = np.unique(c_track[at], return_inverse=True)
-            d_ids, d_local = np.unique(c_det[at], return_inverse=True)
-            cost = np.full((len(t_ids), len(d_ids)), INFEASIBLE)
-            cost[t_local, d_local] = -c_sim[at]
+        # each frame's tracks and detections numbered in their order, every frame's at once: (frame, index) keys
+        # sorted, a frame's a run of them
+        t_span, d_span = len(track_frame), int(det.max()) + 1
+        t_ids, t_at = np.unique(c_frame * t_span + c_track, return_inverse=True)
+        d_ids, d_at = np.unique(c_frame * d_span + c_det, return_inverse=True)
+        (t_frame, t_ids), (d_frame, d_ids) = np.divmod(t_ids, t_span), np.divmod(d_ids, d_span)
+        frames = np.unique(t_frame)
+        t_first, t_end = np.searchsorted(t_frame, frames), np.searchsorted(t_frame, frames, "right")
+        d_first, d_end = np.searchsorted(d_frame, frames), np.searchsorted(d_frame, frames, "right")
+        pair_order = np.argsort(c_frame, kind="stable")
+        pair_end = np.searchsorted(c_frame[pair_order], frames, "right")
+        start = 0
+        for k in range(len(frames)):
+            at = pair_order[start:pair_end[k]]
+            start = pair_end[k]
+            cost = np.full((t_end[k] - t_first[k], d_end[k] - d_first[k]), INFEASIBLE)
+            cost[t_at[at] - t_first[k], d_at[at] - d_first[k]] = -c_sim[at]
             r, c = linear_sum_assignment(cost)
             ok = cost[r, c] < INFEASIBLE
-            rows.append(t_ids[r[ok]])
-            cols.append(d_ids[c[ok]])
+            rows.append(t_ids[t_first[k] + r[ok]])
+            cols.append(d_ids[d_first[k] + c[ok]])
     rows, cols = np.concatenate(rows), np.concatenate(cols)
     order = np.argsort(rows, kind="stable")
     return rows[order], cols[order]
