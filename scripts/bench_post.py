@@ -53,37 +53,26 @@ from jetpipe.pipelines.outputs.sinks.lines import JsonlSink  # noqa: E402
 from jetpipe.runtime.api import Frame  # noqa: E402
 from jetpipe.runtime.postprocess_gpu import COMPONENT, EXTENT_SCALE, SUM_SCALE  # noqa: E402
 from jetpipe.tasks.detections import NO_TRACK, finish_detections  # noqa: E402
-from jetpipe.tasks.text_detection import _extents, orientation  # noqa: E402
 
 FPS = 30.0
 PHASES = ("finish", "tracker", "events", "records", "sinks")
 
 
 def components_of(prob: np.ndarray, threshold: float, limit: int) -> tuple[int, np.ndarray]:
-    """What the GPU's components reduction writes for one probability map: (regions found, [limit] COMPONENT).
-    The same quantities as TextDetection.one computes on the CPU path (the tests hold the two paths equal)."""
-    import cv2
+    """What the GPU's components reduction writes for one probability map: (regions found, [limit] COMPONENT),
+    from the CPU path's measure of its regions (text_detection.regions; the tests hold the two paths equal)."""
+    from jetpipe.tasks.text_detection import regions  # here: a tree before it still replays a made cache
 
-    mask = (prob > threshold).view(np.uint8)
-    count, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-    on = np.flatnonzero(mask)
-    owner = labels.ravel()[on]
-    ys, xs = np.divmod(on, prob.shape[1])
-    area = stats[1:, cv2.CC_STAT_AREA].astype(np.float64)
-    total = np.bincount(owner, weights=prob.ravel()[on], minlength=count)[1:]
-    moments = np.stack([np.bincount(owner, weights=v.astype(np.float64), minlength=count)[1:]
-                        for v in (xs, ys, xs * xs, ys * ys, xs * ys)], axis=1)
-    angle = orientation(area, moments).astype(np.float32)
-    extents = np.rint(_extents(xs, ys, owner, angle.astype(np.float64)) * EXTENT_SCALE)
+    x, y, w, h, area, total, angle, extents = regions(prob, threshold)
     found = np.zeros(limit, COMPONENT)
-    n = min(count - 1, limit)
-    x, y, w, h = (stats[1:n + 1, i] for i in range(4))
-    found["x0"][:n], found["y0"][:n], found["x1"][:n], found["y1"][:n] = x, y, x + w - 1, y + h - 1
+    n = min(len(area), limit)
+    found["x0"][:n], found["y0"][:n], found["x1"][:n], found["y1"][:n] = x[:n], y[:n], x[:n] + w[:n] - 1, \
+        y[:n] + h[:n] - 1
     found["area"][:n], found["angle"][:n] = area[:n], angle[:n]
     found["sum"][:n] = np.round(total[:n] * SUM_SCALE).astype(np.uint64)
     for k, name in enumerate(("along_min", "along_max", "across_min", "across_max")):
-        found[name][:n] = extents[:n, k]
-    return count - 1, found
+        found[name][:n] = np.rint(extents[:n, k] * EXTENT_SCALE)
+    return len(area), found
 
 
 def model_outputs(bundle: Path, video: Path, frames: int, cache: Path) -> dict:

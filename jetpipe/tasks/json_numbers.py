@@ -51,12 +51,6 @@ _separators: dict[tuple, _Separators] = {}
 _cached_bytes = 0
 
 
-def tenths_json(values: np.ndarray) -> str:
-    """The compact JSON text json.dumps gives values.tolist(), from the tables where the values are float64
-    tenths from -2,000.0 to 9,999.9 (boxes, quadrilaterals)."""
-    return rounded_json(values, 1)
-
-
 def rounded_json(values: np.ndarray, places: int) -> str:
     """The compact JSON text json.dumps gives values.tolist(), from the tables where the values are float64
     rounded to `places` (1: tenths, 4: from 0 to 1) within the table's range."""

@@ -61,18 +61,8 @@ class TextDetection:
         return list(pool.map(lambda job: self.one(*job), jobs))  # OpenCV releases the GIL
 
     def one(self, p: np.ndarray, box, hw) -> Detections:
-        mask = (p > self.threshold).view(np.uint8)
-        count, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-        on = np.flatnonzero(mask)  # text pixels only (a few %): scoring is cheap
-        area = stats[1:, cv2.CC_STAT_AREA].astype(np.float64)
-        score = np.bincount(labels.ravel()[on], weights=p.ravel()[on], minlength=count)[1:] / np.maximum(area, 1)
-        x, y, w, h = (stats[1:, i] for i in range(4))
-        ys, xs = np.divmod(on, p.shape[1])
-        owner = labels.ravel()[on]
-        moments = np.stack([np.bincount(owner, weights=v.astype(np.float64), minlength=count)[1:]
-                            for v in (xs, ys, xs * xs, ys * ys, xs * ys)], axis=1)
-        angle = orientation(area, moments).astype(np.float32).astype(np.float64)  # as the GPU stores it
-        return self._boxes(x, y, w, h, area, score, angle, _extents(xs, ys, owner, angle), box, hw)
+        x, y, w, h, area, total, angle, extents = regions(p, self.threshold)
+        return self._boxes(x, y, w, h, area, total / np.maximum(area, 1), angle, extents, box, hw)
 
     def reduction(self, required: bool = False) -> Reduction:
         return Reduction("components", {"threshold": self.threshold, "limit": self.max_components}, required)
@@ -155,6 +145,24 @@ class TextDetection:
         half_l, half_h = along * (length / 2 + d)[:, None], across * (height / 2 + d)[:, None]
         return rows, np.stack([centre - half_l - half_h, centre + half_l - half_h,
                                centre + half_l + half_h, centre - half_l + half_h], axis=1)
+
+
+def regions(p: np.ndarray, threshold: float) -> tuple:
+    """One probability map's connected regions above threshold, as the GPU's components reduction measures them:
+    left, top, width, height, area, probability sum, orientation (float32's, as the GPU stores it) and extents
+    along and across it."""
+    mask = (p > threshold).view(np.uint8)
+    count, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+    on = np.flatnonzero(mask)  # text pixels only (a few %): scoring is cheap
+    area = stats[1:, cv2.CC_STAT_AREA].astype(np.float64)
+    total = np.bincount(labels.ravel()[on], weights=p.ravel()[on], minlength=count)[1:]
+    x, y, w, h = (stats[1:, i] for i in range(4))
+    ys, xs = np.divmod(on, p.shape[1])
+    owner = labels.ravel()[on]
+    moments = np.stack([np.bincount(owner, weights=v.astype(np.float64), minlength=count)[1:]
+                        for v in (xs, ys, xs * xs, ys * ys, xs * ys)], axis=1)
+    angle = orientation(area, moments).astype(np.float32).astype(np.float64)
+    return x, y, w, h, area, total, angle, _extents(xs, ys, owner, angle)
 
 
 def orientation(area, moments) -> np.ndarray:

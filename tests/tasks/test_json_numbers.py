@@ -8,7 +8,7 @@ import pytest
 
 from jetpipe.pipelines.core.record import FrameRecord
 from jetpipe.tasks.detections import Detections, Ground
-from jetpipe.tasks.json_numbers import rounded_json, tenths_json
+from jetpipe.tasks.json_numbers import rounded_json
 
 
 def _dumps(values: np.ndarray) -> str:
@@ -24,13 +24,13 @@ def test_tenths_are_written_as_json_writes_them(shape, scale):
     flat[::7] = np.floor(flat[::7])          # whole numbers ("5.0", "-3.0")
     flat[1::11] = 0.0                        # zero ("0.0")
     flat[2::13] = -0.0                       # negative zero ("-0.0", as repr writes it)
-    assert tenths_json(values) == _dumps(values)
+    assert rounded_json(values, 1) == _dumps(values)
 
 
 @pytest.mark.parametrize("edge", [-2000.0, -2000.1, 9999.9, 10000.0, 123456.7, -0.1])
 def test_tenths_at_the_tables_edges_and_past_them(edge):
     values = np.array([[edge, 0.0, -0.0, 5.5]])
-    assert tenths_json(values) == _dumps(values)
+    assert rounded_json(values, 1) == _dumps(values)
 
 
 def test_scores_are_written_as_json_writes_them():
@@ -49,7 +49,7 @@ def test_scores_are_written_as_json_writes_them():
         "float32", "a scalar"])
 def test_what_the_fast_path_does_not_take_is_written_by_json(values):
     values = np.asarray(values)
-    assert tenths_json(values) == _dumps(values)
+    assert rounded_json(values, 1) == _dumps(values)
 
 
 def test_a_busy_frame_records_json_is_the_same_bytes_as_before():
@@ -84,6 +84,6 @@ def test_the_separator_tables_kept_stay_within_their_bound(monkeypatch):
     monkeypatch.setattr(json_numbers, "MAX_CACHED_BYTES", 20_000)
     for n in range(1, 200):  # frames of every object count: a table a shape, until the bound
         values = np.round(np.random.default_rng(n).uniform(0, 1900, (n, 4, 2)), 1)
-        assert tenths_json(values) == _dumps(values)
+        assert rounded_json(values, 1) == _dumps(values)
     kept = json_numbers._separators.values()
     assert 0 < len(kept) < 199 and sum(s.texts.nbytes for s in kept) <= 20_000

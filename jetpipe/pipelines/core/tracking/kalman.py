@@ -21,6 +21,11 @@ BLOCK_ROWS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7])
 BLOCK_COLS = np.array([0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7])
 
 
+def _by_size(weight: float, w: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """A noise's standard deviations for x, y, w, h: `weight` of the box's width or height (ByteTrack's)."""
+    return np.stack([weight * w, weight * h, weight * w, weight * h], axis=1)
+
+
 def xywh(boxes: np.ndarray) -> np.ndarray:
     """x0 y0 x1 y1 rows -> centre x, centre y, width, height rows."""
     w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
@@ -38,8 +43,7 @@ def initiate(boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     z = xywh(boxes)
     mean = np.concatenate([z, np.zeros_like(z)], axis=1)
     w, h = z[:, 2], z[:, 3]
-    std = np.stack([2 * POSITION * w, 2 * POSITION * h, 2 * POSITION * w, 2 * POSITION * h,
-                    10 * VELOCITY * w, 10 * VELOCITY * h, 10 * VELOCITY * w, 10 * VELOCITY * h], axis=1)
+    std = np.concatenate([_by_size(2 * POSITION, w, h), _by_size(10 * VELOCITY, w, h)], axis=1)
     cov = np.zeros((len(boxes), 8, 8))
     cov[:, np.arange(8), np.arange(8)] = std ** 2
     return mean, cov
@@ -54,8 +58,7 @@ def predict(mean: np.ndarray, cov: np.ndarray, dt) -> tuple[np.ndarray, np.ndarr
     steps = np.broadcast_to(np.asarray(dt, np.float64) / REFERENCE_S, (len(mean),))
     s = steps[:, None, None]
     w, h = mean[:, 2], mean[:, 3]
-    std = np.stack([POSITION * w, POSITION * h, POSITION * w, POSITION * h,
-                    VELOCITY * w, VELOCITY * h, VELOCITY * w, VELOCITY * h], axis=1)
+    std = np.concatenate([_by_size(POSITION, w, h), _by_size(VELOCITY, w, h)], axis=1)
     mean = mean.copy()
     mean[:, :4] += steps[:, None] * mean[:, 4:]
     a, b, c, d = cov[:, :4, :4], cov[:, :4, 4:], cov[:, 4:, :4], cov[:, 4:, 4:]
@@ -74,7 +77,7 @@ def update(mean: np.ndarray, cov: np.ndarray, boxes: np.ndarray) -> tuple[np.nda
         return mean, cov
     z = xywh(boxes)
     w, h = mean[:, 2], mean[:, 3]
-    r = np.stack([POSITION * w, POSITION * h, POSITION * w, POSITION * h], axis=1)
+    r = _by_size(POSITION, w, h)
     s = cov[:, :4, :4].copy()
     s[:, np.arange(4), np.arange(4)] += r ** 2
     gain = cov[:, :, :4] @ inverse4(s)
@@ -114,8 +117,7 @@ def predict_blocks(mean: np.ndarray, blocks: np.ndarray, dt) -> tuple[np.ndarray
     steps = np.broadcast_to(np.asarray(dt, np.float64) / REFERENCE_S, (len(mean),))
     s = steps[:, None]
     w, h = mean[:, 2], mean[:, 3]
-    std_p = np.stack([POSITION * w, POSITION * h, POSITION * w, POSITION * h], axis=1)
-    std_v = np.stack([VELOCITY * w, VELOCITY * h, VELOCITY * w, VELOCITY * h], axis=1)
+    std_p, std_v = _by_size(POSITION, w, h), _by_size(VELOCITY, w, h)
     mean = mean.copy()
     mean[:, :4] += s * mean[:, 4:]
     pp, pv, vp, vv = blocks[:, 0:4], blocks[:, 4:8], blocks[:, 8:12], blocks[:, 12:16]
@@ -135,7 +137,7 @@ def update_blocks(mean: np.ndarray, blocks: np.ndarray, boxes: np.ndarray) -> tu
         return mean, blocks
     z = xywh(boxes)
     w, h = mean[:, 2], mean[:, 3]
-    r = np.stack([POSITION * w, POSITION * h, POSITION * w, POSITION * h], axis=1)
+    r = _by_size(POSITION, w, h)
     pp, pv, vp, vv = blocks[:, 0:4], blocks[:, 4:8], blocks[:, 8:12], blocks[:, 12:16]
     m = pp + r ** 2
     s0, c5 = m[:, 0] * m[:, 1], m[:, 2] * m[:, 3]  # inverse4's, its other cofactors 0
