@@ -2,14 +2,16 @@
 lists.
 
 A busy frame's boxes, quadrilaterals and scores are hundreds of numbers; json.dumps of their nested lists costs
-~0.4 us a number (a list object a box or corner, a repr a number), and building the characters with numpy
-~0.2 us. Coordinates are float64 rounded to a tenth of a pixel, scores to four places: the double nearest
-k / 10**places, which repr writes as the shortest text of that fraction ("0.0", "-5.0", "1234.5", "0.8731").
-The text of every such number in a range is made once (a table of str objects, indexed by k); an array's text
-is its numbers' texts taken from the table and interleaved with the separators its shape calls for (`,` inside
-the innermost list, `],[` at its end, ...: a table made once per shape and kept), joined in one call: no
-Python loop over the numbers. Any other array (NaN, values out of the tables' ranges, other types) is written
-by json.dumps.
+~0.4 us a number (a list object a box or corner, a repr a number). Coordinates are float64 rounded to a tenth of a
+pixel, scores to four places: the double nearest k / 10**places, which repr writes as the shortest text of that
+fraction ("0.0", "-5.0", "1234.5", "0.8731"), never more than 7 characters in the tables' ranges. The text of
+every such number in a range is made once, padded with spaces to 8 bytes: one uint64 a number. An array's text is
+a matrix of uint64, a row per innermost list: its numbers' texts gathered from the table (all but the last with a
+comma in their eighth byte, always a space), then what follows the list (`],[`, `]],[[`, ..., or the closing
+brackets: a table made once per shape and kept); its bytes, the spaces deleted (bytes.translate), are the text.
+No Python object a number: a table of str objects gathered and joined (the way before) cost twice as much, most
+of it reading each string's memory. Any other array (NaN, values out of the tables' ranges, other types, more
+than 4 dimensions) is written by json.dumps.
 """
 
 from __future__ import annotations
@@ -22,27 +24,32 @@ import numpy as np
 
 COMPACT = (",", ":")
 # the texts made once: tenths from -2,000.0 to 9,999.9 (pixels of pictures up to 8K, quadrilaterals unclipped past
-# their edges; ~8 MB), and four places from 0 to 1 (scores)
+# their edges; ~2 MB), and four places from 0 to 1 (scores)
 RANGES = {1: (-20_000, 100_000), 4: (0, 10_001)}
+SLOT = 8  # bytes a text: the longest number ("-2000.0") or separator of 4 dimensions ("]]],[[["), and a byte more
+MAX_DEPTH = 4
+WORD = np.dtype("<u8")  # a slot, little-endian on any machine: a text's first character its low byte
+COMMA = np.uint64(ord(" ") ^ ord(",")) << np.uint64(8 * (SLOT - 1))  # a slot's last byte, a space, made a comma
 MAX_CACHED_BYTES = 16 << 20  # separator tables kept, one per shape (the boxes' (N, 4), the quads' (N, 4, 2) for
-#                              each N seen: ~4 kB each at N = 60), up to this much; beyond it, made at each use
+#                              each N seen: 8 bytes an innermost list), up to this much; beyond it, made at each use
 
 
 @dataclass(frozen=True)
 class _Texts:
-    """repr(k / 10**places) for every k of [low, high), and "-0.0" after them (repr's negative zero)."""
-    low: int
-    high: int
+    """The text of k / 10**places for every k of [low, high], as uint64 slots, at 2 * (k - low) + the number's
+    sign bit (repr writes negative zero "-0.0")."""
+    low: float
+    high: float
     scale: float
-    texts: np.ndarray  # object: str
+    slots: np.ndarray  # WORD
 
 
 @dataclass(frozen=True)
 class _Separators:
-    """What follows each number of an array of one shape (`,` inside the innermost list, `],[` at its end, ...,
-    and all the closing brackets after the last), and the brackets before the first."""
+    """What follows each innermost list of an array of one shape (`],[` inside the next list, `]],[[` at its end,
+    ..., all the closing brackets after the last) as uint64 slots, and the brackets before the first."""
     opening: str
-    texts: np.ndarray  # object: str, one a number
+    texts: np.ndarray  # WORD, one an innermost list
 
 
 _tables: dict[int, _Texts] = {}
@@ -54,19 +61,34 @@ _cached_bytes = 0
 def rounded_json(values: np.ndarray, places: int) -> str:
     """The compact JSON text json.dumps gives values.tolist(), from the tables where the values are float64
     rounded to `places` (1: tenths, 4: from 0 to 1) within the table's range."""
-    if values.dtype == np.float64 and values.size and values.ndim:
+    if values.dtype == np.float64 and values.size and 0 < values.ndim <= MAX_DEPTH:
         table = _texts(places)
         flat = values.ravel()
-        scaled = flat * table.scale  # (NaN and infinities fail the comparisons)
-        if scaled.min() >= table.low and scaled.max() < table.high - 0.5 and \
-                np.array_equal(np.round(values, places), values):
-            index = np.rint(scaled).astype(np.intp) - table.low
-            index[np.signbit(flat) & (index == -table.low)] = len(table.texts) - 1  # -0.0
-            separators = _separators_of(values.shape)
-            words = np.empty(2 * len(flat), object)
-            words[0::2], words[1::2] = table.texts[index], separators.texts
-            return separators.opening + "".join(words.tolist())
+        k = np.rint(flat * table.scale)
+        np.minimum(k, table.high, out=k)  # out of range: k / scale no longer equals the value
+        np.maximum(k, table.low, out=k)
+        if (k / table.scale == flat).all():  # np.round's arithmetic; NaN and infinities fail it
+            index = (k - table.low).astype(np.intp)
+            index *= 2
+            index += np.signbit(flat)
+            return _text(index.reshape(-1, values.shape[-1]), table, _separators_of(values.shape))
     return json.dumps(values.tolist(), separators=COMPACT)
+
+
+def _text(index: np.ndarray, table: _Texts, separators: _Separators) -> str:
+    """index: (innermost lists, their length) into the table."""
+    width = index.shape[1]
+    slots = np.empty((len(index), width + 1), WORD)
+    slots[:, :width] = table.slots[index]
+    slots[:, :width - 1] ^= COMMA
+    slots[:, width] = separators.texts
+    return separators.opening + slots.tobytes().translate(None, b" ").decode("ascii")
+
+
+def _slots(texts: list[str]) -> np.ndarray:
+    """The texts padded with spaces to SLOT bytes (at least one: a number's last byte takes its comma)."""
+    assert max(map(len, texts)) < SLOT
+    return np.frombuffer("".join(text.ljust(SLOT) for text in texts).encode("ascii"), WORD)
 
 
 def _texts(places: int) -> _Texts:
@@ -75,11 +97,18 @@ def _texts(places: int) -> _Texts:
         with _tables_made:
             table = _tables.get(places)
             if table is None:
-                low, high = RANGES[places]
-                scale = 10.0 ** places
-                texts = np.array([repr(k / scale) for k in range(low, high)] + ["-0.0"], object)
-                table = _tables[places] = _Texts(low, high, scale, texts)
+                table = _tables[places] = _make_texts(places)
     return table
+
+
+def _make_texts(places: int) -> _Texts:
+    low, high = RANGES[places]
+    scale = 10.0 ** places
+    texts = []
+    for k in range(low, high):
+        text = repr(k / scale)
+        texts += [text, "-" + text if k == 0 else text]  # the sign bit set: only zero's text changes
+    return _Texts(float(low), float(high - 1), scale, _slots(texts))
 
 
 def _separators_of(shape: tuple) -> _Separators:
@@ -94,14 +123,15 @@ def _separators_of(shape: tuple) -> _Separators:
 
 
 def _make_separators(shape: tuple) -> _Separators:
-    """Each number's count of the lists it ends (the innermost axes at their last index, counted outwards),
-    then the text that count calls for: "," inside a list, "],[" at its end, ..., all the brackets at the last."""
-    depth, size = len(shape), int(np.prod(shape))
-    flat, stride = np.arange(size), 1
-    closed, still = np.zeros(size, np.intp), np.ones(size, bool)
-    for axis in range(depth - 1, -1, -1):
+    """Each innermost list's count of the lists it ends (itself, then the outer axes at their last index, counted
+    outwards), then the text that count calls for: "],[" inside the next list out, "]],[[" at its end, ..., all the
+    brackets at the last."""
+    depth, lists = len(shape), int(np.prod(shape[:-1]))
+    flat, stride = np.arange(lists), 1
+    closed, still = np.ones(lists, np.intp), np.ones(lists, bool)
+    for axis in range(depth - 2, -1, -1):
         still &= flat // stride % shape[axis] == shape[axis] - 1
         closed += still
         stride *= shape[axis]
-    texts = np.array(["]" * k + "," + "[" * k for k in range(depth)] + ["]" * depth], object)
-    return _Separators("[" * depth, texts[closed])
+    texts = ["]" * k + "," + "[" * k for k in range(depth)] + ["]" * depth]
+    return _Separators("[" * depth, _slots(texts)[closed])

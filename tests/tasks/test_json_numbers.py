@@ -44,9 +44,9 @@ def test_scores_are_written_as_json_writes_them():
 
 @pytest.mark.parametrize("values", [
     [[np.nan, 1.0]], [[np.inf, 2.0]], [[-np.inf, 2.0]], [[1.25, 1.0]], [[1e6, 1.0]], [[-1e6, 1.0]], [[1e300, 0.0]],
-    [[1, 2]], np.zeros((0, 4)), np.float32([[1.5, 2.5]]), 3.5,
+    [[1, 2]], np.zeros((0, 4)), np.float32([[1.5, 2.5]]), 3.5, np.full((2, 1, 1, 1, 2), 1.5),
 ], ids=["nan", "infinity", "minus infinity", "hundredths", "a million", "minus a million", "huge", "ints", "empty",
-        "float32", "a scalar"])
+        "float32", "a scalar", "five dimensions"])
 def test_what_the_fast_path_does_not_take_is_written_by_json(values):
     values = np.asarray(values)
     assert rounded_json(values, 1) == _dumps(values)

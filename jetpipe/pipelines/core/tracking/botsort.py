@@ -236,10 +236,12 @@ class BotSortTable(TrackColumns):
             inside = pairs.inside(at, hidden)  # a detection of the part of it coming out from behind something
             similarity[was_lost] = LOST_WEIGHT * np.maximum(grown, inside)
             allowed[was_lost] = (grown >= p.lost_iou) | (inside >= p.cover)
+        # the rest only for the pairs the boxes allow (about one in four of the candidates in a crowd)
+        keep = np.flatnonzero(allowed)
+        track, det, similarity = track[keep], det[keep], similarity[keep]
         by_look, unlike = looks.round_looks(self, seen, track, det)
-        similarity = similarity + _direction_agreement(self, track, found, scores[det]) + by_look
-        allowed &= ~unlike  # looks that say two objects (BoT-SORT's appearance gate)
-        return pairs.assign(track, det, similarity, allowed, track_frame)
+        similarity = similarity + _direction_agreement(self, track, found[keep], scores[det]) + by_look
+        return pairs.assign(track, det, similarity, ~unlike, track_frame)  # looks that say two objects: not them
 
     def _motion(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each track's observed motion over the last motion_s, per axis: velocity (px/s), what it is measured
