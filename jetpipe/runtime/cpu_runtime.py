@@ -96,6 +96,11 @@ class CpuRuntime(RuntimeBase):
         """Wall-clock milliseconds per stage of a submitted batch."""
         return dict(ticket.timings)
 
+    def ready(self, ticket: Ticket) -> bool:
+        """Whether collect(ticket) would return without waiting: submit ran the batch, unless a remote backend
+        (Triton) answers it later."""
+        return getattr(self.backend, "finish", None) is None or not ticket.batch
+
     def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
         self._check_collect(ticket)
         finish = getattr(self.backend, "finish", None)  # a remote backend (Triton) answers asynchronously

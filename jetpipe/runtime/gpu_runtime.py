@@ -254,6 +254,14 @@ class GpuRuntime(RuntimeBase):
         """GPU milliseconds per stage of a collected batch (open the runtime with profile=True)."""
         return self.launcher.stage_times(self.sets[ticket.set_index])
 
+    def ready(self, ticket: Ticket) -> bool:
+        """Whether collect(ticket) would return without waiting: the batch's work on the GPU is done (a remote
+        server's answer is not known before it is read: False)."""
+        if self.remote:
+            return False
+        with self.device.active():
+            return bool(self.sets[ticket.set_index].done.query())
+
     def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
         """Wait for the batch; hold=True keeps its buffers (and these views) until release(ticket)."""
         self._check_collect(ticket)

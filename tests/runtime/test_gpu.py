@@ -315,6 +315,11 @@ def test_async_submit_collect_matches_infer(det_bundle):
         with pytest.raises(JetpipeError, match="all 2 buffer sets are busy"):
             rt.submit(a)
         np.testing.assert_array_equal(rt.collect(ta).outputs["sigmoid_0.tmp_0"], expect_a)
+        # ready(): the post stage groups only batches whose GPU work is done (issue 66); it turns True by itself
+        deadline = time.monotonic() + 30
+        while not rt.ready(tb) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert rt.ready(tb)
         np.testing.assert_array_equal(rt.collect(tb).outputs["sigmoid_0.tmp_0"], expect_b)
 
 

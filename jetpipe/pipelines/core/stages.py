@@ -2,10 +2,12 @@
 
 The GPU stage submits each batch as it forms; the post stage collects each when the GPU is done with it
 (reading its outputs in place while later batches run: the runtime holds that buffer set until it is
-released), finishes it (the task's postprocessing, then the per-frame steps: steps.py) and emits its records;
+released), finishes it (the task's postprocessing, then the per-frame steps: steps.py; behind, it finishes the
+batches already done on the GPU together, the steps once on all their frames) and emits its records;
 with secondary models the secondary stage reads the crops of the finished batches while the post stage
 finishes the next one (the batches' frames stay where the kernel read them until then), and emits. Each
-stage is a loop its thread runs (gpu_loop, post_loop, secondary_loop); `finish` and `emit` are the seams.
+stage is a loop its thread runs (gpu_loop, post_loop, secondary_loop); `finish`, `run_steps` and `emit` are the
+seams.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from jetpipe.tasks.detections import Detections, finish_detections
 
 log = logging.getLogger(__name__)
 IDLE_S = 0.05  # the post thread with no batch this long flushes what the steps held back (events)
+GROUP_MAX = 2  # batches the post thread finishes together when it is behind: of the daemon's 4 buffer sets, 2
+#                stay in flight on the GPU
+_NOTHING = object()  # no batch taken from the queue (None there: the run's end)
 
 
 @dataclass(frozen=True)
@@ -106,21 +111,40 @@ class StageLoops:
             self.collected.put((ticket, packets, t_batch))
 
     def post_loop(self) -> None:
+        waiting = _NOTHING  # a batch taken from the queue whose GPU work was not done: the next group's first
         while True:
-            try:
-                item = self.collected.get(timeout=IDLE_S)
-            except queue.Empty:
-                self._flush_steps()  # no batch for a while: what the steps held back goes out
-                continue
-            if item is None:
+            if waiting is _NOTHING:
+                try:
+                    waiting = self.collected.get(timeout=IDLE_S)
+                except queue.Empty:
+                    self._flush_steps()  # no batch for a while: what the steps held back goes out
+                    continue
+            if waiting is None:
                 self._flush_steps()
                 return
-            ticket, packets, t_batch = item
-            handed = False
+            group, waiting = _ready_group(self.collected, self.runtime, waiting)
+            self._post(group)
+
+    def _post(self, group: list) -> None:
+        """A group of submitted batches collected and finished, the steps run on all their frames at once (a
+        stream's frames in order), then each batch emitted or handed to the secondary stage."""
+        finished = []
+        for ticket, packets, t_batch in group:
             try:
                 result, t_gpu = self._collect(ticket, packets, t_batch)
-                results = self.finish(result, packets)
-                self._failing_since = None
+                finished.append((ticket, packets, t_batch, result, t_gpu, self.finish(result, packets)))
+            except Exception as exc:
+                self._give_up(ticket, packets, exc)
+        try:
+            self.run_steps([(result, packets, results) for _, packets, _, result, _, results in finished])
+        except Exception as exc:
+            for ticket, packets, *_ in finished:
+                self._give_up(ticket, packets, exc)
+            return
+        self._failing_since = None
+        for ticket, packets, t_batch, result, t_gpu, results in finished:
+            handed = False
+            try:
                 if self.secondaries:  # the secondary thread reads its crops, writes its records and releases it
                     t_handoff = time.perf_counter()
                     self.chained.put((ticket, result, packets, results, t_batch, t_gpu))
@@ -132,10 +156,17 @@ class StageLoops:
                 self.fail(packets, exc)
             finally:
                 if not handed:
-                    self.runtime.release(ticket)
-                    self.free_sets.release()
-                    if self.secondaries:
-                        self.chain_gate.lost()
+                    self._release(ticket)
+
+    def _give_up(self, ticket, packets, exc) -> None:
+        self.fail(packets, exc)
+        self._release(ticket)
+
+    def _release(self, ticket) -> None:
+        self.runtime.release(ticket)
+        self.free_sets.release()
+        if self.secondaries:
+            self.chain_gate.lost()
 
     def _collect(self, ticket, packets: list[QueuedFrame], t_batch: float):
         """The batch's outputs once the GPU is done (waiting blocks, it does not spin), and when that was."""
@@ -211,7 +242,7 @@ class StageLoops:
 
     # --- the seams -------------------------------------------------------------------------------
     def finish(self, result, packets: list[QueuedFrame]) -> list[Detections]:
-        """The primary's results of a collected batch (its task's finish, then each frame's steps)."""
+        """The task's finish of a collected batch: its frames' results."""
         t_finish = time.perf_counter()
         used = [packets[i] for i in result.frame_indices]
         sizes = [p.frame.size() for p in used]
@@ -220,10 +251,18 @@ class StageLoops:
         if result.frame_addresses is not None:  # crops (looks, secondaries) are cut where the frames already are
             for packet, read in zip(used, frames_read(result, [p.frame for p in used])):
                 packet.read = read
-        for step in self.steps:  # a stream's frames reach this one thread in order
-            step.run(used, results)
         self.post_phase_s["finish"] += time.perf_counter() - t_finish
         return results
+
+    def run_steps(self, batches: list) -> None:
+        """Each step on the frames of these finished batches ((result, packets, results) each), all at once and
+        in order (a stream's frames reach this one thread in order)."""
+        t_steps = time.perf_counter()
+        used = [packets[i] for result, packets, _ in batches for i in result.frame_indices]
+        results = [detections for *_, found in batches for detections in found]
+        for step in self.steps:
+            step.run(used, results)
+        self.post_phase_s["finish"] += time.perf_counter() - t_steps
 
     def emit(self, result, packets: list[QueuedFrame], results: list[Detections], t_batch: float, t_gpu: float,
              phase: dict) -> None:
@@ -288,6 +327,22 @@ class StageLoops:
             **({"secondary": {s.name: s.summary() for s in self.secondaries}} if self.secondaries else {}),
             **{key: value for step in self.steps for key, value in step.stats().items()},
         }
+
+
+def _ready_group(collected: queue.Queue, runtime, first) -> tuple[list, object]:
+    """The batch and those queued behind it whose GPU work is done, up to GROUP_MAX: a post thread that is behind
+    finishes them together (the steps' per-pass work, the tracker's most, shared by more frames; it does not wait
+    for the GPU to make a group). Also the first item that did not join, if one was taken (else _NOTHING)."""
+    group = [first]
+    while len(group) < GROUP_MAX:
+        try:
+            item = collected.get_nowait()
+        except queue.Empty:
+            return group, _NOTHING
+        if item is None or not runtime.ready(item[0]):
+            return group, item
+        group.append(item)
+    return group, _NOTHING
 
 
 def _per_batch(phase_s: dict[str, float], batches: int) -> dict[str, float]:

@@ -40,6 +40,36 @@ def test_every_frame_is_accounted_for(tiny_bundle, tmp_path):
     assert all(set(r["latency_ms"]) == {"queue", "gpu", "post", "total"} for r in records)
 
 
+def test_a_post_thread_that_is_behind_finishes_the_waiting_batches_together(det_bundle, tmp_path):
+    """Issue 66: batches whose GPU work is done while the post thread is still busy are finished together: the
+    steps run once on all their frames (the tracker's per-pass work shared), every record still goes out, each
+    stream's in order and tracked."""
+    out = tmp_path / "results.jsonl"
+    config = _config(det_bundle, ["synthetic:640x360@0:nv12"] * 2, sinks=[f"jsonl:{out}"], frames=16,
+                     max_batch=2, tracker="botsort")
+    pipeline = Pipeline(config)
+    tracker = next(step for step in pipeline.stages.steps if step.name == "tracker")
+    run, frames_a_run = tracker.run, []
+
+    def held_first(packets, results):
+        if not frames_a_run:  # the first batch holds the post thread until two more wait behind it, done
+            deadline = time.monotonic() + 120
+            while pipeline.stages.collected.qsize() < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        frames_a_run.append(len(packets))
+        run(packets, results)
+
+    tracker.run = held_first
+    summary = pipeline.run()
+    records = _lines(out)
+    assert len(records) == sum(summary["processed"]) == sum(frames_a_run)
+    assert max(frames_a_run) > config.max_batch  # two batches' frames in one run
+    for stream in (0, 1):
+        numbers = [r["frame"] for r in records if r["stream"] == stream]
+        assert numbers == sorted(numbers)
+    assert all("track_ids" in r["results"] for r in records)
+
+
 def _iou(a, b):
     ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
     iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
