@@ -218,7 +218,8 @@ class BotSortTable(TrackColumns):
         looks.remember(self, new_rows, starts, seen)
         out[starts[first_frame]] = self._confirm(new_rows[first_frame])
         self.frames[slots] += 1
-        return np.split(out, np.cumsum([len(f[1]) for f in frames])[:-1]) if len(frames) else []
+        ends = np.cumsum([len(f[1]) for f in frames]).tolist()
+        return [out[end - len(f[1]):end] for f, end in zip(frames, ends)]
 
     # -- the rounds -----------------------------------------------------------------------------------------------
     def _first_round(self, track, det, boxes, scores, lost, predicted_expected, track_frame, seen):
@@ -417,7 +418,7 @@ def _direction_agreement(table: BotSortTable, track, found, scores) -> np.ndarra
     pick = _earlier_observation(hist_t, p.delta_s)
     n = np.arange(len(tracks))
     has = np.isfinite(hist_t[n, pick]) & (pick < HISTORY - 1)
-    end = _centres(table.hist[tracks, -1])  # two observations of each history, not all of them
+    end = _centres(table.obs[tracks])  # the last observation (the history's last column), and the picked one
     direction = _unit(end - _centres(table.hist[tracks, pick]))
     towards = _unit(_centres(found) - end[at])
     cos = np.clip(np.einsum("ij,ij->i", direction[at], towards), -1.0, 1.0)
