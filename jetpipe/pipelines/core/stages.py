@@ -135,6 +135,8 @@ class StageLoops:
                 finished.append((ticket, packets, t_batch, result, t_gpu, self.finish(result, packets)))
             except Exception as exc:
                 self._give_up(ticket, packets, exc)
+        if not finished:  # every batch of the group failed: fail_timeout_s's clock runs on
+            return
         try:
             self.run_steps([(result, packets, results) for _, packets, _, result, _, results in finished])
         except Exception as exc:

@@ -70,6 +70,23 @@ def test_a_post_thread_that_is_behind_finishes_the_waiting_batches_together(det_
     assert all("track_ids" in r["results"] for r in records)
 
 
+def test_batches_that_fail_in_the_post_stage_stop_the_run_after_fail_timeout_s(tiny_bundle):
+    """A batch that fails in the post stage (its collect or the task's finish) counts towards fail_timeout_s like
+    one that fails at submit: a group of only failed batches does not restart the clock (session 45's groups
+    did, so a run whose every finish failed ran on at 0 frames/s)."""
+    config = _config(tiny_bundle, ["synthetic:64x48@30"], frames=600, fail_timeout_s=0.5)
+    pipeline = Pipeline(config)
+
+    def broken(result, packets):
+        raise RuntimeError("the task's finish failed")
+
+    pipeline.stages.finish = broken
+    summary = pipeline.run()
+    assert sum(summary["processed"]) == 0 and sum(summary["failed"]) > 0
+    assert "the task's finish failed" in (summary.get("failure") or "")
+    assert sum(summary["captured"]) < 600  # stopped by the failure, not by the source's end
+
+
 def _iou(a, b):
     ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
     iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
