@@ -308,11 +308,13 @@ def test_the_filters_inverses_by_cofactors_are_lapacks():
     assert inverse4(np.zeros((0, 4, 4))).shape == (0, 4, 4)
 
 
+@pytest.mark.parametrize("axis", [None, 0, 1])
 @pytest.mark.parametrize("shape", ["text lines", "people", "mixed"])
-def test_the_candidate_pairs_are_every_same_frame_pair_that_overlaps(shape):
-    """pairs.Candidates' sweep (along x or y, whichever gives fewer) finds exactly the pairs a brute force
-    finds: rows of wide, low boxes (a text line's reach covers half a frame's width), tall narrow ones, and both
-    with a few huge boxes; negative coordinates (grown past the edges), frames without detections."""
+def test_the_candidate_pairs_are_every_same_frame_pair_that_overlaps(shape, axis):
+    """pairs.Candidates' sweep (along x or y, whichever gives fewer, or the one botsort kept from an earlier
+    pass) finds exactly the pairs a brute force finds: rows of wide, low boxes (a text line's reach covers half
+    a frame's width), tall narrow ones, and both with a few huge boxes; negative coordinates (grown past the
+    edges), frames without detections."""
     from jetpipe.pipelines.core.tracking.pairs import Candidates
 
     rng = np.random.default_rng({"text lines": 1, "people": 2, "mixed": 3}[shape])
@@ -331,7 +333,8 @@ def test_the_candidate_pairs_are_every_same_frame_pair_that_overlaps(shape):
         tracks, dets = int(rng.integers(0, 300)), int(rng.integers(0, 300))
         track_box, det_box = boxes(tracks), boxes(dets)
         track_frame, det_frame = rng.integers(0, frames, tracks), rng.integers(0, max(1, frames - 1), dets)
-        found = Candidates(track_box, track_frame, det_box, det_frame)
+        found = Candidates(track_box, track_frame, det_box, det_frame, axis)
+        assert found.axis in ((0, 1) if axis is None else (axis,))
         a, b = track_box[:, None], det_box[None]
         overlap = (a[..., 0] <= b[..., 2]) & (b[..., 0] <= a[..., 2]) & (a[..., 1] <= b[..., 3]) & \
             (b[..., 1] <= a[..., 3]) & (track_frame[:, None] == det_frame[None])
@@ -407,3 +410,23 @@ def test_the_assignment_is_each_frames_optimum_of_its_allowed_pairs():
             r, c = linear_sum_assignment(cost)
             expected += [(int(t_ids[i]), int(d_ids[j])) for i, j in zip(r, c) if cost[i, j] < INFEASIBLE]
         assert sorted(zip(rows.tolist(), cols.tolist())) == sorted(expected)
+
+
+@pytest.mark.parametrize("frames", [20, 40, 97])
+def test_a_tracks_motion_and_direction_are_read_from_its_history_ring_after_it_wrapped(frames):
+    """botsort keeps a track's last HISTORY (32) observations as a ring, the k-th in column k % 32, read by
+    their times: its speed over motion_s (what a lost track goes on at) and its direction (OC-SORT's term) come
+    out the same before the ring is full and after it wrapped once or more. The box walks at 60 px/s, then its
+    last 0.7 s at 150: only the right observations give 150 over the last motion_s (0.5 s)."""
+    from jetpipe.pipelines.core.tracking import BotSortTable
+    from jetpipe.pipelines.core.tracking.botsort import _direction_agreement
+
+    table, x = BotSortTable(), 100.0
+    for k in range(frames):
+        x += (5.0 if k > frames - 22 else 2.0) if k else 0.0  # px a frame at 30 fps
+        table.update([(0, [[x, 300, x + 60, 450]], [0.9], k / 30)])
+    velocity, _, sizes = table._known_motion(np.array([0]))
+    assert velocity[0] == pytest.approx([150.0, 0.0]) and sizes[0] == pytest.approx([60.0, 150.0])
+    ahead, behind = [x + 20, 300, x + 80, 450], [x - 20, 300, x + 40, 450]
+    agreement = _direction_agreement(table, np.array([0, 0]), np.array([ahead, behind]), np.ones(2))
+    assert agreement[0] == pytest.approx(0.1) and agreement[1] == pytest.approx(-0.1)  # inertia / 2 either way

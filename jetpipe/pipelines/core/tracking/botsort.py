@@ -36,7 +36,10 @@ from jetpipe.pipelines.core.tracking.columns import TrackColumns
 from jetpipe.pipelines.core.tracking.looks import PassLooks
 from jetpipe.tasks.detections import NO_TRACK
 
-HISTORY = 32         # observations kept a track: its direction, its edges' speed and its full size
+HISTORY = 32         # observations kept a track: its direction, its edges' speed and its full size (a ring: the
+#                      k-th observation in column k % HISTORY, read by their times, which rise)
+SWEEP_CHECK = 32     # passes between looks at which axis the candidates' sweep is cheaper along (a scene's layout
+#                      changes slowly; the pairs are the same along either)
 LOST_WEIGHT = 0.5    # a lost track's similarity counts this much beside a track seen in the last frame
 EDGE_NEAR, EDGE_FAR, CENTRE = 0, 1, 2  # what a track's motion along an axis is measured on
 MOVING = 0.2         # along an axis, a box whose centre moves less than this share of its size a second stands
@@ -87,9 +90,6 @@ class BotSortParams:
                              f"{self.look_veto} (0-50: log-likelihood ratios)")
 
 
-_BLOCK_CELLS = kalman.BLOCK_ROWS * 8 + kalman.BLOCK_COLS  # a covariance's 2 x 2 blocks' entries, of its 64
-
-
 class BotSortTable(TrackColumns):
     """Every stream's tracks; update() once per batch, a stream's frames in their order."""
 
@@ -99,6 +99,7 @@ class BotSortTable(TrackColumns):
         pairs.load_solver()
         super().__init__(HISTORY)
         self.look_stats = looks.LookStats()  # what a look's cosine says in this scene
+        self.sweep_axis, self.passes = None, 0
         # per slot: the last frame's time (NaN: none yet), the last step, frames seen, the next ID
         self.clock_t, self.clock_dt = np.zeros(0), np.zeros(0)
         self.frames, self.next_id = np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -167,7 +168,8 @@ class BotSortTable(TrackColumns):
                                 np.maximum(np.maximum(predicted[:, 2:], self.obs[:, 2:]), expected[:, 2:])], axis=1)
         recent = rows[track_t[rows] - self.obs_t[rows] <= p.max_lost_s]  # older: found again by their look only
         candidates = pairs.Candidates(_grown(reach[recent], p.buffer), track_frame[recent], _grown(boxes, p.buffer),
-                                      det_frame)
+                                      det_frame, None if self.passes % SWEEP_CHECK == 0 else self.sweep_axis)
+        self.sweep_axis, self.passes = candidates.axis, self.passes + 1
         pt, pd = recent[candidates.track], candidates.det
         seen = PassLooks.none(len(boxes)) if embed is None else looks.fetch(
             self, embed, keys, counts, boxes, looks.wanted(self, pt, pd, boxes, predicted, lost, high, track_t))
@@ -253,11 +255,10 @@ class BotSortTable(TrackColumns):
         the centre's: a detector's box edges wobble apart as an object is cut, and either edge alone would
         carry the box off."""
         hist_t, hist = self.hist_t[rows], self.hist[rows]
-        last_t, n = hist_t[:, -1], np.arange(len(rows))
-        pick = _earlier_observation(hist_t, self.params.motion_s)
-        span = np.maximum(last_t - hist_t[n, pick], 1e-9)
-        edges = (hist[:, -1] - hist[n, pick]) / span[:, None]            # x0 y0 x1 y1 speeds
-        edges[pick == HISTORY - 1] = 0.0                                  # one observation: standing
+        last_t, n = self.obs_t[rows], np.arange(len(rows))
+        pick = _earlier_observation(hist_t, last_t, self.hits[rows] % HISTORY, self.params.motion_s)
+        span = np.maximum(last_t - hist_t[n, pick], 1e-9)  # infinite where none is earlier: standing
+        edges = (self.obs[rows] - hist[n, pick]) / span[:, None]          # x0 y0 x1 y1 speeds
         near, far = edges[:, :2], edges[:, 2:]
         window = np.isfinite(hist_t) & (hist_t >= (last_t - self.params.motion_s)[:, None])
         sizes = np.where(window[..., None], hist[..., 2:] - hist[..., :2], 0.0).max(axis=1)
@@ -325,12 +326,12 @@ class BotSortTable(TrackColumns):
         """A Kalman step of these rows (per_row: each one's step or box): by their covariance's blocks where
         their coordinates do not mix, else by matrices."""
         mixed = self.mixed[rows]
-        blocks, whole = rows[~mixed], rows[mixed]
-        cells = blocks[:, None] * 64 + _BLOCK_CELLS  # one index into the flat covariances: a quick gather
-        flat = self.cov.reshape(-1)  # a view: the covariances are the first rows of their store, contiguous
-        self.mean[blocks], flat[cells] = by_blocks(self.mean[blocks], flat[cells], per_row[~mixed])
-        if len(whole):
-            self.mean[whole], self.cov[whole] = by_matrices(self.mean[whole], self.cov[whole], per_row[mixed])
+        if not mixed.any():  # no camera turned: every row by its blocks
+            self.mean[rows], self.blocks[rows] = by_blocks(self.mean[rows], self.blocks[rows], per_row)
+            return
+        plain, whole = rows[~mixed], rows[mixed]
+        self.mean[plain], self.blocks[plain] = by_blocks(self.mean[plain], self.blocks[plain], per_row[~mixed])
+        self.mean[whole], self.cov[whole] = by_matrices(self.mean[whole], self.cov[whole], per_row[mixed])
 
     def _observe(self, rows, boxes, was_lost) -> None:
         """The matched tracks' filters corrected by their detections (found again after a gap: started over,
@@ -343,8 +344,8 @@ class BotSortTable(TrackColumns):
             self._restart(rows[was_lost], boxes[was_lost])
         t = self.clock_t[self.slot[rows]]
         self.obs[rows], self.obs_t[rows] = boxes, t
-        self.hist[rows] = np.concatenate([self.hist[rows, 1:], boxes[:, None, :]], axis=1)
-        self.hist_t[rows] = np.concatenate([self.hist_t[rows, 1:], t[:, None]], axis=1)
+        column = self.hits[rows] % HISTORY  # the ring's next (hits: the observations so far)
+        self.hist[rows, column], self.hist_t[rows, column] = boxes, t
         self.hits[rows] += 1
         self.moved_known[rows] = False
         self._confirm(rows[(self.ids[rows] == 0) & (self.hits[rows] >= 2)])
@@ -356,7 +357,7 @@ class BotSortTable(TrackColumns):
         velocity, _, _ = self._known_motion(rows)
         mean, cov = kalman.initiate(boxes)
         mean[:, 4:6] = velocity * kalman.REFERENCE_S
-        self.mean[rows], self.cov[rows], self.mixed[rows] = mean, cov, False
+        self.mean[rows], self.blocks[rows], self.mixed[rows] = mean, kalman.blocks_of(cov), False
 
     def _confirm(self, rows) -> np.ndarray:
         """Each slot's next IDs for these tracks, in their order (IDs are never reused)."""
@@ -378,12 +379,12 @@ class BotSortTable(TrackColumns):
             return np.zeros(0, np.int64)
         mean, cov = kalman.initiate(boxes)
         hist_t = np.full((n, HISTORY), -np.inf)
-        hist_t[:, -1] = t
+        hist_t[:, 0] = t  # the first observation: the ring's first column
         hist = np.zeros((n, HISTORY, 4))
-        hist[:, -1] = boxes
-        return self._append(n, {"mean": mean, "cov": cov, "obs": boxes, "obs_t": t, "hist": hist, "hist_t": hist_t,
-                                "ids": 0, "hits": 1, "slot": slots, "look": 0.0, "look_t": -np.inf,
-                                "moved_known": False, "mixed": False})
+        hist[:, 0] = boxes
+        return self._append(n, {"mean": mean, "blocks": kalman.blocks_of(cov), "obs": boxes, "obs_t": t,
+                                "hist": hist, "hist_t": hist_t, "ids": 0, "hits": 1, "slot": slots, "look": 0.0,
+                                "look_t": -np.inf, "moved_known": False, "mixed": False})
 
 
 class BotSort:
@@ -414,11 +415,11 @@ def _direction_agreement(table: BotSortTable, track, found, scores) -> np.ndarra
     if p.inertia == 0 or not len(track):
         return 0.0
     tracks, at = _distinct(track)
-    hist_t = table.hist_t[tracks]
-    pick = _earlier_observation(hist_t, p.delta_s)
+    hist_t, last_t = table.hist_t[tracks], table.obs_t[tracks]
+    pick = _earlier_observation(hist_t, last_t, table.hits[tracks] % HISTORY, p.delta_s)
     n = np.arange(len(tracks))
-    has = np.isfinite(hist_t[n, pick]) & (pick < HISTORY - 1)
-    end = _centres(table.obs[tracks])  # the last observation (the history's last column), and the picked one
+    has = np.isfinite(hist_t[n, pick])  # else none yet as early as delta_s
+    end = _centres(table.obs[tracks])  # the last observation (also in the history), and the picked one
     direction = _unit(end - _centres(table.hist[tracks, pick]))
     towards = _unit(_centres(found) - end[at])
     cos = np.clip(np.einsum("ij,ij->i", direction[at], towards), -1.0, 1.0)
@@ -436,12 +437,14 @@ def _distinct(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows[new], np.cumsum(new) - 1
 
 
-def _earlier_observation(hist_t: np.ndarray, span: float) -> np.ndarray:
-    """Per track (rows of observation times, oldest first), the column of the newest observation at least
-    `span` seconds before its last; else of the oldest there is (the last itself where it is the only one)."""
-    earlier = hist_t[:, :-1] <= (hist_t[:, -1] - span)[:, None]
-    return np.where(earlier.any(axis=1), HISTORY - 2 - np.argmax(earlier[:, ::-1], axis=1),
-                    np.argmax(np.isfinite(hist_t), axis=1))
+def _earlier_observation(hist_t: np.ndarray, last_t: np.ndarray, next_column: np.ndarray,
+                         span: float) -> np.ndarray:
+    """Per track (rings of observation times, -inf: none yet; its last time; its ring's next column), the
+    column of the newest observation at least `span` seconds before its last; else the ring's next column:
+    while the ring is not full an empty one (-inf: no direction, no speed yet), then its oldest observation."""
+    older = np.where(hist_t <= (last_t - span)[:, None], hist_t, -np.inf)
+    newest = np.argmax(older, axis=1)
+    return np.where(older[np.arange(len(older)), newest] > -np.inf, newest, next_column)
 
 
 def _grown(boxes: np.ndarray, buffer: float) -> np.ndarray:
@@ -464,7 +467,11 @@ def _move_tracks(table: BotSortTable, rows: np.ndarray, affine: np.ndarray) -> N
     for i in (2, 3, 6, 7):
         transform[:, i, i] = scale
     table.mean[rows] = mean
-    table.cov[rows] = transform @ table.cov[rows] @ transform.transpose(0, 2, 1)
+    cov = table.cov[rows]
+    plain = ~table.mixed[rows]
+    cov[plain] = kalman.from_blocks(table.blocks[rows[plain]])
+    cov = transform @ cov @ transform.transpose(0, 2, 1)
+    table.cov[rows], table.blocks[rows] = cov, kalman.blocks_of(cov)  # blocks: those that stay unmixed go on by them
     table.obs[rows] = boxes_through(table.obs[rows], linear, shift, scale)
     hist = table.hist[rows].reshape(len(rows), -1, 4)
     table.hist[rows] = boxes_through(hist, linear[:, None], shift[:, None], scale[:, None]).reshape(hist.shape)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 DEAD = -1  # the slot of a row let go (read through a slot table one longer than the slots: never a frame)
-COLUMNS = ("mean", "cov", "obs", "obs_t", "hist", "hist_t", "ids", "hits", "slot", "look", "look_t", "moved",
+COLUMNS = ("mean", "cov", "blocks", "obs", "obs_t", "hist", "hist_t", "ids", "hits", "slot", "look", "look_t", "moved",
            "moved_known", "mixed")
 
 
@@ -20,6 +20,9 @@ class TrackColumns:
     def __init__(self, history: int):
         self._store: dict[str, np.ndarray] = {}
         self.mean, self.cov = np.zeros((0, 8)), np.zeros((0, 8, 8))  # the Kalman filter's (kalman.py)
+        # a covariance's four 2 x 2 blocks (kalman.blocks_of): the filter's own where the row is not `mixed` (its
+        # cov then left as it was); cov where it is
+        self.blocks = np.zeros((0, 16))
         self.obs = np.zeros((0, 4))       # the last observed box
         self.obs_t = np.zeros(0)          # when
         self.hist = np.zeros((0, history, 4))                 # the last observations' boxes, oldest first

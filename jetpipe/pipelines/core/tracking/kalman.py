@@ -21,6 +21,18 @@ BLOCK_ROWS = np.array([0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7])
 BLOCK_COLS = np.array([0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7])
 
 
+def blocks_of(cov: np.ndarray) -> np.ndarray:
+    """(n, 8, 8) covariances -> their blocks' 16 entries (n, 16), in BLOCK_ROWS, BLOCK_COLS order."""
+    return cov[:, BLOCK_ROWS, BLOCK_COLS]
+
+
+def from_blocks(blocks: np.ndarray) -> np.ndarray:
+    """blocks_of's inverse for covariances whose coordinates do not mix (the other 48 entries 0)."""
+    cov = np.zeros((len(blocks), 8, 8))
+    cov[:, BLOCK_ROWS, BLOCK_COLS] = blocks
+    return cov
+
+
 def _by_size(weight: float, w: np.ndarray, h: np.ndarray) -> np.ndarray:
     """A noise's standard deviations for x, y, w, h: `weight` of the box's width or height (ByteTrack's)."""
     return np.stack([weight * w, weight * h, weight * w, weight * h], axis=1)

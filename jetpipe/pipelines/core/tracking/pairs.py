@@ -25,16 +25,20 @@ class Candidates:
     """Every same-frame (track, detection) pair whose reaches overlap, ordered by frame, track, detection."""
 
     def __init__(self, track_reach: np.ndarray, track_frame: np.ndarray, det_reach: np.ndarray,
-                 det_frame: np.ndarray):
-        """*_reach: (N, 4) x0 y0 x1 y1 boxes a pair's two must overlap; *_frame: each one's frame (0, 1, ...)."""
+                 det_frame: np.ndarray, axis: int | None = None):
+        """*_reach: (N, 4) x0 y0 x1 y1 boxes a pair's two must overlap; *_frame: each one's frame (0, 1, ...);
+        axis: sweep along it (0: x, 1: y), or None: along both, the one with fewer pairs kept (self.axis: the
+        axis swept). The pairs are the same either way; only the work differs."""
         empty = np.zeros(0, np.int64)
-        self.track, self.det = empty, empty
+        self.track, self.det, self.axis = empty, empty, axis
         if not len(track_reach) or not len(det_reach):
             return
         # along x or along y, whichever gives fewer: a frame's widest (or tallest) detection sets every track's
         # range, and rows of wide, low boxes (text lines, a queue seen from the side) cover half a frame's width
         axis, order, low, counts = min(((axis, *_sweep(track_reach, track_frame, det_reach, det_frame, axis))
-                                        for axis in (0, 1)), key=lambda swept: swept[3].sum())
+                                        for axis in ((0, 1) if axis is None else (axis,))),
+                                       key=lambda swept: swept[3].sum())
+        self.axis = axis
         track = np.repeat(np.arange(len(track_reach)), counts)
         det = order[np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - low, counts)]
         # the sweep bounds one axis from one side (and the frame: the keys keep frames apart); the rest here,
@@ -43,8 +47,9 @@ class Candidates:
         keep = det_reach[det, axis + 2] >= track_reach[track, axis]
         keep &= det_reach[det, other] <= track_reach[track, other + 2]
         keep &= det_reach[det, other + 2] >= track_reach[track, other]
-        # track-major, detections in their order: the solver's tie-breaks as a matrix's
-        ordered = np.sort(track[keep] * len(det_reach) + det[keep])
+        # track-major, detections in their order: the solver's tie-breaks as a matrix's (already track-major:
+        # a stable sort, merging runs, is the quicker)
+        ordered = np.sort(track[keep] * len(det_reach) + det[keep], kind="stable")
         self.track, self.det = np.divmod(ordered, len(det_reach))
 
 
@@ -75,8 +80,6 @@ def assign(track: np.ndarray, det: np.ndarray, similarity: np.ndarray, allowed: 
            track_frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The matched (tracks, detections) of allowed pairs that maximise each frame's summed similarity, in
     track order."""
-    from scipy.optimize import linear_sum_assignment  # loaded by load_solver(), with the tracker
-
     track, det, similarity = track[allowed], det[allowed], similarity[allowed]
     if not len(track):
         return track, det
@@ -86,32 +89,51 @@ def assign(track: np.ndarray, det: np.ndarray, similarity: np.ndarray, allowed: 
     rows, cols = [track[alone]], [det[alone]]
     contended = ~alone
     if contended.any():
-        c_track, c_det, c_sim = track[contended], det[contended], similarity[contended]
-        c_frame = track_frame[c_track]
-        # each frame's tracks and detections numbered in their order, every frame's at once: (frame, index) keys
-        # sorted, a frame's a run of them
-        t_span, d_span = len(track_frame), int(det.max()) + 1
-        t_ids, t_at = np.unique(c_frame * t_span + c_track, return_inverse=True)
-        d_ids, d_at = np.unique(c_frame * d_span + c_det, return_inverse=True)
-        (t_frame, t_ids), (d_frame, d_ids) = np.divmod(t_ids, t_span), np.divmod(d_ids, d_span)
-        frames = np.unique(t_frame)
-        t_first, t_end = np.searchsorted(t_frame, frames), np.searchsorted(t_frame, frames, "right")
-        d_first, d_end = np.searchsorted(d_frame, frames), np.searchsorted(d_frame, frames, "right")
-        pair_order = np.argsort(c_frame, kind="stable")
-        pair_end = np.searchsorted(c_frame[pair_order], frames, "right")
-        start = 0
-        for k in range(len(frames)):
-            at = pair_order[start:pair_end[k]]
-            start = pair_end[k]
-            cost = np.full((t_end[k] - t_first[k], d_end[k] - d_first[k]), INFEASIBLE)
-            cost[t_at[at] - t_first[k], d_at[at] - d_first[k]] = -c_sim[at]
-            r, c = linear_sum_assignment(cost)
-            ok = cost[r, c] < INFEASIBLE
-            rows.append(t_ids[t_first[k] + r[ok]])
-            cols.append(d_ids[d_first[k] + c[ok]])
+        found = _solve(track[contended], det[contended], similarity[contended], track_frame)
+        rows.append(found[0]), cols.append(found[1])
     rows, cols = np.concatenate(rows), np.concatenate(cols)
     order = np.argsort(rows, kind="stable")
     return rows[order], cols[order]
+
+
+def _solve(track, det, similarity, track_frame) -> tuple[np.ndarray, np.ndarray]:
+    """The contended pairs' optimum, a solver call a frame: each frame's tracks and detections numbered in
+    their order (a frame's matrix), every frame's matrix laid out in one buffer, filled at once."""
+    from scipy.optimize import linear_sum_assignment  # loaded by load_solver(), with the tracker
+
+    frame = track_frame[track]
+    t_ids, t_at, t_frame = _numbered(track, frame, len(track_frame))
+    d_ids, d_at, d_frame = _numbered(det, frame, int(det.max()) + 1)
+    frames = t_frame[np.concatenate([[True], t_frame[1:] != t_frame[:-1]])]
+    t_first, d_first = np.searchsorted(t_frame, frames), np.searchsorted(d_frame, frames)
+    t_n = np.searchsorted(t_frame, frames, "right") - t_first
+    d_n = np.searchsorted(d_frame, frames, "right") - d_first
+    size = t_n * d_n
+    offset = np.cumsum(size) - size
+    k = np.searchsorted(frames, frame)  # each pair's frame's place
+    cost = np.full(int(size.sum()), INFEASIBLE)
+    cost[offset[k] + (t_at - t_first[k]) * d_n[k] + d_at - d_first[k]] = -similarity
+    picked = []
+    for start, tn, dn in zip(offset.tolist(), t_n.tolist(), d_n.tolist()):
+        r, c = linear_sum_assignment(cost[start:start + tn * dn].reshape(tn, dn))
+        picked.append(r * dn + c + start)  # the matches as places in the buffer
+    picked = np.concatenate(picked)
+    picked = picked[cost[picked] < INFEASIBLE]
+    k = np.searchsorted(offset, picked, "right") - 1
+    r, c = np.divmod(picked - offset[k], d_n[k])
+    return t_ids[t_first[k] + r], d_ids[d_first[k] + c]
+
+
+def _numbered(index: np.ndarray, frame: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct values of `index` (pairs' track rows or detections, below span) ordered by their frame,
+    then by value; each pair's place among them; and their frames (ascending)."""
+    ids = np.flatnonzero(np.bincount(index, minlength=span))
+    frame_of = np.empty(span, np.int64)
+    frame_of[index] = frame
+    ids = ids[np.argsort(frame_of[ids], kind="stable")]
+    place = np.empty(span, np.int64)
+    place[ids] = np.arange(len(ids))
+    return ids, place[index], frame_of[ids]
 
 
 def intersection(a: np.ndarray, b: np.ndarray) -> np.ndarray:
