@@ -5,10 +5,12 @@ machine runs the same face over real GPUs in test_gpus_gpu.py.
 """
 
 import contextlib
+import copy
 import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -25,10 +27,11 @@ from jetpipe.pipelines.config import (
     RecordConfig,
     SnapshotsConfig,
     SourceConfig,
+    media_reserve,
     validate,
 )
-from jetpipe.pipelines.service.gpus import plan, scrape
-from jetpipe.pipelines.service.gpus.plan import SIMULATED_ENV
+from jetpipe.pipelines.service.gpus import evidence, plan, scrape
+from jetpipe.pipelines.service.gpus.plan import SIMULATED_ENV, GpuError
 from jetpipe.pipelines.service.summary import PER_STREAM
 from tests.support import free_port, wait_for
 
@@ -95,8 +98,6 @@ def test_a_synthetic_camera_offers_its_rate():
     ("all", [SourceConfig("synthetic")], {"backend": "onnxruntime-cpu"}, "backend onnxruntime-cpu runs on the CPU"),
     ("all", [SourceConfig("synthetic")], {"sinks": ["rtsp://127.0.0.1:8554/cam"]}, "drop the rtsp sink or --gpus"),
     ("all", [SourceConfig("synthetic", gpu=99)], {}, "gpu = 99: a GPU number from 0 to 63"),
-    ("all", [SourceConfig("synthetic")], {"clips": ClipsConfig(folder="clips")}, "--clips clips with --gpus: each"),
-    ("0", [SourceConfig("synthetic")], {"snapshots": SnapshotsConfig(folder="snaps")}, "together they could pass it"),
 ])
 def test_what_gpus_cannot_go_with_is_one_line(gpus, sources, extra, said):
     with pytest.raises(ConfigError, match="^flags: .*") as caught:
@@ -110,13 +111,43 @@ def test_what_gpus_cannot_go_with_is_one_line(gpus, sources, extra, said):
     (True, {}, "workers_per_gpu = True: allowed an integer from 1 to 16"),
     (2, {"sinks": ["rtsp://127.0.0.1:8554/cam"]}, "drop the rtsp sink or --workers-per-gpu"),
     (2, {"backend": "onnxruntime-cpu"}, "--workers-per-gpu runs a pipeline on each GPU"),
-    (2, {"record": RecordConfig(folder="rec")}, "--record rec with --workers-per-gpu: each worker process would keep"),
 ])
 def test_what_workers_per_gpu_cannot_be_is_one_line(workers, extra, said):
     with pytest.raises(ConfigError, match="^flags: .*") as caught:
         validate(PipelineConfig(bundle=Path("b"), sources=[SourceConfig("synthetic")], workers_per_gpu=workers,
                                 **extra), "flags")
     assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_each_worker_records_into_a_part_of_its_own_with_its_share_of_the_budgets(tmp_path):
+    """--record, --clips and --snapshots with several workers: each worker's part (DIR/workerN, made here, never
+    a link) and 1/N of each budget, which together are the whole; a share too small for a segment is one line."""
+    config = PipelineConfig(bundle=Path("b"), sources=[SourceConfig("synthetic")], gpus="all",
+                            record=RecordConfig(folder=str(tmp_path / "rec"), max_size="900MB"),
+                            clips=ClipsConfig(folder=str(tmp_path / "clips")),
+                            snapshots=SnapshotsConfig(folder=str(tmp_path / "shots")))
+    validate(config, "flags")
+    evidence.check(config, 3)
+    for name in ("rec", "clips", "shots"):
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["worker0", "worker1", "worker2"]
+    parts = [copy.deepcopy(config) for _ in range(3)]
+    for worker, part in enumerate(parts):
+        evidence.share(part, worker, 3)
+    assert [p.record.folder for p in parts] == [str(tmp_path / "rec" / f"worker{n}") for n in range(3)]
+    assert [p.clips.folder for p in parts] == [str(tmp_path / "clips" / f"worker{n}") for n in range(3)]
+    assert sum(p.record.max_size for p in parts) <= config.record.max_size == 900_000_000
+    assert sum(p.clips.max_total_mb for p in parts) == pytest.approx(config.clips.max_total_mb) == 90.0
+    assert sum(media_reserve(p) for p in parts) <= media_reserve(config)
+    (tmp_path / "rec" / "worker3").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(GpuError, match="^--record: .*worker3 is a link or a file: .* never written through a link"):
+        evidence.check(config, 4)
+    assert not (tmp_path / "elsewhere").exists()
+    small = PipelineConfig(bundle=Path("b"), sources=[SourceConfig("synthetic")], gpus="all",
+                           record=RecordConfig(folder=str(tmp_path / "rec2"), max_size="10MB"))
+    validate(small, "flags")
+    with pytest.raises(GpuError, match="each of the 4 workers records its streams within 1/4 of --record-max-size "
+                                       "10 MB, which leaves 2.5 MB .*: raise --record-max-size"):
+        evidence.check(small, 4)
 
 
 def test_workers_per_gpu_without_gpus_serves_on_gpu_0_and_one_worker_stays_one_process():
@@ -366,6 +397,67 @@ def test_each_sinks_counts_are_its_own_when_a_restarted_worker_draws_fewer_sinks
     again = Outcome(1, summary([7, 0]), [1], "ran to the end", {}, 1, [1])  # restarted: video, the face's link
     merged = merge([first, again], 1.0, RunHistogram(), uris, FaceSinks(), 0.0)
     assert merged["sink_failures"] == [1, 9, 5]
+
+
+@pytest.mark.skipif(not shutil.which("ffmpeg"), reason="ffmpeg is not on PATH (apt-get install ffmpeg)")
+def test_every_worker_records_its_streams_into_its_part_and_the_faces_review_api_reads_every_part(
+        det_bundle, panning_video, panning_h264, tmp_path):
+    """Two workers, --record, --clips and a line: each worker records its own stream, its events and its clips
+    into its part of the folders (DIR/worker0, DIR/worker1); the face's review API lists both streams while they
+    run, and after the run the events of both, each with its clip and the segment that holds it, served from
+    their part; an export reads the part its stream was recorded in."""
+    from jetpipe.pipelines.outputs.recording.export import export_range
+    from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
+    from jetpipe.pipelines.service.http.review import Review
+
+    rec, clips, port = tmp_path / "rec", tmp_path / "clips", free_port()
+    config = tmp_path / "serve.toml"
+    config.write_text(f"[pipeline]\nbundle = '{det_bundle}'\n[[source]]\nuri = '{panning_h264}'\nrealtime = true\n"
+                      f"[[source]]\nuri = '{panning_h264}'\nrealtime = true\n[record]\nfolder = '{rec}'\n"
+                      "segment_s = 2\n")
+    x = panning_video.x_line
+    command = [sys.executable, "-m", "jetpipe", "serve", str(config), "--gpus", "all", "--line", f"door:{x},0,{x},1",
+               "--clips", str(clips), "--clip-before", "2", "--clip-after", "2", "--metrics", f"127.0.0.1:{port}",
+               "--summary", str(tmp_path / "summary.json")]
+    face = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    with _killed_at_the_end(face):
+        listed = []
+
+        def both_listed() -> bool:
+            try:
+                listed[:] = json.loads(_get(f"127.0.0.1:{port}", "/review/api/streams"))["streams"]
+            except (urllib.error.URLError, ConnectionError):
+                return face.poll() is not None  # not serving yet (or done: the assert below says)
+            return len(listed) == 2
+
+        wait_for(both_listed, timeout=240)
+        assert [s["stream"] for s in listed] == [0, 1] and face.poll() is None
+        _, stderr = face.communicate(timeout=240)
+    assert face.returncode == 0, stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+    assert [(g["streams"], g["recording"]["segments"] > 0) for g in summary["gpus"]] == [([0], True), ([1], True)]
+    for worker in (0, 1):  # each part its own recording: its index, its stream's segments, its clips
+        db = sqlite3.connect(rec / f"worker{worker}" / INDEX_NAME)
+        assert db.execute("SELECT DISTINCT stream FROM segments").fetchall() == [(worker,)]
+        assert db.execute("SELECT COUNT(*) FROM events WHERE stream = ?", (worker,)).fetchone()[0] > 0
+        db.close()
+        assert any((clips / f"worker{worker}").iterdir())
+    assert not (rec / INDEX_NAME).exists() and not list(clips.glob("*.mp4"))
+    review = Review(rec, "", clips, None)
+    events = json.loads(review.answer("/review/api/events?limit=500", {}).body)["events"]
+    assert {e["stream"] for e in events} == {0, 1}
+    assert [e["time"] for e in events] == sorted((e["time"] for e in events), reverse=True)  # merged, newest first
+    second = next(e for e in events if e["stream"] == 1 and e["clip"] and e["recording"])
+    assert second["clip"].startswith("/review/media/clip/1.") and "/segment/1." in second["recording"]["url"]
+    for url, kind in ((second["clip"], b"ftyp"), (second["recording"]["url"], b"ftyp")):
+        reply = review.answer(url, {})
+        assert reply.status == 200 and kind in reply.file.read_bytes()[:64]
+    assert review.answer("/review/media/segment/7.1", {}).status == 404  # no such part
+    recorded = json.loads(review.answer("/review/api/recordings?stream=1", {}).body)["segments"]
+    assert recorded and all("/segment/1." in s["url"] for s in recorded)
+    done = export_range(rec, 1, recorded[0]["start"], recorded[-1]["end"], tmp_path / "stream1.mp4")
+    assert done.segments == len(recorded) and done.bytes > 0
 
 
 def test_two_workers_on_one_gpu_serve_its_streams_between_them_each_labelled(tiny_bundle, tmp_path):

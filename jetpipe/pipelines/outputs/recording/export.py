@@ -18,6 +18,7 @@ from pathlib import Path
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
+from jetpipe.pipelines.outputs.recording.parts import parts_of
 from jetpipe.pipelines.outputs.sinks.safe_open import linked_when_whole
 
 log = logging.getLogger(__name__)
@@ -55,16 +56,21 @@ def parse_when(text: str, what: str) -> float:
 
 
 def segments_between(folder: Path, stream: int, start: float, end: float) -> list[tuple]:
-    """(path, start, end) of the stream's closed segments that overlap [start, end], oldest first (read-only)."""
-    index = folder / INDEX_NAME
-    if not index.is_file() or index.is_symlink():
+    """(file, start, end) of the stream's closed segments that overlap [start, end], oldest first, from every part
+    of the recording (parts.py: the stream may have been recorded by one worker, then by another; read-only)."""
+    parts = parts_of(folder)
+    if not parts:
         raise ExportError(f"{folder} holds no recording index ({INDEX_NAME}): name the folder given to --record")
-    db = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
-    try:
-        return db.execute("SELECT path, start, end FROM segments WHERE stream = ? AND open = 0 AND start < ? AND "
-                          "end > ? ORDER BY start", (stream, end, start)).fetchall()
-    finally:
-        db.close()
+    found = []
+    for _, part in parts:
+        db = sqlite3.connect(f"file:{part / INDEX_NAME}?mode=ro", uri=True)
+        try:
+            found += [(part / path, s, e) for path, s, e in db.execute(
+                "SELECT path, start, end FROM segments WHERE stream = ? AND open = 0 AND start < ? AND end > ? "
+                "ORDER BY start", (stream, end, start))]
+        finally:
+            db.close()
+    return sorted(found, key=lambda row: row[1])
 
 
 def export_range(folder: Path, stream: int, start: float, end: float, out: Path) -> Exported:
@@ -82,11 +88,11 @@ def export_range(folder: Path, stream: int, start: float, end: float, out: Path)
     if os.path.lexists(out):
         raise ExportError(f"{out} is there already: name a new file (an export never overwrites one)")
     with linked_when_whole(out) as part:
-        done = _remux(folder, found, start, end, part)
+        done = _remux(found, start, end, part)
     return Exported(out, done[0], done[1], done[2], done[3], out.stat().st_size)
 
 
-def _remux(folder: Path, found: list[tuple], start: float, end: float, part: Path) -> tuple:
+def _remux(found: list[tuple], start: float, end: float, part: Path) -> tuple:
     """The segments' packets into `part`; (first shown, past last shown, packets, segments used)."""
     import av
 
@@ -96,7 +102,7 @@ def _remux(folder: Path, found: list[tuple], start: float, end: float, part: Pat
     next_dts = -(1 << 62)  # past the last decode time written, in the segments' time base
     try:
         for path, seg_start, _ in found:
-            with av.open(str(folder / path)) as container:
+            with av.open(str(path)) as container:
                 source = container.streams.video[0]
                 if target is None:
                     target = output.add_stream_from_template(source)

@@ -23,10 +23,11 @@ from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.outputs.sinks import FRAME_SCHEMES, SinkFanout, open_sinks, scheme_of
 from jetpipe.pipelines.quantiles import RunHistogram
 from jetpipe.pipelines.service.closing import close_in_reverse
-from jetpipe.pipelines.service.gpus import channel, plan, totals
+from jetpipe.pipelines.service.gpus import channel, evidence, plan, totals
 from jetpipe.pipelines.service.gpus.pages import FacePages
 from jetpipe.pipelines.service.gpus.routes import FaceRoutes
 from jetpipe.pipelines.service.gpus.workers import WorkerProcess, worker_config
+from jetpipe.pipelines.service.http.review import review_of
 from jetpipe.pipelines.service.http.server import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class MultiGpuFace:
                         "or serve the ONNX model", ", ".join(f"{g}: {name}" for g, name in models.items()))
         per_gpu = config.workers_per_gpu
         gpu_of = plan.workers_of(gpus, per_gpu)
+        evidence.check(config, len(gpu_of))  # each worker records, cuts clips and snapshots into a part of its own
         # each worker's place among its GPU's (channel.Job.k): from 1 where a GPU has several, else 0
         self.ks = [n % per_gpu + 1 if per_gpu > 1 else 0 for n in range(len(gpu_of))]
         rates = [plan.offered_rate(s) for s in config.sources]
@@ -91,7 +93,8 @@ class MultiGpuFace:
             routes = FaceRoutes(self, control.token) if control.enabled else None
             pages = FacePages(self)
             self.server = MetricsServer(self.config.metrics_listen, pages.render_metrics, pages.health, pages.pages,
-                                        routes, hosts=tuple(self.config.metrics_hosts))
+                                        routes, hosts=tuple(self.config.metrics_hosts),
+                                        review=review_of(self.config))  # every worker's part of the recording
             self.closers.append(self.server.close)
             gpus = len({w.gpu for w in self.workers})
             several = f" ({len(self.workers)} workers)" if len(self.workers) > gpus else ""
@@ -103,6 +106,7 @@ class MultiGpuFace:
         (streams.Resume): the new one goes on from there."""
         part, drawn = worker_config(self.config, [self.config.sources[i] for i in ids],
                                     bool(self.config.metrics_listen), restart)
+        evidence.share(part, number, len(self.placed.gpu_of))
         job = channel.Job(self.placed.gpu_of[number], part, ids, len(self.uris), -1, records=bool(self.sinks.sinks),
                           first_added=self.placed.next_added(number), stride=self.placed.stride, resume=resume,
                           worker=number, k=self.ks[number])

@@ -58,11 +58,6 @@ def check(config, where: str, flag: str = "--gpus") -> None:
     if is_triton(config.backend):
         raise GpuError(f"{where}: {flag} with a Triton backend: the server places the model on its GPUs "
                        f"(jetpipe export triton --gpus); drop {flag} here")
-    for table, option in ((config.record, "--record"), (config.clips, "--clips"), (config.snapshots, "--snapshots")):
-        if table.folder:  # each worker's Room counts what it wrote since it last looked, not the others' writes
-            raise GpuError(f"{where}: {option} {table.folder} with {flag}: each worker process would keep the folder "
-                           "within the whole budget on its own, and together they could pass it; record, cut clips "
-                           f"and snapshots from a one-process serve (drop {flag})")
     for sink in config.sinks:
         if scheme_of(sink) == "rtsp":
             raise GpuError(f"{where}: sink {sink}: an RTSP server serves one process's frames, and with {flag} "

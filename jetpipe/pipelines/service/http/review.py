@@ -6,9 +6,13 @@
                                        (`before`: the last page's oldest time); each with its snapshot's, clip's
                                        and recording's media URLs
     GET /review/api/recordings         ?stream=&from=&to=  the stream's segments in the range, with their URLs
-    GET /review/media/KIND/ID          KIND segment | clip | snapshot, ID a number the API gave: the file, with
-                                       HTTP range requests (a browser's <video> seeks)
+    GET /review/media/KIND/ID          KIND segment | clip | snapshot, ID what the API gave (a row's number, and
+                                       the part's where workers recorded: N.ROW): the file, with HTTP range
+                                       requests (a browser's <video> seeks)
     GET /review/export                 ?stream=&from=&to=  one MP4 of the range, remuxed (at most an hour)
+
+A recording made by a daemon's several workers is in parts, one a worker (recording/parts.py): every part is
+read, and the answers are merged (events newest first over all of them, a stream's segments in time order).
 
 Times are Unix seconds (or ISO 8601 in from / to). Who may read: the control API's token where one is set
 (`Authorization: Bearer TOKEN`); a media or export URL the API gave carries a signature instead (`exp`,
@@ -36,6 +40,7 @@ from urllib.parse import parse_qs, urlencode
 
 from jetpipe.pipelines.outputs.recording.export import ExportError, export_range, parse_when
 from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
+from jetpipe.pipelines.outputs.recording.parts import parts_of
 from jetpipe.pipelines.service.http import guard
 from jetpipe.pipelines.service.http.review_page import PAGE
 
@@ -43,7 +48,8 @@ SIGNED_S = 3600          # a media URL the API gave is good this long
 MAX_EXPORT_S = 3600.0    # an export over HTTP covers at most an hour (`jetpipe export recording`: a day)
 MAX_LIMIT, DEFAULT_LIMIT = 500, 100
 MAX_TEXT = 200           # a filter's text, at most
-MEDIA = re.compile(r"/review/media/(segment|clip|snapshot)/(\d{1,18})")
+MAX_SEGMENTS = 5000      # a recordings answer lists at most this many segments
+MEDIA = re.compile(r"/review/media/(segment|clip|snapshot)/(?:(\d{1,3})\.)?(\d{1,18})")
 QUERIES = {"/review/api/streams": set(), "/review/api/events": {"stream", "rule", "type", "label", "from", "to",
                                                                  "before", "limit"},
            "/review/api/recordings": {"stream", "from", "to"}, "/review/export": {"stream", "from", "to", "exp",
@@ -110,15 +116,15 @@ class Review:
             reply.headers["WWW-Authenticate"] = "Bearer"
             return reply
         if media is not None:
-            return self._media(media.group(1), int(media.group(2)), headers.get("Range"))
+            return self._media(media.group(1), media.group(2) or "", int(media.group(3)), headers.get("Range"))
         if path == "/review/export":
             return self._export(asked)
-        with self._index() as db:
+        with self._index() as parts:
             if path == "/review/api/streams":
-                return _json({"streams": _streams(db)})
+                return _json({"streams": _streams(parts)})
             if path == "/review/api/events":
-                return _json(self._events(db, asked))
-            return _json(self._recordings(db, asked))
+                return _json(self._events(parts, asked))
+            return _json(self._recordings(parts, asked))
 
     # -- who may read ------------------------------------------------------------------------------------------
     def _authorized(self, authorization: str) -> bool:
@@ -145,13 +151,13 @@ class Review:
         return hmac.compare_digest(asked["sig"].encode(), self._signature(path, asked).encode())
 
     # -- the index ---------------------------------------------------------------------------------------------
-    def _index(self) -> sqlite3.Connection:
-        index = self.folder / INDEX_NAME
-        if not index.is_file() or index.is_symlink():
+    def _index(self) -> _ReadOnly:
+        parts = parts_of(self.folder)
+        if not parts:
             raise BadRequest(503, "the recording's index is not there yet")
-        return _ReadOnly(index)
+        return _ReadOnly(parts)
 
-    def _events(self, db, asked: dict) -> dict:
+    def _events(self, parts: list, asked: dict) -> dict:
         where, args = [], []
         for key, column in (("stream", "stream"), ("rule", "rule"), ("type", "type"), ("label", "label")):
             if key in asked:
@@ -164,16 +170,19 @@ class Review:
         limit = _int(asked, "limit", DEFAULT_LIMIT)
         if not 1 <= limit <= MAX_LIMIT:
             raise BadRequest(400, f"limit = {limit}: from 1 to {MAX_LIMIT}")
-        rows = db.execute("SELECT id, stream, time, pts, type, rule, label, track, record FROM events "
-                          f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY time DESC LIMIT ?",
-                          (*args, limit + 1)).fetchall()
-        events = [self._event(db, row) for row in rows[:limit]]
+        rows = sorted(((part, row) for part in parts for row in part.db.execute(
+            "SELECT id, stream, time, pts, type, rule, label, track, record FROM events "
+            f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY time DESC LIMIT ?", (*args, limit + 1))),
+            key=lambda found: -found[1][2])  # every part's newest, merged
+        events = [self._event(part, row) for part, row in rows[:limit]]
         more = len(rows) > limit
         return {"events": events, "next_before": events[-1]["time"] if more else None}
 
-    def _event(self, db, row) -> dict:
+    def _event(self, part, row) -> dict:
+        """An event with the URLs of its media and of the segment that holds it, from its own part."""
         event_id, stream, when, pts, kind, rule, label, track, record = row
-        media = {sort: self.sign(f"/review/media/{sort}/{rowid}") for rowid, sort in db.execute(
+        db = part.db
+        media = {sort: self.sign(f"/review/media/{sort}/{part.id_of(rowid)}") for rowid, sort in db.execute(
             "SELECT media.rowid, media.kind FROM media_events JOIN media ON media.path = media_events.path "
             "WHERE media_events.event = ? AND media.stream = ? ORDER BY media.time", (event_id, stream))}
         # the segment that holds it: on the stream's clock where both have one (a file read faster than real time
@@ -182,32 +191,39 @@ class Review:
                            "END FROM segments WHERE stream = ?3 AND open = 0 AND CASE WHEN t0 IS NOT NULL AND ?1 IS "
                            "NOT NULL THEN t0 <= ?1 AND t1 > ?1 ELSE start <= ?2 AND end > ?2 END ORDER BY start DESC "
                            "LIMIT 1", (pts, when, stream)).fetchone()
-        recording = None if found is None else {"url": self.sign(f"/review/media/segment/{found[0]}"),
+        recording = None if found is None else {"url": self.sign(f"/review/media/segment/{part.id_of(found[0])}"),
                                                 "start": found[1], "at": found[2]}
         return {"id": event_id, "stream": stream, "time": when, "pts": pts, "type": kind, "rule": rule,
                 "label": label, "track_id": track, "snapshot": media.get("snapshot"), "clip": media.get("clip"),
                 "recording": recording, "record": json.loads(record)}
 
-    def _recordings(self, db, asked: dict) -> dict:
+    def _recordings(self, parts: list, asked: dict) -> dict:
         stream = _int(asked, "stream")
         start, end = _when(asked, "from", 0.0), _when(asked, "to", time.time() + 86400)
-        rows = db.execute("SELECT id, start, end, bytes FROM segments WHERE stream = ? AND open = 0 AND start < ? AND "
-                          "end > ? ORDER BY start LIMIT 5000", (stream, end, start)).fetchall()
+        rows = sorted(((part, row) for part in parts for row in part.db.execute(
+            "SELECT id, start, end, bytes FROM segments WHERE stream = ? AND open = 0 AND start < ? AND end > ? "
+            "ORDER BY start LIMIT ?", (stream, end, start, MAX_SEGMENTS))), key=lambda found: found[1][1])
         return {"stream": stream, "segments": [{"start": s, "end": e, "bytes": b,
-                                                "url": self.sign(f"/review/media/segment/{i}")}
-                                               for i, s, e, b in rows],
+                                                "url": self.sign(f"/review/media/segment/{part.id_of(i)}")}
+                                               for part, (i, s, e, b) in rows[:MAX_SEGMENTS]],
                 "export": self.sign("/review/export", {"stream": str(stream), "from": str(start), "to": str(end)})}
 
     # -- media -------------------------------------------------------------------------------------------------
-    def _media(self, kind: str, rowid: int, range_header: str | None) -> Reply:
+    def _media(self, kind: str, tag: str, rowid: int, range_header: str | None) -> Reply:
         root = self.roots[kind]
         if root is None:
             raise BadRequest(404, f"no {kind}s are kept by this run")
-        with self._index() as db:
-            if kind == "segment":
-                found = db.execute("SELECT path FROM segments WHERE id = ?", (rowid,)).fetchone()
-            else:
-                found = db.execute("SELECT path FROM media WHERE rowid = ? AND kind = ?", (rowid, kind)).fetchone()
+        found, wanted = None, str(int(tag)) if tag else ""  # the part whose row it is
+        with self._index() as parts:
+            for part in parts:
+                if part.tag != wanted:
+                    continue
+                if kind == "segment":
+                    root = part.folder  # a part's segments lie in it
+                    found = part.db.execute("SELECT path FROM segments WHERE id = ?", (rowid,)).fetchone()
+                else:
+                    found = part.db.execute("SELECT path FROM media WHERE rowid = ? AND kind = ?",
+                                            (rowid, kind)).fetchone()
         if found is None:
             raise BadRequest(404, f"no {kind} {rowid} (it may have gone with the recording's retention)")
         path = root / found[0] if kind == "segment" else Path(found[0])
@@ -236,24 +252,51 @@ class Review:
         return reply
 
 
+@dataclass
+class _Part:
+    """One part of the recording (parts.py), open for one request."""
+    tag: str           # "": the recording's own folder; else the worker's number
+    folder: Path
+    db: sqlite3.Connection
+
+    def id_of(self, rowid: int) -> str:
+        """A media ID the API gives: the row's number, after the part's where it is a worker's."""
+        return f"{self.tag}.{rowid}" if self.tag else str(rowid)
+
+
 class _ReadOnly:
-    """A read-only connection to the index for one request (WAL: it reads while the recorder writes)."""
+    """Read-only connections to every part's index for one request (WAL: they read while the recorders write)."""
 
-    def __init__(self, path: Path):
-        self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2)
+    def __init__(self, parts: list[tuple[str, Path]]):
+        self.parts: list[_Part] = []
+        try:
+            for tag, folder in parts:
+                self.parts.append(_Part(tag, folder, sqlite3.connect(f"file:{folder / INDEX_NAME}?mode=ro", uri=True,
+                                                                     timeout=2)))
+        except sqlite3.Error:
+            self.__exit__()
+            raise
 
-    def __enter__(self):
-        return self.db
+    def __enter__(self) -> list[_Part]:
+        return self.parts
 
     def __exit__(self, *exc):
-        self.db.close()
+        for part in self.parts:
+            part.db.close()
 
 
-def _streams(db) -> list[dict]:
-    return [{"stream": s, "source": src, "first": first, "last": last, "segments": n, "bytes": size}
-            for s, src, first, last, n, size in db.execute(
+def _streams(parts: list[_Part]) -> list[dict]:
+    """Each recorded stream over every part: its first and last recorded time, segments and bytes summed."""
+    merged: dict[int, dict] = {}
+    for part in parts:
+        for s, src, first, last, n, size in part.db.execute(
                 "SELECT stream, MAX(source), MIN(start), MAX(end), COUNT(*), SUM(bytes) FROM segments WHERE open = 0 "
-                "GROUP BY stream ORDER BY stream")]
+                "GROUP BY stream"):
+            had = merged.get(s)
+            merged[s] = {"stream": s, "source": src, "first": first, "last": last, "segments": n, "bytes": size} \
+                if had is None else {**had, "first": min(had["first"], first), "last": max(had["last"], last),
+                                     "segments": had["segments"] + n, "bytes": had["bytes"] + size}
+    return [merged[s] for s in sorted(merged)]
 
 
 def _query(query: str, allowed: set) -> dict:
