@@ -437,6 +437,11 @@ def test_every_worker_records_its_streams_into_its_part_and_the_faces_review_api
     assert face.returncode == 0, stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
     assert [(g["streams"], g["recording"]["segments"] > 0) for g in summary["gpus"]] == [([0], True), ([1], True)]
+    # as one process says them: the parts' counts summed, their budgets too, the folder they are in
+    assert summary["recording"]["folder"] == str(rec) and summary["recording"]["segments"] == sum(
+        g["recording"]["segments"] for g in summary["gpus"])
+    assert summary["recording"]["max_bytes"] == sum(g["recording"]["max_bytes"] for g in summary["gpus"])
+    assert summary["clips"]["written"] == sum(g["clips"]["written"] for g in summary["gpus"]) > 0
     for worker in (0, 1):  # each part its own recording: its index, its stream's segments, its clips
         db = sqlite3.connect(rec / f"worker{worker}" / INDEX_NAME)
         assert db.execute("SELECT DISTINCT stream FROM segments").fetchall() == [(worker,)]

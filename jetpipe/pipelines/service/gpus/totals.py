@@ -9,13 +9,16 @@ an average of the workers' quantiles, which would hide one GPU's tail).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from jetpipe.pipelines.ingest.streams import Resume
+from jetpipe.pipelines.outputs.recording.parts import PART
 from jetpipe.pipelines.outputs.sinks import FRAME_SCHEMES, scheme_of
 from jetpipe.pipelines.service.gpus.channel import worker_name
 from jetpipe.pipelines.service.summary import PER_STREAM
 
 KEPT_APART = ("stream_ids", *PER_STREAM)  # each GPU's summary keeps the rest of its keys under "gpus"
+EVIDENCE = ("recording", "clips", "snapshots")  # each worker's part of them (evidence.py): summed into the whole
 
 
 @dataclass
@@ -92,6 +95,7 @@ def merge(workers: list[Outcome], face_s: float, latency, sink_uris: list[str], 
                "cpu_cores": round(sum(w.summary["cpu_cores"] for w in done) + face_cpu_s / max(face_s, 1e-9), 2),
                "face_cpu_cores": round(face_cpu_s / max(face_s, 1e-9), 3),
                **({"events": events} if (events := merged_events(workers)) else {}),
+               **merged_evidence(done),
                **({"worker_exits": exits} if exits else {}),
                "gpus": [{"gpu": w.gpu, **_worker_key(w), "streams": w.ids, "ended": w.ended,
                          "restarts": w.restart,
@@ -120,6 +124,35 @@ def _sink_counts(uris: list[str], done: list[Outcome], face_counts: list[int], k
         for position, i in enumerate(w.drawn):
             counts[i] += w.summary[key][position]
     return counts
+
+
+def merged_evidence(done: list[Outcome]) -> dict:
+    """The recording's, the clips' and the snapshots' counts as one process says them, summed over the workers'
+    parts (their budgets too: the shares add up to the whole); the folder the parts are in. Each worker's own
+    stay under `gpus`."""
+    merged = {}
+    for key in EVIDENCE:
+        parts = [w.summary[key] for w in done if w.summary.get(key)]
+        if parts:
+            merged[key] = _summed(parts)
+            folder = Path(parts[0].get("folder", ""))
+            if PART.fullmatch(folder.name):
+                merged[key]["folder"] = str(folder.parent)
+    return merged
+
+
+def _summed(counts: list[dict]) -> dict:
+    """Dicts of counts added key by key (nested ones too); a text is the first one's."""
+    out: dict = {}
+    for some in counts:
+        for key, value in some.items():
+            if isinstance(value, dict):
+                out[key] = _summed([out.get(key, {}), value])
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[key] = round(out.get(key, 0) + value, 3) if isinstance(value, float) else out.get(key, 0) + value
+            else:
+                out.setdefault(key, value)
+    return out
 
 
 def merged_events(workers: list[Outcome]) -> dict | None:
