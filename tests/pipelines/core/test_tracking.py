@@ -430,3 +430,15 @@ def test_a_tracks_motion_and_direction_are_read_from_its_history_ring_after_it_w
     ahead, behind = [x + 20, 300, x + 80, 450], [x - 20, 300, x + 40, 450]
     agreement = _direction_agreement(table, np.array([0, 0]), np.array([ahead, behind]), np.ones(2))
     assert agreement[0] == pytest.approx(0.1) and agreement[1] == pytest.approx(-0.1)  # inertia / 2 either way
+
+
+def test_pairs_in_contention_share_a_track_or_a_detection_and_the_others_are_matched_whatever_their_similarity():
+    """botsort weighs direction only for the pairs in contention: a pair alone is matched at any similarity."""
+    from jetpipe.pipelines.core.tracking.pairs import assign, in_contention
+
+    track, det = np.array([0, 1, 1, 2, 3]), np.array([0, 1, 2, 2, 3])
+    assert in_contention(track, det).tolist() == [False, True, True, True, False]
+    frames = np.zeros(4, np.int64)
+    for similarity in (np.array([0.9, 0.5, 0.4, 0.6, 0.8]), np.array([-5.0, 0.5, 0.4, 0.6, -7.0])):
+        rows, cols = assign(track, det, similarity, np.ones(5, bool), frames)
+        assert list(zip(rows.tolist(), cols.tolist())) == [(0, 0), (1, 1), (2, 2), (3, 3)]

@@ -243,8 +243,13 @@ class BotSortTable(TrackColumns):
         keep = np.flatnonzero(allowed)
         track, det, similarity = track[keep], det[keep], similarity[keep]
         by_look, unlike = looks.round_looks(self, seen, track, det)
-        similarity = similarity + _direction_agreement(self, track, found[keep], scores[det]) + by_look
-        return pairs.assign(track, det, similarity, ~unlike, track_frame)  # looks that say two objects: not them
+        allowed = ~unlike  # looks that say two objects: not them
+        # the direction only where it can change the matches: a pair alone (its track and its detection in no
+        # other allowed pair) is matched whatever its similarity
+        weigh = np.flatnonzero(allowed)[pairs.in_contention(track[allowed], det[allowed])]
+        direction = np.zeros(len(track))
+        direction[weigh] = _direction_agreement(self, track[weigh], found[keep[weigh]], scores[det[weigh]])
+        return pairs.assign(track, det, similarity + direction + by_look, allowed, track_frame)
 
     def _motion(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each track's observed motion over the last motion_s, per axis: velocity (px/s), what it is measured

@@ -83,17 +83,21 @@ def assign(track: np.ndarray, det: np.ndarray, similarity: np.ndarray, allowed: 
     track, det, similarity = track[allowed], det[allowed], similarity[allowed]
     if not len(track):
         return track, det
-    t_count = np.bincount(track)
-    d_count = np.bincount(det)
-    alone = (t_count[track] == 1) & (d_count[det] == 1)
+    contended = in_contention(track, det)
+    alone = ~contended
     rows, cols = [track[alone]], [det[alone]]
-    contended = ~alone
     if contended.any():
         found = _solve(track[contended], det[contended], similarity[contended], track_frame)
         rows.append(found[0]), cols.append(found[1])
     rows, cols = np.concatenate(rows), np.concatenate(cols)
     order = np.argsort(rows, kind="stable")
     return rows[order], cols[order]
+
+
+def in_contention(track: np.ndarray, det: np.ndarray) -> np.ndarray:
+    """Which pairs share their track or their detection with another pair. The others are each their own part of
+    the problem: matched whatever their similarity."""
+    return (np.bincount(track)[track] > 1) | (np.bincount(det)[det] > 1)
 
 
 def _solve(track, det, similarity, track_frame) -> tuple[np.ndarray, np.ndarray]:
