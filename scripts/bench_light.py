@@ -344,7 +344,7 @@ def report(rows: list[dict], args) -> None:
               f"{gpu if gpu is not None else 'n/a'} | {r.get('dropped', '')} | {r.get('p99_ms') or ''} | "
               f"{r.get('gpu_busy_share') or ''} |")
     first = int(args.capture_threads.split(",")[0])
-    first_processes = int(args.decode_processes.split(",")[0])
+    first_processes = _processes(args.decode_processes.split(",")[0])  # a count, or auto
     r0_ms = next((r["switch_ms"] for r in rows if r["what"] == "serve" and "switch_ms" in r), 5)
     first_clips = args.clips.split(",")[0]
     for what in ("decode", "serve"):  # serve: the first variant's rows only
