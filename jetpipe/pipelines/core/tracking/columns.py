@@ -25,8 +25,8 @@ class TrackColumns:
         self.blocks = np.zeros((0, 16))
         self.obs = np.zeros((0, 4))       # the last observed box
         self.obs_t = np.zeros(0)          # when
-        self.hist = np.zeros((0, history, 4))                 # the last observations' boxes, oldest first
-        self.hist_t = np.full((0, history), -np.inf)          # and times
+        self.hist = np.zeros((0, history, 4))                 # the last observations' boxes, a ring (botsort's
+        self.hist_t = np.full((0, history), -np.inf)          # HISTORY) and their times (-inf: none yet)
         self.ids = np.zeros(0, np.int64)  # 0: not confirmed yet
         self.hits = np.zeros(0, np.int64)
         self.slot = np.zeros(0, np.int64)  # the stream slot a track belongs to (DEAD: a row let go)

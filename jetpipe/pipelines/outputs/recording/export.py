@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
-from jetpipe.pipelines.outputs.recording.parts import parts_of
+from jetpipe.pipelines.outputs.recording.parts import parts_of, read_only
 from jetpipe.pipelines.outputs.sinks.safe_open import linked_when_whole
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ def segments_between(folder: Path, stream: int, start: float, end: float) -> lis
         raise ExportError(f"{folder} holds no recording index ({INDEX_NAME}): name the folder given to --record")
     found = []
     for _, part in parts:
-        db = sqlite3.connect(f"file:{part / INDEX_NAME}?mode=ro", uri=True)
+        db = read_only(part)
         try:
             found += [(part / path, s, e) for path, s, e in db.execute(
                 "SELECT path, start, end FROM segments WHERE stream = ? AND open = 0 AND start < ? AND end > ? "

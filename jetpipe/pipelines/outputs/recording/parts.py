@@ -12,6 +12,7 @@ to the whole.
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 
 from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
@@ -37,6 +38,11 @@ def parts_of(folder: Path) -> list[tuple[str, Path]]:
         if named and not entry.is_symlink() and entry.is_dir() and _has_index(entry):
             found.append((str(int(named.group(1))), entry))
     return found
+
+
+def read_only(part: Path, timeout: float = 5.0) -> sqlite3.Connection:
+    """A read-only connection to a part's index (WAL: it reads while the part's recorder writes)."""
+    return sqlite3.connect(f"file:{part / INDEX_NAME}?mode=ro", uri=True, timeout=timeout)
 
 
 def _has_index(folder: Path) -> bool:

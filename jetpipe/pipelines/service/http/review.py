@@ -39,8 +39,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode
 
 from jetpipe.pipelines.outputs.recording.export import ExportError, export_range, parse_when
-from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
-from jetpipe.pipelines.outputs.recording.parts import parts_of
+from jetpipe.pipelines.outputs.recording.parts import parts_of, read_only
 from jetpipe.pipelines.service.http import guard
 from jetpipe.pipelines.service.http.review_page import PAGE
 
@@ -151,11 +150,12 @@ class Review:
         return hmac.compare_digest(asked["sig"].encode(), self._signature(path, asked).encode())
 
     # -- the index ---------------------------------------------------------------------------------------------
-    def _index(self) -> _ReadOnly:
+    def _index(self, tag: str | None = None) -> _ReadOnly:
+        """Every part of the recording, open for one request; or only the part `tag` (none where it has none)."""
         parts = parts_of(self.folder)
         if not parts:
             raise BadRequest(503, "the recording's index is not there yet")
-        return _ReadOnly(parts)
+        return _ReadOnly([part for part in parts if tag is None or part[0] == tag])
 
     def _events(self, parts: list, asked: dict) -> dict:
         where, args = [], []
@@ -213,11 +213,9 @@ class Review:
         root = self.roots[kind]
         if root is None:
             raise BadRequest(404, f"no {kind}s are kept by this run")
-        found, wanted = None, str(int(tag)) if tag else ""  # the part whose row it is
-        with self._index() as parts:
+        found = None
+        with self._index(str(int(tag)) if tag else "") as parts:  # the part whose row it is (none: no such part)
             for part in parts:
-                if part.tag != wanted:
-                    continue
                 if kind == "segment":
                     root = part.folder  # a part's segments lie in it
                     found = part.db.execute("SELECT path FROM segments WHERE id = ?", (rowid,)).fetchone()
@@ -271,8 +269,7 @@ class _ReadOnly:
         self.parts: list[_Part] = []
         try:
             for tag, folder in parts:
-                self.parts.append(_Part(tag, folder, sqlite3.connect(f"file:{folder / INDEX_NAME}?mode=ro", uri=True,
-                                                                     timeout=2)))
+                self.parts.append(_Part(tag, folder, read_only(folder, timeout=2)))
         except sqlite3.Error:
             self.__exit__()
             raise
