@@ -3,7 +3,7 @@
 
   python scripts/bench_busy.py BUNDLE [--words 200] [--streams 16] [--seconds 20] [--repeats 2]
                                [--tree new=. --tree old=.dev/old] [--variant 'colour=--reid colour']
-                               [--py-spy DIR] [--json OUT]
+                               [--no-plain] [--py-spy DIR] [--json OUT]
 
 N copies of a 1080p30 H.264 file of words panning leftwards past the text detector (scripts/bench_events.py's
 video; 200 words in a frame give about 60 lines found and 41 tracked a frame), served live (--loop --realtime) with
@@ -104,11 +104,13 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a jetpipe checkout (default: this)")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME=FLAGS: more serve flags, run beside the plain run (e.g. 'colour=--reid colour')")
+    parser.add_argument("--no-plain", action="store_true", help="run the variants only (not each tree's plain run)")
     parser.add_argument("--py-spy", type=Path, help="record each tree's first run's stacks here")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree] or [("this", root)]
-    variants = [("", ())] + [(f"+{v.split('=', 1)[0]}", tuple(shlex.split(v.split("=", 1)[1]))) for v in args.variant]
+    variants = [("", ())] * (not args.no_plain) + [
+        (f"+{v.split('=', 1)[0]}", tuple(shlex.split(v.split("=", 1)[1]))) for v in args.variant]
     out = Path(tempfile.mkdtemp(prefix="bench-busy-"))
     video = Path(args.video) if args.video else out / f"words{args.words}.mp4"
     if not video.exists():

@@ -276,14 +276,15 @@ class NvdecSource:
     def _keep(self, packet, size: int) -> None:
         """The packet (Annex B, as NVDEC's demuxer gives it) into the clips' ring, on the frames' clock. It runs
         for every packet, first thing after the thread woke for its frame, where each step costs several times
-        its warm price: each of the packet's fields is read once, and the time is perf_counter's (a thread-clock
-        read is a system call; nothing here waits but the ring's lock)."""
-        ring, started = self.packet_ring, time.perf_counter()
+        its warm price: each of the packet's fields is read once, and one packet in a few is timed
+        (PacketRing.clock)."""
+        ring = self.packet_ring
         if self._clip_codec is None:
             if not self._said_no_clips:
                 self._said_no_clips = True
                 log.warning("source %s: no clips: its codec's packets are not H.264 or HEVC", self.uri)
             return
+        started = ring.clock()
         if ring.time_base is None:
             ring.time_base, ring.annexb = Fraction(self._timebase).limit_denominator(1 << 30), self._clip_codec
             for early in self._opened_packets or ():  # demuxed at the opening, before the ring was set
@@ -293,7 +294,7 @@ class NvdecSource:
         kept = self._ring_packet(packet, size)
         if kept is not None:
             ring.add(kept)
-        ring.cpu_s += time.perf_counter() - started  # the summary's clips.cpu_s
+        ring.clocked(started)  # the summary's clips.cpu_s
 
     def _ring_packet(self, packet, size: int) -> RingPacket | None:
         """The packet as a ring keeps it, its bytes copied (the demuxer reuses its buffer); None without a time."""

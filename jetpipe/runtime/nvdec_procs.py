@@ -38,7 +38,7 @@ from jetpipe.runtime.cuda import CudaDevice
 from jetpipe.runtime.nvdec import NvdecSource, first_line, import_nvdec
 from jetpipe.runtime.ring import DeviceSlot
 from jetpipe.uri import parse
-from jetpipe.video import EndOfStream
+from jetpipe.video import EndOfStream, KeepClock
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class _Decoding:
     paced: bool = False             # its pace (--realtime) started at its first credit
 
 
-class PacketBatch:
+class PacketBatch(KeepClock):
     """Stands for a clips ring in a decode process: NvdecSource keeps its stream's packets here (as it would in
     the ring), and the stream's lane sends them on to the serving process's ring with the round's records."""
 

@@ -123,12 +123,12 @@ def keep_packets(remotes: dict, batches: list) -> None:
         ring = None if remote is None else remote.source.packet_ring
         if ring is None:  # removed meanwhile
             continue
-        started = time.perf_counter()
+        started = time.thread_time()  # (a batch of packets: one clock read pays)
         if ring.time_base is None:
             ring.time_base, ring.annexb = time_base, annexb
         for fields in packets:
             ring.add(Packet(*fields))
-        ring.cpu_s += time.perf_counter() - started
+        ring.cpu_s += time.thread_time() - started
 
 
 def _open_message(remote_id: int, location: str, loop: bool, realtime: bool, limit: int) -> bytes:

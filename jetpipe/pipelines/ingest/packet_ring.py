@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from jetpipe.video import Packet
+from jetpipe.video import KeepClock, Packet
 
 BACKWARDS_S = 1.0  # a packet this much older than the newest is a clock that went back (B-frames: a few frames)
 
@@ -37,7 +37,7 @@ class Gop:
         return self.packets[0].t
 
 
-class PacketRing:
+class PacketRing(KeepClock):
     def __init__(self, keep_s: float, max_bytes: int, template: str, time_base, annexb: str | None = None):
         """template: the file whose stream's codec parameters a clip copies; time_base: its stream's; annexb:
         "h264" or "hevc" where the packets are Annex B (the source may set it, and time_base, at its first)."""
@@ -50,7 +50,7 @@ class PacketRing:
         self.ended = False
         self.forget = False  # its stream was removed: the ring goes once no clip waits for it
         self.opened = None   # the template's container, once a clip was cut (cut.open_template)
-        self.cpu_s = 0.0     # the source's time keeping packets here (copying them, add(): no waits but the lock)
+        self.cpu_s = 0.0     # the source's CPU time keeping packets here (copying them, add()): KeepClock
         self.trimmed_for_room = 0  # GOPs that went because of max_bytes (not of age)
         self.pins: dict[int, float] = {}  # a waiting clip's start: kept however old (max_bytes still holds)
         self.on_restart = None  # called (the source's thread) before the ring starts again: clips waiting take

@@ -36,7 +36,7 @@ from jetpipe.pipelines.ingest.intake import Ingest, frame_bound
 from jetpipe.pipelines.ingest.streams import ControlError, Share, Streams
 from jetpipe.pipelines.outputs.clips.writer import open_clips
 from jetpipe.pipelines.outputs.preview import Preview
-from jetpipe.pipelines.outputs.recording.recorder import open_recorder
+from jetpipe.pipelines.outputs.recording.process import open_recorder
 from jetpipe.pipelines.outputs.sinks import SinkFanout, open_sinks
 from jetpipe.pipelines.outputs.snapshots import Snapshots, jpeg_encoder
 from jetpipe.pipelines.service.closing import close_in_reverse
@@ -339,6 +339,8 @@ class Pipeline:
         if self.decoders is not None:  # their CPU is the run's too (cpu_cores counts it)
             self.thread_cpu_s["decode_processes"] = self.decoders.cpu_seconds()
             self.thread_cpu_s["decode_links"] = self.decoders.link_cpu_seconds()  # part of "process"
+        if self.recorder is not None:  # the recording process's, as the decode processes' (cpu_cores counts it)
+            self.thread_cpu_s["recording_process"] = self.recorder.process_cpu_s()
         seconds = time.monotonic() - started
         self.sinks.close()  # before the summary: what fails while a sink finishes is counted
         self.drain_bound.cancel()

@@ -125,7 +125,7 @@ class RunSummary:
                 "postprocess": "gpu" if self.runtime.reduction else "cpu",
                 "d2h_bytes_per_frame": round(self.runtime.output_bytes_downloaded / max(1, processed)),
                 "cpu_seconds": {k: round(v, 3) for k, v in cpu_s.items()},
-                "cpu_cores": round(sum(cpu_s.get(k, 0.0) for k in ("process", "decode_processes"))
+                "cpu_cores": round(sum(cpu_s.get(k, 0.0) for k in ("process", "decode_processes", "recording_process"))
                                    / max(seconds, 1e-9), 2),
                 "gpu_stage_ms": stages.pop("gpu_stage_ms"),
                 # the share of the run the GPU spent on batches: near 1, the GPU is what limits throughput

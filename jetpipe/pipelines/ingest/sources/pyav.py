@@ -260,9 +260,10 @@ class PyAVSource:
 
     def _keep(self, packet) -> None:
         """The packet into the clips' ring, its times on the frames' clock (shifted across loops as theirs).
-        Floats, not the time base's Fractions: this runs for every packet. The time is perf_counter's (a
-        thread-clock read is a system call; nothing here waits but the ring's lock)."""
-        ring, started = self.packet_ring, time.perf_counter()
+        Floats, not the time base's Fractions: this runs for every packet. One packet in a few is timed
+        (PacketRing.clock)."""
+        ring = self.packet_ring
+        started = ring.clock()
         if ring.time_base is None:  # the ring may come after open() (a stream added while serving)
             ring.time_base = packet.time_base
         seconds = float(ring.time_base)
@@ -273,7 +274,7 @@ class PyAVSource:
         at = pts if pts is not None else dts
         if at is not None:
             ring.add(Packet(at * seconds, bytes(packet), pts, dts, packet.duration or 0, packet.is_keyframe))
-        ring.cpu_s += time.perf_counter() - started  # what keeping packets costs (the summary's clips.cpu_s)
+        ring.clocked(started)  # what keeping packets costs (the summary's clips.cpu_s)
 
     def _pts(self, frame) -> float | None:
         if frame.time is None:

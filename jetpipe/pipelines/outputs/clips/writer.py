@@ -266,8 +266,8 @@ class Clips:
                         request.end, self.failed, why)
 
     def summary(self) -> dict:
-        """cpu_s: what clips cost, the sum of rings_s (keeping packets, in the sources' threads: their time
-        there, an upper bound of its CPU) and cutting_s (the cutting thread's CPU time)."""
+        """cpu_s: what clips cost, the sum of rings_s (keeping packets, in the sources' threads: their CPU time,
+        PacketRing.clock) and cutting_s (the cutting thread's CPU time)."""
         kept = sum(ring.cpu_s for ring in self.rings.values()) + self._forgotten_cpu_s
         return {"written": self.written, "failed": self.failed, "waiting": len(self.pending),
                 "cpu_s": round(kept + self.cpu_s, 3), "rings_s": round(kept, 3), "cutting_s": round(self.cpu_s, 3)}

@@ -18,6 +18,8 @@ import time
 
 from jetpipe.errors import worth_logging
 from jetpipe.pipelines.amounts import say_bytes
+from jetpipe.pipelines.config import ConfigError
+from jetpipe.pipelines.outputs.recording.segments import HEADER_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +90,28 @@ class Budget:
 
     def degraded(self, within_s: float = 10.0) -> bool:
         return self.refused > 0 and time.monotonic() - self.refused_at < within_s
+
+
+class Room:
+    def __init__(self, config, max_bytes: int):
+        """What the streams' open and newest segments need of the segments' share of the budget (max_bytes), at
+        their bit rates. config: RecordConfig (checked)."""
+        self.config, self.max_bytes = config, max_bytes
+        self.planned = INDEX_HEADROOM
+
+    def take(self, stream_id: int, bit_rate: float, at_start: bool) -> None:
+        """Room for two of the stream's segments (one written, one kept); where the budget has not: one line
+        (ConfigError) at start-up, a warning for a stream added later (it is recorded, its oldest segments going
+        sooner)."""
+        segment_s = self.config.segment_s
+        need = 2 * (int(bit_rate / 8 * (segment_s + 2.0)) + HEADER_BYTES)
+        if self.planned + need > self.max_bytes:
+            max_size = self.config.max_size
+            why = (f"record max_size = {say_bytes(max_size)} holds less than two {segment_s:g}-s segments of each "
+                   f"stream at its bit rate ({say_bytes(self.planned + need)} with stream {stream_id}, beside "
+                   f"{say_bytes(max_size - self.max_bytes)} for clips and snapshots): raise --record-max-size or "
+                   "shorten segment_s")
+            if at_start:
+                raise ConfigError(why)
+            log.warning("%s; it is recorded, its oldest segments going sooner", why)
+        self.planned += need

@@ -77,6 +77,15 @@ def _fill_media_events(db: sqlite3.Connection) -> None:
         db.executemany("INSERT OR IGNORE INTO media_events VALUES (?, ?)", pairs)
 
 
+
+EVENT_STREAM, EVENT_TIME, EVENT_PTS = 1, 2, 3  # an event row's places (event_row)
+
+
+def event_row(event) -> tuple:
+    """An event record's row of the events table (its JSON line is the sinks' own, made once)."""
+    return (event.event_id, event.stream, event.time, event.pts, event.type, event.rule, event.label,
+            event.track_id, event.json())
+
 @dataclass
 class Segment:
     id: int
@@ -265,12 +274,14 @@ class RecordIndex:
                                (block, block, block)).fetchone()[0]
 
     def add_events(self, events: list) -> None:
-        """Event records (events.record.EventRecord) in one transaction (the connection commits each statement
-        on its own otherwise: 85 us an event, most of what indexing a busy run's events cost)."""
+        """Event records (events.record.EventRecord) in one transaction."""
+        self.add_event_rows([event_row(e) for e in events])
+
+    def add_event_rows(self, rows: list[tuple]) -> None:
+        """Events' rows (event_row) in one transaction (the connection commits each statement on its own
+        otherwise: 85 us an event, most of what indexing a busy run's events cost)."""
         with self.transaction():
-            self.db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                [(e.event_id, e.stream, e.time, e.pts, e.type, e.rule, e.label, e.track_id,
-                                  e.json()) for e in events])
+            self.db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
     @contextlib.contextmanager
     def transaction(self):

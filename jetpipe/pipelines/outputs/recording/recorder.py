@@ -6,6 +6,9 @@ One thread writes: every POLL_S it indexes the records that came (events hold th
 then writes each stream's whole GOPs (stream.py), and every RETAIN_S removes what is past its age (and, for a
 stream recorded in `events` mode, the segments no event holds once no event can still come for them). The
 sources' threads only copy packets into the rings (as for clips); nothing here decodes or encodes.
+
+A serve runs it in the recording process (process.py, child.py), from that process's copies of the rings; the
+tests drive it in their own process too.
 """
 
 from __future__ import annotations
@@ -16,12 +19,9 @@ import time
 from collections import deque
 from pathlib import Path
 
-from jetpipe.pipelines.amounts import say_bytes
-from jetpipe.pipelines.config import EVENT_TYPES, ConfigError, media_reserve
 from jetpipe.pipelines.ingest.packet_ring import shared_ring
-from jetpipe.pipelines.outputs.recording.budget import INDEX_HEADROOM, Budget
-from jetpipe.pipelines.outputs.recording.index import RecordIndex
-from jetpipe.pipelines.outputs.recording.segments import HEADER_BYTES
+from jetpipe.pipelines.outputs.recording.budget import Budget, Room
+from jetpipe.pipelines.outputs.recording.index import EVENT_PTS, EVENT_STREAM, EVENT_TIME, RecordIndex, event_row
 from jetpipe.pipelines.outputs.recording.stream import StreamRecording
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,9 @@ RETAIN_S = 5.0
 EVENT_LAG_S = 15.0   # an event reaches the recorder at most this long after its frame was captured (events mode)
 KEEP_S = 4.0         # the ring keeps at least this much for the recorder (it follows a GOP behind, every POLL_S)
 CLOSE_WAIT_S = 10.0  # at the stop, the last GOPs are written within this
-INDEXED = ("clip_ready", "snapshot_ready")  # with the event types: the records the index keeps
+INDEXED = ("clip_ready", "snapshot_ready")
+NO_ROOM = "recording: no room on its disk or in its budget, stretches not recorded"  # health()
+THREAD_STOPPED = "recording: its thread stopped"  # with the event types: the records the index keeps
 
 
 class Recorder:
@@ -51,8 +53,8 @@ class Recorder:
         self.gap_s = 0.5  # a jump in the stream's clock beyond this between GOPs is a gap
         self.streams: dict[int, StreamRecording] = {}
         self.gone: list[StreamRecording] = []  # removed streams (their counts stay in the summary)
-        self.inbox: deque = deque()   # records from the bus (appended in the producers' threads)
-        self.planned = INDEX_HEADROOM  # what the streams' open and newest segments need, at their bit rates
+        self.inbox: deque = deque()   # records from the bus (appended in the producers' threads), or their entries
+        self.room = Room(config, self.max_bytes)
         self.cond = threading.Condition()
         self.closing = False
         self.cpu_s = 0.0
@@ -64,24 +66,12 @@ class Recorder:
     def attach(self, stream_id: int, source, mode: str, at_start: bool = True) -> None:
         """Record the stream's packets (mode all | events | off). A budget that cannot hold two segments of
         the streams at their bit rates (one written, one kept): one line at start-up (ConfigError)."""
-        if mode == "off":
-            return
-        if not source.keeps_packets:
-            log.warning("stream %d (%s): not recorded: its frames come decoded, without the compressed packets a "
-                        "recording is made of", stream_id, source.describe())
-            return
-        need = 2 * (int(source.bit_rate / 8 * (self.segment_s + 2.0)) + HEADER_BYTES)
-        if self.planned + need > self.max_bytes:
-            why = (f"record max_size = {say_bytes(self.config.max_size)} holds less than two {self.segment_s:g}-s "
-                   f"segments of each stream at its bit rate ({say_bytes(self.planned + need)} with stream "
-                   f"{stream_id}, beside {say_bytes(self.config.max_size - self.max_bytes)} for clips and "
-                   "snapshots): raise --record-max-size or shorten segment_s")
-            if at_start:
-                raise ConfigError(why)
-            log.warning("%s; it is recorded, its oldest segments going sooner", why)
-        self.planned += need
-        ring = shared_ring(source, KEEP_S, self.ring_bytes)
-        recording = StreamRecording(stream_id, source.describe(), ring, mode)
+        if recordable(stream_id, source, mode, self.room, at_start):
+            self.follow(stream_id, source.describe(), shared_ring(source, KEEP_S, self.ring_bytes), mode)
+
+    def follow(self, stream_id: int, described: str, ring, mode: str) -> None:
+        """Write what the ring holds (the source's, or the recording process's copy of it)."""
+        recording = StreamRecording(stream_id, described, ring, mode)
         with self.cond:
             self.streams[stream_id] = recording
         log.info("stream %d: recorded (%s) into %s, %g-s segments", stream_id, mode, self.folder, self.segment_s)
@@ -135,31 +125,35 @@ class Recorder:
             self._retain()
 
     def _index_records(self) -> None:
-        events, taken = [], len(self.inbox)
-        for _ in range(taken):
-            record = self.inbox.popleft()
-            if record.type == "clip_ready":
-                offset = self._offset(record.stream)
-                self.index.add_media("clip", record.path, record.stream, record.start + offset,
-                                     record.end + offset, record.bytes, record.events)
-            elif record.type == "snapshot_ready":
-                at = (record.pts + self._offset(record.stream)) if record.pts is not None else time.time()
-                self.index.add_media("snapshot", record.path, record.stream, at, None, record.bytes, record.events)
+        events = []
+        for _ in range(len(self.inbox)):
+            entry = self.inbox.popleft()
+            if not isinstance(entry, tuple):
+                entry = indexed_entry(entry)
+            if entry[0] == "clip":
+                _, path, stream, start, end, size, of = entry
+                offset = self._offset(stream)
+                self.index.add_media("clip", path, stream, start + offset, end + offset, size, of)
+            elif entry[0] == "snapshot":
+                _, path, stream, pts, size, of = entry
+                at = (pts + self._offset(stream)) if pts is not None else time.time()
+                self.index.add_media("snapshot", path, stream, at, None, size, of)
             else:
-                events.append(record)
+                events.append(entry[1])
         if events:
-            self.index.add_events(events)
+            self.index.add_event_rows(events)
             self._hold(events)
 
-    def _hold(self, events: list) -> None:
-        """The segments around the events held: one span a stream (a pass's events of a stream lie within about
-        POLL_S of each other; 255 events a second in a busy run cost 510 updates a second one by one)."""
+    def _hold(self, events: list[tuple]) -> None:
+        """The segments around the events (their rows) held: one span a stream (a pass's events of a stream lie
+        within about POLL_S of each other; 255 events a second in a busy run cost 510 updates a second one by
+        one)."""
         by_stream: dict[int, list] = {}
         for event in events:
-            by_stream.setdefault(event.stream, []).append(event)
+            by_stream.setdefault(event[EVENT_STREAM], []).append(event)
         for stream, some in by_stream.items():
-            clock = [e.pts for e in some if e.pts is not None]
-            wall = [e.time for e in some]
+            clock = [e[EVENT_PTS] for e in some if e[EVENT_PTS] is not None]
+            wall = [e[EVENT_TIME] for e in some]
             self.index.hold(stream, (min(clock) - self.before_s, max(clock) + self.after_s) if clock else None,
                             (min(wall) - self.before_s, max(wall) + self.after_s))
 
@@ -207,9 +201,9 @@ class Recorder:
     def health(self) -> str | None:
         """Why recording is degraded now (None: it is not)."""
         if self.budget.degraded():
-            return "recording: no room on its disk or in its budget, stretches not recorded"
+            return NO_ROOM
         if not self.thread.is_alive() and not self.closing:
-            return "recording: its thread stopped"
+            return THREAD_STOPPED
         return None
 
     def summary(self) -> dict:
@@ -234,17 +228,24 @@ class Recorder:
                         "start)", CLOSE_WAIT_S)
 
 
-def open_recorder(config, bus, streams, closers: list):
-    """The recorder where [record] folder is set (None elsewhere): the configured streams attached, its close
-    among the closers, the frames' records (the wall clock) and the events, clips and snapshots (the index)
-    subscribed to."""
-    if not config.record.folder:
-        return None
-    recorder = Recorder(config.record, config.clips.before_s, config.clips.after_s, config.clips.ring_mb,
-                        media_reserve(config))
-    closers.append(recorder.close)
-    for stream in streams:
-        recorder.attach(stream.id, stream.source, stream.spec.record or config.record.mode)
-    bus.subscribe(recorder.on_frame, types=[None])
-    bus.subscribe(recorder.on_record, types=[*EVENT_TYPES, *INDEXED])
-    return recorder
+def recordable(stream_id: int, source, mode: str, room: Room, at_start: bool) -> bool:
+    """Whether the stream is recorded: its mode is not off, its source keeps the compressed packets, and the
+    budget has room for two of its segments (Room.take: one line at start-up where it has not)."""
+    if mode == "off":
+        return False
+    if not source.keeps_packets:
+        log.warning("stream %d (%s): not recorded: its frames come decoded, without the compressed packets a "
+                    "recording is made of", stream_id, source.describe())
+        return False
+    room.take(stream_id, source.bit_rate, at_start)
+    return True
+
+
+def indexed_entry(record) -> tuple:
+    """What the index keeps of an event, clip_ready or snapshot_ready record: ("event", its row), ("clip", path,
+    stream, start, end, bytes, events) or ("snapshot", path, stream, pts, bytes, events) (the stream's clock)."""
+    if record.type == "clip_ready":
+        return ("clip", record.path, record.stream, record.start, record.end, record.bytes, record.events)
+    if record.type == "snapshot_ready":
+        return ("snapshot", record.path, record.stream, record.pts, record.bytes, record.events)
+    return ("event", event_row(record))

@@ -1,0 +1,150 @@
+"""The recording process (process.py spawns it): a Recorder (recorder.py) writing from its own copy of each
+stream's ring, which the serving process's passes fill with whole GOPs.
+
+Messages from the serving process: ("attach", stream, described, mode, template), ("pass", gops, entries,
+offsets, ended), ("close",). To it: ("ready", repaired) or ("refused", one line) at the start, ("summary",
+counts) at the end. Its health goes through a shared byte (HEALTH), read by the serving process's /healthz.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+from collections import deque
+
+from jetpipe.pipelines.config import ConfigError
+from jetpipe.pipelines.ingest.packet_ring import Gop
+from jetpipe.pipelines.outputs.recording.recorder import NO_ROOM, THREAD_STOPPED, Recorder
+from jetpipe.video import Packet
+
+log = logging.getLogger(__name__)
+
+HEALTH = {1: NO_ROOM, 2: THREAD_STOPPED}
+PR_SET_PDEATHSIG = 1
+
+
+class ForwardedRing:
+    """A stream's GOPs as the serving process handed them over, in its ring's passes (`generation`: the
+    stream's clock went back there), all whole. What the recording wrote goes (pin); what waits is held up to
+    max_bytes (the oldest go first: a gap the recording counts, as where the source's ring let GOPs go)."""
+
+    def __init__(self, template: str, max_bytes: int):
+        self.template, self.max_bytes = template, max_bytes
+        self.time_base = None
+        self.annexb = None
+        self.lock = threading.Lock()
+        self.gops: deque[tuple[int, Gop]] = deque()
+        self.bytes = 0
+        self.newest = float("-inf")
+        self.generation = -1
+        self.ended = False
+        self.cpu_s = 0.0  # (this process's time is counted whole)
+
+    def put(self, generation: int, packets: list[Packet]) -> None:
+        gop = Gop(packets, sum(len(p.data) for p in packets))
+        with self.lock:
+            self.gops.append((generation, gop))
+            self.bytes += gop.bytes
+            self.newest = max(p.t for p in packets)
+            while self.bytes > self.max_bytes and len(self.gops) > 1:
+                self.bytes -= self.gops.popleft()[1].bytes
+
+    def whole_gops_after(self, after: float, last_too: bool = False) -> tuple[int, list[Gop]]:
+        """(generation, its GOPs that start after `after`): the oldest pass's first, until all are written."""
+        with self.lock:
+            if self.gops:
+                self.generation = self.gops[0][0]
+            return self.generation, [g for n, g in self.gops if n == self.generation and g.start > after]
+
+    def pin(self, key, start: float) -> None:
+        """The GOPs of the followed pass through the one starting at `start` were written: they go."""
+        with self.lock:
+            while self.gops and self.gops[0][0] == self.generation and self.gops[0][1].start <= start:
+                self.bytes -= self.gops.popleft()[1].bytes
+
+    def unpin(self, key) -> None:
+        pass
+
+    def end(self) -> None:
+        with self.lock:
+            self.ended = True
+
+
+def recording_main(conn, config, before_s: float, after_s: float, ring_mb: float, media_reserve: int, state,
+                   parent: int, log_level: int) -> None:
+    """The process's entry (multiprocessing, spawned)."""
+    # Ctrl-C reaches the whole process group, systemd's SIGTERM every process of the unit: the serving process
+    # stops serving, then hands over the rest and asks this one to finish (killed with it: prctl)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with(parent)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s recording-%(process)d %(message)s")
+    try:
+        recorder = Recorder(config, before_s, after_s, ring_mb, media_reserve)
+    except ConfigError as exc:
+        conn.send(("refused", str(exc)))
+        return
+    except Exception as exc:
+        conn.send(("refused", f"record folder {config.folder}: {type(exc).__name__}: {exc}"))
+        return
+    started = time.process_time()
+    conn.send(("ready", recorder.repaired))
+    try:
+        _serve(conn, recorder, state, int(ring_mb * 1e6))
+    finally:
+        recorder.close()
+        summary = recorder.summary()
+        summary["process_s"] = time.process_time() - started
+        try:
+            conn.send(("summary", summary))
+        except OSError:
+            pass
+
+
+def _serve(conn, recorder, state, ring_bytes: int) -> None:
+    """Messages applied until ("close",) or the serving process's end."""
+    rings: dict[int, ForwardedRing] = {}
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "close":
+            return
+        if message[0] == "attach":
+            _, stream_id, described, mode, template = message
+            rings[stream_id] = ForwardedRing(template, ring_bytes)
+            recorder.follow(stream_id, described, rings[stream_id], mode)
+        else:
+            _apply(recorder, rings, *message[1:])
+        state.value = next((code for code, why in HEALTH.items() if why == recorder.health()), 0)
+
+
+def _apply(recorder, rings: dict, gops: list, entries: list, offsets: dict, ended: list) -> None:
+    for stream_id, generation, time_base, annexb, packets in gops:
+        ring = rings.get(stream_id)
+        if ring is not None:
+            ring.time_base, ring.annexb = time_base, annexb
+            ring.put(generation, [Packet(*fields) for fields in packets])
+    recorder.inbox.extend(entries)
+    for stream_id, offset in offsets.items():
+        recording = recorder.streams.get(stream_id)
+        if recording is not None:
+            recording.seen_offset = offset
+    for stream_id in ended:
+        recorder.removed(stream_id)
+        rings.pop(stream_id, None)
+
+
+def _die_with(parent: int) -> None:
+    """This process is killed when the serving process dies (Linux; elsewhere it ends at the pipe's end)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the call
+        os._exit(0)

@@ -1,0 +1,106 @@
+"""The recording in a process of its own: the serving process hands whole GOPs and index entries over, the
+recording process writes the segments and the index; its refusals, its death and its stop."""
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from jetpipe.pipelines.config import ConfigError
+from jetpipe.pipelines.core.events.record import EventRecord
+from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
+from jetpipe.pipelines.outputs.recording.process import RecordingProcess
+from tests.pipelines.outputs.test_recording import (
+    FPS,
+    _config,
+    _decodes,
+    _feed,
+    _index,
+    _packets,
+    _rows,
+    _Source,
+    _video,
+    _wait,
+    needs_ffmpeg,
+)
+
+WALL = 1_800_000_000.0  # the frames' capture time at the stream's time 0
+
+
+def _segments_open_in(pid: int, folder: Path) -> set[str]:
+    """The segment files the process has open (its /proc/PID/fd links into the folder)."""
+    found = set()
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir() if fds.exists() else ():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith(str(folder)) and target.endswith(".mp4"):
+            found.add(target)
+    return found
+
+
+@needs_ffmpeg
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux's /proc to see a process's open files")
+def test_the_recording_process_writes_the_segments_and_the_serving_process_only_hands_packets_over(tmp_path):
+    video = _video(tmp_path / "in.mp4", seconds=6)
+    packets, base = _packets(video, passes=2)
+    folder = tmp_path / "rec"
+    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    mine, theirs = set(), set()
+
+    def look():
+        mine.update(_segments_open_in(os.getpid(), folder))
+        theirs.update(_segments_open_in(recorder.process.pid, folder))
+
+    try:
+        source = _Source(str(video))
+        recorder.attach(3, source, "all")
+        recorder.on_frame(SimpleNamespace(stream=3, pts=0.0, t_capture=WALL))
+        recorder.on_record(EventRecord("line_cross", "door", 3, 90, 3.0, WALL + 3.0, 7, "person", 0, 0.9,
+                                       [0, 0, 1, 1], {}, {}))
+        ring = source.packet_ring
+        _feed(source, packets, base, sample=look, pace_gops=0.02)
+        # the last segment stays open in the recording process until the stop
+        _wait(lambda: look() or theirs, timeout=60)
+        assert ring.pins["forwarding"] > 0  # the serving side lets go of what it handed over
+    finally:
+        recorder.close()
+    assert not mine and theirs
+    rows = _rows(folder)
+    assert len(rows) == 6 and all(r[5] == 0 for r in rows)  # 12 s in 2-s segments, all closed
+    for (path, _, end, size, count, _, _), following in zip(rows, rows[1:] + [None]):
+        assert count == 2 * FPS == _decodes(folder / path) and (folder / path).stat().st_size == size
+        if following is not None:
+            assert following[1] == pytest.approx(end, abs=1e-6)
+    assert WALL - 1 < rows[0][1] < WALL  # on the frames' wall clock (from the first decode time, before 0)
+    assert rows[0][6] == rows[1][6] == 1 and rows[-1][6] == 0  # within 5 s of the event at 3 s: held
+    assert _index(folder, "SELECT stream, rule, label FROM events") == [(3, "door", "person")]
+    summary = recorder.summary()
+    assert summary["segments"] == 6 and summary["lost_gops"] == 0
+    assert summary["recording_process_s"] > 0 and summary["serving_process_s"] >= summary["forwarding_s"] > 0
+
+
+def test_a_refusal_at_the_start_is_the_recording_processs_one_line(tmp_path):
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    target = tmp_path / "theirs"
+    target.write_bytes(b"theirs")
+    os.symlink(target, folder / INDEX_NAME)
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    assert target.read_bytes() == b"theirs"
+
+
+def test_a_recording_process_that_died_is_said_by_health_and_the_stop_still_ends(tmp_path):
+    recorder = RecordingProcess(_config(tmp_path / "rec"), 5.0, 5.0, 64)
+    try:
+        assert recorder.health() is None
+        recorder.process.kill()
+        recorder.process.join(30)
+        assert recorder.health() == "recording: its process stopped"
+    finally:
+        recorder.close()
+    assert recorder.summary()["process_exited"] is True and not recorder.thread.is_alive()
