@@ -41,7 +41,7 @@ from jetpipe.errors import JetpipeError
 from jetpipe.export import triton
 from jetpipe.models import BUILTIN, resolve
 from jetpipe.pipelines.amounts import say_bytes
-from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, load, validate
+from jetpipe.pipelines.config import POSTPROCESS_PLACES, ConfigError, PipelineConfig, SourceConfig, read, validate
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryConfig
 from jetpipe.pipelines.core.tracking import TRACKERS
@@ -377,8 +377,8 @@ def _run_serve(args) -> int:
 def _serve_config(args):
     """A config file, with flags overriding it, or flags alone."""
 
-    if args.config:
-        config = load(args.config)
+    if args.config:  # checked whole once the flags are in (validate below): they may complete it
+        config = read(args.config, Path(args.bundle) if args.bundle else None)
     elif not args.bundle:
         raise ConfigError("pass a CONFIG.toml or --bundle DIR (with --source URI ...)")
     else:

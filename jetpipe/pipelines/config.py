@@ -209,6 +209,13 @@ def _check_keys(where: str, table: dict, allowed) -> None:
 
 
 def load(path: str | Path) -> PipelineConfig:
+    """The config file, checked whole."""
+    return validate(read(path), str(path))
+
+
+def read(path: str | Path, bundle: Path | None = None) -> PipelineConfig:
+    """The config file's tables, not yet checked as a whole (validate(): the command line's flags may still
+    complete it, e.g. with --source; bundle: --bundle's, where the file need not name one)."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config {path} is a folder: name the TOML file, e.g. {path / 'jetpipe.toml'}")
@@ -228,8 +235,8 @@ def load(path: str | Path) -> PipelineConfig:
     pipeline = data.get("pipeline", {})
     _check_keys(f"{path} [pipeline]", pipeline, _PIPELINE_KEYS)
     _check_types(f"{path} [pipeline]", pipeline, _PIPELINE_KEYS)
-    if "bundle" not in pipeline:
-        raise ConfigError(f"{path}: [pipeline] bundle is required (a folder written by `jetpipe convert`)")
+    if "bundle" not in pipeline and bundle is None:
+        raise ConfigError(f"{path}: [pipeline] bundle is required (a folder written by `jetpipe convert`; or --bundle)")
     sources = [SourceConfig(**t) for t in _tables(path, data, "source", _SOURCE_KEYS, "uri", "")]
     sinks = [t["uri"] for t in _tables(path, data, "sink", {"uri": str}, "uri", f" ({SINKS_HELP})")]
     secondaries = [SecondaryConfig(**{**t, "bundle": Path(t["bundle"]), "classes": tuple(t.get("classes", ())),
@@ -263,14 +270,15 @@ def load(path: str | Path) -> PipelineConfig:
     options = {k: v for k, v in pipeline.items() if k != "bundle"}
     if "max_frame_hw" in options:
         options["max_frame_hw"], options["max_frame_set"] = tuple(options["max_frame_hw"]), True
-    config = PipelineConfig(bundle=Path(pipeline["bundle"]), sources=sources, sinks=sinks, secondaries=secondaries,
+    config = PipelineConfig(bundle=bundle or Path(pipeline["bundle"]), sources=sources, sinks=sinks,
+                            secondaries=secondaries,
                             control=ControlConfig(**control), clips=ClipsConfig(**clips), record=RecordConfig(**record),
                             snapshots=SnapshotsConfig(**snapshots), zones=zones, lines=lines,
                             calibrations=calibrations, **options)
     if "listen" in metrics:
         config.metrics_listen = str(metrics["listen"])
     config.metrics_hosts = list(metrics.get("hosts", []))
-    return validate(config, str(path))
+    return config
 
 
 def _check_listen(listen: str, where: str) -> None:

@@ -124,6 +124,27 @@ def test_decode_threads_from_toml_and_cli(tmp_path):
     assert _serve_config(args).decode_threads == 4
 
 
+def test_a_config_file_completed_by_the_flags_is_checked_once_they_are_in(tmp_path):
+    """A file of [pipeline] options alone: --bundle and --source complete it (before, the file was checked whole
+    on its own: "no source: add a [[source]] uri (or --source)" with --source given); what is still missing is
+    said in one line."""
+    from jetpipe.cli import _serve_config, build_parser
+
+    path = tmp_path / "c.toml"
+    path.write_text("[pipeline]\nqueue_depth = 60\n")
+    args = build_parser().parse_args(["serve", str(path), "--bundle", "b", "--source", "synthetic"])
+    config = _serve_config(args)
+    assert (config.queue_depth, str(config.bundle), [s.uri for s in config.sources]) == (60, "b", ["synthetic"])
+    with pytest.raises(ConfigError, match="no source"):
+        _serve_config(build_parser().parse_args(["serve", str(path), "--bundle", "b"]))
+    with pytest.raises(ConfigError, match="bundle is required"):
+        _serve_config(build_parser().parse_args(["serve", str(path), "--source", "synthetic"]))
+    alone = tmp_path / "d.toml"
+    alone.write_text(HEAD)
+    with pytest.raises(ConfigError, match="no source"):
+        load(alone)  # a file read on its own is checked whole
+
+
 # -- values that parse but mean nothing (issue 63's held-out list): each refused in one line naming the key -------
 @pytest.mark.parametrize("key, value", [
     ("batch_timeout_ms", float("inf")), ("batch_timeout_ms", 1e308), ("frames", 10**30), ("duration", float("inf")),

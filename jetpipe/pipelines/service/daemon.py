@@ -96,6 +96,17 @@ def _open_appearance(config: PipelineConfig, cpu_threads: int) -> Appearance | N
     return Appearance(config.reid, backend, config.memory, config.max_frame_hw, cpu_threads)
 
 
+def helper_processes_cpu(decoders, recorder) -> dict[str, float]:
+    """The decode processes' and the recording process's CPU seconds: the run's too (cpu_cores counts them);
+    decode_links: the serving process's threads that feed the decode processes (part of "process")."""
+    cpu = {}
+    if decoders is not None:
+        cpu["decode_processes"], cpu["decode_links"] = decoders.cpu_seconds(), decoders.link_cpu_seconds()
+    if recorder is not None:
+        cpu["recording_process"] = recorder.process_cpu_s()
+    return cpu
+
+
 def evidence_for_added(clips, recorder, record_mode: str):
     """What a stream added while serving is prepared with: its packet ring before its first read (a clip and a
     recording may start at its first keyframe); None where neither clips nor recording are on."""
@@ -336,11 +347,7 @@ class Pipeline:
         self.sinks.finish()
         writer.join()
         self.thread_cpu_s["process"] = time.process_time() - cpu_started
-        if self.decoders is not None:  # their CPU is the run's too (cpu_cores counts it)
-            self.thread_cpu_s["decode_processes"] = self.decoders.cpu_seconds()
-            self.thread_cpu_s["decode_links"] = self.decoders.link_cpu_seconds()  # part of "process"
-        if self.recorder is not None:  # the recording process's, as the decode processes' (cpu_cores counts it)
-            self.thread_cpu_s["recording_process"] = self.recorder.process_cpu_s()
+        self.thread_cpu_s.update(helper_processes_cpu(self.decoders, self.recorder))
         seconds = time.monotonic() - started
         self.sinks.close()  # before the summary: what fails while a sink finishes is counted
         self.drain_bound.cancel()

@@ -104,3 +104,28 @@ def test_a_recording_process_that_died_is_said_by_health_and_the_stop_still_ends
     finally:
         recorder.close()
     assert recorder.summary()["process_exited"] is True and not recorder.thread.is_alive()
+
+
+@needs_ffmpeg
+def test_a_removed_streams_ring_is_handed_over_to_its_end_and_its_last_segment_closed(tmp_path):
+    """POST /streams/ID's removal while recording: the rest of its ring goes over, the recording process writes
+    it and closes the stream's last segment without waiting for the stop; the other stream records on."""
+    video = _video(tmp_path / "in.mp4", seconds=6)
+    packets, base = _packets(video, passes=1)
+    folder = tmp_path / "rec"
+    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    try:
+        gone, stays = _Source(str(video)), _Source(str(video))
+        recorder.attach(0, gone, "all")
+        recorder.attach(1, stays, "all")
+        stays.packet_ring.time_base = base
+        for p in packets[:2 * FPS]:  # its first two seconds, not ended
+            stays.packet_ring.add(p)
+        _feed(gone, packets, base)
+        recorder.removed(0)
+        _wait(lambda: _index(folder, "SELECT COUNT(*), SUM(open) FROM segments WHERE stream = 0") == [(3, 0)])
+        assert 0 not in recorder.forwarded and "forwarding" not in gone.packet_ring.pins
+        assert _index(folder, "SELECT COUNT(*) FROM segments WHERE stream = 1") == [(1,)]  # open, recording on
+    finally:
+        recorder.close()
+    assert _index(folder, "SELECT COUNT(*), SUM(open) FROM segments WHERE stream = 1") == [(1, 0)]

@@ -645,3 +645,60 @@ def test_a_dead_workers_frames_and_events_are_counted_as_its_records_tell():
     assert totals.merged_events([dead, newer, other]) == {"counts": {"door": {"in": 3, "out": 1}}, "occupancy": {},
                                                           "cpu_s": 0.75}
     assert totals.merged_events([other, dead])["counts"] == {"door": {"out": 1, "in": 2}}
+
+
+@pytest.mark.skipif(not (shutil.which("ffmpeg") and shutil.which("ffprobe")),
+                    reason="ffmpeg and ffprobe are not on PATH (apt-get install ffmpeg)")
+def test_a_worker_killed_while_recording_loses_at_most_its_open_segment_and_its_successor_records_on(
+        tiny_bundle, panning_h264, tmp_path):
+    """GPU 1's worker killed with SIGKILL while writing a segment: the worker started in its place takes its part
+    back, finishes the open row from its file (cut after its last whole fragment) and records on; GPU 0's part
+    is not touched; every segment of the part plays, each as many frames as its row says."""
+    from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
+
+    rec, config = tmp_path / "rec", tmp_path / "serve.toml"
+    source = f"[[source]]\nuri = '{panning_h264}'\nloop = true\nrealtime = true\n"
+    config.write_text(f"[pipeline]\nbundle = '{tiny_bundle}'\n{source}{source}[record]\nfolder = '{rec}'\n"
+                      "segment_s = 2\n")
+
+    def rows(worker: int, sql: str) -> list:
+        index = rec / f"worker{worker}" / INDEX_NAME
+        if not index.exists():
+            return []
+        db = sqlite3.connect(f"file:{index}?mode=ro", uri=True, timeout=5)
+        try:
+            return db.execute(sql).fetchall()
+        except sqlite3.OperationalError:  # not made yet
+            return []
+        finally:
+            db.close()
+
+    face = subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", str(config), "--gpus", "0,1", "--metrics", "",
+                             "--summary", str(tmp_path / "summary.json")], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _killed_at_the_end(face):
+        wait_for(lambda: len(rows(1, "SELECT 1 FROM segments WHERE open = 0")) >= 2, timeout=240)
+        wait_for(lambda: any((rec / "worker1" / p).exists() and (rec / "worker1" / p).stat().st_size > 0
+                             for p, in rows(1, "SELECT path FROM segments WHERE open = 1")), timeout=60)
+        os.kill(_worker_pid(face.pid, gpu=1), signal.SIGKILL)
+        left = rows(1, "SELECT path FROM segments WHERE open = 1")
+        _wait_for_line(face, "GPU 1's worker started again (restart 1 of 3)")
+        closed = len(rows(1, "SELECT 1 FROM segments WHERE open = 0"))
+        wait_for(lambda: len(rows(1, "SELECT 1 FROM segments WHERE open = 0")) >= closed + 2, timeout=120)
+        face.send_signal(signal.SIGTERM)
+        _, stderr = face.communicate(timeout=120)
+    assert face.returncode == 0, stderr[-3000:]
+    assert len(left) == 1  # it died writing one
+    summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+    repaired = summary["gpus"][1]["recording"]["repaired"]
+    assert repaired["finished"] + repaired["dropped"] == 1 and repaired["adopted"] == 0
+    assert summary["gpus"][0]["recording"]["repaired"] == {"finished": 0, "dropped": 0, "adopted": 0}
+    for worker in (0, 1):
+        segments = rows(worker, "SELECT path, packets, open FROM segments ORDER BY start")
+        assert segments and all(not open_ for _, _, open_ in segments)
+        assert {p.split("/")[0] for p, _, _ in segments} == {f"stream{worker}"}
+        for path, packets, _ in segments:
+            probed = subprocess.run(["ffprobe", "-v", "error", "-count_packets", "-select_streams", "v:0",
+                                     "-show_entries", "stream=nb_read_packets", "-of", "csv=p=0",
+                                     str(rec / f"worker{worker}" / path)], capture_output=True, text=True)
+            assert probed.returncode == 0 and int(probed.stdout) == packets, (path, probed.stderr)

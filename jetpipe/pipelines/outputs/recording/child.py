@@ -81,7 +81,8 @@ def recording_main(conn, config, before_s: float, after_s: float, ring_mb: float
     # stops serving, then hands over the rest and asks this one to finish (killed with it: prctl)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with(parent)
+    if not _dies_with(parent):
+        return
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s recording-%(process)d %(message)s")
     try:
         recorder = Recorder(config, before_s, after_s, ring_mb, media_reserve)
@@ -140,11 +141,11 @@ def _apply(recorder, rings: dict, gops: list, entries: list, offsets: dict, ende
         rings.pop(stream_id, None)
 
 
-def _die_with(parent: int) -> None:
-    """This process is killed when the serving process dies (Linux; elsewhere it ends at the pipe's end)."""
+def _dies_with(parent: int) -> bool:
+    """This process is killed when the serving process dies (Linux; elsewhere it ends at the pipe's end). False:
+    that process died already (before the call)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before the call
-        os._exit(0)
+        return True
+    return os.getppid() == parent
