@@ -53,3 +53,18 @@ if [ "${PART:-1}" = 4 ]; then
   python scripts/bench_busy.py /tmp/det --video /tmp/words72.mp4 --words 72 --streams 16 --seconds 20 --repeats 2 \
     --tree here=. --tree copy=.dev/same --json $R/where72.json 2>&1 | cut -c1-200
 fi
+if [ "${PART:-1}" = 5 ]; then
+  # with clips on, the rings are the clips' anyway: what --record adds beside --clips (this tree, one pair)
+  rm -rf /tmp/rec /tmp/clips; mkdir -p /tmp/rec /tmp/clips
+  python scripts/bench_busy.py /tmp/det --video /tmp/words72.mp4 --words 72 --streams 16 --seconds 20 --repeats 1 \
+    --no-plain --variant 'clips=--clips /tmp/clips' --variant 'clipsrecord=--clips /tmp/clips --record /tmp/rec --record-max-size 20GB' \
+    --json $R/clips_record72.json 2>&1 | cut -c1-200
+  python - $R/clips_record72.json <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    rec = r.get("recording") or {}
+    c = r["cpu_seconds"]
+    print(r["run"], r["fps"], r["dropped"], r["p99_ms"], "process", c.get("process"), "rec_proc", c.get("recording_process"),
+          {k: rec.get(k) for k in ("segments", "failed", "lost_gops", "rings_s", "forwarding_s", "serving_process_s")})
+PY
+fi
