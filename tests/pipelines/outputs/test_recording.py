@@ -126,14 +126,20 @@ def test_the_index_finishes_rows_left_open_drops_rows_without_files_and_adopts_f
     index.close()
 
 
-def test_the_index_refuses_a_link_in_its_place(tmp_path):
-    from jetpipe.pipelines.config import ConfigError
-
+def linked_index(tmp_path) -> tuple[Path, Path]:
+    """A recording folder whose index is a link to someone else's file: (the folder, that file)."""
     folder = tmp_path / "rec"
     folder.mkdir()
     target = tmp_path / "someone-elses.db"
     target.write_bytes(b"theirs")
     os.symlink(target, folder / INDEX_NAME)
+    return folder, target
+
+
+def test_the_index_refuses_a_link_in_its_place(tmp_path):
+    from jetpipe.pipelines.config import ConfigError
+
+    folder, target = linked_index(tmp_path)
     with pytest.raises(ConfigError, match="is a symbolic link"):
         RecordIndex(folder)
     assert target.read_bytes() == b"theirs"

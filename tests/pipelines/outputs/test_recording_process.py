@@ -9,7 +9,6 @@ import pytest
 
 from jetpipe.pipelines.config import ConfigError
 from jetpipe.pipelines.core.events.record import EventRecord
-from jetpipe.pipelines.outputs.recording.index import INDEX_NAME
 from jetpipe.pipelines.outputs.recording.process import RecordingProcess
 from tests.pipelines.outputs.test_recording import (
     FPS,
@@ -22,6 +21,7 @@ from tests.pipelines.outputs.test_recording import (
     _Source,
     _video,
     _wait,
+    linked_index,
     needs_ffmpeg,
 )
 
@@ -84,11 +84,7 @@ def test_the_recording_process_writes_the_segments_and_the_serving_process_only_
 
 
 def test_a_refusal_at_the_start_is_the_recording_processs_one_line(tmp_path):
-    folder = tmp_path / "rec"
-    folder.mkdir()
-    target = tmp_path / "theirs"
-    target.write_bytes(b"theirs")
-    os.symlink(target, folder / INDEX_NAME)
+    folder, target = linked_index(tmp_path)
     with pytest.raises(ConfigError, match="is a symbolic link"):
         RecordingProcess(_config(folder), 5.0, 5.0, 64)
     assert target.read_bytes() == b"theirs"

@@ -24,6 +24,7 @@ from jetpipe.video import Packet
 log = logging.getLogger(__name__)
 
 HEALTH = {1: NO_ROOM, 2: THREAD_STOPPED}
+CODES = {why: code for code, why in HEALTH.items()}  # recorder.health()'s answer -> the shared byte
 PR_SET_PDEATHSIG = 1
 
 
@@ -122,7 +123,7 @@ def _serve(conn, recorder, state, ring_bytes: int) -> None:
             recorder.follow(stream_id, described, rings[stream_id], mode)
         else:
             _apply(recorder, rings, *message[1:])
-        state.value = next((code for code, why in HEALTH.items() if why == recorder.health()), 0)
+        state.value = CODES.get(recorder.health(), 0)
 
 
 def _apply(recorder, rings: dict, gops: list, entries: list, offsets: dict, ended: list) -> None:

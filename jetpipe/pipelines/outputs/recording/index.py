@@ -77,7 +77,6 @@ def _fill_media_events(db: sqlite3.Connection) -> None:
         db.executemany("INSERT OR IGNORE INTO media_events VALUES (?, ?)", pairs)
 
 
-
 EVENT_STREAM, EVENT_TIME, EVENT_PTS = 1, 2, 3  # an event row's places (event_row)
 
 
@@ -85,6 +84,7 @@ def event_row(event) -> tuple:
     """An event record's row of the events table (its JSON line is the sinks' own, made once)."""
     return (event.event_id, event.stream, event.time, event.pts, event.type, event.rule, event.label,
             event.track_id, event.json())
+
 
 @dataclass
 class Segment:

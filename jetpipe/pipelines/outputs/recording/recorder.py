@@ -31,9 +31,9 @@ RETAIN_S = 5.0
 EVENT_LAG_S = 15.0   # an event reaches the recorder at most this long after its frame was captured (events mode)
 KEEP_S = 4.0         # the ring keeps at least this much for the recorder (it follows a GOP behind, every POLL_S)
 CLOSE_WAIT_S = 10.0  # at the stop, the last GOPs are written within this
-INDEXED = ("clip_ready", "snapshot_ready")
+INDEXED = ("clip_ready", "snapshot_ready")  # with the event types: the records the index keeps
 NO_ROOM = "recording: no room on its disk or in its budget, stretches not recorded"  # health()
-THREAD_STOPPED = "recording: its thread stopped"  # with the event types: the records the index keeps
+THREAD_STOPPED = "recording: its thread stopped"
 
 
 class Recorder:
@@ -53,7 +53,7 @@ class Recorder:
         self.gap_s = 0.5  # a jump in the stream's clock beyond this between GOPs is a gap
         self.streams: dict[int, StreamRecording] = {}
         self.gone: list[StreamRecording] = []  # removed streams (their counts stay in the summary)
-        self.inbox: deque = deque()   # records from the bus (appended in the producers' threads), or their entries
+        self.inbox: deque = deque()   # the index's entries of records (indexed_entry), as they come
         self.room = Room(config, self.max_bytes)
         self.cond = threading.Condition()
         self.closing = False
@@ -82,17 +82,6 @@ class Recorder:
         if recording is not None:
             recording.ring.end()
             recording.removed = True
-
-    # -- records (the bus; producers' threads) ------------------------------------------------------------------
-    def on_frame(self, record) -> None:
-        """A frame's record: the stream's clock against the wall clock (one store a frame)."""
-        recording = self.streams.get(record.stream)
-        if recording is not None and record.pts is not None:
-            recording.seen_offset = record.t_capture - record.pts
-
-    def on_record(self, record) -> None:
-        """An event, clip_ready or snapshot_ready record: indexed by the thread."""
-        self.inbox.append(record)
 
     # -- the thread ---------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -128,8 +117,6 @@ class Recorder:
         events = []
         for _ in range(len(self.inbox)):
             entry = self.inbox.popleft()
-            if not isinstance(entry, tuple):
-                entry = indexed_entry(entry)
             if entry[0] == "clip":
                 _, path, stream, start, end, size, of = entry
                 offset = self._offset(stream)
