@@ -291,21 +291,26 @@ class NvdecSource:
                 if early is not None:
                     ring.add(early)
             self._opened_packets = None
-        kept = self._ring_packet(packet, size)
-        if kept is not None:
-            ring.add(kept)
+        times = self._times(packet)
+        if times is not None:  # copied from the demuxer's buffer (into a recording's arena: no bytes object made)
+            ring.add_from(packet.bsl_data, size, *times, int(packet.duration or 0), bool(packet.key))
         ring.clocked(started)  # the summary's clips.cpu_s
 
     def _ring_packet(self, packet, size: int) -> RingPacket | None:
         """The packet as a ring keeps it, its bytes copied (the demuxer reuses its buffer); None without a time."""
+        times = self._times(packet)
+        if times is None:
+            return None
+        return RingPacket(times[0], ctypes.string_at(packet.bsl_data, size), *times[1:], int(packet.duration or 0),
+                          bool(packet.key))
+
+    def _times(self, packet) -> tuple | None:
+        """(t on the frames' clock, pts, dts) of a demuxed packet; None where it has neither time."""
         pts, dts = packet.pts, packet.dts
         pts = None if pts is None or pts == NO_TIME else int(pts)
         dts = None if dts is None or dts == NO_TIME else int(dts)
         at = pts if pts is not None else dts
-        if at is None:
-            return None
-        return RingPacket(at * self._timebase, ctypes.string_at(packet.bsl_data, size), pts, dts,
-                          int(packet.duration or 0), bool(packet.key))
+        return None if at is None else (at * self._timebase, pts, dts)
 
     @property
     def bit_rate(self) -> float:

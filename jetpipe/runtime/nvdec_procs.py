@@ -102,6 +102,11 @@ class PacketBatch(KeepClock):
     def add(self, packet) -> None:
         self.packets.append((packet.t, packet.data, packet.pts, packet.dts, packet.duration, packet.key))
 
+    def add_from(self, address: int, size: int, t: float, pts: int | None, dts: int | None, duration: int,
+                 key: bool) -> None:
+        """A packet's bytes at address, in the demuxer's buffer (it reuses it): copied."""
+        self.packets.append((t, ctypes.string_at(address, size), pts, dts, duration, key))
+
     def take(self) -> tuple | None:
         """(time base, Annex B codec, packets) of what was kept since the last take; None if nothing was."""
         if not self.packets:

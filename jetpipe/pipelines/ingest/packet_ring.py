@@ -18,10 +18,12 @@ from the packets themselves).
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from jetpipe.pipelines.ingest.packet_arena import PacketArena
 from jetpipe.video import KeepClock, Packet
 
 BACKWARDS_S = 1.0  # a packet this much older than the newest is a clock that went back (B-frames: a few frames)
@@ -56,12 +58,15 @@ class PacketRing(KeepClock):
         self.on_restart = None  # called (the source's thread) before the ring starts again: clips waiting take
         #                         their packets (the clips' thread cuts them)
         self.generation = 0  # counts the ring's starts again (a reader that follows it: the recorder)
+        self.arena: PacketArena | None = None  # the recording's, where it records the stream too (link_arena)
 
     def add(self, packet: Packet) -> None:
         """One demuxed packet (the source's capture thread). Packets before the first keyframe decode to
         nothing on their own: not kept. This runs for every packet of every stream, in a thread that has just
         woken for its frame (where each Python step costs several times what it does in a warm loop), so it
         does as little as it can: old GOPs go when a new one starts, or when the bytes pass max_bytes."""
+        if self.arena is not None:
+            self.arena.add(packet)
         t, size = packet.t, len(packet.data)
         if t < self.newest - BACKWARDS_S:  # the clock went back (a loop, a reset): start again
             if self.on_restart is not None:
@@ -86,6 +91,11 @@ class PacketRing(KeepClock):
                 self.newest = t
             if packet.key or self.bytes > self.max_bytes:
                 self._trim()
+
+    def add_from(self, address: int, size: int, t: float, pts: int | None, dts: int | None, duration: int,
+                 key: bool) -> None:
+        """A packet's bytes at address, in a buffer its demuxer reuses (NVDEC's): copied (as PacketArena's)."""
+        self.add(Packet(t, ctypes.string_at(address, size), pts, dts, duration, key))
 
     def pin(self, key: int, start: float) -> None:
         """Keep what a waiting clip starts with until unpin(key)."""
@@ -149,8 +159,10 @@ def shared_ring(source, keep_s: float, max_bytes: int) -> PacketRing:
     """The ring the source keeps its packets in, made where it has none (the clips and the recorder read one
     ring a stream: each packet is copied once), widened to keep at least keep_s and max_bytes."""
     ring = source.packet_ring
-    if ring is None:
-        ring = PacketRing(keep_s, max_bytes, source.source_uri.location, None)
+    if ring is None or isinstance(ring, PacketArena):  # (the recording's arena: kept beside the ring)
+        arena, ring = ring, PacketRing(keep_s, max_bytes, source.source_uri.location, None)
+        if arena is not None:
+            ring.time_base, ring.annexb, ring.arena = arena.time_base, arena.annexb, arena
         source.packet_ring = ring
     else:
         with ring.lock:

@@ -439,6 +439,8 @@ def test_a_jetsons_gstreamer_pipeline_keeps_its_packets_for_clips(tmp_path, monk
     from jetpipe.pipelines.ingest.sources import EndOfStream, gstreamer
     from jetpipe.pipelines.ingest.sources.ffmpeg import probe
 
+    if shutil.which("gst-inspect-1.0") is None:
+        pytest.skip("GStreamer's tools are not installed (gstreamer1.0-tools)")
     for element in ("openh264dec", "mpegtsmux", "h264parse", "parsebin"):
         if subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode != 0:
             pytest.skip(f"GStreamer's {element} is not installed (gstreamer1.0-plugins-bad / -base)")

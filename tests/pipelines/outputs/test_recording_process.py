@@ -61,11 +61,11 @@ def test_the_recording_process_writes_the_segments_and_the_serving_process_only_
         recorder.on_frame(SimpleNamespace(stream=3, pts=0.0, t_capture=WALL))
         recorder.on_record(EventRecord("line_cross", "door", 3, 90, 3.0, WALL + 3.0, 7, "person", 0, 0.9,
                                        [0, 0, 1, 1], {}, {}))
-        ring = source.packet_ring
+        arena = source.packet_ring
         _feed(source, packets, base, sample=look, pace_gops=0.02)
         # the last segment stays open in the recording process until the stop
         _wait(lambda: look() or theirs, timeout=60)
-        assert ring.pins["forwarding"] > 0  # the serving side lets go of what it handed over
+        _wait(lambda: arena.read_to() > 0)  # the recording process gives the arena's room back
     finally:
         recorder.close()
     assert not mine and theirs
@@ -79,7 +79,7 @@ def test_the_recording_process_writes_the_segments_and_the_serving_process_only_
     assert rows[0][6] == rows[1][6] == 1 and rows[-1][6] == 0  # within 5 s of the event at 3 s: held
     assert _index(folder, "SELECT stream, rule, label FROM events") == [(3, "door", "person")]
     summary = recorder.summary()
-    assert summary["segments"] == 6 and summary["lost_gops"] == 0
+    assert summary["segments"] == 6 and summary["lost_gops"] == 0 and summary["unkept_packets"] == 0
     assert summary["recording_process_s"] > 0 and summary["serving_process_s"] >= summary["forwarding_s"] > 0
 
 
@@ -120,8 +120,33 @@ def test_a_removed_streams_ring_is_handed_over_to_its_end_and_its_last_segment_c
         _feed(gone, packets, base)
         recorder.removed(0)
         _wait(lambda: _index(folder, "SELECT COUNT(*), SUM(open) FROM segments WHERE stream = 0") == [(3, 0)])
-        assert 0 not in recorder.forwarded and "forwarding" not in gone.packet_ring.pins
+        assert 0 not in recorder.forwarded and gone.packet_ring.stopped
         assert _index(folder, "SELECT COUNT(*) FROM segments WHERE stream = 1") == [(1,)]  # open, recording on
     finally:
         recorder.close()
     assert _index(folder, "SELECT COUNT(*), SUM(open) FROM segments WHERE stream = 1") == [(1, 0)]
+
+
+@needs_ffmpeg
+def test_a_looped_files_passes_are_each_recorded_to_their_end(tmp_path):
+    """NVDEC's looped file: the packets' clock starts again at each pass. The recording process makes the GOPs
+    from the packets it reads (the serving process only copies them): each pass's last GOP is whole when the
+    next pass starts, and each pass is written in segments of its own."""
+    video = _video(tmp_path / "in.mp4", seconds=6)
+    packets, base = _packets(video, passes=1)
+    folder = tmp_path / "rec"
+    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    try:
+        source = _Source(str(video))
+        recorder.attach(0, source, "all")
+        source.packet_ring.time_base = base
+        for p in packets + packets:
+            source.packet_ring.add(p)
+        source.packet_ring.end()
+        # the second pass's last segment stays open until the stop (the stream may go on)
+        _wait(lambda: _index(folder, "SELECT COUNT(*), SUM(open) FROM segments") == [(6, 1)])
+    finally:
+        recorder.close()
+    rows = _index(folder, "SELECT t0, t1, packets, path FROM segments ORDER BY id")
+    assert [t for t0, t1, _, _ in rows for t in (t0, t1)] == pytest.approx([0, 2, 2, 4, 4, 6] * 2, abs=0.1)
+    assert all(count == 2 * FPS == _decodes(folder / path) for _, _, count, path in rows)

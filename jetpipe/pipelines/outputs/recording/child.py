@@ -1,9 +1,10 @@
-"""The recording process (process.py spawns it): a Recorder (recorder.py) writing from its own copy of each
-stream's ring, which the serving process's passes fill with whole GOPs.
+"""The recording process (process.py spawns it): a Recorder (recorder.py) writing from its own ring of each
+stream, filled with the packets the serving process's passes describe in the stream's arena.
 
-Messages from the serving process: ("attach", stream, described, mode, template), ("pass", gops, entries,
-offsets, ended), ("close",). To it: ("ready", repaired) or ("refused", one line) at the start, ("summary",
-counts) at the end. Its health goes through a shared byte (HEALTH), read by the serving process's /healthz.
+Messages from the serving process: ("attach", stream, described, mode, template, capacity) and the arena's file
+descriptor after it, ("pass", streams, entries, offsets, ended), ("close",). To it: ("ready", repaired) or
+("refused", one line) at the start, ("summary", counts) at the end. Its health goes through a shared byte
+(HEALTH), read by the serving process's /healthz.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import signal
 import threading
 import time
 from collections import deque
+from multiprocessing.reduction import recv_handle
 
 from jetpipe.pipelines.config import ConfigError
-from jetpipe.pipelines.ingest.packet_ring import Gop
+from jetpipe.pipelines.ingest.packet_arena import ArenaReader
+from jetpipe.pipelines.ingest.packet_ring import BACKWARDS_S, Gop
 from jetpipe.pipelines.outputs.recording.recorder import NO_ROOM, THREAD_STOPPED, Recorder
 from jetpipe.video import Packet
 
@@ -29,28 +32,47 @@ PR_SET_PDEATHSIG = 1
 
 
 class ForwardedRing:
-    """A stream's GOPs as the serving process handed them over, in its ring's passes (`generation`: the
-    stream's clock went back there), all whole. What the recording wrote goes (pin); what waits is held up to
-    max_bytes (the oldest go first: a gap the recording counts, as where the source's ring let GOPs go)."""
+    """A stream's packets as the serving process handed them over, in GOPs: one is whole once the next
+    keyframe came, or its stream ended (close_gop). The passes of the stream's clock (it went back: a looped
+    file, a camera's reset) are kept apart (`generation`), each written to its end. What the recording wrote
+    goes (pin); what waits is held up to max_bytes (the oldest go first: a gap the recording counts)."""
 
     def __init__(self, template: str, max_bytes: int):
         self.template, self.max_bytes = template, max_bytes
         self.time_base = None
         self.annexb = None
         self.lock = threading.Lock()
-        self.gops: deque[tuple[int, Gop]] = deque()
+        self.gops: deque[tuple[int, Gop]] = deque()  # whole
         self.bytes = 0
+        self.open: Gop | None = None  # the GOP packets are still coming for (this process's main thread)
+        self.passes = 0               # the stream's clock went back this many times
         self.newest = float("-inf")
-        self.generation = -1
+        self.generation = -1          # the pass being followed
         self.ended = False
         self.cpu_s = 0.0  # (this process's time is counted whole)
 
-    def put(self, generation: int, packets: list[Packet]) -> None:
-        gop = Gop(packets, sum(len(p.data) for p in packets))
+    def add(self, packet: Packet) -> None:
+        if packet.t < self.newest - BACKWARDS_S:  # a new pass: the last one's GOP is whole
+            self.close_gop()
+            self.passes += 1
+            self.newest = float("-inf")
+        if packet.key:
+            self.close_gop()
+            self.open = Gop()
+        elif self.open is None:  # before a keyframe (the stream's first, or after packets that were not kept)
+            return
+        self.open.packets.append(packet)
+        self.open.bytes += len(packet.data)
+        if packet.t > self.newest:
+            self.newest = packet.t
+
+    def close_gop(self) -> None:
+        gop, self.open = self.open, None
+        if gop is None:
+            return
         with self.lock:
-            self.gops.append((generation, gop))
+            self.gops.append((self.passes, gop))
             self.bytes += gop.bytes
-            self.newest = max(p.t for p in packets)
             while self.bytes > self.max_bytes and len(self.gops) > 1:
                 self.bytes -= self.gops.popleft()[1].bytes
 
@@ -109,29 +131,38 @@ def recording_main(conn, config, before_s: float, after_s: float, ring_mb: float
 
 def _serve(conn, recorder, state, ring_bytes: int) -> None:
     """Messages applied until ("close",) or the serving process's end."""
-    rings: dict[int, ForwardedRing] = {}
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
-        if message[0] == "close":
-            return
-        if message[0] == "attach":
-            _, stream_id, described, mode, template = message
-            rings[stream_id] = ForwardedRing(template, ring_bytes)
-            recorder.follow(stream_id, described, rings[stream_id], mode)
-        else:
-            _apply(recorder, rings, *message[1:])
-        state.value = CODES.get(recorder.health(), 0)
+    rings: dict[int, tuple[ForwardedRing, ArenaReader]] = {}
+    try:
+        while True:
+            try:
+                message = conn.recv()
+                if message[0] == "attach":
+                    arena = ArenaReader(recv_handle(conn), message[5])
+            except (EOFError, OSError):
+                return
+            if message[0] == "close":
+                return
+            if message[0] == "attach":
+                _, stream_id, described, mode, template, _ = message
+                rings[stream_id] = (ForwardedRing(template, ring_bytes), arena)
+                recorder.follow(stream_id, described, rings[stream_id][0], mode)
+            else:
+                _apply(recorder, rings, *message[1:])
+            state.value = CODES.get(recorder.health(), 0)
+    finally:
+        for _, arena in rings.values():
+            arena.close()
 
 
-def _apply(recorder, rings: dict, gops: list, entries: list, offsets: dict, ended: list) -> None:
-    for stream_id, generation, time_base, annexb, packets in gops:
-        ring = rings.get(stream_id)
+def _apply(recorder, rings: dict, streams: list, entries: list, offsets: dict, ended: list) -> None:
+    for stream_id, time_base, annexb, packets, last in streams:
+        ring, arena = rings.get(stream_id, (None, None))
         if ring is not None:
             ring.time_base, ring.annexb = time_base, annexb
-            ring.put(generation, [Packet(*fields) for fields in packets])
+            for packet in arena.packets(packets):
+                ring.add(packet)
+            if last:
+                ring.close_gop()
     recorder.inbox.extend(entries)
     for stream_id, offset in offsets.items():
         recording = recorder.streams.get(stream_id)
@@ -139,7 +170,9 @@ def _apply(recorder, rings: dict, gops: list, entries: list, offsets: dict, ende
             recording.seen_offset = offset
     for stream_id in ended:
         recorder.removed(stream_id)
-        rings.pop(stream_id, None)
+        _, arena = rings.pop(stream_id, (None, None))
+        if arena is not None:
+            arena.close()
 
 
 def _dies_with(parent: int) -> bool:

@@ -1,12 +1,13 @@
-"""The recording in a process of its own (`--record DIR`): the serving process keeps each stream's packets in its
-ring, as for clips, and every POLL_S hands the recording process what is new in one message: the whole GOPs,
-the index's entries of the records that came (events, clips, snapshots) and the streams' clocks against the
-wall clock. The recording process (child.py) writes the segments, the index and the budget with the same
-Recorder a one-process recording used, from its own copy of each ring.
+"""The recording in a process of its own (`--record DIR`): each stream's source copies its packets into an
+arena the recording process maps too (ingest/packet_arena.py), and every POLL_S the serving process hands over
+what is new in one message: the packets' places in the arenas, the index's entries of the records that came
+(events, clips, snapshots) and the streams' clocks against the wall clock. The recording process (child.py)
+copies the packets out into its own ring of each stream and writes the segments, the index and the budget with
+the same Recorder a one-process recording used.
 
 Why a process: muxing, writing and indexing 16 busy 1080p30 streams took 3.9 % of the serving process's CPU,
 inside its GIL, beside the frames (issue 67 asks for 1 %), and a slow disk's writes waited there. Handing a
-pass over costs a tuple a packet and one pipe write.
+pass over costs a tuple of seven numbers a packet and one pipe write.
 
 The recording process dies with the serving process (kill -9 included: the index is repaired at the next start,
 as before); a stop asks it to write what the rings hold and waits for it within CLOSE_WAIT_S.
@@ -21,16 +22,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from multiprocessing.reduction import send_handle
 from pathlib import Path
 
 from jetpipe.pipelines.config import EVENT_TYPES, ConfigError, media_reserve
-from jetpipe.pipelines.ingest.packet_ring import shared_ring
+from jetpipe.pipelines.ingest.packet_arena import PacketArena, arena_bytes, link_arena
 from jetpipe.pipelines.outputs.recording.budget import Room
 from jetpipe.pipelines.outputs.recording.child import HEALTH, recording_main
 from jetpipe.pipelines.outputs.recording.recorder import (
     CLOSE_WAIT_S,
     INDEXED,
-    KEEP_S,
     POLL_S,
     indexed_entry,
     recordable,
@@ -39,14 +40,12 @@ from jetpipe.pipelines.outputs.recording.recorder import (
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0  # the process is spawned (imports) and opens and repairs the index within this
-PIN = "forwarding"       # the ring's pin: what was not handed over yet is kept (up to the ring's max_bytes)
 
 
 @dataclass
 class Forwarded:
-    ring: object                   # ingest.packet_ring.PacketRing: the source's
-    generation: int = -1           # the ring's pass being followed
-    cursor: float = float("-inf")  # the start of the last GOP handed over
+    arena: PacketArena      # the stream's: its source copies the packets in
+    source: object          # (its ring, the arena or a clips ring beside it, has the time base)
     removed: bool = False
 
 
@@ -79,7 +78,7 @@ class RecordingProcess:
         self.cond = threading.Condition()
         self.closing = False
         self.forwarding_s = 0.0         # the forwarding thread's CPU time, when it ended
-        self.forgotten_rings_s = 0.0    # removed streams' rings' time
+        self.forgotten = [0.0, 0]       # removed streams' arenas' CPU time and packets not kept
         self.written: dict | None = None  # the process's summary, at the stop
         self.thread = threading.Thread(target=self._run, name="recording-forward", daemon=True)
         self.thread.start()
@@ -88,17 +87,23 @@ class RecordingProcess:
     def attach(self, stream_id: int, source, mode: str, at_start: bool = True) -> None:
         if not recordable(stream_id, source, mode, self.room, at_start):
             return
-        ring = shared_ring(source, KEEP_S, self.ring_bytes)
-        ring.pin(PIN, float("-inf"))  # kept from its first packet until handed over
-        self._send(("attach", stream_id, source.describe(), mode, ring.template))
+        arena = PacketArena(arena_bytes(source.bit_rate, self.ring_bytes))
+        try:
+            with self.send_lock:  # the descriptor right after its attach
+                self.conn.send(("attach", stream_id, source.describe(), mode, source.source_uri.location,
+                                arena.capacity))
+                send_handle(self.conn, arena.fd, self.process.pid)
+        finally:
+            arena.handed_over()
+        link_arena(source, arena)
         with self.cond:
-            self.forwarded[stream_id] = Forwarded(ring)
+            self.forwarded[stream_id] = Forwarded(arena, source)
 
     def removed(self, stream_id: int) -> None:
-        """The stream was removed: what its ring holds is handed over, then it is forgotten (the thread)."""
+        """The stream was removed: what its arena holds is handed over, then it is forgotten (the thread)."""
         forwarded = self.forwarded.get(stream_id)
         if forwarded is not None:
-            forwarded.ring.end()
+            forwarded.arena.stop()
             forwarded.removed = True
 
     def on_frame(self, record) -> None:
@@ -130,31 +135,25 @@ class RecordingProcess:
             self.forwarding_s = time.thread_time()
 
     def _forward(self, last_too: bool) -> None:
-        """What is new since the last pass, in one message: each stream's whole GOPs (as tuples of the packets'
-        fields: a dataclass pickles at several times the price), the records' entries, the clocks' offsets,
-        and the removed streams whose rings were handed over to their end."""
-        gops, ended = [], []
+        """What is new since the last pass, in one message: each stream's packets (their places in its arena),
+        and whether its last GOP is whole (its stream ended, or was removed, or the stop); the records'
+        entries; the clocks' offsets; the removed streams (handed over to their end)."""
+        streams, ended = [], []
         for stream_id, forwarded in list(self.forwarded.items()):
-            ring = forwarded.ring
-            last = last_too or ring.ended
-            generation, whole = ring.whole_gops_after(forwarded.cursor, last)
-            if generation != forwarded.generation:  # the stream's clock went back: a new pass of the ring
-                forwarded.generation, forwarded.cursor = generation, float("-inf")
-                generation, whole = ring.whole_gops_after(forwarded.cursor, last)
-            for gop in whole:
-                gops.append((stream_id, generation, ring.time_base, ring.annexb,
-                             [(p.t, p.data, p.pts, p.dts, p.duration, p.key) for p in gop.packets]))
-            if whole:
-                forwarded.cursor = whole[-1].start
-                ring.pin(PIN, forwarded.cursor)
-            if forwarded.removed and ring.ended:
-                ring.unpin(PIN)
-                self.forgotten_rings_s += ring.cpu_s
+            arena = forwarded.arena
+            packets, last = arena.take()
+            last = last or last_too or forwarded.removed
+            if packets or last:
+                ring = forwarded.source.packet_ring or arena
+                streams.append((stream_id, ring.time_base, ring.annexb, packets, last))
+            if forwarded.removed:
+                self.forgotten[0] += arena.cpu_s
+                self.forgotten[1] += arena.lost
                 ended.append(stream_id)
                 with self.cond:
                     del self.forwarded[stream_id]
         entries = [indexed_entry(self.inbox.popleft()) for _ in range(len(self.inbox))]
-        self._send(("pass", gops, entries, dict(self.offsets), ended))
+        self._send(("pass", streams, entries, dict(self.offsets), ended))
 
     def _send(self, message: tuple) -> None:
         with self.send_lock:
@@ -180,7 +179,7 @@ class RecordingProcess:
 
     def summary(self) -> dict:
         """The process's counts (at the stop), with the CPU time recording cost: the serving process's part
-        (keeping packets in the rings, where no clips keep them anyway, and handing them over) apart."""
+        (copying packets into the arenas, and handing them over) apart."""
         written = dict(self.written or {"folder": str(self.folder), "segments": 0, "failed": 0, "lost_gops": 0,
                                         "refused_gops": 0, "removed_for_room": 0, "bytes": 0,
                                         "process_exited": self.process.exitcode is not None})
@@ -188,9 +187,11 @@ class RecordingProcess:
         process_s = written.pop("process_s", 0.0)
         for key in ("cpu_s", "writing_s", "rings_s"):
             written.pop(key, None)
-        kept = sum(f.ring.cpu_s for f in list(self.forwarded.values())) + self.forgotten_rings_s
+        arenas = [f.arena for f in list(self.forwarded.values())]
+        kept = sum(a.cpu_s for a in arenas) + self.forgotten[0]
         serving = kept + self.forwarding_s
-        return {**written, "cpu_s": round(process_s + serving, 3), "serving_process_s": round(serving, 3),
+        return {**written, "unkept_packets": sum(a.lost for a in arenas) + self.forgotten[1],
+                "cpu_s": round(process_s + serving, 3), "serving_process_s": round(serving, 3),
                 "rings_s": round(kept, 3), "forwarding_s": round(self.forwarding_s, 3),
                 "recording_process_s": round(process_s, 3)}
 
