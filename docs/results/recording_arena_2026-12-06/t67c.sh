@@ -15,8 +15,8 @@ if [ "${PART:-1}" = 1 ]; then
   [ -d /tmp/det ] || python -m jetpipe convert ppocr-det -o /tmp/det --max-batch 8 --quiet >/dev/null 2>&1; ls /tmp/det
   # each file within its own bound (a first try hung: a decode process's batch lacked add_from, and its stream
   # reopened until the call's limit)
-  for f in tests/pipelines/outputs/test_recording_gpu.py tests/pipelines/outputs/test_clips_gpu.py \
-           tests/pipelines/service/test_gpus_gpu.py tests/pipelines/service/test_daemon_gpu.py; do
+  for f in ${TESTS:-tests/pipelines/outputs/test_recording_gpu.py tests/pipelines/outputs/test_clips_gpu.py \
+           tests/pipelines/service/test_gpus_gpu.py tests/pipelines/service/test_daemon_gpu.py}; do
     timeout 150 python -m pytest -q -p no:cacheprovider -m gpu $f >> $R/gpu_tests.txt 2>&1; echo "$f rc=$?" >> $R/gpu_tests.txt
   done
   grep -E "rc=|passed|failed" $R/gpu_tests.txt
