@@ -17,6 +17,7 @@ import pytest
 from jetpipe.pipelines.config import RecordConfig
 from jetpipe.pipelines.ingest.packet_ring import Packet, PacketRing
 from jetpipe.pipelines.outputs.recording.index import INDEX_NAME, RecordIndex
+from jetpipe.pipelines.outputs.recording.lock import LOCK_NAME
 from jetpipe.pipelines.outputs.recording.recorder import Recorder
 from jetpipe.pipelines.outputs.recording.segments import SegmentFile, probe, repair, template_of, whole_length
 
@@ -439,7 +440,7 @@ def test_a_killed_run_loses_at_most_its_open_segment_and_the_index_is_whole_at_t
     for row, following in zip(rows, rows[1:]):
         assert following[1] == pytest.approx(row[2], abs=1e-3)
     assert [p.name for p in beside.iterdir()] == ["keep.txt"] and (beside / "keep.txt").read_text() == "theirs"
-    ours = {INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm", "stream0"}
+    ours = {INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm", LOCK_NAME, "stream0"}
     assert {p.name for p in folder.iterdir()} <= ours
 
 

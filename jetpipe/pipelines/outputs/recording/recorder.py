@@ -22,6 +22,7 @@ from pathlib import Path
 from jetpipe.pipelines.ingest.packet_ring import shared_ring
 from jetpipe.pipelines.outputs.recording.budget import Budget, Room
 from jetpipe.pipelines.outputs.recording.index import EVENT_PTS, EVENT_STREAM, EVENT_TIME, RecordIndex, event_row
+from jetpipe.pipelines.outputs.recording.lock import hold_folder, release_folder
 from jetpipe.pipelines.outputs.recording.stream import StreamRecording
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,13 @@ class Recorder:
         self.ring_bytes = int(ring_mb * 1e6)
         self.segment_s = config.segment_s
         self.folder = Path(config.folder)
-        self.index = RecordIndex(self.folder)
-        self.repaired = self.index.repair()
+        self.lock = hold_folder(self.folder)  # before the repair: another recording's open segments are its own
+        try:
+            self.index = RecordIndex(self.folder)
+            self.repaired = self.index.repair()
+        except BaseException:
+            release_folder(self.lock)
+            raise
         self.max_bytes = config.max_size - media_reserve  # the segments' and the index's share
         self.budget = Budget(self.index, self.max_bytes, config.min_free)
         self.gap_s = 0.5  # a jump in the stream's clock beyond this between GOPs is a gap
@@ -182,7 +188,10 @@ class Recorder:
             for recording in [r for r in self.streams.values() if r.mode == "events"]:
                 self._drop(self.index.ended_before(float("inf"), held=False, stream=recording.stream))
         finally:
-            self.index.close()
+            try:
+                self.index.close()
+            finally:
+                release_folder(self.lock)
 
     # -- the run ------------------------------------------------------------------------------------------------
     def health(self) -> str | None:
