@@ -156,10 +156,11 @@ class PacketRing(KeepClock):
 
 
 def shared_ring(source, keep_s: float, max_bytes: int) -> PacketRing:
-    """The ring the source keeps its packets in, made where it has none (the clips and the recorder read one
-    ring a stream: each packet is copied once), widened to keep at least keep_s and max_bytes."""
+    """The ring the source keeps its packets in, made where it has none (the clips and a recorder in this process,
+    as the tests run one, read one ring a stream: each packet is copied once), widened to keep at least keep_s
+    and max_bytes. A serve's recording has an arena instead (packet_arena.link_arena): kept beside the ring."""
     ring = source.packet_ring
-    if ring is None or isinstance(ring, PacketArena):  # (the recording's arena: kept beside the ring)
+    if ring is None or isinstance(ring, PacketArena):
         arena, ring = ring, PacketRing(keep_s, max_bytes, source.source_uri.location, None)
         if arena is not None:
             ring.time_base, ring.annexb, ring.arena = arena.time_base, arena.annexb, arena

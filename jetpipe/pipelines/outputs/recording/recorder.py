@@ -5,10 +5,12 @@ free space (budget.py).
 One thread writes: every POLL_S it indexes the records that came (events hold the segments around them),
 then writes each stream's whole GOPs (stream.py), and every RETAIN_S removes what is past its age (and, for a
 stream recorded in `events` mode, the segments no event holds once no event can still come for them). The
-sources' threads only copy packets into the rings (as for clips); nothing here decodes or encodes.
+sources' threads only copy packets; nothing here decodes or encodes. One recorder writes a folder at a time
+(lock.py).
 
-A serve runs it in the recording process (process.py, child.py), from that process's copies of the rings; the
-tests drive it in their own process too.
+A serve runs it in the recording process (process.py, child.py), from that process's rings, filled from the
+arenas the sources copy their packets into (ingest/packet_arena.py); the tests drive it in their own process
+too, from the sources' rings.
 """
 
 from __future__ import annotations
