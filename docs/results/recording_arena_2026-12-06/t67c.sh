@@ -2,7 +2,9 @@
 # (.dev/old: each packet kept as bytes in the serving process's ring, then pickled over the pipe).
 # PART=1: the bundle and the GPU tests that recording and clips touch; PART=3: 16 live 1080p30 NVDEC streams
 # of the 72-word video, 30 s a run, two repeats, arms interleaved: this tree plain and with --record, f7aa956
-# with --record (bench_busy.py: 4 rules, a jsonl sink, the CLI's defaults otherwise).
+# with --record (bench_busy.py: 4 rules, a jsonl sink, the CLI's defaults otherwise). NOPLAIN=--no-plain: the
+# recording arms only. The old tree: mkdir -p .dev/old && git archive f7aa956 jetpipe scripts pyproject.toml |
+# tar -x -C .dev/old (send .dev/old along with .dev/kit and .dev/ff).
 set -u
 R=$OUT/t67c; mkdir -p $R
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a $R/gpu.txt
