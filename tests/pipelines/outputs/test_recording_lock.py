@@ -13,6 +13,7 @@ from jetpipe.pipelines.outputs.recording.recorder import Recorder
 from tests.pipelines.outputs.test_recording import (
     FPS,
     _config,
+    _feed,
     _index,
     _packets,
     _Source,
@@ -34,9 +35,7 @@ def test_a_second_recording_of_a_folder_waits_for_the_first_and_never_repairs_it
     try:
         source = _Source(str(video))
         first.attach(0, source, "all")
-        source.packet_ring.time_base = base
-        for p in packets[:4 * FPS]:  # 4 s of the 6: a segment closed, the next one open
-            source.packet_ring.add(p)
+        _feed(source, packets[:4 * FPS], base)  # 4 s of the 6: a segment closed, the next one open
         _wait(lambda: _index(folder, "SELECT COUNT(*), SUM(open) FROM segments")[0] == (2, 1))
         rows = _index(folder, ROWS)
         monkeypatch.setattr(lock, "WAIT_S", 0.5)

@@ -139,10 +139,7 @@ def test_a_looped_files_passes_are_each_recorded_to_their_end(tmp_path):
     try:
         source = _Source(str(video))
         recorder.attach(0, source, "all")
-        source.packet_ring.time_base = base
-        for p in packets + packets:
-            source.packet_ring.add(p)
-        source.packet_ring.end()
+        _feed(source, packets + packets, base)
         # the second pass's last segment stays open until the stop (the stream may go on)
         _wait(lambda: _index(folder, "SELECT COUNT(*), SUM(open) FROM segments") == [(6, 1)])
     finally:

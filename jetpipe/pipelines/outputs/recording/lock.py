@@ -36,7 +36,8 @@ def hold_folder(folder: Path, wait_s: float | None = None) -> int:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ConfigError(f"{path} is not a plain file: remove it")
-    deadline = time.monotonic() + (WAIT_S if wait_s is None else wait_s)
+    wait_s = WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -45,8 +46,7 @@ def hold_folder(folder: Path, wait_s: float | None = None) -> int:
             if time.monotonic() >= deadline:
                 os.close(fd)
                 raise ConfigError(f"record folder {folder} is being recorded by another jetpipe (waited "
-                                  f"{WAIT_S if wait_s is None else wait_s:.0f} s for it to end): stop it, or "
-                                  "record into another folder") from None
+                                  f"{wait_s:.0f} s for it to end): stop it, or record into another folder") from None
             time.sleep(RETRY_S)
 
 

@@ -78,7 +78,8 @@ class RecordingProcess:
         self.cond = threading.Condition()
         self.closing = False
         self.forwarding_s = 0.0         # the forwarding thread's CPU time, when it ended
-        self.forgotten = [0.0, 0]       # removed streams' arenas' CPU time and packets not kept
+        self.forgotten_rings_s = 0.0    # removed streams' arenas' CPU time
+        self.forgotten_unkept = 0       # and the packets they did not keep
         self.written: dict | None = None  # the process's summary, at the stop
         self.thread = threading.Thread(target=self._run, name="recording-forward", daemon=True)
         self.thread.start()
@@ -147,8 +148,8 @@ class RecordingProcess:
                 ring = forwarded.source.packet_ring or arena
                 streams.append((stream_id, ring.time_base, ring.annexb, packets, last))
             if forwarded.removed:
-                self.forgotten[0] += arena.cpu_s
-                self.forgotten[1] += arena.lost
+                self.forgotten_rings_s += arena.cpu_s
+                self.forgotten_unkept += arena.lost
                 ended.append(stream_id)
                 with self.cond:
                     del self.forwarded[stream_id]
@@ -188,9 +189,9 @@ class RecordingProcess:
         for key in ("cpu_s", "writing_s", "rings_s"):
             written.pop(key, None)
         arenas = [f.arena for f in list(self.forwarded.values())]
-        kept = sum(a.cpu_s for a in arenas) + self.forgotten[0]
+        kept = sum(a.cpu_s for a in arenas) + self.forgotten_rings_s
         serving = kept + self.forwarding_s
-        return {**written, "unkept_packets": sum(a.lost for a in arenas) + self.forgotten[1],
+        return {**written, "unkept_packets": sum(a.lost for a in arenas) + self.forgotten_unkept,
                 "cpu_s": round(process_s + serving, 3), "serving_process_s": round(serving, 3),
                 "rings_s": round(kept, 3), "forwarding_s": round(self.forwarding_s, 3),
                 "recording_process_s": round(process_s, 3)}
