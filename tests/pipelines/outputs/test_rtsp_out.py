@@ -135,7 +135,11 @@ def test_every_frame_reaches_each_client_and_a_killed_client_costs_nothing(tiny_
         client.thread.join(timeout=30)
         got = client.numbers
         assert len(got) >= FRAMES // 2, got  # connected while most of the file was still to come
-        assert got == list(range(got[0], got[0] + len(got))), got  # every frame, in order
+        # every frame, in order, from the one after the first: the first frame a client gets is the one the server
+        # encoded to describe the stream, then the frames pushed until the client plays it wait in the server's
+        # queue (QUEUE_FRAMES), its oldest shed when more come. On CI's loaded cores the clients' handshakes took
+        # longer than 15 frames' time ([0, 4, 5, ...]; a queue of 1 frame makes that pattern here)
+        assert got[1:] == list(range(got[1], got[1] + len(got) - 1)), got
         assert got[-1] == FRAMES - 1
     result = json.loads(summary.read_text())["summary"]
     assert result["processed"] == [FRAMES] and len(records.read_text().splitlines()) == FRAMES
