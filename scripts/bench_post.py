@@ -47,7 +47,7 @@ sys.path[:0] = [str(root / "scripts"), str(root)]
 from bench_events import RULES, make_video  # noqa: E402
 
 from jetpipe.pipelines.core.bus import RecordBus  # noqa: E402
-from jetpipe.pipelines.core.record import FrameRecord  # noqa: E402
+from jetpipe.pipelines.core.record import BatchJson, FrameRecord  # noqa: E402
 from jetpipe.pipelines.core.steps import build_steps  # noqa: E402
 from jetpipe.pipelines.outputs.sinks.lines import JsonlSink  # noqa: E402
 from jetpipe.runtime.api import Frame  # noqa: E402
@@ -194,10 +194,12 @@ def replay(bundle: Path, arrays: dict, args, out: Path) -> dict:
         events.run(packets, results)
         t3 = time.thread_time()
         records = []
-        for packet, found in zip(packets, results):
+        batch_json = BatchJson(results)  # as the daemon's emit: the batch's results JSON made together
+        for place, (packet, found) in enumerate(zip(packets, results)):
             record = FrameRecord(packet.stream, "words.mp4", packet.frame_no, round(packet.pts, 6),
                                  round(packet.t_capture, 6), round(time.time(), 6),
                                  {"queue": 1.0, "gpu": 2.0, "post": 3.0, "total": 6.0}, "text-detection", found)
+            record.batch_json = (batch_json, place)
             records.append(record)
         t4 = time.thread_time()
         for record in [*records, *published]:

@@ -24,8 +24,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jetpipe.tasks.json_numbers import COMPACT, rounded_json
+from jetpipe.tasks.json_numbers import COMPACT, rounded_json_many
 
+ROUNDED = ("boxes", "scores")  # written rounded (to a tenth, to four places) from their float32 arrays
 NO_TRACK = -1  # tracker_id of a box that is not (yet) part of a confirmed track
 
 # per-object extras a task may give (an entry per box); any other key of a results dict is the frame's
@@ -159,14 +160,21 @@ class Detections:
     def results_json(self) -> str:
         """to_results() as compact JSON text, the same bytes json.dumps gives it: the boxes and the per-object
         float arrays and the scores written in one step each (json_numbers: a busy frame's numbers were most of its
-        JSON)."""
-        if self.given is not None:
-            return json.dumps(self.to_results(), separators=COMPACT)
-        parts = [(key, rounded_json(value, 4 if key == "scores" else 1) if isinstance(value, np.ndarray)
-                  else json.dumps(value, separators=COMPACT)) for key, value in self._parts()]
-        added = self._added()
-        parts += [(key, json.dumps(value, separators=COMPACT)) for key, value in added.items()]
-        return "{" + ",".join(f"{json.dumps(key)}:{text}" for key, text in parts) + "}"
+        JSON). A batch's frames: results_json_many."""
+        return results_json_many([self])[0]
+
+    def json_parts(self) -> tuple[list[list], list[tuple[int, str, np.ndarray]]]:
+        """The results' [key, JSON text] in order, the text None where it is an array's (results_json_many writes
+        a batch's together), and those arrays: (place, key, array; boxes and scores as they are, ROUNDED)."""
+        parts, arrays = [], []
+        for key, value in self._parts(rounded=False):
+            if isinstance(value, np.ndarray):
+                arrays.append((len(parts), key, value))
+                parts.append([key, None])
+            else:
+                parts.append([key, json.dumps(value, separators=COMPACT)])
+        parts += [[key, json.dumps(value, separators=COMPACT)] for key, value in self._added().items()]
+        return parts, arrays
 
     def _added(self) -> dict:
         """What the steps add to the task's results: "track_ids", the ground's keys, "secondary"."""
@@ -182,15 +190,15 @@ class Detections:
     def _made(self) -> dict:
         return {key: value.tolist() if isinstance(value, np.ndarray) else value for key, value in self._parts()}
 
-    def _parts(self):
+    def _parts(self, rounded: bool = True):
         """(key, value) of the task's results in its order: boxes as float64 rounded to a tenth, scores to four
-        places, per-object extras' arrays as they are (to_results makes lists of them), the rest as JSON writes
-        it."""
+        places (rounded False: as they are, ROUNDED), per-object extras' arrays as they are (to_results makes lists
+        of them), the rest as JSON writes it."""
         for key in self.layout:
             if key == "boxes":
-                yield key, np.round(self.xyxy.astype(np.float64), 1)
+                yield key, np.round(self.xyxy.astype(np.float64), 1) if rounded else self.xyxy
             elif key == "scores":
-                yield key, np.round(self.confidence.astype(np.float64), 4)
+                yield key, np.round(self.confidence.astype(np.float64), 4) if rounded else self.confidence
             elif key == "classes":
                 yield key, self.class_ids.tolist()
             elif key == "labels":
@@ -207,6 +215,28 @@ class Detections:
         extras = ", ".join([*self.data, *self.frame_data])
         return (f"Detections({len(self)} objects{', tracked' if self.tracker_id is not None else ''}"
                 f"{', ' + extras if extras else ''})")
+
+
+def results_json_many(found: list[Detections]) -> list[str]:
+    """[d.results_json() for d in found]: each key's arrays of every frame written together (a batch's boxes in one
+    pass of json_numbers.rounded_json_many, its scores in another, ...), the same text as frame by frame."""
+    texts: list = [None] * len(found)
+    parts: dict[int, list] = {}  # a frame's [key, its JSON text (None: its array's, made below)]
+    arrays: dict[tuple[str, int], list] = {}  # (key, places): [(frame, part, array)]
+    for k, detections in enumerate(found):
+        if detections.given is not None:
+            texts[k] = json.dumps(detections.to_results(), separators=COMPACT)
+            continue
+        parts[k], mine = detections.json_parts()
+        for at, key, value in mine:
+            arrays.setdefault((key, 4 if key == "scores" else 1), []).append((k, at, value))
+    for (key, places), members in arrays.items():  # the boxes and scores rounded there, all at once
+        for (k, at, _), text in zip(members, rounded_json_many([value for *_, value in members], places,
+                                                               round_first=key in ROUNDED)):
+            parts[k][at][1] = text
+    for k, mine in parts.items():
+        texts[k] = "{" + ",".join(f"{json.dumps(key)}:{text}" for key, text in mine) + "}"
+    return texts
 
 
 class Ground:

@@ -63,25 +63,87 @@ def rounded_json(values: np.ndarray, places: int) -> str:
     rounded to `places` (1: tenths, 4: from 0 to 1) within the table's range."""
     if values.dtype == np.float64 and values.size and 0 < values.ndim <= MAX_DEPTH:
         table = _texts(places)
-        flat = values.ravel()
-        k = np.rint(flat * table.scale)
-        np.minimum(k, table.high, out=k)  # out of range: k / scale no longer equals the value
-        np.maximum(k, table.low, out=k)
-        if (k / table.scale == flat).all():  # np.round's arithmetic; NaN and infinities fail it
-            index = (k - table.low).astype(np.intp)
-            index *= 2
-            index += np.signbit(flat)
+        index = _indices(values.ravel(), table)
+        if index is not None:
             return _text(index.reshape(-1, values.shape[-1]), table, _separators_of(values.shape))
     return json.dumps(values.tolist(), separators=COMPACT)
 
 
-def _text(index: np.ndarray, table: _Texts, separators: _Separators) -> str:
+def rounded_json_many(arrays: list[np.ndarray], places: int, round_first: bool = False) -> list[str]:
+    """[rounded_json(a, places) for a in arrays], the arrays of one shape but their first axis (a batch's frames'
+    boxes, say) written in one pass: a frame's ~60 boxes cost about as much in calls as in numbers, so a batch's
+    frames together take less than half the time. An array the pass cannot take (empty, another shape or type,
+    a value outside the tables) is written alone, as rounded_json writes it. round_first: each array written as
+    np.round(a.astype(np.float64), places) is (the floats rounded together, not each apart)."""
+    texts: list = [None] * len(arrays)
+    floats = ("f",) if round_first else ()
+    together = [k for k, a in enumerate(arrays)
+                if (a.dtype == np.float64 or a.dtype.kind in floats) and a.size and 0 < a.ndim <= MAX_DEPTH]
+    inner = arrays[together[0]].shape[1:] if together else ()
+    together = [k for k in together if arrays[k].shape[1:] == inner]
+    if len(together) > 1:
+        table = _texts(places)
+        flat = np.concatenate([arrays[k].ravel() for k in together])
+        if round_first:
+            flat = np.round(flat.astype(np.float64, copy=False), places)
+        index = _indices(flat, table)
+        if index is not None:
+            write = _texts_nd if inner else _texts_1d  # 1-D: lists of their own lengths
+            write(index, table, [arrays[k] for k in together], together, texts)
+    return [text if text is not None else
+            rounded_json(np.round(array.astype(np.float64), places) if round_first else array, places)
+            for text, array in zip(texts, arrays)]
+
+
+def _indices(flat: np.ndarray, table: _Texts) -> np.ndarray | None:
+    """Each value's text in the table (None where any is not k / 10**places within its range)."""
+    k = np.rint(flat * table.scale)
+    np.minimum(k, table.high, out=k)  # out of range: k / scale no longer equals the value
+    np.maximum(k, table.low, out=k)
+    if not (k / table.scale == flat).all():  # np.round's arithmetic; NaN and infinities fail it
+        return None
+    index = (k - table.low).astype(np.intp)
+    index *= 2
+    index += np.signbit(flat)
+    return index
+
+
+def _texts_1d(index, table: _Texts, arrays: list, places: list, texts: list) -> None:
+    """1-D arrays: their numbers' slots in a row, a comma after all but each array's last; the bytes cut at the
+    arrays' ends."""
+    slots = table.slots[index]
+    ends = np.cumsum([len(a) for a in arrays])
+    comma = np.ones(len(slots), bool)
+    comma[ends - 1] = False
+    slots[comma] ^= COMMA
+    raw = slots.tobytes()
+    for start, end, k in zip([0, *ends[:-1].tolist()], ends.tolist(), places):
+        texts[k] = "[" + raw[SLOT * start:SLOT * end].translate(None, b" ").decode("ascii") + "]"
+
+
+def _texts_nd(index, table: _Texts, arrays: list, places: list, texts: list) -> None:
+    """Arrays of one shape but their first axis: one matrix of slots, a row an innermost list, each array's
+    separators after its rows; its bytes cut at the arrays' rows."""
+    width = arrays[0].shape[-1]
+    separators = [_separators_of(a.shape) for a in arrays]
+    rows = np.cumsum([0] + [len(found.texts) for found in separators]).tolist()
+    raw = _text(index.reshape(-1, width), table, _Separators("", np.concatenate([f.texts for f in separators])),
+                decode=False)
+    row = SLOT * (width + 1)
+    for at, k in enumerate(places):
+        texts[k] = separators[at].opening + raw[rows[at] * row:rows[at + 1] * row].translate(None, b" ").decode(
+            "ascii")
+
+
+def _text(index: np.ndarray, table: _Texts, separators: _Separators, decode: bool = True):
     """index: (innermost lists, their length) into the table."""
     width = index.shape[1]
     slots = np.empty((len(index), width + 1), WORD)
     slots[:, :width] = table.slots[index]
     slots[:, :width - 1] ^= COMMA
     slots[:, width] = separators.texts
+    if not decode:  # the slots' bytes as they are (rounded_json_many cuts them into its arrays' texts)
+        return slots.tobytes()
     return separators.opening + slots.tobytes().translate(None, b" ").decode("ascii")
 
 

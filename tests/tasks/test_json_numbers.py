@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from jetpipe.pipelines.core.record import FrameRecord
+from jetpipe.pipelines.core.record import BatchJson, FrameRecord
 from jetpipe.tasks.detections import Detections, Ground
-from jetpipe.tasks.json_numbers import rounded_json
+from jetpipe.tasks.json_numbers import rounded_json, rounded_json_many
 
 
 def _dumps(values: np.ndarray) -> str:
@@ -87,3 +87,42 @@ def test_the_separator_tables_kept_stay_within_their_bound(monkeypatch):
         assert rounded_json(values, 1) == _dumps(values)
     kept = json_numbers._separators.values()
     assert 0 < len(kept) < 199 and sum(s.texts.nbytes for s in kept) <= 20_000
+
+
+@pytest.mark.parametrize("inner", [(), (4,), (4, 2), (1, 3, 2)])
+def test_a_batchs_arrays_written_together_are_each_its_own_text(inner):
+    """A batch's frames' boxes (or scores, quads) in one pass: each frame's text as alone, whatever its count (none,
+    one, many), and beside arrays the pass cannot take (NaN, past the tables, float32, another shape)."""
+    rng = np.random.default_rng(len(inner))
+    arrays = [np.round(rng.uniform(-300, 2500, (n, *inner)), 1) for n in (60, 0, 1, 7, 60, 33)]
+    arrays[3].reshape(-1)[::3] = -0.0
+    assert rounded_json_many(arrays, 1) == [_dumps(a) for a in arrays]
+    odd = [*arrays, arrays[0].astype(np.float32), np.round(rng.uniform(0, 9, (5, 3)), 1), np.array(2.5)]
+    assert rounded_json_many(odd, 1) == [_dumps(np.asarray(a)) for a in odd]
+    arrays[4].reshape(-1)[5] = np.nan  # one array the tables cannot write: each written alone, the same
+    assert rounded_json_many(arrays, 1) == [_dumps(a) for a in arrays]
+    scores = [np.round(rng.uniform(0, 1, (n, *inner)), 4) for n in (9, 1, 40)]
+    assert rounded_json_many(scores, 4) == [_dumps(a) for a in scores]
+
+
+def test_a_batchs_records_write_the_json_each_would_alone():
+    """The daemon's batch of records: their results made together at the first json() (BatchJson), each record
+    the same bytes as alone, and made once."""
+    rng = np.random.default_rng(11)
+    found = []
+    for n in (50, 0, 3, 80):
+        boxes = np.sort(rng.uniform(0, 1900, (n, 4)), axis=1).astype(np.float32)
+        det = Detections(boxes, rng.uniform(0.2, 1, n), layout=("boxes", "scores", "quads"),
+                         data={"quads": np.round(rng.uniform(-40, 1960, (n, 4, 2)), 1)})
+        det.tracker_id = np.where(rng.uniform(size=n) < 0.7, np.arange(n), -1)
+        found.append(det)
+    found[0].xyxy[3, 1], found[2].xyxy[0, 2] = np.nan, 1e7  # written alone (json.dumps), the others together
+    found.append(Detections.from_results({"boxes": [[0.25, 1, 2, 3]], "scores": [0.5], "anything": [1]}))
+    batch = BatchJson(found)
+    records = []
+    for k, det in enumerate(found):
+        records.append(FrameRecord(k, f"cam{k}", 7, 0.2, 1e9, 1e9 + 0.01, {"total": 3.0}, "text-detection", det))
+        records[-1].batch_json = (batch, k)
+    alone = [json.dumps(r.as_dict(), separators=(",", ":")) for r in records]
+    assert records[2].json() == alone[2] and batch.found is None  # all made at the first, the arrays let go
+    assert [r.json() for r in records] == alone

@@ -12,10 +12,11 @@ however many sinks write it.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from jetpipe.tasks.detections import NO_TRACK, Detections
+from jetpipe.tasks.detections import NO_TRACK, Detections, results_json_many
 
 __all__ = ["NO_TRACK", "FrameRecord"]
 
@@ -37,6 +38,8 @@ class FrameRecord:
     # set when the frame is offered to them; not in the JSON
     scene: list | None = field(default=None, repr=False)
     _json: str | None = field(default=None, init=False, repr=False)
+    # its batch's results JSON, made together at the first record's json() (BatchJson), and its place in it
+    batch_json: tuple[BatchJson, int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.detections, Detections):
@@ -62,5 +65,24 @@ class FrameRecord:
         (Detections.results_json: their coordinates written by numpy)."""
         if self._json is None:
             head = json.dumps(self._head(), separators=(",", ":"))
-            self._json = f'{head[:-1]},"results":{self.detections.results_json()}}}'
+            results = self.detections.results_json() if self.batch_json is None else \
+                self.batch_json[0].text(self.batch_json[1])
+            self._json = f'{head[:-1]},"results":{results}}}'
         return self._json
+
+
+class BatchJson:
+    """The results JSON of a batch's frames, made for all of them at the first one's json() (results_json_many:
+    each key's numbers of every frame in one pass; frame by frame, the calls cost as much as the numbers) and
+    only then: no sink that writes JSON, none made. Under a lock: two sinks' threads may ask at once."""
+
+    __slots__ = ("found", "texts", "lock")
+
+    def __init__(self, found: list[Detections]):
+        self.found, self.texts, self.lock = found, None, threading.Lock()
+
+    def text(self, k: int) -> str:
+        with self.lock:
+            if self.texts is None:
+                self.texts, self.found = results_json_many(self.found), None
+        return self.texts[k]

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from jetpipe.pipelines.core.chain_gate import ChainGate
-from jetpipe.pipelines.core.record import FrameRecord
+from jetpipe.pipelines.core.record import BatchJson, FrameRecord
 from jetpipe.pipelines.core.secondary import frames_read
 from jetpipe.pipelines.ingest.batcher import QueuedFrame
 from jetpipe.tasks.detections import Detections, finish_detections
@@ -276,7 +276,8 @@ class StageLoops:
                         reason)
             self.metrics.count("failed", packets[index].stream)
         t_post = time.monotonic()
-        for packet, res in zip(used, results):
+        batch_json = BatchJson(results)
+        for place, (packet, res) in enumerate(zip(used, results)):
             latency = {"queue": (t_batch - packet.t_monotonic) * 1e3, "gpu": (t_gpu - t_batch) * 1e3,
                        "post": (t_post - t_gpu) * 1e3, "total": (t_post - packet.t_monotonic) * 1e3}
             self.metrics.record_result(packet.stream, latency)
@@ -284,6 +285,7 @@ class StageLoops:
             record = FrameRecord(stream.id, stream.source.uri, packet.frame_no,
                                  None if packet.pts is None else round(packet.pts, 6), round(packet.t_capture, 6),
                                  round(time.time(), 6), {k: round(v, 3) for k, v in latency.items()}, self.task, res)
+            record.batch_json = (batch_json, place)
             # a copy of the frame, before its ring slot is released; files: every frame, as inference
             self.sinks.offer(stream.id, packet.frame, record, self.runtime.frame_to_host, wait=not stream.source.live)
             self.publish(record)
