@@ -111,3 +111,23 @@ def test_told_the_cameras_motion_botsort_keeps_ids_under_a_pan():
     s, m = score(still), score(moving)
     print("pan, seed 7: without", s, "with the camera's motion", m)
     assert m["IDF1"] >= s["IDF1"] + 15 and m["IDSW"] <= s["IDSW"] / 2
+
+
+@pytest.mark.parametrize("match_iou", [0.2, 0.0])
+def test_a_seen_tracks_candidates_overlap_it_unless_a_threshold_is_zero(match_iou):
+    """The pairs a pass weighs: a track seen in the last frame only with detections its box overlaps (every
+    round's test is an IoU above 0: growing its box, as a lost track's is, only tripled the pairs of a busy
+    scene); a lost track also with those its grown expectation reaches; at a threshold of 0 (IoU 0 allowed)
+    every track's grown reach."""
+    from jetpipe.pipelines.core.tracking.botsort import BotSortTable
+
+    table = BotSortTable(BotSortParams(match_iou=match_iou, buffer=0.3))
+    box = np.array([[100.0, 100.0, 200.0, 150.0]])
+    for t in (0.0, 1 / 30):  # two streams' tracks: slot 0 will be seen, slot 1 lost
+        table.update([(0, box, [0.9], t), (1, box, [0.9], t)])
+    table.update([(0, box, [0.9], 2 / 30), (1, np.zeros((0, 4)), [], 2 / 30)])  # slot 1's object not seen
+    beside = np.array([[215.0, 100.0, 315.0, 150.0]])  # 15 px right of it: within its grown box (30 px a side)
+    found = table.update([(0, beside, [0.9], 3 / 30), (1, beside, [0.9], 3 / 30)])
+    seen_took, lost_took = (ids[0] != NO_TRACK and ids[0] == 1 for ids in found)
+    assert lost_took  # a lost track takes a detection near where it should be
+    assert seen_took == (match_iou == 0.0)  # a seen one does not take one beside it, but at IoU 0 allowed
