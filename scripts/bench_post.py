@@ -19,7 +19,8 @@ bench_events.RULES) and a jsonl sink:
   tracker   botsort's table (the rules turn it on), the batch in one pass
   events    the rules (EventStep: decided 32 frames at a time)
   records   each frame's FrameRecord, published on the record bus
-  sinks     the jsonl sink's write of every record and event (the JSON made once, by numpy where it can)
+  sinks     the jsonl sink's write of every record and event (the JSON made once, by numpy where it can; a
+            batch's results JSON made together at its first record's, as the daemon's emit shares it)
 
 Reported: each phase's thread CPU in microseconds per tracked object per frame (objects with a track ID in a
 record, as bench_busy.py counts them), their sum (the serving side's), tracked and detected boxes a frame. The GPU
