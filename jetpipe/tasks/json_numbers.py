@@ -108,29 +108,29 @@ def _indices(flat: np.ndarray, table: _Texts) -> np.ndarray | None:
     return index
 
 
-def _texts_1d(index, table: _Texts, arrays: list, places: list, texts: list) -> None:
-    """1-D arrays: their numbers' slots in a row, a comma after all but each array's last; the bytes cut at the
-    arrays' ends."""
+def _texts_1d(index, table: _Texts, arrays: list, into: list, texts: list) -> None:
+    """1-D arrays (texts[into[i]]: arrays[i]'s): their numbers' slots in a row, a comma after all but each array's
+    last; the bytes cut at the arrays' ends."""
     slots = table.slots[index]
     ends = np.cumsum([len(a) for a in arrays])
     comma = np.ones(len(slots), bool)
     comma[ends - 1] = False
     slots[comma] ^= COMMA
     raw = slots.tobytes()
-    for start, end, k in zip([0, *ends[:-1].tolist()], ends.tolist(), places):
+    for start, end, k in zip([0, *ends[:-1].tolist()], ends.tolist(), into):
         texts[k] = "[" + raw[SLOT * start:SLOT * end].translate(None, b" ").decode("ascii") + "]"
 
 
-def _texts_nd(index, table: _Texts, arrays: list, places: list, texts: list) -> None:
-    """Arrays of one shape but their first axis: one matrix of slots, a row an innermost list, each array's
-    separators after its rows; its bytes cut at the arrays' rows."""
+def _texts_nd(index, table: _Texts, arrays: list, into: list, texts: list) -> None:
+    """Arrays of one shape but their first axis (texts[into[i]]: arrays[i]'s): one matrix of slots, a row an
+    innermost list, each array's separators after its rows; its bytes cut at the arrays' rows."""
     width = arrays[0].shape[-1]
     separators = [_separators_of(a.shape) for a in arrays]
     rows = np.cumsum([0] + [len(found.texts) for found in separators]).tolist()
     raw = _text(index.reshape(-1, width), table, _Separators("", np.concatenate([f.texts for f in separators])),
                 decode=False)
     row = SLOT * (width + 1)
-    for at, k in enumerate(places):
+    for at, k in enumerate(into):
         texts[k] = separators[at].opening + raw[rows[at] * row:rows[at + 1] * row].translate(None, b" ").decode(
             "ascii")
 
