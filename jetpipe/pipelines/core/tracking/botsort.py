@@ -165,7 +165,7 @@ class BotSortTable(TrackColumns):
         lost_rows = np.flatnonzero(lost & confirmed)
         expected[lost_rows] = self._expected(lost_rows, track_t[lost_rows])
         recent = rows[track_t[rows] - self.obs_t[rows] <= p.max_lost_s]  # older: found again by their look only
-        pt, pd = self._candidates(recent, lost[recent], predicted, expected, boxes, track_frame, det_frame)
+        pt, pd = _candidates(self, recent, lost[recent], predicted, expected, boxes, track_frame, det_frame)
         seen = PassLooks.none(len(boxes)) if embed is None else looks.fetch(
             self, embed, keys, counts, boxes, looks.wanted(self, pt, pd, boxes, predicted, lost, high, track_t))
         track_free, det_free = np.ones(len(self.ids), bool), np.ones(len(boxes), bool)
@@ -192,26 +192,6 @@ class BotSortTable(TrackColumns):
                 high & det_free), boxes, expected, track_frame, det_frame))
         return self._settle(frames, slots, boxes, scores, det_frame, now, (matched_rows, matched_cols), lost,
                             det_free & high, active, seen)
-
-    def _candidates(self, recent, hidden, predicted, expected, boxes, track_frame, det_frame):
-        """The pass's (track row, detection) pairs that some round could match, track-major. A track seen in the
-        last frame is matched by IoU with its prediction or its last observation (every threshold above 0: the
-        boxes overlap); a lost one (hidden) by its grown expectation against grown detections (buffer). Swept
-        apart, the seen tracks' pairs are a third of what growing every box gave (busy text: 2,370 a pass, then
-        790 + 370)."""
-        p = self.params
-        seen, lost = recent[~hidden], recent[hidden]
-        grow = 0.0 if min(p.match_iou, p.low_iou, p.recover_iou, p.confirm_iou) > 0 else p.buffer  # 0: IoU 0 counts
-        near = _union(predicted[seen], self.obs[seen])
-        axis = None if self.passes % SWEEP_CHECK == 0 else self.sweep_axis
-        first = pairs.Candidates(_grown(near, grow), track_frame[seen], _grown(boxes, grow), det_frame, axis)
-        far = _union(_union(predicted[lost], self.obs[lost]), expected[lost])
-        second = pairs.Candidates(_grown(far, p.buffer), track_frame[lost], _grown(boxes, p.buffer), det_frame,
-                                  first.axis)
-        self.sweep_axis, self.passes = second.axis, self.passes + 1
-        both = np.concatenate([seen[first.track], lost[second.track]]) * len(boxes)
-        both += np.concatenate([first.det, second.det])
-        return np.divmod(np.sort(both, kind="stable"), len(boxes))  # two sorted runs: merged
 
     def _settle(self, frames, slots, boxes, scores, det_frame, now, matched, lost, high_left, active, seen):
         """The matches observed, the tracks that are done dropped, new ones started: each frame's IDs."""
@@ -425,6 +405,27 @@ class BotSort:
     def update(self, boxes, scores, t: float) -> np.ndarray:
         """Track IDs (int64, NO_TRACK: no confirmed track) for this frame's detections at time t (seconds)."""
         return self.table.update([(0, boxes, scores, t)])[0]
+
+
+def _candidates(table: BotSortTable, recent, hidden, predicted, expected, boxes, track_frame, det_frame):
+    """The pass's (track row, detection) pairs that some round could match, track-major. A track seen in the
+    last frame is matched by IoU with its prediction or its last observation (every threshold above 0: the
+    boxes overlap); a lost one (hidden) by its grown expectation against grown detections (buffer). Swept
+    apart, the seen tracks' pairs are a third of what growing every box gave (busy text: 2,370 a pass, then
+    790 + 370)."""
+    p = table.params
+    seen, lost = recent[~hidden], recent[hidden]
+    grow = 0.0 if min(p.match_iou, p.low_iou, p.recover_iou, p.confirm_iou) > 0 else p.buffer  # 0: IoU 0 counts
+    near = _union(predicted[seen], table.obs[seen])
+    axis = None if table.passes % SWEEP_CHECK == 0 else table.sweep_axis
+    first = pairs.Candidates(_grown(near, grow), track_frame[seen], _grown(boxes, grow), det_frame, axis)
+    far = _union(_union(predicted[lost], table.obs[lost]), expected[lost])
+    second = pairs.Candidates(_grown(far, p.buffer), track_frame[lost], _grown(boxes, p.buffer), det_frame,
+                              first.axis)
+    table.sweep_axis, table.passes = second.axis, table.passes + 1
+    both = np.concatenate([seen[first.track], lost[second.track]]) * len(boxes)
+    both += np.concatenate([first.det, second.det])
+    return np.divmod(np.sort(both, kind="stable"), len(boxes))  # two sorted runs: merged
 
 
 def _direction_agreement(table: BotSortTable, track, found, scores) -> np.ndarray:
