@@ -6,7 +6,7 @@
 
 The frame's results travel as the task made them, a typed record of arrays (tasks.detections.Detections): the
 per-frame steps and the drawing read its arrays; its JSON is made once, by the first sink that wants it (json()),
-however many sinks write it.
+however many sinks write it, and with its batch's (BatchJson: the daemon's records of a batch share one).
 """
 
 from __future__ import annotations
