@@ -1,7 +1,8 @@
 """python scenes_same_ids.py OLD_TREE NEW_TREE: both trees' botsort.py on the built-in scenes (seeds 1-3; four
 scenes of a seed a table, one frame of each a pass): how many frames got the same IDs from both."""
-import importlib.util
 import sys
+
+from tracker_ab import load  # this folder's
 
 old, new = sys.argv[1:3]
 sys.path[:0] = [new]
@@ -9,17 +10,7 @@ import numpy as np  # noqa: E402
 
 from jetpipe.calibration.tracking_scenes import SCENES, make_scene  # noqa: E402
 
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-trees = [load(f"{tree}/jetpipe/pipelines/core/tracking/botsort.py", f"botsort_{k}")
-         for k, tree in enumerate((old, new))]
+trees = [load(old, "botsort_old"), load(new, "botsort_new")]
 for name in SCENES:
     for seed in (1, 2, 3):
         scenes = [make_scene(name, seconds=8, seed=seed * 10 + s) for s in range(4)]
