@@ -28,6 +28,12 @@ ARENA_MIN_BYTES = 16_000_000  # 16 s of a busy 1080p30 stream: the recording pro
 ARENA_S = 8.0                 # or this much of a stream whose bit rate is known (a file's), where larger
 LARGEST = 4                   # a packet larger than capacity / LARGEST is not kept (it would stall the rest)
 
+# memmove that keeps the GIL. ctypes.memmove lets the GIL go for the copy (a CFUNCTYPE), and taking it back
+# among a busy serving process's threads cost a source's thread 14 us a packet where the copy costs ~2 (16
+# sources and a busy thread on the 2-core machine; an H100 host's run measured 19 us a packet in all). A copy
+# of at most a keyframe is shorter than any hand-over of the GIL.
+_copy = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(ctypes._memmove_addr)
+
 
 def arena_bytes(bit_rate: float, max_bytes: int) -> int:
     """A stream's arena: ARENA_S of it at its bit rate (0: unknown, a camera's), at least ARENA_MIN_BYTES,
@@ -81,7 +87,7 @@ class PacketArena(KeepClock):
             self.lost += 1
             return
         self.skipping = False
-        ctypes.memmove(self._base + at, address, size)
+        _copy(self._base + at, address, size)
         self.head = head + size
         self.packets.append((t, head, size, pts, dts, duration, key))
 

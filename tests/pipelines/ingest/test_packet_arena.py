@@ -165,3 +165,31 @@ def test_the_arenas_memory_is_taken_when_it_is_made_not_by_the_frames():
     if resident is None:
         pytest.skip("needs Linux's /proc/self/smaps")
     assert resident >= 4_000_000
+
+
+def test_the_copy_into_the_arena_keeps_the_gil():
+    """ctypes.memmove lets the GIL go for its copy, and taking it back among a busy process's threads cost a
+    source's thread several times the copy. Another thread ready to run must not run while packets are copied
+    (the switch interval is set long, so only a call that lets the GIL go would let it in)."""
+    import ctypes
+    import sys
+    import threading
+
+    arena = PacketArena(1_000_000)
+    arena.handed_over()
+    buffer = ctypes.create_string_buffer(b"p" * 5000, 5000)
+    go, ran = threading.Event(), []
+    other = threading.Thread(target=lambda: (go.wait(), ran.append(True)))
+    other.start()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        go.set()  # the other thread is ready now and waits for the GIL
+        for n in range(100):
+            arena.add_from(ctypes.addressof(buffer), 5000, n / 30, n, n, 1, n == 0)
+        ran_while_copying = bool(ran)
+    finally:
+        sys.setswitchinterval(interval)
+        other.join()
+    assert arena.lost == 0 and len(arena.packets) == 100
+    assert not ran_while_copying
