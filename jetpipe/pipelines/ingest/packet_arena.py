@@ -29,10 +29,11 @@ ARENA_S = 8.0                 # or this much of a stream whose bit rate is known
 LARGEST = 4                   # a packet larger than capacity / LARGEST is not kept (it would stall the rest)
 
 # memmove that keeps the GIL. ctypes.memmove lets the GIL go for the copy (a CFUNCTYPE), and taking it back
-# among a busy serving process's threads cost a source's thread 14 us a packet where the copy costs ~2 (16
-# sources and a busy thread on the 2-core machine; an H100 host's run measured 19 us a packet in all). A copy
-# of at most a keyframe is shorter than any hand-over of the GIL.
-_copy = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(ctypes._memmove_addr)
+# among a busy serving process's threads cost a source's thread 13-16 us a packet against 6 holding it (16
+# paced sources and a busy thread on the 2-core machine; on an H100 host the copies' time fell 15 %). A copy of
+# at most a keyframe is shorter than any hand-over of the GIL.
+_copy = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+    ctypes.cast(ctypes.memmove, ctypes.c_void_p).value)  # the same C function, called holding the GIL
 
 
 def arena_bytes(bit_rate: float, max_bytes: int) -> int:
