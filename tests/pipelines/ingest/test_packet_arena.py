@@ -169,27 +169,32 @@ def test_the_arenas_memory_is_taken_when_it_is_made_not_by_the_frames():
 
 def test_the_copy_into_the_arena_keeps_the_gil():
     """ctypes.memmove lets the GIL go for its copy, and taking it back among a busy process's threads cost a
-    source's thread several times the copy. Another thread ready to run must not run while packets are copied
-    (the switch interval is set long, so only a call that lets the GIL go would let it in)."""
+    source's thread several times the copy. Another thread ready to run must not run while packets are copied:
+    the switch interval is set long (no waiting thread asks for the GIL), so only a call that lets the GIL go lets
+    it in, and a 4-MB copy is long enough for it to come in then."""
     import ctypes
     import sys
     import threading
 
-    arena = PacketArena(1_000_000)
-    arena.handed_over()
-    buffer = ctypes.create_string_buffer(b"p" * 5000, 5000)
+    arena, reader = _pair(16_000_000)
+    buffer = ctypes.create_string_buffer(4_000_000)
     go, ran = threading.Event(), []
     other = threading.Thread(target=lambda: (go.wait(), ran.append(True)))
-    other.start()
     interval = sys.getswitchinterval()
     sys.setswitchinterval(30.0)
+    copied = 0
     try:
-        go.set()  # the other thread is ready now and waits for the GIL
-        for n in range(100):
-            arena.add_from(ctypes.addressof(buffer), 5000, n / 30, n, n, 1, n == 0)
+        other.start()  # it runs until it blocks in go.wait()
+        go.set()  # it is ready now and waits for the GIL
+        while copied < 50 and not ran:
+            arena.add_from(ctypes.addressof(buffer), 4_000_000, copied / 30, copied, copied, 1, True)
+            reader.packets(arena.take()[0])  # the room given back
+            copied += 1
         ran_while_copying = bool(ran)
     finally:
         sys.setswitchinterval(interval)
+        go.set()
         other.join()
-    assert arena.lost == 0 and len(arena.packets) == 100
-    assert not ran_while_copying
+        reader.close()
+    assert not ran_while_copying, f"another thread ran during copy {copied}"
+    assert copied == 50 and arena.lost == 0
