@@ -203,3 +203,23 @@ def test_every_sink_scheme_makes_a_sink_of_the_protocol(tmp_path):
         assert sink.takes_frames is (scheme in ("video", "jpeg", "rtsp"))
         assert not sink.takes_frames or callable(sink.offer)
         sink.close()
+
+
+def test_the_sinks_that_write_the_frames_json_make_its_tables_when_they_are_made(tmp_path):
+    """The numbers' text tables (json_numbers, 2 MB, ~75 ms of Python) made at the first record instead held that
+    sink's thread while the first frames came in: a sink that writes the frames' records makes them when it is
+    made (a --gpus worker's link to the face too); a broker's sink that sends the events only does not."""
+    from jetpipe.pipelines.outputs.sinks import JsonlSink, QueuedSink, StdoutSink
+    from jetpipe.pipelines.service.gpus.channel import ForwardSink
+    from jetpipe.tasks import json_numbers
+
+    made = []
+    for make in (lambda: JsonlSink(f"jsonl:{tmp_path / 'r.jsonl'}"), StdoutSink, lambda: QueuedSink("all", 10, 1.0),
+                 lambda: ForwardSink(None, records=True), lambda: QueuedSink("events", 10, 1.0),
+                 lambda: ForwardSink(None, records=False)):
+        json_numbers._tables.clear()
+        sink = make()
+        made.append(sorted(json_numbers._tables))
+        if isinstance(sink, JsonlSink):
+            sink.close()
+    assert made == [[1, 4]] * 4 + [[]] * 2

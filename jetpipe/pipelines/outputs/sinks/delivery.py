@@ -19,6 +19,7 @@ from collections import deque
 
 from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.pipelines.outputs.sinks.base import SinkBase
+from jetpipe.tasks import json_numbers
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class QueuedSink(SinkBase):
 
     def __init__(self, records: str, queue: int, drain_s: float):
         self.records, self.capacity, self.drain_s = records, queue, drain_s
+        if records == "all":
+            json_numbers.make_tables()  # the frames' records' JSON: its tables made now, not at the first record
         self.queue: deque = deque()
         self.cond = threading.Condition()
         self.sent = self.lost = 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.outputs.sinks import safe_open
 from jetpipe.pipelines.outputs.sinks.base import SinkBase, sink_options
+from jetpipe.tasks import json_numbers
 
 
 class JsonlSink(SinkBase):
@@ -30,6 +31,7 @@ class JsonlSink(SinkBase):
         else:
             fd = safe_open.create(self.path, spec, hint="name a new file, or add ?append=1 to add to it")
         self.file = os.fdopen(fd, "a", buffering=1, encoding="utf-8")  # line-buffered: a crash loses a line
+        json_numbers.make_tables()  # the frames' records' JSON: its tables made now, not at the first record
 
     def describe(self) -> str:
         return f"jsonl:{self.path}"
@@ -52,6 +54,9 @@ def _check_jsonl(fd: int, spec: str) -> None:
 
 
 class StdoutSink(SinkBase):
+    def __init__(self):
+        json_numbers.make_tables()  # the frames' records' JSON: its tables made now, not at the first record
+
     def describe(self) -> str:
         return "stdout"
 

@@ -32,6 +32,7 @@ from jetpipe.pipelines.core.events.record import EventRecord
 from jetpipe.pipelines.core.record import FrameRecord
 from jetpipe.pipelines.ingest.streams import Resume
 from jetpipe.pipelines.outputs.sinks.base import SinkBase
+from jetpipe.tasks import json_numbers
 from jetpipe.tasks.detections import NO_TRACK
 
 LENGTH = struct.Struct("<Q")
@@ -119,6 +120,8 @@ class ForwardSink(SinkBase):
 
     def __init__(self, outbox: Outbox, records: bool = True):
         self.outbox, self.records = outbox, records
+        if records:
+            json_numbers.make_tables()  # the frames' records' JSON: its tables made now, not at the first record
 
     def describe(self) -> str:
         return "face"
