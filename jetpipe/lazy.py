@@ -33,3 +33,9 @@ class LazyModule(types.ModuleType):
 
 def lazy_import(name: str) -> LazyModule:
     return LazyModule(name)
+
+
+def load(module: LazyModule) -> None:
+    """The module imported now (at start-up, where its first use would import it in the middle of serving); that
+    first use then only binds it."""
+    importlib.import_module(module.__name__)

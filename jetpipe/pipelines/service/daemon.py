@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from jetpipe import bundle as bundles
+from jetpipe import lazy
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.core.bus import RecordBus
@@ -240,6 +241,8 @@ class Pipeline:
             # only drawing (sinks, preview) and postprocessing use OpenCV, each in a thread of its own; OpenCV's
             # pool of a thread a core in every call made them fight (4.6 cores, -60 % with 8 drawing threads)
             cv2.setNumThreads(1)
+        else:  # the CPU runtime's preprocessing uses it: loaded at its first frame, it held the inference thread
+            lazy.load(cv2)
         self.server, self.preview = None, None
         if config.metrics_listen:
             self._serve_http(capacity)

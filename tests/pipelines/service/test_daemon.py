@@ -549,3 +549,20 @@ def test_the_drains_bound_drops_nothing_when_the_run_ends_in_time():
     assert slow.cut == {"after_s": 0.01, "queued_frames_dropped": 3, "sink_frames_dropped": 2}
     assert calls == ["abort", "sinks"]
     assert DrainBound(0.0, batcher, sinks).start() is None and calls == ["abort", "sinks"]  # 0: no bound
+
+
+def test_the_cpu_runtime_has_opencv_loaded_when_the_pipeline_is_made(tiny_bundle):
+    """OpenCV is imported lazily (jetpipe.lazy); the CPU runtime's preprocessing imported it at the first frame, in
+    the inference thread (30 ms on the 2-core machine, ~0.5 s cold): the daemon's start-up does it now. A fresh
+    interpreter, as a user's serve."""
+    code = ("import sys\n"
+            "from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate\n"
+            "from jetpipe.pipelines.service.daemon import Pipeline\n"
+            "config = validate(PipelineConfig(bundle=sys.argv[1], sources=[SourceConfig('synthetic:320x240@0:bgr')],\n"
+            "                                 metrics_listen='', frames=2))\n"
+            "pipeline = Pipeline(config)\n"
+            "print('cv2' in sys.modules, pipeline.runtime.backend_name)\n"
+            "pipeline.run()\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_bundle)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[:2] == ["True", "onnxruntime-cpu"]
