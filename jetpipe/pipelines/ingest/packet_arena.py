@@ -63,6 +63,7 @@ class PacketArena(KeepClock):
         # packet's copy 45 us instead of ~4 on an H100 host (a 30-s run never came round to written pages)
         ctypes.memset(ctypes.addressof(self._read), 0, HEADER + capacity)
         self.head = 0                  # where the next packet goes (bytes since the start)
+        self._free_to = capacity       # head may reach this without reading the reader's position again
         self.skipping = False          # no room was left: nothing is kept until the next keyframe
         self.packets: deque[tuple] = deque()  # (t, position, size, pts, dts, duration, key) not handed over yet
         self.time_base = self.annexb = None   # set by the source at its first packet, as a ring's
@@ -83,10 +84,14 @@ class PacketArena(KeepClock):
         if at + size > capacity:  # it would cross the end: it starts at 0
             head += capacity - at
             at = 0
-        if head + size - self._read.value > capacity or size * LARGEST > capacity:
-            self.skipping = True
-            self.lost += 1
-            return
+        if head + size > self._free_to or size * LARGEST > capacity:
+            # the reader's position is read only where the room known is short (it only grows between two reads):
+            # a ctypes read of shared memory is one more cold call a packet in a source's just-woken thread
+            self._free_to = self._read.value + capacity
+            if head + size > self._free_to or size * LARGEST > capacity:
+                self.skipping = True
+                self.lost += 1
+                return
         self.skipping = False
         _copy(self._base + at, address, size)
         self.head = head + size

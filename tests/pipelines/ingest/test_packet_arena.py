@@ -61,6 +61,23 @@ def test_a_full_arena_keeps_nothing_until_the_next_keyframe_and_counts_it():
         reader.close()
 
 
+def test_a_packet_is_never_written_over_what_the_reader_has_not_read():
+    """The writer reads the reader's position only where the room it knows of is short: room given back is seen
+    then, and what is unread is never overwritten, however far the positions have gone round."""
+    arena, reader = _pair(1000)
+    try:
+        for lap in range(3):
+            sent = [_packet(10 * lap + n, size=200, key=n == 0) for n in range(6)]
+            for p in sent:  # five fill the arena; the sixth would go over the first, unread
+                arena.add(p)
+            assert arena.lost == lap + 1
+            assert reader.packets(arena.take()[0]) == sent[:5]
+            arena.add(_packet(99, size=200, key=True))  # the room came back: it starts the next lap
+            assert reader.packets(arena.take()[0])[0].pts == 99 and arena.lost == lap + 1
+    finally:
+        reader.close()
+
+
 def test_a_removed_streams_arena_keeps_nothing_more_and_an_end_is_said_once():
     arena = PacketArena(1000)
     arena.handed_over()
