@@ -1,4 +1,4 @@
-# For the next lease (NOT RUN in session 50: its device time was spent). Issue 66 targets 1 (32 dense) and 3 (32
+# Run in session 51 (one H100 lease; results in docs/results/busy_2026-12-06_h100_s51/). Issue 66 targets 1 (32 dense) and 3 (32
 # sparse) on one H100: one process against --workers-per-gpu 2, without and with CUDA MPS, interleaved in one
 # lease. Session 50 measured one process only (32 sparse p99 41-51 ms; 32 dense 754 frames/s); session 43/45's
 # workers figures were on an H200. Send .dev/kit, the ort-gpu parts, .dev/nvdec, .dev/models, .dev/ff, .dev/av and
