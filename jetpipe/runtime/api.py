@@ -29,6 +29,8 @@ class Frame:
     hw: tuple[int, int] | None = None  # (height, width) of a device frame
     crop: tuple[int, int, int, int] | None = None  # x0, y0, x1, y1: only this part is the input (a secondary's)
     quad: Quad | None = None  # four (x, y) corners inside crop's region: warped upright into the input
+    ready: object | None = None  # a device frame: an event its readers on the GPU wait for (its copy into the slot,
+    #                             queued and not waited for: NvdecSource.read_queued); None: it is there now
 
     def size(self) -> tuple[int, int]:
         if self.device:

@@ -141,6 +141,8 @@ class FrameUpload:
         """Ring frames (pinned) are uploaded straight from their slot; other arrays are first copied into this
         buffer set's pinned staging."""
         if frame.device or (self.memory == "mapped" and frame.address is not None):
+            if frame.ready is not None:  # its copy into the slot, queued on its source's stream
+                self.streams.compute.wait_for_event(frame.ready)
             return frame.address  # device ring slot (hardware decoder) or mapped host slot: read in place
         if frame.pinned and self.memory != "mapped":
             source = frame.data.reshape(-1)

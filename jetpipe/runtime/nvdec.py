@@ -3,7 +3,10 @@
 The decoded picture never touches host memory. PyNvVideoCodec hands out its
 output surface, valid until the next Decode call; the source copies it
 device-to-device into the ring slot the frame goes to (a few microseconds for
-1080p) on its own stream, and the preprocessing kernel reads it there.
+1080p) on its own stream, and the preprocessing kernel reads it there. The
+capture thread does not wait for that copy (read_queued): the frame carries an
+event that the kernel's stream waits for, and the source waits for it only
+before its decoder's next picture, a frame period later.
 Optional (`pip install pynvvideocodec`): without it, on a Jetson (GStreamer's
 nvv4l2decoder serves there), or for a file NVDEC cannot take (not 8-bit 4:2:0,
 a codec the GPU lacks), open_nvdec() says why and returns None, and the caller
@@ -19,23 +22,20 @@ memory) and copied into the same device slots, said in the log.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import time
 from collections import deque
-from fractions import Fraction
 
 import numpy as np
 
 from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.frames import frame_shape
+from jetpipe.runtime.nvdec_packets import DemuxedPackets
 from jetpipe.uri import NETWORK_SCHEMES, SourceURI
 from jetpipe.video import EndOfStream, FrameInfo, SourceError, file_bit_rate
-from jetpipe.video import Packet as RingPacket
 
 log = logging.getLogger(__name__)
-NO_TIME = -(1 << 63)  # FFmpeg's AV_NOPTS_VALUE: a packet without a time
 
 
 def import_nvdec():
@@ -124,16 +124,12 @@ class NvdecSource:
         self._host = None          # the fallback source, once NVDEC turned out not to take the stream
         self._staging = None       # pinned host frame the fallback decodes into, copied to the slot
         self.info = None
-        self.packet_ring = None  # clips.PacketRing: each demuxed packet kept there too (clips around events)
-        self._clip_codec = None  # "h264" / "hevc": the codecs whose Annex B packets a clip is cut from
-        self._said_no_clips = False  # another codec's stream with a ring: said once
-        # the packets opening demuxed to decode its first frame (the keyframe a clip of the stream's first seconds
-        # starts with): gathered while opening (a list only then), and kept for a ring set after the opening (a
-        # file opens at construction, before clips attach) until its first packet
-        self._opening_packets: list | None = None
-        self._opened_packets: list | None = None
+        self.packet_ring = None  # clips.PacketRing / a recording's arena: each demuxed packet kept there too
+        self._kept = DemuxedPackets(uri.text)  # the packets into it (and the opening's, for a ring set later)
         with device.active():
             self._stream = device.stream()
+            self._copied = device.event(blocking=True)  # read_queued's copy: waited for at the next Decode
+        self._copy_pending = False
         if feed is None:
             self._start()  # a file NVDEC cannot take fails here, and the caller falls back
 
@@ -187,17 +183,13 @@ class NvdecSource:
         self._demuxer, self._packets = demuxer, iter(demuxer)
         self._timebase = demuxer.GetTimebaseNum() / max(1, demuxer.GetTimebaseDen())
         codec = str(demuxer.GetNvCodecId()).rsplit(".", 1)[-1].lower()
-        self._clip_codec = {"h264": "h264", "hevc": "hevc"}.get(codec)
         self._pending: deque = deque()
         self._index = 0
-        self._opening_packets = []
+        self._kept.start_opening(self._timebase, {"h264": "h264", "hevc": "hevc"}.get(codec))
         try:
             first = self._next_frame()  # size and colour come from the decoded picture
         finally:
-            opened, self._opening_packets = self._opening_packets, None
-        # a handful of packets, what the decoder took to give a picture: none where a ring already kept them, or
-        # where the codec is not one a clip is cut from (the gathering skipped them)
-        self._opened_packets = opened or None
+            self._kept.opened()
         self._pending.appendleft(first)
         height, width = int(self._decoder.GetHeight()), int(self._decoder.GetWidth())
         fps = float(demuxer.FrameRate() or 0)
@@ -253,10 +245,8 @@ class NvdecSource:
             if size == 0 and self.loop and not self.source_uri.live:  # the end, or the decoder's flush packet
                 self._rewind()
                 continue
-            if size and self.packet_ring is not None:
-                self._keep(packet, size)
-            elif size and self._opening_packets is not None and self._clip_codec is not None:
-                self._opening_packets.append(self._ring_packet(packet, size))
+            if size and (self.packet_ring is not None or self._kept.opening):
+                self._kept.demuxed(packet, size, self.packet_ring)
             if packet is None:
                 if self.source_uri.live:
                     why = f" ({self.feed.why()})" if self.feed is not None else ""
@@ -264,6 +254,9 @@ class NvdecSource:
                 raise EndOfStream(self.uri)
             try:
                 with self.device.active():
+                    if self._copy_pending:  # the surface read_queued's copy reads is the decoder's again now
+                        self._copied.synchronize()  # (done long since: a frame period ago)
+                        self._copy_pending = False
                     self._pending.extend(self._decoder.Decode(packet))
             except Exception as exc:  # a corrupt packet: counted, the stream goes on
                 if self._index == 0 and "not supported" in str(exc).lower():  # its codec/profile: before any frame
@@ -272,45 +265,6 @@ class NvdecSource:
                 if worth_logging(self._decode_errors):
                     log.warning("%s: decode error #%d: %s", self.describe(), self._decode_errors, exc)
         return self._pending.popleft()
-
-    def _keep(self, packet, size: int) -> None:
-        """The packet (Annex B, as NVDEC's demuxer gives it) into the clips' ring, on the frames' clock. It runs
-        for every packet, first thing after the thread woke for its frame, where each step costs several times
-        its warm price: each of the packet's fields is read once, and one packet in a few is timed
-        (PacketRing.clock)."""
-        ring = self.packet_ring
-        if self._clip_codec is None:
-            if not self._said_no_clips:
-                self._said_no_clips = True
-                log.warning("source %s: no clips: its codec's packets are not H.264 or HEVC", self.uri)
-            return
-        started = ring.clock()
-        if ring.time_base is None:
-            ring.time_base, ring.annexb = Fraction(self._timebase).limit_denominator(1 << 30), self._clip_codec
-            for early in self._opened_packets or ():  # demuxed at the opening, before the ring was set
-                if early is not None:
-                    ring.add(early)
-            self._opened_packets = None
-        times = self._times(packet)
-        if times is not None:  # copied from the demuxer's buffer (into a recording's arena: no bytes object made)
-            ring.add_from(packet.bsl_data, size, *times, int(packet.duration or 0), bool(packet.key))
-        ring.clocked(started)  # the summary's clips.cpu_s
-
-    def _ring_packet(self, packet, size: int) -> RingPacket | None:
-        """The packet as a ring keeps it, its bytes copied (the demuxer reuses its buffer); None without a time."""
-        times = self._times(packet)
-        if times is None:
-            return None
-        return RingPacket(times[0], ctypes.string_at(packet.bsl_data, size), *times[1:], int(packet.duration or 0),
-                          bool(packet.key))
-
-    def _times(self, packet) -> tuple | None:
-        """(t on the frames' clock, pts, dts) of a demuxed packet; None where it has neither time."""
-        pts, dts = packet.pts, packet.dts
-        pts = None if pts is None or pts == NO_TIME else int(pts)
-        dts = None if dts is None or dts == NO_TIME else int(dts)
-        at = pts if pts is not None else dts
-        return None if at is None else (at * self._timebase, pts, dts)
 
     @property
     def bit_rate(self) -> float:
@@ -330,6 +284,20 @@ class NvdecSource:
         pts = self.start_read(slot)
         self.finish_read()
         return pts
+
+    def read_queued(self, slot) -> tuple[float | None, object | None]:
+        """read_into without waiting for the copy: (the frame's time, an event its readers on the GPU wait for;
+        None where the copy was waited for). Why: waiting, a capture thread spins on a core until the GPU has
+        done the copy, and where the GPU is busy under CUDA MPS that took milliseconds a frame (32 streams on an
+        H100: 8 capture threads spun 6.6 cores and fell behind the cameras). The copy is waited for before the
+        decoder's next picture takes its surface, a frame period later."""
+        if self._host is not None:
+            return self._read_host(slot), None
+        pts = self.start_read(slot)
+        with self.device.active():
+            self._copied.record(self._stream)
+        self._copy_pending = True
+        return pts, self._copied
 
     def start_read(self, slot) -> float | None:
         """read_into's copy queued on this source's stream, not waited for; finish_read() waits, and comes
@@ -356,6 +324,7 @@ class NvdecSource:
         if self._host is None:
             with self.device.active():
                 self._stream.synchronize()
+            self._copy_pending = False
 
     def _read_host(self, slot) -> float | None:
         pts = self._host.read_into(self._staging)

@@ -179,11 +179,12 @@ class Capture:
                     yield 0.001
                     continue
                 view = ring.view(slot, info.format, info.height, info.width)
-                pts = source.read_into(view)
+                pts, ready = source.read_queued(view)
                 if frame_no is None:  # a file's frame delivered by the worker before this one (Streams.resume)
                     ring.release(slot)
                 else:  # files wait for room (every frame is processed); cameras push out their oldest frame
-                    self.queue_frame(stream, ring, slot, info, frame_no, pts, source.live, wait=not source.live)
+                    self.queue_frame(stream, ring, slot, info, frame_no, pts, source.live, wait=not source.live,
+                                     ready=ready)
                 read += 1
                 frame_no = self.streams.frame_number(handle, read)
                 if shared:
@@ -215,10 +216,12 @@ class Capture:
         # (32 NVDEC streams: the last batches waited 350 ms, the whole process frozen)
 
     def queue_frame(self, stream: int, ring, slot: int, info, frame_no: int, pts: float | None, live: bool,
-                    wait: bool) -> None:
-        """A frame its source wrote into ring slot `slot`, captured now, to the batcher (wait: for room)."""
+                    wait: bool, ready=None) -> None:
+        """A frame its source wrote into ring slot `slot`, captured now, to the batcher (wait: for room; ready:
+        the event its copy into the slot completes, where the source did not wait for it)."""
         t_capture = time.time()
         frame = ring.frame(slot, info.format, info.height, info.width, info.standard, info.range)
+        frame.ready = ready
         self.batcher.put(QueuedFrame(stream, frame_no, t_capture, frame, _releaser(ring, slot), pts=pts, live=live),
                          wait=wait)
         self.metrics.count("captured", stream)

@@ -163,3 +163,35 @@ def test_a_source_still_in_a_read_is_not_closed_under_it():
     ingest.streams, ingest.opened, ingest.decoders = streams, [], None
     ingest.close()
     assert (reading.closed, ended.closed) == (0, 1)
+
+
+
+class _QueuingCamera(SyntheticCamera):
+    """Stands for NVDEC's source: its copy into the slot left queued, an event (here a marker) to wait for."""
+
+    def read_queued(self, slot):
+        return self.read_into(slot), f"copy of frame {self.frames_read}"
+
+    def read_into(self, slot):
+        self.frames_read = getattr(self, "frames_read", 0) + 1
+        return super().read_into(slot)
+
+
+def test_a_frame_whose_copy_its_source_left_queued_carries_the_event_to_the_batch():
+    """The capture does not wait for such a copy: the frame it queues carries the event its readers on the GPU
+    wait for (tests/pipelines/ingest/test_video_gpu.py: the kernel does). A source that reads whole gives none."""
+    from jetpipe.pipelines.ingest.capture import Capture
+    from jetpipe.runtime.ring import host_ring
+
+    taken = {}
+    for name, camera in (("queuing", _QueuingCamera(64, 48, fmt="nv12")), ("whole", SyntheticCamera(64, 48))):
+        batcher = Batcher(1, max_batch=3, timeout_s=0.001, depth=8)
+        streams = SimpleNamespace(capacity=1, rings=[host_ring(4, 64 * 72)], frame_number=lambda handle, n: n)
+        config = SimpleNamespace(frames=3, reconnect_max_s=1.0)
+        capture = Capture(config, streams, batcher, SimpleNamespace(count=lambda *a: None), threading.Event())
+        handle = SimpleNamespace(slot=0, id=0, source=camera, stop=threading.Event(), done=threading.Event(),
+                                 state="running")
+        for _ in capture.steps(handle, shared=True):
+            pass
+        taken[name] = [queued.frame.ready for queued in _take_all(batcher, 3)]
+    assert taken == {"queuing": ["copy of frame 1", "copy of frame 2", "copy of frame 3"], "whole": [None] * 3}

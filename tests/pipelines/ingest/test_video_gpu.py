@@ -66,6 +66,34 @@ def _nvdec_frames(runtime, clip, count, loop=False):
     return info, frames
 
 
+def test_a_frame_whose_copy_was_queued_is_read_by_the_kernel_only_after_the_copy(runtime, clips):
+    """NvdecSource.read_queued does not wait for its copy into the slot (a capture thread spun on it); the
+    kernel's stream waits for the frame's `ready` event instead. The source's stream is held up first (a 4-GB
+    memset, milliseconds), so a kernel that did not wait would read the slot before the picture is in it."""
+    source = hardware_decoder(runtime)(uris.parse(str(clips["h264"])))
+    info = source.open()
+    ring = frame_ring(runtime, 1, (info.height, info.width), device=True)
+    view = ring.view(0, info.format, info.height, info.width)
+    cuda = runtime.device.cuda
+    with runtime.device.active():
+        cuda.memset_d8(view.address, 0, view.nbytes)  # an empty slot
+        hold = cuda.mem_alloc(4 << 30)
+        cuda.memset_d8_async(hold, 0, 4 << 30, source._stream)  # the source's stream busy before its copy
+    try:
+        _, ready = source.read_queued(view)
+        frame = ring.frame(0, info.format, info.height, info.width, info.standard, info.range)
+        frame.ready = ready
+        queued = runtime.preprocess_only([frame])
+        source.finish_read()
+        frame.ready = None
+        waited = runtime.preprocess_only([frame])
+    finally:
+        source.close()
+        hold.free()
+    assert ready is not None and np.abs(waited).sum() > 0
+    np.testing.assert_array_equal(queued, waited)
+
+
 def _ffmpeg_yuv(clip, count, source_class=FFmpegSource):
     source = source_class(uris.parse(str(clip)))
     info = source.open()

@@ -8,7 +8,7 @@ import numpy as np
 
 from jetpipe.video import EndOfStream, FrameInfo, SourceError
 
-__all__ = ["EndOfStream", "FrameInfo", "Source", "SourceError"]
+__all__ = ["EndOfStream", "FrameInfo", "Source", "SourceError", "read_whole"]
 
 
 class Source(Protocol):
@@ -31,6 +31,11 @@ class Source(Protocol):
     def read_into(self, slot: np.ndarray) -> float | None:
         """Write the next frame into `slot` (a view of this format and size); return its time in seconds."""
 
+    def read_queued(self, slot) -> tuple[float | None, object | None]:
+        """read_into, where the source may leave its copy into a device slot queued on the GPU: (its time, an
+        event the frame's readers on the GPU wait for; None: the frame is in the slot now). read_whole for a
+        source that writes the whole frame before it returns."""
+
     def interrupt(self) -> None:
         """Unblock a read or open in progress (called from another thread when stopping)."""
 
@@ -39,3 +44,8 @@ class Source(Protocol):
         progress fails); False where this source has no connection to end."""
 
     def close(self) -> None: ...
+
+
+def read_whole(source, slot) -> tuple[float | None, None]:
+    """Source.read_queued of a source whose read_into writes the whole frame into the slot."""
+    return source.read_into(slot), None

@@ -13,7 +13,7 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.lazy import lazy_import
-from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError
+from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, read_whole
 from jetpipe.uri import IMAGE_SUFFIXES, SourceURI
 
 cv2 = lazy_import("cv2")
@@ -57,6 +57,8 @@ class OpenCVSource:
             raise SourceError(f"{self.uri} reports no frame size")
         self.capture, self.info = capture, FrameInfo("bgr", height, width)
         return self.info
+
+    read_queued = read_whole  # the frame is in the slot when read_into returns
 
     def read_into(self, slot: np.ndarray) -> float | None:
         ok, image = self.capture.read(slot)
@@ -126,6 +128,8 @@ class ImageFolderSource:
             if worth_logging(self.decode_errors):
                 log.warning("source %s: cannot decode %s (#%d): skipped", self.folder, path.name, self.decode_errors)
         return None
+
+    read_queued = read_whole  # the frame is in the slot when read_into returns
 
     def read_into(self, slot: np.ndarray) -> None:
         image = self._next_image()

@@ -32,7 +32,7 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.pipelines.ingest.packet_ring import Packet
-from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError
+from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, read_whole
 from jetpipe.pipelines.ingest.sources.ffmpeg import NATIVE, StreamFormat
 from jetpipe.uri import SourceURI
 
@@ -202,6 +202,8 @@ class PyAVSource:
                 "source %s: %s %dx%d %s %s range, decoded in-process by FFmpeg (PyAV, %s threads), %s", self.uri,
                 self.info.format, self.info.width, self.info.height, self.info.standard, self.info.range,
                 1 if self.hwaccel else self.threads or "auto", how)
+
+    read_queued = read_whole  # the frame is in the slot when read_into returns
 
     def read_into(self, slot: np.ndarray) -> float | None:
         frame = self._next_frame()

@@ -9,7 +9,7 @@ import numpy as np
 from jetpipe import uri as uris
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape, from_bgr
-from jetpipe.pipelines.ingest.sources.base import FrameInfo
+from jetpipe.pipelines.ingest.sources.base import FrameInfo, read_whole
 from jetpipe.synth import render_text_image
 
 
@@ -81,6 +81,8 @@ class SyntheticCamera:
     def due_in(self) -> float:
         """Seconds until the next frame is due (<= 0: now)."""
         return self._next + 1.0 / self.fps - time.monotonic() if self.fps > 0 else 0.0
+
+    read_queued = read_whole  # the frame is in the slot when read_into returns
 
     def read_into(self, slot: np.ndarray) -> float | None:
         if self.fps > 0:  # pace like a camera
