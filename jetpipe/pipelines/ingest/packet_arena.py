@@ -84,14 +84,14 @@ class PacketArena(KeepClock):
         if at + size > capacity:  # it would cross the end: it starts at 0
             head += capacity - at
             at = 0
-        if head + size > self._free_to or size * LARGEST > capacity:
+        if head + size > self._free_to:
             # the reader's position is read only where the room known is short (it only grows between two reads):
             # a ctypes read of shared memory is one more cold call a packet in a source's just-woken thread
             self._free_to = self._read.value + capacity
-            if head + size > self._free_to or size * LARGEST > capacity:
-                self.skipping = True
-                self.lost += 1
-                return
+        if head + size > self._free_to or size * LARGEST > capacity:
+            self.skipping = True
+            self.lost += 1
+            return
         self.skipping = False
         _copy(self._base + at, address, size)
         self.head = head + size
