@@ -3,7 +3,7 @@
 
   python scripts/bench_busy.py BUNDLE [--words 200] [--streams 16] [--seconds 20] [--repeats 2]
                                [--tree new=. --tree old=.dev/old] [--variant 'colour=--reid colour']
-                               [--no-plain] [--py-spy DIR] [--json OUT]
+                               [--no-plain] [--py-spy DIR] [--network [--remux-shim]] [--json OUT]
 
 N copies of a 1080p30 H.264 file of words panning leftwards past the text detector (scripts/bench_events.py's
 video; 200 words in a frame give about 60 lines found and 41 tracked a frame), served live (--loop --realtime) with
@@ -15,6 +15,12 @@ the GPU; their CPU is summed). Reported per run: frames/s, dropped, latency p50 
 process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread: finishing, tracking,
 events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's first run's stacks (py-spy
 record --format raw, the GIL holder's: --gil) into DIR.
+
+--network serves each stream as a camera does instead of a looped file: MPEG-TS over TCP from 127.0.0.1 (the video
+looped into one stream longer than the run, sent from its start to each connection at its own byte rate), which
+NVDEC takes through its remux ffmpeg (`tcp://` sources, no --loop --realtime). --remux-shim: where this machine's
+ffmpeg cannot read a socket (the GPU machines' static one), scripts/socket_remux.py stands in for the remux
+ffmpeg (the same bytes to the serving process; its own CPU is not the serving process's).
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import shlex
 import shutil
+import socketserver
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,18 +45,82 @@ sys.path[:0] = [str(root / "scripts"), str(root)]
 
 from bench_events import RULES, make_video  # noqa: E402
 
+CHUNK = 1 << 14
+
+
+class Cameras:
+    """`count` network cameras: TCP servers on 127.0.0.1, each sending the MPEG-TS from its start to each connection
+    at its byte rate (its size over its duration, in 16-KB pieces): tcp:// URLs for `serve`."""
+
+    def __init__(self, ts: bytes, seconds: float, count: int):
+        rate = len(ts) / seconds
+
+        class Camera(socketserver.BaseRequestHandler):
+            def handle(self):
+                started = time.monotonic()
+                try:
+                    for at in range(0, len(ts), CHUNK):
+                        delay = started + at / rate - time.monotonic()
+                        if delay > 0:
+                            time.sleep(delay)
+                        self.request.sendall(ts[at:at + CHUNK])
+                except OSError:  # the run ended
+                    pass
+
+        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        self.servers = [socketserver.ThreadingTCPServer(("127.0.0.1", 0), Camera) for _ in range(count)]
+        for server in self.servers:
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.urls = [f"tcp://127.0.0.1:{s.server_address[1]}" for s in self.servers]
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()
+
+
+def camera_stream(video: Path, out: Path, seconds: float) -> tuple[bytes, float]:
+    """The video looped into one MPEG-TS longer than `seconds` (+ 30 s for the start): its bytes and duration."""
+    length = float(subprocess.run(["ffprobe", "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0",
+                                   str(video)], capture_output=True, text=True, check=True).stdout)
+    loops = math.ceil((seconds + 30) / length)
+    ts = out / "camera.ts"
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-stream_loop", str(loops - 1), "-i", str(video), "-map",
+                    "0:v:0", "-c", "copy", "-f", "mpegts", str(ts)], check=True)
+    return ts.read_bytes(), loops * length
+
+
+def remux_shim(out: Path) -> dict:
+    """PATH with scripts/socket_remux.py first as `ffmpeg` (the real one named in JETPIPE_REAL_FFMPEG)."""
+    folder = out / "shim"
+    folder.mkdir(exist_ok=True)
+    shim = folder / "ffmpeg"
+    script = shlex.join([sys.executable, str(root / "scripts" / "socket_remux.py")])
+    shim.write_text(f'#!/bin/sh\nexec {script} "$@"\n')
+    shim.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "JETPIPE_REAL_FFMPEG": shutil.which("ffmpeg")}
+
 
 def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy: Path | None,
           flags: tuple = ()) -> dict:
     summary, records = out / f"{label}.summary.json", out / f"{label}.jsonl"
-    command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *(["--source", str(video)] * args.streams),
-               "--loop", "--realtime", "--duration", str(args.seconds), "--metrics", "", *RULES,
+    cameras = Cameras(*args.camera, args.streams) if args.network else None
+    sources = [a for url in cameras.urls for a in ("--source", url)] if cameras else [
+        *(["--source", str(video)] * args.streams), "--loop", "--realtime"]
+    command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *sources,
+               "--duration", str(args.seconds), "--metrics", "", *RULES,
                "--sink", f"jsonl:{records}", "--summary", str(summary), *flags]
     if spy is not None:
         command = ["py-spy", "record", "--format", "raw", "--gil", "--rate", "100", "-o",
                    str(spy / f"{label}.txt"), "--", *command]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
+           **(remux_shim(out) if args.remux_shim else {})}
+    try:
+        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    finally:
+        if cameras is not None:
+            cameras.close()
     if done.returncode != 0 or not summary.exists():
         raise SystemExit(f"{label}: jetpipe serve failed ({done.returncode}):\n{done.stderr[-3000:]}")
     s = json.loads(summary.read_text())["summary"]
@@ -106,6 +179,9 @@ def main() -> None:
                         help="NAME=FLAGS: more serve flags, run beside the plain run (e.g. 'colour=--reid colour')")
     parser.add_argument("--no-plain", action="store_true", help="run the variants only (not each tree's plain run)")
     parser.add_argument("--py-spy", type=Path, help="record each tree's first run's stacks here")
+    parser.add_argument("--network", action="store_true", help="each stream a camera: MPEG-TS over TCP, real time")
+    parser.add_argument("--remux-shim", action="store_true",
+                        help="with --network, where ffmpeg cannot read a socket: scripts/socket_remux.py stands in")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree] or [("this", root)]
@@ -115,6 +191,7 @@ def main() -> None:
     video = Path(args.video) if args.video else out / f"words{args.words}.mp4"
     if not video.exists():
         make_video(video, 20.0, args.words)
+    args.camera = camera_stream(video, out, args.seconds) if args.network else None
     if args.py_spy:
         args.py_spy.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socketserver
 import threading
 import time
+from pathlib import Path
 
 CHUNK = 16384
 
@@ -54,3 +55,29 @@ class StreamServer:
         self.server.closing = True
         self.server.shutdown()
         self.server.server_close()
+
+
+# The static ffmpeg on the GPU machines dies (SIGSEGV) on socket input: there the remux command is run by
+# scripts/socket_remux.py, which copies the socket's bytes to its pipe, and to the recording's copy where it has one
+# (the test streams are MPEG-TS already). The remux itself runs in the CPU tests, with Debian's ffmpeg.
+SOCKET_REMUX = Path(__file__).resolve().parents[1] / "scripts" / "socket_remux.py"
+
+
+def remux_or_stand_in(monkeypatch, ts_bytes: bytes) -> str:
+    """"ffmpeg" where this machine's remux command reads a socket, else "socket copy" (remux_command's argv run by
+    scripts/socket_remux.py)."""
+    import subprocess
+    import sys
+
+    from jetpipe import uri as uris
+    from jetpipe.pipelines.ingest.sources import ffmpeg
+
+    server = StreamServer(ts_bytes, once=True)
+    trial = subprocess.run(ffmpeg.remux_command(uris.parse(server.url)), capture_output=True, timeout=30)
+    server.unplug()
+    if trial.returncode == 0 and trial.stdout:
+        return "ffmpeg"
+    remux = ffmpeg.remux_command
+    monkeypatch.setattr(ffmpeg, "remux_command",
+                        lambda uri, copy_fd=None: [sys.executable, str(SOCKET_REMUX), *remux(uri, copy_fd)[1:]])
+    return "socket copy"

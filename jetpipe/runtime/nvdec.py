@@ -266,6 +266,11 @@ class NvdecSource:
                     log.warning("%s: decode error #%d: %s", self.describe(), self._decode_errors, exc)
         return self._pending.popleft()
 
+    def tee_packets(self, tee) -> bool:
+        """A network stream's packets to the recording process straight from its remux ffmpeg (a file's are
+        demuxed here)."""
+        return self.feed is not None and self.feed.tee_packets(tee)
+
     @property
     def bit_rate(self) -> float:
         """Bits a second of a file (its size over its length: a clips ring's size); 0 for a network stream."""

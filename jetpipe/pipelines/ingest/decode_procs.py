@@ -23,6 +23,7 @@ from multiprocessing.connection import wait as wait_for_any
 from pathlib import Path
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.ingest.sources.base import not_teed
 from jetpipe.runtime.nvdec_procs import (
     CREDIT,
     RECORD,
@@ -63,6 +64,7 @@ class RemoteNvdecSource:
     shares_thread = False
     paced_by_caller = True
     keeps_packets = True  # its process's demuxer sends them (the link adds them to the ring)
+    tee_packets = not_teed  # (files only)
 
     def __init__(self, uri, loop: bool, realtime: bool, info: FrameInfo, remote_id: int, process: int):
         """uri: the file's SourceURI."""

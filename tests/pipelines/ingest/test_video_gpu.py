@@ -17,13 +17,13 @@ from jetpipe import uri as uris
 from jetpipe.frames import frame_shape
 from jetpipe.pipelines.config import SourceConfig
 from jetpipe.pipelines.ingest.sources import EndOfStream, FFmpegSource, PyAVSource, SourceError, open_source
-from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed, remux_command
+from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
 from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.nvdec import hardware_decoder
 from jetpipe.runtime.ring import frame_ring
 from tests.pipelines.ingest.test_sources import _config, as_mpegts, encode, ffmpeg_decode, serve_through_a_stall
-from tests.stream_server import StreamServer
+from tests.stream_server import StreamServer, remux_or_stand_in
 
 pytestmark = pytest.mark.gpu
 
@@ -382,29 +382,11 @@ def ts_clips(clips, tmp_path_factory):
     return {name: as_mpegts(clips[name], folder / f"{name}.ts") for name in ("h264", "yuv444")}
 
 
-SOCKET_TO_PIPE = """
-import socket, sys
-host, port = sys.argv[1].split("://")[1].split(":")
-with socket.create_connection((host, int(port))) as conn:
-    while data := conn.recv(65536):
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-"""
-
-
 @pytest.fixture
 def network_feed(monkeypatch, ts_clips):
-    """The static ffmpeg on the GPU machines dies (SIGSEGV) on socket input: there the remuxing ffmpeg is
-    replaced by a copy from the socket to the pipe (the test streams are MPEG-TS already). The remux
-    itself runs in the CPU tests (test_sources), with Debian's ffmpeg."""
-    server = StreamServer(ts_clips["h264"].read_bytes(), once=True)
-    trial = subprocess.run(remux_command(uris.parse(server.url)), capture_output=True, timeout=30)
-    server.unplug()
-    if trial.returncode != 0 or not trial.stdout:
-        monkeypatch.setattr("jetpipe.pipelines.ingest.sources.ffmpeg.remux_command",
-                            lambda uri: [sys.executable, "-c", SOCKET_TO_PIPE, uri.location])
-        return "socket copy"
-    return "ffmpeg"
+    """The remuxing ffmpeg, or where this machine's cannot read a socket, a copy standing in for it
+    (tests/stream_server.py)."""
+    return remux_or_stand_in(monkeypatch, ts_clips["h264"].read_bytes())
 
 
 def _read_device_frames(runtime, source, info, count):

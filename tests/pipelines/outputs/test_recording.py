@@ -16,6 +16,7 @@ import pytest
 
 from jetpipe.pipelines.config import RecordConfig
 from jetpipe.pipelines.ingest.packet_ring import Packet, PacketRing
+from jetpipe.pipelines.ingest.sources.base import not_teed
 from jetpipe.pipelines.outputs.recording.index import INDEX_NAME, RecordIndex
 from jetpipe.pipelines.outputs.recording.lock import LOCK_NAME
 from jetpipe.pipelines.outputs.recording.recorder import Recorder
@@ -180,6 +181,8 @@ class _Source:
 
     def describe(self) -> str:
         return self.location
+
+    tee_packets = not_teed  # its packets are fed here
 
 
 def _config(folder: Path, **given) -> RecordConfig:

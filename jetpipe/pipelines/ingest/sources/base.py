@@ -8,7 +8,7 @@ import numpy as np
 
 from jetpipe.video import EndOfStream, FrameInfo, SourceError
 
-__all__ = ["EndOfStream", "FrameInfo", "Source", "SourceError", "read_whole"]
+__all__ = ["EndOfStream", "FrameInfo", "Source", "SourceError", "not_teed", "read_whole"]
 
 
 class Source(Protocol):
@@ -36,6 +36,12 @@ class Source(Protocol):
         event the frame's readers on the GPU wait for; None: the frame is in the slot now). read_whole for a
         source that writes the whole frame before it returns."""
 
+    def tee_packets(self, tee) -> bool:
+        """Where the stream's packets pass through a process of its own (an NVDEC network stream's remux ffmpeg),
+        have it write them also to the pipe `tee` opens at each connection, which another process (the
+        recording's) reads: this process never touches them. False where it cannot (they are demuxed here, or a
+        connection was started already): they come through packet_ring then. not_teed for such a source."""
+
     def interrupt(self) -> None:
         """Unblock a read or open in progress (called from another thread when stopping)."""
 
@@ -49,3 +55,8 @@ class Source(Protocol):
 def read_whole(source, slot) -> tuple[float | None, None]:
     """Source.read_queued of a source whose read_into writes the whole frame into the slot."""
     return source.read_into(slot), None
+
+
+def not_teed(source, tee) -> bool:
+    """Source.tee_packets of a source whose packets are demuxed in this process (or not at all)."""
+    return False

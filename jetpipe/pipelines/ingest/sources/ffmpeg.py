@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -169,10 +170,17 @@ class FFmpegSource(PipeSource):
         return argv
 
 
-def remux_command(uri: SourceURI) -> list[str]:
-    """ffmpeg copying a network stream's video packets into MPEG-TS on stdout: no decoding, timestamps kept."""
-    return ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *input_args(uri), "-i", uri.location,
-            "-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy", "-f", "mpegts", "-flush_packets", "1", "pipe:1"]
+def remux_command(uri: SourceURI, copy_fd: int | None = None) -> list[str]:
+    """ffmpeg copying a network stream's video packets into MPEG-TS on stdout: no decoding, timestamps kept.
+    copy_fd: the same MPEG-TS also to this pipe (another process's: a recording's), through FFmpeg's tee muxer:
+    one muxer's packets twice, so both carry the same timestamps, and the copy's reader may go (its process
+    ended: said once on stderr) while the stream goes on."""
+    argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *input_args(uri), "-i", uri.location,
+            "-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy"]
+    if copy_fd is None:
+        return [*argv, "-f", "mpegts", "-flush_packets", "1", "pipe:1"]
+    return [*argv, "-f", "tee", "[f=mpegts:flush_packets=1]pipe\\:1|"
+            f"[f=mpegts:flush_packets=1:onfail=ignore]pipe\\:{copy_fd}"]
 
 
 class RemuxFeed(DecoderRuns):
@@ -180,16 +188,42 @@ class RemuxFeed(DecoderRuns):
 
     FFmpeg speaks the protocol (RTSP over TCP, reconnects are the daemon's); the demuxer reads MPEG-TS
     through fill(). A connect that hangs blocks in a pipe read (GIL released) that interrupt() ends by
-    killing the process: a demuxer reading the network itself could not be stopped."""
+    killing the process: a demuxer reading the network itself could not be stopped. Where a recording takes
+    the stream's packets from the ffmpeg too (tee_packets), each connection's ffmpeg also writes them to a
+    pipe of the recording's."""
 
     def __init__(self, uri: SourceURI):
         self.uri = uri
         self.received = 0  # bytes of this connection
+        self._lock = threading.Lock()
+        self._connected = False  # a connection was started: a tee set now would miss its packets
+        self._tee = None         # a TeePipe (recording/process.py): open_pipe(), started(), failed()
+
+    def tee_packets(self, tee) -> bool:
+        """Each connection's packets also to `tee`'s pipe, from the next connection on; False where a connection
+        was started already (its packets until the next would be missing: the caller keeps them another way)."""
+        with self._lock:
+            if self._connected:
+                return False
+            self._tee = tee
+            return True
 
     def start(self) -> None:
         self._end_process()
         self.received = 0
-        self._process = DecoderProcess(remux_command(self.uri), 0, f"{self.uri.text} (remux)")
+        with self._lock:
+            self._connected, tee = True, self._tee
+        name = f"{self.uri.text} (remux)"
+        if tee is None:
+            self._process = DecoderProcess(remux_command(self.uri), 0, name)
+            return
+        fd = tee.open_pipe()
+        try:
+            self._process = DecoderProcess(remux_command(self.uri, fd), 0, name, pass_fds=(fd,))
+        except BaseException:
+            tee.failed()
+            raise
+        tee.started()
 
     def fill(self, buffer) -> int:
         """The demuxer's read callback (PyNvVideoCodec hands it a bytearray): bytes written into `buffer`,

@@ -13,7 +13,7 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.lazy import lazy_import
-from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, read_whole
+from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, not_teed, read_whole
 from jetpipe.uri import IMAGE_SUFFIXES, SourceURI
 
 cv2 = lazy_import("cv2")
@@ -59,6 +59,7 @@ class OpenCVSource:
         return self.info
 
     read_queued = read_whole  # the frame is in the slot when read_into returns
+    tee_packets = not_teed  # its packets, where it keeps them, are demuxed in this process
 
     def read_into(self, slot: np.ndarray) -> float | None:
         ok, image = self.capture.read(slot)
@@ -130,6 +131,7 @@ class ImageFolderSource:
         return None
 
     read_queued = read_whole  # the frame is in the slot when read_into returns
+    tee_packets = not_teed  # its packets, where it keeps them, are demuxed in this process
 
     def read_into(self, slot: np.ndarray) -> None:
         image = self._next_image()

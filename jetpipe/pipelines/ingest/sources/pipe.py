@@ -22,7 +22,7 @@ import numpy as np
 from jetpipe.errors import worth_logging
 from jetpipe.frames import frame_shape
 from jetpipe.pipelines.ingest.sources import packet_tap
-from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, read_whole
+from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, not_teed, read_whole
 from jetpipe.pipelines.ingest.sources.packet_tap import PacketTap
 
 log = logging.getLogger(__name__)
@@ -229,6 +229,7 @@ class PipeSource(DecoderRuns):
         return self._tap
 
     read_queued = read_whole  # the frame is in the slot when read_into returns
+    tee_packets = not_teed  # its packets, where it keeps them, are demuxed in this process
 
     def read_into(self, slot: np.ndarray) -> float | None:
         while True:

@@ -32,7 +32,7 @@ import numpy as np
 
 from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.pipelines.ingest.packet_ring import Packet
-from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, read_whole
+from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, not_teed, read_whole
 from jetpipe.pipelines.ingest.sources.ffmpeg import NATIVE, StreamFormat
 from jetpipe.uri import SourceURI
 
@@ -204,6 +204,7 @@ class PyAVSource:
                 1 if self.hwaccel else self.threads or "auto", how)
 
     read_queued = read_whole  # the frame is in the slot when read_into returns
+    tee_packets = not_teed  # its packets, where it keeps them, are demuxed in this process
 
     def read_into(self, slot: np.ndarray) -> float | None:
         frame = self._next_frame()

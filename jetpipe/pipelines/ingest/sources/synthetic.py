@@ -9,7 +9,7 @@ import numpy as np
 from jetpipe import uri as uris
 from jetpipe.errors import JetpipeError
 from jetpipe.frames import frame_shape, from_bgr
-from jetpipe.pipelines.ingest.sources.base import FrameInfo, read_whole
+from jetpipe.pipelines.ingest.sources.base import FrameInfo, not_teed, read_whole
 from jetpipe.synth import render_text_image
 
 
@@ -83,6 +83,7 @@ class SyntheticCamera:
         return self._next + 1.0 / self.fps - time.monotonic() if self.fps > 0 else 0.0
 
     read_queued = read_whole  # the frame is in the slot when read_into returns
+    tee_packets = not_teed  # its packets, where it keeps them, are demuxed in this process
 
     def read_into(self, slot: np.ndarray) -> float | None:
         if self.fps > 0:  # pace like a camera

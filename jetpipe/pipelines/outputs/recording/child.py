@@ -2,7 +2,8 @@
 stream, filled with the packets the serving process's passes describe in the stream's arena.
 
 Messages from the serving process: ("attach", stream, described, mode, template, capacity) and the arena's file
-descriptor after it, ("pass", streams, entries, offsets, ended), ("close",). To it: ("ready", repaired) or
+descriptor after it (capacity 0: no arena, the stream's packets are teed: teed.py), ("tee", stream) and a
+connection's pipe after it, ("pass", streams, entries, offsets, ended), ("close",). To it: ("ready", repaired) or
 ("refused", one line) at the start, ("summary", counts) at the end. Its health goes through a shared byte
 (HEALTH), read by the serving process's /healthz.
 """
@@ -22,6 +23,7 @@ from jetpipe.pipelines.config import ConfigError
 from jetpipe.pipelines.ingest.packet_arena import ArenaReader
 from jetpipe.pipelines.ingest.packet_ring import BACKWARDS_S, Gop
 from jetpipe.pipelines.outputs.recording.recorder import NO_ROOM, THREAD_STOPPED, Recorder
+from jetpipe.pipelines.outputs.recording.teed import TeedPackets
 from jetpipe.video import Packet
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class ForwardedRing:
         self.time_base = None
         self.annexb = None
         self.lock = threading.Lock()
+        self.adding = threading.Lock()  # add() and close_gop(): this process's main thread or a tee's reader
         self.gops: deque[tuple[int, Gop]] = deque()  # whole
         self.bytes = 0
         self.open: Gop | None = None  # the GOP packets are still coming for (this process's main thread)
@@ -131,36 +134,54 @@ def recording_main(conn, config, before_s: float, after_s: float, ring_mb: float
 
 def _serve(conn, recorder, state, ring_bytes: int) -> None:
     """Messages applied until ("close",) or the serving process's end."""
-    rings: dict[int, tuple[ForwardedRing, ArenaReader]] = {}
+    rings: dict[int, tuple[ForwardedRing, ArenaReader | None]] = {}
+    tees: dict[int, TeedPackets] = {}  # a teed stream's current connection's reader
     try:
         while True:
             try:
                 message = conn.recv()
-                if message[0] == "attach":
+                if message[0] == "attach" and message[5]:
                     arena = ArenaReader(recv_handle(conn), message[5])
+                elif message[0] == "tee":
+                    fd = recv_handle(conn)
             except (EOFError, OSError):
                 return
             if message[0] == "close":
                 return
             if message[0] == "attach":
-                _, stream_id, described, mode, template, _ = message
-                rings[stream_id] = (ForwardedRing(template, ring_bytes), arena)
+                _, stream_id, described, mode, template, capacity = message
+                rings[stream_id] = (ForwardedRing(template, ring_bytes), arena if capacity else None)
                 recorder.follow(stream_id, described, rings[stream_id][0], mode)
+            elif message[0] == "tee":
+                _tee(rings, tees, message[1], fd)
             else:
-                _apply(recorder, rings, *message[1:])
+                _apply(recorder, rings, tees, *message[1:])
             state.value = CODES.get(recorder.health(), 0)
     finally:
         for _, arena in rings.values():
-            arena.close()
+            if arena is not None:
+                arena.close()
 
 
-def _apply(recorder, rings: dict, streams: list, entries: list, offsets: dict, ended: list) -> None:
+def _tee(rings: dict, tees: dict, stream_id: int, fd: int) -> None:
+    """A teed stream's new connection: its packets read from the pipe into the stream's ring."""
+    ring, _ = rings.get(stream_id, (None, None))
+    if ring is None:  # (removed meanwhile)
+        os.close(fd)
+        return
+    tees[stream_id] = TeedPackets(fd, ring, str(stream_id), before=tees.get(stream_id))
+
+
+def _apply(recorder, rings: dict, tees: dict, streams: list, entries: list, offsets: dict, ended: list) -> None:
     for stream_id, time_base, annexb, packets, last in streams:
         ring, arena = rings.get(stream_id, (None, None))
-        if ring is not None:
-            ring.time_base, ring.annexb = time_base, annexb
-            for packet in arena.packets(packets):
-                ring.add(packet)
+        if ring is None:
+            continue
+        with ring.adding:
+            if arena is not None:
+                ring.time_base, ring.annexb = time_base, annexb
+                for packet in arena.packets(packets):
+                    ring.add(packet)
             if last:
                 ring.close_gop()
     recorder.inbox.extend(entries)
@@ -169,6 +190,9 @@ def _apply(recorder, rings: dict, streams: list, entries: list, offsets: dict, e
         if recording is not None:
             recording.seen_offset = offset
     for stream_id in ended:
+        tee = tees.pop(stream_id, None)
+        if tee is not None:  # its source was closed: the reader ends at its pipe's end, the last GOP whole
+            tee.join()
         recorder.removed(stream_id)
         _, arena = rings.pop(stream_id, (None, None))
         if arena is not None:

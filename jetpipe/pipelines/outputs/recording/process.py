@@ -3,7 +3,9 @@ arena the recording process maps too (ingest/packet_arena.py), and every POLL_S 
 what is new in one message: the packets' places in the arenas, the index's entries of the records that came
 (events, clips, snapshots) and the streams' clocks against the wall clock. The recording process (child.py)
 copies the packets out into its own ring of each stream and writes the segments, the index and the budget with
-the same Recorder a one-process recording used.
+the same Recorder a one-process recording used. A stream whose packets pass through a process of its own (an
+NVDEC network camera's remux ffmpeg) has them written a second time to a pipe of the recording process instead,
+and no arena (teed.py): this process never touches them.
 
 Why a process: muxing, writing and indexing 16 busy 1080p30 streams took 3.9 % of the serving process's CPU,
 inside its GIL, beside the frames (issue 67 asks for 1 %), and a slow disk's writes waited there. Handing a
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from jetpipe.pipelines.config import EVENT_TYPES, ConfigError, media_reserve
 from jetpipe.pipelines.ingest.packet_arena import PacketArena, arena_bytes, link_arena
+from jetpipe.pipelines.ingest.sources import packet_tap
 from jetpipe.pipelines.outputs.recording.budget import Room
 from jetpipe.pipelines.outputs.recording.child import HEALTH, recording_main
 from jetpipe.pipelines.outputs.recording.recorder import (
@@ -36,6 +39,7 @@ from jetpipe.pipelines.outputs.recording.recorder import (
     indexed_entry,
     recordable,
 )
+from jetpipe.pipelines.outputs.recording.teed import TeePipe
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +48,7 @@ START_TIMEOUT_S = 120.0  # the process is spawned (imports) and opens and repair
 
 @dataclass
 class Forwarded:
-    arena: PacketArena      # the stream's: its source copies the packets in
+    arena: PacketArena | None  # the stream's: its source copies the packets in (None: they are teed)
     source: object          # (its ring, the arena or a clips ring beside it, has the time base)
     removed: bool = False
 
@@ -80,31 +84,42 @@ class RecordingProcess:
         self.forwarding_s = 0.0         # the forwarding thread's CPU time, when it ended
         self.forgotten_rings_s = 0.0    # removed streams' arenas' CPU time
         self.forgotten_unkept = 0       # and the packets they did not keep
+        self.teed = 0                   # streams attached whose packets never passed through this process
         self.written: dict | None = None  # the process's summary, at the stop
         self.thread = threading.Thread(target=self._run, name="recording-forward", daemon=True)
         self.thread.start()
 
     # -- streams (the serving process's threads) ----------------------------------------------------------------
     def attach(self, stream_id: int, source, mode: str, at_start: bool = True) -> None:
+        """Record the stream: its packets teed to the recording process by the process that receives them where
+        its source can (teed.py), else copied by its source into an arena."""
         if not recordable(stream_id, source, mode, self.room, at_start):
             return
-        arena = PacketArena(arena_bytes(source.bit_rate, self.ring_bytes))
+        arena = None
         try:
-            with self.send_lock:  # the descriptor right after its attach
+            with self.send_lock:  # the attach before a connection's pipe (the tee's), and the arena right after it
+                teed = packet_tap.missing() is None and source.tee_packets(TeePipe(self, stream_id))
+                if not teed:
+                    arena = PacketArena(arena_bytes(source.bit_rate, self.ring_bytes))
                 self.conn.send(("attach", stream_id, source.describe(), mode, source.source_uri.location,
-                                arena.capacity))
-                send_handle(self.conn, arena.fd, self.process.pid)
+                                0 if teed else arena.capacity))
+                if arena is not None:
+                    send_handle(self.conn, arena.fd, self.process.pid)
         finally:
-            arena.handed_over()
-        link_arena(source, arena)
+            if arena is not None:
+                arena.handed_over()
+        if arena is not None:
+            link_arena(source, arena)
         with self.cond:
             self.forwarded[stream_id] = Forwarded(arena, source)
+        self.teed += arena is None
 
     def removed(self, stream_id: int) -> None:
         """The stream was removed: what its arena holds is handed over, then it is forgotten (the thread)."""
         forwarded = self.forwarded.get(stream_id)
         if forwarded is not None:
-            forwarded.arena.stop()
+            if forwarded.arena is not None:
+                forwarded.arena.stop()
             forwarded.removed = True
 
     def on_frame(self, record) -> None:
@@ -142,14 +157,18 @@ class RecordingProcess:
         streams, ended = [], []
         for stream_id, forwarded in list(self.forwarded.items()):
             arena = forwarded.arena
-            packets, last = arena.take()
+            packets, last = arena.take() if arena is not None else ([], False)
             last = last or last_too or forwarded.removed
-            if packets or last:
+            if arena is None:  # teed: only whether its last GOP is whole
+                if last:
+                    streams.append((stream_id, None, None, [], True))
+            elif packets or last:
                 ring = forwarded.source.packet_ring or arena
                 streams.append((stream_id, ring.time_base, ring.annexb, packets, last))
             if forwarded.removed:
-                self.forgotten_rings_s += arena.cpu_s
-                self.forgotten_unkept += arena.lost
+                if arena is not None:
+                    self.forgotten_rings_s += arena.cpu_s
+                    self.forgotten_unkept += arena.lost
                 ended.append(stream_id)
                 with self.cond:
                     del self.forwarded[stream_id]
@@ -188,10 +207,11 @@ class RecordingProcess:
         process_s = written.pop("process_s", 0.0)
         for key in ("cpu_s", "writing_s", "rings_s"):
             written.pop(key, None)
-        arenas = [f.arena for f in list(self.forwarded.values())]
+        arenas = [f.arena for f in list(self.forwarded.values()) if f.arena is not None]
         kept = sum(a.cpu_s for a in arenas) + self.forgotten_rings_s
         serving = kept + self.forwarding_s
-        return {**written, "unkept_packets": sum(a.lost for a in arenas) + self.forgotten_unkept,
+        return {**written, "teed_streams": self.teed,
+                "unkept_packets": sum(a.lost for a in arenas) + self.forgotten_unkept,
                 "cpu_s": round(process_s + serving, 3), "serving_process_s": round(serving, 3),
                 "rings_s": round(kept, 3), "forwarding_s": round(self.forwarding_s, 3),
                 "recording_process_s": round(process_s, 3)}

@@ -1,0 +1,133 @@
+"""A network stream's packets teed to the recording process by its remux ffmpeg (recording/teed.py): the
+recording is written from packets the serving process never read, on the clock of the packets it decodes, across
+reconnects; a recording process that goes does not stop the stream.
+
+The stream here is what NvdecSource takes from its feed (the remux ffmpeg's MPEG-TS, read through fill()), with
+the frames' clock read from those bytes; NVDEC itself is the GPU test's (test_recording_gpu.py)."""
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from jetpipe import uri as uris
+from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
+from jetpipe.pipelines.outputs.recording.process import RecordingProcess
+from tests.pipelines.outputs.test_recording import FPS, _config, _decodes, _index, _rows, _video, _wait, needs_ffmpeg
+from tests.stream_server import StreamServer
+
+av = pytest.importorskip("av", reason="PyAV (pip install av) reads the teed packets")
+
+
+class _RemuxedStream:
+    """The source's side the recording reads, of a network stream whose packets come through a remux ffmpeg
+    (as NvdecSource's)."""
+
+    keeps_packets = True
+    bit_rate = 0.0
+    packet_ring = None
+
+    def __init__(self, url: str):
+        self.source_uri = uris.parse(url)
+        self.feed = RemuxFeed(self.source_uri)
+
+    def describe(self) -> str:
+        return f"{self.source_uri.text} (remuxed)"
+
+    def tee_packets(self, tee) -> bool:
+        return self.feed.tee_packets(tee)
+
+    def connection(self, at_first_bytes=lambda: None) -> list[tuple[float, bool]]:
+        """One connection read to its end as the NVDEC demuxer reads it: its packets' (decode time in seconds,
+        keyframe)."""
+        self.feed.start()
+        data, buffer = bytearray(), bytearray(1 << 16)
+        while got := self.feed.fill(buffer):
+            if not data:
+                at_first_bytes()
+            data += buffer[:got]
+        self.feed.stop()
+        with av.open(io.BytesIO(bytes(data)), format="mpegts") as container:
+            stream = container.streams.video[0]
+            return [(float(p.dts * stream.time_base), p.is_keyframe) for p in container.demux(stream)
+                    if p.size and p.dts is not None]
+
+
+def _ts(tmp_path: Path, seconds: float = 4) -> bytes:
+    """The test video as a camera sends it: MPEG-TS."""
+    video = _video(tmp_path / "in.mp4", seconds=seconds)
+    out = tmp_path / "in.ts"
+    import subprocess
+
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(video), "-c", "copy", "-f", "mpegts", str(out)],
+                   check=True)
+    return out.read_bytes()
+
+
+def _pipes_of(pid: int) -> set[str]:
+    return {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd).startswith("pipe:")}
+
+
+@needs_ffmpeg
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux's /proc to see a process's pipes")
+def test_a_teed_streams_recording_is_its_own_packets_on_the_decoded_clock_across_a_reconnect(tmp_path):
+    server = StreamServer(_ts(tmp_path), once=True)  # each connection: the 4-s stream once, from its start
+    folder = tmp_path / "rec"
+    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    try:
+        stream = _RemuxedStream(server.url)
+        recorder.attach(0, stream, "all")
+        assert stream.packet_ring is None  # no arena: nothing of the packets goes through this process
+        baseline = _pipes_of(recorder.process.pid)
+        connections = []
+        for n in range(2):  # a reconnect: the camera's clock starts again, the recording's second pass
+            connections.append(stream.connection())
+            # its pipe read to its end (its last GOP whole), its segments begun
+            _wait(lambda: _pipes_of(recorder.process.pid) <= baseline)
+            _wait(lambda n=n: len(_rows(folder)) >= 2 * (n + 1))
+    finally:
+        recorder.close()
+        server.unplug()
+    rows = _index(folder, "SELECT path, t0, packets, open FROM segments ORDER BY t0, path")
+    assert [len(c) for c in connections] == [4 * FPS] * 2
+    assert sum(r[2] for r in rows) == 2 * 4 * FPS  # every packet of both connections
+    assert all(r[3] == 0 and _decodes(folder / r[0]) == r[2] for r in rows)
+    # on the clock of the packets NVDEC decodes (the remux ffmpeg's), each connection in two 2-s segments (a segment
+    # starts at its first packet's decode time)
+    first = next(t for t, key in connections[0] if key)
+    assert [r[1] for r in rows] == pytest.approx([first, first, first + 2, first + 2], abs=1e-4)
+    summary = recorder.summary()
+    assert summary["teed_streams"] == 1 and summary["rings_s"] == 0 and summary["unkept_packets"] == 0
+    assert summary["lost_gops"] == 0 and summary["segments"] == len(rows) == 4
+
+
+@needs_ffmpeg
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux's /proc to see a process's pipes")
+@pytest.mark.parametrize("when", ["mid-connection", "before the connection"])
+def test_a_stream_goes_on_whole_when_its_recording_process_went(tmp_path, when):
+    """The copy's reader gone (the recording process killed while it reads the connection's copy, or before the
+    connection: its pipe then never reaches it): the remux ffmpeg drops the copy, not the stream (a minute of
+    video, 2 MB: most of it comes after the kill)."""
+    seconds = 60
+    server = StreamServer(_ts(tmp_path, seconds), once=True)
+    recorder = RecordingProcess(_config(tmp_path / "rec"), 5.0, 5.0, 64)
+    try:
+        stream = _RemuxedStream(server.url)
+        recorder.attach(0, stream, "all")
+        baseline = _pipes_of(recorder.process.pid)
+
+        def kill_the_recording():
+            if when == "mid-connection":
+                _wait(lambda: _pipes_of(recorder.process.pid) - baseline)  # it reads the connection's copy
+            recorder.process.kill()
+            recorder.process.join(30)
+
+        if when == "before the connection":
+            kill_the_recording()
+        packets = stream.connection(at_first_bytes=kill_the_recording if when == "mid-connection" else lambda: None)
+        assert len(packets) == seconds * FPS
+        assert recorder.health() == "recording: its process stopped"
+    finally:
+        recorder.close()
+        server.unplug()
