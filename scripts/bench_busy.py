@@ -17,7 +17,10 @@ events; the sinks: records and JSON), in microseconds. --py-spy DIR records each
 record --format raw, the GIL holder's: --gil) into DIR.
 
 --network serves each stream as a camera does instead of a looped file: MPEG-TS over TCP from 127.0.0.1 (the video
-looped into one stream longer than the run, sent from its start to each connection at its own byte rate), which
+looped into one stream longer than the run, sent from its start to each connection, each frame's bytes at its
+time (session 52's first cameras sent it at its average byte rate, a keyframe's bytes spread over the frames
+after it; with them 70 % of the frames were dropped in both trees, the GPU 17 % busy: whether that pacing was
+the cause is not yet measured), which
 NVDEC takes through its remux ffmpeg (`tcp://` sources, no --loop --realtime). --remux-shim: where this machine's
 ffmpeg cannot read a socket (the GPU machines' static one), scripts/socket_remux.py stands in for the remux
 ffmpeg (the same bytes to the serving process; its own CPU is not the serving process's).
@@ -45,25 +48,25 @@ sys.path[:0] = [str(root / "scripts"), str(root)]
 
 from bench_events import RULES, make_video  # noqa: E402
 
-CHUNK = 1 << 14
-
 
 class Cameras:
-    """`count` network cameras: TCP servers on 127.0.0.1, each sending the MPEG-TS from its start to each connection
-    at its byte rate (its size over its duration, in 16-KB pieces): tcp:// URLs for `serve`."""
+    """`count` network cameras: TCP servers on 127.0.0.1, each sending the MPEG-TS from its start to each
+    connection, each frame's bytes at its time (as a camera sends a frame when it is encoded: a keyframe's bytes
+    at once, not spread over the frames after it): tcp:// URLs for `serve`."""
 
-    def __init__(self, ts: bytes, seconds: float, count: int):
-        rate = len(ts) / seconds
+    def __init__(self, ts: bytes, schedule: list[tuple[float, int]], count: int):
+        """schedule: (seconds from the stream's start, the byte offset up to which it has been sent then)."""
 
         class Camera(socketserver.BaseRequestHandler):
             def handle(self):
-                started = time.monotonic()
+                started, sent = time.monotonic(), 0
                 try:
-                    for at in range(0, len(ts), CHUNK):
-                        delay = started + at / rate - time.monotonic()
+                    for at, upto in schedule:
+                        delay = started + at - time.monotonic()
                         if delay > 0:
                             time.sleep(delay)
-                        self.request.sendall(ts[at:at + CHUNK])
+                        self.request.sendall(ts[sent:upto])
+                        sent = upto
                 except OSError:  # the run ended
                     pass
 
@@ -80,15 +83,27 @@ class Cameras:
             server.server_close()
 
 
-def camera_stream(video: Path, out: Path, seconds: float) -> tuple[bytes, float]:
-    """The video looped into one MPEG-TS longer than `seconds` (+ 30 s for the start): its bytes and duration."""
+def camera_stream(video: Path, out: Path, seconds: float) -> tuple[bytes, list[tuple[float, int]]]:
+    """The video looped into one MPEG-TS longer than `seconds` (+ 30 s for the start): its bytes, and when each
+    frame's bytes are due (Cameras' schedule: a frame's packet sent whole at its decode time; the TS packets
+    before the next frame's with it)."""
+    import av
+
     length = float(subprocess.run(["ffprobe", "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0",
                                    str(video)], capture_output=True, text=True, check=True).stdout)
     loops = math.ceil((seconds + 30) / length)
     ts = out / "camera.ts"
     subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-stream_loop", str(loops - 1), "-i", str(video), "-map",
                     "0:v:0", "-c", "copy", "-f", "mpegts", str(ts)], check=True)
-    return ts.read_bytes(), loops * length
+    data = ts.read_bytes()
+    with av.open(str(ts)) as container:
+        stream = container.streams.video[0]
+        frames = [(float(p.dts * stream.time_base), p.pos) for p in container.demux(stream)
+                  if p.size and p.dts is not None and p.pos is not None and p.pos >= 0]
+    first = frames[0][0]
+    # each frame's bytes go out whole at its time: the bytes up to where the next frame's packet starts
+    schedule = [(t - first, following) for (t, _), (_, following) in zip(frames, frames[1:])]
+    return data, [*schedule, (schedule[-1][0], len(data))]
 
 
 def remux_shim(out: Path) -> dict:

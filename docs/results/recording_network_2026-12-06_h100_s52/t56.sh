@@ -25,7 +25,7 @@ PY
 fi
 if [ "${PART:-T}" = R ]; then
   K=${K:-1}
-  python scripts/bench_busy.py /tmp/det --video /tmp/words72.mp4 --words 72 --streams 16 --seconds 30 --repeats 2 \
+  python scripts/bench_busy.py /tmp/det --video /tmp/words72.mp4 --words 72 --streams 16 --seconds 30 --repeats ${REPEATS:-2} \
     --network --remux-shim --tree new=. --tree old=.dev/old --no-plain \
     --variant "record=--record /tmp/rec$K --record-max-size 20GB" \
     --json $R/net16_$K.json > $R/bench_$K.txt 2>&1
