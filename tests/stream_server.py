@@ -1,9 +1,9 @@
 """A network camera for the tests: MPEG-TS bytes served over TCP on 127.0.0.1, read as a `tcp://` URI.
 
 Each client gets the file from its start, over and over (once=True: one pass, then the connection closes
-and the stream ends for the client), in 16 KB pieces 2 ms apart. hang=True accepts connections and
-never sends a byte (a camera whose connect hangs). unplug() takes the camera away; a new server on the
-same port brings it back.
+and the stream ends for the client), in 16 KB pieces 2 ms apart (or, given its length, in real time).
+hang=True accepts connections and never sends a byte (a camera whose connect hangs). unplug() takes the
+camera away; a new server on the same port brings it back.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ CHUNK = 16384
 
 class StreamServer:
     def __init__(self, ts_bytes: bytes = b"", port: int = 0, once: bool = False, hang: bool = False,
-                 stall_after: int = 0, stall_connection: int = 1):
+                 stall_after: int = 0, stall_connection: int = 1, seconds: float = 0.0):
         """stall_after: connection number `stall_connection` (1: the first) gets that many bytes, then nothing
-        more on a connection left open (a camera that stops sending); the others get the stream as usual."""
+        more on a connection left open (a camera that stops sending); the others get the stream as usual.
+        seconds: the stream's length: its bytes are sent in real time (evenly over it) rather than at once."""
         data = ts_bytes
         connections = iter(range(1, 1 << 30))
 
@@ -32,12 +33,16 @@ class StreamServer:
                         if hang:
                             time.sleep(0.05)
                             continue
+                        started = time.monotonic()
                         for at in range(0, len(data), CHUNK):
                             if stall and at >= stall_after:
                                 while not server.closing:  # silent, but connected
                                     time.sleep(0.05)
                                 return
-                            self.request.sendall(data[at:at + CHUNK])
+                            # in real time, a piece goes once its last byte is due (never ahead of its time)
+                            end = min(at + CHUNK, len(data))
+                            time.sleep(max(0.0, started + end * seconds / len(data) - time.monotonic()))
+                            self.request.sendall(data[at:end])
                             time.sleep(0.002)
                         if once:
                             return

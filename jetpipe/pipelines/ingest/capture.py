@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 ROOM = "room"  # a step's answer: my next turn when my stream's queue has room
 POLL_S = 0.05  # the longest a group sleeps without looking at a stop or removal
 STALL_MIN_S = 5.0  # a live stream is stalled after max(this, 10 frame periods) without a frame
+# and one still opening (no first frame yet) is ended after this at least (stall_timeout_s auto): FFmpeg reads an
+# MPEG-TS stream (udp, tcp, srt, http) for its analyzeduration, 5 s, before it says what the stream holds, since
+# more programs may come; sent in real time, that is 5 s of waiting, twice on the FFmpeg path (ffprobe, then the
+# decoder: 5.5 s each on a TCP camera), which the 5-s stall timeout cut off, connection after connection.
+OPEN_MIN_S = 15.0
 
 
 def capture_threads(asked: int) -> int:
@@ -157,13 +162,16 @@ class Capture:
             try:
                 if info is None:
                     # the stall timer runs during the open too: a camera that accepts the connection and sends
-                    # nothing would otherwise hold this stream in open() until serve is stopped
+                    # nothing would otherwise hold this stream in open() until serve is stopped. The opening lasts
+                    # until the connection's first frame (queue_frame): a decoder process started by open() may
+                    # read the stream for seconds before it decodes (an MPEG-TS camera: FFmpeg's 5 s, OPEN_MIN_S)
                     self.last_frame[stream] = time.monotonic()
                     self.opening[stream] = True
                     try:
                         info = source.open()
-                    finally:
+                    except BaseException:
                         self.opening[stream] = False
+                        raise
                     backoff = 0.5
                     self.last_frame[stream] = time.monotonic()
                 if shared:
@@ -226,6 +234,7 @@ class Capture:
                          wait=wait)
         self.metrics.count("captured", stream)
         self.last_frame[stream] = time.monotonic()
+        self.opening[stream] = False
 
     def free_slot(self, stream: int, live: bool):
         """A free ring slot for the stream's next frame; a live stream's oldest queued frame gives up its own."""
@@ -243,11 +252,10 @@ class Capture:
         now = time.monotonic()
         for stream in self.streams.live():
             slot, source = stream.slot, stream.source
-            last = self.last_frame[slot]
-            if last is None or not source.live or now - last < self._stall_timeout(source):
+            last, opening = self.last_frame[slot], self.opening[slot]
+            if last is None or not source.live or now - last < self._stall_timeout(source, opening):
                 continue
             self.last_frame[slot] = None  # once per stall: the next frame (or reconnect) arms it again
-            opening = self.opening[slot]
             if not opening:
                 self.metrics.count("stalls", slot)
             restarted = source.restart()
@@ -255,11 +263,11 @@ class Capture:
                         "not connected after" if opening else "no frame for", now - last,
                         "; reconnecting" if restarted else "; this source cannot be restarted")
 
-    def _stall_timeout(self, source) -> float:
+    def _stall_timeout(self, source, opening: bool = False) -> float:
         if self.config.stall_timeout_s:
             return self.config.stall_timeout_s
         fps = source.info.fps if source.info is not None and source.info.fps else 0.0
-        return max(STALL_MIN_S, 10 / fps if fps > 0 else 0.0)
+        return max(OPEN_MIN_S if opening else STALL_MIN_S, 10 / fps if fps > 0 else 0.0)
 
 
 def _releaser(ring, slot):

@@ -452,12 +452,14 @@ def test_a_network_stream_that_drops_is_reconnected(videos, tiny_bundle, tmp_pat
 
 
 @needs_ffmpeg
-def test_a_network_stream_that_goes_silent_is_reconnected(videos, tiny_bundle, tmp_path, caplog):
+def test_a_network_stream_that_goes_silent_is_reconnected(tiny_bundle, tmp_path, caplog):
     """A TCP camera that stays connected but stops sending (it sat at 0 fps with no word): after its stall
     timeout it is logged, counted and reconnected, and frames flow again."""
-    ts = as_mpegts(videos["h264"], tmp_path / "cam.ts")
-    # connection 1 is the probe (ffprobe), 2 the decoding ffmpeg: it stalls after a third of the stream
-    camera = StreamServer(ts.read_bytes(), stall_after=len(ts.read_bytes()) // 3, stall_connection=2)
+    # 10 s: FFmpeg reads 5 s of an MPEG-TS stream before its first frame; a stream that stops before its first
+    # frame never connected (a failed connection, not a stall)
+    ts = as_mpegts(encode(tmp_path / "cam.mp4", "320x240", 300), tmp_path / "cam.ts")
+    # connection 1 is the probe (ffprobe), 2 the decoding ffmpeg: it stalls after two thirds of the stream
+    camera = StreamServer(ts.read_bytes(), stall_after=len(ts.read_bytes()) * 2 // 3, stall_connection=2)
     config = _config(tiny_bundle, [SourceConfig(camera.url)], task="raw", reconnect_max_s=0.5, stall_timeout_s=1.0)
     serve_through_a_stall(Pipeline(config), camera, caplog)
 
@@ -477,6 +479,26 @@ def serve_through_a_stall(pipeline, server, caplog, join_timeout: float = 10.0) 
         server.unplug()
     assert pipeline.result["stalls"][0] >= 1 and pipeline.result["reconnects"][0] >= 1
     assert "no frame for" in caplog.text and "; reconnecting" in caplog.text
+
+
+@needs_ffmpeg
+def test_an_mpegts_camera_sending_in_real_time_connects_with_the_default_stall_timeout(tiny_bundle, tmp_path):
+    """FFmpeg reads an MPEG-TS stream for 5 s (its analyzeduration) before it says what it holds; sent in real
+    time, the probe took as long as the 5-s stall timeout, which ended the opening again and again: such a camera
+    (udp, tcp, srt) never connected."""
+    video = encode(tmp_path / "cam.mp4", "320x240", 300)  # 10 s at 30 fps, sent over 10 s, again and again
+    camera = StreamServer(as_mpegts(video, tmp_path / "cam.ts").read_bytes(), seconds=10.0)
+    config = _config(tiny_bundle, [SourceConfig(camera.url)], task="raw", duration=20.0)
+    pipeline = Pipeline(config)
+    runner = threading.Thread(target=lambda: setattr(pipeline, "result", pipeline.run()))
+    runner.start()
+    try:
+        wait_for(lambda: pipeline.metrics.processed[0] >= 15, timeout=60, what="the camera's first frames")
+    finally:
+        pipeline.stop()
+        runner.join(timeout=10)
+        camera.unplug()
+    assert pipeline.result["failed"] == [0] and pipeline.result["processed"][0] >= 15
 
 
 @needs_ffmpeg
