@@ -47,7 +47,7 @@ class ForwardedRing:
         self.adding = threading.Lock()  # add() and close_gop(): this process's main thread or a tee's reader
         self.gops: deque[tuple[int, Gop]] = deque()  # whole
         self.bytes = 0
-        self.open: Gop | None = None  # the GOP packets are still coming for (this process's main thread)
+        self.open: Gop | None = None  # the GOP packets are still coming for (under `adding`)
         self.passes = 0               # the stream's clock went back this many times
         self.newest = float("-inf")
         self.generation = -1          # the pass being followed
