@@ -157,14 +157,15 @@ class RecordingProcess:
         streams, ended = [], []
         for stream_id, forwarded in list(self.forwarded.items()):
             arena = forwarded.arena
-            packets, last = arena.take() if arena is not None else ([], False)
-            last = last or last_too or forwarded.removed
             if arena is None:  # teed: only whether its last GOP is whole
-                if last:
+                if last_too or forwarded.removed:
                     streams.append((stream_id, None, None, [], True))
-            elif packets or last:
-                ring = forwarded.source.packet_ring or arena
-                streams.append((stream_id, ring.time_base, ring.annexb, packets, last))
+            else:
+                packets, last = arena.take()
+                last = last or last_too or forwarded.removed
+                if packets or last:
+                    ring = forwarded.source.packet_ring or arena
+                    streams.append((stream_id, ring.time_base, ring.annexb, packets, last))
             if forwarded.removed:
                 if arena is not None:
                     self.forgotten_rings_s += arena.cpu_s

@@ -89,7 +89,6 @@ class TeedPackets:
         """before: the stream's last connection's reader (it ends first: the ring never takes two connections'
         packets interleaved)."""
         self.ring, self.name = ring, name
-        self.packets = 0
         self.thread = threading.Thread(target=self._run, args=(fd, before), name=f"tee-{name}", daemon=True)
         self.thread.start()
 
@@ -131,4 +130,3 @@ class TeedPackets:
                     packet = Packet(float(at * base), bytes(p), p.pts, p.dts, p.duration or 0, p.is_keyframe)
                     with ring.adding:
                         ring.add(packet)
-                    self.packets += 1
