@@ -18,12 +18,12 @@ record --format raw, the GIL holder's: --gil) into DIR.
 
 --network serves each stream as a camera does instead of a looped file: MPEG-TS over TCP from 127.0.0.1 (the video
 looped into one stream longer than the run, sent from its start to each connection, each frame's bytes at its
-time (session 52's first cameras sent it at its average byte rate, a keyframe's bytes spread over the frames
-after it; with them 70 % of the frames were dropped in both trees, the GPU 17 % busy: whether that pacing was
-the cause is not yet measured), which
-NVDEC takes through its remux ffmpeg (`tcp://` sources, no --loop --realtime). --remux-shim: where this machine's
-ffmpeg cannot read a socket (the GPU machines' static one), scripts/socket_remux.py stands in for the remux
-ffmpeg (the same bytes to the serving process; its own CPU is not the serving process's).
+time), which NVDEC takes through its remux ffmpeg (`tcp://` sources, no --loop --realtime). Session 52's first
+cameras sent it at its average byte rate, a keyframe's bytes spread over the frames after it; with them 70 % of
+the frames were dropped in both trees, the GPU 17 % busy: whether that pacing was the cause is not yet measured.
+--remux-shim: where this machine's ffmpeg cannot read a socket (the GPU machines' static one),
+scripts/socket_remux.py stands in for the remux ffmpeg (the same bytes to the serving process; its own CPU is not
+the serving process's).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
         command = ["py-spy", "record", "--format", "raw", "--gil", "--rate", "100", "-o",
                    str(spy / f"{label}.txt"), "--", *command]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
-           **(remux_shim(out) if args.remux_shim else {})}
+           **args.shim_env}
     try:
         done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     finally:
@@ -207,6 +207,7 @@ def main() -> None:
     if not video.exists():
         make_video(video, 20.0, args.words)
     args.camera = camera_stream(video, out, args.seconds) if args.network else None
+    args.shim_env = remux_shim(out) if args.remux_shim else {}
     if args.py_spy:
         args.py_spy.mkdir(parents=True, exist_ok=True)
     rows = []
