@@ -278,10 +278,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--gpus", metavar="all|0,1,...",
                    help="serve on these GPUs: a worker process each, the streams placed by load (a [[source]]'s "
                         "gpu = N pins one), one metrics port and one set of sinks (default: GPU 0 alone)")
-    p.add_argument("--workers-per-gpu", type=int, metavar="N",
-                   help="serving processes on each GPU (default 1), the streams placed across them: where one "
-                        "process's CPU, not the GPU, is the limit (many busy cameras: the log's overload line says "
-                        "so); without --gpus, on GPU 0. Costs latency where the GPU is the limit")
+    p.add_argument("--workers-per-gpu", type=_count_or_auto, metavar="N|auto",
+                   help="serving processes on each GPU, the streams placed across them: where one process's CPU, "
+                        "not the GPU, is the limit (many busy cameras: the log's overload line says so); without "
+                        "--gpus, on GPU 0 (default auto: 2 where CUDA MPS runs and 24 or more live streams share a "
+                        "GPU, else 1, said in the log; without MPS, workers take turns on the GPU)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",

@@ -163,6 +163,9 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             "events_cpu_s": (s.get("events") or {}).get("cpu_s"),
             "serving_us_per_object": round(serving / max(tracked, 1) * 1e6, 2),
             "process_us_per_object": round(cpu["process"] / max(tracked, 1) * 1e6, 2),
+            "serving_processes": len(s.get("gpus", [])) or 1,  # workers behind the face, else this one
+            "workers_said": next((line.split("workers_per_gpu auto: ", 1)[1] for line in done.stderr.splitlines()
+                                  if "workers_per_gpu auto: " in line), None),
             "overload_said": next((line for line in reversed(done.stderr.splitlines()) if "overloaded:" in line), None),
             **({"reid": s["reid"]} if "reid" in s else {}),
             **({"recording": s["recording"]} if "recording" in s else {})}

@@ -187,7 +187,7 @@ class PipelineConfig:
     lines: list = field(default_factory=list)   # events.Line: [[line]] tables, --line
     calibrations: list = field(default_factory=list)  # ground.Calibration: [[calibration]], a stream's ground plane
     gpus: list[int] | str | None = None  # "all" or GPU numbers: a worker per GPU (pipelines/service/gpus); None: one
-    workers_per_gpu: int = 1  # serving processes on each GPU (> 1: behind the face, GPU 0 without --gpus)
+    workers_per_gpu: int | str = "auto"  # serving processes a GPU (> 1: behind the face; auto: workers_choice)
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
@@ -197,7 +197,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "reid_in_events": bool, "frames": int,
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float), "stop_timeout_s": (int, float),
-                  "log_every_s": (int, float), "gpus": (str, list), "workers_per_gpu": int}
+                  "log_every_s": (int, float), "gpus": (str, list), "workers_per_gpu": (int, str)}
 _TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "snapshots", "zone",
            "line", "calibration", "record"}
 
@@ -563,8 +563,10 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
                                                 for v in config.max_frame_hw), "max_frame_hw",
          f"[height, width], two integers from 1 to {MAX_SIDE}"),
         (config.max_batch is None or config.max_batch <= MAX_BATCH, "max_batch", f"at most {MAX_BATCH}"),
-        (type(config.workers_per_gpu) is int and 1 <= config.workers_per_gpu <= limits.MAX_WORKERS_PER_GPU,
-         "workers_per_gpu", f"an integer from 1 to {limits.MAX_WORKERS_PER_GPU}"),
+        (config.workers_per_gpu == "auto" or (type(config.workers_per_gpu) is int
+                                               and 1 <= config.workers_per_gpu <= limits.MAX_WORKERS_PER_GPU),
+         "workers_per_gpu", f"auto (two where CUDA MPS runs and 24 or more cameras share a GPU) or an integer "
+                            f"from 1 to {limits.MAX_WORKERS_PER_GPU}"),
     ]
     for ok, key, allowed in checks:
         if not ok:
@@ -620,7 +622,7 @@ def _check_gpus(config: PipelineConfig, where: str) -> None:
             raise ConfigError(f"{where}: source {spec.uri!r}: gpu = {spec.gpu}: a GPU number from 0 to "
                               f"{limits.MAX_GPUS - 1}")
     flag = "--gpus"
-    if config.workers_per_gpu > 1 and config.gpus is None:
+    if config.workers_per_gpu != "auto" and config.workers_per_gpu > 1 and config.gpus is None:
         config.gpus, flag = [0], "--workers-per-gpu"  # the GPU one process serves on: its workers behind the face
     try:
         if config.gpus is not None:

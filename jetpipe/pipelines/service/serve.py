@@ -20,6 +20,7 @@ from jetpipe.output_folders import check_new_file
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.core.secondary import SecondaryConfig
 from jetpipe.pipelines.service.daemon import Pipeline
+from jetpipe.pipelines.service.gpus import workers_choice
 from jetpipe.pipelines.service.gpus.face import MultiGpuFace
 from jetpipe.spec import preset
 
@@ -80,7 +81,10 @@ def run_pipeline(config: PipelineConfig, on_result=None, then=None) -> dict:
     the summary; then(summary), where given, runs while a late signal is still only recorded (the summary is
     written whole)."""
 
-    # with --gpus, a worker a GPU behind one face (pipelines/service/gpus), stopped the same way
+    chosen = workers_choice.resolve(config)
+    if chosen is not None:
+        log.info("workers_per_gpu auto: %s", chosen.why)
+    # with --gpus (or workers), a worker a GPU behind one face (pipelines/service/gpus), stopped the same way
     pipeline = Pipeline(config, on_result=on_result) if config.gpus is None else MultiGpuFace(config)
     with StopSignals(pipeline):
         summary = pipeline.run()

@@ -150,7 +150,7 @@ def limit_said(gpu: float | None, post: float) -> str:
     if cpu_is_the_limit(gpu, post):
         return (f"the post thread was busy {100 * post:.0f} % of the time and the GPU {100 * gpu:.0f} %: this "
                 "process's CPU is the limit, not the GPU (--workers-per-gpu 2 or more serves the streams in several "
-                "processes; fewer objects a frame or fewer rules cost less)")
+                "processes, best under CUDA MPS; fewer objects a frame or fewer rules cost less)")
     return (f"the GPU was busy {100 * gpu:.0f} % of the time, the post thread {100 * post:.0f} % (fewer streams, a "
             "lower rate or a lighter model would keep them)")
 

@@ -106,9 +106,11 @@ def test_what_gpus_cannot_go_with_is_one_line(gpus, sources, extra, said):
 
 
 @pytest.mark.parametrize("workers, extra, said", [
-    (0, {}, "workers_per_gpu = 0: allowed an integer from 1 to 16"),
-    (17, {}, "workers_per_gpu = 17: allowed an integer from 1 to 16"),
-    (True, {}, "workers_per_gpu = True: allowed an integer from 1 to 16"),
+    (0, {}, "workers_per_gpu = 0: allowed auto (two where CUDA MPS runs and 24 or more cameras share a GPU) or an "
+            "integer from 1 to 16"),
+    (17, {}, "workers_per_gpu = 17: allowed auto"),
+    (True, {}, "workers_per_gpu = True: allowed auto"),
+    ("two", {}, "workers_per_gpu = 'two': allowed auto"),
     (2, {"sinks": ["rtsp://127.0.0.1:8554/cam"]}, "drop the rtsp sink or --workers-per-gpu"),
     (2, {"backend": "onnxruntime-cpu"}, "--workers-per-gpu runs a pipeline on each GPU"),
 ])

@@ -52,16 +52,26 @@ def check(config, where: str, flag: str = "--gpus") -> None:
             raise GpuError(f"{where}: source {pinned[0].uri!r}: gpu = {pinned[0].gpu} places it on one of the GPUs "
                            "serve runs on: add --gpus (e.g. --gpus all)")
         return
+    found = conflict(config, flag)
+    if found is not None:
+        reason, fix = found
+        raise GpuError(f"{where}: {reason}: {fix}")
+
+
+def conflict(config, flag: str) -> tuple[str, str] | None:
+    """What in this configuration cannot run in worker processes (which `flag` asks for), as (the reason, its
+    fix); None where nothing."""
     if config.backend == "onnxruntime-cpu":
-        raise GpuError(f"{where}: {flag} runs a pipeline on each GPU; backend onnxruntime-cpu runs on the CPU: "
-                       f"drop {flag}, or use backend auto")
+        return (f"{flag} runs a pipeline on each GPU; backend onnxruntime-cpu runs on the CPU",
+                f"drop {flag}, or use backend auto")
     if is_triton(config.backend):
-        raise GpuError(f"{where}: {flag} with a Triton backend: the server places the model on its GPUs "
-                       f"(jetpipe export triton --gpus); drop {flag} here")
+        return (f"{flag} with a Triton backend: the server places the model on its GPUs (jetpipe export triton "
+                "--gpus)", f"drop {flag} here")
     for sink in config.sinks:
         if scheme_of(sink) == "rtsp":
-            raise GpuError(f"{where}: sink {sink}: an RTSP server serves one process's frames, and with {flag} "
-                           f"each worker's frames stay in it: drop the rtsp sink or {flag}")
+            return (f"sink {sink}: an RTSP server serves one process's frames, and with {flag} each worker's "
+                    "frames stay in it", f"drop the rtsp sink or {flag}")
+    return None
 
 
 def resolve(asked, config, where: str) -> list[int]:
