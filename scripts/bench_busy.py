@@ -20,7 +20,7 @@ record --format raw, the GIL holder's: --gil) into DIR.
 looped into one stream longer than the run, sent from its start to each connection, each frame's bytes at its
 time), which NVDEC takes through its remux ffmpeg (`tcp://` sources, no --loop --realtime). Session 52's first
 cameras sent it at its average byte rate, a keyframe's bytes spread over the frames after it; with them 70 % of
-the frames were dropped in both trees, the GPU 17 % busy: whether that pacing was the cause is not yet measured.
+the frames were dropped, the GPU 17 % busy; paced by frames, 7 % (16 cameras, H100, session 53).
 --remux-shim: where this machine's ffmpeg cannot read a socket (the GPU machines' static one),
 scripts/socket_remux.py stands in for the remux ffmpeg (the same bytes to the serving process; its own CPU is not
 the serving process's).

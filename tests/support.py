@@ -1,11 +1,14 @@
-"""Helpers the tests share: a free port, waiting for a condition, a `jetpipe serve` process."""
+"""Helpers the tests share: a free port, waiting for a condition, a `jetpipe serve` process, CUDA MPS's control
+socket."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,3 +38,21 @@ def serve_process(argv, cwd=None, env: dict | None = None) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return subprocess.Popen([sys.executable, "-m", "jetpipe", "serve", *map(str, argv)], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class MpsControl:
+    """A stand-in for CUDA MPS's control daemon as a client sees it: its `control` socket (AF_UNIX, seqpacket) in
+    a folder of its own, listened on until stop(), which leaves the socket behind as the daemon's quit does."""
+
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="mps-")  # short: a socket's path has at most 107 bytes
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(os.path.join(self.folder, "control"))
+        self.listener.listen(16)
+
+    def stop(self) -> None:
+        self.listener.close()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)

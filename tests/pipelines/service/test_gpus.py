@@ -33,7 +33,7 @@ from jetpipe.pipelines.config import (
 from jetpipe.pipelines.service.gpus import evidence, plan, scrape
 from jetpipe.pipelines.service.gpus.plan import SIMULATED_ENV, GpuError
 from jetpipe.pipelines.service.summary import PER_STREAM
-from tests.support import free_port, wait_for
+from tests.support import MpsControl, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -78,11 +78,19 @@ def test_several_workers_a_gpu_share_its_streams_and_a_pin_goes_to_a_worker_of_i
     assert plan.Placed(gpu_of, [0], [30.0]).order(30.0, None, [0, 1, 2, 3]) == [2, 3, 1, 0]
 
 
-def test_cuda_mps_is_seen_running_by_its_control_pipe(tmp_path, monkeypatch):
+def test_cuda_mps_is_seen_running_while_its_control_socket_is_listened_on(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     assert plan.mps_running() is None
-    os.mkfifo(tmp_path / "control")  # what nvidia-cuda-mps-control -d makes
-    assert plan.mps_running() == str(tmp_path)
+    (tmp_path / "control").touch()  # not a socket
+    assert plan.mps_running() is None
+    daemon = MpsControl()
+    try:
+        monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", daemon.folder)
+        assert plan.mps_running() == daemon.folder
+        daemon.stop()  # the daemon quit: its socket is left behind, and refuses
+        assert os.path.exists(os.path.join(daemon.folder, "control")) and plan.mps_running() is None
+    finally:
+        daemon.close()
 
 
 def test_a_synthetic_camera_offers_its_rate():

@@ -11,6 +11,7 @@ import pytest
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.service.gpus.workers_choice import MIN_LIVE_STREAMS, choose, resolve
+from tests.support import MpsControl
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -21,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[3]
     (32, "/tmp/mps", "an RTSP server serves one process's frames", 16, 1, 1,
      "32 live stream(s) a GPU, but an RTSP server serves one process's frames: one serving process a GPU"),
     (32, "/tmp/mps", None, 6, 2, 1, "6 CPU core(s), fewer than the 8 that 2 workers on each of 2 GPU(s) take"),
-    (24, "/tmp/mps", None, 4, 1, 2, "24 live stream(s) a GPU and CUDA MPS running (its pipes in /tmp/mps): 2 serving "
-                                    "processes a GPU"),
+    (24, "/tmp/mps", None, 4, 1, 2, "24 live stream(s) a GPU and CUDA MPS running (its control socket in /tmp/mps): "
+                                    "2 serving processes a GPU"),
 ])
 def test_two_workers_where_mps_runs_and_enough_live_streams_share_a_gpu(live, mps, refusal, cores, gpus, workers,
                                                                          said):
@@ -34,9 +35,15 @@ def _config(sources, **extra) -> PipelineConfig:
     return validate(PipelineConfig(bundle=Path("b"), sources=sources, **extra), "flags")
 
 
-def test_auto_counts_the_live_streams_a_gpu_and_serves_two_on_gpu_0_behind_the_face(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
-    os.mkfifo(tmp_path / "control")  # what nvidia-cuda-mps-control -d makes
+@pytest.fixture
+def mps():
+    daemon = MpsControl()
+    yield daemon
+    daemon.close()
+
+
+def test_auto_counts_the_live_streams_a_gpu_and_serves_two_on_gpu_0_behind_the_face(mps, monkeypatch):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", mps.folder)
     cameras = [SourceConfig("rtsp://camera/stream")] * MIN_LIVE_STREAMS
     config = _config(cameras)
     assert config.workers_per_gpu == "auto" and config.gpus is None  # chosen when serving starts
@@ -53,19 +60,16 @@ def test_auto_counts_the_live_streams_a_gpu_and_serves_two_on_gpu_0_behind_the_f
     choice = resolve(drawn, cores=16)
     assert choice.per_gpu == 1 and "an RTSP server serves one process's frames" in choice.why
     assert drawn.gpus is None
-    (tmp_path / "control").unlink()  # MPS stopped
+    mps.stop()  # MPS quit (its socket stays)
     assert "CUDA MPS is not running" in resolve(_config(cameras), cores=16).why
 
 
-def test_serve_says_what_auto_chose_and_serves_so(tiny_bundle, tmp_path):
+def test_serve_says_what_auto_chose_and_serves_so(tiny_bundle, tmp_path, mps):
     """Through the CLI, CUDA MPS seen running: the choice is said in the log and served. The process is held to
-    2 cores, so auto keeps one process (on the GPU machine, with MPS, the same serve runs two: gpu tests)."""
-    pipes = tmp_path / "mps"
-    pipes.mkdir()
-    os.mkfifo(pipes / "control")
+    2 cores, so auto keeps one process (on an H100 with MPS, 32 cameras got two: docs/performance.md)."""
     argv = [arg for _ in range(MIN_LIVE_STREAMS) for arg in ("--source", "synthetic:64x48@10")]
     summary = tmp_path / "summary.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_MPS_PIPE_DIRECTORY": str(pipes)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_MPS_PIPE_DIRECTORY": mps.folder}
     done = subprocess.run([sys.executable, "-m", "jetpipe", "serve", "--bundle", str(tiny_bundle), *argv,
                            "--frames", "3", "--metrics", "", "--summary", str(summary)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300,

@@ -224,7 +224,7 @@ def _say_mps() -> None:
         return
     pipes = plan.mps_running()
     if pipes:
-        log.info("CUDA MPS runs (its pipes in %s): the workers' kernels share each GPU side by side", pipes)
+        log.info("CUDA MPS runs (its control socket in %s): the workers' kernels share each GPU side by side", pipes)
     else:
         log.warning("CUDA MPS is not running: the workers of a GPU take turns on it, which costs latency where the "
                     "GPU is busy; start it as the GPU's owner (nvidia-cuda-mps-control -d) before serving, or keep "

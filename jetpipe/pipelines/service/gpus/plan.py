@@ -9,6 +9,7 @@ rates spreads evenly.
 from __future__ import annotations
 
 import os
+import socket
 
 from jetpipe import uri as uris
 from jetpipe.errors import JetpipeError
@@ -18,7 +19,8 @@ from jetpipe.runtime.probe import probe_gpu
 from jetpipe.runtime.triton_backend import is_triton
 
 GPUS_HELP = "all, or GPU numbers such as 0,1"
-MPS_PIPES = "/tmp/nvidia-mps"  # CUDA MPS's control pipe's folder unless CUDA_MPS_PIPE_DIRECTORY says another
+MPS_PIPES = "/tmp/nvidia-mps"  # CUDA MPS's control socket's folder unless CUDA_MPS_PIPE_DIRECTORY says another
+MPS_PROBE_S = 1.0  # the longest a connection to it is waited for
 SIMULATED_ENV = "JETPIPE_SIMULATED_GPUS"  # tests: N workers on the CPU runtime stand for N GPUs
 CAMERA_FPS = 30.0  # the offered rate of a source that says none (a file read as fast as it decodes, a camera)
 
@@ -110,10 +112,21 @@ def visible_gpus() -> tuple[int, str]:
 
 
 def mps_running() -> str | None:
-    """The folder of CUDA MPS's control pipe where its daemon runs (it makes `control` there), else None. Without
-    MPS, processes on one GPU take turns on it in time slices; with it, their kernels run side by side."""
+    """The folder of CUDA MPS's control socket where its daemon runs, else None. Without MPS, processes on one GPU
+    take turns on it in time slices; with it, their kernels run side by side. The socket (`control`, a seqpacket
+    one) stays behind when the daemon quits, so it is asked: a connection is taken while the daemon runs and
+    refused after (checked on an H100, driver 580; nvidia-cuda-mps-control connects the same way for each
+    command)."""
     folder = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPES
-    return folder if os.path.exists(os.path.join(folder, "control")) else None
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    probe.settimeout(MPS_PROBE_S)
+    try:
+        probe.connect(os.path.join(folder, "control"))
+    except OSError:  # none there, none listening (it quit), not a socket, or not ours to reach
+        return None
+    finally:
+        probe.close()
+    return folder
 
 
 def offered_rate(spec) -> float:

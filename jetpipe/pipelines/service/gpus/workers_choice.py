@@ -52,9 +52,9 @@ def choose(live_per_gpu: float, mps: str | None, refusal: str | None, cores: int
         return WorkersChoice(1, f"{streams} and CUDA MPS running, but {cores} CPU core(s), fewer than the "
                                 f"{needed} that {AUTO_WORKERS} workers on each of {gpus} GPU(s) take: one serving "
                                 "process a GPU")
-    return WorkersChoice(AUTO_WORKERS, f"{streams} and CUDA MPS running (its pipes in {mps}): {AUTO_WORKERS} "
-                                       "serving processes a GPU, the streams placed across them, so that one "
-                                       "process's CPU is not the limit (--workers-per-gpu 1 keeps one)")
+    return WorkersChoice(AUTO_WORKERS, f"{streams} and CUDA MPS running (its control socket in {mps}): "
+                                       f"{AUTO_WORKERS} serving processes a GPU, the streams placed across them, so "
+                                       "that one process's CPU is not the limit (--workers-per-gpu 1 keeps one)")
 
 
 def resolve(config, gpu_count: int | None = None, cores: int | None = None) -> WorkersChoice | None:
