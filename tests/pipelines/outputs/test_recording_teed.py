@@ -1,18 +1,23 @@
-"""A network stream's packets teed to the recording process by its remux ffmpeg (recording/teed.py): the
-recording is written from packets the serving process never read, on the clock of the packets it decodes, across
-reconnects; a recording process that goes does not stop the stream.
+"""A network stream's packets teed to the recording process by its remux ffmpeg, or by the decoder process that
+decodes it (recording/teed.py): the recording is written from packets the serving process never read, on the
+clock of the frames it decodes, across reconnects; a recording process that goes does not stop the stream.
 
 The stream here is what NvdecSource takes from its feed (the remux ffmpeg's MPEG-TS, read through fill()), with
 the frames' clock read from those bytes; NVDEC itself is the GPU test's (test_recording_gpu.py)."""
 
 import io
 import os
+import shutil
+import subprocess
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jetpipe import uri as uris
-from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
+from jetpipe.frames import frame_shape
+from jetpipe.pipelines.ingest.sources.ffmpeg import FFmpegSource, RemuxFeed
 from jetpipe.pipelines.outputs.recording.process import RecordingProcess
 from tests.pipelines.outputs.test_recording import (
     FPS,
@@ -69,8 +74,6 @@ def _ts(tmp_path: Path, seconds: float = 4, cut: bool = False) -> bytes:
     to a camera starts mid-GOP (the remux then starts at the next keyframe, not at decode time 0)."""
     video = _video(tmp_path / "in.mp4", seconds=seconds)
     out = tmp_path / "in.ts"
-    import subprocess
-
     subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(video), "-c", "copy", "-f", "mpegts", str(out)],
                    check=True)
     data = out.read_bytes()
@@ -78,7 +81,15 @@ def _ts(tmp_path: Path, seconds: float = 4, cut: bool = False) -> bytes:
 
 
 def _pipes_of(pid: int) -> set[str]:
-    return {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd).startswith("pipe:")}
+    pipes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # closed since the folder was listed
+            continue
+        if target.startswith("pipe:"):
+            pipes.add(target)
+    return pipes
 
 
 @needs_ffmpeg
@@ -144,3 +155,128 @@ def test_a_stream_goes_on_whole_when_its_recording_process_went(tmp_path, when):
     finally:
         recorder.close()
         server.unplug()
+
+
+# --- a stream a decoder process decodes (FFmpeg here; a Jetson's GStreamer the same way) -------------------------
+def _decoded(source, on_first_frame=lambda: None) -> list[float]:
+    """One run of the source read to its end, as its capture thread reads it: the frames' times."""
+    from jetpipe.pipelines.ingest.sources.base import SourceError
+
+    info = source.open()
+    slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+    times = []
+    while True:
+        try:
+            times.append(source.read_into(slot))
+        except SourceError:  # a live stream's end
+            return times
+        if len(times) == 1:
+            on_first_frame()
+
+
+@needs_ffmpeg
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux's /proc to see a process's pipes")
+def test_a_decoder_process_tees_its_packets_counted_from_its_first_keyframe_as_its_frames_are(tmp_path):
+    """An FFmpeg-decoded camera joined mid-GOP: its decoder writes the packets to the recording process's pipe
+    (no arena, no tap in this process); they are counted from the run's first keyframe, as the frames are (a copy
+    on the camera's own clock would start 0.4 s late), and each is a decoded frame."""
+    ts = _ts(tmp_path, cut=True)
+    with av.open(io.BytesIO(ts), format="mpegts") as container:  # the first keyframe's reorder delay
+        stream = container.streams.video[0]
+        key = next(p for p in container.demux(stream) if p.is_keyframe)
+        delay = float((key.pts - key.dts) * stream.time_base)
+    server = StreamServer(ts, once=True)
+    folder = tmp_path / "rec"
+    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    try:
+        source = FFmpegSource(uris.parse(server.url), False, False)
+        recorder.attach(0, source, "all")
+        assert source.packet_ring is None  # no arena: nothing of the packets goes through this process
+        baseline = _pipes_of(recorder.process.pid)
+        frames = _decoded(source)
+        source.close()
+        _wait(lambda: _pipes_of(recorder.process.pid) <= baseline)  # its pipe read to its end
+        _wait(lambda: len(_rows(folder)) >= 2)
+    finally:
+        recorder.close()
+        server.unplug()
+    rows = _index(folder, "SELECT path, t0, packets, open FROM segments ORDER BY t0")
+    assert len(frames) == 4 * FPS - GOP and frames[0] == 0.0  # from the first keyframe after the cut
+    assert sum(r[2] for r in rows) == len(frames) and all(r[3] == 0 and _decodes(folder / r[0]) == r[2] for r in rows)
+    # on the frames' clock (the first keyframe shown at 0), 2-s segments, each from its first packet's decode time
+    assert [r[1] for r in rows] == pytest.approx([-delay, 2.0 - delay], abs=1e-4) and delay < 0.2
+    summary = recorder.summary()
+    assert summary["teed_streams"] == 1 and summary["rings_s"] == 0 and summary["segments"] == 2
+
+
+@needs_ffmpeg
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux's /proc to see a process's pipes")
+def test_a_decoder_process_goes_on_whole_when_the_recording_process_went(tmp_path):
+    """The recording process killed after the first frame of a minute's camera (2 MB of packets, twice the pipe's
+    buffer, most after the kill): the decoder's copy is drained here from then on, so it neither fails on a
+    closed pipe nor waits on a full one, and every frame comes; the next run gets no copy."""
+    seconds = 60
+    server = StreamServer(_ts(tmp_path, seconds), once=True)
+    recorder = RecordingProcess(_config(tmp_path / "rec"), 5.0, 5.0, 64)
+    try:
+        source = FFmpegSource(uris.parse(server.url), False, False)
+        recorder.attach(0, source, "all")
+
+        def kill_the_recording():
+            recorder.process.kill()
+            recorder.process.join(30)
+
+        stuck = threading.Timer(120, source.interrupt)  # a decoder waiting on a full pipe: fail, do not hang
+        stuck.start()
+        try:
+            assert len(_decoded(source, on_first_frame=kill_the_recording)) == seconds * FPS
+        finally:
+            stuck.cancel()
+        assert recorder.health() == "recording: its process stopped"
+        again = _decoded(source)  # a reconnect: its decoder writes no copy
+        assert len(again) == seconds * FPS and "mpegts" not in source._process.argv
+        source.close()
+    finally:
+        recorder.close()
+        server.unplug()
+
+
+@needs_ffmpeg
+def test_a_jetsons_gstreamer_pipeline_tees_its_packets_to_the_recording_process(tmp_path, monkeypatch):
+    """The GStreamer pipeline built for a Jetson (a software decoder in nvv4l2decoder's place: no Jetson on hand)
+    with a recording: the tee after its parser sends the packets to the recording process's pipe, not to a tap
+    here; every frame's packet is recorded, on the frames' clock."""
+    from jetpipe.pipelines.ingest.sources import EndOfStream, gstreamer, open_source
+
+    if shutil.which("gst-inspect-1.0") is None:
+        pytest.skip("GStreamer's tools are not installed (gstreamer1.0-tools)")
+    for element in ("openh264dec", "mpegtsmux", "h264parse", "parsebin"):
+        if subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode != 0:
+            pytest.skip(f"GStreamer's {element} is not installed (gstreamer1.0-plugins-bad / -base)")
+    monkeypatch.setattr(gstreamer, "DECODER", "openh264dec")
+    monkeypatch.setattr(gstreamer, "TO_NV12", "videoconvert")
+    video = _video(tmp_path / "in.mp4", seconds=4)
+    folder = tmp_path / "rec"
+    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    frames = []
+    try:
+        source = open_source(str(video), decoder="gstreamer")  # as a Jetson opens it (its size and bit rate probed)
+        assert isinstance(source, gstreamer.GstSource) and source.bit_rate > 0
+        recorder.attach(0, source, "all")
+        assert source.packet_ring is None
+        info = source.open()
+        assert "mpegtsmux" in " ".join(source._process.argv)
+        slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+        with pytest.raises(EndOfStream):
+            while True:
+                frames.append(source.read_into(slot))
+        source.close()
+        _wait(lambda: len(_rows(folder)) >= 2)
+    finally:
+        recorder.close()
+    rows = _index(folder, "SELECT path, t0, packets, open FROM segments ORDER BY t0")
+    assert len(frames) == 4 * FPS and sum(r[2] for r in rows) == len(frames)
+    assert all(r[3] == 0 and _decodes(folder / r[0]) == r[2] for r in rows)
+    assert rows[0][1] <= frames[0] < rows[0][1] + 0.2 and rows[1][1] == pytest.approx(rows[0][1] + 2, abs=1e-4)
+    summary = recorder.summary()
+    assert summary["teed_streams"] == 1 and summary["rings_s"] == 0

@@ -131,15 +131,16 @@ def _choose_decoder(uri: uris.SourceURI, decoder: str) -> str:
     return decoder
 
 
-def _jetson_stream(uri: uris.SourceURI) -> tuple[FrameInfo, str]:
-    """Frame size for a Jetson pipeline and the stream's codec: CSI defaults, else what ffprobe says."""
+def _jetson_stream(uri: uris.SourceURI) -> tuple[FrameInfo, str, float]:
+    """Frame size for a Jetson pipeline, the stream's codec and its bit rate (0: not said): CSI defaults, else
+    what ffprobe says."""
     if uri.scheme == "csi":
         w, h, fps = gstreamer.CSI_DEFAULT
-        return FrameInfo("nv12", h, w, fps=fps), "raw"
+        return FrameInfo("nv12", h, w, fps=fps), "raw", 0.0
     if ffmpeg.tools_available() is not None:
         raise JetpipeError(f"source {uri.text}: the frame size is needed for the GStreamer pipeline and "
                            "ffprobe is missing (apt install ffmpeg)")
     stream = ffmpeg.probe(uri)
     info = stream.frame_info()
     fmt = "yuyv" if uri.scheme == "v4l2" and info.format == "yuyv" else "nv12"
-    return FrameInfo(fmt, info.height, info.width, info.standard, info.range, info.fps), stream.codec
+    return FrameInfo(fmt, info.height, info.width, info.standard, info.range, info.fps), stream.codec, stream.bit_rate

@@ -23,6 +23,7 @@ class Source(Protocol):
     # the clips writer set one (None: not kept)
     keeps_packets: bool
     packet_ring: object | None
+    bit_rate: float  # where it keeps packets: bits a second where its container says (0: not said)
 
     def describe(self) -> str: ...
 

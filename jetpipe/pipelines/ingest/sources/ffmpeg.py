@@ -18,7 +18,7 @@ from fractions import Fraction
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.ingest.sources.base import FrameInfo, SourceError
-from jetpipe.pipelines.ingest.sources.pipe import DecoderProcess, DecoderRuns, PipeSource
+from jetpipe.pipelines.ingest.sources.pipe import DecoderProcess, DecoderRuns, PipeSource, started_with_copy
 from jetpipe.uri import SourceURI
 
 # decoder pixel format -> (jetpipe format, ffmpeg output format, range when the format implies one)
@@ -214,16 +214,8 @@ class RemuxFeed(DecoderRuns):
         with self._lock:
             self._connected, tee = True, self._tee
         name = f"{self.uri.text} (remux)"
-        if tee is None:
-            self._process = DecoderProcess(remux_command(self.uri), 0, name)
-            return
-        fd = tee.open_pipe()
-        try:
-            self._process = DecoderProcess(remux_command(self.uri, fd), 0, name, pass_fds=(fd,))
-        except BaseException:
-            tee.failed()
-            raise
-        tee.started()
+        self._process = started_with_copy(tee, lambda fd: DecoderProcess(
+            remux_command(self.uri, fd), 0, name, pass_fds=() if fd is None else (fd,)))
 
     def fill(self, buffer) -> int:
         """The demuxer's read callback (PyNvVideoCodec hands it a bytearray): bytes written into `buffer`,

@@ -96,10 +96,11 @@ class GstSource(PipeSource):
     decoder_name = "gstreamer"
 
     def __init__(self, uri: SourceURI, loop: bool = False, realtime: bool = False, info: FrameInfo | None = None,
-                 codec: str = "?"):
-        """info: the frames of a pipeline built here (a Jetson's), codec: its stream's (ffprobe's name)."""
+                 codec: str = "?", bit_rate: float = 0.0):
+        """info: the frames of a pipeline built here (a Jetson's), codec: its stream's (ffprobe's name), bit_rate:
+        its bits a second where the container says (0: not said; a clips ring's and an arena's size)."""
         super().__init__(uri, loop, realtime)
-        self.pipeline_info, self.codec = info, codec
+        self.pipeline_info, self.codec, self.bit_rate = info, codec, bit_rate
         # a file or a network stream: its packets can be copied (packet_tap); a pipeline of the user's, a camera's
         # raw frames: none
         self.keeps_packets = uri.scheme not in ("gst", "csi", "v4l2")

@@ -22,7 +22,7 @@ import numpy as np
 from jetpipe.errors import worth_logging
 from jetpipe.frames import frame_shape
 from jetpipe.pipelines.ingest.sources import packet_tap
-from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, not_teed, read_whole
+from jetpipe.pipelines.ingest.sources.base import EndOfStream, FrameInfo, SourceError, read_whole
 from jetpipe.pipelines.ingest.sources.packet_tap import PacketTap
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,21 @@ class DecoderProcess:
         self._stderr.join(timeout=1)
 
 
+def started_with_copy(tee, start, from_first_key: bool = False):
+    """start(fd) -> a process writing a copy of its packets to fd (None: no copy), given the pipe `tee` (a
+    recording's TeePipe: open_pipe(), started(), failed(); None: none) opens for this run."""
+    fd = tee.open_pipe() if tee is not None else None
+    if fd is None:
+        return start(None)
+    try:
+        process = start(fd)
+    except BaseException:
+        tee.failed()
+        raise
+    tee.started(from_first_key)
+    return process
+
+
 class DecoderRuns:
     """A decoder subprocess that is started again and again (loops, reconnects): the current run and the
     errors of the runs that ended."""
@@ -162,6 +177,9 @@ class PipeSource(DecoderRuns):
         self._probe_process = None  # a running probe (ffprobe): killed by interrupt()
         self._tap: PacketTap | None = None  # where clips keep the packets (packet_tap)
         self.packet_ring = None  # clips.PacketRing: the stream's packets, copied by its decoder (packet_tap)
+        self._tee_lock = threading.Lock()
+        self._ran = False        # a decoder run was started: a tee set now would miss its packets
+        self._tee = None         # a recording's TeePipe: each run's packets to its pipe (tee_packets)
 
     def _probing(self, process) -> None:
         self._probe_process = process
@@ -199,7 +217,18 @@ class PipeSource(DecoderRuns):
 
     def _start_process(self, frame_bytes: int) -> DecoderProcess:
         """This run's decoder; where clips keep the stream's packets (packet_ring set on a source that can copy
-        them), it also writes them to the tap's pipe."""
+        them), it also writes them to the tap's pipe; where a recording takes them (tee_packets), to its pipe."""
+        with self._tee_lock:
+            self._ran, tee = True, self._tee
+        if tee is not None:
+            codec = self.packet_codec()
+            if codec not in packet_tap.ANNEXB_CODECS:
+                log.warning("source %s: not recorded: its codec (%s) is not H.264 or HEVC", self.uri, codec)
+                self._tee = None
+            else:
+                return started_with_copy(tee, lambda fd: DecoderProcess(
+                    self.command(packets_fd=fd), frame_bytes, self.describe(), pass_fds=() if fd is None else (fd,)),
+                    from_first_key=True)
         tap = self._packet_tap()
         if tap is None or not tap.takes(self.packet_codec()):
             return DecoderProcess(self.command(), frame_bytes, self.describe())
@@ -229,7 +258,15 @@ class PipeSource(DecoderRuns):
         return self._tap
 
     read_queued = read_whole  # the frame is in the slot when read_into returns
-    tee_packets = not_teed  # its packets, where it keeps them, are demuxed in this process
+
+    def tee_packets(self, tee) -> bool:
+        """Each decoder run's packets also to `tee`'s pipe (its second output), from the next run on; False where
+        a run was started already, or clips keep the packets here (the decoder writes one copy: the tap's)."""
+        with self._tee_lock:
+            if self._ran or self.packet_ring is not None or not self.keeps_packets:
+                return False
+            self._tee = tee
+            return True
 
     def read_into(self, slot: np.ndarray) -> float | None:
         while True:

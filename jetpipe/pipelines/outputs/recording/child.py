@@ -2,10 +2,10 @@
 stream, filled with the packets the serving process's passes describe in the stream's arena.
 
 Messages from the serving process: ("attach", stream, described, mode, template, capacity) and the arena's file
-descriptor after it (capacity 0: no arena, the stream's packets are teed: teed.py), ("tee", stream) and a
-connection's pipe after it, ("pass", streams, entries, offsets, ended), ("close",). To it: ("ready", repaired) or
-("refused", one line) at the start, ("summary", counts) at the end. Its health goes through a shared byte
-(HEALTH), read by the serving process's /healthz.
+descriptor after it (capacity 0: no arena, the stream's packets are teed: teed.py), ("tee", stream,
+from_first_key) and a connection's pipe after it, ("pass", streams, entries, offsets, ended), ("close",). To it:
+("ready", repaired) or ("refused", one line) at the start, ("summary", counts) at the end. Its health goes
+through a shared byte (HEALTH), read by the serving process's /healthz.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _serve(conn, recorder, state, ring_bytes: int) -> None:
                 rings[stream_id] = (ForwardedRing(template, ring_bytes), arena if capacity else None)
                 recorder.follow(stream_id, described, rings[stream_id][0], mode)
             elif message[0] == "tee":
-                _tee(rings, tees, message[1], fd)
+                _tee(rings, tees, message[1], fd, message[2])
             else:
                 _apply(recorder, rings, tees, *message[1:])
             state.value = CODES.get(recorder.health(), 0)
@@ -163,13 +163,15 @@ def _serve(conn, recorder, state, ring_bytes: int) -> None:
                 arena.close()
 
 
-def _tee(rings: dict, tees: dict, stream_id: int, fd: int) -> None:
-    """A teed stream's new connection: its packets read from the pipe into the stream's ring."""
+def _tee(rings: dict, tees: dict, stream_id: int, fd: int, from_first_key: bool) -> None:
+    """A teed stream's new connection: its packets read from the pipe into the stream's ring (from_first_key:
+    counted from its first keyframe, as a decoder process's frames are)."""
     ring, _ = rings.get(stream_id, (None, None))
     if ring is None:  # (removed meanwhile)
         os.close(fd)
         return
-    tees[stream_id] = TeedPackets(fd, ring, str(stream_id), before=tees.get(stream_id))
+    tees[stream_id] = TeedPackets(fd, ring, str(stream_id), before=tees.get(stream_id),
+                                  from_first_key=from_first_key)
 
 
 def _apply(recorder, rings: dict, tees: dict, streams: list, entries: list, offsets: dict, ended: list) -> None:

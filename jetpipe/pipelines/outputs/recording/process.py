@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import threading
 import time
@@ -86,8 +87,12 @@ class RecordingProcess:
         self.forgotten_unkept = 0       # and the packets they did not keep
         self.teed = 0                   # streams attached whose packets never passed through this process
         self.written: dict | None = None  # the process's summary, at the stop
+        self.tees: list[TeePipe] = []   # each teed stream's pipe (its last connection's read end kept: watch)
+        self.tees_lock = threading.Lock()
+        self.gone = False               # the process ended: the tees' pipes are drained here
         self.thread = threading.Thread(target=self._run, name="recording-forward", daemon=True)
         self.thread.start()
+        threading.Thread(target=self._watch_process, name="recording-watch", daemon=True).start()
 
     # -- streams (the serving process's threads) ----------------------------------------------------------------
     def attach(self, stream_id: int, source, mode: str, at_start: bool = True) -> None:
@@ -113,6 +118,22 @@ class RecordingProcess:
         with self.cond:
             self.forwarded[stream_id] = Forwarded(arena, source)
         self.teed += arena is None
+
+    def watch(self, tee: TeePipe) -> None:
+        """A teed connection's read end is kept by `tee`: drained here once the process is gone (now, if it is),
+        so that the process writing the copy never fails on it."""
+        with self.tees_lock:
+            if tee not in self.tees:
+                self.tees.append(tee)
+            if self.gone:
+                tee.drain()
+
+    def _watch_process(self) -> None:
+        multiprocessing.connection.wait([self.process.sentinel])
+        with self.tees_lock:
+            self.gone = True
+            for tee in self.tees:
+                tee.drain()
 
     def removed(self, stream_id: int) -> None:
         """The stream was removed: what its arena holds is handed over, then it is forgotten (the thread)."""
