@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,3 +58,17 @@ class MpsControl:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def jetson_pipeline_in_software(monkeypatch) -> None:
+    """The GStreamer pipeline built for a Jetson, with software elements in nvv4l2decoder's and nvvidconv's places
+    (no Jetson on hand); the test is skipped, with the package to install, where GStreamer lacks one of them."""
+    from jetpipe.pipelines.ingest.sources import gstreamer
+
+    if shutil.which("gst-inspect-1.0") is None:
+        pytest.skip("GStreamer's tools are not installed (gstreamer1.0-tools)")
+    for element in ("openh264dec", "mpegtsmux", "h264parse", "parsebin"):
+        if subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode != 0:
+            pytest.skip(f"GStreamer's {element} is not installed (gstreamer1.0-plugins-bad / -base)")
+    monkeypatch.setattr(gstreamer, "DECODER", "openh264dec")
+    monkeypatch.setattr(gstreamer, "TO_NV12", "videoconvert")

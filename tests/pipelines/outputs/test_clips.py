@@ -12,6 +12,7 @@ import pytest
 
 from jetpipe.pipelines.ingest.packet_ring import Packet, PacketRing
 from jetpipe.pipelines.outputs.clips.cut import open_template, write_clip
+from tests.support import jetson_pipeline_in_software
 
 needs_ffmpeg = pytest.mark.skipif(not (shutil.which("ffmpeg") and shutil.which("ffprobe")),
                                   reason="ffmpeg and ffprobe are not on PATH (apt-get install ffmpeg)")
@@ -439,13 +440,7 @@ def test_a_jetsons_gstreamer_pipeline_keeps_its_packets_for_clips(tmp_path, monk
     from jetpipe.pipelines.ingest.sources import EndOfStream, gstreamer
     from jetpipe.pipelines.ingest.sources.ffmpeg import probe
 
-    if shutil.which("gst-inspect-1.0") is None:
-        pytest.skip("GStreamer's tools are not installed (gstreamer1.0-tools)")
-    for element in ("openh264dec", "mpegtsmux", "h264parse", "parsebin"):
-        if subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode != 0:
-            pytest.skip(f"GStreamer's {element} is not installed (gstreamer1.0-plugins-bad / -base)")
-    monkeypatch.setattr(gstreamer, "DECODER", "openh264dec")
-    monkeypatch.setattr(gstreamer, "TO_NV12", "videoconvert")
+    jetson_pipeline_in_software(monkeypatch)
     video = _video(tmp_path / "in.mp4", "h264")
     uri = uris.parse(str(video))
     stream = probe(uri)

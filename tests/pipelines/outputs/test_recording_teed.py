@@ -7,7 +7,6 @@ the frames' clock read from those bytes; NVDEC itself is the GPU test's (test_re
 
 import io
 import os
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.pipelines.outputs.test_recording import (
     needs_ffmpeg,
 )
 from tests.stream_server import StreamServer
+from tests.support import jetson_pipeline_in_software
 
 av = pytest.importorskip("av", reason="PyAV (pip install av) reads the teed packets")
 
@@ -248,13 +248,7 @@ def test_a_jetsons_gstreamer_pipeline_tees_its_packets_to_the_recording_process(
     here; every frame's packet is recorded, on the frames' clock."""
     from jetpipe.pipelines.ingest.sources import EndOfStream, gstreamer, open_source
 
-    if shutil.which("gst-inspect-1.0") is None:
-        pytest.skip("GStreamer's tools are not installed (gstreamer1.0-tools)")
-    for element in ("openh264dec", "mpegtsmux", "h264parse", "parsebin"):
-        if subprocess.run(["gst-inspect-1.0", element], capture_output=True).returncode != 0:
-            pytest.skip(f"GStreamer's {element} is not installed (gstreamer1.0-plugins-bad / -base)")
-    monkeypatch.setattr(gstreamer, "DECODER", "openh264dec")
-    monkeypatch.setattr(gstreamer, "TO_NV12", "videoconvert")
+    jetson_pipeline_in_software(monkeypatch)
     video = _video(tmp_path / "in.mp4", seconds=4)
     folder = tmp_path / "rec"
     recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
