@@ -214,8 +214,8 @@ class RemuxFeed(DecoderRuns):
         with self._lock:
             self._connected, tee = True, self._tee
         name = f"{self.uri.text} (remux)"
-        self._process = started_with_copy(tee, lambda fd: DecoderProcess(
-            remux_command(self.uri, fd), 0, name, pass_fds=() if fd is None else (fd,)))
+        self._process = started_with_copy(tee, lambda fd, fds: DecoderProcess(
+            remux_command(self.uri, fd), 0, name, pass_fds=fds))
 
     def fill(self, buffer) -> int:
         """The demuxer's read callback (PyNvVideoCodec hands it a bytearray): bytes written into `buffer`,

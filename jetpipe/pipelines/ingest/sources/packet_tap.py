@@ -29,6 +29,30 @@ READ_BYTES = 1 << 16
 JOIN_S = 5.0  # the thread ends at the pipe's end, once its decoder exited
 
 
+def read_to_end(fd: int) -> None:
+    """The pipe read to its end, what is left of it thrown away: its writer must never wait on it."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, READ_BYTES):
+            pass
+
+
+def demuxed(container, stream, from_first_key: bool = True):
+    """The stream's packets as a ring keeps them; from_first_key: only from its first keyframe on, their times
+    counted from it (as a decoder process's frames are: the frames before were not decoded), else on the
+    stream's own clock."""
+    base, first = stream.time_base, None if from_first_key else 0
+    for p in container.demux(stream):
+        at = p.pts if p.pts is not None else p.dts
+        if not p.size or at is None:
+            continue
+        if first is None:
+            if not p.is_keyframe:
+                continue
+            first = at
+        yield Packet(float((at - first) * base), bytes(p), None if p.pts is None else p.pts - first,
+                     None if p.dts is None else p.dts - first, p.duration or 0, p.is_keyframe)
+
+
 def missing() -> str | None:
     """None where the packets can be read (PyAV imports), else why not, with the fix."""
     try:
@@ -96,9 +120,7 @@ class PacketTap:
         except Exception as exc:  # noqa: BLE001 (PyAV's errors, a broken stream: the frames go on)
             self._say(f"its packets could not be read ({exc})")
         finally:
-            with contextlib.suppress(OSError):
-                while os.read(fd, READ_BYTES):  # to the end: the decoder must never wait on this pipe
-                    pass
+            read_to_end(fd)  # the decoder must never wait on this pipe
             os.close(fd)
 
     def _keep(self, fd: int, codec: str) -> None:
@@ -109,15 +131,11 @@ class PacketTap:
         last = time.thread_time()
         with av.open(f"pipe:{fd}", format="mpegts") as container:
             stream = container.streams.video[0]
-            ring, base, first = self.ring, stream.time_base, None
+            ring = self.ring
             if ring.time_base is None:
-                ring.time_base, ring.annexb = base, codec
-            for p in container.demux(stream):
-                at = p.pts if p.pts is not None else p.dts
-                if p.size and at is not None and (first is not None or p.is_keyframe):
-                    first = at if first is None else first  # before the first keyframe: its frames were not decoded
-                    ring.add(Packet(float((at - first) * base), bytes(p), None if p.pts is None else p.pts - first,
-                                    None if p.dts is None else p.dts - first, p.duration or 0, p.is_keyframe))
+                ring.time_base, ring.annexb = stream.time_base, codec
+            for packet in demuxed(container, stream):
+                ring.add(packet)
                 now = time.thread_time()
                 ring.cpu_s += now - last  # demuxing and keeping: all this thread does
                 last = now

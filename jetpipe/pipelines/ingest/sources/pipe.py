@@ -116,13 +116,14 @@ class DecoderProcess:
 
 
 def started_with_copy(tee, start, from_first_key: bool = False):
-    """start(fd) -> a process writing a copy of its packets to fd (None: no copy), given the pipe `tee` (a
-    recording's TeePipe: open_pipe(), started(), failed(); None: none) opens for this run."""
+    """start(fd, pass_fds) -> a process writing a copy of its packets to fd (None: no copy; pass_fds: the fds it
+    is given), given the pipe `tee` (a recording's TeePipe: open_pipe(), started(), failed(); None: none) opens
+    for this run."""
     fd = tee.open_pipe() if tee is not None else None
     if fd is None:
-        return start(None)
+        return start(None, ())
     try:
-        process = start(fd)
+        process = start(fd, (fd,))
     except BaseException:
         tee.failed()
         raise
@@ -226,9 +227,8 @@ class PipeSource(DecoderRuns):
                 log.warning("source %s: not recorded: its codec (%s) is not H.264 or HEVC", self.uri, codec)
                 self._tee = None
             else:
-                return started_with_copy(tee, lambda fd: DecoderProcess(
-                    self.command(packets_fd=fd), frame_bytes, self.describe(), pass_fds=() if fd is None else (fd,)),
-                    from_first_key=True)
+                return started_with_copy(tee, lambda fd, fds: DecoderProcess(
+                    self.command(packets_fd=fd), frame_bytes, self.describe(), pass_fds=fds), from_first_key=True)
         tap = self._packet_tap()
         if tap is None or not tap.takes(self.packet_codec()):
             return DecoderProcess(self.command(), frame_bytes, self.describe())

@@ -30,9 +30,8 @@ import os
 import threading
 from multiprocessing.reduction import send_handle
 
-from jetpipe.pipelines.ingest.sources.packet_tap import ANNEXB_CODECS, READ_BYTES
+from jetpipe.pipelines.ingest.sources.packet_tap import ANNEXB_CODECS, demuxed, read_to_end
 from jetpipe.pipelines.ingest.sources.pipe import F_SETPIPE_SZ, PIPE_BYTES
-from jetpipe.video import Packet
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,6 @@ class TeePipe:
         self._read_fd: int | None = None
         self._write_fd: int | None = None
         self._kept: int | None = None  # the last connection's read end, kept here (drained if the recording goes)
-        self.drains: list[threading.Thread] = []
         self.said = False
 
     def open_pipe(self) -> int | None:
@@ -89,12 +87,7 @@ class TeePipe:
         """The recording process is gone: the kept read end is read to its end here (its writer goes on)."""
         fd, self._kept = self._kept, None
         if fd is not None:
-            thread = threading.Thread(target=_drained, args=(fd,), name=f"tee-drain-{self.stream_id}", daemon=True)
-            thread.start()
-            self.drains.append(thread)
-
-    def close(self) -> None:
-        self._close_fds()
+            threading.Thread(target=_drained, args=(fd,), name=f"tee-drain-{self.stream_id}", daemon=True).start()
 
     def _say(self, why: str) -> None:
         if not self.said:
@@ -110,9 +103,7 @@ class TeePipe:
 
 
 def _drained(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        while os.read(fd, READ_BYTES):
-            pass
+    read_to_end(fd)
     with contextlib.suppress(OSError):
         os.close(fd)
 
@@ -139,9 +130,7 @@ class TeedPackets:
         except Exception as exc:  # noqa: BLE001 (PyAV's errors, a broken stream: the stream goes on unrecorded)
             log.warning("stream %s: its packets could not be read (%s)", self.name, exc)
         finally:
-            with contextlib.suppress(OSError):
-                while os.read(fd, READ_BYTES):  # to the end: the ffmpeg must never wait on this pipe
-                    pass
+            read_to_end(fd)  # the writer must never wait on this pipe
             with self.ring.adding:
                 self.ring.close_gop()
             os.close(fd)  # (after: a closed pipe says its packets are all in the ring)
@@ -157,19 +146,8 @@ class TeedPackets:
             if codec not in ANNEXB_CODECS:
                 log.warning("stream %s: not recorded: its codec (%s) is not H.264 or HEVC", self.name, codec)
                 return
-            base = stream.time_base
             with ring.adding:
-                ring.time_base, ring.annexb = base, codec
-            first = None if self.from_first_key else 0
-            for p in container.demux(stream):
-                at = p.pts if p.pts is not None else p.dts
-                if not p.size or at is None:
-                    continue
-                if first is None:  # before the run's first keyframe: its frames were not decoded
-                    if not p.is_keyframe:
-                        continue
-                    first = at
-                packet = Packet(float((at - first) * base), bytes(p), None if p.pts is None else p.pts - first,
-                                None if p.dts is None else p.dts - first, p.duration or 0, p.is_keyframe)
+                ring.time_base, ring.annexb = stream.time_base, codec
+            for packet in demuxed(container, stream, self.from_first_key):
                 with ring.adding:
                     ring.add(packet)

@@ -23,7 +23,7 @@ from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.outputs.sinks import FRAME_SCHEMES, SinkFanout, open_sinks, scheme_of
 from jetpipe.pipelines.quantiles import RunHistogram
 from jetpipe.pipelines.service.closing import close_in_reverse
-from jetpipe.pipelines.service.gpus import channel, evidence, plan, totals, workers_choice
+from jetpipe.pipelines.service.gpus import channel, evidence, plan, totals
 from jetpipe.pipelines.service.gpus.pages import FacePages
 from jetpipe.pipelines.service.gpus.routes import FaceRoutes
 from jetpipe.pipelines.service.gpus.workers import WorkerProcess, worker_config
@@ -51,10 +51,7 @@ class MultiGpuFace:
                         "later by the rate each GPU's worker measured its model at; a TensorRT engine "
                         "runs only on the GPU model it was built for (each worker checks it): convert on each model, "
                         "or serve the ONNX model", ", ".join(f"{g}: {name}" for g, name in models.items()))
-        chosen = workers_choice.resolve(config, len(gpus))  # where run_pipeline did not (a face made alone)
-        if chosen is not None:
-            log.info("workers_per_gpu auto: %s", chosen.why)
-        per_gpu = config.workers_per_gpu
+        per_gpu = config.workers_per_gpu  # a number: run_pipeline resolved auto (workers_choice)
         gpu_of = plan.workers_of(gpus, per_gpu)
         evidence.check(config, len(gpu_of))  # each worker records, cuts clips and snapshots into a part of its own
         # each worker's place among its GPU's (channel.Job.k): from 1 where a GPU has several, else 0
