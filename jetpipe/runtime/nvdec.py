@@ -125,6 +125,7 @@ class NvdecSource:
         self._staging = None       # pinned host frame the fallback decodes into, copied to the slot
         self.info = None
         self.packet_ring = None  # clips.PacketRing / a recording's arena: each demuxed packet kept there too
+        self._tee = None          # a recording's TeePipe the feed's ffmpeg writes to (the fallback's too)
         self._kept = DemuxedPackets(uri.text)  # the packets into it (and the opening's, for a ring set later)
         with device.active():
             self._stream = device.stream()
@@ -213,12 +214,24 @@ class NvdecSource:
                     raise
                 log.warning("source %s: NVDEC cannot decode it (%s): decoding with FFmpeg", self.uri, exc)
                 self._close_decoder()
-                self._host = self.fallback()
+                self._host = self._fallen_back()
                 return self._open_host()
         self.pace_from_now()
         log.info("source %s: nv12 %dx%d %s via NVDEC (device memory)", self.uri, self.info.width, self.info.height,
                  self.info.standard)
         return self.info
+
+    def _fallen_back(self):
+        """The fallback source, given what clips and a recording took from this one when they attached (before
+        the stream's first read): the clips' ring, the recording's tee (its decoder process writes the packets the
+        feed's ffmpeg wrote). Where clips keep its packets the fallback's decoder writes their copy alone, and the
+        teed recording gets none: said."""
+        host = self.fallback()
+        host.packet_ring = self.packet_ring
+        if self._tee is not None and not host.tee_packets(self._tee):
+            log.warning("source %s: not recorded while FFmpeg decodes it: its decoder writes one copy of the "
+                        "packets, and clips keep it", self.uri)
+        return host
 
     def pace_from_now(self) -> None:
         """--realtime: the first frame is due a frame period from now. open() starts the pace; a reader that
@@ -267,9 +280,14 @@ class NvdecSource:
         return self._pending.popleft()
 
     def tee_packets(self, tee) -> bool:
-        """A network stream's packets to the recording process straight from its remux ffmpeg (a file's are
-        demuxed here)."""
-        return self.feed is not None and self.feed.tee_packets(tee)
+        """A network stream's packets to the recording process straight from its remux ffmpeg, and from the
+        fallback's decoder where NVDEC does not take the stream (a file's are demuxed here)."""
+        if self._host is not None:
+            return self._host.tee_packets(tee)
+        if self.feed is None or not self.feed.tee_packets(tee):
+            return False
+        self._tee = tee
+        return True
 
     @property
     def bit_rate(self) -> float:

@@ -68,3 +68,106 @@ def test_a_network_nvdec_streams_recording_is_teed_past_the_serving_process(det_
     frames = sorted({r["pts"] for r in records if "schema" not in r})
     assert rows[0][1] == pytest.approx(frames[0], abs=1e-3)
     assert all(any(abs(t0 - pts) < 1e-3 for pts in frames) for _, t0, _ in rows)
+
+
+@pytest.fixture(scope="module")
+def runtime(det_bundle_square):
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    rt = GpuRuntime(det_bundle_square, max_batch=4, backend="onnxruntime-cuda")
+    yield rt
+    rt.close()
+
+
+def _refused_network_stream(runtime, tmp_path, monkeypatch):
+    """A camera NVDEC turns out not to take (4:4:4, learnt once it connects): its video (90 frames, a keyframe
+    every 15), its server, and its source with the FFmpeg fallback (decoding the same stream from the file: the
+    GPU machines' ffmpeg cannot read a socket)."""
+    from jetpipe import uri as uris
+    from jetpipe.pipelines.ingest.sources import FFmpegSource
+    from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
+    from jetpipe.runtime.nvdec import hardware_decoder
+    from tests.pipelines.ingest.test_sources import as_mpegts, encode
+
+    video = encode(tmp_path / "yuv444.mp4", "640x480", 90, pix_fmt="yuv444p", extra=("-g", "15", "-bf", "0"))
+    ts = as_mpegts(video, tmp_path / "yuv444.ts").read_bytes()
+    remux_or_stand_in(monkeypatch, ts)
+    server = StreamServer(ts, once=True)
+    uri = uris.parse(server.url)
+    source = hardware_decoder(runtime)(uri, feed=RemuxFeed(uri),
+                                      fallback=lambda: FFmpegSource(uris.parse(str(video))))
+    return video, server, source
+
+
+def _read_to_the_end(runtime, source) -> int:
+    from jetpipe.pipelines.ingest.sources import EndOfStream
+    from jetpipe.runtime.ring import frame_ring
+
+    info = source.open()
+    assert source.describe().endswith("(ffmpeg: NVDEC cannot take it)")
+    ring = frame_ring(runtime, 1, (info.height, info.width), device=True)
+    frames = 0
+    with pytest.raises(EndOfStream):
+        while True:
+            source.read_into(ring.view(0, info.format, info.height, info.width))
+            frames += 1
+    return frames
+
+
+def test_a_network_stream_nvdec_cannot_take_is_recorded_from_its_ffmpeg_fallback(runtime, tmp_path, monkeypatch):
+    """The recording teed to the camera's feed at attach gets the FFmpeg fallback's packets once NVDEC turns the
+    stream down (it got nothing after the feed's ffmpeg stopped): every picture of the stream, in order."""
+    pytest.importorskip("av", reason="PyAV (pip install av) reads the teed packets in the recording process")
+    from jetpipe.pipelines.outputs.recording.process import RecordingProcess
+    from tests.pipelines.outputs.test_recording import _config, _wait
+    from tests.pipelines.outputs.test_recording_teed import _pipes_of
+
+    video, server, source = _refused_network_stream(runtime, tmp_path, monkeypatch)
+    folder = tmp_path / "rec"
+    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    try:
+        recorder.attach(0, source, "all")
+        assert source.packet_ring is None  # teed to the feed's ffmpeg: no arena
+        baseline = _pipes_of(recorder.process.pid)
+        frames = _read_to_the_end(runtime, source)
+        source.close()
+        _wait(lambda: _pipes_of(recorder.process.pid) <= baseline)  # both connections' pipes read to their end
+    finally:
+        source.close()
+        recorder.close()
+        server.unplug()
+    assert frames == 90 and recorder.summary()["teed_streams"] == 1
+    rows = _segments(folder, "SELECT path FROM segments ORDER BY start, path")
+    recorded = [md5 for (path,) in rows for md5 in _frame_md5s(folder / path)]
+    expected = _frame_md5s(video)
+    assert recorded[-len(expected):] == expected  # the fallback's run whole (after what the feed sent first)
+
+
+def test_a_network_stream_nvdec_cannot_take_keeps_its_clips_packets_from_its_ffmpeg_fallback(runtime, tmp_path,
+                                                                                           monkeypatch):
+    """The clips' ring set on the camera's source at attach is the FFmpeg fallback's too once NVDEC turns the
+    stream down (before, it kept nothing more: no clip of such a camera)."""
+    pytest.importorskip("av", reason="PyAV (pip install av) reads the packets the fallback's decoder copies")
+    from jetpipe.pipelines.ingest.packet_ring import shared_ring
+
+    _, server, source = _refused_network_stream(runtime, tmp_path, monkeypatch)
+    try:
+        ring = shared_ring(source, 60.0, 64 << 20)
+        frames = _read_to_the_end(runtime, source)
+        source.close()
+    finally:
+        source.close()
+        server.unplug()
+    assert frames == 90
+    kept = ring.between(float("-inf"), float("inf"))
+    assert len(kept) >= 90 and ring.bytes > 0  # the fallback's 90 (after what the feed's demuxer kept first)
+
+
+def _segments(folder, query: str) -> list[tuple]:
+    if not (folder / "index.sqlite3").exists():
+        return []
+    with sqlite3.connect(folder / "index.sqlite3") as db:
+        try:
+            return db.execute(query).fetchall()
+        except sqlite3.OperationalError:  # the index made, its tables not yet
+            return []

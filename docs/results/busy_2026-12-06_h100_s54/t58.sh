@@ -1,0 +1,59 @@
+# Session 54, one H100 lease.
+# PART=T: the GPU tests of what session 53's last commits changed without a GPU (0612f0a, a30942b: the remux feed on
+#   started_with_copy, the kept read end and its watcher, the shared demux loop): recording, clips, network video.
+# PART=S: CUDA MPS running: 32 live sparse streams (testsrc2), auto (the default) / --workers-per-gpu 1, two pairs
+#   (issue 66 target 3: p99 <= 33 ms), as t57.sh's PART=W1 did.
+# PART=N: session 53's open question (16 frame-paced network cameras dropped 7 %, post thread 74-81 % busy): the same
+#   16 streams of the 72-word video as network cameras and as looped --realtime files, 20 s each, the serving
+#   process's GIL holders sampled by py-spy (bench_busy.py --py-spy) in both.
+set -u
+R=$OUT/t58; mkdir -p $R
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a $R/gpu.txt
+[ -d /tmp/det ] || python -m jetpipe convert ppocr-det -o /tmp/det --max-batch 8 --quiet >/dev/null 2>&1
+V=/tmp/v40.mp4
+[ -f $V ] || ffmpeg -loglevel error -f lavfi -i testsrc2=size=1920x1080:rate=30 -t 40 -c:v libx264 -preset veryfast \
+  -g 30 -pix_fmt yuv420p $V
+run() { # $1 label, $2.. serve flags
+  local label=$1; shift 1
+  python -m jetpipe serve --bundle /tmp/det "$@" --duration 20 --metrics "" --summary $R/$label.json \
+    >/dev/null 2>$R/$label.err
+  python - $R/$label.json $label $R/$label.err <<'PY' | tee -a $R/runs.txt
+import json, sys
+s = json.load(open(sys.argv[1]))["summary"]; t = s["latency_ms"]["total"]
+said = [l.split("workers_per_gpu auto: ", 1)[1][:90] for l in open(sys.argv[3]) if "workers_per_gpu auto: " in l]
+print(sys.argv[2], s["throughput_fps"], "captured", sum(s["captured"]), "dropped", sum(s["dropped"]), "p50", t["0.5"],
+      "p99", t["0.99"], "processes", len(s.get("gpus", [])) or 1, "said", said)
+PY
+}
+mps_on() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog; mkdir -p /tmp/mps /tmp/mpslog
+  nvidia-cuda-mps-control -d && echo "MPS on" | tee -a $R/runs.txt
+}
+mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; echo "MPS off" | tee -a $R/runs.txt; }
+S() { for i in $(seq $1); do echo --source $2; done; echo --loop --realtime; }
+if [ "${PART:-T}" = T ]; then
+  for f in tests/pipelines/outputs/test_recording_gpu.py tests/pipelines/outputs/test_clips_gpu.py \
+      "tests/pipelines/ingest/test_video_gpu.py -k network"; do
+    timeout 280 python -m pytest -m gpu -q -p no:cacheprovider $f 2>&1 | tail -4 | tee -a $R/tests.txt
+  done
+fi
+if [ "${PART:-T}" = S ]; then
+  mps_on
+  for k in 1 2; do run sparse32_auto_$k $(S 32 $V); run sparse32_one_$k $(S 32 $V) --workers-per-gpu 1; done
+  mps_off
+fi
+if [ "${PART:-T}" = N ]; then
+  for w in 72; do [ -f /tmp/words$w.mp4 ] || cp .dev/vid/words$w.mp4 /tmp/; done
+  for mode in network files; do
+    net=""; [ $mode = network ] && net="--network --remux-shim"
+    python scripts/bench_busy.py /tmp/det --video /tmp/words72.mp4 --words 72 --streams 16 --seconds 20 --repeats 1 \
+      $net --py-spy $R/spy_$mode --json $R/$mode.json > $R/$mode.txt 2>&1
+    python - $R/$mode.json $mode <<'PY' | tee -a $R/runs.txt
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(sys.argv[2], r["run"], r["fps"], "dropped", r["dropped"], "p50", r["p50_ms"], "p99", r["p99_ms"], "tracked",
+          r["tracked_per_frame"], "us/object", r["serving_us_per_object"], "post busy", r["post_thread_busy_share"],
+          "gpu", r["gpu_busy_share"], "cpu", r["cpu_seconds"])
+PY
+  done
+fi
