@@ -3,6 +3,7 @@
 #   started_with_copy, the kept read end and its watcher, the shared demux loop): recording, clips, network video.
 # PART=S: CUDA MPS running: 32 live sparse streams (testsrc2), auto (the default) / --workers-per-gpu 1, two pairs
 #   (issue 66 target 3: p99 <= 33 ms), as t57.sh's PART=W1 did.
+# PART=O: the two new fallback tests on the tree before (a30942b in .dev/old, this tree's tests): they should fail.
 # PART=N: session 53's open question (16 frame-paced network cameras dropped 7 %, post thread 74-81 % busy): the same
 #   16 streams of the 72-word video as network cameras and as looped --realtime files, 20 s each, the serving
 #   process's GIL holders sampled by py-spy (bench_busy.py --py-spy) in both.
@@ -56,4 +57,10 @@ for r in json.load(open(sys.argv[1]))["rows"]:
           "gpu", r["gpu_busy_share"], "cpu", r["cpu_seconds"])
 PY
   done
+fi
+if [ "${PART:-T}" = O ]; then
+  rm -rf /tmp/oldtree && cp -r .dev/old /tmp/oldtree && cp -r tests /tmp/oldtree/ && cd /tmp/oldtree
+  timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/pipelines/outputs/test_recording_gpu.py -k cannot_take \
+    2>&1 | grep -E "passed|failed|Error|assert" | tail -8 | tee -a $R/tests_old.txt
+  cd - >/dev/null
 fi
