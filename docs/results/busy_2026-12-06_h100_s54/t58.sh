@@ -3,6 +3,10 @@
 #   started_with_copy, the kept read end and its watcher, the shared demux loop): recording, clips, network video.
 # PART=S: CUDA MPS running: 32 live sparse streams (testsrc2), auto (the default) / --workers-per-gpu 1, two pairs
 #   (issue 66 target 3: p99 <= 33 ms), as t57.sh's PART=W1 did.
+# PART=M: one serving process with and without CUDA MPS running, interleaved (session 53 saw one process under MPS
+#   slower than one without it on other H100s: 876-926 against 960-988 frames/s): 48 overloaded live streams of the
+#   72-word video, 66 ms budget, --workers-per-gpu 1, two pairs; then 16 sparse live streams (what auto runs in
+#   one process where MPS runs), one pair.
 # PART=O: the two new fallback tests on the tree before (a30942b in .dev/old, this tree's tests): they should fail.
 # PART=N: session 53's open question (16 frame-paced network cameras dropped 7 %, post thread 74-81 % busy): the same
 #   16 streams of the 72-word video as network cameras and as looped --realtime files, 20 s each, the serving
@@ -63,4 +67,13 @@ if [ "${PART:-T}" = O ]; then
   timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/pipelines/outputs/test_recording_gpu.py -k cannot_take \
     2>&1 | grep -E "passed|failed|Error|assert" | tail -8 | tee -a $R/tests_old.txt
   cd - >/dev/null
+fi
+if [ "${PART:-T}" = M ]; then
+  for w in 72; do [ -f /tmp/words$w.mp4 ] || cp .dev/vid/words$w.mp4 /tmp/; done
+  for k in 1 2; do
+    mps_on; run over48_mps_$k $(S 48 /tmp/words72.mp4) --latency-budget-ms 66 --workers-per-gpu 1; mps_off
+    run over48_nomps_$k $(S 48 /tmp/words72.mp4) --latency-budget-ms 66 --workers-per-gpu 1
+  done
+  mps_on; run sparse16_mps $(S 16 $V); mps_off
+  run sparse16_nomps $(S 16 $V)
 fi
