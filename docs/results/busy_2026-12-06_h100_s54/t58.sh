@@ -37,8 +37,8 @@ mps_on() {
 mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; echo "MPS off" | tee -a $R/runs.txt; }
 S() { for i in $(seq $1); do echo --source $2; done; echo --loop --realtime; }
 if [ "${PART:-T}" = T ]; then
-  for f in tests/pipelines/outputs/test_recording_gpu.py tests/pipelines/outputs/test_clips_gpu.py \
-      "tests/pipelines/ingest/test_video_gpu.py -k network"; do
+  for f in tests/pipelines/outputs/test_recording_gpu.py "tests/pipelines/ingest/test_video_gpu.py -k network" \
+      tests/pipelines/outputs/test_clips_gpu.py; do
     timeout 280 python -m pytest -m gpu -q -p no:cacheprovider $f 2>&1 | tail -4 | tee -a $R/tests.txt
   done
 fi
