@@ -4,6 +4,7 @@ and sent from a decode process, written as segments whose pictures are the input
 Needs PyCUDA, onnxruntime-gpu, PyNvVideoCodec and ffmpeg (PyAV for a network stream's teed packets).
 """
 
+import shutil
 import sqlite3
 import subprocess
 
@@ -71,22 +72,26 @@ def test_a_network_nvdec_streams_recording_is_teed_past_the_serving_process(det_
 
 
 @pytest.fixture(scope="module")
-def runtime(det_bundle_square):
-    from jetpipe.runtime.gpu_runtime import GpuRuntime
+def device():
+    """The GPU NVDEC decodes on (no model runs in these tests: no runtime, no ONNX Runtime)."""
+    pytest.importorskip("PyNvVideoCodec", reason="PyNvVideoCodec (pip install pynvvideocodec) not installed")
+    if not shutil.which("ffmpeg"):
+        pytest.skip("ffmpeg is not installed")
+    from jetpipe.runtime.cuda import CudaDevice
 
-    rt = GpuRuntime(det_bundle_square, max_batch=4, backend="onnxruntime-cuda")
-    yield rt
-    rt.close()
+    dev = CudaDevice(0)
+    yield dev
+    dev.close()
 
 
-def _refused_network_stream(runtime, tmp_path, monkeypatch):
+def _refused_network_stream(device, tmp_path, monkeypatch):
     """A camera NVDEC turns out not to take (4:4:4, learnt once it connects): its video (90 frames, a keyframe
-    every 15), its server, and its source with the FFmpeg fallback (decoding the same stream from the file: the
-    GPU machines' ffmpeg cannot read a socket)."""
+    every 15), its server, and its NVDEC source with the FFmpeg fallback (decoding the same stream from the file:
+    the GPU machines' ffmpeg cannot read a socket)."""
     from jetpipe import uri as uris
     from jetpipe.pipelines.ingest.sources import FFmpegSource
     from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
-    from jetpipe.runtime.nvdec import hardware_decoder
+    from jetpipe.runtime.nvdec import open_nvdec
     from tests.pipelines.ingest.test_sources import as_mpegts, encode
 
     video = encode(tmp_path / "yuv444.mp4", "640x480", 90, pix_fmt="yuv444p", extra=("-g", "15", "-bf", "0"))
@@ -94,27 +99,33 @@ def _refused_network_stream(runtime, tmp_path, monkeypatch):
     remux_or_stand_in(monkeypatch, ts)
     server = StreamServer(ts, once=True)
     uri = uris.parse(server.url)
-    source = hardware_decoder(runtime)(uri, feed=RemuxFeed(uri),
-                                      fallback=lambda: FFmpegSource(uris.parse(str(video))))
+    source = open_nvdec(device, uri, feed=RemuxFeed(uri), fallback=lambda: FFmpegSource(uris.parse(str(video))))
     return video, server, source
 
 
-def _read_to_the_end(runtime, source) -> int:
+def _read_to_the_end(device, source) -> int:
+    """The stream's frames read into a device slot, as the daemon reads them: how many."""
+    import numpy as np
+
+    from jetpipe.frames import frame_shape
     from jetpipe.pipelines.ingest.sources import EndOfStream
-    from jetpipe.runtime.ring import frame_ring
+    from jetpipe.runtime.ring import DeviceSlot
 
     info = source.open()
     assert source.describe().endswith("(ffmpeg: NVDEC cannot take it)")
-    ring = frame_ring(runtime, 1, (info.height, info.width), device=True)
+    nbytes = int(np.prod(frame_shape(info.format, info.height, info.width)))
+    with device.active():
+        memory = device.alloc(nbytes)
+    slot = DeviceSlot(int(memory), nbytes, info.format, info.height, info.width)
     frames = 0
     with pytest.raises(EndOfStream):
         while True:
-            source.read_into(ring.view(0, info.format, info.height, info.width))
+            source.read_into(slot)
             frames += 1
     return frames
 
 
-def test_a_network_stream_nvdec_cannot_take_is_recorded_from_its_ffmpeg_fallback(runtime, tmp_path, monkeypatch):
+def test_a_network_stream_nvdec_cannot_take_is_recorded_from_its_ffmpeg_fallback(device, tmp_path, monkeypatch):
     """The recording teed to the camera's feed at attach gets the FFmpeg fallback's packets once NVDEC turns the
     stream down (it got nothing after the feed's ffmpeg stopped): every picture of the stream, in order."""
     pytest.importorskip("av", reason="PyAV (pip install av) reads the teed packets in the recording process")
@@ -122,14 +133,14 @@ def test_a_network_stream_nvdec_cannot_take_is_recorded_from_its_ffmpeg_fallback
     from tests.pipelines.outputs.test_recording import _config, _wait
     from tests.pipelines.outputs.test_recording_teed import _pipes_of
 
-    video, server, source = _refused_network_stream(runtime, tmp_path, monkeypatch)
+    video, server, source = _refused_network_stream(device, tmp_path, monkeypatch)
     folder = tmp_path / "rec"
     recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
     try:
         recorder.attach(0, source, "all")
         assert source.packet_ring is None  # teed to the feed's ffmpeg: no arena
         baseline = _pipes_of(recorder.process.pid)
-        frames = _read_to_the_end(runtime, source)
+        frames = _read_to_the_end(device, source)
         source.close()
         _wait(lambda: _pipes_of(recorder.process.pid) <= baseline)  # both connections' pipes read to their end
     finally:
@@ -143,17 +154,17 @@ def test_a_network_stream_nvdec_cannot_take_is_recorded_from_its_ffmpeg_fallback
     assert recorded[-len(expected):] == expected  # the fallback's run whole (after what the feed sent first)
 
 
-def test_a_network_stream_nvdec_cannot_take_keeps_its_clips_packets_from_its_ffmpeg_fallback(runtime, tmp_path,
+def test_a_network_stream_nvdec_cannot_take_keeps_its_clips_packets_from_its_ffmpeg_fallback(device, tmp_path,
                                                                                            monkeypatch):
     """The clips' ring set on the camera's source at attach is the FFmpeg fallback's too once NVDEC turns the
     stream down (before, it kept nothing more: no clip of such a camera)."""
     pytest.importorskip("av", reason="PyAV (pip install av) reads the packets the fallback's decoder copies")
     from jetpipe.pipelines.ingest.packet_ring import shared_ring
 
-    _, server, source = _refused_network_stream(runtime, tmp_path, monkeypatch)
+    _, server, source = _refused_network_stream(device, tmp_path, monkeypatch)
     try:
         ring = shared_ring(source, 60.0, 64 << 20)
-        frames = _read_to_the_end(runtime, source)
+        frames = _read_to_the_end(device, source)
         source.close()
     finally:
         source.close()
