@@ -9,7 +9,10 @@ import pytest
 
 from jetpipe.pipelines.config import ConfigError
 from jetpipe.pipelines.core.events.record import EventRecord
+from jetpipe.pipelines.outputs.recording.child import ForwardedRing
 from jetpipe.pipelines.outputs.recording.process import RecordingProcess
+from jetpipe.pipelines.outputs.recording.recorder import Recorder
+from tests.pipelines.outputs.test_clips import _frame_md5s
 from tests.pipelines.outputs.test_recording import (
     FPS,
     _config,
@@ -147,3 +150,27 @@ def test_a_looped_files_passes_are_each_recorded_to_their_end(tmp_path):
     rows = _index(folder, "SELECT t0, t1, packets, path FROM segments ORDER BY id")
     assert [t for t0, t1, _, _ in rows for t in (t0, t1)] == pytest.approx([0, 2, 2, 4, 4, 6] * 2, abs=0.1)
     assert all(count == 2 * FPS == _decodes(folder / path) for _, _, count, path in rows)
+
+
+@needs_ffmpeg
+def test_the_stop_writes_every_pass_the_recording_processs_ring_holds(tmp_path):
+    """A camera that reconnected just before the stop (its clock started again): the recording process's ring
+    keeps each connection's packets apart (passes), and the stop writes all of them, the oldest first. It wrote
+    the oldest alone: the new connections' packets that came within a poll of the stop were lost (found by a GPU
+    test: an NVDEC camera's FFmpeg fallback was recorded only where a poll fell between the two)."""
+    video = _video(tmp_path / "in.mp4", seconds=2)
+    packets, base = _packets(video)
+    folder = tmp_path / "rec"
+    recorder = Recorder(_config(folder), 5.0, 5.0, 64)
+    ring = ForwardedRing(str(video), 1 << 30)
+    recorder.follow(0, "tcp://camera", ring, "all")
+    ring.time_base = base
+    for _ in range(3):  # three connections, each on a clock from 0
+        for packet in packets:
+            ring.add(packet)
+    ring.close_gop()
+    recorder.close()
+    rows = _rows(folder)
+    assert ring.passes == 2 and sum(r[4] for r in rows) == 3 * len(packets)
+    recorded = [md5 for path, *_ in rows for md5 in _frame_md5s(folder / path)]
+    assert recorded == 3 * _frame_md5s(video)

@@ -69,16 +69,22 @@ class StreamRecording:
 
     def follow(self, recorder, last_too: bool = False) -> None:
         """Write what the ring holds beyond the cursor (recorder: Recorder, for its index, budget and
-        segment_s); last_too: the newest GOP as well (the stop)."""
-        generation, gops = self.ring.whole_gops_after(self.cursor, last_too)
-        if generation != self.generation:  # the stream's clock went back: a new pass, a new segment
-            self.close(recorder)
-            self.generation, self.cursor, self.next_t = generation, float("-inf"), None
+        segment_s); last_too: the newest GOP as well (the stop). Every pass of the stream's clock the ring holds,
+        the oldest first: the recording process's ring keeps a pass until it is written (a camera that
+        reconnected within a poll of the stop had its new connection's packets lost, the stop writing only the
+        oldest)."""
+        while True:
             generation, gops = self.ring.whole_gops_after(self.cursor, last_too)
-        for gop in gops:
-            self._write(recorder, gop)
-            self.cursor = gop.start
-            self.ring.pin(PIN, gop.start)
+            if generation != self.generation:  # the stream's clock went back: a new pass, a new segment
+                self.close(recorder)
+                self.generation, self.cursor, self.next_t = generation, float("-inf"), None
+                continue
+            if not gops:
+                return
+            for gop in gops:
+                self._write(recorder, gop)
+                self.cursor = gop.start
+                self.ring.pin(PIN, gop.start)
 
     def _write(self, recorder, gop) -> None:
         packets = gop.packets
