@@ -22,6 +22,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"GPU test: {reason}"))
 
 
+@pytest.fixture(scope="module")
+def device():
+    """The GPU's CudaDevice (GPU tests only: created when a test asks for it)."""
+    from jetpipe.runtime.cuda import CudaDevice
+
+    dev = CudaDevice()
+    yield dev
+    dev.close()
+
+
 @pytest.fixture(scope="session")
 def det_model_path():
     return BUILTIN["ppocr-det"].path()

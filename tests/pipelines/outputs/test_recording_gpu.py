@@ -78,23 +78,13 @@ def test_a_network_nvdec_streams_recording_is_teed_past_the_serving_process(det_
     assert all(any(abs(t0 - key) < 1e-3 for key in keys) for _, t0, _ in rows)
 
 
-@pytest.fixture(scope="module")
-def device():
-    """The GPU NVDEC decodes on (no model runs in these tests: no runtime, no ONNX Runtime)."""
-    pytest.importorskip("PyNvVideoCodec", reason="PyNvVideoCodec (pip install pynvvideocodec) not installed")
-    if not shutil.which("ffmpeg"):
-        pytest.skip("ffmpeg is not installed")
-    from jetpipe.runtime.cuda import CudaDevice
-
-    dev = CudaDevice(0)
-    yield dev
-    dev.close()
-
-
 def _refused_network_stream(device, tmp_path, monkeypatch):
     """A camera NVDEC turns out not to take (4:4:4, learnt once it connects): its video (90 frames, a keyframe
     every 15), its server, and its NVDEC source with the FFmpeg fallback (decoding the same stream from the file:
-    the GPU machines' ffmpeg cannot read a socket)."""
+    the GPU machines' ffmpeg cannot read a socket). No model runs: the CUDA device alone, no ONNX Runtime."""
+    pytest.importorskip("PyNvVideoCodec", reason="PyNvVideoCodec (pip install pynvvideocodec) not installed")
+    if not shutil.which("ffmpeg"):
+        pytest.skip("ffmpeg is not installed")
     from jetpipe import uri as uris
     from jetpipe.pipelines.ingest.sources import FFmpegSource
     from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
@@ -137,7 +127,7 @@ def test_a_network_stream_nvdec_cannot_take_is_recorded_from_its_ffmpeg_fallback
     stream down (it got nothing after the feed's ffmpeg stopped): every picture of the stream, in order."""
     pytest.importorskip("av", reason="PyAV (pip install av) reads the teed packets in the recording process")
     from jetpipe.pipelines.outputs.recording.process import RecordingProcess
-    from tests.pipelines.outputs.test_recording import _config, _wait
+    from tests.pipelines.outputs.test_recording import _config, _index, _wait
     from tests.pipelines.outputs.test_recording_teed import _pipes_of
 
     video, server, source = _refused_network_stream(device, tmp_path, monkeypatch)
@@ -155,7 +145,7 @@ def test_a_network_stream_nvdec_cannot_take_is_recorded_from_its_ffmpeg_fallback
         recorder.close()
         server.unplug()
     assert frames == 90 and recorder.summary()["teed_streams"] == 1
-    rows = _segments(folder, "SELECT path FROM segments ORDER BY id")  # as written: the feed's pass first
+    rows = _index(folder, "SELECT path FROM segments ORDER BY id")  # as written: the feed's pass first
     recorded = [md5 for (path,) in rows for md5 in _frame_md5s(folder / path)]
     expected = _frame_md5s(video)
     assert recorded[-len(expected):] == expected  # the fallback's run whole (after what the feed sent first)
@@ -179,13 +169,3 @@ def test_a_network_stream_nvdec_cannot_take_keeps_its_clips_packets_from_its_ffm
     assert frames == 90
     kept = ring.between(float("-inf"), float("inf"))
     assert len(kept) >= 90 and ring.bytes > 0  # the fallback's 90 (after what the feed's demuxer kept first)
-
-
-def _segments(folder, query: str) -> list[tuple]:
-    if not (folder / "index.sqlite3").exists():
-        return []
-    with sqlite3.connect(folder / "index.sqlite3") as db:
-        try:
-            return db.execute(query).fetchall()
-        except sqlite3.OperationalError:  # the index made, its tables not yet
-            return []
