@@ -13,7 +13,7 @@ a codec the GPU lacks), open_nvdec() says why and returns None, and the caller
 decodes with FFmpeg.
 
 Network streams come through a feed: an ffmpeg that only remuxes their packets
-into MPEG-TS, read by PyNvVideoCodec's demuxer through a callback. Nothing is
+into MPEG-TS, demuxed by PyAV from its pipe (nvdec_pipe.py). Nothing is
 opened until open() runs in the stream's capture thread (a camera that does not
 answer never holds up start-up), interrupt() ends a connect that hangs, and a
 stream NVDEC turns out not to take is decoded by the fallback (FFmpeg, host
@@ -32,6 +32,7 @@ import numpy as np
 from jetpipe.errors import JetpipeError, worth_logging
 from jetpipe.frames import frame_shape
 from jetpipe.runtime.nvdec_packets import DemuxedPackets
+from jetpipe.runtime.nvdec_pipe import PipeDemuxer
 from jetpipe.uri import NETWORK_SCHEMES, SourceURI
 from jetpipe.video import EndOfStream, FrameInfo, SourceError, file_bit_rate
 
@@ -157,8 +158,8 @@ class NvdecSource:
         if self.feed is None:
             return nvc.CreateDemuxer(filename=self.source_uri.location)
         self.feed.start()
-        try:
-            demuxer = nvc.CreateDemuxer(self.feed.fill)
+        try:  # PyAV's demuxing of the feed's MPEG-TS, not PyNvVideoCodec's through a callback (nvdec_pipe.py: the GIL)
+            demuxer = PipeDemuxer(self.feed, nvc.PacketData, nvc.cudaVideoCodec)
             failure = None
         except Exception as exc:
             demuxer, failure = None, first_line(exc)
@@ -382,6 +383,8 @@ class NvdecSource:
 
     def _close_decoder(self) -> None:
         self._pending = deque()
+        if isinstance(self._demuxer, PipeDemuxer):
+            self._demuxer.close()
         self._decoder = self._demuxer = self._packets = None  # PyNvVideoCodec frees them with the objects
         if self.feed is not None:
             self.feed.stop()

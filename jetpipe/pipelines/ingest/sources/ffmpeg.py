@@ -218,7 +218,7 @@ class RemuxFeed(DecoderRuns):
             remux_command(self.uri, fd), 0, name, pass_fds=fds))
 
     def fill(self, buffer) -> int:
-        """The demuxer's read callback (PyNvVideoCodec hands it a bytearray): bytes written into `buffer`,
+        """The demuxer's read (runtime.nvdec_pipe.FeedReader hands it a buffer of its own): bytes written into `buffer`,
         0 at the end of the stream."""
         got = self._process.read_chunk(buffer) if self._process is not None else 0
         self.received += got

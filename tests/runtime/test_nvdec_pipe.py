@@ -1,0 +1,114 @@
+"""A network stream's MPEG-TS demuxed by PyAV for NVDEC (runtime.nvdec_pipe): a camera served over TCP, its real
+remux ffmpeg (sources.ffmpeg.RemuxFeed), the demuxer's packets against the same file demuxed by PyAV itself.
+PyNvVideoCodec's PacketData and cudaVideoCodec are stood for by a plain object and a namespace (the decoder that
+reads them runs on the GPU machine: tests/pipelines/ingest/test_video_gpu.py's network tests)."""
+
+import ctypes
+import shutil
+import subprocess
+import types
+
+import pytest
+
+from jetpipe import uri as uris
+from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
+from jetpipe.runtime.nvdec_pipe import NO_TIME, READ_BYTES, PipeDemuxer
+from tests.stream_server import StreamServer
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg not installed (apt-get install ffmpeg)")
+CODEC_IDS = types.SimpleNamespace(H264="cudaVideoCodec.H264", HEVC="cudaVideoCodec.HEVC")
+
+
+class PacketData:
+    """PyNvVideoCodec's PacketData's fields."""
+    bsl_data = bsl = pts = dts = duration = key = 0
+
+
+def _camera_file(path, pix_fmt="yuv420p", frames=45):
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=320x240:r=30", "-frames:v",
+                    str(frames), "-pix_fmt", pix_fmt, "-c:v", "libx264", "-g", "15", "-colorspace", "bt709",
+                    "-f", "mpegts", str(path)], check=True)
+    return path
+
+
+def _reference(path) -> list[tuple]:
+    """The file's video packets as PyAV demuxes it: (bytes, pts, dts, key)."""
+    import av
+
+    with av.open(str(path)) as container:
+        return [(bytes(p), p.pts, p.dts, p.is_keyframe) for p in container.demux(container.streams.video[0])
+                if p.size]
+
+
+class CountingFeed(RemuxFeed):
+    """The real feed, the sizes its reads were asked for kept."""
+
+    def __init__(self, uri):
+        super().__init__(uri)
+        self.asked: list[int] = []
+
+    def fill(self, buffer) -> int:
+        self.asked.append(len(buffer))
+        return super().fill(buffer)
+
+
+def _demux_camera(ts) -> tuple[PipeDemuxer, CountingFeed, list, StreamServer]:
+    server = StreamServer(ts.read_bytes(), once=True)
+    feed = CountingFeed(uris.parse(server.url))
+    feed.start()
+    demuxer = PipeDemuxer(feed, PacketData, CODEC_IDS)
+    got = [(ctypes.string_at(p.bsl_data, p.bsl) if p.bsl else b"", None if p.pts == NO_TIME else p.pts,
+            None if p.dts == NO_TIME else p.dts, bool(p.key)) for p in demuxer]
+    return demuxer, feed, got, server
+
+
+def test_a_cameras_packets_come_whole_with_their_times_and_the_streams_format(tmp_path):
+    """Every packet of the camera's stream, its bytes (Annex B, as in the TS), times and keyframe flag as PyAV
+    reads them from the file; the stream's codec, chroma, bit depth, clock, rate and colour as NvdecSource asks
+    a PyNvVideoCodec demuxer; the feed's reads asked for at most READ_BYTES (PyNvVideoCodec's asked for
+    megabytes, a bytearray of that size made and copied each read with the GIL held)."""
+    ts = _camera_file(tmp_path / "cam.ts")
+    demuxer, feed, got, server = _demux_camera(ts)
+    try:
+        assert got[:-1] == _reference(ts) and len(got) == 46 and got[0][3]
+        assert got[-1][0] == b""  # the end: an empty packet, the decoder's flush
+        assert demuxer.GetNvCodecId() == "cudaVideoCodec.H264"
+        assert (demuxer.ChromaFormat(), demuxer.BitDepth()) == ("420", 8)
+        assert (demuxer.GetTimebaseNum(), demuxer.GetTimebaseDen()) == (1, 90000)
+        assert demuxer.FrameRate() == pytest.approx(30.0)
+        assert (demuxer.ColorSpace(), demuxer.ColorRange()) == ("bt709", "mpeg")
+        assert feed.received == ts.stat().st_size and max(feed.asked) <= READ_BYTES
+    finally:
+        demuxer.close()
+        feed.stop()
+        server.unplug()
+
+
+def test_a_stream_nvdec_cannot_take_says_its_chroma(tmp_path):
+    """A 4:4:4 camera: ChromaFormat says so (NvdecSource then hands it to the FFmpeg fallback)."""
+    demuxer, feed, got, server = _demux_camera(_camera_file(tmp_path / "cam444.ts", "yuv444p", frames=10))
+    try:
+        assert (demuxer.ChromaFormat(), demuxer.BitDepth()) == ("444", 8) and len(got) == 11
+    finally:
+        demuxer.close()
+        feed.stop()
+        server.unplug()
+
+
+def test_the_packets_end_where_the_connection_is_ended(tmp_path):
+    """restart() / interrupt() end the feed's ffmpeg: the demuxer's packets end (no error), as a camera that
+    went."""
+    ts = _camera_file(tmp_path / "cam.ts", frames=300)
+    server = StreamServer(ts.read_bytes(), seconds=10.0)  # in real time: the end is not reached here
+    feed = RemuxFeed(uris.parse(server.url))
+    feed.start()
+    demuxer = PipeDemuxer(feed, PacketData, CODEC_IDS)
+    try:
+        packets = iter(demuxer)
+        next(packets)
+        feed.interrupt()
+        assert sum(1 for _ in packets) < 299  # (the last: the flush)
+    finally:
+        demuxer.close()
+        feed.stop()
+        server.unplug()
