@@ -1,8 +1,9 @@
 """A network stream's MPEG-TS for NVDEC, demuxed by PyAV from its feed (the remux ffmpeg's pipe).
 
-Why not PyNvVideoCodec's own demuxer read through a callback, as before: it hands each read a new Python
-bytearray the size of FFmpeg's I/O buffer's free room (2.5-6.8 MB, measured on an H100) and copies it, the GIL
-held, ~1.3 ms a read. A live camera's bytes come a frame at a time, so that was a read a frame: 16 cameras held
+Why not PyNvVideoCodec's own demuxer read through a callback, as before: it hands each read a buffer the size of
+FFmpeg's I/O buffer's free room (2.5-6.8 MB) and spends ~1.3 ms of CPU in its own code a read, the GIL held,
+however few bytes the read returns (measured on an H100; what it does with the buffer is inferred: making and
+copying one that size). A live camera's bytes come a frame at a time, so that was a read a frame: 16 cameras held
 the serving process's GIL ~0.45 s a second (py-spy: 39 % of its samples), and 7 % of their frames were dropped
 where 16 files dropped none (scripts/diag/demux_callback.py; issue 66). PyAV asks for at most READ_BYTES a read,
 into a buffer of its own; the wait for the camera's bytes is the feed's pipe read, the GIL released.
