@@ -47,7 +47,6 @@ class PipeDemuxer:
         self._container = av.open(FeedReader(feed), format="mpegts", buffer_size=READ_BYTES)
         self._stream = self._container.streams.video[0]
         self._context = self._stream.codec_context
-        self._current = None  # PyAV's packet the decoder's PacketData points into
 
     def GetNvCodecId(self):  # noqa: N802 (PyNvVideoCodec's names: NvdecSource reads either demuxer)
         name = self._context.name
@@ -95,16 +94,14 @@ class PipeDemuxer:
         packet = self._packet_type()
         demuxed = self._container.demux(self._stream)
         while True:
-            try:
+            try:  # `got`, the packet PacketData points into, is held until the next one has come
                 got = next(demuxed)
             except (StopIteration, av.error.FFmpegError, OSError):
-                self._current = None
                 packet.bsl_data = packet.bsl = 0
                 yield packet
                 return
             if not got.size:
                 continue
-            self._current = got
             packet.bsl_data, packet.bsl = got.buffer_ptr, got.size
             packet.pts = NO_TIME if got.pts is None else got.pts
             packet.dts = NO_TIME if got.dts is None else got.dts
@@ -112,5 +109,4 @@ class PipeDemuxer:
             yield packet
 
     def close(self) -> None:
-        self._current = None
         self._container.close()

@@ -5,7 +5,6 @@ reads them runs on the GPU machine: tests/pipelines/ingest/test_video_gpu.py's n
 
 import ctypes
 import shutil
-import subprocess
 import types
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from jetpipe import uri as uris
 from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
 from jetpipe.runtime.nvdec_pipe import NO_TIME, READ_BYTES, PipeDemuxer
+from tests.pipelines.ingest.test_sources import as_mpegts, encode
 from tests.stream_server import StreamServer
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg not installed (apt-get install ffmpeg)")
@@ -25,10 +25,10 @@ class PacketData:
 
 
 def _camera_file(path, pix_fmt="yuv420p", frames=45):
-    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=320x240:r=30", "-frames:v",
-                    str(frames), "-pix_fmt", pix_fmt, "-c:v", "libx264", "-g", "15", "-colorspace", "bt709",
-                    "-f", "mpegts", str(path)], check=True)
-    return path
+    """What the camera sends: an H.264 video (a keyframe every 15 frames, BT.709 said) as MPEG-TS."""
+    video = encode(path.with_suffix(".mp4"), "320x240", frames, pix_fmt=pix_fmt, extra=("-g", "15", "-colorspace",
+                                                                                      "bt709"))
+    return as_mpegts(video, path)
 
 
 def _reference(path) -> list[tuple]:
