@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 root = Path(__file__).resolve().parents[1]
+START_S = 2.0  # a stream's start, for the frames missing then (missing_at_start)
 sys.path[:0] = [str(root / "scripts"), str(root)]
 
 from bench_events import RULES, make_video  # noqa: E402
@@ -140,6 +141,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
         raise SystemExit(f"{label}: jetpipe serve failed ({done.returncode}):\n{done.stderr[-3000:]}")
     s = json.loads(summary.read_text())["summary"]
     frames = tracked = events = 0
+    numbers: dict[int, list[tuple[float, int]]] = {}  # per stream: (capture time, frame number) of each record
     with records.open() as lines:
         for line in lines:
             record = json.loads(line)
@@ -147,12 +149,14 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
                 events += 1
                 continue
             frames += 1
+            numbers.setdefault(record["stream"], []).append((record["t_capture"], record["frame"]))
             tracked += sum(t is not None for t in record["results"].get("track_ids") or ())
     records.unlink()
     cpu = cpu_of(s)
     serving = cpu.get("post", 0.0) + cpu.get("sinks", 0.0)
     total = s["latency_ms"]["total"]
     return {"run": label, "fps": s["throughput_fps"], "dropped": sum(s["dropped"]), "frames": frames,
+            "missing_at_start": missing_at_start(numbers),
             "p50_ms": total["0.5"], "p99_ms": total["0.99"], "tracked_per_frame": round(tracked / max(frames, 1), 1),
             "events": events, "cpu_cores": s.get("cpu_cores"), "cpu_seconds": cpu,
             "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch") or [
@@ -169,6 +173,17 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             "overload_said": next((line for line in reversed(done.stderr.splitlines()) if "overloaded:" in line), None),
             **({"reid": s["reid"]} if "reid" in s else {}),
             **({"recording": s["recording"]} if "recording" in s else {})}
+
+
+def missing_at_start(numbers: dict[int, list[tuple[float, int]]], seconds: float = START_S) -> int:
+    """Frames with no record (dropped, or not captured) in each stream's first `seconds` from its first record
+    (a camera's connection: what its opening gave at once), summed over the streams: the frame numbers skipped."""
+    missing = 0
+    for seen in numbers.values():
+        first_time = min(at for at, _ in seen)
+        early = [number for at, number in seen if at - first_time <= seconds]
+        missing += max(early) + 1 - len(early)  # numbered from 0
+    return missing
 
 
 def cpu_of(summary: dict) -> dict:

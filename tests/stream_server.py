@@ -62,6 +62,16 @@ class StreamServer:
         self.server.server_close()
 
 
+def frame_offset(ts: Path, frame: int) -> int:
+    """Where the `frame`-th video frame's packet starts in an MPEG-TS file (StreamServer's stall_after: a camera
+    that sends the frames before it, then nothing)."""
+    import av
+
+    with av.open(str(ts)) as container:
+        starts = [p.pos for p in container.demux(container.streams.video[0]) if p.size]
+    return starts[frame]
+
+
 # The static ffmpeg on the GPU machines dies (SIGSEGV) on socket input: there the remux command is run by
 # scripts/socket_remux.py, which copies the socket's bytes to its pipe, and to the recording's copy where it has one
 # (the test streams are MPEG-TS already). The remux itself runs in the CPU tests, with Debian's ffmpeg.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 NO_TIME = -(1 << 63)  # FFmpeg's AV_NOPTS_VALUE: a packet's time PyAV gives as None
 READ_BYTES = 1 << 16  # PyAV's reads: a 1080p frame or two of H.264, a keyframe in a few
+RATE_FRAMES = 2  # frames FFmpeg reads for the stream's rate when it opens (fewer: H.264's field rate, twice the rate)
 CODECS = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2",
           "mpeg4": "MPEG4", "mjpeg": "JPEG"}  # PyAV's codec names -> PyNvVideoCodec's cudaVideoCodec members
 COLOUR_SPACES = {1: "bt709", 5: "bt470bg", 6: "smpte170m"}  # AVColorSpace (others: unspecified)
@@ -44,7 +45,10 @@ class PipeDemuxer:
         import av
 
         self._packet_type, self._codec_ids = packet_type, codec_ids
-        self._container = av.open(FeedReader(feed), format="mpegts", buffer_size=READ_BYTES)
+        # the rate from two frames, not FFmpeg's twenty: the frames read while probing come out at once (0.7 s of
+        # a camera's, more than its queue holds), and the decoder waited for them
+        self._container = av.open(FeedReader(feed), format="mpegts", buffer_size=READ_BYTES,
+                                  options={"fpsprobesize": str(RATE_FRAMES)})
         self._stream = self._container.streams.video[0]
         self._context = self._stream.codec_context
 

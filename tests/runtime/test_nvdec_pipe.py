@@ -5,6 +5,7 @@ reads them runs on the GPU machine: tests/pipelines/ingest/test_video_gpu.py's n
 
 import ctypes
 import shutil
+import threading
 import types
 
 import pytest
@@ -13,7 +14,8 @@ from jetpipe import uri as uris
 from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
 from jetpipe.runtime.nvdec_pipe import NO_TIME, READ_BYTES, PipeDemuxer
 from tests.pipelines.ingest.test_sources import as_mpegts, encode
-from tests.stream_server import StreamServer
+from tests.stream_server import StreamServer, frame_offset
+from tests.support import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg not installed (apt-get install ffmpeg)")
 CODEC_IDS = types.SimpleNamespace(H264="cudaVideoCodec.H264", HEVC="cudaVideoCodec.HEVC")
@@ -112,3 +114,37 @@ def test_the_packets_end_where_the_connection_is_ended(tmp_path):
         demuxer.close()
         feed.stop()
         server.unplug()
+
+
+def test_a_cameras_first_frames_come_out_before_it_sends_more(tmp_path):
+    """A camera whose first 16 frames (half a second) have come, and no more yet: they reach the decoder now.
+    FFmpeg's defaults held them: the remux ffmpeg analysed 5 s of the stream before writing a byte, and PyAV read
+    20 frames for the rate before its first packet, then gave all it had read at once (more than a stream's
+    queue holds: dropped at every connection, and a camera opened 5.9 s late)."""
+    ts = _camera_file(tmp_path / "cam.ts", frames=300)
+    server = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12))  # 16 KB sent: frames 0-15
+    feed = RemuxFeed(uris.parse(server.url))
+    got, opened = [], []
+
+    def demux():
+        try:
+            demuxer = PipeDemuxer(feed, PacketData, CODEC_IDS)
+        except Exception:  # the feed ended by interrupt() below, before the stream was known
+            return
+        opened.append(demuxer)
+        got.extend(p.bsl for p in demuxer)
+
+    feed.start()
+    reader = threading.Thread(target=demux, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: len(got) >= 8, 30, "the first frames, the camera silent after them")
+        assert opened[0].FrameRate() == pytest.approx(30.0)  # not H.264's field rate (60), as with fewer frames
+    finally:
+        feed.interrupt()
+        reader.join(10)
+        for demuxer in opened:
+            demuxer.close()
+        feed.stop()
+        server.unplug()
+    assert not reader.is_alive()

@@ -89,3 +89,28 @@ def test_an_rtsp_camera_that_drops_out_is_reconnected(tiny_bundle, rtsp):
     assert not runner.is_alive()
     assert summary["reconnects"][0] >= 1 and summary["failed"][0] >= 1
     assert summary["processed"][0] + summary["dropped"][0] >= 60
+
+
+def test_an_rtsp_camera_with_b_frames_is_remuxed_for_nvdec(rtsp):
+    """The hardware decoder's feed of an RTSP camera whose H.264 has B-frames (the fixture's: x264's defaults): its
+    first packet came without a decoding time, the remux ffmpeg's MPEG-TS muxer refused it ("first pts and dts
+    value must be set") and ended, at every connection. Its packets now reach the demuxer NVDEC reads, with
+    decoding times that rise."""
+    from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
+    from jetpipe.runtime.nvdec_pipe import NO_TIME, PipeDemuxer
+    from jetpipe.uri import parse
+    from tests.runtime.test_nvdec_pipe import CODEC_IDS, PacketData
+
+    feed = RemuxFeed(parse(rtsp.url))
+    feed.start()
+    try:
+        demuxer = PipeDemuxer(feed, PacketData, CODEC_IDS)
+        times = []
+        for packet in demuxer:
+            times.append(packet.dts)
+            if len(times) == 30:
+                break
+        demuxer.close()
+    finally:
+        feed.stop()
+    assert len(times) == 30 and NO_TIME not in times and times == sorted(set(times))

@@ -3,6 +3,7 @@
 Videos are encoded with ffmpeg at test time (H.264, HEVC, MJPEG, odd and portrait sizes).
 """
 
+import contextlib
 import json
 import shutil
 import signal
@@ -27,7 +28,7 @@ from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.preprocess import preprocess_bgr, preprocess_frame
 from jetpipe.spec import PreprocessSpec
 from tests.helpers import residual_cnn, save
-from tests.stream_server import StreamServer
+from tests.stream_server import StreamServer, frame_offset
 from tests.support import wait_for
 
 needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None,
@@ -499,6 +500,36 @@ def test_an_mpegts_camera_sending_in_real_time_connects_with_the_default_stall_t
         runner.join(timeout=10)
         camera.unplug()
     assert pipeline.result["failed"] == [0] and pipeline.result["processed"][0] >= 15
+
+
+@needs_ffmpeg
+def test_a_cameras_first_frames_are_decoded_before_it_sends_more(tmp_path):
+    """A camera whose first 16 frames (half a second) have come, and no more yet: the FFmpeg source reads them
+    now. FFmpeg's default analysis held an MPEG-TS camera's frames until 5 s of its stream had come, then gave them
+    all at once (more than a stream's queue holds: dropped at every connection, the camera opened 5 s late)."""
+    ts = as_mpegts(encode(tmp_path / "cam.mp4", "320x240", 300, extra=("-g", "15")), tmp_path / "cam.ts")
+    # connection 1 is the probe (ffprobe, which reads 5 s of the stream: given all of it), 2 the decoding ffmpeg
+    camera = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12), stall_connection=2)
+    source = FFmpegSource(uris.parse(camera.url), threads=1)  # (each more decoder thread holds back one frame more)
+    read = []
+
+    def decode():
+        info = source.open()
+        slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+        with contextlib.suppress(EndOfStream, SourceError):  # interrupt() below ends the connection
+            while True:
+                read.append(source.read_into(slot))
+
+    reader = threading.Thread(target=decode, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: len(read) >= 6, 30, "the first frames, the camera silent after them")
+    finally:
+        source.interrupt()
+        reader.join(10)
+        source.close()
+        camera.unplug()
+    assert not reader.is_alive()
 
 
 @needs_ffmpeg

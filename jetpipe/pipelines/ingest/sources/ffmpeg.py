@@ -9,6 +9,7 @@ their last row/column (crop, still YUV): 4:2:0 needs even sizes.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from fractions import Fraction
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.ingest.sources.base import FrameInfo, SourceError
 from jetpipe.pipelines.ingest.sources.pipe import DecoderProcess, DecoderRuns, PipeSource, started_with_copy
-from jetpipe.uri import SourceURI
+from jetpipe.uri import NETWORK_SCHEMES, SourceURI
 
 # decoder pixel format -> (jetpipe format, ffmpeg output format, range when the format implies one)
 NATIVE = {
@@ -73,6 +74,16 @@ def input_args(uri: SourceURI) -> list[str]:
     if uri.scheme == "v4l2":
         return ["-f", "v4l2"]
     return []
+
+
+def streaming_args(uri: SourceURI) -> list[str]:
+    """Input options for an ffmpeg that passes a network stream on (decoding or remuxing it), not for ffprobe:
+    FFmpeg's default analysis held a TCP camera's MPEG-TS 5.2 s (an RTSP camera's 0.9 s) before the first frame
+    came out, then gave the frames it had read all at once, more than a stream's queue holds (dropped as if the
+    pipeline were overloaded, at every connection). -analyzeduration 1 ends the analysis once the stream's codec
+    is known; the format comes from ffprobe before, the decoder reads the rest from the stream (a camera joined
+    between keyframes is opened at the next one, as before)."""
+    return [*input_args(uri), "-analyzeduration", "1"] if uri.scheme in NETWORK_SCHEMES else input_args(uri)
 
 
 def probe(uri: SourceURI, started=None) -> StreamFormat:
@@ -151,7 +162,7 @@ class FFmpegSource(PipeSource):
 
     def command(self, packets_fd: int | None = None) -> list[str]:
         info, stream = self.info, self.stream
-        argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *input_args(self.source_uri)]
+        argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *streaming_args(self.source_uri)]
         if self.realtime:
             argv.append("-re")
         if self.restarts_itself():
@@ -170,13 +181,31 @@ class FFmpegSource(PipeSource):
         return argv
 
 
+# An RTSP camera's first packet may come without a decoding time (H.264 with B-frames: FFmpeg 5.1 gave gst-rtsp-server's
+# first one none); the MPEG-TS muxer refuses it ("first pts and dts value must be set") and the remux ended at every
+# connection: such a camera never reached NVDEC. setts fills a missing time with the other (FFmpeg 4.4 on).
+FILL_TIMES = "setts=dts=if(eq(DTS\\,NOPTS)\\,PTS\\,DTS):pts=if(eq(PTS\\,NOPTS)\\,DTS\\,PTS)"
+
+
+@functools.cache
+def has_bitstream_filter(name: str) -> bool:
+    """Whether this machine's ffmpeg has the bitstream filter (asked once)."""
+    try:
+        listed = subprocess.run(["ffmpeg", "-hide_banner", "-bsfs"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return name in listed.stdout.split()
+
+
 def remux_command(uri: SourceURI, copy_fd: int | None = None) -> list[str]:
     """ffmpeg copying a network stream's video packets into MPEG-TS on stdout: no decoding, timestamps kept.
     copy_fd: the same MPEG-TS also to this pipe (another process's: a recording's), through FFmpeg's tee muxer:
     one muxer's packets twice, so both carry the same timestamps, and the copy's reader may go (its process
     ended: said once on stderr) while the stream goes on."""
-    argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *input_args(uri), "-i", uri.location,
+    argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *streaming_args(uri), "-i", uri.location,
             "-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy"]
+    if has_bitstream_filter("setts"):
+        argv += ["-bsf:v", FILL_TIMES]
     if copy_fd is None:
         return [*argv, "-f", "mpegts", "-flush_packets", "1", "pipe:1"]
     return [*argv, "-f", "tee", "[f=mpegts:flush_packets=1]pipe\\:1|"
