@@ -57,10 +57,13 @@ class Cameras:
 
     def __init__(self, ts: bytes, schedule: list[tuple[float, int]], count: int):
         """schedule: (seconds from the stream's start, the byte offset up to which it has been sent then)."""
+        self.connected: list[float] = []  # time.monotonic() at each connection's start (its frames' clock)
+        connected = self.connected
 
         class Camera(socketserver.BaseRequestHandler):
             def handle(self):
                 started, sent = time.monotonic(), 0
+                connected.append(started)
                 try:
                     for at, upto in schedule:
                         delay = started + at - time.monotonic()
@@ -156,7 +159,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     serving = cpu.get("post", 0.0) + cpu.get("sinks", 0.0)
     total = s["latency_ms"]["total"]
     return {"run": label, "fps": s["throughput_fps"], "dropped": sum(s["dropped"]), "frames": frames,
-            "missing_at_start": missing_at_start(numbers),
+            **missing_rows(missing_at_start(numbers)),
             "p50_ms": total["0.5"], "p99_ms": total["0.99"], "tracked_per_frame": round(tracked / max(frames, 1), 1),
             "events": events, "cpu_cores": s.get("cpu_cores"), "cpu_seconds": cpu,
             "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch") or [
@@ -175,15 +178,21 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             **({"recording": s["recording"]} if "recording" in s else {})}
 
 
-def missing_at_start(numbers: dict[int, list[tuple[float, int]]], seconds: float = START_S) -> int:
+def missing_at_start(numbers: dict[int, list[tuple[float, int]]], seconds: float = START_S) -> dict[int, int]:
     """Frames with no record (dropped, or not captured) in each stream's first `seconds` from its first record
-    (a camera's connection: what its opening gave at once), summed over the streams: the frame numbers skipped."""
-    missing = 0
+    (a camera's connection: what its opening gave at once), counted by frame number over the streams."""
+    missing: dict[int, int] = {}
     for seen in numbers.values():
         first_time = min(at for at, _ in seen)
-        early = [number for at, number in seen if at - first_time <= seconds]
-        missing += max(early) + 1 - len(early)  # numbered from 0
+        early = {number for at, number in seen if at - first_time <= seconds}
+        for number in sorted(set(range(max(early) + 1)) - early):  # numbered from 0
+            missing[number] = missing.get(number, 0) + 1
     return missing
+
+
+def missing_rows(missing: dict[int, int]) -> dict:
+    """missing_at_start's count, and its frame numbers (number: streams) where any."""
+    return {"missing_at_start": sum(missing.values()), "missing_frame_numbers": missing}
 
 
 def cpu_of(summary: dict) -> dict:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A network camera's start (issue 66: 16 network cameras dropped frames only in their first seconds): how long
-after the connection its first frame comes out of jetpipe's ffmpeg commands, and how many come out faster than the
+after the connection its first frame comes out of jetpipe's ffmpeg commands, how many come out faster than the
 camera sends them (the frames it had held: more than a stream's queue, 4 frames by default, are dropped as if the
-pipeline were overloaded).
+pipeline were overloaded), and how far behind the camera its frames are once the start is over.
 
 A frame-paced MPEG-TS camera over TCP on 127.0.0.1 (bench_busy.py's), read two ways:
   remux:  NVDEC's feed: the remux ffmpeg (sources.ffmpeg.remux_command) demuxed by runtime.nvdec_pipe.PipeDemuxer
@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_busy import Cameras, camera_stream  # noqa: E402
 
 FASTER_S = 1 / 60  # a frame out sooner than this after the one before came faster than the camera sends (30/s)
-FRAMES = 15
+FRAMES = 200  # read of each connection: past the 150 frames FFmpeg's analysis held before (5 s)
+STEADY = 50  # the last of them: how far behind the camera a frame is once the start is over
 
 
 class PacketData:  # PyNvVideoCodec's fields, for PipeDemuxer without a GPU
@@ -45,7 +46,8 @@ class CodecIds:
 
 
 def remux(url: str) -> tuple[float, list[float]]:
-    """Seconds from starting the remux ffmpeg to the demuxer's open, and to each of its first packets."""
+    """Seconds from starting the remux ffmpeg to the demuxer's open, and the time.monotonic() of each of its first
+    packets."""
     started = time.monotonic()
     process = subprocess.Popen(remux_command(parse(url)), stdout=subprocess.PIPE, bufsize=0)
 
@@ -57,7 +59,7 @@ def remux(url: str) -> tuple[float, list[float]]:
         demuxer = PipeDemuxer(Feed(), PacketData, CodecIds)
         opened, times = time.monotonic() - started, []
         for _ in demuxer:
-            times.append(time.monotonic() - started)
+            times.append(time.monotonic())
             if len(times) == FRAMES:
                 break
         demuxer.close()
@@ -68,7 +70,8 @@ def remux(url: str) -> tuple[float, list[float]]:
 
 
 def decode(url: str) -> tuple[float, list[float]]:
-    """Seconds from starting the decoding ffmpeg (after its source's ffprobe) to each of its first frames."""
+    """Seconds from starting the decoding ffmpeg (after its source's ffprobe) to its first frame, and the
+    time.monotonic() of each of its first frames."""
     source = FFmpegSource(parse(url), threads=1)
     info = source.info = source.probe()
     size = info.height * info.width * 3 // 2
@@ -83,8 +86,8 @@ def decode(url: str) -> tuple[float, list[float]]:
                 if not chunk:
                     return float("nan"), times
                 got += len(chunk)
-            times.append(time.monotonic() - started)
-        return times[0], times
+            times.append(time.monotonic())
+        return times[0] - started, times
     finally:
         process.kill()
         process.wait()
@@ -118,9 +121,17 @@ def main() -> None:
                 cameras.close()
             gaps = [b - a for a, b in zip(times, times[1:])]
             burst = 1 + next((i for i, gap in enumerate(gaps) if gap >= FASTER_S), len(gaps))
-            print(f"{arm}: opened {opened * 1e3:.0f} ms, first frame {times[0] * 1e3:.0f} ms, the first {burst} "
-                  "faster than the camera sends, "
-                  f"frames at (ms) {[round(t * 1e3) for t in times]}", flush=True)
+            # on its connection's clock (the last connection is the reading one: the decode arm's ffprobe connected
+            # before); joined between keyframes, the frames before the next keyframe never come out, so the
+            # frames cannot be matched to the camera's by their order
+            sent = cameras.connected[-1]
+            said = (f"{arm}: opened {opened * 1e3:.0f} ms, first frame {(times[0] - sent) * 1e3:.0f} ms after the "
+                    f"connection, the first {burst} faster than the camera sends")
+            if args.join_at == 0:
+                behind = sorted(t - (sent + at) for t, (at, _) in list(zip(times, schedule))[-STEADY:])
+                said += (f"; then a frame out {behind[len(behind) // 2] * 1e3:.0f} ms (median of the last {STEADY}; "
+                         f"least {behind[0] * 1e3:.0f}) after the camera sent it")
+            print(said, flush=True)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,16 @@ PyNvVideoCodec's PacketData and cudaVideoCodec are stood for by a plain object a
 reads them runs on the GPU machine: tests/pipelines/ingest/test_video_gpu.py's network tests)."""
 
 import ctypes
+import os
 import shutil
+import subprocess
 import threading
 import types
 
 import pytest
 
 from jetpipe import uri as uris
-from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed
+from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed, remux_command
 from jetpipe.runtime.nvdec_pipe import NO_TIME, READ_BYTES, PipeDemuxer
 from tests.pipelines.ingest.test_sources import as_mpegts, encode
 from tests.stream_server import StreamServer, frame_offset
@@ -147,4 +149,35 @@ def test_a_cameras_first_frames_come_out_before_it_sends_more(tmp_path):
             demuxer.close()
         feed.stop()
         server.unplug()
+    assert not reader.is_alive()
+
+
+def test_a_frame_reaches_the_decoder_when_its_last_byte_has_come(tmp_path):
+    """The remux's MPEG-TS up to the end of frame 20 in a pipe kept open: 20 of those 21 frames are demuxed
+    (FFmpeg's H.264 parser holds the last until the next begins), not 19: without the PES's length, which FFmpeg
+    leaves out of a video PES by default, the demuxer held one more frame, a frame interval of latency a camera."""
+    ts = _camera_file(tmp_path / "cam.ts", frames=60)
+    remuxed = subprocess.run(remux_command(uris.parse(str(ts))), capture_output=True, check=True).stdout
+    (tmp_path / "remuxed.ts").write_bytes(remuxed)
+    cut = frame_offset(tmp_path / "remuxed.ts", 21)
+    read_end, write_end = os.pipe()
+
+    class Pipe:
+        def fill(self, buffer) -> int:
+            return os.readv(read_end, [buffer])
+
+    got = []
+
+    def demux():
+        got.extend(p.bsl for p in PipeDemuxer(Pipe(), PacketData, CODEC_IDS))
+
+    os.write(write_end, remuxed[:cut])
+    reader = threading.Thread(target=demux, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: len(got) >= 20, 30, "the frames whose bytes have all come")
+    finally:
+        os.close(write_end)  # the end: the demuxer gives the rest and ends
+        reader.join(10)
+        os.close(read_end)
     assert not reader.is_alive()

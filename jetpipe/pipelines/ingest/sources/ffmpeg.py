@@ -206,9 +206,11 @@ def remux_command(uri: SourceURI, copy_fd: int | None = None) -> list[str]:
             "-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy"]
     if has_bitstream_filter("setts"):
         argv += ["-bsf:v", FILL_TIMES]
+    # each PES of up to 64 KB says its length (FFmpeg omits a video one's by default): the demuxer NVDEC reads has such
+    # a frame whole when its last byte comes, not when the next frame's first comes, a frame interval later
     if copy_fd is None:
-        return [*argv, "-f", "mpegts", "-flush_packets", "1", "pipe:1"]
-    return [*argv, "-f", "tee", "[f=mpegts:flush_packets=1]pipe\\:1|"
+        return [*argv, "-f", "mpegts", "-flush_packets", "1", "-omit_video_pes_length", "0", "pipe:1"]
+    return [*argv, "-f", "tee", "[f=mpegts:flush_packets=1:omit_video_pes_length=0]pipe\\:1|"
             f"[f=mpegts:flush_packets=1:onfail=ignore]pipe\\:{copy_fd}"]
 
 

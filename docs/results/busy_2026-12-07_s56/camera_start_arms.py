@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""(Session 56, the lab copy of scripts/diag/camera_start.py that ran the arms: DROP=flags removed from the remux
+command, PROBE=frames for PipeDemuxer's rate, the remux arm only.)
+A network camera's start (issue 66: 16 network cameras dropped frames only in their first seconds): how long
+after the connection its first frame comes out of jetpipe's ffmpeg commands, how many come out faster than the
+camera sends them (the frames it had held: more than a stream's queue, 4 frames by default, are dropped as if the
+pipeline were overloaded), and how far behind the camera its frames are once the start is over.
+
+A frame-paced MPEG-TS camera over TCP on 127.0.0.1 (bench_busy.py's), read two ways:
+  remux:  NVDEC's feed: the remux ffmpeg (sources.ffmpeg.remux_command) demuxed by runtime.nvdec_pipe.PipeDemuxer
+  decode: the FFmpeg source's decoding ffmpeg (FFmpegSource.command, its ffprobe before not timed)
+--join-at N: the camera's stream starts at its frame N (a connection between keyframes).
+
+  python scripts/diag/camera_start.py VIDEO.mp4 [--join-at 47] [--repeats 3]
+  PYTHONPATH=OLD_TREE python scripts/diag/camera_start.py ...   # another checkout's commands (before/after)
+
+Needs ffmpeg that reads sockets (Debian's; not the GPU machines' static one) and PyAV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# jetpipe first, from PYTHONPATH or as installed (bench_busy puts this checkout first on the path)
+from jetpipe.pipelines.ingest.sources.ffmpeg import FFmpegSource, remux_command
+from jetpipe.runtime.nvdec_pipe import PipeDemuxer
+from jetpipe.uri import parse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+if os.environ.get("PROBE"):
+    import jetpipe.runtime.nvdec_pipe as np_
+    np_.RATE_FRAMES = int(os.environ["PROBE"])
+from bench_busy import Cameras, camera_stream  # noqa: E402
+
+FASTER_S = 1 / 60  # a frame out sooner than this after the one before came faster than the camera sends (30/s)
+FRAMES = 260  # read of each connection: past the 150 frames FFmpeg's analysis held before (5 s)
+STEADY = 50  # the last of them: how far behind the camera a frame is once the start is over
+
+
+class PacketData:  # PyNvVideoCodec's fields, for PipeDemuxer without a GPU
+    bsl_data = bsl = pts = dts = duration = key = 0
+
+
+class CodecIds:
+    H264 = HEVC = "codec"
+
+
+def remux(url: str) -> tuple[float, list[float]]:
+    """Seconds from starting the remux ffmpeg to the demuxer's open, and the time.monotonic() of each of its first
+    packets."""
+    started = time.monotonic()
+    argv = remux_command(parse(url))
+    for flag in os.environ.get("DROP", "").split():
+        del argv[argv.index(flag):argv.index(flag) + 2]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, bufsize=0)
+
+    class Feed:
+        def fill(self, buffer) -> int:
+            return process.stdout.readinto(buffer) or 0
+
+    try:
+        demuxer = PipeDemuxer(Feed(), PacketData, CodecIds)
+        opened, times = time.monotonic() - started, []
+        for _ in demuxer:
+            times.append(time.monotonic())
+            if len(times) == FRAMES:
+                break
+        demuxer.close()
+        return opened, times
+    finally:
+        process.kill()
+        process.wait()
+
+
+def decode(url: str) -> tuple[float, list[float]]:
+    """Seconds from starting the decoding ffmpeg (after its source's ffprobe) to its first frame, and the
+    time.monotonic() of each of its first frames."""
+    source = FFmpegSource(parse(url), threads=1)
+    info = source.info = source.probe()
+    size = info.height * info.width * 3 // 2
+    started = time.monotonic()
+    process = subprocess.Popen(source.command(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+    times = []
+    try:
+        while len(times) < FRAMES:
+            got = 0
+            while got < size:
+                chunk = process.stdout.read(size - got)
+                if not chunk:
+                    return float("nan"), times
+                got += len(chunk)
+            times.append(time.monotonic())
+        return times[0] - started, times
+    finally:
+        process.kill()
+        process.wait()
+
+
+def joined(ts: bytes, schedule: list, frame: int) -> tuple[bytes, list]:
+    """The camera's stream from its frame `frame` on (its bytes and schedule shifted)."""
+    if frame == 0:
+        return ts, schedule
+    offset, at = schedule[frame - 1][1], schedule[frame][0]
+    return ts[offset:], [(t - at, upto - offset) for t, upto in schedule[frame:]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("video", type=Path)
+    parser.add_argument("--join-at", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        ts, schedule = joined(*camera_stream(args.video, Path(folder), 5.0), args.join_at)
+    import jetpipe
+
+    print(f"jetpipe from {Path(jetpipe.__file__).parent}, the camera joined at frame {args.join_at}")
+    for arm, read in (("remux", remux),):
+        for _ in range(args.repeats):
+            cameras = Cameras(ts, schedule, 1)
+            try:
+                opened, times = read(cameras.urls[0])
+            finally:
+                cameras.close()
+            gaps = [b - a for a, b in zip(times, times[1:])]
+            burst = 1 + next((i for i, gap in enumerate(gaps) if gap >= FASTER_S), len(gaps))
+            # on its connection's clock (the last connection is the reading one: the decode arm's ffprobe connected
+            # before); joined between keyframes, the frames before the next keyframe never come out, so the
+            # frames cannot be matched to the camera's by their order
+            sent = cameras.connected[-1]
+            said = (f"{arm}: opened {opened * 1e3:.0f} ms, first frame {(times[0] - sent) * 1e3:.0f} ms after the "
+                    f"connection, the first {burst} faster than the camera sends")
+            if args.join_at == 0:
+                behind = sorted(t - (sent + at) for t, (at, _) in list(zip(times, schedule))[-STEADY:])
+                said += (f"; then a frame out {behind[len(behind) // 2] * 1e3:.0f} ms (median of the last {STEADY}; "
+                         f"least {behind[0] * 1e3:.0f}) after the camera sent it")
+            print(said, flush=True)
+
+
+if __name__ == "__main__":
+    main()
