@@ -6,10 +6,11 @@ pipeline were overloaded), and how far behind the camera its frames are once the
 
 A frame-paced MPEG-TS camera over TCP on 127.0.0.1 (bench_busy.py's), read two ways:
   remux:  NVDEC's feed: the remux ffmpeg (sources.ffmpeg.remux_command) demuxed by runtime.nvdec_pipe.PipeDemuxer
-  decode: the FFmpeg source's decoding ffmpeg (FFmpegSource.command, its ffprobe before not timed)
+  decode: the FFmpeg source's decoding ffmpeg (FFmpegSource.command, its ffprobe before not timed), with --threads
+          decoder threads (default: FFmpeg's, a thread a core, as serve gives a lone camera)
 --join-at N: the camera's stream starts at its frame N (a connection between keyframes).
 
-  python scripts/diag/camera_start.py VIDEO.mp4 [--join-at 47] [--repeats 3]
+  python scripts/diag/camera_start.py VIDEO.mp4 [--join-at 47] [--repeats 3] [--threads 8]
   PYTHONPATH=OLD_TREE python scripts/diag/camera_start.py ...   # another checkout's commands (before/after)
 
 Needs ffmpeg that reads sockets (Debian's; not the GPU machines' static one) and PyAV.
@@ -69,10 +70,10 @@ def remux(url: str) -> tuple[float, list[float]]:
         process.wait()
 
 
-def decode(url: str) -> tuple[float, list[float]]:
+def decode(url: str, threads: int | None) -> tuple[float, list[float]]:
     """Seconds from starting the decoding ffmpeg (after its source's ffprobe) to its first frame, and the
     time.monotonic() of each of its first frames."""
-    source = FFmpegSource(parse(url), threads=1)
+    source = FFmpegSource(parse(url), threads=threads)
     info = source.info = source.probe()
     size = info.height * info.width * 3 // 2
     started = time.monotonic()
@@ -106,13 +107,14 @@ def main() -> None:
     parser.add_argument("video", type=Path)
     parser.add_argument("--join-at", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="the decode arm's decoder threads (default: FFmpeg's)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         ts, schedule = joined(*camera_stream(args.video, Path(folder), 5.0), args.join_at)
     import jetpipe
 
     print(f"jetpipe from {Path(jetpipe.__file__).parent}, the camera joined at frame {args.join_at}")
-    for arm, read in (("remux", remux), ("decode", decode)):
+    for arm, read in (("remux", remux), ("decode", lambda url: decode(url, args.threads))):
         for _ in range(args.repeats):
             cameras = Cameras(ts, schedule, 1)
             try:

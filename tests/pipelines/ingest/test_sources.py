@@ -502,15 +502,13 @@ def test_an_mpegts_camera_sending_in_real_time_connects_with_the_default_stall_t
     assert pipeline.result["failed"] == [0] and pipeline.result["processed"][0] >= 15
 
 
-@needs_ffmpeg
-def test_a_cameras_first_frames_are_decoded_before_it_sends_more(tmp_path):
-    """A camera whose first 16 frames (half a second) have come, and no more yet: the FFmpeg source reads them
-    now. FFmpeg's default analysis held an MPEG-TS camera's frames until 5 s of its stream had come, then gave them
-    all at once (more than a stream's queue holds: dropped at every connection, the camera opened 5 s late)."""
+def _frames_of_a_camera_that_stops(tmp_path, threads: int | None, wanted: int) -> None:
+    """Wait until the FFmpeg source has read `wanted` frames of a TCP camera that sent its first 16 frames (half a
+    second) and then nothing more, on a connection left open."""
     ts = as_mpegts(encode(tmp_path / "cam.mp4", "320x240", 300, extra=("-g", "15")), tmp_path / "cam.ts")
     # connection 1 is the probe (ffprobe, which reads 5 s of the stream: given all of it), 2 the decoding ffmpeg
     camera = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12), stall_connection=2)
-    source = FFmpegSource(uris.parse(camera.url), threads=1)  # (each more decoder thread holds back one frame more)
+    source = FFmpegSource(uris.parse(camera.url), threads=threads)
     read = []
 
     def decode():
@@ -523,13 +521,29 @@ def test_a_cameras_first_frames_are_decoded_before_it_sends_more(tmp_path):
     reader = threading.Thread(target=decode, daemon=True)
     reader.start()
     try:
-        wait_for(lambda: len(read) >= 6, 30, "the first frames, the camera silent after them")
+        wait_for(lambda: len(read) >= wanted, 30, "the first frames, the camera silent after them")
     finally:
         source.interrupt()
         reader.join(10)
         source.close()
         camera.unplug()
     assert not reader.is_alive()
+
+
+@needs_ffmpeg
+def test_a_cameras_first_frames_are_decoded_before_it_sends_more(tmp_path):
+    """A camera whose first frames have come, and no more yet: the FFmpeg source reads them now. FFmpeg's default
+    analysis held an MPEG-TS camera's frames until 5 s of its stream had come, then gave them all at once (more than
+    a stream's queue holds: dropped at every connection, the camera opened 5 s late)."""
+    _frames_of_a_camera_that_stops(tmp_path, threads=1, wanted=6)
+
+
+@needs_ffmpeg
+def test_a_cameras_frames_are_not_held_back_by_decoder_threads(tmp_path):
+    """The same camera decoded with 8 threads (a lone camera on an 8-core host gets one a core): FFmpeg's frame
+    threads gave a frame only once 7 more had come in (2 of the 16 read, against 9 with one thread; each thread a
+    frame interval behind the camera); a live stream up to 1080p is decoded with slice threads, which hold none."""
+    _frames_of_a_camera_that_stops(tmp_path, threads=8, wanted=8)
 
 
 @needs_ffmpeg
