@@ -9,8 +9,11 @@ A frame-paced MPEG-TS camera over TCP on 127.0.0.1 (bench_busy.py's), read two w
   decode: the FFmpeg source's decoding ffmpeg (FFmpegSource.command, its ffprobe before not timed), with --threads
           decoder threads (default: FFmpeg's, a thread a core, as serve gives a lone camera)
 --join-at N: the camera's stream starts at its frame N (a connection between keyframes).
+--without FLAG (repeatable; the remux arm alone): the remux command less that flag, to see what each one does;
+--rate-frames N: PipeDemuxer's frames for the rate.
 
   python scripts/diag/camera_start.py VIDEO.mp4 [--join-at 47] [--repeats 3] [--threads 8]
+                                      [--without -omit_video_pes_length] [--rate-frames 20]
   PYTHONPATH=OLD_TREE python scripts/diag/camera_start.py ...   # another checkout's commands (before/after)
 
 Needs ffmpeg that reads sockets (Debian's; not the GPU machines' static one) and PyAV.
@@ -27,6 +30,7 @@ from pathlib import Path
 
 # jetpipe first, from PYTHONPATH or as installed (bench_busy puts this checkout first on the path)
 from jetpipe.pipelines.ingest.sources.ffmpeg import FFmpegSource, remux_command
+from jetpipe.runtime import nvdec_pipe
 from jetpipe.runtime.nvdec_pipe import PipeDemuxer
 from jetpipe.uri import parse
 
@@ -46,11 +50,15 @@ class CodecIds:
     H264 = HEVC = "codec"
 
 
-def remux(url: str) -> tuple[float, list[float]]:
-    """Seconds from starting the remux ffmpeg to the demuxer's open, and the time.monotonic() of each of its first
-    packets."""
+def remux(url: str, without: list[str]) -> tuple[float, list[float]]:
+    """Seconds from starting the remux ffmpeg (its command less each flag in `without`, with its value) to the
+    demuxer's open, and the time.monotonic() of each of its first packets."""
+    argv = remux_command(parse(url))
+    for flag in without:
+        at = argv.index(flag)
+        del argv[at:at + 2]
     started = time.monotonic()
-    process = subprocess.Popen(remux_command(parse(url)), stdout=subprocess.PIPE, bufsize=0)
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, bufsize=0)
 
     class Feed:
         def fill(self, buffer) -> int:
@@ -108,13 +116,21 @@ def main() -> None:
     parser.add_argument("--join-at", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, help="the decode arm's decoder threads (default: FFmpeg's)")
+    parser.add_argument("--without", action="append", default=[], metavar="FLAG",
+                        help="the remux arm only, its command less FLAG and its value (e.g. -analyzeduration)")
+    parser.add_argument("--rate-frames", type=int, help="frames PipeDemuxer reads for the rate (default: its own)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         ts, schedule = joined(*camera_stream(args.video, Path(folder), 5.0), args.join_at)
     import jetpipe
 
     print(f"jetpipe from {Path(jetpipe.__file__).parent}, the camera joined at frame {args.join_at}")
-    for arm, read in (("remux", remux), ("decode", lambda url: decode(url, args.threads))):
+    if args.rate_frames:
+        nvdec_pipe.RATE_FRAMES = args.rate_frames
+    arms = [("remux", lambda url: remux(url, args.without))]
+    if not args.without:
+        arms.append(("decode", lambda url: decode(url, args.threads)))
+    for arm, read in arms:
         for _ in range(args.repeats):
             cameras = Cameras(ts, schedule, 1)
             try:
