@@ -20,7 +20,7 @@ from fractions import Fraction
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.ingest.sources.base import FrameInfo, SourceError
 from jetpipe.pipelines.ingest.sources.pipe import DecoderProcess, DecoderRuns, PipeSource, started_with_copy
-from jetpipe.uri import NETWORK_SCHEMES, SourceURI
+from jetpipe.uri import SourceURI
 
 # decoder pixel format -> (jetpipe format, ffmpeg output format, range when the format implies one)
 NATIVE = {
@@ -76,14 +76,19 @@ def input_args(uri: SourceURI) -> list[str]:
     return []
 
 
+QUICK_START_SCHEMES = ("rtsp", "rtsps", "tcp", "udp", "srt")  # streaming_args: MPEG-TS or RTSP, streams known at open
+
+
 def streaming_args(uri: SourceURI) -> list[str]:
     """Input options for an ffmpeg that passes a network stream on (decoding or remuxing it), not for ffprobe:
     FFmpeg's default analysis held a TCP camera's MPEG-TS 5.2 s (an RTSP camera's 0.9 s) before the first frame
     came out, then gave the frames it had read all at once, more than a stream's queue holds (dropped as if the
     pipeline were overloaded, at every connection). -analyzeduration 1 ends the analysis once the stream's codec
     is known; the format comes from ffprobe before, the decoder reads the rest from the stream (a camera joined
-    between keyframes is opened at the next one, as before)."""
-    return [*input_args(uri), "-analyzeduration", "1"] if uri.scheme in NETWORK_SCHEMES else input_args(uri)
+    between keyframes is opened at the next one, as before). Only where the streams are known when the input
+    opens (MPEG-TS's tables, RTSP's session description): RTMP's FLV and HTTP's formats may make their video stream
+    only when its first packet comes, so they keep FFmpeg's analysis."""
+    return [*input_args(uri), "-analyzeduration", "1"] if uri.scheme in QUICK_START_SCHEMES else input_args(uri)
 
 
 def probe(uri: SourceURI, started=None) -> StreamFormat:
