@@ -32,12 +32,12 @@ if [ "${PART:-T}" = F ]; then
     --json $R/files.json > $R/files.txt 2>&1
 fi
 # PART=S (a second lease): where the frames missing at the start are (bench_busy's missing_frame_numbers: frame
-#   number -> cameras), 16 network cameras, this tree, one run with py-spy (the GIL holders: the sources' CPU is still
-#   twice the files'), one without.
+#   number -> cameras), 16 network cameras, this tree, one run; with SPY=1 first one with py-spy (the GIL holders: the
+#   sources' CPU is still twice the files').
 if [ "${PART:-T}" = S ]; then
   [ -d /tmp/det ] || python -m jetpipe convert ppocr-det -o /tmp/det --max-batch 8 --quiet >/dev/null 2>&1
   [ -f /tmp/words72.mp4 ] || cp .dev/vid/words72.mp4 /tmp/
-  for spy in "--py-spy $R/spy" ""; do
+  for spy in ${SPY:+"--py-spy $R/spy"} ""; do
     mkdir -p $R/spy
     python scripts/bench_busy.py /tmp/det --video /tmp/words72.mp4 --words 72 --streams 16 --seconds 20 --repeats 1 \
       --network --remux-shim $spy --json $R/start${spy:+_spy}.json > $R/start${spy:+_spy}.txt 2>&1
