@@ -171,10 +171,11 @@ class FFmpegSource(PipeSource):
     def _thread_args(self) -> list[str]:
         """The decoder's threads (many streams: a few each, not one per core each). A live stream up to 1080p is
         decoded without frame threads: FFmpeg's H.264 decoder gives a frame once threads - 1 more have come in, so
-        each frame thread held a camera's frames one frame interval longer (8 threads: 437 ms behind the camera,
-        1: 173 ms; 2-core CPU, a 1080p30 MPEG-TS camera over TCP), before the capture time the latency starts
-        from. Slice threads hold none; one core decodes such a frame in a few ms (3.9 ms here). Files, and larger
-        live streams, which one core may not keep up with, keep frame threads."""
+        each frame thread held a camera's frames one frame interval longer (8 frame threads: 405 ms behind the
+        camera, 8 slice threads: 172 ms; 2-core CPU, a 1080p30 MPEG-TS camera over TCP, scripts/diag/
+        camera_start.py), before the capture time the latency starts from. Slice threads hold none; one core
+        decodes such a frame in a few ms (3.9 ms here). Files, and larger live streams, which one core may not
+        keep up with, keep frame threads."""
         count = ["-threads", str(self.threads)] if self.threads else []
         if self.source_uri.live and self.stream is not None and self.stream.height <= LOW_DELAY_MAX_HEIGHT:
             return ["-thread_type", "slice", *count]
