@@ -6,7 +6,7 @@ pipeline were overloaded), and how far behind the camera its frames are once the
 
 A frame-paced MPEG-TS camera over TCP on 127.0.0.1 (bench_busy.py's), read two ways:
   remux:  NVDEC's feed: the remux ffmpeg (sources.ffmpeg.remux_command) demuxed by runtime.nvdec_pipe.PipeDemuxer
-  decode: the FFmpeg source's decoding ffmpeg (FFmpegSource.command, its ffprobe before not timed), with --threads
+  decode: the FFmpeg source's ffprobe (timed apart), then its decoding ffmpeg (FFmpegSource.command), with --threads
           decoder threads (default: FFmpeg's, a thread a core, as serve gives a lone camera)
 --join-at N: the camera's stream starts at its frame N (a connection between keyframes).
 --without FLAG (repeatable; the remux arm alone): the remux command less that flag, to see what each one does;
@@ -82,7 +82,9 @@ def decode(url: str, threads: int | None) -> tuple[float, list[float]]:
     """Seconds from starting the decoding ffmpeg (after its source's ffprobe) to its first frame, and the
     time.monotonic() of each of its first frames."""
     source = FFmpegSource(parse(url), threads=threads)
+    probing = time.monotonic()
     info = source.info = source.probe()
+    print(f"decode: ffprobe {(time.monotonic() - probing) * 1e3:.0f} ms (its own connection, before)", flush=True)
     size = info.height * info.width * 3 // 2
     started = time.monotonic()
     process = subprocess.Popen(source.command(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)

@@ -36,7 +36,9 @@ STALL_MIN_S = 5.0  # a live stream is stalled after max(this, 10 frame periods) 
 # and one still opening (no first frame yet) is ended after this at least (stall_timeout_s auto): FFmpeg reads an
 # MPEG-TS stream (udp, tcp, srt, http) for its analyzeduration, 5 s, before it says what the stream holds, since
 # more programs may come; sent in real time, that is 5 s of waiting, twice on the FFmpeg path (ffprobe, then the
-# decoder: 5.5 s each on a TCP camera), which the 5-s stall timeout cut off, connection after connection.
+# decoder: 5.5 s each on a TCP camera), which the 5-s stall timeout cut off, connection after connection. (tcp, udp,
+# srt and RTSP are now read with the analysis ended at the codec, sources.ffmpeg.streaming_args; HTTP is not, and a
+# camera joined between keyframes opens at the next one, seconds away where its keyframes are.)
 OPEN_MIN_S = 15.0
 
 

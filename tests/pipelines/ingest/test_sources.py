@@ -456,8 +456,8 @@ def test_a_network_stream_that_drops_is_reconnected(videos, tiny_bundle, tmp_pat
 def test_a_network_stream_that_goes_silent_is_reconnected(tiny_bundle, tmp_path, caplog):
     """A TCP camera that stays connected but stops sending (it sat at 0 fps with no word): after its stall
     timeout it is logged, counted and reconnected, and frames flow again."""
-    # 10 s: FFmpeg reads 5 s of an MPEG-TS stream before its first frame; a stream that stops before its first
-    # frame never connected (a failed connection, not a stall)
+    # 10 s: a stream that stops before its first frame never connected (a failed connection, not a stall), and
+    # FFmpeg read 5 s of an MPEG-TS stream before its first frame (it reads less now: streaming_args)
     ts = as_mpegts(encode(tmp_path / "cam.mp4", "320x240", 300), tmp_path / "cam.ts")
     # connection 1 is the probe (ffprobe), 2 the decoding ffmpeg: it stalls after two thirds of the stream
     camera = StreamServer(ts.read_bytes(), stall_after=len(ts.read_bytes()) * 2 // 3, stall_connection=2)
@@ -536,6 +536,20 @@ def test_a_cameras_first_frames_are_decoded_before_it_sends_more(tmp_path):
     analysis held an MPEG-TS camera's frames until 5 s of its stream had come, then gave them all at once (more than
     a stream's queue holds: dropped at every connection, the camera opened 5 s late)."""
     _frames_of_a_camera_that_stops(tmp_path, threads=1, wanted=6)
+
+
+@needs_ffmpeg
+def test_a_cameras_format_is_known_from_its_first_frames(tmp_path):
+    """ffprobe, run before each connection of a camera the FFmpeg source decodes, read 5 s of an MPEG-TS stream
+    before it answered: a camera that has sent its first 16 frames (half a second), and no more yet, was not
+    known within the probe's 15 s. Now its format comes from those frames."""
+    ts = as_mpegts(encode(tmp_path / "cam.mp4", "320x240", 300, extra=("-g", "15")), tmp_path / "cam.ts")
+    camera = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12))
+    try:
+        info = FFmpegSource(uris.parse(camera.url)).probe()
+    finally:
+        camera.unplug()
+    assert (info.width, info.height, info.fps) == (320, 240, 30.0)
 
 
 @needs_ffmpeg

@@ -80,13 +80,14 @@ QUICK_START_SCHEMES = ("rtsp", "rtsps", "tcp", "udp", "srt")  # streaming_args: 
 
 
 def streaming_args(uri: SourceURI) -> list[str]:
-    """Input options for an ffmpeg that passes a network stream on (decoding or remuxing it), not for ffprobe:
-    FFmpeg's default analysis held a TCP camera's MPEG-TS 5.2 s (an RTSP camera's 0.9 s) before the first frame
-    came out, then gave the frames it had read all at once, more than a stream's queue holds (dropped as if the
-    pipeline were overloaded, at every connection). -analyzeduration 1 ends the analysis once the stream's codec
-    is known; the format comes from ffprobe before, the decoder reads the rest from the stream (a camera joined
-    between keyframes is opened at the next one, as before). Only where the streams are known when the input
-    opens (MPEG-TS's tables, RTSP's session description): RTMP's FLV and HTTP's formats may make their video stream
+    """Input options for an ffmpeg that passes a network stream on (decoding or remuxing it) and for the ffprobe
+    before it: FFmpeg's default analysis held a TCP camera's MPEG-TS 5.2 s (an RTSP camera's 0.9 s) before the
+    first frame came out, then gave the frames it had read all at once, more than a stream's queue holds (dropped
+    as if the pipeline were overloaded, at every connection), and ffprobe took as long at every connection.
+    -analyzeduration 1 ends the analysis once the stream's codec and format are known (ffprobe said the same size,
+    pixel format and rate, 30/1, in 0.24 s against 5.2 s; RTSP 0.16 against 0.82 s); a camera joined between
+    keyframes is opened at the next one, as before. Only where the streams are known when the input opens
+    (MPEG-TS's tables, RTSP's session description): RTMP's FLV and HTTP's formats may make their video stream
     only when its first packet comes, so they keep FFmpeg's analysis."""
     return [*input_args(uri), "-analyzeduration", "1"] if uri.scheme in QUICK_START_SCHEMES else input_args(uri)
 
@@ -95,7 +96,7 @@ def probe(uri: SourceURI, started=None) -> StreamFormat:
     """The first video stream's format; SourceError (one line, naming the source and the cause) if unreadable.
 
     started(process) is called with the running ffprobe, so a stopping daemon can kill a hanging probe."""
-    argv = ["ffprobe", "-v", "error", *input_args(uri), "-select_streams", "v:0", "-show_entries",
+    argv = ["ffprobe", "-v", "error", *streaming_args(uri), "-select_streams", "v:0", "-show_entries",
             "stream=codec_name,width,height,pix_fmt,avg_frame_rate,r_frame_rate,color_space,color_range,bit_rate",
             "-of", "json", uri.location]
     try:
