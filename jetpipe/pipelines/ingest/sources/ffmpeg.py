@@ -85,7 +85,7 @@ def streaming_args(uri: SourceURI) -> list[str]:
     first frame came out, then gave the frames it had read all at once, more than a stream's queue holds (dropped
     as if the pipeline were overloaded, at every connection), and ffprobe took as long at every connection.
     -analyzeduration 1 ends the analysis once the stream's codec and format are known (ffprobe said the same size,
-    pixel format and rate, 30/1, in 0.24 s against 5.2 s; RTSP 0.16 against 0.82 s); a camera joined between
+    pixel format and rate, 30/1, in 0.24 s against 5.2 s; RTSP 0.16-0.20 against 0.82 s); a camera joined between
     keyframes is opened at the next one, as before. Only where the streams are known when the input opens
     (MPEG-TS's tables, RTSP's session description): RTMP's FLV and HTTP's formats may make their video stream
     only when its first packet comes, so they keep FFmpeg's analysis."""
