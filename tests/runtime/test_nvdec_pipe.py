@@ -171,10 +171,10 @@ def test_a_frame_reaches_the_decoder_when_its_last_byte_has_come(tmp_path):
     def demux():
         got.extend(p.bsl for p in PipeDemuxer(Pipe(), PacketData, CODEC_IDS))
 
-    os.write(write_end, remuxed[:cut])
     reader = threading.Thread(target=demux, daemon=True)
     reader.start()
     try:
+        os.write(write_end, remuxed[:cut])  # (the reader runs: more than a pipe's 64 KB would not block)
         wait_for(lambda: len(got) >= 20, 30, "the frames whose bytes have all come")
     finally:
         os.close(write_end)  # the end: the demuxer gives the rest and ends
