@@ -11,10 +11,11 @@ the CLI's defaults: the tracker the rules turn on (botsort), 4 rules a stream (t
 sink, for --seconds. Each --tree (NAME=PATH, a checkout of jetpipe) runs in turn, interleaved, --repeats times, the
 same video and bundle; each --variant (NAME=FLAGS: more `serve` flags, e.g. looks for the tracker) runs beside the
 plain run of each tree, interleaved too (e.g. `--variant 'workers2=--workers-per-gpu 2'`: two serving processes on
-the GPU; their CPU is summed). Reported per run: frames/s, dropped, latency p50 / p99, tracked boxes a frame, the
-process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread: finishing, tracking,
-events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's first run's stacks (py-spy
-record --format raw, the GIL holder's: --gil) into DIR.
+the GPU; their CPU is summed). Reported per run: frames/s, dropped, the frames missing from each stream's first 2 s
+(missing_at_start: a camera's connection; by frame number in missing_frame_numbers), latency p50 / p99, tracked
+boxes a frame, the process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread:
+finishing, tracking, events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's first
+run's stacks (py-spy record --format raw, the GIL holder's: --gil) into DIR.
 
 --network serves each stream as a camera does instead of a looped file: MPEG-TS over TCP from 127.0.0.1 (the video
 looped into one stream longer than the run, sent from its start to each connection, each frame's bytes at its
