@@ -159,8 +159,9 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     cpu = cpu_of(s)
     serving = cpu.get("post", 0.0) + cpu.get("sinks", 0.0)
     total = s["latency_ms"]["total"]
+    missing = missing_at_start(numbers)
     return {"run": label, "fps": s["throughput_fps"], "dropped": sum(s["dropped"]), "frames": frames,
-            **missing_rows(missing_at_start(numbers)),
+            "missing_at_start": sum(missing.values()), "missing_frame_numbers": missing,
             "p50_ms": total["0.5"], "p99_ms": total["0.99"], "tracked_per_frame": round(tracked / max(frames, 1), 1),
             "events": events, "cpu_cores": s.get("cpu_cores"), "cpu_seconds": cpu,
             "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch") or [
@@ -189,11 +190,6 @@ def missing_at_start(numbers: dict[int, list[tuple[float, int]]], seconds: float
         for number in sorted(set(range(max(early) + 1)) - early):  # numbered from 0
             missing[number] = missing.get(number, 0) + 1
     return missing
-
-
-def missing_rows(missing: dict[int, int]) -> dict:
-    """missing_at_start's count, and its frame numbers (number: streams) where any."""
-    return {"missing_at_start": sum(missing.values()), "missing_frame_numbers": missing}
 
 
 def cpu_of(summary: dict) -> dict:

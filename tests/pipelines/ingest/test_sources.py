@@ -502,12 +502,16 @@ def test_an_mpegts_camera_sending_in_real_time_connects_with_the_default_stall_t
     assert pipeline.result["failed"] == [0] and pipeline.result["processed"][0] >= 15
 
 
-def _frames_of_a_camera_that_stops(tmp_path, threads: int | None, wanted: int) -> None:
-    """Wait until the FFmpeg source has read `wanted` frames of a TCP camera that sent its first 16 frames (half a
-    second) and then nothing more, on a connection left open."""
+def _camera_that_stops(tmp_path, connection: int) -> StreamServer:
+    """A TCP camera whose connection number `connection` gets its first 16 frames (half a second, 16 KB) and then
+    nothing more, left open; the others get the whole stream."""
     ts = as_mpegts(encode(tmp_path / "cam.mp4", "320x240", 300, extra=("-g", "15")), tmp_path / "cam.ts")
-    # connection 1 is the probe (ffprobe, which reads 5 s of the stream: given all of it), 2 the decoding ffmpeg
-    camera = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12), stall_connection=2)
+    return StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12), stall_connection=connection)
+
+
+def _frames_of_a_camera_that_stops(tmp_path, threads: int | None, wanted: int) -> None:
+    """Wait until the FFmpeg source has read `wanted` frames of a camera that stops after its first 16."""
+    camera = _camera_that_stops(tmp_path, connection=2)  # 1 is the probe (ffprobe), 2 the decoding ffmpeg
     source = FFmpegSource(uris.parse(camera.url), threads=threads)
     read = []
 
@@ -543,8 +547,7 @@ def test_a_cameras_format_is_known_from_its_first_frames(tmp_path):
     """ffprobe, run before each connection of a camera the FFmpeg source decodes, read 5 s of an MPEG-TS stream
     before it answered: a camera that has sent its first 16 frames (half a second), and no more yet, was not
     known within the probe's 15 s. Now its format comes from those frames."""
-    ts = as_mpegts(encode(tmp_path / "cam.mp4", "320x240", 300, extra=("-g", "15")), tmp_path / "cam.ts")
-    camera = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12))
+    camera = _camera_that_stops(tmp_path, connection=1)
     try:
         info = FFmpegSource(uris.parse(camera.url)).probe()
     finally:
