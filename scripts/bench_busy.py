@@ -3,7 +3,8 @@
 
   python scripts/bench_busy.py BUNDLE [--words 200] [--streams 16] [--seconds 20] [--repeats 2]
                                [--tree new=. --tree old=.dev/old] [--variant 'colour=--reid colour']
-                               [--no-plain] [--py-spy DIR] [--network [--remux-shim]] [--json OUT]
+                               [--no-plain] [--py-spy DIR [--py-spy-all-threads]] [--network [--remux-shim]]
+                               [--json OUT]
 
 N copies of a 1080p30 H.264 file of words panning leftwards past the text detector (scripts/bench_events.py's
 video; 200 words in a frame give about 60 lines found and 41 tracked a frame), served live (--loop --realtime) with
@@ -13,9 +14,12 @@ same video and bundle; each --variant (NAME=FLAGS: more `serve` flags, e.g. look
 plain run of each tree, interleaved too (e.g. `--variant 'workers2=--workers-per-gpu 2'`: two serving processes on
 the GPU; their CPU is summed). Reported per run: frames/s, dropped, the frames missing from each stream's first 2 s
 (missing_at_start: a camera's connection; by frame number in missing_frame_numbers), latency p50 / p99, tracked
-boxes a frame, the process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread:
+boxes a frame, with --network how long after the camera sent a frame it was captured (behind_camera_ms: where the
+records' pts are the camera's own, as NVDEC's are; before the capture time jetpipe's latency counts from), the
+process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread:
 finishing, tracking, events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's first
-run's stacks (py-spy record --format raw, the GIL holder's: --gil) into DIR.
+run's stacks (py-spy record --format raw, the GIL holder's: --gil) into DIR; with --py-spy-all-threads every thread
+on CPU, native frames included (--native: C work that lets the GIL go, demuxing and decoding, is counted too).
 
 --network serves each stream as a camera does instead of a looped file: MPEG-TS over TCP from 127.0.0.1 (the video
 looped into one stream longer than the run, sent from its start to each connection, each frame's bytes at its
@@ -59,12 +63,14 @@ class Cameras:
     def __init__(self, ts: bytes, schedule: list[tuple[float, int]], count: int):
         """schedule: (seconds from the stream's start, the byte offset up to which it has been sent then)."""
         self.connected: list[float] = []  # time.monotonic() at each connection's start (its frames' clock)
-        connected = self.connected
+        self.first_wall: dict[int, float] = {}  # a camera's port -> time.time() at its first connection
+        connected, first_wall = self.connected, self.first_wall
 
         class Camera(socketserver.BaseRequestHandler):
             def handle(self):
                 started, sent = time.monotonic(), 0
                 connected.append(started)
+                first_wall.setdefault(self.server.server_address[1], time.time())
                 try:
                     for at, upto in schedule:
                         delay = started + at - time.monotonic()
@@ -111,6 +117,38 @@ def camera_stream(video: Path, out: Path, seconds: float) -> tuple[bytes, list[t
     return data, [*schedule, (schedule[-1][0], len(data))]
 
 
+def send_offsets(ts: Path) -> dict[float, float]:
+    """Each frame of the camera's MPEG-TS by its presentation time (seconds, to the millisecond, as records give
+    it): when the camera sends it, seconds after the connection (its decoding time against the first's)."""
+    import av
+
+    with av.open(str(ts)) as container:
+        stream = container.streams.video[0]
+        times = [(float(p.pts * stream.time_base), float(p.dts * stream.time_base)) for p in container.demux(stream)
+                 if p.size and p.pts is not None and p.dts is not None]
+    first = times[0][1]
+    return {round(pts, 3): dts - first for pts, dts in times}
+
+
+def behind_camera(seen: dict[int, list[tuple[float, float | None]]], cameras: Cameras, sent: dict[float, float],
+                  seconds: float = START_S) -> dict | None:
+    """How long after the camera sent a frame it was captured (the record's t_capture), in ms: the median and the
+    90th percentile over every stream's frames after its first `seconds`. Before the capture time jetpipe's
+    latency starts from: the remux, the demuxer and the decoder's hold."""
+    ports = [int(url.rsplit(":", 1)[1]) for url in cameras.urls]
+    behind = []
+    for stream, frames in seen.items():
+        connected = cameras.first_wall.get(ports[stream])
+        start = min(at for at, _ in frames)
+        behind += [at - connected - sent[round(pts, 3)] for at, pts in frames
+                   if connected and at - start > seconds and pts is not None and round(pts, 3) in sent]
+    if not behind:
+        return None
+    behind.sort()
+    return {"p50": round(behind[len(behind) // 2] * 1e3, 1), "p90": round(behind[len(behind) * 9 // 10] * 1e3, 1),
+            "frames": len(behind)}
+
+
 def remux_shim(out: Path) -> dict:
     """PATH with scripts/socket_remux.py first as `ffmpeg` (the real one named in JETPIPE_REAL_FFMPEG)."""
     folder = out / "shim"
@@ -132,7 +170,8 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
                "--duration", str(args.seconds), "--metrics", "", *RULES,
                "--sink", f"jsonl:{records}", "--summary", str(summary), *flags]
     if spy is not None:
-        command = ["py-spy", "record", "--format", "raw", "--gil", "--rate", "100", "-o",
+        which = ["--threads", "--nonblocking"] if args.py_spy_all_threads else ["--gil"]  # not paused: less skew
+        command = ["py-spy", "record", "--format", "raw", *which, "--rate", "100", "-o",
                    str(spy / f"{label}.txt"), "--", *command]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
            **args.shim_env}
@@ -146,6 +185,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     s = json.loads(summary.read_text())["summary"]
     frames = tracked = events = 0
     numbers: dict[int, list[tuple[float, int]]] = {}  # per stream: (capture time, frame number) of each record
+    stamps: dict[int, list[tuple[float, float | None]]] = {}  # per stream: (capture time, pts) of each record
     with records.open() as lines:
         for line in lines:
             record = json.loads(line)
@@ -154,6 +194,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
                 continue
             frames += 1
             numbers.setdefault(record["stream"], []).append((record["t_capture"], record["frame"]))
+            stamps.setdefault(record["stream"], []).append((record["t_capture"], record["pts"]))
             tracked += sum(t is not None for t in record["results"].get("track_ids") or ())
     records.unlink()
     cpu = cpu_of(s)
@@ -162,6 +203,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     missing = missing_at_start(numbers)
     return {"run": label, "fps": s["throughput_fps"], "dropped": sum(s["dropped"]), "frames": frames,
             "missing_at_start": sum(missing.values()), "missing_frame_numbers": missing,
+            **({"behind_camera_ms": behind_camera(stamps, cameras, args.sent_at)} if cameras else {}),
             "p50_ms": total["0.5"], "p99_ms": total["0.99"], "tracked_per_frame": round(tracked / max(frames, 1), 1),
             "events": events, "cpu_cores": s.get("cpu_cores"), "cpu_seconds": cpu,
             "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch") or [
@@ -218,6 +260,9 @@ def main() -> None:
                         help="NAME=FLAGS: more serve flags, run beside the plain run (e.g. 'colour=--reid colour')")
     parser.add_argument("--no-plain", action="store_true", help="run the variants only (not each tree's plain run)")
     parser.add_argument("--py-spy", type=Path, help="record each tree's first run's stacks here")
+    parser.add_argument("--py-spy-all-threads", action="store_true",
+                        help="sample every thread on CPU (py-spy without --gil): native work that lets the GIL go, "
+                             "such as demuxing and decoding, is counted too")
     parser.add_argument("--network", action="store_true", help="each stream a camera: MPEG-TS over TCP, real time")
     parser.add_argument("--remux-shim", action="store_true",
                         help="with --network, where ffmpeg cannot read a socket: scripts/socket_remux.py stands in")
@@ -231,6 +276,7 @@ def main() -> None:
     if not video.exists():
         make_video(video, 20.0, args.words)
     args.camera = camera_stream(video, out, args.seconds) if args.network else None
+    args.sent_at = send_offsets(out / "camera.ts") if args.network else None
     args.shim_env = remux_shim(out) if args.remux_shim else {}
     if args.py_spy:
         args.py_spy.mkdir(parents=True, exist_ok=True)

@@ -82,6 +82,17 @@ def open_nvdec(device, uri: SourceURI, loop: bool = False, realtime: bool = Fals
         return None
 
 
+def display_latency(nvc, live: bool) -> dict:
+    """CreateDecoder's display latency for a stream: a live one's frames as soon as they can be shown (LOW). The
+    default (NATIVE, "a latency of 4 frames" in PyNvVideoCodec's words) gives a frame out only after more packets
+    have come in: for a camera, frame intervals before jetpipe's capture time, where its latency is counted from.
+    A file keeps the default ({}), as does a PyNvVideoCodec without the setting."""
+    kinds = getattr(nvc, "DisplayDecodeLatencyType", None)
+    if not live or kinds is None or not hasattr(kinds, "LOW"):
+        return {}
+    return {"latency": kinds.LOW}
+
+
 def first_line(exc: Exception) -> str:
     """What an exception says in one line; PyNvVideoCodec's own say it on an "Error Type :" line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -179,7 +190,8 @@ class NvdecSource:
             try:
                 self._decoder = nvc.CreateDecoder(gpuid=device.ordinal, codec=demuxer.GetNvCodecId(),
                                                   cudacontext=device.context.handle,
-                                                  cudastream=self._stream.handle, usedevicememory=True)
+                                                  cudastream=self._stream.handle, usedevicememory=True,
+                                                  **display_latency(nvc, self.live))
             except Exception as exc:
                 raise Unsupported(first_line(exc)) from None
         self._demuxer, self._packets = demuxer, iter(demuxer)

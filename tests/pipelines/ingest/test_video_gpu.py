@@ -3,6 +3,7 @@
 Needs PyCUDA, onnxruntime-gpu, PyNvVideoCodec and ffmpeg (to encode the clips at test time).
 """
 
+import contextlib
 import logging
 import shutil
 import subprocess
@@ -23,7 +24,8 @@ from jetpipe.runtime.api import Frame
 from jetpipe.runtime.nvdec import hardware_decoder
 from jetpipe.runtime.ring import frame_ring
 from tests.pipelines.ingest.test_sources import _config, as_mpegts, encode, ffmpeg_decode, serve_through_a_stall
-from tests.stream_server import StreamServer, remux_or_stand_in
+from tests.stream_server import StreamServer, frame_offset, remux_or_stand_in
+from tests.support import wait_for
 
 pytestmark = pytest.mark.gpu
 
@@ -492,3 +494,37 @@ def test_interrupt_ends_an_nvdec_connect_that_hangs(runtime, network_feed):
     finally:
         source.close()
         server.unplug()
+
+
+def test_nvdec_gives_a_cameras_frames_as_they_come_not_a_frame_late(runtime, tmp_path, monkeypatch):
+    """A camera without B-frames (as most IP cameras send) whose first 12 frames have come, and no more yet, as
+    jetpipe's remux writes it (each PES's length): NVDEC gives 10 of them now (the demuxer's parser holds the last
+    until the next begins, and the decoder one more). With its default display latency it held one frame more (9 of
+    the 12): 33 ms at 30 frames/s behind the camera before the capture time, every frame."""
+    mp4 = encode(tmp_path / "cam.mp4", "320x240", 300, extra=("-g", "15", "-bf", "0"))
+    ts = tmp_path / "cam.ts"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(mp4), "-c", "copy", "-f", "mpegts", "-omit_video_pes_length",
+                    "0", str(ts)], check=True)
+    remux_or_stand_in(monkeypatch, ts.read_bytes())
+    camera = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12), stall_connection=1)  # 1: the remux
+    source = open_source(camera.url, hardware=hardware_decoder(runtime))
+    read = []
+
+    def decode():
+        info = source.open()
+        ring = frame_ring(runtime, 1, (info.height, info.width), device=True)
+        with contextlib.suppress(EndOfStream, SourceError):  # interrupt() below ends the connection
+            while True:
+                source.read_into(ring.view(0, info.format, info.height, info.width))
+                read.append(1)
+
+    reader = threading.Thread(target=decode, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: len(read) >= 10, 30, "the camera's first frames, the camera silent after them")
+    finally:
+        source.interrupt()
+        reader.join(10)
+        source.close()
+        camera.unplug()
+    assert not reader.is_alive() and source.describe().endswith("(nvdec)")
