@@ -8,9 +8,7 @@ LOW, ZERO), packets go to the decoder one at a time, as a live camera's come, an
           30 frames/s each held frame is 33 ms before jetpipe's capture time, which its reported latency does not
           include)
   order:  whether the frames come out in display order (their pts rising), and as many as the packets
-  start:  the first Decode's wall time (the decoder is made at the stream's first sequence header), and the
-          longest a pure-Python thread went without running meanwhile: near the whole call where the call holds
-          the GIL (then the serving process stands still while each camera's decoder is made)
+  start:  the first Decode's wall time (the decoder is made at the stream's first sequence header)
 
   python scripts/diag/nvdec_latency.py VIDEO.mp4 [VIDEO2.mp4 ...] [--packets 120]
 
@@ -20,35 +18,10 @@ Needs the GPU, PyCUDA and PyNvVideoCodec (jetpipe's device kit).
 from __future__ import annotations
 
 import argparse
-import threading
 import time
 
 from jetpipe.runtime.cuda import CudaDevice
 from jetpipe.runtime.nvdec import import_nvdec
-
-
-class Ticker:
-    """A pure-Python thread noting the longest time it went without running (the GIL held elsewhere)."""
-
-    def __init__(self):
-        self.longest = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        last = time.perf_counter()
-        while not self._stop.is_set():
-            now = time.perf_counter()
-            self.longest = max(self.longest, now - last)
-            last = now
-
-    def reset(self) -> None:
-        self.longest = 0.0
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def latencies(nvc) -> dict:
@@ -59,7 +32,7 @@ def latencies(nvc) -> dict:
     return {"default": None, **members}
 
 
-def run(nvc, device, video: str, latency, packets: int, ticker: Ticker) -> dict:
+def run(nvc, device, video: str, latency, packets: int) -> dict:
     demuxer = nvc.CreateDemuxer(filename=video)
     stream = device.stream()
     extra = {} if latency is None else {"latency": latency}
@@ -67,18 +40,15 @@ def run(nvc, device, video: str, latency, packets: int, ticker: Ticker) -> dict:
                                 cudacontext=device.context.handle, cudastream=stream.handle, usedevicememory=True,
                                 **extra)
     given = out = most_held = 0
-    first_call = first_gap = first_out = None
+    first_call = first_out = None
     pts = []
     for packet in demuxer:
         if given == packets:
             break
-        if first_call is None:  # the ticker runs first (the GIL free), so its longest wait is this call's alone
-            time.sleep(0.05)
-        ticker.reset()
         started = time.perf_counter()
         frames = decoder.Decode(packet)
         if first_call is None:
-            first_call, first_gap = time.perf_counter() - started, ticker.longest
+            first_call = time.perf_counter() - started
         given += 1
         out += len(frames)
         pts += [int(f.getPTS()) for f in frames]
@@ -87,7 +57,7 @@ def run(nvc, device, video: str, latency, packets: int, ticker: Ticker) -> dict:
             most_held = max(most_held, given - out)
     return {"video": video, "latency": latency, "packets": given, "frames": out, "held_at_most": most_held,
             "first_out_after_packets": first_out, "pts_rising": pts == sorted(pts),
-            "first_decode_ms": round(first_call * 1e3, 1), "python_stood_ms": round(first_gap * 1e3, 1)}
+            "first_decode_ms": round(first_call * 1e3, 1)}
 
 
 def main() -> None:
@@ -99,17 +69,13 @@ def main() -> None:
     nvc, device = import_nvdec(), CudaDevice(0)
     kinds = latencies(nvc)
     print("PyNvVideoCodec display latencies:", {k: str(v) for k, v in kinds.items()}, flush=True)
-    ticker = Ticker()
-    try:
-        with device.active():
-            for _ in range(args.repeats):
-                for video in args.videos:
-                    for name, latency in kinds.items():
-                        row = run(nvc, device, video, latency, args.packets, ticker)
-                        row["latency"] = name
-                        print(row, flush=True)
-    finally:
-        ticker.stop()
+    with device.active():
+        for _ in range(args.repeats):
+            for video in args.videos:
+                for name, latency in kinds.items():
+                    row = run(nvc, device, video, latency, args.packets)
+                    row["latency"] = name
+                    print(row, flush=True)
 
 
 if __name__ == "__main__":
