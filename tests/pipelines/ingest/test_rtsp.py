@@ -7,6 +7,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
@@ -114,3 +115,39 @@ def test_an_rtsp_camera_with_b_frames_is_remuxed_for_nvdec(rtsp):
     finally:
         feed.stop()
     assert len(times) == 30 and NO_TIME not in times and times == sorted(set(times))
+
+
+def test_a_jetsons_rtsp_pipeline_reads_the_camera_over_tcp(tmp_path, monkeypatch):
+    """A Jetson reads an RTSP camera with rtspsrc over TCP, as FFmpeg does elsewhere (-rtsp_transport tcp), with no
+    jitter buffer hold (latency=0: with latency=200 a live stream's clock-synced sink kept each frame 170-200 ms
+    longer; scripts/diag/rtsp_hold.py). Its command, software elements in the hardware's places, gives a real RTSP
+    server's frames, equal to FFmpeg's decoding of the camera's clip."""
+    from jetpipe.frames import frame_shape
+    from jetpipe.pipelines.ingest.sources.base import FrameInfo
+    from jetpipe.pipelines.ingest.sources.gstreamer import GstSource
+    from jetpipe.uri import parse
+    from tests.pipelines.ingest.test_sources import ffmpeg_decode
+    from tests.support import jetson_pipeline_in_software
+
+    jetson_pipeline_in_software(monkeypatch)
+    clip = tmp_path / "baseline.mp4"  # openh264dec, the stand-in for nvv4l2decoder, decodes the baseline profile
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=320x240:r=30", "-t", "10",
+                    "-c:v", "libx264", "-profile:v", "baseline", "-g", "15", "-pix_fmt", "yuv420p", str(clip)],
+                   check=True)
+    camera = RtspServer(clip)
+    camera.start()
+    source = GstSource(parse(camera.url), info=FrameInfo("nv12", 240, 320, fps=30.0))
+    try:
+        assert "protocols=tcp" in source.command()
+        info = source.open()
+        slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+        frames = []
+        for _ in range(8):
+            source.read_into(slot)
+            frames.append(slot.tobytes())
+    finally:
+        source.close()
+        camera.stop()
+    size = 320 * 240 * 3 // 2
+    decoded = ffmpeg_decode(clip, "nv12")
+    assert frames == [decoded[k * size:(k + 1) * size] for k in range(8)]

@@ -653,7 +653,7 @@ def test_gst_pipelines_must_name_their_caps():
                             "nvv4l2decoder mjpeg=1 ! nvvidconv ! video/x-raw,format=NV12,width=1920,height=1080"),
     ("/clips/a b.mp4", "nv12", 'filesrc location="/clips/a b.mp4" ! parsebin ! nvv4l2decoder ! nvvidconv ! '
                                "video/x-raw,format=NV12,width=1920,height=1080"),
-    ("rtsp://cam/1", "nv12", 'rtspsrc location="rtsp://cam/1" latency=200 ! parsebin ! nvv4l2decoder ! '
+    ("rtsp://cam/1", "nv12", 'rtspsrc location="rtsp://cam/1" protocols=tcp latency=0 ! parsebin ! nvv4l2decoder ! '
                              "nvvidconv ! video/x-raw,format=NV12,width=1920,height=1080"),
 ])
 def test_jetson_pipelines(text, fmt, expected):

@@ -28,6 +28,10 @@ DECODER = "nvv4l2decoder"  # a Jetson's hardware decoder (the tests put a softwa
 TO_NV12 = "nvvidconv"      # its NVMM surfaces copied out as NV12
 TAP = "packets"            # the tee the clips' branch leaves from (jetson_pipeline(tap=True))
 CSI_DEFAULT = (1920, 1080, 30)
+# RTSP over TCP, as FFmpeg reads it elsewhere (-rtsp_transport tcp): in order and whole, so rtspsrc's jitter buffer has
+# nothing to wait for. Its latency is added to the pipeline's, which a live stream's sink (sync=true) holds each frame
+# for: latency=200 kept every frame 170-200 ms longer before jetpipe's capture time (scripts/diag/rtsp_hold.py).
+RTSP_OPTIONS = "protocols=tcp latency=0"
 _CAPS = re.compile(r"video/x-raw\s*,([^!]*)$")
 
 
@@ -73,7 +77,7 @@ def jetson_pipeline(uri: SourceURI, info: FrameInfo, tap: bool = False) -> str:
     if uri.scheme == "file":
         return f"filesrc location={quote(str(Path(uri.location).resolve()))} ! {parsed} ! {DECODER} ! " \
                f"{_nv12_out(w, h)}"
-    return f"rtspsrc location={quote(uri.location)} latency=200 ! {parsed} ! {DECODER} ! {_nv12_out(w, h)}"
+    return f"rtspsrc location={quote(uri.location)} {RTSP_OPTIONS} ! {parsed} ! {DECODER} ! {_nv12_out(w, h)}"
 
 
 def caps_of(pipeline: str, text: str) -> FrameInfo:
