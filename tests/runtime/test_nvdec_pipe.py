@@ -118,13 +118,11 @@ def test_the_packets_end_where_the_connection_is_ended(tmp_path):
         server.unplug()
 
 
-def test_a_cameras_first_frames_come_out_before_it_sends_more(tmp_path):
-    """A camera whose first 16 frames (half a second) have come, and no more yet: they reach the decoder now.
-    FFmpeg's defaults held them: the remux ffmpeg analysed 5 s of the stream before writing a byte, and PyAV read
-    20 frames for the rate before its first packet, then gave all it had read at once (more than a stream's
-    queue holds: dropped at every connection, and a camera opened 5.9 s late)."""
+def _demux_a_camera_that_goes_silent(tmp_path, wanted: int, check=None) -> None:
+    """Wait until `wanted` packets of a TCP camera that sends its first 12 frames and then nothing (the connection
+    left open) have come out of the remux ffmpeg and the demuxer NVDEC reads; check(demuxer) then."""
     ts = _camera_file(tmp_path / "cam.ts", frames=300)
-    server = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12))  # 16 KB sent: frames 0-15
+    server = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12))  # frames 0-11 sent
     feed = RemuxFeed(uris.parse(server.url))
     got, opened = [], []
 
@@ -140,8 +138,9 @@ def test_a_cameras_first_frames_come_out_before_it_sends_more(tmp_path):
     reader = threading.Thread(target=demux, daemon=True)
     reader.start()
     try:
-        wait_for(lambda: len(got) >= 8, 30, "the first frames, the camera silent after them")
-        assert opened[0].FrameRate() == pytest.approx(30.0)  # not H.264's field rate (60), as with fewer frames
+        wait_for(lambda: len(got) >= wanted, 30, f"{wanted} frames, the camera silent after them")
+        if check is not None:
+            check(opened[0])
     finally:
         feed.interrupt()
         reader.join(10)
@@ -150,6 +149,25 @@ def test_a_cameras_first_frames_come_out_before_it_sends_more(tmp_path):
         feed.stop()
         server.unplug()
     assert not reader.is_alive()
+
+
+def test_a_cameras_first_frames_come_out_before_it_sends_more(tmp_path):
+    """A camera whose first 12 frames have come, and no more yet: they reach the decoder now. FFmpeg's defaults
+    held them: the remux ffmpeg analysed 5 s of the stream before writing a byte, and PyAV read 20 frames for the
+    rate before its first packet, then gave all it had read at once (more than a stream's queue holds: dropped at
+    every connection, and a camera opened 5.9 s late)."""
+
+    def rate_is_the_frame_rate(demuxer):
+        assert demuxer.FrameRate() == pytest.approx(30.0)  # not H.264's field rate (60), as with fewer frames
+
+    _demux_a_camera_that_goes_silent(tmp_path, 8, rate_is_the_frame_rate)
+
+
+def test_an_mpegts_cameras_remux_holds_none_of_its_frames(tmp_path):
+    """The same camera: all 12 of its frames reach the decoder. The remux's setts filter (for RTSP cameras whose
+    first packet has no decoding time) held each packet until the next had come: 11 of them, every frame of an
+    MPEG-TS camera a frame interval later (134 against 101 ms behind the camera); MPEG-TS carries its times."""
+    _demux_a_camera_that_goes_silent(tmp_path, 12)
 
 
 def test_a_frame_reaches_the_decoder_when_its_last_byte_has_come(tmp_path):

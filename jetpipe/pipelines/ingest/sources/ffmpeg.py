@@ -204,8 +204,11 @@ class FFmpegSource(PipeSource):
 
 # An RTSP camera's first packet may come without a decoding time (H.264 with B-frames: FFmpeg 5.1 gave gst-rtsp-server's
 # first one none); the MPEG-TS muxer refuses it ("first pts and dts value must be set") and the remux ended at every
-# connection: such a camera never reached NVDEC. setts fills a missing time with the other (FFmpeg 4.4 on).
+# connection: such a camera never reached NVDEC. setts fills a missing time with the other (FFmpeg 4.4 on). It holds
+# each packet until the next has come (a frame interval: 134 against 101 ms behind a TCP camera), so only RTSP, whose
+# packets' times come from RTP, gets it; an MPEG-TS stream carries each PES's times.
 FILL_TIMES = "setts=dts=if(eq(DTS\\,NOPTS)\\,PTS\\,DTS):pts=if(eq(PTS\\,NOPTS)\\,DTS\\,PTS)"
+FILL_TIMES_SCHEMES = ("rtsp", "rtsps")
 
 
 @functools.cache
@@ -225,7 +228,7 @@ def remux_command(uri: SourceURI, copy_fd: int | None = None) -> list[str]:
     ended: said once on stderr) while the stream goes on."""
     argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", *streaming_args(uri), "-i", uri.location,
             "-map", "0:v:0", "-an", "-sn", "-dn", "-c:v", "copy"]
-    if has_bitstream_filter("setts"):
+    if uri.scheme in FILL_TIMES_SCHEMES and has_bitstream_filter("setts"):
         argv += ["-bsf:v", FILL_TIMES]
     # each PES of up to 64 KB says its length (FFmpeg omits a video one's by default): the demuxer NVDEC reads has such
     # a frame whole when its last byte comes, not when the next frame's first comes, a frame interval later
