@@ -136,6 +136,9 @@ def behind_camera(seen: dict[int, list[tuple[float, float | None]]], cameras: Ca
     90th percentile over every stream's frames after its first `seconds`. Before the capture time jetpipe's
     latency starts from: the remux, the demuxer and the decoder's hold."""
     ports = [int(url.rsplit(":", 1)[1]) for url in cameras.urls]
+    stamped = [pts for frames in seen.values() for _, pts in frames]
+    if sum(pts is not None and round(pts, 3) in sent for pts in stamped) < 0.9 * len(stamped):
+        return None  # the records' pts are not the camera's (a source that counts its own clock)
     behind = []
     for stream, frames in seen.items():
         connected = cameras.first_wall.get(ports[stream])
