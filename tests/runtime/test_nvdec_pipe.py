@@ -119,10 +119,11 @@ def test_the_packets_end_where_the_connection_is_ended(tmp_path):
 
 
 def _demux_a_camera_that_goes_silent(tmp_path, wanted: int, check=None) -> None:
-    """Wait until `wanted` packets of a TCP camera that sends its first 12 frames and then nothing (the connection
-    left open) have come out of the remux ffmpeg and the demuxer NVDEC reads; check(demuxer) then."""
+    """Wait until `wanted` packets of a TCP camera that sends its first 16 KB and then nothing (the connection left
+    open: 15 frames begun, 14 whole) have come out of the remux ffmpeg and the demuxer NVDEC reads; check(demuxer)
+    then."""
     ts = _camera_file(tmp_path / "cam.ts", frames=300)
-    server = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12))  # frames 0-11 sent
+    server = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12))  # to the end of that 16 KB piece
     feed = RemuxFeed(uris.parse(server.url))
     got, opened = [], []
 
@@ -152,7 +153,7 @@ def _demux_a_camera_that_goes_silent(tmp_path, wanted: int, check=None) -> None:
 
 
 def test_a_cameras_first_frames_come_out_before_it_sends_more(tmp_path):
-    """A camera whose first 12 frames have come, and no more yet: they reach the decoder now. FFmpeg's defaults
+    """A camera whose first frames have come, and no more yet: they reach the decoder now. FFmpeg's defaults
     held them: the remux ffmpeg analysed 5 s of the stream before writing a byte, and PyAV read 20 frames for the
     rate before its first packet, then gave all it had read at once (more than a stream's queue holds: dropped at
     every connection, and a camera opened 5.9 s late)."""
@@ -164,9 +165,10 @@ def test_a_cameras_first_frames_come_out_before_it_sends_more(tmp_path):
 
 
 def test_an_mpegts_cameras_remux_holds_none_of_its_frames(tmp_path):
-    """The same camera: all 12 of its frames reach the decoder. The remux's setts filter (for RTSP cameras whose
-    first packet has no decoding time) held each packet until the next had come: 11 of them, every frame of an
-    MPEG-TS camera a frame interval later (134 against 101 ms behind the camera); MPEG-TS carries its times."""
+    """The same camera: 12 of its frames reach the decoder. The remux's setts filter (for RTSP cameras whose first
+    packet has no decoding time) held each packet until the next had come: 11, every frame of an MPEG-TS camera a
+    frame interval later (134 against 101 ms behind the camera); MPEG-TS carries its times. (The 2 frames still
+    held are the demuxers' H.264 parsers', each waiting for the next frame to begin.)"""
     _demux_a_camera_that_goes_silent(tmp_path, 12)
 
 

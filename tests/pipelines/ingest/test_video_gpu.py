@@ -497,10 +497,10 @@ def test_interrupt_ends_an_nvdec_connect_that_hangs(runtime, network_feed):
 
 
 def test_nvdec_gives_a_cameras_frames_as_they_come_not_a_frame_late(runtime, tmp_path, monkeypatch):
-    """A camera without B-frames (as most IP cameras send) whose first 12 frames have come, and no more yet, as
-    jetpipe's remux writes it (each PES's length): NVDEC gives 10 of them now (the demuxer's parser holds the last
-    until the next begins, and the decoder one more). With its default display latency it held one frame more (9 of
-    the 12): 33 ms at 30 frames/s behind the camera before the capture time, every frame."""
+    """A camera without B-frames (as most IP cameras send) whose first 16 KB have come (12 frames whole, a 13th
+    begun), and no more yet, as jetpipe's remux writes it (each PES's length): NVDEC gives 10 of them now. With its
+    default display latency it held one frame more (9): 33 ms at 30 frames/s behind the camera before the capture
+    time, every frame."""
     mp4 = encode(tmp_path / "cam.mp4", "320x240", 300, extra=("-g", "15", "-bf", "0"))
     ts = tmp_path / "cam.ts"
     subprocess.run(["ffmpeg", "-v", "error", "-i", str(mp4), "-c", "copy", "-f", "mpegts", "-omit_video_pes_length",
