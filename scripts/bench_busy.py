@@ -19,7 +19,9 @@ records' pts are the camera's own, as NVDEC's are; before the capture time jetpi
 process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread:
 finishing, tracking, events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's first
 run's stacks (py-spy record --format raw, the GIL holder's: --gil) into DIR; with --py-spy-all-threads every thread
-on CPU, native frames included (--native: C work that lets the GIL go, demuxing and decoding, is counted too).
+on CPU, by thread, sampled without stopping the process (--threads --nonblocking: C work that lets the GIL go,
+demuxing and decoding, is counted too, under the Python frame that called it; --native stopped the process at each
+sample and broke the run).
 
 --network serves each stream as a camera does instead of a looped file: MPEG-TS over TCP from 127.0.0.1 (the video
 looped into one stream longer than the run, sent from its start to each connection, each frame's bytes at its
@@ -98,8 +100,6 @@ def camera_stream(video: Path, out: Path, seconds: float) -> tuple[bytes, list[t
     """The video looped into one MPEG-TS longer than `seconds` (+ 30 s for the start): its bytes, and when each
     frame's bytes are due (Cameras' schedule: a frame's packet sent whole at its decode time; the TS packets
     before the next frame's with it)."""
-    import av
-
     length = float(subprocess.run(["ffprobe", "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0",
                                    str(video)], capture_output=True, text=True, check=True).stdout)
     loops = math.ceil((seconds + 30) / length)
@@ -107,25 +107,27 @@ def camera_stream(video: Path, out: Path, seconds: float) -> tuple[bytes, list[t
     subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-stream_loop", str(loops - 1), "-i", str(video), "-map",
                     "0:v:0", "-c", "copy", "-f", "mpegts", str(ts)], check=True)
     data = ts.read_bytes()
-    with av.open(str(ts)) as container:
-        stream = container.streams.video[0]
-        frames = [(float(p.dts * stream.time_base), p.pos) for p in container.demux(stream)
-                  if p.size and p.dts is not None and p.pos is not None and p.pos >= 0]
+    frames = [(dts, pos) for _, dts, pos in camera_packets(ts) if dts is not None and pos is not None and pos >= 0]
     first = frames[0][0]
     # each frame's bytes go out whole at its time: the bytes up to where the next frame's packet starts
     schedule = [(t - first, following) for (t, _), (_, following) in zip(frames, frames[1:])]
     return data, [*schedule, (schedule[-1][0], len(data))]
 
 
-def send_offsets(ts: Path) -> dict[float, float]:
-    """Each frame of the camera's MPEG-TS by its presentation time (seconds, to the millisecond, as records give
-    it): when the camera sends it, seconds after the connection (its decoding time against the first's)."""
+def camera_packets(ts: Path) -> list[tuple[float | None, float | None, int | None]]:
+    """The camera's MPEG-TS video packets, in order: (pts, dts) in seconds (None: not given) and byte position."""
     import av
 
     with av.open(str(ts)) as container:
         stream = container.streams.video[0]
-        times = [(float(p.pts * stream.time_base), float(p.dts * stream.time_base)) for p in container.demux(stream)
-                 if p.size and p.pts is not None and p.dts is not None]
+        seconds = lambda t: None if t is None else float(t * stream.time_base)  # noqa: E731
+        return [(seconds(p.pts), seconds(p.dts), p.pos) for p in container.demux(stream) if p.size]
+
+
+def send_offsets(ts: Path) -> dict[float, float]:
+    """Each frame of the camera's MPEG-TS by its presentation time (seconds, to the millisecond, as records give
+    it): when the camera sends it, seconds after the connection (its decoding time against the first's)."""
+    times = [(pts, dts) for pts, dts, _ in camera_packets(ts) if pts is not None and dts is not None]
     first = times[0][1]
     return {round(pts, 3): dts - first for pts, dts in times}
 
@@ -173,7 +175,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
                "--duration", str(args.seconds), "--metrics", "", *RULES,
                "--sink", f"jsonl:{records}", "--summary", str(summary), *flags]
     if spy is not None:
-        which = ["--threads", "--nonblocking"] if args.py_spy_all_threads else ["--gil"]  # not paused: less skew
+        which = ["--threads", "--nonblocking"] if args.py_spy_all_threads else ["--gil"]
         command = ["py-spy", "record", "--format", "raw", *which, "--rate", "100", "-o",
                    str(spy / f"{label}.txt"), "--", *command]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
