@@ -104,6 +104,23 @@ def decode(url: str, threads: int | None) -> tuple[float, list[float]]:
         process.wait()
 
 
+def read_camera(ts: bytes, schedule: list, read) -> tuple[float, list[float], float]:
+    """A camera sending `ts` on `schedule`, read once by read(url) -> (opened, times): those two, and when the
+    reading connection started (time.monotonic(); the last connection: the decode arm's ffprobe connects before)."""
+    cameras = Cameras(ts, schedule, 1)
+    try:
+        opened, times = read(cameras.urls[0])
+    finally:
+        cameras.close()
+    return opened, times, cameras.connected[-1]
+
+
+def steady_behind(times: list[float], schedule: list, sent: float) -> list[float]:
+    """Seconds from the camera's send to each of the last STEADY frames out, sorted (the frames matched to the
+    camera's by their order: a camera joined at its first frame)."""
+    return sorted(t - (sent + at) for t, (at, _) in list(zip(times, schedule))[-STEADY:])
+
+
 def joined(ts: bytes, schedule: list, frame: int) -> tuple[bytes, list]:
     """The camera's stream from its frame `frame` on (its bytes and schedule shifted)."""
     if frame == 0:
@@ -134,21 +151,15 @@ def main() -> None:
         arms.append(("decode", lambda url: decode(url, args.threads)))
     for arm, read in arms:
         for _ in range(args.repeats):
-            cameras = Cameras(ts, schedule, 1)
-            try:
-                opened, times = read(cameras.urls[0])
-            finally:
-                cameras.close()
+            opened, times, sent = read_camera(ts, schedule, read)
             gaps = [b - a for a, b in zip(times, times[1:])]
             burst = 1 + next((i for i, gap in enumerate(gaps) if gap >= FASTER_S), len(gaps))
-            # on its connection's clock (the last connection is the reading one: the decode arm's ffprobe connected
-            # before); joined between keyframes, the frames before the next keyframe never come out, so the
-            # frames cannot be matched to the camera's by their order
-            sent = cameras.connected[-1]
             said = (f"{arm}: opened {opened * 1e3:.0f} ms, first frame {(times[0] - sent) * 1e3:.0f} ms after the "
                     f"connection, the first {burst} faster than the camera sends")
+            # joined between keyframes, the frames before the next keyframe never come out, so the frames cannot be
+            # matched to the camera's by their order
             if args.join_at == 0:
-                behind = sorted(t - (sent + at) for t, (at, _) in list(zip(times, schedule))[-STEADY:])
+                behind = steady_behind(times, schedule, sent)
                 said += (f"; then a frame out {behind[len(behind) // 2] * 1e3:.0f} ms (median of the last {STEADY}; "
                          f"least {behind[0] * 1e3:.0f}) after the camera sent it")
             print(said, flush=True)

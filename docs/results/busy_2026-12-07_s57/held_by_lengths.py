@@ -43,13 +43,8 @@ def main(video: Path) -> None:
         ts, schedule = camera(video, lengths)
         for name, command in (("through the remux", REMUX), ("passed on as it is", passed_on)):
             camera_start.remux_command = command
-            cameras = bench_busy.Cameras(ts, schedule, 1)
-            try:
-                _, times = camera_start.remux(cameras.urls[0], [])
-            finally:
-                cameras.close()
-            sent = cameras.connected[-1]
-            behind = sorted(t - (sent + at) for t, (at, _) in list(zip(times, schedule))[-50:])
+            _, times, sent = camera_start.read_camera(ts, schedule, lambda url: camera_start.remux(url, []))
+            behind = camera_start.steady_behind(times, schedule, sent)
             print(f"camera's MPEG-TS {'with' if lengths else 'without'} PES lengths, {name}: a frame out "
                   f"{behind[len(behind) // 2] * 1e3:.0f} ms (least {behind[0] * 1e3:.0f}) after the camera sent it",
                   flush=True)

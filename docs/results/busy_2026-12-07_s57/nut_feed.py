@@ -15,7 +15,7 @@ import av
 root = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(root / "scripts" / "diag"), str(root / "scripts")]
 import camera_start  # noqa: E402
-from bench_busy import Cameras, camera_stream  # noqa: E402
+from bench_busy import camera_stream  # noqa: E402
 
 from jetpipe.runtime import nvdec_pipe  # noqa: E402
 
@@ -40,13 +40,8 @@ def main(video: Path) -> None:
 
         camera_start.remux_command, av.open = command, opened
         for _ in range(2):
-            cameras = Cameras(ts, schedule, 1)
-            try:
-                _, times = camera_start.remux(cameras.urls[0], [])
-            finally:
-                cameras.close()
-            sent = cameras.connected[-1]
-            behind = sorted(t - (sent + at) for t, (at, _) in list(zip(times, schedule))[-50:])
+            _, times, sent = camera_start.read_camera(ts, schedule, lambda url: camera_start.remux(url, []))
+            behind = camera_start.steady_behind(times, schedule, sent)
             print(f"{name}: first frame {(times[0] - sent) * 1e3:.0f} ms after the connection, then a frame out "
                   f"{behind[len(behind) // 2] * 1e3:.0f} ms (least {behind[0] * 1e3:.0f}) after the camera sent it",
                   flush=True)
