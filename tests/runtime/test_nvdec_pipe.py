@@ -164,7 +164,7 @@ def test_a_cameras_first_frames_come_out_before_it_sends_more(tmp_path):
     _demux_a_camera_that_goes_silent(tmp_path, 8, rate_is_the_frame_rate)
 
 
-def test_an_mpegts_cameras_remux_holds_none_of_its_frames(tmp_path):
+def test_an_mpegts_cameras_remux_holds_no_frame_for_its_times(tmp_path):
     """The same camera: 12 of its frames reach the decoder. The remux's setts filter (for RTSP cameras whose first
     packet has no decoding time) held each packet until the next had come: 11, every frame of an MPEG-TS camera a
     frame interval later (134 against 101 ms behind the camera); MPEG-TS carries its times. (The 2 frames still

@@ -513,11 +513,17 @@ def _frames_of_a_camera_that_stops(tmp_path, threads: int | None, wanted: int) -
     """Wait until the FFmpeg source has read `wanted` frames of a camera that stops after its first 16."""
     camera = _camera_that_stops(tmp_path, connection=2)  # 1 is the probe (ffprobe), 2 the decoding ffmpeg
     source = FFmpegSource(uris.parse(camera.url), threads=threads)
+    read_until_silent(source, camera, wanted, lambda info: np.empty(frame_shape(info.format, info.height, info.width),
+                                                                    np.uint8))
+
+
+def read_until_silent(source, camera: StreamServer, wanted: int, slot_for) -> None:
+    """Read a live source, whose camera goes silent after its first frames, in a thread until `wanted` frames have
+    come; then end its connection and close it and the camera. slot_for(info): where the frames are read into."""
     read = []
 
     def decode():
-        info = source.open()
-        slot = np.empty(frame_shape(info.format, info.height, info.width), np.uint8)
+        slot = slot_for(source.open())
         with contextlib.suppress(EndOfStream, SourceError):  # interrupt() below ends the connection
             while True:
                 read.append(source.read_into(slot))

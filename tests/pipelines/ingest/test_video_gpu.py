@@ -3,7 +3,6 @@
 Needs PyCUDA, onnxruntime-gpu, PyNvVideoCodec and ffmpeg (to encode the clips at test time).
 """
 
-import contextlib
 import logging
 import shutil
 import subprocess
@@ -23,9 +22,15 @@ from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.runtime.api import Frame
 from jetpipe.runtime.nvdec import hardware_decoder
 from jetpipe.runtime.ring import frame_ring
-from tests.pipelines.ingest.test_sources import _config, as_mpegts, encode, ffmpeg_decode, serve_through_a_stall
+from tests.pipelines.ingest.test_sources import (
+    _config,
+    as_mpegts,
+    encode,
+    ffmpeg_decode,
+    read_until_silent,
+    serve_through_a_stall,
+)
 from tests.stream_server import StreamServer, frame_offset, remux_or_stand_in
-from tests.support import wait_for
 
 pytestmark = pytest.mark.gpu
 
@@ -508,23 +513,11 @@ def test_nvdec_gives_a_cameras_frames_as_they_come_not_a_frame_late(runtime, tmp
     remux_or_stand_in(monkeypatch, ts.read_bytes())
     camera = StreamServer(ts.read_bytes(), stall_after=frame_offset(ts, 12), stall_connection=1)  # 1: the remux
     source = open_source(camera.url, hardware=hardware_decoder(runtime))
-    read = []
+    rings = []  # kept while the source reads into it (a DeviceSlot is only its address)
 
-    def decode():
-        info = source.open()
-        ring = frame_ring(runtime, 1, (info.height, info.width), device=True)
-        with contextlib.suppress(EndOfStream, SourceError):  # interrupt() below ends the connection
-            while True:
-                source.read_into(ring.view(0, info.format, info.height, info.width))
-                read.append(1)
+    def device_slot(info):
+        rings.append(frame_ring(runtime, 1, (info.height, info.width), device=True))
+        return rings[-1].view(0, info.format, info.height, info.width)
 
-    reader = threading.Thread(target=decode, daemon=True)
-    reader.start()
-    try:
-        wait_for(lambda: len(read) >= 10, 30, "the camera's first frames, the camera silent after them")
-    finally:
-        source.interrupt()
-        reader.join(10)
-        source.close()
-        camera.unplug()
-    assert not reader.is_alive() and source.describe().endswith("(nvdec)")
+    read_until_silent(source, camera, 10, device_slot)
+    assert source.describe().endswith("(nvdec)")
