@@ -106,6 +106,35 @@ def test_a_recording_process_that_died_is_said_by_health_and_the_stop_still_ends
 
 
 @needs_ffmpeg
+def test_a_recording_process_whose_serving_process_went_leaves_its_open_segment_to_the_repair(tmp_path):
+    """The serving process's end without a stop (its pipe ends: here the test closes it and lives on, so no
+    kill follows): the recording process leaves its open segment as a kill would, every time, and the next
+    start finishes it. It closed the segment itself at the pipe's end before, racing the kill that prctl sends
+    right after a dead parent's pipe ends: a worker's successor found nothing to repair in one CI run in ~20."""
+    video = _video(tmp_path / "in.mp4", seconds=6)
+    packets, base = _packets(video, passes=1)
+    folder = tmp_path / "rec"
+    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    try:
+        source = _Source(str(video))
+        recorder.attach(0, source, "all")
+        _feed(source, packets, base)
+        _wait(lambda: _index(folder, "SELECT COUNT(*), SUM(open) FROM segments") == [(3, 1)])
+        recorder.conn.close()  # the serving process's end of the pipe, gone as it goes in a kill
+        recorder.process.join(30)
+        assert recorder.process.exitcode == 0
+        assert _index(folder, "SELECT COUNT(*), SUM(open) FROM segments") == [(3, 1)]
+    finally:
+        recorder.close()
+    repaired = Recorder(_config(folder), 5.0, 5.0, 64)
+    repaired.close()
+    assert repaired.repaired["finished"] == 1
+    rows = _rows(folder)
+    assert len(rows) == 3 and all(r[5] == 0 for r in rows)
+    assert [count for _, _, _, _, count, _, _ in rows] == [_decodes(folder / path) for path, *_ in rows]
+
+
+@needs_ffmpeg
 def test_a_removed_streams_ring_is_handed_over_to_its_end_and_its_last_segment_closed(tmp_path):
     """POST /streams/ID's removal while recording: the rest of its ring goes over, the recording process writes
     it and closes the stream's last segment without waiting for the stop; the other stream records on."""

@@ -121,19 +121,33 @@ def recording_main(conn, config, before_s: float, after_s: float, ring_mb: float
     started = time.process_time()
     conn.send(("ready", recorder.repaired))
     try:
-        _serve(conn, recorder, state, int(ring_mb * 1e6))
-    finally:
-        recorder.close()
-        summary = recorder.summary()
-        summary["process_s"] = time.process_time() - started
-        try:
-            conn.send(("summary", summary))
-        except OSError:
-            pass
+        asked_to_close = _serve(conn, recorder, state, int(ring_mb * 1e6))
+    except BaseException:
+        _finish(conn, recorder, started)
+        raise
+    if not asked_to_close:
+        # the serving process died: prctl's SIGKILL is on its way (its pipe ends first, in the kernel's exit).
+        # Closing the segments now would race it; they are left as the kill leaves them, every time, and the
+        # worker that takes the part over (or the next start) repairs them
+        log.warning("recording: the serving process went without a stop; the open segments are left to the "
+                    "next start's repair")
+        os._exit(0)
+    _finish(conn, recorder, started)
 
 
-def _serve(conn, recorder, state, ring_bytes: int) -> None:
-    """Messages applied until ("close",) or the serving process's end."""
+def _finish(conn, recorder, started: float) -> None:
+    """The stop: the rings' GOPs written, the segments closed, the counts said."""
+    recorder.close()
+    summary = recorder.summary()
+    summary["process_s"] = time.process_time() - started
+    try:
+        conn.send(("summary", summary))
+    except OSError:
+        pass
+
+
+def _serve(conn, recorder, state, ring_bytes: int) -> bool:
+    """Messages applied until ("close",) (True) or the serving process's end (False)."""
     rings: dict[int, tuple[ForwardedRing, ArenaReader | None]] = {}
     tees: dict[int, TeedPackets] = {}  # a teed stream's current connection's reader
     try:
@@ -145,9 +159,9 @@ def _serve(conn, recorder, state, ring_bytes: int) -> None:
                 elif message[0] == "tee":
                     fd = recv_handle(conn)
             except (EOFError, OSError):
-                return
+                return False
             if message[0] == "close":
-                return
+                return True
             if message[0] == "attach":
                 _, stream_id, described, mode, template, capacity = message
                 rings[stream_id] = (ForwardedRing(template, ring_bytes), arena if capacity else None)
@@ -202,8 +216,8 @@ def _apply(recorder, rings: dict, tees: dict, streams: list, entries: list, offs
 
 
 def _dies_with(parent: int) -> bool:
-    """This process is killed when the serving process dies (Linux; elsewhere it ends at the pipe's end). False:
-    that process died already (before the call)."""
+    """This process is killed when the serving process dies (Linux; elsewhere it leaves at the pipe's end, as if
+    killed). False: that process died already (before the call)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
