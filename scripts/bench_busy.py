@@ -3,8 +3,8 @@
 
   python scripts/bench_busy.py BUNDLE [--words 200] [--streams 16] [--seconds 20] [--repeats 2]
                                [--tree new=. --tree old=.dev/old] [--variant 'colour=--reid colour']
-                               [--no-plain] [--py-spy DIR [--py-spy-all-threads]] [--network [--remux-shim]]
-                               [--json OUT]
+                               [--no-plain] [--py-spy DIR [--py-spy-all-threads]] [--no-rules]
+                               [--network [--remux-shim] [--camera-phases connection,random]] [--json OUT]
 
 N copies of a 1080p30 H.264 file of words panning leftwards past the text detector (scripts/bench_events.py's
 video; 200 words in a frame give about 60 lines found and 41 tracked a frame), served live (--loop --realtime) with
@@ -16,8 +16,10 @@ the GPU; their CPU is summed). Reported per run: frames/s, dropped, the frames m
 (missing_at_start: a camera's connection; by frame number in missing_frame_numbers), latency p50 / p99, tracked
 boxes a frame, with --network how long after the camera sent a frame it was captured (behind_camera_ms: where the
 records' pts are the camera's own, as NVDEC's are; before the capture time jetpipe's latency counts from), the
-process's CPU cores, and the serving side's CPU per tracked object per frame (the post thread:
-finishing, tracking, events; the sinks: records and JSON), in microseconds. --py-spy DIR records each tree's first
+process's CPU cores, the serving side's CPU per tracked object per frame (the post thread: finishing,
+tracking, events; the sinks: records and JSON), in microseconds, and where in the frame interval each stream's
+frames were captured (arrival_phases: streams in step hand the GPU a round's frames at once). --no-rules serves
+with the CLI's defaults (no rules, so no tracker) and the jsonl sink. --py-spy DIR records each tree's first
 run's stacks (py-spy record --format raw, the GIL holder's: --gil) into DIR; with --py-spy-all-threads every thread
 on CPU, by thread, sampled without stopping the process (--threads --nonblocking: C work that lets the GIL go,
 demuxing and decoding, is counted too, under the Python frame that called it; --native stopped the process at each
@@ -28,6 +30,9 @@ looped into one stream longer than the run, sent from its start to each connecti
 time), which NVDEC takes through its remux ffmpeg (`tcp://` sources, no --loop --realtime). Session 52's first
 cameras sent it at its average byte rate, a keyframe's bytes spread over the frames after it; with them 70 % of
 the frames were dropped, the GPU 17 % busy; paced by frames, 7 % (16 cameras, H100, session 53).
+--camera-phases: the cameras' clocks, one arm each: 'connection' (a camera's frames timed from its connection,
+as before: serve connects them together, so they come in step) and/or 'random' (each camera on a clock of its own,
+a seeded random place in the frame interval: out of step, as free-running cameras are).
 --remux-shim: where this machine's ffmpeg cannot read a socket (the GPU machines' static one),
 scripts/socket_remux.py stands in for the remux ffmpeg (the same bytes to the serving process; its own CPU is not
 the serving process's).
@@ -40,6 +45,7 @@ import itertools
 import json
 import math
 import os
+import random
 import shlex
 import shutil
 import socketserver
@@ -60,19 +66,29 @@ from bench_events import RULES, make_video  # noqa: E402
 class Cameras:
     """`count` network cameras: TCP servers on 127.0.0.1, each sending the MPEG-TS from its start to each
     connection, each frame's bytes at its time (as a camera sends a frame when it is encoded: a keyframe's bytes
-    at once, not spread over the frames after it): tcp:// URLs for `serve`."""
+    at once, not spread over the frames after it): tcp:// URLs for `serve`.
 
-    def __init__(self, ts: bytes, schedule: list[tuple[float, int]], count: int):
+    phases: "connection": a camera's frame clock starts at each connection (serve connects its cameras together,
+    so their frames come in step: all of a round's frames at once); "random": each camera's clock runs from its
+    own moment, a seeded random place in the frame interval, and a connection's first frame waits for the
+    camera's next tick (as free-running cameras' frames come: out of step)."""
+
+    def __init__(self, ts: bytes, schedule: list[tuple[float, int]], count: int, phases: str = "connection",
+                 fps: float = 30.0, seed: int = 0):
         """schedule: (seconds from the stream's start, the byte offset up to which it has been sent then)."""
         self.connected: list[float] = []  # time.monotonic() at each connection's start (its frames' clock)
-        self.first_wall: dict[int, float] = {}  # a camera's port -> time.time() at its first connection
-        connected, first_wall = self.connected, self.first_wall
+        self.first_wall: dict[int, float] = {}  # a camera's port -> time.time() of its first connection's start
+        connected, first_wall, period = self.connected, self.first_wall, 1.0 / fps
+        now, draw = time.monotonic(), random.Random(seed)
+        epochs = [None if phases == "connection" else now + draw.uniform(0.0, period) for _ in range(count)]
 
         class Camera(socketserver.BaseRequestHandler):
             def handle(self):
-                started, sent = time.monotonic(), 0
+                started, sent, epoch = time.monotonic(), 0, self.server.epoch
+                if epoch is not None:  # the camera's next tick
+                    started = epoch + math.ceil((started - epoch) / period) * period
                 connected.append(started)
-                first_wall.setdefault(self.server.server_address[1], time.time())
+                first_wall.setdefault(self.server.server_address[1], time.time() + started - time.monotonic())
                 try:
                     for at, upto in schedule:
                         delay = started + at - time.monotonic()
@@ -85,7 +101,8 @@ class Cameras:
 
         socketserver.ThreadingTCPServer.allow_reuse_address = True
         self.servers = [socketserver.ThreadingTCPServer(("127.0.0.1", 0), Camera) for _ in range(count)]
-        for server in self.servers:
+        for server, epoch in zip(self.servers, epochs):
+            server.epoch = epoch
             server.daemon_threads = True
             threading.Thread(target=server.serve_forever, daemon=True).start()
         self.urls = [f"tcp://127.0.0.1:{s.server_address[1]}" for s in self.servers]
@@ -166,13 +183,13 @@ def remux_shim(out: Path) -> dict:
 
 
 def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy: Path | None,
-          flags: tuple = ()) -> dict:
+          flags: tuple = (), phases: str = "connection") -> dict:
     summary, records = out / f"{label}.summary.json", out / f"{label}.jsonl"
-    cameras = Cameras(*args.camera, args.streams) if args.network else None
+    cameras = Cameras(*args.camera, args.streams, phases) if args.network else None
     sources = [a for url in cameras.urls for a in ("--source", url)] if cameras else [
         *(["--source", str(video)] * args.streams), "--loop", "--realtime"]
     command = [sys.executable, "-m", "jetpipe", "serve", "--bundle", bundle, *sources,
-               "--duration", str(args.seconds), "--metrics", "", *RULES,
+               "--duration", str(args.seconds), "--metrics", "", *(RULES if args.rules else ()),
                "--sink", f"jsonl:{records}", "--summary", str(summary), *flags]
     if spy is not None:
         which = ["--threads", "--nonblocking"] if args.py_spy_all_threads else ["--gil"]
@@ -208,7 +225,9 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     missing = missing_at_start(numbers)
     return {"run": label, "fps": s["throughput_fps"], "dropped": sum(s["dropped"]), "frames": frames,
             "missing_at_start": sum(missing.values()), "missing_frame_numbers": missing,
-            **({"behind_camera_ms": behind_camera(stamps, cameras, args.sent_at)} if cameras else {}),
+            **({"behind_camera_ms": behind_camera(stamps, cameras, args.sent_at), "camera_phases": phases}
+               if cameras else {}),
+            "arrival_phases": arrival_phases(stamps),
             "p50_ms": total["0.5"], "p99_ms": total["0.99"], "tracked_per_frame": round(tracked / max(frames, 1), 1),
             "events": events, "cpu_cores": s.get("cpu_cores"), "cpu_seconds": cpu,
             "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch") or [
@@ -225,6 +244,24 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             "overload_said": next((line for line in reversed(done.stderr.splitlines()) if "overloaded:" in line), None),
             **({"reid": s["reid"]} if "reid" in s else {}),
             **({"recording": s["recording"]} if "recording" in s else {})}
+
+
+def arrival_phases(stamps: dict[int, list[tuple[float, float | None]]], fps: float = 30.0,
+                   seconds: float = START_S) -> dict:
+    """Where in the frame interval each stream's frames were captured (ms: the circular mean of their capture
+    times modulo the interval, after each stream's first `seconds`), and the most streams within a quarter
+    interval of one another (`densest_quarter`): streams in step hand the GPU a round's frames at once (32 of 32),
+    spread evenly a quarter of them (8 of 32)."""
+    period, places = 1.0 / fps, []
+    for frames in stamps.values():
+        start = min(at for at, _ in frames)
+        angles = [2 * math.pi * (at % period) / period for at, _ in frames if at - start > seconds]
+        if angles:
+            mean = math.atan2(sum(map(math.sin, angles)), sum(map(math.cos, angles))) % (2 * math.pi)
+            places.append(mean / (2 * math.pi) * period)
+    places.sort()
+    densest = max((sum((p - q) % period < period / 4 for p in places) for q in places), default=0)
+    return {"ms": [round(p * 1e3, 1) for p in places], "densest_quarter": densest}
 
 
 def missing_at_start(numbers: dict[int, list[tuple[float, int]]], seconds: float = START_S) -> dict[int, int]:
@@ -271,8 +308,17 @@ def main() -> None:
     parser.add_argument("--network", action="store_true", help="each stream a camera: MPEG-TS over TCP, real time")
     parser.add_argument("--remux-shim", action="store_true",
                         help="with --network, where ffmpeg cannot read a socket: scripts/socket_remux.py stands in")
+    parser.add_argument("--camera-phases", default="connection",
+                        help="with --network, comma-separated arms: 'connection' (each camera's frames timed from "
+                             "its connection: in step, as before), 'random' (each camera on its own clock, out of "
+                             "step, as free-running cameras are)")
+    parser.add_argument("--no-rules", dest="rules", action="store_false",
+                        help="serve without the 4 rules (the CLI's defaults: no tracker either); the jsonl sink stays")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    phases = args.camera_phases.split(",")
+    if not set(phases) <= {"connection", "random"} or (len(phases) > 1 and not args.network):
+        parser.error("--camera-phases takes connection and/or random (comma-separated), several only with --network")
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree] or [("this", root)]
     variants = [("", ())] * (not args.no_plain) + [
         (f"+{v.split('=', 1)[0]}", tuple(shlex.split(v.split("=", 1)[1]))) for v in args.variant]
@@ -287,9 +333,10 @@ def main() -> None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
     rows = []
     for k in range(args.repeats):
-        for (name, tree), (variant, flags) in itertools.product(trees, variants):
+        for (name, tree), (variant, flags), phase in itertools.product(trees, variants, phases):
             spy = args.py_spy if args.py_spy and k == 0 else None
-            row = serve(tree, args.bundle, video, args, out, f"{name}{variant}-{k + 1}", spy, flags)
+            arm = f"{name}{variant}{f'@{phase}' if len(phases) > 1 else ''}-{k + 1}"
+            row = serve(tree, args.bundle, video, args, out, arm, spy, flags, phase)
             rows.append(row)
             print(json.dumps({key: v for key, v in row.items() if key != "cpu_seconds"}), flush=True)
             time.sleep(2)

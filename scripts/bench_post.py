@@ -238,6 +238,8 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="a cProfile of the last repeat")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.video is not None and not args.video.is_file():
+        parser.error(f"--video {args.video}: no such file (leave --video out to make one with --words)")
     with tempfile.TemporaryDirectory() as tmp:
         video = args.video
         if video is None:
