@@ -13,7 +13,9 @@ sink, for --seconds. Each --tree (NAME=PATH, a checkout of jetpipe) runs in turn
 same video and bundle; each --variant (NAME=FLAGS: more `serve` flags, e.g. looks for the tracker) runs beside the
 plain run of each tree, interleaved too (e.g. `--variant 'workers2=--workers-per-gpu 2'`: two serving processes on
 the GPU; their CPU is summed). Reported per run: frames/s, dropped, the frames missing from each stream's first 2 s
-(missing_at_start: a camera's connection; by frame number in missing_frame_numbers), latency p50 / p99, tracked
+(missing_at_start: a camera's connection; by frame number in missing_frame_numbers), latency p50 / p99 (and over
+each stream's frames after its first 2 s: steady_p50_ms / steady_p99_ms), frames a batch, the batches held for the
+GPU (batches_held), tracked
 boxes a frame, with --network how long after the camera sent a frame it was captured (behind_camera_ms: where the
 records' pts are the camera's own, as NVDEC's are; before the capture time jetpipe's latency counts from), the
 process's CPU cores, the serving side's CPU per tracked object per frame (the post thread: finishing,
@@ -208,6 +210,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     frames = tracked = events = 0
     numbers: dict[int, list[tuple[float, int]]] = {}  # per stream: (capture time, frame number) of each record
     stamps: dict[int, list[tuple[float, float | None]]] = {}  # per stream: (capture time, pts) of each record
+    totals: dict[int, list[tuple[float, float]]] = {}  # per stream: (capture time, latency ms) of each record
     with records.open() as lines:
         for line in lines:
             record = json.loads(line)
@@ -217,6 +220,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             frames += 1
             numbers.setdefault(record["stream"], []).append((record["t_capture"], record["frame"]))
             stamps.setdefault(record["stream"], []).append((record["t_capture"], record["pts"]))
+            totals.setdefault(record["stream"], []).append((record["t_capture"], record["latency_ms"]["total"]))
             tracked += sum(t is not None for t in record["results"].get("track_ids") or ())
     records.unlink()
     cpu = cpu_of(s)
@@ -228,7 +232,10 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             **({"behind_camera_ms": behind_camera(stamps, cameras, args.sent_at), "camera_phases": phases}
                if cameras else {}),
             "arrival_phases": arrival_phases(stamps),
-            "p50_ms": total["0.5"], "p99_ms": total["0.99"], "tracked_per_frame": round(tracked / max(frames, 1), 1),
+            "p50_ms": total["0.5"], "p99_ms": total["0.99"], **steady_latency(totals),
+            "tracked_per_frame": round(tracked / max(frames, 1), 1),
+            "frames_a_batch": round(sum(s["processed"]) / max(1, s["batches"]), 2) if "batches" in s else None,
+            "batches_held": s.get("batches_held"),
             "events": events, "cpu_cores": s.get("cpu_cores"), "cpu_seconds": cpu,
             "post_thread_ms_per_batch": s.get("post_thread_ms_per_batch") or [
                 g.get("post_thread_ms_per_batch") for g in s.get("gpus", [])],
@@ -244,6 +251,16 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             "overload_said": next((line for line in reversed(done.stderr.splitlines()) if "overloaded:" in line), None),
             **({"reid": s["reid"]} if "reid" in s else {}),
             **({"recording": s["recording"]} if "recording" in s else {})}
+
+
+def steady_latency(totals: dict[int, list[tuple[float, float]]], seconds: float = START_S) -> dict:
+    """Latency p50 / p99 (ms, from the records) of every stream's frames after its first `seconds`: the run
+    without its start (the summary's cover the whole run)."""
+    after = sorted(ms for frames in totals.values() for start in [min(t for t, _ in frames)] for at, ms in frames
+                   if at - start > seconds)
+    if not after:
+        return {"steady_p50_ms": None, "steady_p99_ms": None}
+    return {"steady_p50_ms": round(after[len(after) // 2], 2), "steady_p99_ms": round(after[len(after) * 99 // 100], 2)}
 
 
 def arrival_phases(stamps: dict[int, list[tuple[float, float | None]]], fps: float = 30.0,
@@ -323,7 +340,7 @@ def main() -> None:
     variants = [("", ())] * (not args.no_plain) + [
         (f"+{v.split('=', 1)[0]}", tuple(shlex.split(v.split("=", 1)[1]))) for v in args.variant]
     out = Path(tempfile.mkdtemp(prefix="bench-busy-"))
-    video = Path(args.video) if args.video else out / f"words{args.words}.mp4"
+    video = Path(args.video).resolve() if args.video else out / f"words{args.words}.mp4"  # trees run in their folders
     if not video.exists():
         make_video(video, 20.0, args.words)
     args.camera = camera_stream(video, out, args.seconds) if args.network else None

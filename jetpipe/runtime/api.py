@@ -194,6 +194,8 @@ class Runtime(Protocol):
 
     def ready(self, ticket: Ticket) -> bool: ...  # collect(ticket) would not wait
 
+    def batches_running(self) -> int: ...  # submitted, not finished by the device (0 where it cannot tell)
+
     def release(self, ticket: Ticket) -> None: ...
 
     def infer(self, frames, width: int | None = None) -> BatchResult: ...

@@ -77,6 +77,11 @@ class RuntimeBase:
         self._tickets[ticket.set_index] = ticket
         return ticket
 
+    def batches_running(self) -> int:
+        """Batches submitted that the device has not finished: 0 here (the CPU runs a batch within submit(); a
+        remote server's answer is known once it is read)."""
+        return 0
+
     def _check_collect(self, ticket: Ticket) -> None:
         with self._sets_lock:
             if self._states[ticket.set_index] != "in_flight" or self._tickets[ticket.set_index] is not ticket:

@@ -262,6 +262,16 @@ class GpuRuntime(RuntimeBase):
         with self.device.active():
             return bool(self.sets[ticket.set_index].done.query())
 
+    def batches_running(self) -> int:
+        """Batches submitted that the GPU has not finished (their sets' done events not reached; 0 for a remote
+        server's model, whose answers are known once read)."""
+        if self.remote:
+            return 0
+        with self._sets_lock:
+            submitted = [i for i, state in enumerate(self._states) if state == "in_flight"]
+        with self.device.active():
+            return sum(not self.sets[i].done.query() for i in submitted)
+
     def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
         """Wait for the batch; hold=True keeps its buffers (and these views) until release(ticket)."""
         self._check_collect(ticket)

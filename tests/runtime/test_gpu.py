@@ -323,6 +323,24 @@ def test_async_submit_collect_matches_infer(det_bundle):
         np.testing.assert_array_equal(rt.collect(tb).outputs["sigmoid_0.tmp_0"], expect_b)
 
 
+def test_the_batches_the_gpu_has_not_finished_are_counted_as_its_events_say(det_bundle):
+    """batches_running(): the batcher holds a partial batch while two are unfinished (issue 66). Two batches
+    submitted together count 2 until the first is done; a collected batch is not counted, held or not."""
+    _needs_cuda_ep()
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    with GpuRuntime(det_bundle, max_batch=4, buffer_sets=3) as rt:
+        rt.infer(_frames(4))
+        assert rt.batches_running() == 0
+        first, second = rt.submit(_frames(4)), rt.submit(_frames(4, "yuyv"))
+        assert 1 <= rt.batches_running() <= 2  # the second queued behind the first: milliseconds of work
+        rt.collect(first, hold=True)
+        assert rt.batches_running() <= 1  # the first, done and held, is not counted
+        rt.collect(second)
+        assert rt.batches_running() == 0
+        rt.release(first)
+
+
 def test_a_batch_reports_the_gpu_time_it_took_without_the_wait_behind_the_batch_before(det_bundle):
     """The latency budget's engine time (issue 27): the second of two batches submitted together queued behind
     the first, and its engine_ms leaves that wait out (a sub-interval of the first's end to its own end)."""

@@ -22,6 +22,13 @@ the time from submission to results: that includes waiting behind the batches al
 budget cutting earlier whenever the GPU is busy makes smaller batches that keep it busier. Arrivals are
 expected per stream (each stream's last frame + its own interval): cameras started together deliver in
 bursts, and one average gap over all streams mistook the quiet after a burst for a frame about to come.
+
+A partial batch past its deadline is held while the device has two batches it has not finished (one running,
+one waiting behind it: batches_running): a batch cut then could not start any sooner, and the frames that come
+meanwhile join it. Cut at its timeout, every partial batch went to the device's queue, as deep as the daemon's
+buffer sets: near the engine's rate, cameras out of step (each on its own clock, as free-running cameras are) fill
+a batch only over its timeout, and their frames could wait behind three batches. 32 such cameras on an H100: median
+latency 35 -> 21 ms (p99 not changed); 32 files in step (full batches at once) and 16 files: unchanged.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 EMA = 0.2  # weight of the newest measurement in the engine-time and arrival averages
+HOLD_POLL_S = 0.001  # a held batch looks at the device this often (frames coming wake it sooner)
+HELD_WHILE_RUNNING = 2  # batches the device has not finished that hold a partial batch: one runs, one waits
 
 
 @dataclass
@@ -93,10 +102,15 @@ def budget_batch(engine_s: list[float], budget_s: float) -> int:
 
 
 class Batcher:
-    def __init__(self, streams: int, max_batch: int, timeout_s: float, depth: int, budget_s: float | None = None):
-        """budget_s: the latency budget from a frame's capture to its results (None: cut by timeout_s only)."""
+    def __init__(self, streams: int, max_batch: int, timeout_s: float, depth: int, budget_s: float | None = None,
+                 batches_running=None):
+        """budget_s: the latency budget from a frame's capture to its results (None: cut by timeout_s only).
+        batches_running(): the batches submitted that the device has not finished (the runtime's; None: never
+        held for the device)."""
         self.max_batch, self.timeout_s, self.depth = max_batch, timeout_s, depth
         self.budget_s = budget_s
+        self.batches_running = batches_running
+        self.held = 0  # partial batches held past their deadline for the device (each once)
         self.engine_s = [0.0] * (max_batch + 1)  # measured seconds per batch size (0: not yet)
         self.batch_cap = max_batch  # the largest batch the budget allows (budget_batch), max_batch without one
         self.interval_s = [0.0] * streams  # per stream: the average time between two of its frames
@@ -250,12 +264,21 @@ class Batcher:
                 return []
             if self._queued == 0:
                 return None
+            holding = False
             while not self.closed:
-                deadline = self._deadline()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._ready.wait(timeout=remaining):
-                    break
+                remaining = self._deadline() - time.monotonic()
+                if remaining <= 0:
+                    if not self._device_behind():
+                        break
+                    self.held += not holding
+                    holding, remaining = True, HOLD_POLL_S
+                self._ready.wait(timeout=remaining)  # a frame came, or the time: the cut is looked at again
             return self._take()
+
+    def _device_behind(self) -> bool:
+        """A partial batch cut now would wait behind a batch the device has not started yet."""
+        return (self._queued < self.batch_cap and self.batches_running is not None
+                and self.batches_running() >= HELD_WHILE_RUNNING)
 
     def _deadline(self) -> float:
         if self._queued >= self.batch_cap:  # full: cut now, without a pass over every stream (64 at every frame)

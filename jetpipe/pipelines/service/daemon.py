@@ -195,7 +195,8 @@ class Pipeline:
         self.streams = Streams(capacity) if share is None else Streams(capacity, share.ids, share.first_added,
                                                                         share.stride, share.resume)
         self.batcher = Batcher(capacity, runtime.max_batch, config.batch_timeout_ms / 1000, config.queue_depth,
-                               budget_s=config.latency_budget_ms / 1000 or None)
+                               budget_s=config.latency_budget_ms / 1000 or None,
+                               batches_running=runtime.batches_running)
         if config.latency_budget_ms:  # planned from the model's time, measured now where the runtime can
             self.batcher.plan(runtime.engine_times((1, 2)))
         self.metrics = StreamCounters(capacity, ids=None if share is None else share.ids)

@@ -109,6 +109,8 @@ class RunSummary:
                 **per_stream,
                 **({"streams": [{"uri": c["uri"], "state": c["state"]} for c in counts]} if self.control else {}),
                 "batches": m.batches,
+                # partial batches held past their timeout while the GPU had two unfinished (frames joined them)
+                "batches_held": self.batcher.held,
                 **({"latency_budget_ms": self.config.latency_budget_ms} if self.config.latency_budget_ms else {}),
                 "throughput_fps": round(processed / max(seconds, 1e-9), 2),
                 # live streams dropped frames because processing fell behind (files wait instead)

@@ -42,6 +42,36 @@ def test_waits_for_a_full_batch_up_to_the_timeout():
     assert len(b.next_batch()) == 1 and time.monotonic() - start >= 0.19  # partial after it
 
 
+def test_a_partial_batch_is_held_while_the_device_has_a_batch_waiting_and_frames_join_it():
+    """Past its timeout, a partial batch is not cut while the device has two batches it has not finished (one
+    running, one waiting): it could not start sooner, and the frames that come meanwhile join it. Once one is
+    done, it is cut at once with them."""
+    running = [2]
+    b = Batcher(streams=4, max_batch=4, timeout_s=0.01, depth=10, batches_running=lambda: running[0])
+    b.put(_packet(0, 0, []))
+    batches, done = [], threading.Event()
+    threading.Thread(target=lambda: (batches.append(b.next_batch()), done.set()), daemon=True).start()
+    time.sleep(0.1)  # ten timeouts
+    assert not done.is_set()
+    b.put(_packet(1, 0, []))
+    b.put(_packet(2, 0, []))
+    running[0] = 1  # the running batch ended: the waiting one runs, this one goes behind it
+    assert done.wait(10), "the batch was held after the device could take it"
+    assert [p.stream for p in batches[0]] == [0, 1, 2] and b.held == 1
+
+
+def test_a_full_batch_goes_at_once_and_a_partial_one_at_its_timeout_where_the_device_keeps_up():
+    running = [3]
+    b = Batcher(streams=4, max_batch=2, timeout_s=0.05, depth=10, batches_running=lambda: running[0])
+    b.put(_packet(0, 0, []))
+    b.put(_packet(1, 0, []))
+    assert len(b.next_batch()) == 2  # full: however busy the device
+    running[0] = 1
+    b.put(_packet(0, 1, []))
+    start = time.monotonic()
+    assert len(b.next_batch()) == 1 and time.monotonic() - start < 5 and b.held == 0
+
+
 def test_close_drains_then_signals_the_end():
     b = Batcher(streams=1, max_batch=2, timeout_s=1.0, depth=10)
     for n in range(3):
