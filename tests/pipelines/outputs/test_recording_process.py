@@ -3,6 +3,7 @@ recording process writes the segments and the index; its refusals, its death and
 
 import os
 import signal
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,6 +45,21 @@ def _segments_open_in(pid: int, folder: Path) -> set[str]:
         if target.startswith(str(folder)) and target.endswith(".mp4"):
             found.add(target)
     return found
+
+
+@contextmanager
+def _one_stream_recorded(tmp_path: Path, folder: Path):
+    """A recording process with a 6-s test video's stream attached as stream 0 (closed at the end): it, the
+    stream's source, the video's packets (one pass) and their time base."""
+    video = _video(tmp_path / "in.mp4", seconds=6)
+    packets, base = _packets(video, passes=1)
+    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
+    try:
+        source = _Source(str(video))
+        recorder.attach(0, source, "all")
+        yield recorder, source, packets, base
+    finally:
+        recorder.close()
 
 
 @needs_ffmpeg
@@ -112,21 +128,14 @@ def test_a_recording_process_whose_serving_process_went_leaves_its_open_segment_
     kill follows): the recording process leaves its open segment as a kill would, every time, and the next
     start finishes it. It closed the segment itself at the pipe's end before, racing the kill that prctl sends
     right after a dead parent's pipe ends: a worker's successor found nothing to repair in one CI run in ~20."""
-    video = _video(tmp_path / "in.mp4", seconds=6)
-    packets, base = _packets(video, passes=1)
     folder = tmp_path / "rec"
-    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
-    try:
-        source = _Source(str(video))
-        recorder.attach(0, source, "all")
+    with _one_stream_recorded(tmp_path, folder) as (recorder, source, packets, base):
         _feed(source, packets, base)
         _wait(lambda: _index(folder, "SELECT COUNT(*), SUM(open) FROM segments") == [(3, 1)])
         recorder.conn.close()  # the serving process's end of the pipe, gone as it goes in a kill
         recorder.process.join(30)
         assert recorder.process.exitcode == -signal.SIGKILL  # as prctl's kill would have ended it
         assert _index(folder, "SELECT COUNT(*), SUM(open) FROM segments") == [(3, 1)]
-    finally:
-        recorder.close()
     repaired = Recorder(_config(folder), 5.0, 5.0, 64)
     repaired.close()
     assert repaired.repaired["finished"] == 1
@@ -166,18 +175,11 @@ def test_a_looped_files_passes_are_each_recorded_to_their_end(tmp_path):
     """NVDEC's looped file: the packets' clock starts again at each pass. The recording process makes the GOPs
     from the packets it reads (the serving process only copies them): each pass's last GOP is whole when the
     next pass starts, and each pass is written in segments of its own."""
-    video = _video(tmp_path / "in.mp4", seconds=6)
-    packets, base = _packets(video, passes=1)
     folder = tmp_path / "rec"
-    recorder = RecordingProcess(_config(folder), 5.0, 5.0, 64)
-    try:
-        source = _Source(str(video))
-        recorder.attach(0, source, "all")
+    with _one_stream_recorded(tmp_path, folder) as (_, source, packets, base):
         _feed(source, packets + packets, base)
         # the second pass's last segment stays open until the stop (the stream may go on)
         _wait(lambda: _index(folder, "SELECT COUNT(*), SUM(open) FROM segments") == [(6, 1)])
-    finally:
-        recorder.close()
     rows = _index(folder, "SELECT t0, t1, packets, path FROM segments ORDER BY id")
     assert [t for t0, t1, _, _ in rows for t in (t0, t1)] == pytest.approx([0, 2, 2, 4, 4, 6] * 2, abs=0.1)
     assert all(count == 2 * FPS == _decodes(folder / path) for _, _, count, path in rows)
