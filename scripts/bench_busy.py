@@ -228,6 +228,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     total = s["latency_ms"]["total"]
     missing = missing_at_start(numbers)
     return {"run": label, "fps": s["throughput_fps"], "dropped": sum(s["dropped"]), "frames": frames,
+            "dropped_by_stream": s["dropped"],  # in the order serve opened them (the configured order)
             "missing_at_start": sum(missing.values()), "missing_frame_numbers": missing,
             **({"behind_camera_ms": behind_camera(stamps, cameras, args.sent_at), "camera_phases": phases}
                if cameras else {}),

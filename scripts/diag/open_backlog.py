@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""What a network camera's feed holds when serving starts (issue 66: the frames dropped in the cameras' first 2 s).
+
+  python scripts/diag/open_backlog.py VIDEO [--cameras 32] [--one-after-another]
+
+N frame-paced MPEG-TS cameras over TCP (bench_busy.py's, each on a clock of its own) are opened as `serve` opens
+NVDEC cameras, each in its own capture thread, all at once (--one-after-another: in turn, for contrast): the remux
+ffmpeg started (sources.ffmpeg.RemuxFeed), the MPEG-TS demuxed by PyAV (runtime.nvdec_pipe.PipeDemuxer, with
+stand-ins for PyNvVideoCodec's packet and codec types: no GPU, so no decoder is made) up to the first packet. Then
+each feed is read as serving would: the packets that come out at once (within 5 ms of the one before) are the
+backlog its connection gathered before it was read; each frame of it is a frame the stream's queue (4 deep) drops
+or runs late. Reported: each camera's open time and backlog in frames.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+root = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(root / "scripts"), str(root)]
+
+from bench_busy import Cameras, camera_stream  # noqa: E402
+
+from jetpipe import uri as uris  # noqa: E402
+from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed  # noqa: E402
+from jetpipe.runtime.nvdec_pipe import PipeDemuxer  # noqa: E402
+
+AT_ONCE_S = 0.005
+
+
+class Packet(SimpleNamespace):  # PyNvVideoCodec's PacketData: fields set by the demuxer
+    pass
+
+
+def open_camera(url: str):
+    """A camera's feed and demuxer up to its first packet (NvdecSource._start before its decoder): the packets'
+    iterator, the seconds it took."""
+    start = time.monotonic()
+    feed = RemuxFeed(uris.parse(url))
+    feed.start()
+    demuxer = PipeDemuxer(feed, Packet, SimpleNamespace(h264="h264", hevc="hevc"))
+    packets = iter(demuxer)
+    next(packets)
+    return feed, demuxer, packets, time.monotonic() - start
+
+
+def backlog(packets) -> int:
+    """Packets that come out at once, now."""
+    count, last = 0, time.monotonic()
+    for packet in packets:
+        now = time.monotonic()
+        if not packet.bsl or now - last > AT_ONCE_S:
+            return count
+        count, last = count + 1, now
+    return count
+
+
+def open_and_read(url: str):
+    """A camera opened, then read at once, as its capture thread does: its feed, demuxer, open time, backlog."""
+    feed, demuxer, packets, took = open_camera(url)
+    return feed, demuxer, took, backlog(packets)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("video", type=Path)
+    parser.add_argument("--cameras", type=int, default=32)
+    parser.add_argument("--one-after-another", dest="parallel", action="store_false")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cameras = Cameras(*camera_stream(args.video, Path(tmp), 30.0), args.cameras, "random")
+        started = time.monotonic()
+        if args.parallel:
+            with ThreadPoolExecutor(args.cameras) as pool:
+                opened = list(pool.map(open_and_read, cameras.urls))
+        else:  # opened in turn, then read together
+            first = [open_camera(url) for url in cameras.urls]
+            with ThreadPoolExecutor(args.cameras) as pool:
+                counts = list(pool.map(backlog, [packets for _, _, packets, _ in first]))
+            opened = [(feed, demuxer, took, count) for (feed, demuxer, _, took), count in zip(first, counts)]
+        print(f"{args.cameras} cameras opened and read in {time.monotonic() - started:.2f} s "
+              f"({'at once' if args.parallel else 'opened one after another'})")
+        for k, (feed, demuxer, took, count) in enumerate(opened):
+            print(f"camera {k:2d}: opened in {took * 1e3:4.0f} ms, {count:3d} frames at once when read")
+            demuxer.close()
+            feed.interrupt()
+        counts = [count for *_, count in opened]
+        print(f"backlog: {sum(counts)} frames in all, {sum(c > 4 for c in counts)} cameras over a queue of 4")
+        cameras.close()
+
+
+if __name__ == "__main__":
+    main()
