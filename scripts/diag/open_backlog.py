@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a network camera's feed holds when serving starts (issue 66: the frames dropped in the cameras' first 2 s).
 
-  python scripts/diag/open_backlog.py VIDEO [--cameras 32] [--one-after-another]
+  python scripts/diag/open_backlog.py VIDEO [--cameras 32] [--one-after-another] [--nvdec] [--remux-shim]
 
 N frame-paced MPEG-TS cameras over TCP (bench_busy.py's, each on a clock of its own) are opened as `serve` opens
 NVDEC cameras, each in its own capture thread, all at once (--one-after-another: in turn, for contrast): the remux
@@ -9,14 +9,22 @@ ffmpeg started (sources.ffmpeg.RemuxFeed), the MPEG-TS demuxed by PyAV (runtime.
 stand-ins for PyNvVideoCodec's packet and codec types: no GPU, so no decoder is made) up to the first packet. Then
 each feed is read as serving would: the packets that come out at once (within 5 ms of the one before) are the
 backlog its connection gathered before it was read; each frame of it is a frame the stream's queue (4 deep) drops
-or runs late. Reported: each camera's open time and backlog in frames.
+or runs late. Reported: each camera's open time and backlog in frames, and the longest the main thread waited for
+the GIL meanwhile (a thread that sleeps 1 ms at a time: `stall_ms`).
+
+--nvdec (a GPU machine): each camera opened as NvdecSource opens it (runtime.nvdec.open_nvdec with the remux feed:
+the decoder made and the first frame decoded), the backlog counted in frames decoded at once. --remux-shim: where
+ffmpeg cannot read a socket (the GPU machines' static one), scripts/socket_remux.py stands in (bench_busy.py's).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +33,7 @@ from types import SimpleNamespace
 root = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(root / "scripts"), str(root)]
 
-from bench_busy import Cameras, camera_stream  # noqa: E402
+from bench_busy import Cameras, camera_stream, remux_shim  # noqa: E402
 
 from jetpipe import uri as uris  # noqa: E402
 from jetpipe.pipelines.ingest.sources.ffmpeg import RemuxFeed  # noqa: E402
@@ -67,29 +75,86 @@ def open_and_read(url: str):
     return feed, demuxer, took, backlog(packets)
 
 
+def nvdec_open_and_read(device, url: str):
+    """The same through NVDEC: NvdecSource opened (its decoder made, its first frame decoded), then the frames it
+    decodes at once (its read loop's decode, without the copy into a ring)."""
+    from jetpipe.runtime.nvdec import open_nvdec
+
+    uri = uris.parse(url)
+    start = time.monotonic()
+    source = open_nvdec(device, uri, feed=RemuxFeed(uri))
+    source.open()
+    took = time.monotonic() - start
+    count, last = 0, time.monotonic()
+    while True:
+        source._next_frame()  # noqa: SLF001 (a diagnostic: the decode alone)
+        now = time.monotonic()
+        if now - last > AT_ONCE_S:
+            break
+        count, last = count + 1, now
+    return source, None, took, count
+
+
+class Heartbeat:
+    """A thread that sleeps 1 ms at a time: the longest it waited beyond that (the GIL held elsewhere)."""
+
+    def __init__(self):
+        self.longest, self.running = 0.0, True
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        last = time.monotonic()
+        while self.running:
+            time.sleep(0.001)
+            now = time.monotonic()
+            self.longest, last = max(self.longest, now - last - 0.001), now
+
+    def stop(self) -> float:
+        self.running = False
+        self.thread.join()
+        return self.longest
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("video", type=Path)
     parser.add_argument("--cameras", type=int, default=32)
     parser.add_argument("--one-after-another", dest="parallel", action="store_false")
+    parser.add_argument("--nvdec", action="store_true", help="open each as NvdecSource does (a GPU machine)")
+    parser.add_argument("--remux-shim", action="store_true", help="scripts/socket_remux.py as the remux ffmpeg")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        if args.remux_shim:
+            os.environ.update(remux_shim(Path(tmp)))
         cameras = Cameras(*camera_stream(args.video, Path(tmp), 30.0), args.cameras, "random")
+        opener = open_and_read
+        if args.nvdec:
+            from jetpipe.runtime.cuda import CudaDevice
+
+            device = CudaDevice(0)
+            opener = functools.partial(nvdec_open_and_read, device)
+        heartbeat = Heartbeat()
         started = time.monotonic()
         if args.parallel:
             with ThreadPoolExecutor(args.cameras) as pool:
-                opened = list(pool.map(open_and_read, cameras.urls))
+                opened = list(pool.map(opener, cameras.urls))
         else:  # opened in turn, then read together
             first = [open_camera(url) for url in cameras.urls]
             with ThreadPoolExecutor(args.cameras) as pool:
                 counts = list(pool.map(backlog, [packets for _, _, packets, _ in first]))
             opened = [(feed, demuxer, took, count) for (feed, demuxer, _, took), count in zip(first, counts)]
+        stall = heartbeat.stop()
         print(f"{args.cameras} cameras opened and read in {time.monotonic() - started:.2f} s "
-              f"({'at once' if args.parallel else 'opened one after another'})")
+              f"({'at once' if args.parallel else 'opened one after another'}{', NVDEC' if args.nvdec else ''}); "
+              f"stall_ms {stall * 1e3:.0f}")
         for k, (feed, demuxer, took, count) in enumerate(opened):
             print(f"camera {k:2d}: opened in {took * 1e3:4.0f} ms, {count:3d} frames at once when read")
-            demuxer.close()
-            feed.interrupt()
+            if demuxer is not None:
+                demuxer.close()
+                feed.interrupt()
+            else:
+                feed.close()  # the NvdecSource (its feed's ffmpeg with it)
         counts = [count for *_, count in opened]
         print(f"backlog: {sum(counts)} frames in all, {sum(c > 4 for c in counts)} cameras over a queue of 4")
         cameras.close()

@@ -11,6 +11,9 @@
 #   before (4560c6f in .dev/old), interleaved, two rounds: 32 cameras on clocks of their own, then 32 looped files;
 #   the same flags as PART=P (steady_p99_ms: the records after each stream's first 2 s). (Its files arm found no
 #   video: the old tree runs in its folder and the path was relative; bench_busy resolves it now.)
+# PART=B: what a network camera's connection gathers before its capture thread reads it, opened as serve opens it
+#   (scripts/diag/open_backlog.py): 32 cameras at once through NVDEC (decoder made, first frame decoded), then the
+#   same without a decoder (the CPU machine's figure: 0-6 frames each), and the longest GIL stall meanwhile.
 # PART=F: the files arm again, in a second lease, and 16 looped files (issue 66 target 5: not worse), one run a tree.
 set -u
 R=$OUT/t64; mkdir -p $R
@@ -55,5 +58,12 @@ for r in json.load(open(sys.argv[1]))["rows"]:
           "densest_quarter", r["arrival_phases"]["densest_quarter"], "gpu", r["gpu_busy_share"], "cores", r["cpu_cores"])
 PY
     done
+  done
+fi
+if [ "${PART:-T}" = B ]; then
+  for arm in "--nvdec" "" "--nvdec"; do
+    python scripts/diag/open_backlog.py .dev/vid/nob.mp4 --cameras 32 --remux-shim $arm 2>&1 | tee -a $R/backlog.txt | \
+      sed -n 1p
+    tail -1 $R/backlog.txt
   done
 fi
