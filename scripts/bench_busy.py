@@ -163,14 +163,24 @@ def behind_camera(seen: dict[int, list[tuple[float, float | None]]], cameras: Ca
     behind = []
     for stream, frames in seen.items():
         connected = cameras.first_wall.get(ports[stream])
-        start = min(at for at, _ in frames)
-        behind += [at - connected - sent[round(pts, 3)] for at, pts in frames
-                   if connected and at - start > seconds and pts is not None and round(pts, 3) in sent]
+        behind += [at - connected - sent[round(pts, 3)] for at, pts in after_start(frames, seconds)
+                   if connected and pts is not None and round(pts, 3) in sent]
     if not behind:
         return None
     behind.sort()
-    return {"p50": round(behind[len(behind) // 2] * 1e3, 1), "p90": round(behind[len(behind) * 9 // 10] * 1e3, 1),
+    return {"p50": round(ranked(behind, 50) * 1e3, 1), "p90": round(ranked(behind, 90) * 1e3, 1),
             "frames": len(behind)}
+
+
+def after_start(frames: list[tuple[float, object]], seconds: float = START_S) -> list[tuple[float, object]]:
+    """A stream's (capture time, value) pairs after its first `seconds` from its first record."""
+    start = min(at for at, _ in frames)
+    return [(at, value) for at, value in frames if at - start > seconds]
+
+
+def ranked(ordered: list[float], percent: int) -> float:
+    """The value `percent` of the way up a sorted list (its len * percent // 100th)."""
+    return ordered[len(ordered) * percent // 100]
 
 
 def remux_shim(out: Path) -> dict:
@@ -257,11 +267,10 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
 def steady_latency(totals: dict[int, list[tuple[float, float]]], seconds: float = START_S) -> dict:
     """Latency p50 / p99 (ms, from the records) of every stream's frames after its first `seconds`: the run
     without its start (the summary's cover the whole run)."""
-    after = sorted(ms for frames in totals.values() for start in [min(t for t, _ in frames)] for at, ms in frames
-                   if at - start > seconds)
+    after = sorted(ms for frames in totals.values() for _, ms in after_start(frames, seconds))
     if not after:
         return {"steady_p50_ms": None, "steady_p99_ms": None}
-    return {"steady_p50_ms": round(after[len(after) // 2], 2), "steady_p99_ms": round(after[len(after) * 99 // 100], 2)}
+    return {"steady_p50_ms": round(ranked(after, 50), 2), "steady_p99_ms": round(ranked(after, 99), 2)}
 
 
 def arrival_phases(stamps: dict[int, list[tuple[float, float | None]]], fps: float = 30.0,
@@ -272,8 +281,7 @@ def arrival_phases(stamps: dict[int, list[tuple[float, float | None]]], fps: flo
     spread evenly a quarter of them (8 of 32)."""
     period, places = 1.0 / fps, []
     for frames in stamps.values():
-        start = min(at for at, _ in frames)
-        angles = [2 * math.pi * (at % period) / period for at, _ in frames if at - start > seconds]
+        angles = [2 * math.pi * (at % period) / period for at, _ in after_start(frames, seconds)]
         if angles:
             mean = math.atan2(sum(map(math.sin, angles)), sum(map(math.cos, angles))) % (2 * math.pi)
             places.append(mean / (2 * math.pi) * period)
@@ -335,8 +343,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     phases = args.camera_phases.split(",")
-    if not set(phases) <= {"connection", "random"} or (len(phases) > 1 and not args.network):
-        parser.error("--camera-phases takes connection and/or random (comma-separated), several only with --network")
+    if not set(phases) <= {"connection", "random"} or (phases != ["connection"] and not args.network):
+        parser.error("--camera-phases takes connection and/or random (comma-separated), and only with --network")
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree] or [("this", root)]
     variants = [("", ())] * (not args.no_plain) + [
         (f"+{v.split('=', 1)[0]}", tuple(shlex.split(v.split("=", 1)[1]))) for v in args.variant]

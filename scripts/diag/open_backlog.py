@@ -58,15 +58,20 @@ def open_camera(url: str):
     return feed, demuxer, packets, time.monotonic() - start
 
 
-def backlog(packets) -> int:
-    """Packets that come out at once, now."""
+def at_once(step) -> int:
+    """How many step() calls, from now, each return within AT_ONCE_S of the one before (step() False: the end)."""
     count, last = 0, time.monotonic()
-    for packet in packets:
+    while step():
         now = time.monotonic()
-        if not packet.bsl or now - last > AT_ONCE_S:
-            return count
+        if now - last > AT_ONCE_S:
+            break
         count, last = count + 1, now
     return count
+
+
+def backlog(packets) -> int:
+    """Packets that come out at once, now (an empty one: the feed's end)."""
+    return at_once(lambda: next(packets).bsl != 0)
 
 
 def open_and_read(url: str):
@@ -85,14 +90,7 @@ def nvdec_open_and_read(device, url: str):
     source = open_nvdec(device, uri, feed=RemuxFeed(uri))
     source.open()
     took = time.monotonic() - start
-    count, last = 0, time.monotonic()
-    while True:
-        source._next_frame()  # noqa: SLF001 (a diagnostic: the decode alone)
-        now = time.monotonic()
-        if now - last > AT_ONCE_S:
-            break
-        count, last = count + 1, now
-    return source, None, took, count
+    return source, None, took, at_once(lambda: source._next_frame() is not None)  # noqa: SLF001 (the decode alone)
 
 
 class Heartbeat:
