@@ -12,10 +12,12 @@ the CLI's defaults: the tracker the rules turn on (botsort), 4 rules a stream (t
 sink, for --seconds. Each --tree (NAME=PATH, a checkout of jetpipe) runs in turn, interleaved, --repeats times, the
 same video and bundle; each --variant (NAME=FLAGS: more `serve` flags, e.g. looks for the tracker) runs beside the
 plain run of each tree, interleaved too (e.g. `--variant 'workers2=--workers-per-gpu 2'`: two serving processes on
-the GPU; their CPU is summed). Reported per run: frames/s, dropped, the frames missing from each stream's first 2 s
-(missing_at_start: a camera's connection; by frame number in missing_frame_numbers), latency p50 / p99 (and over
-each stream's frames after its first 2 s: steady_p50_ms / steady_p99_ms), frames a batch, the batches held for the
-GPU (batches_held), tracked
+the GPU; their CPU is summed). Reported per run: frames/s, dropped (of those, dropped_catching_up: while a
+stream's backlog came at once), the frames missing from each stream's first 2 s (missing_at_start: a camera's
+connection; by frame number in missing_frame_numbers), latency p50 / p99 (and over
+each stream's frames after its first 2 s: steady_p50_ms / steady_p99_ms; steady_tail_ms: the stages the slowest 1 %
+of those spent their time in, against every frame's), frames a batch, the batches held for the GPU (batches_held),
+tracked
 boxes a frame, with --network how long after the camera sent a frame it was captured (behind_camera_ms: where the
 records' pts are the camera's own, as NVDEC's are; before the capture time jetpipe's latency counts from), the
 process's CPU cores, the serving side's CPU per tracked object per frame (the post thread: finishing,
@@ -220,7 +222,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     frames = tracked = events = 0
     numbers: dict[int, list[tuple[float, int]]] = {}  # per stream: (capture time, frame number) of each record
     stamps: dict[int, list[tuple[float, float | None]]] = {}  # per stream: (capture time, pts) of each record
-    totals: dict[int, list[tuple[float, float]]] = {}  # per stream: (capture time, latency ms) of each record
+    totals: dict[int, list[tuple[float, dict]]] = {}  # per stream: (capture time, latency_ms by stage) of each record
     with records.open() as lines:
         for line in lines:
             record = json.loads(line)
@@ -230,7 +232,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             frames += 1
             numbers.setdefault(record["stream"], []).append((record["t_capture"], record["frame"]))
             stamps.setdefault(record["stream"], []).append((record["t_capture"], record["pts"]))
-            totals.setdefault(record["stream"], []).append((record["t_capture"], record["latency_ms"]["total"]))
+            totals.setdefault(record["stream"], []).append((record["t_capture"], record["latency_ms"]))
             tracked += sum(t is not None for t in record["results"].get("track_ids") or ())
     records.unlink()
     cpu = cpu_of(s)
@@ -239,6 +241,8 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     missing = missing_at_start(numbers)
     return {"run": label, "fps": s["throughput_fps"], "dropped": sum(s["dropped"]), "frames": frames,
             "dropped_by_stream": s["dropped"],  # in the order serve opened them (the configured order)
+            # of those, dropped while a stream's backlog came at once (a tree before 2026-12-07 does not say: None)
+            "dropped_catching_up": sum(s["dropped_catching_up"]) if "dropped_catching_up" in s else None,
             "missing_at_start": sum(missing.values()), "missing_frame_numbers": missing,
             **({"behind_camera_ms": behind_camera(stamps, cameras, args.sent_at), "camera_phases": phases}
                if cameras else {}),
@@ -259,18 +263,27 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             "serving_processes": len(s.get("gpus", [])) or 1,  # workers behind the face, else this one
             "workers_said": next((line.split("workers_per_gpu auto: ", 1)[1] for line in done.stderr.splitlines()
                                   if "workers_per_gpu auto: " in line), None),
+            "overloaded": s.get("overloaded"),
             "overload_said": next((line for line in reversed(done.stderr.splitlines()) if "overloaded:" in line), None),
             **({"reid": s["reid"]} if "reid" in s else {}),
             **({"recording": s["recording"]} if "recording" in s else {})}
 
 
-def steady_latency(totals: dict[int, list[tuple[float, float]]], seconds: float = START_S) -> dict:
+def steady_latency(totals: dict[int, list[tuple[float, dict]]], seconds: float = START_S) -> dict:
     """Latency p50 / p99 (ms, from the records) of every stream's frames after its first `seconds`: the run
-    without its start (the summary's cover the whole run)."""
-    after = sorted(ms for frames in totals.values() for _, ms in after_start(frames, seconds))
+    without its start (the summary's cover the whole run). steady_tail_ms: where the slowest 1 % of those
+    frames spent their time (the mean of each stage over the frames at or past the p99: queue = captured to
+    batched, gpu = batched to collected, post = collected to the record), against every frame's."""
+    after = [stages for frames in totals.values() for _, stages in after_start(frames, seconds)]
     if not after:
-        return {"steady_p50_ms": None, "steady_p99_ms": None}
-    return {"steady_p50_ms": round(ranked(after, 50), 2), "steady_p99_ms": round(ranked(after, 99), 2)}
+        return {"steady_p50_ms": None, "steady_p99_ms": None, "steady_tail_ms": None}
+    ordered = sorted(stages["total"] for stages in after)
+    p99 = ranked(ordered, 99)
+    tail = [stages for stages in after if stages["total"] >= p99]
+    return {"steady_p50_ms": round(ranked(ordered, 50), 2), "steady_p99_ms": round(p99, 2),
+            "steady_tail_ms": {which: {stage: round(sum(f.get(stage, 0.0) for f in frames) / len(frames), 2)
+                                       for stage in ("queue", "gpu", "post")}
+                               for which, frames in (("slowest_1pct", tail), ("all", after))}}
 
 
 def arrival_phases(stamps: dict[int, list[tuple[float, float | None]]], fps: float = 30.0,

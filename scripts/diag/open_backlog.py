@@ -15,6 +15,9 @@ the GIL meanwhile (a thread that sleeps 1 ms at a time: `stall_ms`).
 --nvdec (a GPU machine): each camera opened as NvdecSource opens it (runtime.nvdec.open_nvdec with the remux feed:
 the decoder made and the first frame decoded), the backlog counted in frames decoded at once. --remux-shim: where
 ffmpeg cannot read a socket (the GPU machines' static one), scripts/socket_remux.py stands in (bench_busy.py's).
+With --nvdec each camera's line says where its open went (ms): demux (the feed started, demuxed to its first
+packet), create (CreateDecoder), first_frame (decoded: the driver's decoder is made at the first sequence header);
+--decoder-first makes each camera's decoder before its feed starts (create_first), as a fix would.
 """
 
 from __future__ import annotations
@@ -80,16 +83,73 @@ def open_and_read(url: str):
     return feed, demuxer, took, backlog(packets)
 
 
-def nvdec_open_and_read(device, url: str):
+class Phases:
+    """Where each NVDEC open's time went, per camera thread: the feed started and demuxed to its first packet,
+    PyNvVideoCodec's CreateDecoder, and the first frame decoded (where the driver's decoder is made: at the
+    stream's first sequence header). --decoder-first: CreateDecoder called before the feed starts, its decoder
+    the one the source's open asks for (H.264 assumed: the cameras' codec)."""
+
+    def __init__(self, nvc, device, decoder_first: bool):
+        self.nvc, self.device, self.decoder_first = nvc, device, decoder_first
+        self.create = nvc.CreateDecoder
+        self.local = threading.local()
+        nvc.CreateDecoder = self._create
+
+    def _create(self, **kwargs):
+        made = getattr(self.local, "made", None)
+        if made is not None:
+            self.local.made = None
+            return made
+        start = time.monotonic()
+        try:
+            return self.create(**kwargs)
+        finally:
+            self.local.times["create"] = time.monotonic() - start
+
+    def begin(self) -> dict:
+        """This thread's times; with --decoder-first, its decoder made now."""
+        self.local.times = times = {}
+        self.local.made = None
+        if self.decoder_first:
+            from jetpipe.runtime.nvdec import display_latency
+
+            start = time.monotonic()
+            with self.device.active():
+                stream = self.device.stream()
+                self.local.made = self.create(gpuid=self.device.ordinal, codec=self.nvc.cudaVideoCodec.H264,
+                                              cudacontext=self.device.context.handle, cudastream=stream.handle,
+                                              usedevicememory=True, **display_latency(self.nvc, True))
+            times["create_first"] = time.monotonic() - start
+        return times
+
+    def timed(self, source, name: str, key: str, first_only: bool = False) -> None:
+        call, times = getattr(source, name), self.local.times
+
+        def wrapper(*args, **kwargs):
+            start = time.monotonic()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                if not (first_only and key in times):
+                    times[key] = time.monotonic() - start
+
+        setattr(source, name, wrapper)
+
+
+def nvdec_open_and_read(device, phases: Phases, url: str):
     """The same through NVDEC: NvdecSource opened (its decoder made, its first frame decoded), then the frames it
     decodes at once (its read loop's decode, without the copy into a ring)."""
     from jetpipe.runtime.nvdec import open_nvdec
 
     uri = uris.parse(url)
     start = time.monotonic()
+    times = phases.begin()
     source = open_nvdec(device, uri, feed=RemuxFeed(uri))
+    phases.timed(source, "_demux", "demux")
+    phases.timed(source, "_next_frame", "first_frame", first_only=True)
     source.open()
     took = time.monotonic() - start
+    source.phases = dict(times)
     return source, None, took, at_once(lambda: source._next_frame() is not None)  # noqa: SLF001 (the decode alone)
 
 
@@ -120,6 +180,8 @@ def main() -> None:
     parser.add_argument("--cameras", type=int, default=32)
     parser.add_argument("--one-after-another", dest="parallel", action="store_false")
     parser.add_argument("--nvdec", action="store_true", help="open each as NvdecSource does (a GPU machine)")
+    parser.add_argument("--decoder-first", action="store_true",
+                        help="--nvdec: each camera's decoder made before its feed starts")
     parser.add_argument("--remux-shim", action="store_true", help="scripts/socket_remux.py as the remux ffmpeg")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,9 +191,11 @@ def main() -> None:
         opener = open_and_read
         if args.nvdec:
             from jetpipe.runtime.cuda import CudaDevice
+            from jetpipe.runtime.nvdec import import_nvdec
 
             device = CudaDevice(0)
-            opener = functools.partial(nvdec_open_and_read, device)
+            opener = functools.partial(nvdec_open_and_read, device, Phases(import_nvdec(), device,
+                                                                           args.decoder_first))
         heartbeat = Heartbeat()
         started = time.monotonic()
         if args.parallel:
@@ -147,7 +211,9 @@ def main() -> None:
               f"({'at once' if args.parallel else 'opened one after another'}{', NVDEC' if args.nvdec else ''}); "
               f"stall_ms {stall * 1e3:.0f}")
         for k, (feed, demuxer, took, count) in enumerate(opened):
-            print(f"camera {k:2d}: opened in {took * 1e3:4.0f} ms, {count:3d} frames at once when read")
+            times = getattr(feed, "phases", None)
+            said = "".join(f", {key} {value * 1e3:4.0f}" for key, value in (times or {}).items())
+            print(f"camera {k:2d}: opened in {took * 1e3:4.0f} ms, {count:3d} frames at once when read{said}")
             if demuxer is not None:
                 demuxer.close()
                 feed.interrupt()
