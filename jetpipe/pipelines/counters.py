@@ -44,7 +44,7 @@ class StreamCounters:
         self._gauges: dict[str, callable] = {}
         self._families: list = []  # callables yielding more metric families (the events' counters)
         # the exposition: this object's values (collect()), latency histograms and process metrics
-        self._exposed = ([0] * streams, [0] * streams, None)
+        self._exposed = ([0] * streams, [0] * streams, [0] * streams, None)
         self.registry = CollectorRegistry()
         self.registry.register(self)
         ProcessCollector(registry=self.registry)
@@ -169,15 +169,17 @@ class StreamCounters:
             family.add_sample(f"{RECENT_LATENCY}_sum", {"stage": stage}, round(total_ms / 1000.0, 6))
         return family
 
-    def prometheus(self, dropped: list[int], depths: list[int], decode_errors: list[int] | None = None) -> str:
+    def prometheus(self, drops: tuple[list[int], list[int]], depths: list[int],
+                   decode_errors: list[int] | None = None) -> str:
         """The Prometheus text exposition, written by prometheus-client: these counters and gauges, the
-        latency histograms, and the process collector (CPU seconds, resident memory, open files)."""
-        self._exposed = (dropped, depths, decode_errors)
+        latency histograms, and the process collector (CPU seconds, resident memory, open files). drops: each
+        stream's dropped frames, and of those the ones dropped catching up (Batcher.drop_counts)."""
+        self._exposed = (*drops, depths, decode_errors)
         return generate_latest(self.registry).decode()
 
     def collect(self):
         """prometheus-client's collector protocol: the current per-stream values as metric families."""
-        dropped, depths, decode_errors = self._exposed
+        dropped, dropped_catching_up, depths, decode_errors = self._exposed
         with self.lock:
             counts = {name: list(getattr(self, name)) for name in COUNTERS}
             batches, labels = self.batches, list(self.labels)
@@ -186,6 +188,9 @@ class StreamCounters:
             (CounterMetricFamily, "jetpipe_frames_captured", "Frames produced by the source.", counts["captured"]),
             (CounterMetricFamily, "jetpipe_frames_processed", "Frames with results.", counts["processed"]),
             (CounterMetricFamily, "jetpipe_frames_dropped", "Frames dropped when processing fell behind.", dropped),
+            (CounterMetricFamily, "jetpipe_frames_dropped_catching_up", "Of those, the frames dropped while a live "
+             "stream delivered faster than real time (a backlog at once: its connection's, a network stall's).",
+             dropped_catching_up),
             (CounterMetricFamily, "jetpipe_frames_failed", "Frames lost to read or processing errors.",
              counts["failed"]),
             (CounterMetricFamily, "jetpipe_source_reconnects", "Source reconnect attempts.", counts["reconnects"]),
@@ -217,4 +222,6 @@ def live_counts(stream, metrics, batcher) -> dict:
     """The counters of a stream in its slot now."""
     with metrics.lock:
         counts = {name: getattr(metrics, name)[stream.slot] for name in COUNTERS}
-    return {**counts, "dropped": batcher.dropped[stream.slot], "decode_errors": stream.source.decode_errors}
+    return {**counts, "dropped": batcher.dropped[stream.slot],
+            "dropped_catching_up": batcher.dropped_catching_up[stream.slot],
+            "decode_errors": stream.source.decode_errors}

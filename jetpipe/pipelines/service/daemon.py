@@ -284,7 +284,7 @@ class Pipeline:
         return self.stages.failure
 
     def _render_metrics(self) -> str:
-        return self.metrics.prometheus(self.batcher.dropped, self.batcher.depths(), self.ingest.decode_errors())
+        return self.metrics.prometheus(self.batcher.drop_counts(), self.batcher.depths(), self.ingest.decode_errors())
 
     def _health(self) -> tuple[bool, str]:
         if self.stop_event.is_set():

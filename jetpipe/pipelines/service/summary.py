@@ -13,7 +13,9 @@ log = logging.getLogger(__name__)
 OVERLOAD_LOG_S = 60.0  # the overload warning, at most this often
 BUSY = 0.8  # a share of the time this high: the GPU (its batches) or the post thread (its work) sets the rate
 SHARE_WINDOW_S = 5.0  # the busy shares the warning says are those of the last window this long
-PER_STREAM = ("captured", "processed", "dropped", "failed", "reconnects", "stalls", "decode_errors")
+# dropped_catching_up: of `dropped`, those of a backlog coming at once (batcher.catching_up)
+PER_STREAM = ("captured", "processed", "dropped", "dropped_catching_up", "failed", "reconnects", "stalls",
+              "decode_errors")
 
 
 class RunSummary:
@@ -27,6 +29,7 @@ class RunSummary:
         self.clips, self.snapshots, self.recorder = evidence
         self.drain_bound = drain_bound  # drain.DrainBound: where a stop's drain was cut short
         self._overload_said = (0, -OVERLOAD_LOG_S)  # drops counted when last said, and when
+        self._backlog_said = (0, -OVERLOAD_LOG_S)  # the same of the drops of backlogs coming at once
         # the window's start: when, the GPU's busy seconds, the post thread's, the drops then; the last whole
         # window's busy shares (GPU: None where not measured)
         self._window = (time.monotonic(), 0.0, 0.0, 0)
@@ -59,15 +62,17 @@ class RunSummary:
     def totals(self) -> dict[str, int]:
         """Each counter summed over every stream, removed ones included."""
         counts = self.stream_counts()
-        return {name: sum(c[name] for c in counts) for name in (*COUNTERS, "dropped")}
+        return {name: sum(c[name] for c in counts) for name in (*COUNTERS, "dropped", "dropped_catching_up")}
 
     def say_overload(self) -> None:
         """A warning (at most once a minute) while live streams drop frames: the offered rate is more than the
         pipeline processes, and the drops keep its latency bounded (a file waits instead). It says how busy the
         GPU and the post thread were (limit_said); a window that drops frames because this process's CPU is the
-        limit is said at once, the first time."""
+        limit is said at once, the first time. The drops of a stream catching up (its frames delivered at more
+        than twice real time: a backlog) are not an overload: said apart (say_backlog_drops)."""
         totals, now = self.totals(), time.monotonic()
-        dropped, said, at = totals["dropped"], *self._overload_said
+        self.say_backlog_drops(totals["dropped_catching_up"], now)
+        dropped, said, at = totals["dropped"] - totals["dropped_catching_up"], *self._overload_said
         dropping = self._roll_window(now, dropped)
         gpu, post = self._shares
         cpu_bound = dropping and cpu_is_the_limit(gpu, post)
@@ -78,6 +83,17 @@ class RunSummary:
                         dropped, 100 * dropped / captured, limit_said(gpu, post))
             self._overload_said = (dropped, now)
             self._cpu_limit_said = self._cpu_limit_said or cpu_bound
+
+    def say_backlog_drops(self, dropped: int, now: float) -> None:
+        """At most once a minute, where more frames were dropped while live streams caught up: why, and that it
+        is not an overload."""
+        said, at = self._backlog_said
+        if dropped > said and now - at >= OVERLOAD_LOG_S:
+            log.info("%d frame(s) dropped while live streams caught up: frames a camera sent while it was being "
+                     "opened (its connection, its first frame decoded) or held up by the network came at once, more "
+                     "than its queue of %d holds, and the newest were kept; not an overload", dropped,
+                     self.batcher.depth)
+            self._backlog_said = (dropped, now)
 
     def _roll_window(self, now: float, dropped: int) -> bool:
         """Every SHARE_WINDOW_S: the window's busy shares kept; True where that window dropped frames."""
@@ -103,6 +119,7 @@ class RunSummary:
         m, counts, stages = self.metrics, self.stream_counts(), self.stages.stats()
         per_stream = {name: [c[name] for c in counts] for name in PER_STREAM}
         processed, dropped = sum(per_stream["processed"]), sum(per_stream["dropped"])
+        overload_dropped = dropped - sum(per_stream["dropped_catching_up"])
         failure, gpu_busy_s = self.stages.failure, stages.pop("gpu_busy_s")
         return {"seconds": round(seconds, 2), "backend": self.runtime.backend_name,
                 # by stream ID (= the records' "stream"): with the control API removed streams too
@@ -113,8 +130,9 @@ class RunSummary:
                 "batches_held": self.batcher.held,
                 **({"latency_budget_ms": self.config.latency_budget_ms} if self.config.latency_budget_ms else {}),
                 "throughput_fps": round(processed / max(seconds, 1e-9), 2),
-                # live streams dropped frames because processing fell behind (files wait instead)
-                "overloaded": dropped > 0,
+                # live streams dropped frames because processing fell behind (files wait instead); not those
+                # dropped while a backlog came at once (dropped_catching_up)
+                "overloaded": overload_dropped > 0,
                 "dropped_share": round(dropped / max(1, sum(per_stream["captured"])), 4),
                 # the run's: the frames finished after a stop (signal, --duration) are the drain's, reported apart
                 **({"drain": drain} if (drain := m.drain()) else {}),

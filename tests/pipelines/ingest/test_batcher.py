@@ -21,6 +21,43 @@ def test_drop_oldest_bounds_memory_and_counts():
     assert [p.frame_no for p in b.next_batch()] == [7, 8, 9]
 
 
+def _timed(stream, n, captured_at, pts):
+    return QueuedFrame(stream, n, time.time(), frame=None, release=lambda: None, pts=pts, t_monotonic=captured_at,
+                       live=True)
+
+
+def test_the_drops_of_a_backlog_coming_at_once_are_told_from_an_overloads():
+    """A camera's frames captured 1 ms apart though they are 33 ms apart in its own time (what it sent while it
+    was being opened, coming at once): its queue's drops are counted as catching up. A camera delivering at its
+    rate into a full queue (processing behind) drops as an overload; so does one without times, and one whose
+    times went back (a looped file's next pass)."""
+    b = Batcher(streams=4, max_batch=8, timeout_s=0.0, depth=4)
+    for n in range(20):
+        b.put(_timed(0, n, 100.0 + n * 0.001, n / 30))            # a backlog: 1 ms apart
+        b.put(_timed(1, n, 100.0 + n / 30, n / 30))               # live pace, nothing taken
+        b.put(_timed(2, n, 100.0 + n * 0.001, None))              # no times
+        b.put(_timed(3, n, 100.0 + n * 0.001, (19 - n) / 30))     # times going back
+    assert b.dropped == [16, 16, 16, 16]
+    assert b.dropped_catching_up == [16, 0, 0, 0]
+    assert b.drop_oldest(0) and b.dropped_catching_up[0] == 17  # a slot needed during the backlog: the same
+    assert b.drop_oldest(1) and b.dropped_catching_up[1] == 0
+    b.reset(0)
+    assert b.dropped[0] == b.dropped_catching_up[0] == 0
+
+
+def test_a_backlogs_tail_coming_nearer_real_time_is_still_the_backlogs_and_an_overload_after_it_is_not():
+    """Within a second of a stream's last drop of frames that came at once, its drops at about real time are
+    that backlog's tail; after it they are an overload's, and they do not extend the tail."""
+    b = Batcher(streams=1, max_batch=8, timeout_s=0.0, depth=4)
+    for n in range(8):  # a backlog: 1 ms apart
+        b.put(_timed(0, n, 100.0 + n * 0.001, n / 30))
+    assert b.dropped == b.dropped_catching_up == [4]
+    for n in range(8, 40):  # then at its rate from 100.1 s, nothing taken: the tail, then an overload
+        b.put(_timed(0, n, 100.1 + (n - 8) / 30, n / 30))
+    assert b.dropped == [36]
+    assert b.dropped_catching_up == [4 + 28]  # frames 8-35 (within 1 s of the last backlog drop), not 36-39
+
+
 def test_round_robin_across_streams():
     b = Batcher(streams=3, max_batch=4, timeout_s=0.0, depth=10)
     for s in range(3):

@@ -465,6 +465,27 @@ def test_a_network_stream_that_goes_silent_is_reconnected(tiny_bundle, tmp_path,
     serve_through_a_stall(Pipeline(config), camera, caplog)
 
 
+@needs_ffmpeg
+def test_a_cameras_backlog_coming_at_once_is_dropped_as_catching_up_not_as_an_overload(det_bundle, tmp_path,
+                                                                                       caplog):
+    """A camera whose frames come far faster than real time (what a camera sent while it was being opened comes
+    at once; here its whole stream is sent at once) into a 2-deep queue: the oldest go, every such drop is
+    counted as catching up, and the pipeline does not say it is overloaded; it says why it dropped them."""
+    import logging
+
+    ts = as_mpegts(encode(tmp_path / "cam.mp4", "320x240", 300), tmp_path / "cam.ts")
+    camera = StreamServer(ts.read_bytes(), once=True)
+    config = _config(det_bundle, [SourceConfig(camera.url)], queue_depth=2, frames=200, backend="onnxruntime-cpu")
+    try:
+        with caplog.at_level(logging.INFO):
+            summary = Pipeline(config).run()
+    finally:
+        camera.unplug()
+    assert summary["dropped"][0] > 0 and summary["dropped_catching_up"] == summary["dropped"]
+    assert not summary["overloaded"] and "overloaded:" not in caplog.text
+    assert "dropped while live streams caught up" in caplog.text
+
+
 def serve_through_a_stall(pipeline, server, caplog, join_timeout: float = 10.0) -> None:
     """Serve stream 0 until a stall is counted and frames flow again after it (the next connection sends the
     whole stream), stop, and check the stall was counted, said and reconnected."""

@@ -108,12 +108,13 @@ def test_metrics_exposition_is_prometheus_text_with_histograms_and_process_metri
     metrics.count("captured", 1, 5)
     for total_ms in (8.0, 40.0, 300.0):
         metrics.record_result(1, {"queue": 1.0, "gpu": 2.0, "post": 3.0, "total": total_ms})
-    samples = [x for f in text_string_to_metric_families(metrics.prometheus([0, 2], [1, 0], [0, 3]))
+    samples = [x for f in text_string_to_metric_families(metrics.prometheus(([0, 2], [0, 1]), [1, 0], [0, 3]))
                for x in f.samples]
     value = lambda name, **labels: next(x.value for x in samples  # noqa: E731
                                         if x.name == name and x.labels == labels)
     assert value("jetpipe_frames_captured_total", stream="1") == 5
     assert value("jetpipe_frames_dropped_total", stream="1") == 2
+    assert value("jetpipe_frames_dropped_catching_up_total", stream="1") == 1
     assert value("jetpipe_decode_errors_total", stream="1") == 3
     assert value("jetpipe_latency_seconds_count", stage="total") == 3
     assert value("jetpipe_latency_seconds_bucket", stage="total", le="0.05") == 2  # 8 and 40 ms

@@ -645,8 +645,8 @@ def test_a_dead_workers_frames_and_events_are_counted_as_its_records_tell():
 
     dead = totals.Outcome(1, None, [1], "was killed by signal 9", {1: 15}, 0, [], Resume(),
                           Resume({1: 20}, {1: 7}, {"door": {"in": 2}}))
-    assert dead.died_with(1) == {"captured": 20, "processed": 15, "dropped": 5, "failed": 0, "reconnects": 0,
-                                 "stalls": 0, "decode_errors": 0}
+    assert dead.died_with(1) == {"captured": 20, "processed": 15, "dropped": 5, "dropped_catching_up": 0, "failed": 0,
+                                 "reconnects": 0, "stalls": 0, "decode_errors": 0}
     newer = totals.Outcome(1, {"events": {"counts": {"door": {"in": 3}}, "occupancy": {}, "cpu_s": 0.5}}, [1], "ran",
                            {1: 9}, 1, [], Resume({1: 20}), Resume())
     other = totals.Outcome(0, {"events": {"counts": {"door": {"out": 1}}, "occupancy": {}, "cpu_s": 0.25}}, [0],

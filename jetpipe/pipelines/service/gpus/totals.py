@@ -84,7 +84,7 @@ def merge(workers: list[Outcome], face_s: float, latency, sink_uris: list[str], 
                "backend": done[0].summary["backend"] if done else None,
                **per_stream,
                "throughput_fps": round(processed / max(seconds, 1e-9), 2),
-               "overloaded": dropped > 0,
+               "overloaded": dropped - sum(per_stream["dropped_catching_up"]) > 0,
                "dropped_share": round(dropped / max(1, sum(per_stream["captured"])), 4),
                "latency_ms": {"total": {str(q): round(latency.quantile(q), 2)
                                         for q in (0.5, 0.9, 0.99) if latency.count}},
