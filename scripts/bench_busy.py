@@ -39,7 +39,8 @@ as before: serve connects them together, so they come in step) and/or 'random' (
 a seeded random place in the frame interval: out of step, as free-running cameras are).
 --remux-shim: where this machine's ffmpeg cannot read a socket (the GPU machines' static one),
 scripts/socket_remux.py stands in for the remux ffmpeg (the same bytes to the serving process; its own CPU is not
-the serving process's).
+the serving process's). --json also names the host (its CPU model and cores, its GPUs): CPU-bound figures move with
+it.
 """
 
 from __future__ import annotations
@@ -382,7 +383,20 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps({"streams": args.streams, "seconds": args.seconds, "words": args.words,
-                                         "rows": rows}, indent=1) + "\n")
+                                         "host": host(), "rows": rows}, indent=1) + "\n")
+
+
+def host() -> dict:
+    """The machine's CPU (model, cores) and GPUs: the same tree's CPU-bound figures moved ~1.8x between two H100
+    hosts in one day (session 59: 32 dense streams at 954 against 474-517 frames/s), so a figure names its host."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
+    try:
+        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        gpus = []
+    return {"cpu": model, "cores": os.cpu_count(), "gpus": gpus}
 
 
 if __name__ == "__main__":
