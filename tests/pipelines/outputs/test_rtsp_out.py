@@ -105,6 +105,12 @@ class Client:
         self.process.send_signal(signal.SIGSTOP)
 
 
+def _played_from(numbers: list[int]) -> int:
+    """Where a client's frames run on without a gap to the end: the index after its last gap."""
+    gaps = [k + 1 for k in range(len(numbers) - 1) if numbers[k + 1] != numbers[k] + 1]
+    return gaps[-1] if gaps else 0
+
+
 def test_every_frame_reaches_each_client_and_a_killed_client_costs_nothing(tiny_bundle, numbered_video,  # noqa: F811
                                                                             tmp_path):
     port = free_port()
@@ -135,11 +141,12 @@ def test_every_frame_reaches_each_client_and_a_killed_client_costs_nothing(tiny_
         client.thread.join(timeout=30)
         got = client.numbers
         assert len(got) >= FRAMES // 2, got  # connected while most of the file was still to come
-        # every frame, in order, from the one after the first: the first frame a client gets is the one the server
+        # every frame, in order, once the client plays: the first frame a client gets is the one the server
         # encoded to describe the stream, then the frames pushed until the client plays it wait in the server's
         # queue (QUEUE_FRAMES), its oldest shed when more come. On CI's loaded cores the clients' handshakes took
-        # longer than 15 frames' time ([0, 4, 5, ...]; a queue of 1 frame makes that pattern here)
-        assert got[1:] == list(range(got[1], got[1] + len(got) - 1)), got
+        # longer than 15 frames' time ([0, 4, 5, ...]; a queue of 1 frame makes that pattern here), and a frame more
+        # came before the shed ones ([0, 1, 4, 5, ...]: 1 run in 10, the tree before session 59 alike)
+        assert _played_from(got) <= 2, got  # no gap past the first two frames a client got
         assert got[-1] == FRAMES - 1
     result = json.loads(summary.read_text())["summary"]
     assert result["processed"] == [FRAMES] and len(records.read_text().splitlines()) == FRAMES
