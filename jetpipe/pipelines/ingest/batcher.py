@@ -153,7 +153,7 @@ class Batcher:
             while wait and len(queue) >= self.depth and not self.closed:
                 self._room[packet.stream].wait(timeout=0.1)
             if len(queue) >= self.depth:
-                self._drop(packet.stream, catching_up(queue[0], packet), packet.t_monotonic)
+                self._drop_for_room(packet.stream, packet, packet.t_monotonic)
             queue.append(packet)
             self._queued += 1
             self._ready.notify()
@@ -179,19 +179,24 @@ class Batcher:
             queue = self.queues[stream]
             if not queue:
                 return False
-            self._drop(stream, catching_up(queue[0], queue[-1]), time.monotonic())
+            self._drop_for_room(stream, queue[-1], time.monotonic())
             return True
 
-    def _drop(self, stream: int, backlog: bool = False, at: float = -math.inf) -> None:
-        """The stream's oldest queued frame freed and counted; `backlog`: dropped because the stream's frames came
-        at once (catching_up), at monotonic time `at`. Its drops within BACKLOG_TAIL_S after such a drop count as
-        the backlog's too: its last frames come nearer real time, yet still after the rest of it (32 cameras
-        opened together on an H100: 1 of 549 start drops was otherwise an overload's). Only a backlog's own drops
-        extend that: an overload's drops go on, and are said as one after it."""
+    def _drop(self, stream: int) -> None:
         old = self.queues[stream].popleft()
         self._queued -= 1
         old.release()
         self.dropped[stream] += 1
+
+    def _drop_for_room(self, stream: int, newest: QueuedFrame, at: float) -> None:
+        """The oldest frame of a full queue dropped for `newest` (coming, or the queue's last) at monotonic time
+        `at`, counted as catching up where the queue's frames came at once (catching_up), or within
+        BACKLOG_TAIL_S after such a drop: a backlog's last frames come nearer real time, yet still after the rest
+        of it (32 cameras opened together on an H100: 1 of 549 start drops was otherwise an overload's). Only a
+        backlog's own drops extend that: an overload's drops go on, and are said as one after it. Frames shed
+        for the budget, or at a stop, are not classed (_drop)."""
+        backlog = catching_up(self.queues[stream][0], newest)
+        self._drop(stream)
         if backlog:
             self._backlog_at[stream] = at
         if backlog or at - self._backlog_at[stream] < BACKLOG_TAIL_S:

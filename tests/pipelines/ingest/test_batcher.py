@@ -58,6 +58,19 @@ def test_a_backlogs_tail_coming_nearer_real_time_is_still_the_backlogs_and_an_ov
     assert b.dropped_catching_up == [4 + 28]  # frames 8-35 (within 1 s of the last backlog drop), not 36-39
 
 
+def test_frames_shed_for_the_budget_or_at_a_stop_are_not_a_backlogs_even_after_one():
+    """Only a full queue's drops are classed: after a stream's backlog, the frames shed because they are past the
+    latency budget, and those dropped at a stop (abort), count as dropped, not as catching up."""
+    b = Batcher(streams=1, max_batch=8, timeout_s=0.0, depth=4, budget_s=0.5)
+    for n in range(8):  # a backlog, long past: its last 4 queued frames are beyond the budget now
+        b.put(_timed(0, n, 100.0 + n * 0.001, n / 30))
+    assert b.dropped == b.dropped_catching_up == [4]
+    assert b.next_batch(poll_s=0.0) == []  # the 4 queued are shed
+    assert b.dropped == [8] and b.dropped_catching_up == [4]
+    b.put(_timed(0, 8, 100.1, 8 / 30))
+    assert b.abort() == 1 and b.dropped == [9] and b.dropped_catching_up == [4]
+
+
 def test_round_robin_across_streams():
     b = Batcher(streams=3, max_batch=4, timeout_s=0.0, depth=10)
     for s in range(3):
