@@ -116,6 +116,7 @@ class RunSummary:
                 f"dropped {total['dropped']}, failed {total['failed']}, latency {lat}")
 
     def summary(self, seconds: float, cpu_s: dict[str, float], interrupted: dict | None) -> dict:
+        self.say_overload()  # drops after the serving loop's last look (every 50 ms) are said too, not lost
         m, counts, stages = self.metrics, self.stream_counts(), self.stages.stats()
         per_stream = {name: [c[name] for c in counts] for name in PER_STREAM}
         processed, dropped = sum(per_stream["processed"]), sum(per_stream["dropped"])
