@@ -283,6 +283,10 @@ def _add_serve(sub) -> None:
                         "not the GPU, is the limit (many busy cameras: the log's overload line says so); without "
                         "--gpus, on GPU 0 (default auto: 2 where CUDA MPS runs and 24 or more live streams share a "
                         "GPU, else 1, said in the log; without MPS, workers take turns on the GPU)")
+    p.add_argument("--model-instances", type=int, metavar="N",
+                   help="copies of the model on the GPU, each running its own batches at once on a stream of its "
+                        "own (ONNX Runtime's CUDA provider; each copy holds its own sessions' memory): a small "
+                        "model near the GPU's rate runs more frames a second (default 1)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",
@@ -398,7 +402,7 @@ def _serve_config(args):
         raise JetpipeError("--direction turns the crops of a --secondary: add --secondary BUNDLE")
     for key in ("max_batch", "frames", "duration", "backend", "memory", "task", "postprocess", "tracker",
                 "reid", "reid_in_events", "latency_budget_ms", "capture_threads", "decode_processes", "decode_threads",
-                "gpus", "workers_per_gpu"):
+                "gpus", "workers_per_gpu", "model_instances"):
         value = getattr(args, key)
         if value is not None:
             setattr(config, key, value)

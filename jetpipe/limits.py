@@ -8,3 +8,4 @@ MAX_DECODE_PROCESSES = 32  # processes NVDEC files are decoded in (serve's decod
 MAX_DECODE_THREADS = 32    # decoding threads in each of them (serve's decode_threads)
 MAX_GPUS = 64  # GPU numbers: serve --gpus, export triton --gpus
 MAX_WORKERS_PER_GPU = 16  # serving processes on one GPU (serve --workers-per-gpu)
+MAX_MODEL_INSTANCES = 4  # copies of the model one GPU runtime runs batches on at once (serve --model-instances)

@@ -82,6 +82,7 @@ class Ticket:
     frame_addresses: list[int] | None = None  # GPU runtime: where the kernel read each row's frame
     width: int | None = None          # the input width the batch ran at (one of the runtime's widths)
     run_number: int | None = None     # GPU runtime: the batch's number among those that ran on the GPU
+    instance: int = 0                 # GPU runtime: the model instance (its sessions and stream) it ran on
 
 
 @dataclass

@@ -9,7 +9,7 @@ import numpy as np
 from jetpipe.errors import JetpipeError
 from jetpipe.runtime.api import Ticket
 from jetpipe.runtime.base import at_width
-from jetpipe.runtime.gpu_sets import BufferSet, GpuStreams
+from jetpipe.runtime.gpu_sets import BufferSet, ModelInstance
 
 STAGES = {"h2d": ("h2d_start", "h2d_end"), "preprocess": ("pre_start", "pre_end"),
           "infer": ("pre_end", "infer_end"), "postprocess": ("infer_end", "post_end"),
@@ -20,19 +20,22 @@ def busy_added_ms(engine_ms: float, previous_end_after_start_ms: float) -> float
     """The part of a batch's span [start, start + engine_ms] not covered by the batches before it, the last
     of which ended at start + previous_end_after_start_ms. Spans start in order (the compute stream) and end in
     order (the stream they finish on), so summed over the batches this is the union of their spans; the sum of
-    the spans counts each overlap twice."""
+    the spans counts each overlap twice. With model instances running two batches at once, only the batch
+    before is subtracted: the union of each batch with its predecessor, which is the whole union while no batch
+    overlaps one two places back (two instances alternating)."""
     return engine_ms - min(engine_ms, max(0.0, previous_end_after_start_ms))
 
 
 class BatchLauncher:
-    """Queues a placed batch's kernels, inference and copies on the runtime's streams, and reads a finished
-    batch's outputs. lane: the high-priority stream the inference runs after the compute stream's kernel on
-    (None: on the compute stream). input_chw: the engine input's channels and height (a remote backend's
-    input is copied to the host at the batch's width)."""
+    """Queues a placed batch's kernels, inference and copies on the streams of the model instance it runs on
+    (ticket.instance), and reads a finished batch's outputs. lane: the high-priority stream the inference runs
+    after the compute stream's kernel on (None: on the compute stream; one instance only). input_chw: the
+    engine input's channels and height (a remote backend's input is copied to the host at the batch's width)."""
 
-    def __init__(self, device, backend, reducer, streams: GpuStreams, lane, input_chw: tuple[int, int],
+    def __init__(self, device, instances: list[ModelInstance], reducer, lane, input_chw: tuple[int, int],
                  buffer_sets: int, remote: bool):
-        self.device, self.backend, self.reducer, self.streams, self.lane = device, backend, reducer, streams, lane
+        self.device, self.instances, self.reducer, self.lane = device, instances, reducer, lane
+        self.backend = instances[0].backend  # the outputs' specs and shapes: the same in every instance
         self.input_chw, self.remote = input_chw, remote
         self.output_bytes_downloaded = 0  # bytes of outputs (or compact reductions) copied device -> host
         # each batch's end again, in a ring one longer than the sets: batch N reads batch N-1's end,
@@ -42,7 +45,7 @@ class BatchLauncher:
 
     def launch(self, buffers: BufferSet, ticket: Ticket) -> None:
         """Everything after the upload, then the events collect() waits on and times the batch by."""
-        finish = self.streams.finish()
+        finish = self.instances[ticket.instance].streams.finish()
         if ticket.batch:
             self._enqueue(buffers, ticket)
             buffers.span[1].record(finish)
@@ -52,23 +55,24 @@ class BatchLauncher:
         buffers.done.record(finish)
 
     def _enqueue(self, buffers: BufferSet, ticket: Ticket) -> None:
-        stream, batch = self.streams.compute, ticket.batch
+        instance = self.instances[ticket.instance]
+        stream, batch, backend = instance.streams.compute, ticket.batch, instance.backend
         buffers.span[0].record(stream)  # once the stream is free and the frames are on the device
         buffers.mark("pre_start", stream)
         buffers.preprocessor.launch(batch, int(buffers.input), stream)
         buffers.mark("pre_end", stream)
         if self.remote:
-            self._send(buffers, ticket)
+            self._send(buffers, ticket, stream)
             return
         if self.lane is not None:
-            self.lane.run_after(stream, lambda lane: self.backend.run(ticket.set_index, batch, lane, ticket.width))
+            self.lane.run_after(stream, lambda lane: backend.run(ticket.set_index, batch, lane, ticket.width))
         else:
-            self.backend.run(ticket.set_index, batch, stream, ticket.width)
+            backend.run(ticket.set_index, batch, stream, ticket.width)
         buffers.mark("infer_end", stream)
-        shapes = self.backend.output_shapes[ticket.width]
+        shapes = backend.output_shapes[ticket.width]
         if self.reducer is not None:  # its kernels and copies on the post stream, once the outputs are written
             buffers.inferred.record(stream)
-            stream = self.streams.finish()
+            stream = instance.streams.finish()
             stream.wait_for_event(buffers.inferred)
             self._reduce(buffers, ticket, stream, shapes[0])
         buffers.mark("post_end", stream)
@@ -91,10 +95,9 @@ class BatchLauncher:
     def _download_reduced(self, ticket: Ticket, stream, sample_shape) -> None:
         self.output_bytes_downloaded += self.reducer.download(ticket.set_index, ticket.batch, stream, sample_shape)
 
-    def _send(self, buffers: BufferSet, ticket: Ticket) -> None:
+    def _send(self, buffers: BufferSet, ticket: Ticket, stream) -> None:
         """The preprocessed batch to host memory, then to the Triton server (the request is asynchronous:
         answer() waits for it). The stage marks after preprocessing say nothing of the server."""
-        stream = self.streams.compute
         if buffers.host_input is not None:  # not with CUDA shared memory: the server reads the device buffer
             host = at_width(buffers.host_input, ticket.batch, (*self.input_chw, ticket.width))
             self.device.cuda.memcpy_dtoh_async(host, buffers.input, stream)
@@ -116,7 +119,7 @@ class BatchLauncher:
         self.backend.finish(ticket.set_index)
         shapes = self.backend.output_shapes[ticket.width]
         on_device = buffers.host_input is None  # CUDA shared memory: the outputs are in the device buffers
-        stream = self.streams.answer
+        stream = self.instances[0].streams.answer  # a server's model: one instance here (the server has its own)
         if self.reducer is None:
             outputs = {spec.name: at_width(buffers.host_outputs[spec.name], ticket.batch, shape)
                        for spec, shape in zip(self.backend.outputs, shapes)}

@@ -21,13 +21,13 @@ import numpy as np
 
 from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
-from jetpipe.limits import MAX_SIDE
+from jetpipe.limits import MAX_MODEL_INSTANCES, MAX_SIDE
 from jetpipe.runtime.api import BatchResult, Frame, Reduction, Ticket, check_priority, validate
 from jetpipe.runtime.backends import OrtCudaBackend
 from jetpipe.runtime.base import RuntimeBase
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
 from jetpipe.runtime.gpu_launch import BatchLauncher
-from jetpipe.runtime.gpu_sets import FrameUpload, GpuStreams, allocate_set
+from jetpipe.runtime.gpu_sets import FrameUpload, GpuStreams, ModelInstance, allocate_set
 from jetpipe.runtime.kernels import SOURCE, compile_module
 from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, make_reducer
 from jetpipe.runtime.probe import probe_gpu
@@ -74,7 +74,9 @@ class GpuOptions:
     highest priority (cuda.PriorityLane), ahead of other models' kernels: a secondary stage, whose batches hold
     up records the primary has finished; where the backend can run on no stream but its own (ONNX Runtime
     without graphs), it stays on the compute stream (logged). profile: CUDA events around every stage of every
-    batch (stage_times)."""
+    batch (stage_times). instances: copies of the model that run batches at once, each with sessions and a
+    stream of its own (ONNX Runtime's CUDA provider only; one elsewhere, logged): a small model leaves the GPU
+    room for a second batch beside the first (docs/lab/benchmarks.md, two batches at once)."""
 
     memory: str = "auto"
     max_frame_hw: tuple[int, int] = (1080, 1920)
@@ -84,9 +86,12 @@ class GpuOptions:
     buffer_sets: int = 2
     reduction: Reduction | None = None
     priority: str = "normal"
+    instances: int = 1
 
     def __post_init__(self):
         check_priority(self.priority)
+        if not (type(self.instances) is int and 1 <= self.instances <= MAX_MODEL_INSTANCES):
+            raise JetpipeError(f"model instances {self.instances!r}: an integer 1..{MAX_MODEL_INSTANCES}")
         height, width = self.max_frame_hw
         if not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
             raise JetpipeError(f"max_frame_hw {height}x{width}: each side 1..{MAX_SIDE} pixels")
@@ -110,9 +115,11 @@ class GpuRuntime(RuntimeBase):
             with self.device.active():
                 self._open(backend)
         except BaseException:
-            if getattr(self, "backend", None) is not None:
-                with self.device.active():
-                    self.backend.close()
+            opened = getattr(self, "instances", None) or (
+                [ModelInstance(self.backend, None)] if getattr(self, "backend", None) is not None else [])
+            with self.device.active():
+                for instance in opened:
+                    instance.backend.close()
             self.device.close()
             raise
         log.info("GPU runtime on %s (sm %s, %s): backend %s, frames %s", self.device.name,
@@ -127,7 +134,9 @@ class GpuRuntime(RuntimeBase):
         # preprocessed on the compute stream
         self.streams = GpuStreams(d.stream(), d.stream(), d.stream(), d.stream() if self.remote else None)
         self.module = compile_module()
-        self.backend = self._make_backend(backend)
+        self.backend = self._make_backend(backend, self.streams.compute)
+        self.instances = [ModelInstance(self.backend, self.streams)]
+        self._last_instance = 0
         self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
         self.reducer = self._make_reducer(self.options.reduction)
         # a reduction runs on a stream of its own after its batch's inference, so that its kernels (an instance
@@ -136,12 +145,34 @@ class GpuRuntime(RuntimeBase):
         # 17-31 % on one H100, docs/lab/benchmarks.md)
         if self.reducer is not None and not self.remote:
             self.streams.post = d.stream(non_blocking=True)
+        self._add_instances(backend)
         self.sets = [allocate_set(self, i) for i in range(self.buffer_sets)]
         self.backend_name = self.backend.name  # a remote backend settles its transport as sets are shared
-        self.upload = FrameUpload(d, self.memory, self.streams)
+        self.upload = FrameUpload(d, self.memory)
         self._warm_up()
-        self.launcher = BatchLauncher(d, self.backend, self.reducer, self.streams, self._priority_lane(),
+        self.launcher = BatchLauncher(d, self.instances, self.reducer, self._priority_lane(),
                                       (self.spec.channels, self.size_hw[0]), self.buffer_sets, self.remote)
+
+    def _add_instances(self, backend: str) -> None:
+        """The model instances past the first (options.instances), each with its own sessions and streams."""
+        wanted = self.options.instances
+        if wanted == 1:
+            return
+        why = ("a Triton server's model (the server's instance groups decide)" if self.remote
+               else "priority high (its lane is one stream)" if self.options.priority != "normal"
+               else None if backend == OrtCudaBackend.name
+               else f"{backend} (instances are built for ONNX Runtime's CUDA provider only)")
+        if why is not None:
+            log.info("%s: one model instance, not %d: %s", self.bundle_dir, wanted, why)
+            return
+        for _ in range(wanted - 1):
+            # the post stream is shared: a reduction's scratch (the text detector's labels, YOLO's candidates) is
+            # one a runtime, so reductions run one after another, in batch order (two at once on one scratch
+            # hung the GPU: a union-find walking labels the other batch was writing)
+            streams = GpuStreams(self.device.stream(), self.streams.copy, self.streams.sink, post=self.streams.post)
+            self.instances.append(ModelInstance(self._make_backend(backend, streams.compute), streams))
+        log.info("%s: %d model instances, each running its own batches on a stream of its own", self.bundle_dir,
+                 wanted)
 
     @property
     def lane(self):
@@ -186,7 +217,7 @@ class GpuRuntime(RuntimeBase):
             log.warning("postprocessing on the CPU: %s", exc)
             return None
 
-    def _make_backend(self, backend: str):
+    def _make_backend(self, backend: str, stream):
         sample, graphs = (self.spec.channels, *self.size_hw), self.options.cuda_graph
         if self.remote:
             return TritonBackend(backend, sample, self.max_batch, self.widths, self.buffer_sets, device=self.device)
@@ -195,19 +226,21 @@ class GpuRuntime(RuntimeBase):
                                        self.device.compute_capability, str(self.bundle_dir), backend)
             plan = (Path(self.bundle_dir) / self.manifest["engine"]["file"]).read_bytes()
             return TensorRTBackend(plan, self.max_batch, use_cuda_graphs=graphs, family=backend, widths=self.widths)
-        return OrtCudaBackend(self.model_path, sample, self.max_batch, self.streams.compute,
-                              device_id=self.device.ordinal, cuda_graph=graphs, widths=self.widths)
+        return OrtCudaBackend(self.model_path, sample, self.max_batch, stream, device_id=self.device.ordinal,
+                              cuda_graph=graphs, widths=self.widths)
 
     def _warm_up(self) -> None:
         """Run every batch size on every buffer set once: the backend's per-shape work (cuDNN
         algorithm search, memory for the shape, TensorRT/ORT CUDA-graph capture) happens now,
         not in the frame loop."""
-        for buffers_index in range(self.buffer_sets):
-            for width in self.widths:
-                for batch in self.backend.warm_batches():
-                    self.backend.run(buffers_index, batch, self.streams.compute, width)
-        self.streams.compute.synchronize()
-        self.backend.capture_graphs(self.streams.compute)
+        for instance in self.instances:
+            stream = instance.streams.compute
+            for buffers_index in range(self.buffer_sets):
+                for width in self.widths:
+                    for batch in instance.backend.warm_batches():
+                        instance.backend.run(buffers_index, batch, stream, width)
+            stream.synchronize()
+            instance.backend.capture_graphs(stream)
 
     def engine_times(self, sizes) -> dict[int, float]:
         """Seconds a batch of each size takes the model at the bundle's width, timed now over a few runs after
@@ -215,7 +248,7 @@ class GpuRuntime(RuntimeBase):
         the server's, measured as batches come)."""
         if self.remote:
             return {}
-        times, stream = {}, self.streams.compute
+        times, stream = {}, self.streams.compute  # the first instance's
         with self.device.active():
             for size in sorted({min(max(1, int(s)), self.max_batch) for s in sizes}):
                 stream.synchronize()
@@ -242,13 +275,31 @@ class GpuRuntime(RuntimeBase):
         buffers = self.sets[set_index]
         self.rejected_frames += len(rejected)
         with self.device.active():
-            buffers.mark("h2d_start", self.upload.stream)
-            boxes, addresses = self.upload.upload(buffers, usable, (self.size_hw[0], width))
-            buffers.mark("h2d_end", self.upload.stream)
+            instance = self._pick_instance(set_index)
+            streams = self.instances[instance].streams
+            buffers.mark("h2d_start", self.upload.stream(streams))
+            boxes, addresses = self.upload.upload(buffers, usable, (self.size_hw[0], width), streams)
+            buffers.mark("h2d_end", self.upload.stream(streams))
             ticket = Ticket(set_index, len(usable), boxes, [u[0] for u in usable], rejected,
-                            frame_addresses=addresses, width=width)
+                            frame_addresses=addresses, width=width, instance=instance)
             self.launcher.launch(buffers, ticket)
         return ticket
+
+    def _pick_instance(self, set_index: int) -> int:
+        """The model instance with the fewest unfinished batches (the next one in turn among those tied), so
+        that a batch starts on an idle instance where there is one."""
+        count = len(self.instances)
+        if count == 1:
+            return 0
+        running = [0] * count
+        with self._sets_lock:
+            submitted = [self._tickets[i] for i, state in enumerate(self._states)
+                         if state == "in_flight" and i != set_index and self._tickets[i] is not None]
+        for ticket in submitted:
+            running[ticket.instance] += not self.sets[ticket.set_index].done.query()
+        turn = [(self._last_instance + step) % count for step in range(1, count + 1)]
+        self._last_instance = min(turn, key=lambda k: running[k])
+        return self._last_instance
 
     def stage_times(self, ticket: Ticket) -> dict[str, float]:
         """GPU milliseconds per stage of a collected batch (open the runtime with profile=True)."""
@@ -318,7 +369,7 @@ class GpuRuntime(RuntimeBase):
         out = np.empty((len(usable), self.spec.channels, self.size_hw[0], width), self.backend.input.dtype)
         try:
             with self.device.active():
-                self.upload.upload(buffers, usable, (self.size_hw[0], width))
+                self.upload.upload(buffers, usable, (self.size_hw[0], width), self.streams)
                 buffers.preprocessor.launch(len(usable), int(buffers.input), stream)
                 stream.synchronize()
                 self.device.cuda.memcpy_dtoh(out, buffers.input)
@@ -330,9 +381,10 @@ class GpuRuntime(RuntimeBase):
         if getattr(self, "device", None) is None:
             return
         with self.device.active():
-            self.streams.compute.synchronize()
-            if self.streams.post is not None:
-                self.streams.post.synchronize()  # a reduction may still read the outputs
-            self.backend.close()
+            for instance in self.instances:
+                instance.streams.compute.synchronize()
+                if instance.streams.post is not None:
+                    instance.streams.post.synchronize()  # a reduction may still read the outputs
+                instance.backend.close()
         self.device.close()
         self.device = None

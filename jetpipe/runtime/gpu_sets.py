@@ -59,6 +59,17 @@ class GpuStreams:
         return self.post if self.post is not None else self.compute
 
 
+@dataclass
+class ModelInstance:
+    """A copy of the model that runs batches on a stream of its own: its backend (sessions of its own: a CUDA
+    graph replays its session's intermediate buffers, so one session's runs cannot overlap) and its streams
+    (compute its own; copy, sink, answer and post shared: a reduction's scratch is the runtime's). Two instances
+    run two batches at once."""
+
+    backend: object
+    streams: GpuStreams
+
+
 def allocate_set(runtime, index: int) -> BufferSet:
     """Buffer set `index` of a GPU runtime being opened: its device, memory strategy, backend (whose buffers
     are bound to the set here) and reducer decide what is allocated."""
@@ -81,8 +92,9 @@ def allocate_set(runtime, index: int) -> BufferSet:
     if on_device:  # outputs come to the host only where the task is finished on the CPU
         host_outputs = {} if runtime.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
                                                    for s in backend.outputs}
-        if not runtime.remote:
-            backend.bind(index, int(input_buffer), addresses_out)
+        if not runtime.remote:  # every instance may run any set's batch
+            for instance in runtime.instances:
+                instance.backend.bind(index, int(input_buffer), addresses_out)
     else:
         host_input, host_outputs = _remote_buffers(d, backend, b, index)
     pre = GpuPreprocessor(d, runtime.module, b, runtime.size_hw, runtime.spec, out_dtype=np.dtype(backend.input.dtype))
@@ -111,38 +123,39 @@ def _remote_buffers(device, backend, batch: int, index: int) -> tuple[np.ndarray
 class FrameUpload:
     """Puts a batch's frames where the kernel reads them and points the kernel at each: in place (a mapped
     host slot, a device ring slot a hardware decoder wrote), or copied to the set's device frames (staged: on
-    the copy stream, which the compute stream then waits for; device: on the compute stream)."""
+    the copy stream, which the compute stream then waits for; device: on the compute stream). The streams are
+    those of the model instance the batch runs on."""
 
-    def __init__(self, device, memory: str, streams: GpuStreams):
-        self.device, self.memory, self.streams = device, memory, streams
+    def __init__(self, device, memory: str):
+        self.device, self.memory = device, memory
         self.host_frame_copies = 0      # frames copied on the host into pinned staging (not ring slots)
         self.frame_bytes_uploaded = 0   # frame bytes copied host -> device (0 for NVDEC and mapped frames)
 
-    @property
-    def stream(self):
+    def stream(self, streams: GpuStreams):
         """The stream the frames go to the device on."""
-        return self.streams.copy if self.memory == "staged" else self.streams.compute
+        return streams.copy if self.memory == "staged" else streams.compute
 
-    def upload(self, buffers: BufferSet, usable, size_hw: tuple[int, int]) -> tuple[list, list[int]]:
-        """Place every frame (validate()'s usable rows) for a kernel writing size_hw; returns the letterboxes
-        and where each frame was read."""
+    def upload(self, buffers: BufferSet, usable, size_hw: tuple[int, int],
+               streams: GpuStreams) -> tuple[list, list[int]]:
+        """Place every frame (validate()'s usable rows) for a kernel writing size_hw on streams.compute; returns
+        the letterboxes and where each frame was read."""
         boxes, addresses = [], []
         buffers.preprocessor.size_hw = size_hw
         for row, (_, frame, height, width, matrix) in enumerate(usable):
-            addresses.append(self._place(buffers, row, frame))
+            addresses.append(self._place(buffers, row, frame, streams))
             boxes.append(buffers.preprocessor.set_frame(row, frame.format, height, width, addresses[-1], matrix,
                                                         crop=frame.crop, quad=frame.quad))
         if self.memory == "staged" and usable:
-            buffers.copied.record(self.streams.copy)
-            self.streams.compute.wait_for_event(buffers.copied)
+            buffers.copied.record(streams.copy)
+            streams.compute.wait_for_event(buffers.copied)
         return boxes, addresses
 
-    def _place(self, buffers: BufferSet, row: int, frame) -> int:
+    def _place(self, buffers: BufferSet, row: int, frame, streams: GpuStreams) -> int:
         """Ring frames (pinned) are uploaded straight from their slot; other arrays are first copied into this
         buffer set's pinned staging."""
         if frame.device or (self.memory == "mapped" and frame.address is not None):
             if frame.ready is not None:  # its copy into the slot, queued on its source's stream
-                self.streams.compute.wait_for_event(frame.ready)
+                streams.compute.wait_for_event(frame.ready)
             return frame.address  # device ring slot (hardware decoder) or mapped host slot: read in place
         if frame.pinned and self.memory != "mapped":
             source = frame.data.reshape(-1)
@@ -150,11 +163,11 @@ class FrameUpload:
             source = buffers.host_frames[row, :frame.data.nbytes]
             np.copyto(source, frame.data.reshape(-1))
             self.host_frame_copies += 1
-        self._stage(buffers, row, source)
+        self._stage(buffers, row, source, streams)
         return buffers.frame_addresses[row]
 
-    def _stage(self, buffers: BufferSet, row: int, slot: np.ndarray) -> None:
+    def _stage(self, buffers: BufferSet, row: int, slot: np.ndarray, streams: GpuStreams) -> None:
         if self.memory == "mapped":
             return  # the kernel reads the pinned host slot itself
         self.frame_bytes_uploaded += slot.nbytes
-        self.device.cuda.memcpy_htod_async(buffers.frame_addresses[row], slot, self.stream)
+        self.device.cuda.memcpy_htod_async(buffers.frame_addresses[row], slot, self.stream(streams))

@@ -41,7 +41,7 @@ def open_runtime(bundle_dir, max_batch: int | None = None, backend: str = "auto"
     """The best runtime this machine offers for the bundle (or the one asked for); logs the choice.
     cpu_threads: the CPU runtime's intra-op threads (0: a thread a core); the GPU runtime ignores it."""
     check_backend(backend)
-    cpu_options = {k: v for k, v in gpu_options.items() if k == "buffer_sets"}
+    cpu_options = {k: v for k, v in gpu_options.items() if k == "buffer_sets"}  # one model instance there
     cpu_options["threads"] = gpu_options.pop("cpu_threads", 0)
     reduction = gpu_options.get("reduction")
     if reduction is not None and reduction.required and backend == "onnxruntime-cpu":

@@ -149,7 +149,8 @@ def test_a_config_file_completed_by_the_flags_is_checked_once_they_are_in(tmp_pa
 @pytest.mark.parametrize("key, value", [
     ("batch_timeout_ms", float("inf")), ("batch_timeout_ms", 1e308), ("frames", 10**30), ("duration", float("inf")),
     ("reconnect_max_s", 0), ("reconnect_max_s", float("nan")), ("log_every_s", -1), ("stop_timeout_s", 1e9),
-    ("queue_depth", 10**30), ("latency_budget_ms", float("nan")),
+    ("queue_depth", 10**30), ("latency_budget_ms", float("nan")), ("model_instances", 0), ("model_instances", 5),
+    ("model_instances", True),
 ])
 def test_pipeline_values_beyond_any_meaning_are_refused(key, value):
     from pathlib import Path

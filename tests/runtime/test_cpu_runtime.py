@@ -191,3 +191,14 @@ def test_the_models_rate_at_its_largest_batch_is_measured_once(tiny_bundle, monk
         monkeypatch.setattr(rt, "engine_times", lambda sizes: calls.append(sizes) or measure(sizes))
         first = rt.max_batch_fps()
         assert first > 0 and rt.max_batch_fps() == first and calls == [(rt.max_batch,)]
+
+
+@pytest.mark.parametrize("instances", [0, 5, 1.5, True])
+def test_gpu_options_hold_model_instances_to_1_to_4(instances):
+    """Checked before any CUDA call, so the bound is tested without a GPU."""
+    from jetpipe.errors import JetpipeError
+    from jetpipe.runtime.gpu_runtime import GpuOptions
+
+    with pytest.raises(JetpipeError, match=r"model instances .*: an integer 1\.\.4"):
+        GpuOptions(instances=instances)
+    assert GpuOptions(instances=4).instances == 4

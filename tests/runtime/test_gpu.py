@@ -358,6 +358,48 @@ def test_a_batch_reports_the_gpu_time_it_took_without_the_wait_behind_the_batch_
         assert first_ms + second_ms <= both_ms  # each counts its own work only, not the other's
 
 
+@pytest.mark.parametrize("memory,cuda_graph", [("staged", True), ("device", True), ("staged", False)])
+def test_two_model_instances_run_batches_at_once_and_match_one(det_bundle, memory, cuda_graph):
+    """instances=2 (issue 66): batches submitted together go to the idle instance first, each instance on a
+    stream and sessions of its own, and give one instance's outputs; an instance with a batch running takes
+    the next only when both have one."""
+    _needs_cuda_ep()
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    batches = [_frames(4), _frames(3, "yuyv"), _frames(4, "yuyv"), _frames(2)]
+    with GpuRuntime(det_bundle, max_batch=4, buffer_sets=4, memory=memory, cuda_graph=cuda_graph) as rt:
+        assert len(rt.instances) == 1
+        expected = [rt.infer(f).outputs["sigmoid_0.tmp_0"].copy() for f in batches]
+    with GpuRuntime(det_bundle, max_batch=4, buffer_sets=4, memory=memory, cuda_graph=cuda_graph,
+                    instances=2) as rt:
+        first, second = rt.instances
+        assert first.streams.compute is not second.streams.compute and first.backend is not second.backend
+        assert first.streams.copy is second.streams.copy
+        if cuda_graph:
+            assert len(second.backend.graphs) == rt.buffer_sets * len(second.backend.buckets)
+        for _ in range(2):
+            tickets = [rt.submit(f) for f in batches]
+            assert [t.instance for t in tickets[:2]] == [1, 0] or [t.instance for t in tickets[:2]] == [0, 1]
+            assert {t.instance for t in tickets} == {0, 1}
+            for ticket, want in zip(tickets, expected):
+                np.testing.assert_allclose(rt.collect(ticket).outputs["sigmoid_0.tmp_0"], want, atol=1e-5)
+        rt.infer(batches[0])
+        idle = rt.submit(batches[1]).instance  # nothing running: the next in turn
+        assert rt.submit(batches[2]).instance != idle  # the other is idle while the first runs
+
+
+def test_model_instances_are_one_at_priority_high_and_say_why(det_bundle, caplog):
+    _needs_cuda_ep()
+    import logging
+
+    caplog.set_level(logging.INFO, logger="jetpipe")
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    with GpuRuntime(det_bundle, max_batch=4, instances=2, priority="high") as rt:
+        assert len(rt.instances) == 1
+    assert "one model instance, not 2: priority high" in caplog.text
+
+
 def test_ort_runs_replayed_from_cuda_graphs_match(det_bundle):
     _needs_cuda_ep()
     from jetpipe.runtime.gpu_runtime import GpuRuntime

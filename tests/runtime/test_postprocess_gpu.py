@@ -429,3 +429,33 @@ def test_a_class_map_of_another_size_than_the_task_expects_is_refused(device, mo
         _reduce(device, module, Reduction("argmax", {"input_hw": (48, 64), "map_hw": (48, 64)}), logits)
     reduced = _reduce(device, module, Reduction("argmax", {"input_hw": (48, 64), "map_hw": (24, 32)}), logits)
     assert reduced["counts"][0, 0] == 24 * 32  # every pixel class 0 (the first of equal values)
+
+
+def test_two_model_instances_reduce_every_batch_as_one_does(det_bundle):
+    """--model-instances 2 with the text boxes found on the GPU (issue 66): the reduction's scratch is one a
+    runtime, so both instances' reductions run on the one post stream. Two on their own streams at once hung
+    the H100 (32 cameras, session 60): a union-find walking labels the other batch was writing. Batches
+    submitted four at once, thirty times: every batch's components are one instance's."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu (CUDA execution provider) is not installed")
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+    from jetpipe.synth import render_tilted_words
+
+    post = TextDetection()
+    batches = [[Frame(from_bgr(render_tilted_words(10 * b + i, (720, 1280), count=8).bgr, "nv12"), "nv12")
+                for i in range(4)] for b in range(4)]
+    with GpuRuntime(det_bundle, max_batch=4, buffer_sets=4, reduction=post.reduction(required=True)) as rt:
+        expected = [{k: v.copy() for k, v in rt.infer(frames).outputs.items()} for frames in batches]
+    assert all(int(e["counts"].sum()) >= 4 for e in expected)
+    with GpuRuntime(det_bundle, max_batch=4, buffer_sets=4, instances=2,
+                    reduction=post.reduction(required=True)) as rt:
+        assert rt.instances[0].streams.post is rt.instances[1].streams.post
+        for _ in range(30):
+            tickets = [rt.submit(frames) for frames in batches]
+            assert {t.instance for t in tickets} == {0, 1}
+            for ticket, want in zip(tickets, expected):
+                got = rt.collect(ticket).outputs
+                for name, array in want.items():
+                    np.testing.assert_array_equal(got[name], array, err_msg=name)

@@ -156,11 +156,11 @@ class Pipeline:
         self.class_count = task.class_count(options)  # rules' class numbers are held to it
         check_against_task(config, task, options.labels, self.class_count)
         config.max_frame_hw = frame_bound(config)  # before the runtime allocates for it
-        buffer_sets = BUFFER_SETS + (CHAINED_SETS if config.secondaries else 0)
         cpu_threads = shared_cpu_threads(len(config.secondaries))
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
-                                    max_frame_hw=config.max_frame_hw, buffer_sets=buffer_sets,
-                                    reduction=self._reduction(), profile=profile, cpu_threads=cpu_threads)
+                                    max_frame_hw=config.max_frame_hw, reduction=self._reduction(), profile=profile,
+                                    buffer_sets=BUFFER_SETS + (CHAINED_SETS if config.secondaries else 0),
+                                    cpu_threads=cpu_threads, instances=config.model_instances)
         self.profile = profile
         self.thread_cpu_s: dict[str, float] = {}  # CPU seconds of each pipeline thread, at its end
         self.closers = [self.runtime.close]

@@ -212,6 +212,27 @@ def test_decode_processes_give_the_records_of_decoding_in_the_serving_process(de
     assert pipeline.decoders.links == []  # closed: the processes exited
 
 
+def test_two_model_instances_give_the_records_of_one(det_bundle_square, clips, tmp_path, caplog):
+    """--model-instances 2 (issue 66): batches of three NVDEC files run on two copies of the model, each on a
+    stream of its own, the text boxes found on the GPU (each instance's post stream): every frame, the records
+    of one instance."""
+    runs = {}
+    caplog.set_level(logging.INFO, logger="jetpipe")
+    for instances in (1, 2):
+        out = tmp_path / f"i{instances}.jsonl"
+        sources = [SourceConfig(str(clips[n])) for n in ("h264", "hevc", "h264")]
+        config = _config(det_bundle_square, sources, backend="onnxruntime-cuda", max_batch=2, queue_depth=32,
+                         sinks=[f"jsonl:{out}"], decode_processes=0, model_instances=instances)
+        pipeline = Pipeline(config)
+        assert len(pipeline.runtime.instances) == instances
+        assert pipeline.runtime.reduction is not None  # the boxes are found on each instance's post stream
+        summary = pipeline.run()
+        assert summary["processed"] == [24, 16, 24] and summary["dropped"] == [0, 0, 0], summary
+        runs[instances] = _records(out)
+    assert "2 model instances" in caplog.text
+    assert runs[2] == runs[1]
+
+
 def test_decode_processes_serve_realtime_looping_files_and_stop_in_time(det_bundle_square, clips):
     """Paced (--realtime) looping files decoded in a process: served never faster than their rate, paced from
     the run's start (not from their opening at start-up: a second's frames would come at once), until the
