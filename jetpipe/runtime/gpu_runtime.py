@@ -27,7 +27,7 @@ from jetpipe.runtime.backends import OrtCudaBackend
 from jetpipe.runtime.base import RuntimeBase
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
 from jetpipe.runtime.gpu_launch import BatchLauncher
-from jetpipe.runtime.gpu_sets import FrameUpload, GpuStreams, ModelInstance, allocate_set
+from jetpipe.runtime.gpu_sets import FrameUpload, GpuStreams, ModelInstance, allocate_set, least_busy
 from jetpipe.runtime.kernels import SOURCE, compile_module
 from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, make_reducer
 from jetpipe.runtime.probe import probe_gpu
@@ -297,8 +297,7 @@ class GpuRuntime(RuntimeBase):
                          if state == "in_flight" and i != set_index and self._tickets[i] is not None]
         for ticket in submitted:
             running[ticket.instance] += not self.sets[ticket.set_index].done.query()
-        turn = [(self._last_instance + step) % count for step in range(1, count + 1)]
-        self._last_instance = min(turn, key=lambda k: running[k])
+        self._last_instance = least_busy(running, self._last_instance)
         return self._last_instance
 
     def stage_times(self, ticket: Ticket) -> dict[str, float]:

@@ -70,6 +70,13 @@ class ModelInstance:
     streams: GpuStreams
 
 
+def least_busy(running: list[int], last: int) -> int:
+    """The instance a batch goes to: the one with the fewest batches running (running[k]), the first after
+    `last` (the one the batch before went to) among those tied, so idle instances take batches in turn."""
+    turn = [(last + step) % len(running) for step in range(1, len(running) + 1)]
+    return min(turn, key=lambda k: running[k])
+
+
 def allocate_set(runtime, index: int) -> BufferSet:
     """Buffer set `index` of a GPU runtime being opened: its device, memory strategy, backend (whose buffers
     are bound to the set here) and reducer decide what is allocated."""

@@ -202,3 +202,15 @@ def test_gpu_options_hold_model_instances_to_1_to_4(instances):
     with pytest.raises(JetpipeError, match=r"model instances .*: an integer 1\.\.4"):
         GpuOptions(instances=instances)
     assert GpuOptions(instances=4).instances == 4
+
+
+@pytest.mark.parametrize("running, last, chosen", [
+    ([0, 0], 0, 1), ([0, 0], 1, 0),            # both idle: in turn
+    ([1, 0], 1, 1), ([0, 1], 0, 0),            # the idle one, even where it took the batch before
+    ([1, 1], 0, 1), ([2, 1], 1, 1),            # both busy: in turn among the fewest
+    ([0, 0, 0, 0], 3, 0), ([1, 0, 1, 0], 1, 3),
+])
+def test_a_batch_goes_to_the_model_instance_with_the_fewest_running(running, last, chosen):
+    from jetpipe.runtime.gpu_sets import least_busy
+
+    assert least_busy(running, last) == chosen
