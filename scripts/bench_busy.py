@@ -213,7 +213,12 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
            **args.shim_env}
     try:
-        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True,
+                              timeout=args.seconds + args.serve_timeout)
+    except subprocess.TimeoutExpired as exc:  # a hung serve (session 60) must not eat the lease: killed, said
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        raise SystemExit(f"{label}: jetpipe serve still running {args.serve_timeout:g} s past its duration: "
+                         f"killed\n{said[-3000:]}") from None
     finally:
         if cameras is not None:
             cameras.close()
@@ -355,6 +360,8 @@ def main() -> None:
     parser.add_argument("--no-rules", dest="rules", action="store_false",
                         help="serve without the 4 rules (the CLI's defaults: no tracker either); the jsonl sink stays")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--serve-timeout", type=float, default=180.0,
+                        help="seconds past --seconds after which a serve run counts as hung: killed, the bench stops")
     args = parser.parse_args()
     phases = args.camera_phases.split(",")
     if not set(phases) <= {"connection", "random"} or (phases != ["connection"] and not args.network):
