@@ -283,10 +283,12 @@ def _add_serve(sub) -> None:
                         "not the GPU, is the limit (many busy cameras: the log's overload line says so); without "
                         "--gpus, on GPU 0 (default auto: 2 where CUDA MPS runs and 24 or more live streams share a "
                         "GPU, else 1, said in the log; without MPS, workers take turns on the GPU)")
-    p.add_argument("--model-instances", type=int, metavar="N",
+    p.add_argument("--model-instances", type=_count_or_auto, metavar="N|auto",
                    help="copies of the model on the GPU, each running its own batches at once on a stream of its "
                         "own (ONNX Runtime's CUDA provider; each copy holds its own sessions' memory): a small "
-                        "model near the GPU's rate runs more frames a second (default 1)")
+                        "model near the GPU's rate runs more frames a second (auto: two where the streams offer "
+                        "80 %% or more of the model's measured rate and the GPU has room, said in the log; "
+                        "default 1)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",

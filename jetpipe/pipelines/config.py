@@ -188,7 +188,8 @@ class PipelineConfig:
     calibrations: list = field(default_factory=list)  # ground.Calibration: [[calibration]], a stream's ground plane
     gpus: list[int] | str | None = None  # "all" or GPU numbers: a worker per GPU (pipelines/service/gpus); None: one
     workers_per_gpu: int | str = "auto"  # serving processes a GPU (> 1: behind the face; auto: workers_choice)
-    model_instances: int = 1           # copies of the primary model running batches at once (ONNX Runtime CUDA)
+    model_instances: int | str = 1     # copies of the primary model running batches at once (ONNX Runtime CUDA;
+    #                                    auto: two where the streams come near the model's rate)
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),
@@ -199,7 +200,7 @@ _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, flo
                   "duration": (int, float), "max_frame_hw": list, "reconnect_max_s": (int, float),
                   "stall_timeout_s": (int, float), "fail_timeout_s": (int, float), "stop_timeout_s": (int, float),
                   "log_every_s": (int, float), "gpus": (str, list), "workers_per_gpu": (int, str),
-                  "model_instances": int}
+                  "model_instances": (int, str)}
 _TABLES = {"pipeline", "source", "sink", "metrics", "secondary", "control", "clips", "snapshots", "zone",
            "line", "calibration", "record"}
 
@@ -569,8 +570,10 @@ def validate(config: PipelineConfig, where: str = "config") -> PipelineConfig:
                                                and 1 <= config.workers_per_gpu <= limits.MAX_WORKERS_PER_GPU),
          "workers_per_gpu", f"auto (two where CUDA MPS runs and 24 or more cameras share a GPU) or an integer "
                             f"from 1 to {limits.MAX_WORKERS_PER_GPU}"),
-        (type(config.model_instances) is int and 1 <= config.model_instances <= limits.MAX_MODEL_INSTANCES,
-         "model_instances", f"an integer from 1 to {limits.MAX_MODEL_INSTANCES}"),
+        (config.model_instances == "auto" or (type(config.model_instances) is int
+                                              and 1 <= config.model_instances <= limits.MAX_MODEL_INSTANCES),
+         "model_instances", f"auto (two where the streams come near the model's rate) or an integer from 1 to "
+                            f"{limits.MAX_MODEL_INSTANCES}"),
     ]
     for ok, key, allowed in checks:
         if not ok:

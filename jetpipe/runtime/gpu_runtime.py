@@ -27,7 +27,8 @@ from jetpipe.runtime.backends import OrtCudaBackend
 from jetpipe.runtime.base import RuntimeBase
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
 from jetpipe.runtime.gpu_launch import BatchLauncher
-from jetpipe.runtime.gpu_sets import FrameUpload, GpuStreams, ModelInstance, allocate_set, least_busy
+from jetpipe.runtime.gpu_sets import FrameUpload, GpuStreams, ModelInstance, allocate_set, bind_set
+from jetpipe.runtime.instances import AUTO, auto_instances, least_busy, why_one
 from jetpipe.runtime.kernels import SOURCE, compile_module
 from jetpipe.runtime.postprocess_gpu import SOURCE_NAME, ReductionUnsupported, make_reducer
 from jetpipe.runtime.probe import probe_gpu
@@ -75,8 +76,8 @@ class GpuOptions:
     up records the primary has finished; where the backend can run on no stream but its own (ONNX Runtime
     without graphs), it stays on the compute stream (logged). profile: CUDA events around every stage of every
     batch (stage_times). instances: copies of the model that run batches at once, each with sessions and a
-    stream of its own (ONNX Runtime's CUDA provider only; one elsewhere, logged): a small model leaves the GPU
-    room for a second batch beside the first (docs/lab/benchmarks.md, two batches at once)."""
+    stream of its own (ONNX Runtime's CUDA provider only; one elsewhere, logged), or "auto" (instances.py: two
+    where offered_fps, the frames a second the streams offer, comes near the model's measured rate)."""
 
     memory: str = "auto"
     max_frame_hw: tuple[int, int] = (1080, 1920)
@@ -86,12 +87,15 @@ class GpuOptions:
     buffer_sets: int = 2
     reduction: Reduction | None = None
     priority: str = "normal"
-    instances: int = 1
+    instances: int | str = 1
+    offered_fps: float = 0.0
 
     def __post_init__(self):
         check_priority(self.priority)
-        if not (type(self.instances) is int and 1 <= self.instances <= MAX_MODEL_INSTANCES):
-            raise JetpipeError(f"model instances {self.instances!r}: an integer 1..{MAX_MODEL_INSTANCES}")
+        if not (self.instances == AUTO or type(self.instances) is int and 1 <= self.instances <= MAX_MODEL_INSTANCES):
+            raise JetpipeError(f"model instances {self.instances!r}: auto or an integer 1..{MAX_MODEL_INSTANCES}")
+        if not self.offered_fps >= 0:
+            raise JetpipeError(f"offered_fps {self.offered_fps!r}: frames a second, 0 (not known) or more")
         height, width = self.max_frame_hw
         if not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
             raise JetpipeError(f"max_frame_hw {height}x{width}: each side 1..{MAX_SIDE} pixels")
@@ -134,6 +138,7 @@ class GpuRuntime(RuntimeBase):
         # preprocessed on the compute stream
         self.streams = GpuStreams(d.stream(), d.stream(), d.stream(), d.stream() if self.remote else None)
         self.module = compile_module()
+        free_before = d.free_memory()  # what the first instance takes: auto's room for a second
         self.backend = self._make_backend(backend, self.streams.compute)
         self.instances = [ModelInstance(self.backend, self.streams)]
         self._last_instance = 0
@@ -145,34 +150,44 @@ class GpuRuntime(RuntimeBase):
         # 17-31 % on one H100, docs/lab/benchmarks.md)
         if self.reducer is not None and not self.remote:
             self.streams.post = d.stream(non_blocking=True)
-        self._add_instances(backend)
         self.sets = [allocate_set(self, i) for i in range(self.buffer_sets)]
         self.backend_name = self.backend.name  # a remote backend settles its transport as sets are shared
         self.upload = FrameUpload(d, self.memory)
-        self._warm_up()
+        self._warm_up(self.instances)
+        self._add_instances(backend, self._instances_wanted(backend, free_before))
         self.launcher = BatchLauncher(d, self.instances, self.reducer, self._priority_lane(),
                                       (self.spec.channels, self.size_hw[0]), self.buffer_sets, self.remote)
 
-    def _add_instances(self, backend: str) -> None:
-        """The model instances past the first (options.instances), each with its own sessions and streams."""
-        wanted = self.options.instances
-        if wanted == 1:
-            return
-        why = ("a Triton server's model (the server's instance groups decide)" if self.remote
-               else "priority high (its lane is one stream)" if self.options.priority != "normal"
-               else None if backend == OrtCudaBackend.name
-               else f"{backend} (instances are built for ONNX Runtime's CUDA provider only)")
+    def _instances_wanted(self, backend: str, free_before: int) -> int:
+        """options.instances, or auto's choice (measured now: the model's rate, the memory the first took);
+        1 where only one can run here (said in the log)."""
+        asked = self.options.instances
+        if asked == 1:
+            return 1
+        why = why_one(self.remote, self.options.priority, backend)
         if why is not None:
-            log.info("%s: one model instance, not %d: %s", self.bundle_dir, wanted, why)
-            return
+            log.info("%s: one model instance, not %s: %s", self.bundle_dir, asked, why)
+            return 1
+        if asked != AUTO:
+            return asked
+        free = self.device.free_memory()
+        count, why = auto_instances(self.options.offered_fps, self.max_batch_fps(), free, free_before - free)
+        log.info("%s: model_instances auto: %s", self.bundle_dir, why)
+        return count
+
+    def _add_instances(self, backend: str, wanted: int) -> None:
+        """The model instances past the first, each with its own sessions and compute stream, bound to every
+        buffer set, warmed up and captured like the first."""
         for _ in range(wanted - 1):
-            # the post stream is shared: a reduction's scratch (the text detector's labels, YOLO's candidates) is
-            # one a runtime, so reductions run one after another, in batch order (two at once on one scratch
-            # hung the GPU: a union-find walking labels the other batch was writing)
+            # the post stream is shared: a reduction's scratch is the runtime's (instances.py)
             streams = GpuStreams(self.device.stream(), self.streams.copy, self.streams.sink, post=self.streams.post)
             self.instances.append(ModelInstance(self._make_backend(backend, streams.compute), streams))
-        log.info("%s: %d model instances, each running its own batches on a stream of its own", self.bundle_dir,
-                 wanted)
+            for index, buffers in enumerate(self.sets):
+                bind_set(self.instances[-1].backend, index, buffers)
+            self._warm_up(self.instances[-1:])
+        if wanted > 1:
+            log.info("%s: %d model instances, each running its own batches on a stream of its own",
+                     self.bundle_dir, wanted)
 
     @property
     def lane(self):
@@ -229,11 +244,11 @@ class GpuRuntime(RuntimeBase):
         return OrtCudaBackend(self.model_path, sample, self.max_batch, stream, device_id=self.device.ordinal,
                               cuda_graph=graphs, widths=self.widths)
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, instances: list[ModelInstance]) -> None:
         """Run every batch size on every buffer set once: the backend's per-shape work (cuDNN
         algorithm search, memory for the shape, TensorRT/ORT CUDA-graph capture) happens now,
         not in the frame loop."""
-        for instance in self.instances:
+        for instance in instances:
             stream = instance.streams.compute
             for buffers_index in range(self.buffer_sets):
                 for width in self.widths:

@@ -70,13 +70,6 @@ class ModelInstance:
     streams: GpuStreams
 
 
-def least_busy(running: list[int], last: int) -> int:
-    """The instance a batch goes to: the one with the fewest batches running (running[k]), the first after
-    `last` (the one the batch before went to) among those tied, so idle instances take batches in turn."""
-    turn = [(last + step) % len(running) for step in range(1, len(running) + 1)]
-    return min(turn, key=lambda k: running[k])
-
-
 def allocate_set(runtime, index: int) -> BufferSet:
     """Buffer set `index` of a GPU runtime being opened: its device, memory strategy, backend (whose buffers
     are bound to the set here) and reducer decide what is allocated."""
@@ -99,7 +92,7 @@ def allocate_set(runtime, index: int) -> BufferSet:
     if on_device:  # outputs come to the host only where the task is finished on the CPU
         host_outputs = {} if runtime.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
                                                    for s in backend.outputs}
-        if not runtime.remote:  # every instance may run any set's batch
+        if not runtime.remote:  # every instance may run any set's batch (later ones: bind_set)
             for instance in runtime.instances:
                 instance.backend.bind(index, int(input_buffer), addresses_out)
     else:
@@ -108,6 +101,11 @@ def allocate_set(runtime, index: int) -> BufferSet:
     marks = {name: d.event() for name in STAGE_MARKS} if runtime.options.profile else None
     return BufferSet(host_frames, addresses, device_frames, input_buffer, outputs, host_outputs, pre,
                      d.event(), d.event(blocking=True), marks, host_input, (d.event(), d.event()), d.event())
+
+
+def bind_set(backend, index: int, buffers: BufferSet) -> None:
+    """A set already allocated bound to another model instance's backend (its input and outputs)."""
+    backend.bind(index, int(buffers.input), {name: int(address) for name, address in buffers.outputs.items()})
 
 
 def _remote_buffers(device, backend, batch: int, index: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:

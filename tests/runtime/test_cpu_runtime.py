@@ -193,15 +193,17 @@ def test_the_models_rate_at_its_largest_batch_is_measured_once(tiny_bundle, monk
         assert first > 0 and rt.max_batch_fps() == first and calls == [(rt.max_batch,)]
 
 
-@pytest.mark.parametrize("instances", [0, 5, 1.5, True])
-def test_gpu_options_hold_model_instances_to_1_to_4(instances):
+@pytest.mark.parametrize("instances", [0, 5, 1.5, True, "two"])
+def test_gpu_options_hold_model_instances_to_auto_or_1_to_4(instances):
     """Checked before any CUDA call, so the bound is tested without a GPU."""
     from jetpipe.errors import JetpipeError
     from jetpipe.runtime.gpu_runtime import GpuOptions
 
-    with pytest.raises(JetpipeError, match=r"model instances .*: an integer 1\.\.4"):
+    with pytest.raises(JetpipeError, match=r"model instances .*: auto or an integer 1\.\.4"):
         GpuOptions(instances=instances)
-    assert GpuOptions(instances=4).instances == 4
+    assert GpuOptions(instances=4).instances == 4 and GpuOptions(instances="auto").instances == "auto"
+    with pytest.raises(JetpipeError, match="offered_fps nan"):
+        GpuOptions(offered_fps=float("nan"))
 
 
 @pytest.mark.parametrize("running, last, chosen", [
@@ -211,6 +213,34 @@ def test_gpu_options_hold_model_instances_to_1_to_4(instances):
     ([0, 0, 0, 0], 3, 0), ([1, 0, 1, 0], 1, 3),
 ])
 def test_a_batch_goes_to_the_model_instance_with_the_fewest_running(running, last, chosen):
-    from jetpipe.runtime.gpu_sets import least_busy
+    from jetpipe.runtime.instances import least_busy
 
     assert least_busy(running, last) == chosen
+
+
+GB = 2**30
+
+
+@pytest.mark.parametrize("offered, model, free, chosen, said", [
+    (960.0, 1037.0, 70 * GB, 2, "960 frames/s offered, near the model's 1,037"),   # 32 cameras, PP-OCRv4 det
+    (480.0, 1037.0, 70 * GB, 1, "(46%), below 80%: one"),                          # 16 cameras
+    (float("inf"), 1037.0, 70 * GB, 2, "files read as fast as they decode"),
+    (0.0, 1037.0, 70 * GB, 1, "below 80%: one"),                                    # streams added later
+    (960.0, 1037.0, 3 * GB, 1, "less than 2 x the 2,048 MB one instance took"),     # no room for the copy
+    (960.0, None, 70 * GB, 1, "not measured"),
+])
+def test_auto_takes_a_second_model_instance_near_the_models_rate_where_the_gpu_has_room(offered, model, free,
+                                                                                        chosen, said):
+    from jetpipe.runtime.instances import auto_instances
+
+    count, why = auto_instances(offered, model, free, 2 * GB)
+    assert count == chosen and said in why, why
+
+
+def test_one_model_instance_where_only_one_can_run_and_why():
+    from jetpipe.runtime.instances import why_one
+
+    assert why_one(False, "normal", "onnxruntime-cuda") is None
+    assert "Triton server" in why_one(True, "normal", "triton://h:1/m")
+    assert "priority high" in why_one(False, "high", "onnxruntime-cuda")
+    assert why_one(False, "normal", "tensorrt").startswith("tensorrt (instances are built for ONNX Runtime")

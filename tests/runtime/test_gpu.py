@@ -388,6 +388,25 @@ def test_two_model_instances_run_batches_at_once_and_match_one(det_bundle, memor
         assert rt.submit(batches[2]).instance != idle  # the other is idle while the first runs
 
 
+def test_auto_takes_two_model_instances_where_the_streams_come_near_the_models_rate(det_bundle, caplog):
+    """instances="auto": the model's rate measured after the first instance's warm-up, against offered_fps."""
+    _needs_cuda_ep()
+    import logging
+
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    caplog.set_level(logging.INFO, logger="jetpipe")
+    with GpuRuntime(det_bundle, max_batch=4, instances="auto", offered_fps=float("inf")) as rt:
+        assert len(rt.instances) == 2 and rt.max_batch_fps() > 0
+        frames = _frames(4)
+        expected = rt.infer(frames).outputs["sigmoid_0.tmp_0"].copy()
+        np.testing.assert_allclose(rt.infer(frames).outputs["sigmoid_0.tmp_0"], expected, atol=1e-5)
+    assert "model_instances auto: files read as fast as they decode, near the model's" in caplog.text
+    with GpuRuntime(det_bundle, max_batch=4, instances="auto", offered_fps=30.0) as rt:
+        assert len(rt.instances) == 1
+    assert "30 frames/s offered against the model's" in caplog.text
+
+
 def test_model_instances_are_one_at_priority_high_and_say_why(det_bundle, caplog):
     _needs_cuda_ep()
     import logging

@@ -45,6 +45,7 @@ from jetpipe.pipelines.service.http.control import Control
 from jetpipe.pipelines.service.http.pages import PreviewPages
 from jetpipe.pipelines.service.http.review import review_of
 from jetpipe.pipelines.service.http.server import MetricsServer
+from jetpipe.pipelines.service.offered import instance_options
 from jetpipe.pipelines.service.summary import RunSummary
 from jetpipe.runtime.open import open_runtime
 from jetpipe.runtime.triton_backend import is_triton
@@ -160,7 +161,7 @@ class Pipeline:
         self.runtime = open_runtime(config.bundle, config.max_batch, config.backend, config.memory,
                                     max_frame_hw=config.max_frame_hw, reduction=self._reduction(), profile=profile,
                                     buffer_sets=BUFFER_SETS + (CHAINED_SETS if config.secondaries else 0),
-                                    cpu_threads=cpu_threads, instances=config.model_instances)
+                                    cpu_threads=cpu_threads, **instance_options(config))
         self.profile = profile
         self.thread_cpu_s: dict[str, float] = {}  # CPU seconds of each pipeline thread, at its end
         self.closers = [self.runtime.close]
