@@ -269,6 +269,8 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
             "serving_processes": len(s.get("gpus", [])) or 1,  # workers behind the face, else this one
             "workers_said": next((line.split("workers_per_gpu auto: ", 1)[1] for line in done.stderr.splitlines()
                                   if "workers_per_gpu auto: " in line), None),
+            "instances_said": next((line.split(": ", 2)[-1] for line in done.stderr.splitlines()
+                                    if "model_instances auto: " in line or " model instances, " in line), None),
             "overloaded": s.get("overloaded"),
             "overload_said": next((line for line in reversed(done.stderr.splitlines()) if "overloaded:" in line), None),
             **({"reid": s["reid"]} if "reid" in s else {}),

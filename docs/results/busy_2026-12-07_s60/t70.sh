@@ -19,7 +19,7 @@ for r in json.load(open(sys.argv[1]))["rows"]:
     print(sys.argv[2], r["run"], r["fps"], "dropped", r["dropped"], "catching up", r.get("dropped_catching_up"),
           "p50", r["p50_ms"], "p99", r["p99_ms"], "steady", r["steady_p50_ms"], r["steady_p99_ms"], "tail",
           r["steady_tail_ms"], "a batch", r["frames_a_batch"], "gpu", r["gpu_busy_share"], "post busy",
-          r["post_thread_busy_share"], "us/object", r["serving_us_per_object"])
+          r["post_thread_busy_share"], "us/object", r["serving_us_per_object"], "said", r.get("instances_said"))
 PY
 }
 run() { # $1 label, $2.. serve flags
