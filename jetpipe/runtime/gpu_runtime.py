@@ -114,15 +114,14 @@ class GpuRuntime(RuntimeBase):
         self.reducer = None
         self.remote = is_triton(backend)  # the model runs on a Triton server: the input goes there from host memory
         self._init_sets(self.options.buffer_sets)
+        self.instances: list[ModelInstance] = []  # the first is self.backend on self.streams
         self.device = CudaDevice(self.options.device)
         try:
             with self.device.active():
                 self._open(backend)
         except BaseException:
-            opened = getattr(self, "instances", None) or (
-                [ModelInstance(self.backend, None)] if getattr(self, "backend", None) is not None else [])
             with self.device.active():
-                for instance in opened:
+                for instance in self.instances:
                     instance.backend.close()
             self.device.close()
             raise
@@ -140,7 +139,7 @@ class GpuRuntime(RuntimeBase):
         self.module = compile_module()
         free_before = d.free_memory()  # what the first instance takes: auto's room for a second
         self.backend = self._make_backend(backend, self.streams.compute)
-        self.instances = [ModelInstance(self.backend, self.streams)]
+        self.instances.append(ModelInstance(self.backend, self.streams))
         self._last_instance = 0
         self.check_io(self.backend.input.name, [o.name for o in self.backend.outputs])
         self.reducer = self._make_reducer(self.options.reduction)
@@ -290,7 +289,7 @@ class GpuRuntime(RuntimeBase):
         buffers = self.sets[set_index]
         self.rejected_frames += len(rejected)
         with self.device.active():
-            instance = self._pick_instance(set_index)
+            instance = self._pick_instance()
             streams = self.instances[instance].streams
             buffers.mark("h2d_start", self.upload.stream(streams))
             boxes, addresses = self.upload.upload(buffers, usable, (self.size_hw[0], width), streams)
@@ -300,18 +299,14 @@ class GpuRuntime(RuntimeBase):
             self.launcher.launch(buffers, ticket)
         return ticket
 
-    def _pick_instance(self, set_index: int) -> int:
+    def _pick_instance(self) -> int:
         """The model instance with the fewest unfinished batches (the next one in turn among those tied), so
         that a batch starts on an idle instance where there is one."""
-        count = len(self.instances)
-        if count == 1:
+        if len(self.instances) == 1:
             return 0
-        running = [0] * count
-        with self._sets_lock:
-            submitted = [self._tickets[i] for i, state in enumerate(self._states)
-                         if state == "in_flight" and i != set_index and self._tickets[i] is not None]
-        for ticket in submitted:
-            running[ticket.instance] += not self.sets[ticket.set_index].done.query()
+        running = [0] * len(self.instances)
+        for index in self._unfinished_sets():
+            running[self._tickets[index].instance] += 1
         self._last_instance = least_busy(running, self._last_instance)
         return self._last_instance
 
@@ -330,12 +325,15 @@ class GpuRuntime(RuntimeBase):
     def batches_running(self) -> int:
         """Batches submitted that the GPU has not finished (their sets' done events not reached; 0 for a remote
         server's model, whose answers are known once read)."""
-        if self.remote:
-            return 0
+        return 0 if self.remote else len(self._unfinished_sets())
+
+    def _unfinished_sets(self) -> list[int]:
+        """The sets whose submitted batch the GPU has not finished. A set just claimed, not yet launched, is not
+        among them: its done event is its last batch's, reached before it was collected (or never recorded)."""
         with self._sets_lock:
             submitted = [i for i, state in enumerate(self._states) if state == "in_flight"]
         with self.device.active():
-            return sum(not self.sets[i].done.query() for i in submitted)
+            return [i for i in submitted if not self.sets[i].done.query()]
 
     def collect(self, ticket: Ticket, hold: bool = False) -> BatchResult:
         """Wait for the batch; hold=True keeps its buffers (and these views) until release(ticket)."""

@@ -92,9 +92,8 @@ def allocate_set(runtime, index: int) -> BufferSet:
     if on_device:  # outputs come to the host only where the task is finished on the CPU
         host_outputs = {} if runtime.reducer else {s.name: d.pinned((b * int(np.prod(s.sample_shape)),), s.dtype)
                                                    for s in backend.outputs}
-        if not runtime.remote:  # every instance may run any set's batch (later ones: bind_set)
-            for instance in runtime.instances:
-                instance.backend.bind(index, int(input_buffer), addresses_out)
+        if not runtime.remote:  # the first instance's; any later one is bound to every set by bind_set
+            backend.bind(index, int(input_buffer), addresses_out)
     else:
         host_input, host_outputs = _remote_buffers(d, backend, b, index)
     pre = GpuPreprocessor(d, runtime.module, b, runtime.size_hw, runtime.spec, out_dtype=np.dtype(backend.input.dtype))
