@@ -481,3 +481,62 @@ def test_stage_times_with_profiling(det_bundle):
         times = rt.stage_times(ticket)
     assert set(times) == {"h2d", "preprocess", "infer", "postprocess", "d2h"}
     assert all(t > 0 for t in times.values()), times
+
+
+HUNG_SERVE = """
+import sys
+from pycuda.compiler import SourceModule
+from jetpipe.cli import main
+from jetpipe.pipelines.core import drain
+from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+drain.STAGE_STUCK_S = 3.0
+collect, calls = GpuRuntime.collect, []
+
+def collect_or_hang(self, ticket, hold=False):
+    calls.append(ticket)
+    if len(calls) < 3:
+        return collect(self, ticket, hold=hold)
+    with self.device.active():  # a kernel that never ends, and a real wait for it
+        spin = SourceModule("__global__ void spin(volatile int *flag) { while (flag[0] == 0) { } }")
+        import pycuda.driver as cuda
+        flag = cuda.mem_alloc(4)
+        cuda.memset_d32(flag, 0, 1)
+        stream, done = cuda.Stream(), cuda.Event()
+        spin.get_function("spin")(flag, block=(1, 1, 1), grid=(1, 1), stream=stream)
+        done.record(stream)
+        print("hung", flush=True)
+        done.synchronize()
+
+GpuRuntime.collect = collect_or_hang
+sys.exit(main(["serve", "--bundle", sys.argv[1], "--source", "synthetic:640x480@30:nv12", "--max-batch", "1",
+               "--metrics", "", "--duration", "600"]))
+"""
+
+
+def test_a_serve_whose_batch_the_gpu_never_finishes_still_stops(det_bundle, tmp_path):
+    """Session 60's hang: a kernel that never ended held the post thread in its wait on the batch, and the GPU
+    thread on a free buffer set; the run's end joined them without a bound, so SIGTERM (and a second one) never
+    ended `serve`. Here a real kernel spins forever on the third batch's wait: a SIGTERM ends the process (the
+    stages left behind after drain.STAGE_STUCK_S, nothing freed that the kernel may use) with exit 1 and the
+    reason in the summary."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, "-c", HUNG_SERVE, str(det_bundle)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "hung", proc.stderr.read()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)  # 3 s without a batch, then the process's own end
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err[-3000:]
+    assert "left behind" in err and '"failure"' in err

@@ -1,13 +1,15 @@
 """A stop's drain, bounded: what is queued when a stop comes (SIGTERM, --duration) is finished, for at most
 stop_timeout_s; then the frames still queued and those waiting in the frame sinks (drawing, encoding) are
 dropped, counted, and the run ends with its files finished and its summary written, inside the service manager's
-own stop timeout (the shipped unit's TimeoutStopSec=30, after which systemd kills the whole group).
+own stop timeout (the shipped unit's TimeoutStopSec=30, after which systemd kills the whole group). The stage
+threads' end is bounded too (StageJoin): a batch the GPU never finishes leaves them behind instead of the stop.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -40,3 +42,54 @@ class DrainBound:
         self.cut = {"after_s": self.seconds, "queued_frames_dropped": queued, "sink_frames_dropped": waiting}
         log.warning("the drain reached stop_timeout_s = %g s: %d queued frame(s) and %d waiting in the frame sinks "
                     "dropped; finishing the batches in flight and the files", self.seconds, queued, waiting)
+
+
+# no batch collected for this long while the run ends: a stage is stuck (a hung GPU kernel). Above any one batch's
+# time (the CPU runtime's too); with stop_timeout_s, inside what the service manager allows a stop.
+STAGE_STUCK_S = 15.0
+JOIN_POLL_S = 0.2
+
+
+class StageJoin:
+    """The run's end joins the stage threads, bounded: where no batch is collected for STAGE_STUCK_S (progress()
+    unchanged) while a stage thread still runs, the stages are left behind. A batch the GPU never finishes (a hung
+    kernel or driver) blocks the post thread in its wait and the GPU thread on a free buffer set; joined without a
+    bound, they made a stop wait forever, a second signal too."""
+
+    def __init__(self, progress, stuck_s: float | None = None):
+        """progress(): a value that changes whenever a stage gets on (the batches collected)."""
+        self.progress, self.stuck_s = progress, STAGE_STUCK_S if stuck_s is None else stuck_s
+        self.left_behind: list[str] = []  # names of the threads given up on
+        self._last, self._since = progress(), time.monotonic()
+
+    def __call__(self, thread: threading.Thread) -> bool:
+        """Wait for the thread to end; False where it is left behind (at once once one was)."""
+        while thread.is_alive() and not self.left_behind:
+            thread.join(JOIN_POLL_S)
+            now = self.progress()
+            if now != self._last:
+                self._last, self._since = now, time.monotonic()
+            elif thread.is_alive() and time.monotonic() - self._since >= self.stuck_s:
+                self.left_behind.append(thread.name)
+        if thread.is_alive() and thread.name not in self.left_behind:
+            self.left_behind.append(thread.name)
+        return not thread.is_alive()
+
+
+def end_stages(stages, gpu: threading.Thread, post: threading.Thread, chained: threading.Thread | None) -> list[str]:
+    """The sources are done: the GPU stage returns, then the post (and secondary) stage once it has collected what
+    was submitted. The names of the threads left behind where they got stuck (StageJoin); the run's failure then
+    says so."""
+    join = StageJoin(lambda: (stages.metrics.batches, stages.secondary_reads))
+    join(gpu)
+    stages.end_post()
+    join(post)
+    if chained is not None:
+        stages.end_secondary()
+        join(chained)
+    if join.left_behind:
+        stages.failure = stages.failure or (
+            f"no batch finished for {join.stuck_s:g} s while the run ended: {', '.join(join.left_behind)} left "
+            "behind (a batch the GPU never finished: a hung kernel or driver; nvidia-smi and the kernel log say more)")
+        log.error("%s", stages.failure)
+    return join.left_behind

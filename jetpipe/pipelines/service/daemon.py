@@ -24,7 +24,7 @@ from jetpipe import lazy
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.core.bus import RecordBus
-from jetpipe.pipelines.core.drain import DrainBound
+from jetpipe.pipelines.core.drain import DrainBound, end_stages
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryStage
 from jetpipe.pipelines.core.secondary import check as check_secondary
@@ -147,6 +147,7 @@ class Pipeline:
         self.config, self.share = config, share
         self.stop_event = threading.Event()
         self.interrupted: dict | None = None  # abort(): the second signal, and the queued frames it dropped
+        self.left_behind: list[str] = []  # the stage threads given up on at the run's end (drain.StageJoin)
         self._cpu_lock = threading.Lock()
         self.on_result = on_result  # optional callback(record), e.g. for the demo's console output
         manifest = bundles.read_manifest(config.bundle)
@@ -338,12 +339,7 @@ class Pipeline:
         self.ingest.start()
         self._serve(started)
         self.batcher.close()  # sources are done: drain what is queued
-        gpu.join()
-        stages.end_post()
-        post.join()
-        if chained is not None:
-            stages.end_secondary()
-            chained.join()
+        self.left_behind = end_stages(stages, gpu, post, chained)  # bounded: a hung GPU gives them up
         self.ingest.free_removed()  # streams whose removal was asked: their frames are through now
         # clips and pictures still waiting written (their records too, indexed by the recorder), then the recording
         for evidence in (self.clips, self.snapshots, self.recorder):
@@ -438,4 +434,7 @@ class Pipeline:
         return self.report.status_line()
 
     def close(self) -> None:
+        if self.left_behind:  # a free or a synchronize would wait for the stuck batch: the driver frees at exit
+            log.error("GPU memory and the sources are not freed (a stage was left behind): the process must end")
+            return
         close_in_reverse(self.closers)

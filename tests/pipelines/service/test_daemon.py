@@ -566,3 +566,50 @@ def test_the_cpu_runtime_has_opencv_loaded_when_the_pipeline_is_made(tiny_bundle
     done = subprocess.run([sys.executable, "-c", code, str(tiny_bundle)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[:2] == ["True", "onnxruntime-cpu"]
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["sources-end", "stopped"])
+def test_a_batch_that_never_finishes_leaves_the_stages_behind_instead_of_the_stop(tiny_bundle, monkeypatch, stopped):
+    """A batch the GPU never finishes (session 60: a hung kernel) blocked the post thread in collect and the GPU
+    thread on a free buffer set; the run's end joined them without a bound, so neither the sources' end nor a stop
+    (nor a second one) ended the run. Now no batch collected for STAGE_STUCK_S leaves them behind: the run ends with
+    the reason as its failure and does not free what the stuck batch may still use. Here collect's wait is held on
+    the third batch, as a hung GPU holds it."""
+    import threading
+
+    from jetpipe.pipelines.core import drain
+
+    monkeypatch.setattr(drain, "STAGE_STUCK_S", 1.0)
+    # sources-end: 8 frames, all queued (16 deep) when the source ends, as a file's last frames are
+    pipeline = Pipeline(_config(tiny_bundle, ["synthetic:64x48@0"], frames=0 if stopped else 8, max_batch=1,
+                                queue_depth=16))
+    hung, collect, calls = threading.Event(), pipeline.runtime.collect, []
+
+    def collect_until_the_third(ticket, hold=False):
+        calls.append(ticket)
+        if len(calls) >= 3:
+            hung.wait()
+        return collect(ticket, hold=hold)
+
+    pipeline.runtime.collect = collect_until_the_third
+    summary = {}
+    runner = threading.Thread(target=lambda: summary.update(pipeline.run()), daemon=True)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 60
+        while len(calls) < 3:
+            assert time.monotonic() < deadline and runner.is_alive(), "the third batch never came"
+            time.sleep(0.05)
+        if stopped:
+            pipeline.stop()
+            pipeline.abort("SIGTERM")
+        runner.join(timeout=60)  # the bound is 1 s past the last batch (the drain's own 20 s does not apply)
+        assert not runner.is_alive(), "the run did not end: the stage threads were joined without a bound"
+        assert "no batch finished for 1 s while the run ended" in summary["failure"]
+        assert "post" in summary["failure"] and pipeline.left_behind
+        assert pipeline.runtime.collect is collect_until_the_third  # not closed: close() left it to the process
+    finally:
+        hung.set()
+        runner.join(timeout=30)
+        pipeline.left_behind = []
+        pipeline.close()
