@@ -41,7 +41,7 @@ if [ "${PART:-T}" = T ]; then
     2>&1 | tail -5 | tee -a $R/tests.txt
 fi
 if [ "${PART:-T}" = C ]; then
-  python scripts/bench_busy.py /tmp/det --video $V --no-rules --streams 32 --seconds 20 --repeats 2 --network \
+  python scripts/bench_busy.py /tmp/det --video $V --no-rules --streams 32 --seconds 20 --repeats ${REPEATS:-2} --network \
     --remux-shim --camera-phases random --variant 'auto=--model-instances auto' --serve-timeout 120 \
     --json $R/cameras32.json > $R/cameras32.txt 2>&1
   show $R/cameras32.json cameras32
@@ -52,6 +52,10 @@ if [ "${PART:-T}" = O ]; then
     run over${n}_one $(S $n /tmp/words72.mp4) --latency-budget-ms 66
     run over${n}_auto $(S $n /tmp/words72.mp4) --latency-budget-ms 66 --model-instances auto
   done
+  run sparse16_one $(S 16 $V)
+  run sparse16_two $(S 16 $V) --model-instances 2
+fi
+if [ "${PART:-T}" = S ]; then  # target 5 alone: 16 live sparse files, one instance against two
   run sparse16_one $(S 16 $V)
   run sparse16_two $(S 16 $V) --model-instances 2
 fi
