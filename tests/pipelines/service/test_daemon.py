@@ -613,3 +613,34 @@ def test_a_batch_that_never_finishes_leaves_the_stages_behind_instead_of_the_sto
         runner.join(timeout=30)
         pipeline.left_behind = []
         pipeline.close()
+
+
+def test_the_stage_join_waits_for_a_slow_drain_that_gets_on_and_gives_up_on_one_that_does_not():
+    """StageJoin's bound is on progress, not on the drain's length: a post thread that collects a batch every
+    0.2 s for 2 s is joined (with a 1.5 s bound), one that collects nothing is left behind after the bound."""
+    import threading
+
+    from jetpipe.pipelines.core.drain import StageJoin
+
+    collected, stop = [0], threading.Event()
+
+    def slow_drain():
+        for _ in range(10):
+            time.sleep(0.2)
+            collected[0] += 1
+
+    slow = threading.Thread(target=slow_drain, name="post")
+    slow.start()
+    join = StageJoin(lambda: collected[0], stuck_s=1.5)
+    assert join(slow) and join.left_behind == [] and collected[0] == 10
+    stuck = threading.Thread(target=stop.wait, name="post", daemon=True)
+    stuck.start()
+    started = time.monotonic()
+    try:
+        assert not join(stuck) and join.left_behind == ["post"]
+        assert time.monotonic() - started >= 1.5
+        later = threading.Thread(target=stop.wait, name="secondary", daemon=True)
+        later.start()
+        assert not join(later) and join.left_behind == ["post", "secondary"]  # at once, once one was
+    finally:
+        stop.set()
