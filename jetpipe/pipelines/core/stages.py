@@ -70,6 +70,7 @@ class StageLoops:
                                           ("wait_gpu", "finish", "records"), 0.0)
         self.secondary_phase_s = dict.fromkeys(("secondary", "records"), 0.0)
         self.secondary_reads = 0  # times the secondary thread read crops: fewer than batches where it caught up
+        self.collecting_since: float | None = None  # the post thread waits for a batch's GPU work since then
 
     def reset_slot(self, slot: int) -> None:
         """A new stream takes `slot`: the steps and secondaries forget the stream it held."""
@@ -172,8 +173,11 @@ class StageLoops:
 
     def _collect(self, ticket, packets: list[QueuedFrame], t_batch: float):
         """The batch's outputs once the GPU is done (waiting blocks, it does not spin), and when that was."""
-        t_wait = time.perf_counter()
-        result = self.runtime.collect(ticket, hold=True)
+        t_wait, self.collecting_since = time.perf_counter(), time.monotonic()
+        try:
+            result = self.runtime.collect(ticket, hold=True)
+        finally:
+            self.collecting_since = None
         self.post_phase_s["wait_gpu"] += time.perf_counter() - t_wait
         self.metrics.batches += 1
         if result.engine_ms is not None:  # the GPU's own time on the batch
@@ -310,6 +314,12 @@ class StageLoops:
             self.on_failure()
 
     # --- the run's end ---------------------------------------------------------------------------
+    def unfinished_s(self) -> float:
+        """How long the post thread has waited for the batch it collects (0: not waiting). The GPU thread goes on
+        beating while it waits for a free buffer set, so a hung batch shows here, not in the heartbeat."""
+        since = self.collecting_since
+        return 0.0 if since is None else time.monotonic() - since
+
     def end_post(self) -> None:
         """The GPU stage has returned: the post stage returns once it has collected what was submitted."""
         self.collected.put(None)

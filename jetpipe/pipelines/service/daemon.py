@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 BUFFER_SETS = 4  # 2 batches in flight on the GPU + 1 waiting for postprocessing + 1 being postprocessed
 CHAINED_SETS = 1  # with secondaries: + 1 batch whose crops are being read (up to two more may wait in the
 # handoff, holding sets the GPU stage would otherwise take: a secondary that is behind slows the primary)
+HEALTH_SILENT_S = 10.0  # /healthz answers 503 when the GPU stage has been silent (or a batch unfinished) this long
 STOP_GRACE_S = 4.0  # after stop(), sources still blocked (an RTSP connect inside OpenCV) are left behind
 REMOVE_WAIT_S = 30.0  # DELETE /streams/ID answers when the stream's frames are through, or after this (202)
 
@@ -291,9 +292,9 @@ class Pipeline:
     def _health(self) -> tuple[bool, str]:
         if self.stop_event.is_set():
             return False, "stopping"
-        stale = time.monotonic() - self.metrics.heartbeat
-        if stale >= 10:
-            return False, f"GPU stage silent for {stale:.0f} s"
+        silent = max(time.monotonic() - self.metrics.heartbeat, self.stages.unfinished_s())  # a hung batch too
+        if silent >= HEALTH_SILENT_S:
+            return False, f"GPU stage silent for {silent:.0f} s"
         degraded = self.recorder.health() if self.recorder is not None else None  # serving goes on: 200
         return True, "ok" if degraded is None else f"degraded: {degraded}"
 

@@ -573,11 +573,12 @@ def test_a_batch_that_never_finishes_leaves_the_stages_behind_instead_of_the_sto
     """A batch the GPU never finishes (session 60: a hung kernel) blocked the post thread in collect and the GPU
     thread on a free buffer set; the run's end joined them without a bound, so neither the sources' end nor a stop
     (nor a second one) ended the run. Now no batch collected for STAGE_STUCK_S leaves them behind: the run ends with
-    the reason as its failure and does not free what the stuck batch may still use. Here collect's wait is held on
-    the third batch, as a hung GPU holds it."""
+    the reason as its failure and does not free what the stuck batch may still use; /healthz said so before (the
+    GPU thread's heartbeat went on). Here collect's wait is held on the third batch, as a hung GPU holds it."""
     import threading
 
     from jetpipe.pipelines.core import drain
+    from jetpipe.pipelines.service import daemon
 
     monkeypatch.setattr(drain, "STAGE_STUCK_S", 1.0)
     # sources-end: 8 frames, all queued (16 deep) when the source ends, as a file's last frames are
@@ -600,7 +601,12 @@ def test_a_batch_that_never_finishes_leaves_the_stages_behind_instead_of_the_sto
         while len(calls) < 3:
             assert time.monotonic() < deadline and runner.is_alive(), "the third batch never came"
             time.sleep(0.05)
-        if stopped:
+        if stopped:  # /healthz says so first: the GPU thread beats on while the batch is unfinished
+            monkeypatch.setattr(daemon, "HEALTH_SILENT_S", 0.5)
+            while pipeline._health()[0]:
+                assert time.monotonic() < deadline, "the health check did not see the unfinished batch"
+                time.sleep(0.05)
+            assert pipeline._health()[1].startswith("GPU stage silent for")
             pipeline.stop()
             pipeline.abort("SIGTERM")
         runner.join(timeout=60)  # the bound is 1 s past the last batch (the drain's own 20 s does not apply)
