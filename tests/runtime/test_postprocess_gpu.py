@@ -435,7 +435,8 @@ def test_two_model_instances_reduce_every_batch_as_one_does(det_bundle):
     """--model-instances 2 with the text boxes found on the GPU (issue 66): the reduction's scratch is one a
     runtime, so both instances' reductions run on the one post stream. Two on their own streams at once hung
     the H100 (32 cameras, session 60): a union-find walking labels the other batch was writing. Batches
-    submitted four at once, thirty times: every batch's components are one instance's."""
+    submitted four at once, thirty times: every batch's components are one instance's (the same regions; their
+    order within a frame is the atomics', as it is from one instance: the H100 gave 45 of 4,000 slots permuted)."""
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -457,5 +458,7 @@ def test_two_model_instances_reduce_every_batch_as_one_does(det_bundle):
             assert {t.instance for t in tickets} == {0, 1}
             for ticket, want in zip(tickets, expected):
                 got = rt.collect(ticket).outputs
-                for name, array in want.items():
-                    np.testing.assert_array_equal(got[name], array, err_msg=name)
+                np.testing.assert_array_equal(got["counts"], want["counts"])
+                for frame, count in enumerate(want["counts"].tolist()):  # a frame's regions in the order its
+                    np.testing.assert_array_equal(  # atomics gave them slots (the task sorts them): as sets
+                        np.sort(got["components"][frame, :count]), np.sort(want["components"][frame, :count]))

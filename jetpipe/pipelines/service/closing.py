@@ -4,6 +4,8 @@ was opened before it), one that fails said and the others still closed."""
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -16,3 +18,15 @@ def close_in_reverse(closers: list) -> None:
         except Exception as exc:
             log.warning("while closing: %s", exc)
     closers.clear()
+
+
+def exit_if_left_behind(summary: dict, code: int) -> None:
+    """Where the run left a stage behind (a batch the GPU never finished: drain.StageJoin), end the process now,
+    its output flushed: the interpreter's own exit runs CUDA's and ONNX Runtime's teardown, which waits for the
+    stuck batch (measured on an H100: the summary written, the process alive until killed)."""
+    if not summary.get("left_behind"):
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

@@ -353,7 +353,8 @@ class Pipeline:
         seconds = time.monotonic() - started
         self.sinks.close()  # before the summary: what fails while a sink finishes is counted
         self.drain_bound.cancel()
-        return self.report.summary(seconds, self.thread_cpu_s, self.interrupted)
+        summary = self.report.summary(seconds, self.thread_cpu_s, self.interrupted)
+        return {**summary, "left_behind": self.left_behind} if self.left_behind else summary
 
     def _serve(self, started: float) -> None:
         """While sources capture (with the control API: until stopped, streams may be added at any time): stalls

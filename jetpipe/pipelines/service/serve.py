@@ -19,6 +19,7 @@ from jetpipe.models import BUILTIN, DEFAULT_MODEL
 from jetpipe.output_folders import check_new_file
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.core.secondary import SecondaryConfig
+from jetpipe.pipelines.service.closing import exit_if_left_behind
 from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.pipelines.service.gpus import workers_choice
 from jetpipe.pipelines.service.gpus.face import MultiGpuFace
@@ -149,6 +150,7 @@ def serve(config: PipelineConfig, summary_to: SummaryFile | None = None) -> int:
     summary = run_pipeline(config, then=write)
     if summary.get("failure"):
         print(f"error: {summary['failure']}", file=sys.stderr)
+        exit_if_left_behind(summary, 1)
         return 1
     interrupted = summary.get("interrupted")
     return 128 + signal.Signals[interrupted["signal"]].value if interrupted else 0

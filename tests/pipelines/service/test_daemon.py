@@ -650,3 +650,51 @@ def test_the_stage_join_waits_for_a_slow_drain_that_gets_on_and_gives_up_on_one_
         assert not join(later) and join.left_behind == ["post", "secondary"]  # at once, once one was
     finally:
         stop.set()
+
+
+HELD_SERVE = """
+import atexit, sys, threading
+from jetpipe.cli import main
+from jetpipe.pipelines.core import drain
+from jetpipe.runtime.cpu_runtime import CpuRuntime
+
+drain.STAGE_STUCK_S = 1.0
+atexit.register(threading.Event().wait)  # a teardown that waits for the stuck batch, as CUDA's did on the H100
+collect, calls, held = CpuRuntime.collect, [], threading.Event()
+
+def collect_or_hold(self, ticket, hold=False):
+    calls.append(ticket)
+    if len(calls) == 3:
+        print("held", flush=True)
+        held.wait()
+    return collect(self, ticket, hold=hold)
+
+CpuRuntime.collect = collect_or_hold
+sys.exit(main(["serve", "--bundle", sys.argv[1], "--source", "synthetic:64x48@30", "--backend", "onnxruntime-cpu",
+               "--max-batch", "1", "--metrics", "", "--duration", "600"]))
+"""
+
+
+def test_serve_ends_its_process_when_a_stage_was_left_behind(tiny_bundle, tmp_path):
+    """On an H100 a serve whose batch never finished wrote its summary and then never exited: the interpreter's
+    own exit ran CUDA's teardown, which waits for the batch. Where the run left a stage behind, serve ends the
+    process itself (os._exit, its output flushed) with exit 1: here an exit handler that waits forever stands
+    for that teardown."""
+    import signal
+
+    from tests.support import ROOT
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", HELD_SERVE, str(tiny_bundle)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held", proc.stderr.read()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err[-3000:]
+    summary = json.loads(next(line for line in err.splitlines() if line.startswith('{"summary"')))["summary"]
+    assert "post" in summary["left_behind"] and "left behind" in summary["failure"]
