@@ -44,8 +44,8 @@ class DrainBound:
                     "dropped; finishing the batches in flight and the files", self.seconds, queued, waiting)
 
 
-# no batch collected for this long while the run ends: a stage is stuck (a hung GPU kernel). Above any one batch's
-# time (the CPU runtime's too); with stop_timeout_s, inside what the service manager allows a stop.
+# no batch collected for this long while the run ends: a stage is stuck (a hung GPU kernel); at least ten times the
+# longest batch yet (a big model on the CPU runtime). Inside what the service manager allows a stop (30 s).
 STAGE_STUCK_S = 15.0
 JOIN_POLL_S = 0.2
 
@@ -80,7 +80,9 @@ def end_stages(stages, gpu: threading.Thread, post: threading.Thread, chained: t
     """The sources are done: the GPU stage returns, then the post (and secondary) stage once it has collected what
     was submitted. The names of the threads left behind where they got stuck (StageJoin); the run's failure then
     says so."""
-    join = StageJoin(lambda: (stages.metrics.batches, stages.secondary_reads))
+    # a model that takes seconds a batch (a big one on the CPU runtime) gets ten of its batches' time
+    join = StageJoin(lambda: (stages.metrics.batches, stages.secondary_reads),
+                     max(STAGE_STUCK_S, 10 * stages.longest_batch_s))
     join(gpu)
     stages.end_post()
     join(post)

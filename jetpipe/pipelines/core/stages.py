@@ -71,6 +71,7 @@ class StageLoops:
         self.secondary_phase_s = dict.fromkeys(("secondary", "records"), 0.0)
         self.secondary_reads = 0  # times the secondary thread read crops: fewer than batches where it caught up
         self.collecting_since: float | None = None  # the post thread waits for a batch's GPU work since then
+        self.longest_batch_s = 0.0  # submit to collected, the longest yet (a slow CPU backend's run's end waits on)
 
     def reset_slot(self, slot: int) -> None:
         """A new stream takes `slot`: the steps and secondaries forget the stream it held."""
@@ -185,6 +186,7 @@ class StageLoops:
             self.gpu_busy_s += (result.engine_ms if result.busy_ms is None else result.busy_ms) / 1e3
         else:
             engine_s = time.monotonic() - t_batch
+        self.longest_batch_s = max(self.longest_batch_s, time.monotonic() - t_batch)
         self.batcher.record_batch(len(packets), engine_s)
         if self.profile:
             for stage, ms in self.runtime.stage_times(ticket).items():

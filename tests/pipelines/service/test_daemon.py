@@ -698,3 +698,27 @@ def test_serve_ends_its_process_when_a_stage_was_left_behind(tiny_bundle, tmp_pa
     assert proc.returncode == 1, err[-3000:]
     summary = json.loads(next(line for line in err.splitlines() if line.startswith('{"summary"')))["summary"]
     assert "post" in summary["left_behind"] and "left behind" in summary["failure"]
+
+
+def test_a_model_that_takes_seconds_a_batch_gets_ten_batches_before_the_stages_are_left_behind(monkeypatch):
+    """The bound is STAGE_STUCK_S or ten times the longest batch yet, whichever is longer: a big model on the CPU
+    runtime (seconds a batch) is not cut at the run's end as a hung GPU is."""
+    import threading
+    from types import SimpleNamespace
+
+    from jetpipe.pipelines.core import drain
+
+    monkeypatch.setattr(drain, "STAGE_STUCK_S", 0.2)
+    held = threading.Event()
+    stages = SimpleNamespace(metrics=SimpleNamespace(batches=5), secondary_reads=0, longest_batch_s=0.15,
+                             failure=None, end_post=lambda: None)
+    gpu = threading.Thread(target=lambda: None, name="gpu")
+    post = threading.Thread(target=held.wait, name="post", daemon=True)
+    gpu.start(), post.start()
+    started = time.monotonic()
+    try:
+        assert drain.end_stages(stages, gpu, post, None) == ["post"]
+    finally:
+        held.set()
+    assert time.monotonic() - started >= 1.5
+    assert stages.failure.startswith("no batch finished for 1.5 s while the run ended: post left behind")
