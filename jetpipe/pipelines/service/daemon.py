@@ -293,7 +293,7 @@ class Pipeline:
         if self.stop_event.is_set():
             return False, "stopping"
         silent = max(time.monotonic() - self.metrics.heartbeat, self.stages.unfinished_s())  # a hung batch too
-        if silent >= HEALTH_SILENT_S:
+        if silent >= max(HEALTH_SILENT_S, 10 * self.stages.longest_batch_s):  # as drain.StageJoin's bound
             return False, f"GPU stage silent for {silent:.0f} s"
         degraded = self.recorder.health() if self.recorder is not None else None  # serving goes on: 200
         return True, "ok" if degraded is None else f"degraded: {degraded}"
