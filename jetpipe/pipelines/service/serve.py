@@ -193,4 +193,8 @@ def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-de
           f"({summary['throughput_fps']} frames/s), dropped {sum(summary['dropped'])} while busy, "
           f"latency p50 {summary['latency_ms']['total'].get('0.5', 0):.0f} ms "
           f"p99 {summary['latency_ms']['total'].get('0.99', 0):.0f} ms")
+    if summary.get("failure"):
+        print(f"error: {summary['failure']}", file=sys.stderr)
+        exit_if_left_behind(summary, 1)
+        return 1
     return 0
