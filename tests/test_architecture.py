@@ -138,7 +138,6 @@ MAX_CLASS_LINES, MAX_CLASS_METHODS, MAX_DAEMON_LINES = 300, 25, 450
 # a third-party object's private names, each with why: argparse offers no public way to list its subcommands;
 # os._exit is public (its name is the C library's), the worker's way out past the interpreter's shutdown
 THIRD_PARTY_PRIVATE = {("jetpipe.cli", "parser._actions"), ("jetpipe.cli", "argparse._SubParsersAction"),
-                       ("jetpipe.pipelines.service.gpus.worker", "os._exit"),
                        ("jetpipe.pipelines.service.closing", "os._exit")}
 
 

@@ -76,13 +76,18 @@ class StageJoin:
         return not thread.is_alive()
 
 
+def patience_s(stages, floor_s: float) -> float:
+    """How long the stages (StageLoops) may show no progress before they count as stuck: floor_s, or ten of their
+    longest batch yet where that is longer (a model that takes seconds a batch on the CPU runtime). The run's end
+    (end_stages) and /healthz hold them to the same rule."""
+    return max(floor_s, 10 * stages.longest_batch_s)
+
+
 def end_stages(stages, gpu: threading.Thread, post: threading.Thread, chained: threading.Thread | None) -> list[str]:
     """The sources are done: the GPU stage returns, then the post (and secondary) stage once it has collected what
     was submitted. The names of the threads left behind where they got stuck (StageJoin); the run's failure then
     says so."""
-    # a model that takes seconds a batch (a big one on the CPU runtime) gets ten of its batches' time
-    join = StageJoin(lambda: (stages.metrics.batches, stages.secondary_reads),
-                     max(STAGE_STUCK_S, 10 * stages.longest_batch_s))
+    join = StageJoin(lambda: (stages.metrics.batches, stages.secondary_reads), patience_s(stages, STAGE_STUCK_S))
     join(gpu)
     stages.end_post()
     join(post)

@@ -180,13 +180,14 @@ class StageLoops:
         finally:
             self.collecting_since = None
         self.post_phase_s["wait_gpu"] += time.perf_counter() - t_wait
+        waited_s = time.monotonic() - t_batch  # submitted to collected
+        self.longest_batch_s = max(self.longest_batch_s, waited_s)
         self.metrics.batches += 1
         if result.engine_ms is not None:  # the GPU's own time on the batch
             engine_s = result.engine_ms / 1e3
             self.gpu_busy_s += (result.engine_ms if result.busy_ms is None else result.busy_ms) / 1e3
         else:
-            engine_s = time.monotonic() - t_batch
-        self.longest_batch_s = max(self.longest_batch_s, time.monotonic() - t_batch)
+            engine_s = waited_s
         self.batcher.record_batch(len(packets), engine_s)
         if self.profile:
             for stage, ms in self.runtime.stage_times(ticket).items():

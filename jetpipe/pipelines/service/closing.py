@@ -24,8 +24,13 @@ def exit_if_left_behind(summary: dict, code: int) -> None:
     """Where the run left a stage behind (a batch the GPU never finished: drain.StageJoin), end the process now,
     its output flushed: the interpreter's own exit runs CUDA's and ONNX Runtime's teardown, which waits for the
     stuck batch (measured on an H100: the summary written, the process alive until killed)."""
-    if not summary.get("left_behind"):
-        return
+    if summary.get("left_behind"):
+        exit_now(code)
+
+
+def exit_now(code: int) -> None:
+    """End the process with `code` now, its log and output flushed, without the interpreter's shutdown (which
+    joins what may never end: a thread blocked in a read, CUDA's teardown of a stuck batch)."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

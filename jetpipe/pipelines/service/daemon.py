@@ -24,7 +24,7 @@ from jetpipe import lazy
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.core.bus import RecordBus
-from jetpipe.pipelines.core.drain import DrainBound, end_stages
+from jetpipe.pipelines.core.drain import DrainBound, end_stages, patience_s
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryStage
 from jetpipe.pipelines.core.secondary import check as check_secondary
@@ -293,7 +293,7 @@ class Pipeline:
         if self.stop_event.is_set():
             return False, "stopping"
         silent = max(time.monotonic() - self.metrics.heartbeat, self.stages.unfinished_s())  # a hung batch too
-        if silent >= max(HEALTH_SILENT_S, 10 * self.stages.longest_batch_s):  # as drain.StageJoin's bound
+        if silent >= patience_s(self.stages, HEALTH_SILENT_S):
             return False, f"GPU stage silent for {silent:.0f} s"
         degraded = self.recorder.health() if self.recorder is not None else None  # serving goes on: 200
         return True, "ok" if degraded is None else f"degraded: {degraded}"

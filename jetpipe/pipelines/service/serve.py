@@ -148,9 +148,7 @@ def serve(config: PipelineConfig, summary_to: SummaryFile | None = None) -> int:
             summary_to.write(summary)
 
     summary = run_pipeline(config, then=write)
-    if summary.get("failure"):
-        print(f"error: {summary['failure']}", file=sys.stderr)
-        exit_if_left_behind(summary, 1)
+    if _failed(summary):
         return 1
     interrupted = summary.get("interrupted")
     return 128 + signal.Signals[interrupted["signal"]].value if interrupted else 0
@@ -193,8 +191,13 @@ def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-de
           f"({summary['throughput_fps']} frames/s), dropped {sum(summary['dropped'])} while busy, "
           f"latency p50 {summary['latency_ms']['total'].get('0.5', 0):.0f} ms "
           f"p99 {summary['latency_ms']['total'].get('0.99', 0):.0f} ms")
-    if summary.get("failure"):
-        print(f"error: {summary['failure']}", file=sys.stderr)
-        exit_if_left_behind(summary, 1)
-        return 1
-    return 0
+    return 1 if _failed(summary) else 0
+
+
+def _failed(summary: dict) -> bool:
+    """A run that failed says why on stderr; where it left a stage behind, the process ends here with 1."""
+    if not summary.get("failure"):
+        return False
+    print(f"error: {summary['failure']}", file=sys.stderr)
+    exit_if_left_behind(summary, 1)
+    return True

@@ -6,13 +6,13 @@ drains it; `abort` drops what is queued, as a second signal does."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
 
 from jetpipe.errors import JetpipeError
 from jetpipe.pipelines.ingest.streams import Share
+from jetpipe.pipelines.service.closing import exit_now
 from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.pipelines.service.gpus.channel import ForwardSink, Outbox, read_job, worker_name
 
@@ -60,7 +60,4 @@ def _obey(pipeline, commands) -> None:
 
 
 if __name__ == "__main__":
-    code = main()
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(code)  # not through the interpreter's shutdown: the face's reader thread is blocked in a read
+    exit_now(main())  # not through the interpreter's shutdown: the face's reader thread is blocked in a read
