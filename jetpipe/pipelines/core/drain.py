@@ -56,9 +56,12 @@ class StageJoin:
     kernel or driver) blocks the post thread in its wait and the GPU thread on a free buffer set; joined without a
     bound, they made a stop wait forever, a second signal too."""
 
-    def __init__(self, progress, stuck_s: float | None = None):
-        """progress(): a value that changes whenever a stage gets on (the batches collected)."""
+    def __init__(self, progress, stuck_s: float | None = None, unstick=None):
+        """progress(): a value that changes whenever a stage gets on (the batches collected); unstick(): called
+        once when they stand still, before any is left behind: why, where it freed what held them (the sinks'
+        writer given up on: SinkFanout.give_up), else None."""
         self.progress, self.stuck_s = progress, STAGE_STUCK_S if stuck_s is None else stuck_s
+        self.unstick, self.unstuck = unstick, None  # unstuck: what unstick() said
         self.left_behind: list[str] = []  # names of the threads given up on
         self._last, self._since = progress(), time.monotonic()
 
@@ -70,6 +73,9 @@ class StageJoin:
             if now != self._last:
                 self._last, self._since = now, time.monotonic()
             elif thread.is_alive() and time.monotonic() - self._since >= self.stuck_s:
+                if self.unstick is not None and self.unstuck is None and (freed := self.unstick()):
+                    self.unstuck, self._since = freed, time.monotonic()  # held by the sinks: they go on now
+                    continue
                 self.left_behind.append(thread.name)
         if thread.is_alive() and thread.name not in self.left_behind:
             self.left_behind.append(thread.name)
@@ -83,11 +89,14 @@ def patience_s(stages, floor_s: float) -> float:
     return max(floor_s, 10 * stages.longest_batch_s)
 
 
-def end_stages(stages, gpu: threading.Thread, post: threading.Thread, chained: threading.Thread | None) -> list[str]:
+def end_stages(stages, gpu: threading.Thread, post: threading.Thread, chained: threading.Thread | None,
+               sinks) -> list[str]:
     """The sources are done: the GPU stage returns, then the post (and secondary) stage once it has collected what
     was submitted. The names of the threads left behind where they got stuck (StageJoin); the run's failure then
-    says so."""
-    join = StageJoin(lambda: (stages.metrics.batches, stages.secondary_reads), patience_s(stages, STAGE_STUCK_S))
+    says so. A post stage held by the sinks' writer (blocked in a write, its queue full) is not stuck: the writer is
+    given up on (sinks.give_up) and the stages finish."""
+    join = StageJoin(lambda: (stages.metrics.batches, stages.secondary_reads, sinks.written),
+                     patience_s(stages, STAGE_STUCK_S), unstick=sinks.give_up)
     join(gpu)
     stages.end_post()
     join(post)
@@ -100,3 +109,26 @@ def end_stages(stages, gpu: threading.Thread, post: threading.Thread, chained: t
             "behind (a batch the GPU never finished: a hung kernel or driver; nvidia-smi and the kernel log say more)")
         log.error("%s", stages.failure)
     return join.left_behind
+
+
+def end_writer(stages, sinks, writer: threading.Thread) -> list[str]:
+    """The sinks' writer thread ends once it has written what is queued. Where no record is written for
+    STAGE_STUCK_S (a sink blocked in a write: a reader that stopped reading stdout), or the stages' end already gave
+    it up, it is left behind: its records dropped and counted, the run's failure names the sink. The thread's name
+    in a list where it was left behind."""
+    sinks.finish()
+    if sinks.given_up:  # while the stages ended: its write has not returned since
+        writer.join(JOIN_POLL_S)
+        left = [writer.name] if writer.is_alive() else []
+        sinks.give_up()  # what was queued since (clips' and pictures' records) is dropped too
+    else:
+        join = StageJoin(lambda: sinks.written, STAGE_STUCK_S)
+        left = [] if join(writer) else join.left_behind
+        if left:
+            sinks.give_up()
+    if sinks.given_up:
+        stages.failure = stages.failure or (
+            f"{sinks.given_up}: {sinks.records_dropped} record(s) not written"
+            + (", the sinks' writer left behind" if left else ""))
+        log.error("%s", stages.failure)
+    return left

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,21 @@ def exit_if_left_behind(summary: dict, code: int) -> None:
 def exit_now(code: int) -> None:
     """End the process with `code` now, its log and output flushed, without the interpreter's shutdown (which
     joins what may never end: a thread blocked in a read, CUDA's teardown of a stuck batch)."""
+    if threading.current_thread() is threading.main_thread():  # a late signal would raise into the flush's wait
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        _flush(stream)
     os._exit(code)
+
+
+FLUSH_WAIT_S = 2.0
+
+
+def _flush(stream) -> None:
+    """stream.flush(), waited for at most FLUSH_WAIT_S: a sink's write blocked on a reader that stopped reading
+    holds the stream's lock, and a flush would wait with it."""
+    flusher = threading.Thread(target=stream.flush, name="flush", daemon=True)
+    flusher.start()
+    flusher.join(FLUSH_WAIT_S)

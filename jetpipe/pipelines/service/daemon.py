@@ -24,7 +24,7 @@ from jetpipe import lazy
 from jetpipe.lazy import lazy_import
 from jetpipe.pipelines.config import ConfigError, PipelineConfig
 from jetpipe.pipelines.core.bus import RecordBus
-from jetpipe.pipelines.core.drain import DrainBound, end_stages, patience_s
+from jetpipe.pipelines.core.drain import DrainBound, end_stages, end_writer, patience_s
 from jetpipe.pipelines.core.events import rules
 from jetpipe.pipelines.core.secondary import SecondaryStage
 from jetpipe.pipelines.core.secondary import check as check_secondary
@@ -340,14 +340,13 @@ class Pipeline:
         self.ingest.start()
         self._serve(started)
         self.batcher.close()  # sources are done: drain what is queued
-        self.left_behind = end_stages(stages, gpu, post, chained)  # bounded: a hung GPU gives them up
+        self.left_behind = end_stages(stages, gpu, post, chained, self.sinks)  # bounded: a hung GPU gives them up
         self.ingest.free_removed()  # streams whose removal was asked: their frames are through now
         # clips and pictures still waiting written (their records too, indexed by the recorder), then the recording
         for evidence in (self.clips, self.snapshots, self.recorder):
             if evidence is not None:
                 evidence.close()
-        self.sinks.finish()
-        writer.join()
+        self.left_behind += end_writer(stages, self.sinks, writer)  # bounded: a sink blocked in a write
         self.thread_cpu_s["process"] = time.process_time() - cpu_started
         self.thread_cpu_s.update(helper_processes_cpu(self.decoders, self.recorder))
         seconds = time.monotonic() - started
@@ -436,7 +435,7 @@ class Pipeline:
         return self.report.status_line()
 
     def close(self) -> None:
-        if self.left_behind:  # a free or a synchronize would wait for the stuck batch: the driver frees at exit
+        if set(self.left_behind) - {"sinks"}:  # a free or a synchronize would wait for the stuck batch
             log.error("GPU memory and the sources are not freed (a stage was left behind): the process must end")
             return
         close_in_reverse(self.closers)

@@ -187,6 +187,8 @@ def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-de
                   f"{words}{' ...' if len(read) > 6 else ''}  ({record.latency_ms['total']:.0f} ms)")
 
     summary = run_pipeline(config, on_result=show)
+    if summary.get("left_behind"):  # ends the process: a print to a stdout nobody reads would wait forever
+        _failed(summary)
     print(f"\n{summary['backend']}: {sum(summary['processed'])} frames in {summary['seconds']} s "
           f"({summary['throughput_fps']} frames/s), dropped {sum(summary['dropped'])} while busy, "
           f"latency p50 {summary['latency_ms']['total'].get('0.5', 0):.0f} ms "

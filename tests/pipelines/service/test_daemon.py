@@ -700,6 +700,112 @@ def test_serve_ends_its_process_when_a_stage_was_left_behind(tiny_bundle, tmp_pa
     assert "post" in summary["left_behind"] and "left behind" in summary["failure"]
 
 
+BLOCKED_STDOUT_SERVE = """
+import sys, threading, time
+from jetpipe.cli import main
+from jetpipe.pipelines.core import drain
+from jetpipe.pipelines.outputs.sinks import fanout
+
+drain.STAGE_STUCK_S = 1.0
+run = fanout.SinkFanout.run
+
+def watched(self):  # says when the records' queue is full: the writer is blocked in the stdout sink's write
+    def watch():
+        while not self.records.full():
+            time.sleep(0.05)
+        print("blocked", file=sys.stderr, flush=True)
+    threading.Thread(target=watch, daemon=True).start()
+    run(self)
+
+fanout.SinkFanout.run = watched
+sources = [arg for _ in range(4) for arg in ("--source", "synthetic:64x48@30")]
+sys.exit(main(["serve", "--bundle", sys.argv[1], *sources, "--backend", "onnxruntime-cpu", "--sink", "stdout",
+               "--metrics", "", "--duration", "600"]))
+"""
+
+
+def test_a_stop_ends_when_a_sink_is_blocked_in_a_write(tiny_bundle, tmp_path):
+    """`serve --sink stdout | reader` where the reader stopped reading: the sinks' writer blocks in its write, the
+    records' queue fills and holds the post stage. Two SIGTERMs did not end that run (the run's end waited for
+    the queue and the writer forever); now the writer is given up on, the stages finish, the failure names the
+    sink, and the process ends with 1 (its stdout never read to the end)."""
+    import queue as queue_module
+    import threading
+
+    from tests.support import ROOT
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_STDOUT_SERVE, str(tiny_bundle)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue_module.Queue = queue_module.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
+    reader.start()
+    err = []
+    try:
+        deadline = time.monotonic() + 120
+        while not err or err[-1].strip() != "blocked":
+            err.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)  # the rest of stderr
+    while not lines.empty():
+        err.append(lines.get())
+    text = "".join(err)
+    assert proc.returncode == 1, text[-3000:]
+    summary = json.loads(next(line for line in err if line.startswith('{"summary"')))["summary"]
+    assert summary["left_behind"] == ["sinks"], summary.get("left_behind")
+    assert summary["failure"].startswith("sink stdout blocked in a write"), summary["failure"]
+
+
+def test_a_sink_blocked_in_a_write_is_given_up_and_the_puts_waiting_on_it_return():
+    """SinkFanout: a put waits while the records' queue is full (the sinks hold up the post stage) until the
+    writer is given up on; then the records queued and those put are dropped and counted, and close() leaves the
+    blocked sink alone (its close would block as its write does)."""
+    import threading
+
+    from jetpipe.pipelines.outputs.sinks import fanout
+    from jetpipe.pipelines.outputs.sinks.base import SinkBase
+
+    release, closed = threading.Event(), []
+
+    class Stuck(SinkBase):
+        def describe(self):
+            return "stuck"
+
+        def write(self, record):
+            release.wait()
+
+        def close(self):
+            closed.append(self)
+
+    sinks = fanout.SinkFanout([Stuck()])
+    writer = threading.Thread(target=sinks.run, daemon=True)
+    writer.start()
+    try:
+        assert sinks.give_up() is None  # not in a write: nothing to give up
+        for record in range(fanout.QUEUE_RECORDS + 1):  # the first is taken by the writer, which blocks on it
+            sinks.put(record)
+        late = threading.Thread(target=sinks.put, args=("late",), daemon=True)
+        late.start()
+        late.join(0.5)
+        assert late.is_alive()  # held up: the queue is full
+        assert sinks.give_up().startswith("sink stuck blocked in a write")
+        late.join(10)
+        assert not late.is_alive()
+        sinks.put("after")
+        sinks.give_up()  # again (as the run's end does): what got queued since is dropped too
+        assert sinks.records_dropped == fanout.QUEUE_RECORDS + 2  # all but the one in the write, late, after
+        sinks.close()
+        assert closed == []
+    finally:
+        release.set()
+
+
 def test_a_model_that_takes_seconds_a_batch_gets_ten_batches_before_the_stages_are_left_behind(monkeypatch):
     """The bound is STAGE_STUCK_S or ten times the longest batch yet, whichever is longer: a big model on the CPU
     runtime (seconds a batch) is not cut at the run's end as a hung GPU is."""
@@ -717,7 +823,8 @@ def test_a_model_that_takes_seconds_a_batch_gets_ten_batches_before_the_stages_a
     gpu.start(), post.start()
     started = time.monotonic()
     try:
-        assert drain.end_stages(stages, gpu, post, None) == ["post"]
+        sinks = SimpleNamespace(written=0, give_up=lambda: None)  # the writer not in a write: the GPU is the cause
+        assert drain.end_stages(stages, gpu, post, None, sinks) == ["post"]
     finally:
         held.set()
     assert time.monotonic() - started >= 1.5

@@ -19,6 +19,7 @@ from jetpipe.pipelines.outputs.sinks.delivery import QueuedSink
 log = logging.getLogger(__name__)
 
 QUEUE_RECORDS = 256  # records waiting for the writer; a full queue holds up the post stage, not memory
+POLL_S = 0.2  # a put into a full queue, the writer's wait at the end: how often they look whether to give up
 
 
 class SinkFanout:
@@ -30,6 +31,11 @@ class SinkFanout:
         self.on_record = on_record
         self.records: queue.Queue = queue.Queue(maxsize=QUEUE_RECORDS)
         self._closed: set[int] = set()
+        self.written = 0  # records handed to every sink: the writer's progress (drain.end_writer)
+        self.writing = None  # the sink (or on_record) in a write now
+        self.given_up: str | None = None  # why the writer was given up on (a sink blocked in a write), once it was
+        self.records_dropped = 0  # records not written: queued or put after the writer was given up on
+        self._ending = False
         self.scene = None  # scene(stream, frame_hw): what is drawn beside the results (show_scene)
 
     def show_scene(self, scene) -> None:
@@ -52,25 +58,64 @@ class SinkFanout:
                 sink.fail(exc)
 
     def put(self, record) -> None:
-        self.records.put(record)
+        """The record queued for the writer: waits while the queue is full (the sinks hold up the post stage),
+        until the writer is given up on (then dropped, counted)."""
+        while not self.given_up:
+            try:
+                self.records.put(record, timeout=POLL_S)
+                return
+            except queue.Full:
+                pass
+        self.records_dropped += 1
 
     def finish(self) -> None:
-        """No more records: run() returns once it has written those queued."""
-        self.records.put(None)
+        """No more records: run() returns once it has written those queued. Never waits: a writer blocked in a
+        sink's write (a reader that stopped reading stdout) would hold the run's end (drain.end_writer bounds it)."""
+        self._ending = True
+        try:
+            self.records.put_nowait(None)
+        except queue.Full:
+            pass  # the writer ends once it finds the queue empty
 
     def run(self) -> None:
         """The writer thread: each record to every sink, in order, until finish()."""
         while True:
-            record = self.records.get()
+            try:
+                record = self.records.get(timeout=POLL_S)
+            except queue.Empty:
+                if self._ending:
+                    return
+                continue
             if record is None:
                 return
             if self.on_record is not None:
+                self.writing = self.on_record
                 self.on_record(record)
             for sink in self.sinks:
+                self.writing = sink
                 try:
                     sink.write(record)
                 except Exception as exc:  # one sink failing must not stop the others
                     sink.fail(exc)
+            self.writing = None
+            self.written += 1
+
+    def give_up(self) -> str | None:
+        """Where the writer is blocked in a sink's write (no record written while the run ends), give it up: the
+        records queued are dropped (counted) and puts no longer wait, so the post stage can finish. Why, or None
+        where the writer is not in a write. Again later: what was queued since is dropped too."""
+        held = self.writing
+        if held is None and not self.given_up:
+            return None
+        if not self.given_up:
+            what = "the results' loop (on_record)" if held is self.on_record else f"sink {held.describe()}"
+            self.given_up = f"{what} blocked in a write (a reader that stopped reading, a stalled disk or network)"
+        while True:
+            try:
+                self.records_dropped += self.records.get_nowait() is not None
+            except queue.Empty:
+                break
+        return self.given_up
 
     def end_stream(self, stream_id: int) -> None:
         """A removed stream's outputs end (its last frame was offered already)."""
@@ -89,6 +134,8 @@ class SinkFanout:
             if i in self._closed:
                 continue
             self._closed.add(i)
+            if self.given_up and sink is self.writing:  # its close (a flush) would block as its write does
+                continue
             try:
                 sink.close()
             except Exception as exc:
