@@ -119,13 +119,11 @@ def end_writer(stages, sinks, writer: threading.Thread) -> list[str]:
     sinks.finish()
     if sinks.given_up:  # while the stages ended: its write has not returned since
         writer.join(JOIN_POLL_S)
-        left = [writer.name] if writer.is_alive() else []
-        sinks.give_up()  # what was queued since (clips' and pictures' records) is dropped too
     else:
-        join = StageJoin(lambda: sinks.written, STAGE_STUCK_S)
-        left = [] if join(writer) else join.left_behind
-        if left:
-            sinks.give_up()
+        StageJoin(lambda: sinks.written, STAGE_STUCK_S)(writer)
+    left = [writer.name] if writer.is_alive() else []
+    if left:  # given up now, or again: what was queued since (clips' and pictures' records) is dropped too
+        sinks.give_up()
     if sinks.given_up:
         stages.failure = stages.failure or (
             f"{sinks.given_up}: {sinks.records_dropped} record(s) not written"
