@@ -34,6 +34,64 @@ def wait_for(condition, timeout: float = 120.0, what: str = "", every: float = 0
     return True
 
 
+BLOCKED_STDOUT_SERVE = """
+import sys, threading, time
+from jetpipe.cli import main
+from jetpipe.pipelines.core import drain
+from jetpipe.pipelines.outputs.sinks import fanout
+
+drain.STAGE_STUCK_S = 1.0
+run = fanout.SinkFanout.run
+
+def watched(self):  # says when the records' queue is full: the writer is blocked in the stdout sink's write
+    def watch():
+        while not self.records.full():
+            time.sleep(0.05)
+        print("blocked", file=sys.stderr, flush=True)
+    threading.Thread(target=watch, daemon=True).start()
+    run(self)
+
+fanout.SinkFanout.run = watched
+sources = [arg for _ in range(4) for arg in ("--source", "synthetic:64x48@30")]
+sys.exit(main(["serve", "--bundle", sys.argv[1], *sources, "--sink", "stdout", "--metrics", "", "--duration", "600",
+               *sys.argv[2:]]))
+"""
+
+
+def serve_with_stdout_blocked(bundle, cwd, extra: list[str], env: dict | None = None) -> tuple:
+    """`serve --sink stdout` (4 synthetic cameras, extra: more flags) whose stdout is never read: once the records'
+    queue is full (the writer blocked in its write), two SIGTERMs. (exit code, the summary, stderr); fails where
+    the process outlives 60 s after the signals."""
+    import json
+    import queue
+    import signal
+    import threading
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_STDOUT_SERVE, str(bundle), *extra], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
+    reader.start()
+    err: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not err or err[-1].strip() != "blocked":
+            err.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)  # the rest of stderr
+    while not lines.empty():
+        err.append(lines.get())
+    said = [line for line in err if line.startswith('{"summary"')]
+    return proc.returncode, json.loads(said[0])["summary"] if said else {}, "".join(err)
+
+
 def serve_process(argv, cwd=None, env: dict | None = None) -> subprocess.Popen:
     """`python -m jetpipe serve ARGV` with this checkout first on the path, its output captured as text."""
     env = {**os.environ, **(env or {})}

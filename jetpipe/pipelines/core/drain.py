@@ -111,6 +111,27 @@ def end_stages(stages, gpu: threading.Thread, post: threading.Thread, chained: t
     return join.left_behind
 
 
+class WriterWatch:
+    """For a run's end with no stage threads of its own to join (the face of several GPUs: its records come from
+    the workers' pipes): where the sinks' writer stands inside a write with no record written for STAGE_STUCK_S,
+    it is given up on (SinkFanout.give_up). The records then are dropped and counted instead of holding the
+    workers' pipes, so the workers finish their drain and end with their summaries."""
+
+    def __init__(self, sinks, stuck_s: float | None = None):
+        self.sinks, self.stuck_s = sinks, STAGE_STUCK_S if stuck_s is None else stuck_s
+        self._last, self._since = sinks.written, time.monotonic()
+
+    def check(self, ending: bool) -> None:
+        """Called often (each JOIN_POLL_S or so) from the run's start; ending: a stop came. While the run goes on
+        a blocked writer only holds the records back (the workers' budgets drop frames); at its end it is given
+        up on, at once where it stood still that long already."""
+        written = self.sinks.written
+        if written != self._last or self.sinks.writing is None:
+            self._last, self._since = written, time.monotonic()
+        elif ending and not self.sinks.given_up and time.monotonic() - self._since >= self.stuck_s:
+            self.sinks.give_up()
+
+
 def end_writer(stages, sinks, writer: threading.Thread) -> list[str]:
     """The sinks' writer thread ends once it has written what is queued. Where no record is written for
     STAGE_STUCK_S (a sink blocked in a write: a reader that stopped reading stdout), or the stages' end already gave

@@ -700,64 +700,15 @@ def test_serve_ends_its_process_when_a_stage_was_left_behind(tiny_bundle, tmp_pa
     assert "post" in summary["left_behind"] and "left behind" in summary["failure"]
 
 
-BLOCKED_STDOUT_SERVE = """
-import sys, threading, time
-from jetpipe.cli import main
-from jetpipe.pipelines.core import drain
-from jetpipe.pipelines.outputs.sinks import fanout
-
-drain.STAGE_STUCK_S = 1.0
-run = fanout.SinkFanout.run
-
-def watched(self):  # says when the records' queue is full: the writer is blocked in the stdout sink's write
-    def watch():
-        while not self.records.full():
-            time.sleep(0.05)
-        print("blocked", file=sys.stderr, flush=True)
-    threading.Thread(target=watch, daemon=True).start()
-    run(self)
-
-fanout.SinkFanout.run = watched
-sources = [arg for _ in range(4) for arg in ("--source", "synthetic:64x48@30")]
-sys.exit(main(["serve", "--bundle", sys.argv[1], *sources, "--backend", "onnxruntime-cpu", "--sink", "stdout",
-               "--metrics", "", "--duration", "600"]))
-"""
-
-
 def test_a_stop_ends_when_a_sink_is_blocked_in_a_write(tiny_bundle, tmp_path):
     """`serve --sink stdout | reader` where the reader stopped reading: the sinks' writer blocks in its write, the
     records' queue fills and holds the post stage. Two SIGTERMs did not end that run (the run's end waited for
     the queue and the writer forever); now the writer is given up on, the stages finish, the failure names the
     sink, and the process ends with 1 (its stdout never read to the end)."""
-    import queue as queue_module
-    import threading
+    from tests.support import serve_with_stdout_blocked
 
-    from tests.support import ROOT
-
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_STDOUT_SERVE, str(tiny_bundle)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: queue_module.Queue = queue_module.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
-    reader.start()
-    err = []
-    try:
-        deadline = time.monotonic() + 120
-        while not err or err[-1].strip() != "blocked":
-            err.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
-        proc.send_signal(signal.SIGTERM)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    reader.join(10)  # the rest of stderr
-    while not lines.empty():
-        err.append(lines.get())
-    text = "".join(err)
-    assert proc.returncode == 1, text[-3000:]
-    summary = json.loads(next(line for line in err if line.startswith('{"summary"')))["summary"]
+    code, summary, text = serve_with_stdout_blocked(tiny_bundle, tmp_path, ["--backend", "onnxruntime-cpu"])
+    assert code == 1, text[-3000:]
     assert summary["left_behind"] == ["sinks"], summary.get("left_behind")
     assert summary["failure"].startswith("sink stdout blocked in a write"), summary["failure"]
 

@@ -33,7 +33,7 @@ from jetpipe.pipelines.config import (
 from jetpipe.pipelines.service.gpus import evidence, plan, scrape
 from jetpipe.pipelines.service.gpus.plan import SIMULATED_ENV, GpuError
 from jetpipe.pipelines.service.summary import PER_STREAM
-from tests.support import MpsControl, free_port, wait_for
+from tests.support import MpsControl, free_port, serve_with_stdout_blocked, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -335,6 +335,18 @@ def test_a_worker_that_does_not_stop_is_killed_after_the_drain_bound(tiny_bundle
     summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
     assert summary["failure"] == "gpu 1: its worker was killed by signal 9"
     assert summary["processed"][0] == _records_of(out, 0) > 0
+
+
+def test_the_faces_stop_ends_when_its_sink_is_blocked_in_a_write(tiny_bundle, tmp_path):
+    """`serve --gpus 0,1 --sink stdout | reader` where the reader stopped reading: the face's writer blocks, its
+    readers of the workers' pipes wait on the full queue, and the face's end joined its writer without a bound
+    (two SIGTERMs did not end it). Now the writer is given up on at the stop: the workers' last records are
+    dropped, they end with their summaries, and the face fails naming the sink."""
+    code, summary, text = serve_with_stdout_blocked(tiny_bundle, tmp_path, ["--gpus", "0,1"], env=_env())
+    assert code == 1, text[-3000:]
+    assert summary["left_behind"] == ["sinks"], summary.get("left_behind")
+    assert "sink stdout blocked in a write" in summary["failure"], summary["failure"]
+    assert [g["ended"] for g in summary["gpus"]] == ["ran to the end"] * 2  # none killed: each drained
 
 
 def test_streams_added_through_the_face_go_where_there_is_headroom_and_come_back_whole(tiny_bundle, tmp_path):

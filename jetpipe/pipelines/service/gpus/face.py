@@ -20,6 +20,7 @@ import threading
 import time
 
 from jetpipe.errors import JetpipeError
+from jetpipe.pipelines.core.drain import WriterWatch, end_writer
 from jetpipe.pipelines.outputs.sinks import FRAME_SCHEMES, SinkFanout, open_sinks, scheme_of
 from jetpipe.pipelines.quantiles import RunHistogram
 from jetpipe.pipelines.service.closing import close_in_reverse
@@ -42,6 +43,7 @@ class MultiGpuFace:
         self.stopping = threading.Event()
         self.stopped_at: float | None = None  # when the first stop came (the workers' ends are bounded from then)
         self.interrupted: dict | None = None
+        self.failure: str | None = None  # the face's own (its sinks' writer given up on: drain.end_writer)
         self.closers: list = []
         gpus = plan.resolve(config.gpus, config, "--gpus")
         models = plan.models_of(gpus)
@@ -171,7 +173,11 @@ class MultiGpuFace:
         started, cpu_started = time.monotonic(), time.process_time()
         writer = threading.Thread(target=self.sinks.run, name="sinks", daemon=True)
         writer.start()
-        while (any(w.alive() for w in self.workers) or any(self._dead())) and not self._overdue():
+        watch = WriterWatch(self.sinks)  # a sink blocked in a write would hold the workers' pipes, then their ends
+        # a worker's reader too: an ended worker's last records, still in its pipe, may wait on a blocked sink
+        while (any(w.alive() or w.reader.is_alive() for w in self.workers) or any(self._dead())) \
+                and not self._overdue():
+            watch.check(ending=self.stopping.is_set() or not any(w.alive() for w in self.workers))
             if self.config.duration and time.monotonic() - started >= self.config.duration:
                 self.stop()  # the workers keep their own duration: this bounds their ends from now
             for worker in self._dead():
@@ -180,13 +186,17 @@ class MultiGpuFace:
                 else:
                     self._replace(worker)
             time.sleep(0.1)
+        if self._overdue():  # its readers' puts must not wait on a writer blocked in a write
+            self.sinks.give_up()
         for worker in self.workers:  # one still running past its bound is killed (said, and the run's failure)
             worker.join(0.0 if self._overdue() else None)
         seconds = time.monotonic() - started
-        self.sinks.finish()
-        writer.join()
+        left_behind = end_writer(self, self.sinks, writer)  # bounded: a sink blocked in a write
         self.sinks.close()
-        return self.summary(seconds, time.process_time() - cpu_started)
+        summary = self.summary(seconds, time.process_time() - cpu_started)
+        if self.failure:
+            summary["failure"] = "; ".join(f for f in (summary.get("failure"), self.failure) if f)
+        return {**summary, "left_behind": left_behind} if left_behind else summary
 
     def _overdue(self) -> bool:
         """A stop came longer ago than the workers' drain bound (stop_timeout_s; 0: none) and LEFT_BEHIND_S."""
