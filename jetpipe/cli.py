@@ -287,8 +287,8 @@ def _add_serve(sub) -> None:
                    help="copies of the model on the GPU, each running its own batches at once on a stream of its "
                         "own (ONNX Runtime's CUDA provider; each copy holds its own sessions' memory): a small "
                         "model near the GPU's rate runs more frames a second (auto: two where the streams offer "
-                        "80 %% or more of the model's measured rate and the GPU has room, said in the log; "
-                        "default 1)")
+                        "80 %% or more of the model's measured rate and the GPU has room, else one, said in the log; "
+                        "default auto; 1 keeps one)")
     p.add_argument("--frames", type=int, help="stop each source after N frames")
     p.add_argument("--duration", type=float, help="stop after S seconds")
     p.add_argument("--backend", type=_backend, metavar="BACKEND",

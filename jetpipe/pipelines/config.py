@@ -188,8 +188,8 @@ class PipelineConfig:
     calibrations: list = field(default_factory=list)  # ground.Calibration: [[calibration]], a stream's ground plane
     gpus: list[int] | str | None = None  # "all" or GPU numbers: a worker per GPU (pipelines/service/gpus); None: one
     workers_per_gpu: int | str = "auto"  # serving processes a GPU (> 1: behind the face; auto: workers_choice)
-    model_instances: int | str = 1     # copies of the primary model running batches at once (ONNX Runtime CUDA;
-    #                                    auto: two where the streams come near the model's rate)
+    model_instances: int | str = "auto"  # copies of the primary model running batches at once (ONNX Runtime
+    #                                      CUDA; auto: two where the streams come near the model's rate, else one)
 
 
 _PIPELINE_KEYS = {"bundle": str, "max_batch": int, "batch_timeout_ms": (int, float),

@@ -164,8 +164,9 @@ class GpuRuntime(RuntimeBase):
         if asked == 1:
             return 1
         why = why_one(self.remote, self.options.priority, backend)
-        if why is not None:
-            log.info("%s: one model instance, not %s: %s", self.bundle_dir, asked, why)
+        if why is not None:  # auto (the default) says its choice; a number asked for says it was not followed
+            said = "model_instances auto: one" if asked == AUTO else f"one model instance, not {asked}"
+            log.info("%s: %s: %s", self.bundle_dir, said, why)
             return 1
         if asked != AUTO:
             return asked
