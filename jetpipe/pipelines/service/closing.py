@@ -51,3 +51,17 @@ def _flush(stream) -> None:
     flusher = threading.Thread(target=stream.flush, name="flush", daemon=True)
     flusher.start()
     flusher.join(FLUSH_WAIT_S)
+
+
+def write_bounded(stream, text: str) -> bool:
+    """text written to stream and flushed, waited for at most FLUSH_WAIT_S: False where it did not return (a reader
+    that stopped reading, or a sink's write to the same stream holding its lock); the process must then end
+    through exit_now, whose flush is bounded too."""
+    def write() -> None:
+        stream.write(text)
+        stream.flush()
+
+    writer = threading.Thread(target=write, name="write", daemon=True)
+    writer.start()
+    writer.join(FLUSH_WAIT_S)
+    return not writer.is_alive()

@@ -19,7 +19,7 @@ from jetpipe.models import BUILTIN, DEFAULT_MODEL
 from jetpipe.output_folders import check_new_file
 from jetpipe.pipelines.config import PipelineConfig, SourceConfig, validate
 from jetpipe.pipelines.core.secondary import SecondaryConfig
-from jetpipe.pipelines.service.closing import exit_if_left_behind
+from jetpipe.pipelines.service.closing import exit_if_left_behind, exit_now, write_bounded
 from jetpipe.pipelines.service.daemon import Pipeline
 from jetpipe.pipelines.service.gpus import workers_choice
 from jetpipe.pipelines.service.gpus.face import MultiGpuFace
@@ -118,14 +118,17 @@ class SummaryFile:
 
     def __init__(self, path: str):
         self.path = None if path == "-" else Path(path)
+        self.stuck = False  # '-' where stdout did not take it (the process then ends through exit_now)
         if self.path is not None:
             check_new_file(self.path, "--summary")
 
     def write(self, summary: dict) -> None:
         text = json.dumps({"summary": summary}) + "\n"
         if self.path is None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            if not write_bounded(sys.stdout, text):  # `--sink stdout` given up on holds stdout's lock
+                self.stuck = True
+                log.error("--summary -: not written to stdout: a write to it did not return (a reader that stopped "
+                          "reading); the summary is on stderr")
             return
         fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:
@@ -151,7 +154,10 @@ def serve(config: PipelineConfig, summary_to: SummaryFile | None = None) -> int:
     if _failed(summary):
         return 1
     interrupted = summary.get("interrupted")
-    return 128 + signal.Signals[interrupted["signal"]].value if interrupted else 0
+    code = 128 + signal.Signals[interrupted["signal"]].value if interrupted else 0
+    if summary_to is not None and summary_to.stuck:  # the interpreter's exit would flush stdout: wait forever
+        exit_now(code)
+    return code
 
 
 def demo(duration: float = 10.0, bundle_dir: str | Path = "bundles/demo-ppocr-det", sinks=(),

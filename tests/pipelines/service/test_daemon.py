@@ -713,6 +713,19 @@ def test_a_stop_ends_when_a_sink_is_blocked_in_a_write(tiny_bundle, tmp_path):
     assert summary["failure"].startswith("sink stdout blocked in a write"), summary["failure"]
 
 
+def test_a_stop_ends_when_the_summary_goes_to_a_stdout_blocked_in_a_write(tiny_bundle, tmp_path):
+    """`serve --sink stdout --summary - | reader` where the reader stopped reading: the sinks' writer, left behind
+    in its write, holds stdout's lock, and the summary's write to stdout waited on it forever. The summary is on
+    stderr (as always); stdout's copy is left out, said in one line, and the process ends with 1."""
+    from tests.support import serve_with_stdout_blocked
+
+    code, summary, text = serve_with_stdout_blocked(tiny_bundle, tmp_path, ["--backend", "onnxruntime-cpu",
+                                                                            "--summary", "-"])
+    assert code == 1, text[-3000:]
+    assert summary["left_behind"] == ["sinks"], summary.get("left_behind")
+    assert "--summary -: not written to stdout" in text, text[-3000:]
+
+
 def test_a_sink_blocked_in_a_write_is_given_up_and_the_puts_waiting_on_it_return():
     """SinkFanout: a put waits while the records' queue is full (the sinks hold up the post stage) until the
     writer is given up on; then the records queued and those put are dropped and counted, and close() leaves the
