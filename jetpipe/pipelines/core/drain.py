@@ -136,7 +136,8 @@ def end_writer(stages, sinks, writer: threading.Thread) -> list[str]:
     """The sinks' writer thread ends once it has written what is queued. Where no record is written for
     STAGE_STUCK_S (a sink blocked in a write: a reader that stopped reading stdout), or the stages' end already gave
     it up, it is left behind: its records dropped and counted, the run's failure names the sink. The thread's name
-    in a list where it was left behind."""
+    in a list where it was left behind. stages: what holds the run's `failure` (the daemon's StageLoops, the
+    --gpus face)."""
     sinks.finish()
     if sinks.given_up:  # while the stages ended: its write has not returned since
         writer.join(JOIN_POLL_S)
