@@ -3,12 +3,16 @@ socket."""
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -62,11 +66,6 @@ def serve_with_stdout_blocked(bundle, cwd, extra: list[str], env: dict | None = 
     """`serve --sink stdout` (4 synthetic cameras, extra: more flags) whose stdout is never read: once the records'
     queue is full (the writer blocked in its write), two SIGTERMs. (exit code, the summary, stderr); fails where
     the process outlives 60 s after the signals."""
-    import json
-    import queue
-    import signal
-    import threading
-
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-c", BLOCKED_STDOUT_SERVE, str(bundle), *extra], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+root = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(root / "scripts"), str(root)]
+
+from bench_runtime import wall_median  # noqa: E402
 
 from jetpipe import bundle as bundles  # noqa: E402
 from jetpipe.runtime.backends import batch_buckets  # noqa: E402
@@ -56,17 +57,6 @@ def bound_run(session, size: int, shape, cpu: bool):
     return lambda: session.run_with_iobinding(binding)  # waits for the run (ORT synchronizes its stream)
 
 
-def median_ms(run, runs: int) -> float:
-    for _ in range(5):  # warm-up: the plan for this shape, the arena's first allocations
-        run()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
@@ -84,7 +74,7 @@ def main() -> None:
     best = {n: float("inf") for n in sizes}
     for _ in range(args.repeats):  # sizes in turn each round: a clock or a neighbour's change spread over all
         for n in sizes:
-            best[n] = min(best[n], median_ms(runs[n], args.runs))
+            best[n] = min(best[n], wall_median(runs[n], args.runs))  # after 20 warm-up runs
     buckets = batch_buckets(max_batch)
     rows = []
     print(f"{'frames':>6} {'own ms':>8} {'bucket':>6} {'bucket ms':>9} {'rows past it':>12}")

@@ -38,30 +38,28 @@ def exit_now(code: int) -> None:
             signal.signal(sig, signal.SIG_IGN)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        _flush(stream)
+        _bounded(stream.flush, "flush")
     os._exit(code)
 
 
 FLUSH_WAIT_S = 2.0
 
 
-def _flush(stream) -> None:
-    """stream.flush(), waited for at most FLUSH_WAIT_S: a sink's write blocked on a reader that stopped reading
-    holds the stream's lock, and a flush would wait with it."""
-    flusher = threading.Thread(target=stream.flush, name="flush", daemon=True)
-    flusher.start()
-    flusher.join(FLUSH_WAIT_S)
-
-
 def write_bounded(stream, text: str) -> bool:
-    """text written to stream and flushed, waited for at most FLUSH_WAIT_S: False where it did not return (a reader
-    that stopped reading, or a sink's write to the same stream holding its lock); the process must then end
-    through exit_now, whose flush is bounded too."""
+    """text written to stream and flushed, waited for at most FLUSH_WAIT_S: False where it did not return; the
+    process must then end through exit_now, whose flush is bounded too."""
     def write() -> None:
         stream.write(text)
         stream.flush()
 
-    writer = threading.Thread(target=write, name="write", daemon=True)
-    writer.start()
-    writer.join(FLUSH_WAIT_S)
-    return not writer.is_alive()
+    return _bounded(write, "write")
+
+
+def _bounded(work, name: str) -> bool:
+    """work() in a thread of its own, waited for at most FLUSH_WAIT_S: whether it returned. A write or flush to a
+    stream whose reader stopped reading does not, nor one waiting on the stream's lock, which a sink's write
+    blocked on that reader holds."""
+    thread = threading.Thread(target=work, name=name, daemon=True)
+    thread.start()
+    thread.join(FLUSH_WAIT_S)
+    return not thread.is_alive()
