@@ -14,10 +14,11 @@ same video and bundle; each --variant (NAME=FLAGS: more `serve` flags, e.g. look
 plain run of each tree, interleaved too (e.g. `--variant 'workers2=--workers-per-gpu 2'`: two serving processes on
 the GPU; their CPU is summed). Reported per run: frames/s, dropped (of those, dropped_catching_up: while a
 stream's backlog came at once), the frames missing from each stream's first 2 s (missing_at_start: a camera's
-connection; by frame number in missing_frame_numbers), latency p50 / p99 (and over
-each stream's frames after its first 2 s: steady_p50_ms / steady_p99_ms; steady_tail_ms: the stages the slowest 1 %
-of those spent their time in, against every frame's), frames a batch, the batches held for the GPU (batches_held),
-tracked
+connection; by frame number in missing_frame_numbers), latency p50 / p99 (and over each stream's frames after its
+first 2 s: steady_p50_ms / steady_p99_ms; steady_tail_ms: the stages the slowest 1 % of those spent their time in,
+against every frame's; after its first 5 s, past a camera's catching up at its connection: settled_p99_ms /
+settled_tail_ms; the p99 of each 2 s slice of the streams' runs: p99_by_window), frames a batch, the batches held
+for the GPU (batches_held), tracked
 boxes a frame, with --network how long after the camera sent a frame it was captured (behind_camera_ms: where the
 records' pts are the camera's own, as NVDEC's are; before the capture time jetpipe's latency counts from), the
 process's CPU cores, the serving side's CPU per tracked object per frame (the post thread: finishing,
@@ -63,6 +64,8 @@ from pathlib import Path
 
 root = Path(__file__).resolve().parents[1]
 START_S = 2.0  # a stream's start, for the frames missing then (missing_at_start)
+SETTLED_S = 5.0  # past every camera's catching up at its connection (frames up to ~3 s in went missing, session 64)
+WINDOW_S = 2.0  # p99_by_window: the latency's p99 over each stream's frames in these slices of its run
 sys.path[:0] = [str(root / "scripts"), str(root)]
 
 from bench_events import RULES, make_video  # noqa: E402
@@ -254,6 +257,7 @@ def serve(tree: Path, bundle: str, video: Path, args, out: Path, label: str, spy
                if cameras else {}),
             "arrival_phases": arrival_phases(stamps),
             "p50_ms": total["0.5"], "p99_ms": total["0.99"], **steady_latency(totals),
+            **settled_latency(totals), "p99_by_window": p99_by_window(totals),
             "tracked_per_frame": round(tracked / max(frames, 1), 1),
             "frames_a_batch": round(sum(s["processed"]) / max(1, s["batches"]), 2) if "batches" in s else None,
             "batches_held": s.get("batches_held"),
@@ -292,6 +296,26 @@ def steady_latency(totals: dict[int, list[tuple[float, dict]]], seconds: float =
             "steady_tail_ms": {which: {stage: round(sum(f.get(stage, 0.0) for f in frames) / len(frames), 2)
                                        for stage in ("queue", "gpu", "post")}
                                for which, frames in (("slowest_1pct", tail), ("all", after))}}
+
+
+def settled_latency(totals: dict[int, list[tuple[float, dict]]]) -> dict:
+    """steady_latency's p99 and slowest 1 %'s stages over each stream's frames after its first SETTLED_S: a
+    camera's catching up at its connection left behind (it reached past START_S on network cameras)."""
+    settled = steady_latency(totals, SETTLED_S)
+    return {"settled_p99_ms": settled["steady_p99_ms"],
+            "settled_tail_ms": (settled["steady_tail_ms"] or {}).get("slowest_1pct")}
+
+
+def p99_by_window(totals: dict[int, list[tuple[float, dict]]], window: float = WINDOW_S) -> list[float | None]:
+    """The latency's p99 (ms) over every stream's frames in each WINDOW_S slice of its run, counted from its
+    first record: where in the run the slowest frames were (a start, or all along)."""
+    slices: dict[int, list[float]] = {}
+    for frames in totals.values():
+        start = min(at for at, _ in frames)
+        for at, stages in frames:
+            slices.setdefault(int((at - start) // window), []).append(stages["total"])
+    return [round(ranked(sorted(slices[i]), 99), 1) if slices.get(i) else None for i in range(max(slices) + 1)] \
+        if slices else []
 
 
 def arrival_phases(stamps: dict[int, list[tuple[float, float | None]]], fps: float = 30.0,

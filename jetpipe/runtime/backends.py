@@ -100,22 +100,44 @@ class OrtCpuBackend:
         self.session = None
 
 
-def batch_buckets(max_batch: int) -> list[int]:
-    """Powers of two up to max_batch, and max_batch itself: 8 -> [1, 2, 4, 8]; 6 -> [1, 2, 4, 6]."""
-    buckets, b = [], 1
+# Batch sizes that get a session of their own; past it, powers of two and the maximum. A batch runs in the smallest
+# bucket that holds it, so the rows past it cost GPU time: with powers of two, PP-OCRv4 det's (640 x 640) batches of
+# 5, 6 and 7 ran 48, 27 and 13 % longer as 8 than at their own size, and a busy GPU's batches are mostly 5-8 frames
+# (H100, scripts/diag/bucket_cost.py, session 64). A session's memory is what its size's activations take: sizes 3,
+# 5, 6 and 7 add ~3.3 GB an instance there (~6.2 GB in all with the CUDA context, against ~3.0 with powers of two).
+EVERY_SIZE_UP_TO = 8
+# Each session sees one shape, so its arena's size is set at warm-up; ORT's default doubles each extension, which
+# left ~0.8 GB of the 8 sessions' 7.0 GB unused there (the same run times).
+SESSION_CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested"}
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether an ONNX Runtime (or CUDA) error says the GPU's memory ran out."""
+    text = str(exc).lower()
+    return "out of memory" in text or "failed to allocate memory" in text
+
+
+def batch_buckets(max_batch: int, every_size_up_to: int = EVERY_SIZE_UP_TO) -> list[int]:
+    """Every size up to every_size_up_to, then powers of two up to max_batch, and max_batch itself:
+    8 -> [1, ..., 8]; 32 -> [1, ..., 8, 16, 32]; 24 -> [1, ..., 8, 16, 24]; with every_size_up_to=1,
+    8 -> [1, 2, 4, 8]."""
+    buckets = list(range(1, min(every_size_up_to, max_batch) + 1))
+    b = 1
     while b < max_batch:
-        buckets.append(b)
+        if b > buckets[-1]:
+            buckets.append(b)
         b *= 2
-    return buckets + [max_batch]
+    return buckets if buckets[-1] == max_batch else buckets + [max_batch]
 
 
 class OrtCudaBackend:
     """ONNX Runtime CUDA EP with I/O bound to device buffers, running on our stream.
 
-    One session per batch bucket (1, 2, 4, ... max): ONNX Runtime's CUDA convolutions
-    re-plan whenever the input shape changes between runs (measured on an H200: 0.4-0.7 s
-    per batch when batch sizes alternate), so each session only ever sees one shape; a
-    batch runs in the smallest bucket that holds it, the rows past it are ignored.
+    One session per batch bucket (batch_buckets: every size up to 8, then powers of two and the
+    max): ONNX Runtime's CUDA convolutions re-plan whenever the input shape changes between runs
+    (measured on an H200: 0.4-0.7 s per batch when batch sizes alternate), so each session only
+    ever sees one shape; a batch runs in the smallest bucket that holds it, the rows past it are
+    ignored.
     `bind` makes one IOBinding per (buffer set, bucket) here, none in the frame loop.
 
     cuda_graph: after warm-up, `capture_graphs` records each (set, bucket) run in a CUDA
@@ -137,7 +159,8 @@ class OrtCudaBackend:
                                                                        self.widths)
         self.buckets = batch_buckets(max_batch)
         # one session per (batch bucket, width): each sees one shape, so none re-plans
-        self.sessions = {(b, w): ort_session(model_path, "cuda", device_id=device_id, stream=stream)
+        self.sessions = {(b, w): ort_session(model_path, "cuda", device_id=device_id, stream=stream,
+                                             cuda_options=SESSION_CUDA_OPTIONS)
                          for b in self.buckets for w in self.widths}
         first = self.sessions[(self.buckets[0], self.widths[0])]
         if first.get_providers()[0] != "CUDAExecutionProvider":

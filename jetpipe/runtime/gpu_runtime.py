@@ -23,7 +23,7 @@ from jetpipe import bundle as bundles
 from jetpipe.errors import JetpipeError
 from jetpipe.limits import MAX_MODEL_INSTANCES, MAX_SIDE
 from jetpipe.runtime.api import BatchResult, Frame, Reduction, Ticket, check_priority, validate
-from jetpipe.runtime.backends import OrtCudaBackend
+from jetpipe.runtime.backends import OrtCudaBackend, out_of_memory
 from jetpipe.runtime.base import RuntimeBase
 from jetpipe.runtime.cuda import CudaDevice, GpuUnavailable, import_pycuda
 from jetpipe.runtime.gpu_launch import BatchLauncher
@@ -101,6 +101,28 @@ class GpuOptions:
             raise JetpipeError(f"max_frame_hw {height}x{width}: each side 1..{MAX_SIDE} pixels")
         if self.device < 0:
             raise JetpipeError(f"device {self.device}: a GPU's ordinal is 0 or more")
+
+
+def warm_up(instance: ModelInstance, buffer_sets: int, widths) -> None:
+    """Run every batch size on every buffer set once: the backend's per-shape work (cuDNN algorithm search, memory
+    for the shape, TensorRT/ORT CUDA-graph capture) happens now, not in the frame loop."""
+    stream = instance.streams.compute
+    for buffers_index in range(buffer_sets):
+        for width in widths:
+            for batch in instance.backend.warm_batches():
+                instance.backend.run(buffers_index, batch, stream, width)
+    stream.synchronize()
+    instance.backend.capture_graphs(stream)
+
+
+def out_of_memory_said(rt: GpuRuntime, instance: ModelInstance) -> str:
+    """The one line for a GPU that ran out of memory while an instance warmed up, and what to change."""
+    which = (f"model instance {rt.instances.index(instance) + 1} of {len(rt.instances)}" if len(rt.instances) > 1
+             else "the model")
+    sizes = ", ".join(map(str, instance.backend.warm_batches()))
+    return (f"the GPU ran out of memory warming up {which} ({rt.bundle_dir}: batches of {sizes} frames, each "
+            f"size's memory its own, x {rt.buffer_sets} buffer sets): serve with a smaller --max-batch or "
+            "--model-instances 1, or on a GPU with more memory free")
 
 
 class GpuRuntime(RuntimeBase):
@@ -245,17 +267,13 @@ class GpuRuntime(RuntimeBase):
                               cuda_graph=graphs, widths=self.widths)
 
     def _warm_up(self, instances: list[ModelInstance]) -> None:
-        """Run every batch size on every buffer set once: the backend's per-shape work (cuDNN
-        algorithm search, memory for the shape, TensorRT/ORT CUDA-graph capture) happens now,
-        not in the frame loop."""
         for instance in instances:
-            stream = instance.streams.compute
-            for buffers_index in range(self.buffer_sets):
-                for width in self.widths:
-                    for batch in instance.backend.warm_batches():
-                        instance.backend.run(buffers_index, batch, stream, width)
-            stream.synchronize()
-            instance.backend.capture_graphs(stream)
+            try:
+                warm_up(instance, self.buffer_sets, self.widths)
+            except Exception as exc:
+                if not out_of_memory(exc):
+                    raise
+                raise JetpipeError(out_of_memory_said(self, instance)) from None
 
     def engine_times(self, sizes) -> dict[int, float]:
         """Seconds a batch of each size takes the model at the bundle's width, timed now over a few runs after

@@ -3,7 +3,8 @@
 A second instance runs a second batch beside the first on a stream of its own: for a small model near the GPU's
 rate, more frames a second and a shorter queue (PP-OCRv4 det at batch 8 on an H100: 1,037 -> 1,133 frames/s the
 engine alone; 32 files in step p99 81 -> 44 ms; docs/lab/benchmarks.md, sessions 59-60). It costs the copy's
-memory (~2.2 GB there) and lengthens each batch while both run, so `auto` takes two only where the frames offered
+memory (~2.2 GB there with sessions for batches of 1, 2, 4 and 8; about 5.5 with one for each size up to 8, since
+session 64) and lengthens each batch while both run, so `auto` takes two only where the frames offered
 come near the model's rate and the GPU has room for the copy, one otherwise.
 
 The instances share one post stream: a reduction's scratch (the text detector's labels, YOLO's candidates) is one

@@ -17,7 +17,7 @@ _said_basic = False  # the partial optimization is said once a process
 
 
 def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads: int = 0, arena: bool = True,
-                device_id: int = 0, stream=None, quiet: bool = False, spin: bool = True):
+                device_id: int = 0, stream=None, quiet: bool = False, spin: bool = True, cuda_options=None):
     """A session on a model (ModelProto, serialized once with no temp file, or a path).
 
     arena=False returns each run's memory to the system: for calibration runs that
@@ -25,7 +25,8 @@ def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads:
     provider "cuda": FP32 stays FP32 (TF32 off: it would move results by ~1e-3);
     `stream` makes ORT run on the caller's CUDA stream. quiet: runs expected to fail (probes) log
     nothing; the caller turns the exception into its own message. spin=False: the intra-op threads sleep
-    between a run's parallel sections instead of spinning, for sessions that run beside other busy threads."""
+    between a run's parallel sections instead of spinning, for sessions that run beside other busy threads.
+    cuda_options: more CUDA provider options (name -> value)."""
     import onnxruntime as ort
 
     if provider not in PROVIDERS:
@@ -43,7 +44,7 @@ def ort_session(model, provider: str = "cpu", *, optimize: bool = True, threads:
     if provider == "cuda":
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise JetpipeError("onnxruntime has no CUDA execution provider: pip install onnxruntime-gpu")
-        cuda = {"device_id": str(device_id), "use_tf32": "0"}
+        cuda = {"device_id": str(device_id), "use_tf32": "0", **{k: str(v) for k, v in (cuda_options or {}).items()}}
         if stream is not None:
             cuda["user_compute_stream"] = str(int(stream.handle))
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]

@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
-"""What a partial batch costs in the batch bucket that runs it (issue 66 targets 2 and 3): the GPU runtime keeps an
-ONNX Runtime session per bucket, 1, 2, 4 and 8 (backends.batch_buckets), so a batch of 5-7 frames runs as 8. 32
-network cameras with two model instances average 6.9 frames a batch (session 63): how much of the GPU's time goes
-on the rows past the batch, and so what a session for every size would give back (a session more for each of 3, 5,
-6 and 7: its memory and its start-up).
+"""What a partial batch costs in the batch bucket that runs it (issue 66 targets 2 and 3): before session 64 the GPU
+runtime kept an ONNX Runtime session per power-of-two bucket, 1, 2, 4 and 8, so a batch of 5-7 frames ran as 8; 32
+network cameras with two model instances average 6.9 frames a batch (session 63). Now every size up to 8 has its own
+(backends.batch_buckets): this says what that gives back and what a session more costs (its memory).
 
-  python scripts/diag/bucket_cost.py BUNDLE [--runs 200] [--repeats 3] [--cpu]
+  python scripts/diag/bucket_cost.py BUNDLE [--runs 200] [--repeats 3] [--cpu] [--cuda-option NAME=VALUE ...]
 
-A session per batch size 1..the bundle's max batch, each run only at its own size (ORT's CUDA convolutions re-plan
-when the shape changes: backends.OrtCudaBackend), inputs and outputs bound on the device (no copies timed), random
-inputs. Per size: the median milliseconds a run over --runs runs, best of --repeats rounds taken size by size in
-turn; then, per size, the run in the bucket that holds it today against one of its own, and what the rows past it
-cost. --cpu: the CPU provider (the same table for the CPU runtime; its runs are not bucketed today).
+A session per batch size 1..the bundle's max batch, made as the GPU runtime makes them, each run only at its own
+size (ORT's CUDA convolutions re-plan when the shape changes: backends.OrtCudaBackend), inputs and outputs bound on
+the device (no copies timed), random inputs. Per size: the median milliseconds a run over --runs runs, best of
+--repeats rounds taken size by size in turn; then, per size, the run in the power-of-two bucket that held it before
+against one of its own, and what the rows past it cost; on the GPU also the device memory each size's session took
+(nvidia-smi's memory.used after its first runs, against before it was made; the first holds the CUDA context's and
+libraries' too). --cuda-option: a CUDA provider option more (e.g. arena_extend_strategy=kSameAsRequested: what it
+does to the memory and the time). --cpu: the CPU provider (the same table for the CPU runtime; its runs are not
+bucketed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,15 +36,15 @@ from jetpipe import bundle as bundles  # noqa: E402
 from jetpipe.runtime.backends import batch_buckets  # noqa: E402
 
 
-def session_of(model: Path, cpu: bool):
-    import onnxruntime as ort
+def session_of(model: Path, cpu: bool, cuda_options: dict):
+    """A session as the GPU runtime makes them (jetpipe.runtime.sessions: TF32 off), with cuda_options more."""
+    from jetpipe.errors import JetpipeError
+    from jetpipe.runtime.sessions import ort_session
 
-    providers = ["CPUExecutionProvider"] if cpu else [("CUDAExecutionProvider", {"device_id": 0}),
-                                                      "CPUExecutionProvider"]
-    session = ort.InferenceSession(str(model), providers=providers)
-    if not cpu and session.get_providers()[0] != "CUDAExecutionProvider":
-        sys.exit("error: ONNX Runtime's CUDA provider is not available here: pass --cpu, or install onnxruntime-gpu")
-    return session
+    try:
+        return ort_session(model, "cpu" if cpu else "cuda", cuda_options=cuda_options)
+    except JetpipeError as exc:
+        sys.exit(f"error: {exc}: pass --cpu, or install onnxruntime-gpu")
 
 
 def bound_run(session, size: int, shape, cpu: bool):
@@ -57,12 +61,37 @@ def bound_run(session, size: int, shape, cpu: bool):
     return lambda: session.run_with_iobinding(binding)  # waits for the run (ORT synchronizes its stream)
 
 
+def device_mib_used() -> int | None:
+    """The GPU's memory in use, device-wide (nvidia-smi: no CUDA context of ours is involved)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return int(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def sessions_by_size(model: Path, sizes, shape, cpu: bool, cuda_options: dict):
+    """A bound run per size, and (on the GPU) the MiB each size's session took once it had run."""
+    runs, mib = {}, {}
+    for n in sizes:
+        before = None if cpu else device_mib_used()
+        runs[n] = bound_run(session_of(model, cpu, cuda_options), n, shape, cpu)
+        for _ in range(3):  # the arena grows to the run's needs on its first runs
+            runs[n]()
+        after = None if cpu else device_mib_used()
+        mib[n] = after - before if before is not None and after is not None else None
+    return runs, mib
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cpu", action="store_true", help="ONNX Runtime's CPU provider")
+    parser.add_argument("--cuda-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a CUDA provider option more, e.g. arena_extend_strategy=kSameAsRequested")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     manifest = bundles.load(args.bundle)
@@ -70,22 +99,24 @@ def main() -> None:
     max_batch = int(manifest["batch"]["max"])
     shape = [int(d) for d in manifest["io"]["inputs"][0]["shape"][1:]]
     sizes = list(range(1, max_batch + 1))
-    runs = {n: bound_run(session_of(model, args.cpu), n, shape, args.cpu) for n in sizes}
+    cuda_options = dict(option.split("=", 1) for option in args.cuda_option)
+    runs, mib = sessions_by_size(model, sizes, shape, args.cpu, cuda_options)
     best = {n: float("inf") for n in sizes}
     for _ in range(args.repeats):  # sizes in turn each round: a clock or a neighbour's change spread over all
         for n in sizes:
             best[n] = min(best[n], wall_median(runs[n], args.runs))  # after 20 warm-up runs
-    buckets = batch_buckets(max_batch)
+    buckets = batch_buckets(max_batch, every_size_up_to=1)  # the buckets before session 64: powers of two
     rows = []
-    print(f"{'frames':>6} {'own ms':>8} {'bucket':>6} {'bucket ms':>9} {'rows past it':>12}")
+    print(f"{'frames':>6} {'own ms':>8} {'bucket':>6} {'bucket ms':>9} {'rows past it':>12} {'session MiB':>11}")
     for n in sizes:
         bucket = next(b for b in buckets if b >= n)
         waste = best[bucket] / best[n] - 1
         rows.append({"frames": n, "own_ms": round(best[n], 3), "bucket": bucket, "bucket_ms": round(best[bucket], 3),
-                     "past_share": round(waste, 3)})
-        print(f"{n:>6} {best[n]:>8.3f} {bucket:>6} {best[bucket]:>9.3f} {waste:>11.1%}")
+                     "past_share": round(waste, 3), "session_mib": mib[n]})
+        print(f"{n:>6} {best[n]:>8.3f} {bucket:>6} {best[bucket]:>9.3f} {waste:>11.1%} {mib[n] or '-':>11}")
     if args.json:
-        args.json.write_text(json.dumps({"provider": "cpu" if args.cpu else "cuda", "input": shape,
+        args.json.write_text(json.dumps({"provider": "cpu" if args.cpu else "cuda", "cuda_options": cuda_options,
+                                         "input": shape,
                                          "runs": args.runs, "repeats": args.repeats, "rows": rows}, indent=1))
 
 

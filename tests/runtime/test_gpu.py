@@ -435,6 +435,22 @@ def test_ort_runs_replayed_from_cuda_graphs_match(det_bundle):
                 np.testing.assert_allclose(g, e, atol=1e-5)
 
 
+def test_every_batch_size_runs_in_a_session_of_its_own(det_bundle):
+    """A batch of 3 runs at 3 (before session 64 it ran in the bucket of 4, its last row's work wasted), and gives
+    what the same frames give in a full batch."""
+    _needs_cuda_ep()
+    from jetpipe.runtime.gpu_runtime import GpuRuntime
+
+    frames = _frames(4)
+    with GpuRuntime(det_bundle, max_batch=4) as rt:
+        assert rt.backend.buckets == [1, 2, 3, 4]
+        assert len(rt.backend.graphs) == rt.buffer_sets * 4
+        whole = rt.infer(frames).outputs["sigmoid_0.tmp_0"].copy()
+        three = rt.infer(frames[:3]).outputs["sigmoid_0.tmp_0"]
+        assert three.shape[0] == 3
+        np.testing.assert_allclose(three, whole[:3], atol=1e-4)
+
+
 def _rss_bytes():
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
