@@ -314,8 +314,9 @@ def p99_by_window(totals: dict[int, list[tuple[float, dict]]], window: float = W
         start = min(at for at, _ in frames)
         for at, stages in frames:
             slices.setdefault(int((at - start) // window), []).append(stages["total"])
-    return [round(ranked(sorted(slices[i]), 99), 1) if slices.get(i) else None for i in range(max(slices) + 1)] \
-        if slices else []
+    if not slices:
+        return []
+    return [round(ranked(sorted(slices[i]), 99), 1) if i in slices else None for i in range(max(slices) + 1)]
 
 
 def arrival_phases(stamps: dict[int, list[tuple[float, float | None]]], fps: float = 30.0,
