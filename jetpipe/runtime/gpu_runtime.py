@@ -273,7 +273,7 @@ class GpuRuntime(RuntimeBase):
             except Exception as exc:
                 if not out_of_memory(exc):
                     raise
-                raise JetpipeError(out_of_memory_said(self, instance)) from None
+                raise JetpipeError(out_of_memory_said(self, instance)) from exc
 
     def engine_times(self, sizes) -> dict[int, float]:
         """Seconds a batch of each size takes the model at the bundle's width, timed now over a few runs after

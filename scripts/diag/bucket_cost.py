@@ -44,7 +44,7 @@ def session_of(model: Path, cpu: bool, cuda_options: dict):
     try:
         return ort_session(model, "cpu" if cpu else "cuda", cuda_options=cuda_options)
     except JetpipeError as exc:
-        sys.exit(f"error: {exc}: pass --cpu, or install onnxruntime-gpu")
+        sys.exit(f"error: {exc} (or pass --cpu)")
 
 
 def bound_run(session, size: int, shape, cpu: bool):
