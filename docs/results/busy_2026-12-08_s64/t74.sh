@@ -1,10 +1,14 @@
 # For the next lease (written in session 64, not yet run): what a session for every batch size (3f9ed4a) was not
 # measured on, against the tree before it: .dev/old = `git archive 5f38533` (docs and tests left out), sent along.
+# Videos in .dev/vid (carried): nob.mp4 (testsrc2 1080p30, 6 s, -bf 0 -g 30), words72/200/500.mp4 (made here with
+#   scripts/bench_busy.py's make_video(path, 20.0, words)).
 # PART=F: 32 looped sparse 1080p30 files in step (target 3's other form, session 58), CLI defaults, two pairs.
 # PART=D: 32 dense streams (500 words, botsort + 4 rules + jsonl), one pair (target 1b: the post thread's limit).
 # PART=R: target 5: the OCR chain (8 looping words200 files, det -> rec: the recognizer's sessions are now 8 sizes x
 #   3 widths, against 4 x 3), two pairs; wall time of each run too (start-up).
-# PART=L: target 5: the light detector (YOLOv8n at 320, .dev/light/320n.onnx), 32 NVDEC files, once a tree.
+# PART=L: target 5: the light detector (YOLOv8n at 320, .dev/light/320n.onnx), 32 NVDEC files, once a tree. Made
+#   here: pip download --no-deps nudenet==3.4.2 -d /tmp/nn && mkdir -p .dev/light && unzip -j -o
+#   /tmp/nn/nudenet-3.4.2-py3-none-any.whl nudenet/320n.onnx -d .dev/light   (12 MB: carry it with kit + vid).
 # PART=P: target 2: 96 overloaded live streams (72-word video, 66 ms budget), this tree, decoding here (what auto
 #   chooses: it weighs the model's rate, 1,027 frames/s, not the 2,880 the live files make NVDEC decode) against
 #   one decode process, two pairs. Session 64's over96 run: the sources took 20.7 CPU-s of 20 s in the serving
