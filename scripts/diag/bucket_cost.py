@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 root = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(root / "scripts"), str(root)]
 
+from bench_light import gpu_memory_used_mib  # noqa: E402
 from bench_runtime import wall_median  # noqa: E402
 
 from jetpipe import bundle as bundles  # noqa: E402
@@ -61,27 +61,25 @@ def bound_run(session, size: int, shape, cpu: bool):
     return lambda: session.run_with_iobinding(binding)  # waits for the run (ORT synchronizes its stream)
 
 
-def device_mib_used() -> int | None:
-    """The GPU's memory in use, device-wide (nvidia-smi: no CUDA context of ours is involved)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        return int(out.split()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
-
-
 def sessions_by_size(model: Path, sizes, shape, cpu: bool, cuda_options: dict):
     """A bound run per size, and (on the GPU) the MiB each size's session took once it had run."""
     runs, mib = {}, {}
     for n in sizes:
-        before = None if cpu else device_mib_used()
+        before = None if cpu else gpu_memory_used_mib()
         runs[n] = bound_run(session_of(model, cpu, cuda_options), n, shape, cpu)
         for _ in range(3):  # the arena grows to the run's needs on its first runs
             runs[n]()
-        after = None if cpu else device_mib_used()
-        mib[n] = after - before if before is not None and after is not None else None
+        after = None if cpu else gpu_memory_used_mib()
+        mib[n] = round(after - before) if before is not None and after is not None else None
     return runs, mib
+
+
+def name_value(text: str) -> tuple[str, str]:
+    """--cuda-option NAME=VALUE (argparse says what is wrong in one line)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=VALUE, e.g. arena_extend_strategy=kSameAsRequested")
+    return name, value
 
 
 def main() -> None:
@@ -90,7 +88,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cpu", action="store_true", help="ONNX Runtime's CPU provider")
-    parser.add_argument("--cuda-option", action="append", default=[], metavar="NAME=VALUE",
+    parser.add_argument("--cuda-option", action="append", default=[], metavar="NAME=VALUE", type=name_value,
                         help="a CUDA provider option more, e.g. arena_extend_strategy=kSameAsRequested")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -99,7 +97,7 @@ def main() -> None:
     max_batch = int(manifest["batch"]["max"])
     shape = [int(d) for d in manifest["io"]["inputs"][0]["shape"][1:]]
     sizes = list(range(1, max_batch + 1))
-    cuda_options = dict(option.split("=", 1) for option in args.cuda_option)
+    cuda_options = dict(args.cuda_option)
     runs, mib = sessions_by_size(model, sizes, shape, args.cpu, cuda_options)
     best = {n: float("inf") for n in sizes}
     for _ in range(args.repeats):  # sizes in turn each round: a clock or a neighbour's change spread over all
